@@ -1,0 +1,35 @@
+// core/cuda_api.h for builds without the CUDA backend: no devices, clear errors.
+#ifndef XT_CUDA
+#include "core/allocator.h"
+#include "core/cuda_api.h"
+#include "core/error.h"
+
+namespace xt {
+namespace cuda {
+
+namespace {
+[[noreturn]] void not_built() {
+  throw RuntimeError(
+      "xtrain was built without the CUDA backend (xtrain.cuda.is_built() is False): "
+      "reinstall on a machine with nvcc and cuBLAS to use cuda devices");
+}
+}  // namespace
+
+bool is_built() { return false; }
+int device_count() { return 0; }
+bool is_available() { return false; }
+void check_device(int) { not_built(); }
+int current_device() { return 0; }
+void set_device(int) { not_built(); }
+void* current_stream(int) { not_built(); }
+void synchronize(int) {}
+void synchronize_all() {}
+RawBackend* raw_backend() { not_built(); }
+std::string device_name(int) { not_built(); }
+std::string runtime_info() { return "CUDA backend not built"; }
+void copy_bytes(void*, Device, const void*, Device, size_t) { not_built(); }
+void memset_zero(void*, Device, size_t) { not_built(); }
+
+}  // namespace cuda
+}  // namespace xt
+#endif  // XT_CUDA

@@ -1,0 +1,98 @@
+// Tensor construction, views and descriptions.
+#include "core/tensor.h"
+
+#include <sstream>
+
+#include "core/cuda_api.h"
+#include "core/error.h"
+
+namespace xt {
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Storage::Storage(void* ptr, size_t nbytes, Device device, std::function<void()> release)
+    : external_release(std::move(release)) {
+  block.ptr = ptr;
+  block.size = nbytes;
+  block.requested = nbytes;
+  block.device = device;
+}
+
+Storage::~Storage() {
+  if (external_release) external_release();
+  else if (block.ptr) Allocator::get().free(block);
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) XT_CHECK(d >= 0, ValueError, "negative dimension in shape ", shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  void* stream = device.is_cuda() ? cuda::current_stream(device.index) : nullptr;
+  impl->storage = std::make_shared<Storage>(Allocator::get().allocate(device, nbytes, stream));
+  impl->shape = shape;
+  impl->dtype = dtype;
+  impl->device = device;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::from_external(void* data, const Shape& shape, DType dtype, Device device,
+                             std::function<void()> release) {
+  auto impl = std::make_shared<TensorImpl>();
+  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  impl->storage = std::make_shared<Storage>(data, nbytes, device, std::move(release));
+  impl->shape = shape;
+  impl->dtype = dtype;
+  impl->device = device;
+  return Tensor(std::move(impl));
+}
+
+int64_t Tensor::size(int64_t d) const {
+  const int64_t n = dim();
+  XT_CHECK(d >= -n && d < n, IndexError, "dimension ", d, " out of range for a tensor of shape ", shape_str(shape()));
+  return impl_->shape[d < 0 ? d + n : d];
+}
+
+std::string Tensor::describe() const {
+  if (!defined()) return "undefined tensor";
+  return str(dtype_name(dtype()), shape_str(shape()), " on ", device().str());
+}
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->offset_bytes = impl_->offset_bytes;
+  impl->shape = impl_->shape;
+  impl->dtype = impl_->dtype;
+  impl->device = impl_->device;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::view_as_shape(const Shape& shape) const {
+  XT_CHECK(shape_numel(shape) == numel(), ValueError, "cannot view a tensor of shape ", shape_str(this->shape()),
+           " (", numel(), " elements) as shape ", shape_str(shape));
+  Tensor t = detach();
+  t.impl_->shape = shape;
+  return t;
+}
+
+void Tensor::set_requires_grad(bool r) {
+  XT_CHECK(!r || is_floating(dtype()), TypeError, "only floating-point tensors can require gradients, got ",
+           dtype_name(dtype()));
+  XT_CHECK(is_leaf() || r, RuntimeError,
+           "requires_grad can only be turned off on a leaf tensor; use detach() for a non-leaf");
+  impl_->requires_grad = r;
+}
+
+}  // namespace xt

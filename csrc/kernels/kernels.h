@@ -1,0 +1,146 @@
+// The kernel contract: raw compute on pointers and sizes, identical for both backends.
+//
+// Every function below exists twice, as xt::kernels::cpu::NAME (kernels/cpu/*.cpp) and
+// xt::kernels::cuda::NAME (kernels/cuda/*.cu), with the same arguments. Kernels know nothing
+// of tensors or the tape: the ops layer (csrc/ops/) checks shapes/dtypes/devices and picks
+// the backend. `stream` is this thread's cudaStream_t on the CUDA side and nullptr on the CPU.
+// Every kernel is deterministic: no floating-point atomics, fixed reduction orders.
+//
+// Conventions:
+//  - `dt` is the element type of the floating tensors named x/y/dx/dy...; computations run
+//    in float32 for float32/bfloat16 and in float64 for float64.
+//  - Row-major, contiguous. "rows x cols" means a [rows, cols] matrix.
+//  - Gradients are written with `=` unless the name says accumulate.
+//  - Temporary device memory comes from the caching allocator (core/allocator.h).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace xt {
+namespace kernels {
+
+// Broadcast description for binary ops: out has `ndim` dims of `shape`; a/b strides are in
+// elements, 0 along broadcast dimensions. ndim <= kMaxDims.
+constexpr int kMaxDims = 8;
+struct Broadcast {
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  int64_t astride[kMaxDims] = {};
+  int64_t bstride[kMaxDims] = {};
+};
+
+enum class BinaryOp : int { Add, Sub, Mul, Div };
+enum class ScalarOp : int { Add, Mul, RSub, Div, RDiv, Pow };  // x+s, x*s, s-x, x/s, s/x, x^s
+enum class UnaryOp : int { Neg, Exp, Log, Sqrt, Silu, Square, Abs };
+enum class RandomKind : int { Uniform, Normal };
+
+struct AdamWParams {
+  float lr, beta1, beta2, eps, weight_decay;
+  float bias_correction1;  // 1 - beta1^step
+  float bias_correction2;  // 1 - beta2^step
+};
+
+#define XT_KERNEL_DECLS                                                                                 \
+  /* ---- elementwise (kernels/{cpu,cuda}/elementwise) */                                                       \
+  void fill(DType dt, void* out, int64_t n, double value, void* stream);                                \
+  void cast(DType src_dt, const void* src, DType dst_dt, void* dst, int64_t n, void* stream);           \
+  void binary(BinaryOp op, DType dt, const void* a, const void* b, void* out, int64_t n,                \
+              const Broadcast* bc /* nullptr: same shape */, void* stream);                             \
+  /* a += alpha * b, same shape (gradient accumulation) */                                              \
+  void accumulate(DType dt, void* a, const void* b, int64_t n, double alpha, void* stream);             \
+  void scalar_op(ScalarOp op, DType dt, const void* x, void* out, int64_t n, double s, void* stream);   \
+  void unary(UnaryOp op, DType dt, const void* x, void* out, int64_t n, void* stream);                  \
+  /* dx = dy * silu'(x) */                                                                              \
+  void silu_backward(DType dt, const void* x, const void* dy, void* dx, int64_t n, void* stream);       \
+  /* out = silu(gate) * up */                                                                           \
+  void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64_t n, void* stream);  \
+  void swiglu_backward(DType dt, const void* gate, const void* up, const void* dout, void* dgate,       \
+                       void* dup, int64_t n, void* stream);                                             \
+  /* keep with prob 1-p, scale kept by 1/(1-p); mask from philox(seed, offset + i) */                  \
+  void dropout(DType dt, const void* x, void* out, int64_t n, float p, uint64_t seed, uint64_t offset,  \
+               void* stream);                                                                           \
+  void random_fill(RandomKind kind, DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset,     \
+                   void* stream);                                                                       \
+  /* out[i] = i*step + start */                                                                         \
+  void arange(DType dt, void* out, int64_t n, double start, double step, void* stream);                 \
+  /* ---- reductions (kernels/{cpu,cuda}/reduce): deterministic, fixed order */                                 \
+  /* out (1 element, dtype dt) = sum of n elements; accumulates in fp32/fp64 */                         \
+  void sum_all(DType dt, const void* x, void* out, int64_t n, void* stream);                            \
+  /* out[r] = sum_c x[r, c] */                                                                          \
+  void sum_lastdim(DType dt, const void* x, void* out, int64_t rows, int64_t cols, void* stream);       \
+  /* reduce a broadcast: out (small) = sum of in (big) over the dims where bc->bstride is 0.        */ \
+  /* bc->shape is in's shape, bc->astride in's strides, bc->bstride out's strides (0 = reduced) */     \
+  void sum_to(DType dt, const void* in, void* out, int64_t out_n, const Broadcast* bc, void* stream);   \
+  /* ---- layout (kernels/{cpu,cuda}/layout) */                                                                 \
+  /* out = x permuted: out dim i is x dim perm[i]; shape is x's shape */                               \
+  void permute(DType dt, const void* x, void* out, int ndim, const int64_t* shape, const int* perm,     \
+               void* stream);                                                                           \
+  /* ---- matmul (kernels/{cpu,cuda}/gemm): row-major C[b] = alpha*op(A[b])@op(B[b]) + beta*C[b] */            \
+  /* op(A) is MxK, op(B) is KxN; ta/tb: A is stored KxM / B is stored NxK. float32 compute. */         \
+  void gemm(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,    \
+            const void* A, const void* B, float beta, void* C, int64_t batch, int64_t strideA,          \
+            int64_t strideB, int64_t strideC, void* stream);                                            \
+  /* ---- embedding (kernels/{cpu,cuda}/embedding); ids are int32 or int64 (id_dt), checked in range by ops */ \
+  void embedding_forward(DType dt, const void* table, DType id_dt, const void* ids, void* out,          \
+                         int64_t n_ids, int64_t dim, void* stream);                                     \
+  /* dtable = scatter-add of dout rows, written with = (zeros where no id); deterministic order */     \
+  void embedding_backward(DType dt, DType id_dt, const void* ids, const void* dout, void* dtable,       \
+                          int64_t n_ids, int64_t vocab, int64_t dim, void* stream);                     \
+  /* minmax[0] = min(ids), minmax[1] = max(ids) (int64, device memory): range checks */               \
+  void index_range(DType id_dt, const void* ids, int64_t n, int64_t* minmax, void* stream);             \
+  /* ---- rms_norm (kernels/{cpu,cuda}/rmsnorm): y = x * rstd * w, rstd = 1/sqrt(mean(x^2)+eps) (float32) */   \
+  void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y, float* rstd,        \
+                       int64_t rows, int64_t dim, float eps, void* stream);                             \
+  /* dx written (dt); dw written (w_dt) = sum over rows, deterministic */                               \
+  void rmsnorm_backward(DType dt, DType w_dt, const void* x, const void* w, const float* rstd,          \
+                        const void* dy, void* dx, void* dw, int64_t rows, int64_t dim, void* stream);   \
+  /* ---- rope (kernels/{cpu,cuda}/rope): rotate-half on x [B, S, H, D]; pos int64 [S]; inverse rotates by */  \
+  /* -angle (the backward). inv_freq[i] = 1/theta^(2i/D) and angles computed in float32.          */  \
+  void rope(DType dt, const void* x, void* out, const int64_t* pos, int64_t B, int64_t S, int64_t H,    \
+            int64_t D, float theta, bool inverse, void* stream);                                        \
+  /* ---- softmax (kernels/{cpu,cuda}/softmax) over the last dim; log selects log_softmax */                    \
+  void softmax_forward(DType dt, const void* x, void* y, int64_t rows, int64_t cols, bool log,          \
+                       void* stream);                                                                   \
+  void softmax_backward(DType dt, const void* y, const void* dy, void* dx, int64_t rows, int64_t cols,  \
+                        bool log, void* stream);                                                        \
+  /* attention core: P = softmax(scale * S + causal mask) over [batch, S, S] in place-able */          \
+  void attn_softmax_forward(DType dt, const void* scores, void* probs, int64_t batch, int64_t seq,      \
+                            float scale, bool causal, void* stream);                                    \
+  /* dS = scale * P * (dP - rowsum(dP * P)) */                                                        \
+  void attn_softmax_backward(DType dt, const void* probs, const void* dprobs, void* dscores,            \
+                             int64_t batch, int64_t seq, float scale, void* stream);                    \
+  /* ---- cross entropy (kernels/{cpu,cuda}/cross_entropy): logits [rows, V], targets int32/int64 */           \
+  /* losses[r] = lse_r - logit[r, t_r] (0 when t_r == ignore), lse float32 [rows] */                    \
+  void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void* targets,             \
+                             float* losses, float* lse, int64_t rows, int64_t vocab,                    \
+                             int64_t ignore_index, void* stream);                                       \
+  /* loss (float32, 1 element) = sum(losses) / max(count of non-ignored, 1); count written too */      \
+  void cross_entropy_reduce(const float* losses, DType t_dt, const void* targets, float* loss,          \
+                            float* count, int64_t rows, int64_t ignore_index, void* stream);            \
+  /* dlogits = (softmax - onehot) * dloss[0] / count[0]; rows with ignored targets get 0 */           \
+  void cross_entropy_backward(DType dt, const void* logits, const float* lse, DType t_dt,               \
+                              const void* targets, const float* dloss, const float* count,              \
+                              void* dlogits, int64_t rows, int64_t vocab, int64_t ignore_index,         \
+                              void* stream);                                                            \
+  /* ---- optimizer (kernels/{cpu,cuda}/optim): float32, fused over many tensors */                            \
+  void adamw_step(int n_tensors, float* const* params, const float* const* grads, float* const* m,      \
+                  float* const* v, const int64_t* sizes, AdamWParams hp, void* stream);                 \
+  /* out (float32, 1 element) = sqrt(sum of squares over all tensors), fixed order */                  \
+  void global_norm(int n_tensors, const float* const* tensors, const int64_t* sizes, float* out,        \
+                   void* stream);                                                                       \
+  /* clip: coef = min(1, max_norm / (norm[0] + 1e-6)); every tensor *= coef; no host sync */          \
+  void clip_by_norm(int n_tensors, float* const* tensors, const int64_t* sizes, const float* norm,      \
+                    float max_norm, void* stream);
+
+namespace cpu {
+XT_KERNEL_DECLS
+}  // namespace cpu
+
+namespace cuda {
+XT_KERNEL_DECLS
+}  // namespace cuda
+
+}  // namespace kernels
+}  // namespace xt

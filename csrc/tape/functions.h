@@ -1,0 +1,58 @@
+// The differentiable ops: what xtrain.ops.* binds. Each one calls ops:: for the forward and,
+// when grad mode is on and an input requires grad, records a Node whose apply() is the backward.
+// One file per family in tape/functions/, forward and backward side by side.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/generator.h"
+#include "core/tensor.h"
+
+namespace xt {
+namespace tape {
+
+// elementwise (functions/elementwise.cpp); binary ops broadcast numpy-style
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add_scalar(const Tensor& x, double s);
+Tensor mul_scalar(const Tensor& x, double s);  // "scale"
+Tensor rsub_scalar(const Tensor& x, double s);  // s - x
+Tensor div_scalar(const Tensor& x, double s);
+Tensor rdiv_scalar(const Tensor& x, double s);  // s / x
+Tensor pow_scalar(const Tensor& x, double s);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor silu(const Tensor& x);
+Tensor swiglu(const Tensor& gate, const Tensor& up);
+Tensor cast(const Tensor& x, DType dtype);  // backward returns the gradient in x's dtype
+Tensor to(const Tensor& x, Device device, DType dtype);  // differentiable copy
+Tensor dropout(const Tensor& x, double p, bool training, const std::shared_ptr<Generator>& gen);
+
+// reductions (functions/reduce.cpp): dim = -1 (last) or all dims (all = true)
+Tensor sum(const Tensor& x, bool all, bool keepdim);
+Tensor mean(const Tensor& x, bool all, bool keepdim);
+
+// shape (functions/layout.cpp)
+Tensor reshape(const Tensor& x, const Shape& shape);  // shares storage; one -1 allowed
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+
+// matmul (functions/matmul.cpp)
+Tensor matmul(const Tensor& a, const Tensor& b);  // 2-D or batched 3-D
+Tensor linear(const Tensor& x, const Tensor& w);  // x @ w^T
+
+// model ops
+Tensor embedding(const Tensor& table, const Tensor& ids);               // functions/embedding.cpp
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);          // functions/rmsnorm.cpp
+Tensor rope(const Tensor& x, const Tensor& positions, double theta);    // functions/rope.cpp
+Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale /* <=0: 1/sqrt(D) */);
+Tensor softmax(const Tensor& x);                                        // functions/softmax.cpp
+Tensor log_softmax(const Tensor& x);
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index);
+
+}  // namespace tape
+}  // namespace xt

@@ -1,0 +1,65 @@
+// Node bookkeeping, AccumulateGrad, grad mode and the helpers Functions use to record history.
+#include "tape/node.h"
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace xt {
+
+namespace {
+std::atomic<uint64_t> g_next_seq{0};
+thread_local bool t_grad_enabled = true;
+}  // namespace
+
+Node::Node() : seq_nr(g_next_seq.fetch_add(1, std::memory_order_relaxed)) {}
+
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
+  Tensor g = grads[0];
+  if (!g.defined()) return {};
+  Tensor leaf(leaf_);
+  XT_CHECK(g.shape() == leaf.shape() && g.dtype() == leaf.dtype() && g.device() == leaf.device(), RuntimeError,
+           "gradient ", g.describe(), " does not match its leaf ", leaf.describe());
+  Tensor cur = leaf.grad();
+  if (!cur.defined()) {
+    leaf.set_grad(ops::clone(g));  // a copy: the incoming buffer may alias other tensors
+  } else {
+    ops::accumulate_(cur, g);  // leaves accumulate across backward calls until zeroed
+  }
+  return {};
+}
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!grad_enabled()) return false;
+  for (const Tensor* t : inputs)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!grad_enabled()) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  if (t.grad_fn()) return Edge{t.grad_fn(), t.impl()->output_nr};
+  if (!t.requires_grad()) return Edge{};
+  auto acc = t.impl()->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    t.impl()->grad_accumulator = acc;
+  }
+  return Edge{acc, 0};
+}
+
+void set_history(Tensor& out, const std::shared_ptr<Node>& node, uint32_t output_nr) {
+  out.impl()->grad_fn = node;
+  out.impl()->output_nr = output_nr;
+  out.impl()->requires_grad = true;
+}
+
+}  // namespace xt

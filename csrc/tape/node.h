@@ -1,0 +1,89 @@
+// The tape's graph: Node (one per differentiable op application) and Edge.
+//
+// A Node holds what its backward needs (saved tensors, always detached aliases so a Node never
+// keeps its own output's history alive) and one Edge per differentiable input: the Node that
+// produced that input and which of its outputs it was, or the input's AccumulateGrad node when
+// the input is a leaf that requires grad, or nothing. seq_nr orders Nodes by creation; the
+// engine runs them in decreasing seq_nr, which is a topological order (an input always exists
+// before the op that consumes it) and makes every backward walk deterministic.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace xt {
+
+class Node;
+
+struct Edge {
+  std::shared_ptr<Node> fn;
+  uint32_t input_nr = 0;  // which output of fn (equivalently, which slot of fn's grad buffer)
+  bool valid() const { return fn != nullptr; }
+};
+
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  Node();
+  virtual ~Node() = default;
+  // grads[i] is the gradient of output i (undefined when no gradient reached it).
+  // Returns one gradient per next_edges entry (undefined where none flows).
+  virtual std::vector<Tensor> apply(std::vector<Tensor>& grads) = 0;
+  // Drop saved tensors; called by the engine right after apply().
+  virtual void release_saved() {}
+  virtual const char* name() const = 0;
+  virtual uint32_t num_outputs() const { return 1; }
+  // AccumulateGrad nodes outlive a backward walk; op nodes do not.
+  virtual bool reusable() const { return false; }
+
+  std::vector<Edge> next_edges;
+  const uint64_t seq_nr;
+  bool released = false;
+};
+
+// Leaf sink: adds the incoming gradient into leaf.grad (a copy the first time, += after).
+class AccumulateGrad : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override;
+  const char* name() const override { return "AccumulateGrad"; }
+  bool reusable() const override { return true; }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+// ---- grad mode (thread-local, like torch.no_grad)
+bool grad_enabled();
+void set_grad_enabled(bool enabled);
+class GradModeGuard {
+ public:
+  explicit GradModeGuard(bool enabled) : prev_(grad_enabled()) { set_grad_enabled(enabled); }
+  ~GradModeGuard() { set_grad_enabled(prev_); }
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// ---- helpers every Function uses (tape/node.cpp)
+// True when grad mode is on and any input requires grad.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+bool needs_grad(const std::vector<Tensor>& inputs);
+// The edge a gradient for `t` should flow along (invalid if t does not require grad).
+Edge gradient_edge(const Tensor& t);
+// Make a node of type N whose edges point at `inputs` (undefined tensors give invalid edges).
+template <typename N, typename... Args>
+std::shared_ptr<N> make_node(const std::vector<Tensor>& inputs, Args&&... args) {
+  auto node = std::make_shared<N>(std::forward<Args>(args)...);
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& t : inputs) node->next_edges.push_back(t.defined() ? gradient_edge(t) : Edge{});
+  return node;
+}
+// Record that `out` is output `output_nr` of `node` (marks it requires_grad).
+void set_history(Tensor& out, const std::shared_ptr<Node>& node, uint32_t output_nr = 0);
+
+}  // namespace xt

@@ -1,0 +1,202 @@
+"""prepare(): source documents -> tokenizer + train/val token shards + meta.json in one directory.
+
+Output directory layout:
+    tokenizer.json   the byte-level BPE (or tiktoken.json naming the GPT-2 encoding)
+    train.bin        training tokens (see shards.py for the header)
+    val.bin          validation tokens
+    meta.json        what was asked, what was made: tokenizer fingerprint and vocab size, document
+                     and token counts, the source files; written last, so it marks completion
+
+Decisions:
+- Each document is preceded by the end-of-text id (eot d1 eot d2 ...), the llm.c convention: a
+  window that starts at a boundary begins with eot, so sampling from [eot] starts a new document.
+- The train/val split is by document, from a keyed hash of the document's text: deterministic for a
+  seed, independent of file order, and duplicated documents always land on the same side (no
+  leakage of a training document into validation).
+- The BPE is trained on training documents only, at most BPE_TRAIN_BYTES of them.
+- Two streaming passes over the source (train the tokenizer, then tokenize); memory stays bounded
+  by one chunk of documents however large the corpus is.
+- Idempotent: when meta.json records the same request (source files by name, size and mtime;
+  tokenizer; vocab size; split) and the files validate, the directory is reused untouched. A
+  directory prepared with a different request is an error unless overwrite=True.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from itertools import islice
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from .errors import DataError
+from .readers import Source, iter_documents, list_source_files
+from .shards import ShardWriter
+from .tokenizer import Tokenizer, gpt2_tokenizer, train_bpe
+
+META_FILE = "meta.json"
+TRAIN_FILE = "train.bin"
+VAL_FILE = "val.bin"
+FORMAT_VERSION = 1
+TOKENIZER_KINDS = ("bpe", "gpt2")
+# BPE merge statistics settle long before this; training on all of a multi-GB corpus only costs time.
+BPE_TRAIN_BYTES = 128 << 20
+# Documents per encode_batch call: enough to keep the Rust thread pool busy, small in memory.
+CHUNK_DOCS = 1024
+
+
+def prepare(source: Source, out_dir: str | os.PathLike, vocab_size: int = 4096,
+            tokenizer: str = "bpe", val_fraction: float = 0.01, seed: int = 0,
+            overwrite: bool = False, progress: bool = True) -> Path:
+    """Tokenize `source` into `out_dir` and return `out_dir`; reuse it if already prepared.
+
+    `vocab_size` is the BPE's upper bound (ignored for gpt2, whose vocabulary is fixed).
+    """
+    out_dir = Path(out_dir)
+    if tokenizer not in TOKENIZER_KINDS:
+        raise DataError(f"tokenizer must be one of {TOKENIZER_KINDS}, got {tokenizer!r}")
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    if not isinstance(seed, int) or seed < 0:
+        raise DataError(f"seed must be a non-negative integer, got {seed!r}")
+    files = list_source_files(source)
+    request = {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": tokenizer,
+        "vocab_size": vocab_size if tokenizer == "bpe" else None,
+        "val_fraction": val_fraction,
+        "seed": seed,
+        "source_fingerprint": _source_fingerprint(files),
+    }
+    if _reusable(out_dir, request, overwrite):
+        return out_dir
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Meta goes first so an interrupted rebuild never leaves an old meta beside new shards.
+    (out_dir / META_FILE).unlink(missing_ok=True)
+    if tokenizer == "gpt2":
+        tok: Tokenizer = gpt2_tokenizer()
+    else:
+        tok = train_bpe(_bpe_training_texts(source, seed, val_fraction), vocab_size)
+    counts = _write_shards(source, files, out_dir, tok, seed, val_fraction, progress)
+    tok.save(out_dir)
+    meta = {
+        "request": request,
+        "tokenizer": {"kind": tok.kind, "name": tok.name, "fingerprint": tok.fingerprint,
+                      "vocab_size": tok.vocab_size, "eot_id": tok.eot_id},
+        "counts": counts,
+        "source": {"files": [str(p.resolve()) for p in files],
+                   "bytes": sum(p.stat().st_size for p in files)},
+        "files": {"train": TRAIN_FILE, "val": VAL_FILE},
+    }
+    tmp = out_dir / (META_FILE + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, out_dir / META_FILE)
+    return out_dir
+
+
+def is_val_document(text: str, seed: int, val_fraction: float) -> bool:
+    """The split rule: a keyed 64-bit hash of the text, as a fraction of 2**64, < val_fraction."""
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8, key=str(seed).encode())
+    return int.from_bytes(digest.digest(), "little") < val_fraction * 2**64
+
+
+def read_meta(data_dir: str | os.PathLike) -> dict:
+    path = Path(data_dir) / META_FILE
+    if not path.is_file():
+        raise DataError(f"{data_dir} is not a prepared dataset (no {META_FILE}); "
+                        f"run `xtrain prepare` on it first")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: invalid JSON ({e.msg})") from None
+
+
+def _reusable(out_dir: Path, request: dict, overwrite: bool) -> bool:
+    from .dataset import open_dataset  # dataset imports this module
+
+    if not (out_dir / META_FILE).is_file():
+        return False
+    meta = read_meta(out_dir)
+    if meta.get("request") != request:
+        if overwrite:
+            return False
+        diff = {k: (meta.get("request", {}).get(k), v) for k, v in request.items()
+                if meta.get("request", {}).get(k) != v}
+        raise DataError(f"{out_dir} holds a dataset prepared with other settings "
+                        f"(existing, requested): {diff}; use another out_dir or overwrite=True")
+    try:
+        open_dataset(out_dir)
+    except DataError:
+        return False  # same request, damaged files: rebuild them
+    return True
+
+
+def _source_fingerprint(files: list[Path]) -> str:
+    # Name, size and mtime rather than content: hashing a multi-GB corpus on every run would cost
+    # more than the check is worth, and any rewrite of a file changes its mtime.
+    h = hashlib.sha256()
+    for p in files:
+        st = p.stat()
+        h.update(f"{p.name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def _bpe_training_texts(source: Source, seed: int, val_fraction: float) -> Iterator[str]:
+    seen = 0
+    for doc in iter_documents(source):
+        if is_val_document(doc, seed, val_fraction):
+            continue
+        yield doc
+        seen += len(doc)
+        if seen >= BPE_TRAIN_BYTES:
+            return
+
+
+def _write_shards(source: Source, files: list[Path], out_dir: Path, tok: Tokenizer, seed: int,
+                  val_fraction: float, progress: bool) -> dict:
+    from tqdm import tqdm
+
+    counts = {"train_docs": 0, "val_docs": 0, "train_tokens": 0, "val_tokens": 0}
+    total_bytes = sum(p.stat().st_size for p in files)
+    writers = {split: ShardWriter(out_dir / name, tok.vocab_size, tok.eot_id, tok.fingerprint)
+               for split, name in (("train", TRAIN_FILE), ("val", VAL_FILE))}
+    try:
+        with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing",
+                  disable=not progress) as bar:
+            for docs in _chunks(iter_documents(source), CHUNK_DOCS):
+                # One array per split per chunk: per-document numpy calls would dominate on
+                # millions of short stories.
+                parts: dict[str, list[int]] = {"train": [], "val": []}
+                for doc, ids in zip(docs, tok.encode_batch(docs)):
+                    split = "val" if is_val_document(doc, seed, val_fraction) else "train"
+                    parts[split].append(tok.eot_id)
+                    parts[split].extend(ids)
+                    counts[f"{split}_docs"] += 1
+                for split, ids in parts.items():
+                    writers[split].write(np.array(ids, dtype=np.int64))
+                    counts[f"{split}_tokens"] += len(ids)
+                # Progress counts characters as bytes: exact for ASCII, close enough otherwise.
+                bar.update(min(sum(len(d) for d in docs), total_bytes - bar.n))
+            bar.update(total_bytes - bar.n)
+        for split in ("train", "val"):
+            if counts[f"{split}_docs"] == 0:
+                raise DataError(f"the {split} split is empty ({counts['train_docs']} train, "
+                                f"{counts['val_docs']} val documents); the source is too small "
+                                f"for val_fraction={val_fraction}")
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    for w in writers.values():
+        w.close()
+    return counts
+
+
+def _chunks(items: Iterable[str], n: int) -> Iterator[list[str]]:
+    it = iter(items)
+    while chunk := list(islice(it, n)):
+        yield chunk
