@@ -42,7 +42,8 @@ TRAIN_FILE = "train.bin"
 VAL_FILE = "val.bin"
 FORMAT_VERSION = 1
 TOKENIZER_KINDS = ("bpe", "gpt2")
-# BPE merge statistics settle long before this; training on all of a multi-GB corpus only costs time.
+# BPE merge statistics settle long before this; training on a whole multi-GB corpus only
+# costs time.
 BPE_TRAIN_BYTES = 128 << 20
 # Documents per encode_batch call: enough to keep the Rust thread pool busy, small in memory.
 CHUNK_DOCS = 1024

@@ -142,7 +142,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
     The result can be smaller than asked when the corpus runs out of pairs worth merging; the
     tokenizer's `vocab_size` is the real size.
     """
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
     if not MIN_BPE_VOCAB <= vocab_size < 2**32:
         raise DataError(f"vocab_size must be in [{MIN_BPE_VOCAB}, 2**32), got {vocab_size}")
@@ -175,7 +176,8 @@ def gpt2_unavailable_reason() -> str | None:
     if missing:
         return (f"the GPT-2 files are not in tiktoken's cache {cache} (missing {len(missing)} of "
                 f"{len(GPT2_URLS)}); on a machine with network run "
-                f"`python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\"` and copy the cache")
+                f"`python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\"` and copy the "
+                f"cache")
     return None
 
 

@@ -1,0 +1,301 @@
+// core/cuda_api.h for CUDA builds: devices, per-thread streams, the cudaMalloc backend, copies.
+//
+//  - The current device is per host thread (default 0), like the CUDA runtime's own.
+//  - Each (thread, device) pair gets one non-blocking stream, created on first use and
+//    synchronised + destroyed when the thread exits; blocks cached by the allocator are keyed by
+//    stream, so a stream is only destroyed once its work is done.
+//  - device_count()/is_available() never throw: no driver or no GPU means 0 devices.
+//  - The raw backend never throws either: cudaMalloc running out of memory returns nullptr
+//    (the allocator then releases its cache, retries, and raises OutOfMemoryError).
+//  - Sync points (host waits for the GPU): copies into host memory, synchronize*(),
+//    and a stream's destruction at thread exit. Nothing else here blocks the host.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <string>
+
+#include "core/allocator.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda_api.h"
+#include "core/error.h"
+
+namespace xt {
+namespace cuda {
+
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
+  cudaGetLastError();  // clear a non-sticky error so the process keeps working
+  throw RuntimeError(str("CUDA error ", cudaGetErrorName(err), ": ", cudaGetErrorString(err), " (in ", what,
+                         " at ", file, ":", line, ")"));
+}
+
+namespace {
+
+// What the runtime sees, probed once: the device count cannot change during a process.
+struct DeviceTable {
+  int count = 0;
+  std::string why_none;  // the runtime's answer when count is 0
+};
+
+const DeviceTable& devices() {
+  static const DeviceTable table = [] {
+    DeviceTable t;
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      t.why_none = str(cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+      n = 0;
+    } else if (n == 0) {
+      t.why_none = "the CUDA runtime reports no devices";
+    }
+    t.count = n < kMaxDevices ? n : kMaxDevices;
+    return t;
+  }();
+  return table;
+}
+
+thread_local int tl_device = 0;
+
+// This thread's streams, one per device; synchronised and destroyed at thread exit. Errors
+// are ignored there: at process exit the driver may already be shutting down.
+struct ThreadStreams {
+  cudaStream_t stream[kMaxDevices] = {};
+  ~ThreadStreams() {
+    for (int d = 0; d < kMaxDevices; ++d) {
+      if (!stream[d]) continue;
+      if (cudaSetDevice(d) == cudaSuccess) {
+        cudaStreamSynchronize(stream[d]);  // sync point: thread exit
+        cudaStreamDestroy(stream[d]);
+      }
+      cudaGetLastError();
+    }
+  }
+};
+thread_local ThreadStreams tl_streams;
+
+// The backend's failures are reported by describe_failure() on the same thread, right after.
+thread_local std::string tl_last_alloc_error;
+
+class CudaBackend : public RawBackend {
+ public:
+  void* raw_alloc(int device, size_t nbytes) override {
+    tl_last_alloc_error.clear();
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess || (prev != device && cudaSetDevice(device) != cudaSuccess)) {
+      const cudaError_t err = cudaGetLastError();
+      tl_last_alloc_error = str("cannot select cuda:", device, ": ", cudaGetErrorString(err));
+      return nullptr;
+    }
+    void* ptr = nullptr;
+    const cudaError_t err = cudaMalloc(&ptr, nbytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // cudaErrorMemoryAllocation is not sticky: clear it and report OOM
+      ptr = nullptr;
+      if (err != cudaErrorMemoryAllocation) tl_last_alloc_error = str("cudaMalloc failed: ", cudaGetErrorString(err));
+    }
+    if (prev != device) cudaSetDevice(prev);
+    return ptr;
+  }
+
+  void raw_free(int device, void* ptr, size_t) override {
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    if (prev != device) cudaSetDevice(device);
+    // cudaFree waits for the device (implicit sync point: only on empty_cache / limit pressure).
+    // It cannot throw from here; a failure at process exit (driver unloading) is harmless.
+    cudaFree(ptr);
+    cudaGetLastError();
+    if (prev >= 0 && prev != device) cudaSetDevice(prev);
+  }
+
+  std::string describe_failure(int device) override {
+    std::string out;
+    if (!tl_last_alloc_error.empty()) out += "; " + tl_last_alloc_error;
+    size_t free_b = 0, total_b = 0;
+    int prev = -1;
+    if (cudaGetDevice(&prev) == cudaSuccess && (prev == device || cudaSetDevice(device) == cudaSuccess)) {
+      if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+        out += str("; the driver reports ", format_bytes(static_cast<int64_t>(free_b)), " free of ",
+                   format_bytes(static_cast<int64_t>(total_b)), " on cuda:", device);
+      }
+      if (prev != device) cudaSetDevice(prev);
+    }
+    cudaGetLastError();
+    return out;
+  }
+};
+
+}  // namespace
+
+DeviceGuard::DeviceGuard(int device) {
+  int cur = 0;
+  XT_CUDA_CHECK(cudaGetDevice(&cur));
+  if (cur != device) {
+    XT_CUDA_CHECK(cudaSetDevice(device));
+    prev_ = cur;
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (prev_ >= 0) cudaSetDevice(prev_);
+}
+
+int stream_device(void* stream) {
+  if (stream) {
+    for (int d = 0; d < kMaxDevices; ++d)
+      if (tl_streams.stream[d] == stream) return d;
+    int dev = 0;
+    XT_CUDA_CHECK(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &dev));
+    return dev;
+  }
+  int dev = 0;
+  XT_CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
+bool is_built() { return true; }
+int device_count() { return devices().count; }
+bool is_available() { return devices().count > 0; }
+
+void check_device(int index) {
+  const DeviceTable& t = devices();
+  XT_CHECK(t.count > 0, RuntimeError, "cuda:", index, " was requested but no CUDA device is available (",
+           t.why_none, "); xtrain.cuda.is_available() is False on this machine");
+  XT_CHECK(index >= 0 && index < t.count, RuntimeError, "cuda:", index, " was requested but this process sees ",
+           t.count, " CUDA device(s) (cuda:0 to cuda:", t.count - 1, ")");
+}
+
+int current_device() { return tl_device; }
+
+void set_device(int index) {
+  check_device(index);
+  XT_CUDA_CHECK(cudaSetDevice(index));
+  tl_device = index;
+}
+
+void* current_stream(int device) {
+  if (device >= 0 && device < kMaxDevices && tl_streams.stream[device]) return tl_streams.stream[device];
+  check_device(device);
+  cudaStream_t& s = tl_streams.stream[device];
+  DeviceGuard guard(device);
+  // Non-blocking: never serialises with the legacy default stream other libraries may use.
+  XT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+void synchronize(int device) {
+  if (device < 0 || device >= kMaxDevices || !tl_streams.stream[device]) return;  // nothing launched here
+  DeviceGuard guard(device);
+  XT_CUDA_CHECK(cudaStreamSynchronize(tl_streams.stream[device]));  // sync point: explicit
+}
+
+void synchronize_all() {
+  for (int d = 0; d < kMaxDevices; ++d) synchronize(d);
+}
+
+RawBackend* raw_backend() {
+  static CudaBackend* backend = new CudaBackend();  // never destroyed (used at exit)
+  return backend;
+}
+
+std::string device_name(int device) {
+  check_device(device);
+  cudaDeviceProp prop;
+  XT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
+std::string runtime_info() {
+  int driver = 0, runtime = 0, cb_major = 0, cb_minor = 0, cb_patch = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  cudaGetLastError();
+  cublasGetProperty(MAJOR_VERSION, &cb_major);
+  cublasGetProperty(MINOR_VERSION, &cb_minor);
+  cublasGetProperty(PATCH_LEVEL, &cb_patch);
+  const auto ver = [](int v) { return str(v / 1000, ".", (v % 1000) / 10); };
+  std::string out = str("CUDA driver ", driver ? ver(driver) : std::string("none"), ", runtime ", ver(runtime),
+                        ", cuBLAS ", cb_major, ".", cb_minor, ".", cb_patch);
+  const DeviceTable& t = devices();
+  if (t.count == 0) return out + "; no device (" + t.why_none + ")";
+  out += str("; ", t.count, " device(s):");
+  for (int d = 0; d < t.count; ++d) {
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    out += str(" cuda:", d, " ", prop.name, " (sm_", prop.major, prop.minor, ", ",
+               format_bytes(static_cast<int64_t>(prop.totalGlobalMem)), ", ", prop.multiProcessorCount, " SMs)");
+  }
+  return out;
+}
+
+// Copies run on this thread's stream of the CUDA side. H2D from pageable host memory returns
+// once the source has been staged, so the caller may free it at once; D2H waits (sync point).
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) {
+  if (nbytes == 0) return;
+  if (dst_dev.is_cpu() && src_dev.is_cpu()) {
+    std::memcpy(dst, src, nbytes);
+    return;
+  }
+  if (src_dev.is_cpu()) {  // host -> device
+    cudaStream_t s = static_cast<cudaStream_t>(current_stream(dst_dev.index));
+    DeviceGuard guard(dst_dev.index);
+    XT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, s));
+    return;
+  }
+  if (dst_dev.is_cpu()) {  // device -> host
+    cudaStream_t s = static_cast<cudaStream_t>(current_stream(src_dev.index));
+    DeviceGuard guard(src_dev.index);
+    XT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s));
+    XT_CUDA_CHECK(cudaStreamSynchronize(s));  // sync point: the host reads the bytes next
+    return;
+  }
+  if (src_dev.index == dst_dev.index) {  // same device
+    cudaStream_t s = static_cast<cudaStream_t>(current_stream(src_dev.index));
+    DeviceGuard guard(src_dev.index);
+    XT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, s));
+    return;
+  }
+  // Across devices: the copy runs on the source's stream, after the destination stream's
+  // pending work (which may still use dst), and the destination stream waits for the copy.
+  // Events order the two streams on the GPU; the host does not wait.
+  cudaStream_t ss = static_cast<cudaStream_t>(current_stream(src_dev.index));
+  cudaStream_t ds = static_cast<cudaStream_t>(current_stream(dst_dev.index));
+  cudaEvent_t dst_ready = nullptr, copied = nullptr;
+  {
+    DeviceGuard guard(dst_dev.index);
+    XT_CUDA_CHECK(cudaEventCreateWithFlags(&dst_ready, cudaEventDisableTiming));
+    XT_CUDA_CHECK(cudaEventRecord(dst_ready, ds));
+  }
+  {
+    DeviceGuard guard(src_dev.index);
+    XT_CUDA_CHECK(cudaStreamWaitEvent(ss, dst_ready, 0));
+    XT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, nbytes, ss));
+    XT_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+    XT_CUDA_CHECK(cudaEventRecord(copied, ss));
+  }
+  {
+    DeviceGuard guard(dst_dev.index);
+    XT_CUDA_CHECK(cudaStreamWaitEvent(ds, copied, 0));
+  }
+  // Destroying a recorded event is safe: its resources go once the work it tracks is done.
+  XT_CUDA_CHECK(cudaEventDestroy(dst_ready));
+  XT_CUDA_CHECK(cudaEventDestroy(copied));
+}
+
+void memset_zero(void* dst, Device dev, size_t nbytes) {
+  if (nbytes == 0) return;
+  if (dev.is_cpu()) {
+    std::memset(dst, 0, nbytes);
+    return;
+  }
+  cudaStream_t s = static_cast<cudaStream_t>(current_stream(dev.index));
+  DeviceGuard guard(dev.index);
+  XT_CUDA_CHECK(cudaMemsetAsync(dst, 0, nbytes, s));
+}
+
+}  // namespace cuda
+}  // namespace xt

@@ -1,0 +1,112 @@
+// Cross-entropy on the CPU: logits [rows, vocab] (float32/bfloat16/float64), targets
+// int32/int64 [rows].
+//
+//  - forward writes per row lse = logsumexp(logits) and loss = lse - logit[target] (0 for a row
+//    whose target is ignore_index), both float32; the softmax is never materialised.
+//  - reduce: loss = sum(losses) / max(count, 1), count = number of non-ignored rows; the sum runs
+//    in row order, in double.
+//  - backward recomputes softmax = exp(logit - lse) and writes dlogits with `=`:
+//    (softmax - onehot) * dloss / max(count, 1), exactly 0 on ignored rows.
+//  - Targets are range-checked by the ops layer; one outside [0, vocab) that reaches a kernel
+//    anyway gives a NaN loss and a zero gradient row, never a read out of bounds.
+//  - float32/bfloat16 compute in float32 (dlogits rounded once); float64 computes in double, but
+//    lse and the losses are float32 by the contract.
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/cpu/cpu_common.h"
+#include "kernels/kernels.h"
+
+namespace xt {
+namespace kernels {
+namespace cpu {
+
+namespace {
+
+template <typename T>
+void forward_rows(const T* logits, DType t_dt, const void* targets, float* losses, float* lse, int64_t rows,
+                  int64_t vocab, int64_t ignore_index) {
+  using C = compute_t<T>;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = logits + r * vocab;
+    C mx = -std::numeric_limits<C>::infinity();
+    for (int64_t j = 0; j < vocab; ++j) {
+      const C v = load(xr, j);
+      mx = v > mx ? v : mx;
+    }
+    if (mx == -std::numeric_limits<C>::infinity()) mx = 0;  // an all -inf row: avoid inf - inf
+    C sum = 0;
+    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(load(xr, j) - mx);
+    const C row_lse = mx + std::log(sum);
+    lse[r] = static_cast<float>(row_lse);
+    const int64_t t = load_index(t_dt, targets, r);
+    if (t == ignore_index)
+      losses[r] = 0.0f;
+    else if (t < 0 || t >= vocab)
+      losses[r] = std::numeric_limits<float>::quiet_NaN();
+    else
+      losses[r] = static_cast<float>(row_lse - load(xr, t));
+  }
+}
+
+template <typename T>
+void backward_rows(const T* logits, const float* lse, DType t_dt, const void* targets, float dloss, float count,
+                   T* dlogits, int64_t rows, int64_t vocab, int64_t ignore_index) {
+  using C = compute_t<T>;
+  const C coef = static_cast<C>(dloss) / static_cast<C>(count > 1.0f ? count : 1.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = logits + r * vocab;
+    T* dr = dlogits + r * vocab;
+    const int64_t t = load_index(t_dt, targets, r);
+    if (t == ignore_index || t < 0 || t >= vocab) {
+      for (int64_t j = 0; j < vocab; ++j) store(dr, j, C(0));
+      continue;
+    }
+    const C row_lse = static_cast<C>(lse[r]);
+    for (int64_t j = 0; j < vocab; ++j) {
+      const C p = std::exp(load(xr, j) - row_lse);
+      store(dr, j, static_cast<C>((p - (j == t ? C(1) : C(0))) * coef));
+    }
+  }
+}
+
+}  // namespace
+
+void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void* targets, float* losses, float* lse,
+                           int64_t rows, int64_t vocab, int64_t ignore_index, void*) {
+  XT_ASSERT(is_integral(t_dt), "cross_entropy_forward: targets ", dtype_name(t_dt));
+  dispatch_float(dt, "cross_entropy_forward", [&](auto tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    forward_rows(static_cast<const T*>(logits), t_dt, targets, losses, lse, rows, vocab, ignore_index);
+  });
+}
+
+void cross_entropy_reduce(const float* losses, DType t_dt, const void* targets, float* loss, float* count,
+                          int64_t rows, int64_t ignore_index, void*) {
+  XT_ASSERT(is_integral(t_dt), "cross_entropy_reduce: targets ", dtype_name(t_dt));
+  double sum = 0.0;
+  int64_t n = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (load_index(t_dt, targets, r) == ignore_index) continue;
+    sum += static_cast<double>(losses[r]);
+    ++n;
+  }
+  *count = static_cast<float>(n);
+  *loss = static_cast<float>(sum / static_cast<double>(n > 1 ? n : 1));
+}
+
+void cross_entropy_backward(DType dt, const void* logits, const float* lse, DType t_dt, const void* targets,
+                            const float* dloss, const float* count, void* dlogits, int64_t rows, int64_t vocab,
+                            int64_t ignore_index, void*) {
+  XT_ASSERT(is_integral(t_dt), "cross_entropy_backward: targets ", dtype_name(t_dt));
+  dispatch_float(dt, "cross_entropy_backward", [&](auto tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    backward_rows(static_cast<const T*>(logits), lse, t_dt, targets, *dloss, *count, static_cast<T*>(dlogits), rows,
+                  vocab, ignore_index);
+  });
+}
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace xt

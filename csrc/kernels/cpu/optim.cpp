@@ -1,0 +1,60 @@
+// CPU optimizer kernels (float32, fused over a list of tensors): AdamW step, global norm, clip.
+//
+// adamw_step updates params, exp_avg and exp_avg_sq in place, with torch.optim.AdamW's math:
+//   p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;
+//   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+// global_norm sums squares tensor by tensor, element by element (fixed order) in float64.
+// clip_by_norm scales in place by min(1, max_norm / (norm + 1e-6)).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/cpu_common.h"
+#include "kernels/kernels.h"
+
+namespace xt {
+namespace kernels {
+namespace cpu {
+
+void adamw_step(int n_tensors, float* const* params, const float* const* grads, float* const* m, float* const* v,
+                const int64_t* sizes, AdamWParams hp, void*) {
+  const float decay = 1.0f - hp.lr * hp.weight_decay;
+  const float step_size = hp.lr / hp.bias_correction1;
+  const float bc2_sqrt = std::sqrt(hp.bias_correction2);
+  for (int t = 0; t < n_tensors; ++t) {
+    float* p = params[t];
+    const float* g = grads[t];
+    float* mt = m[t];
+    float* vt = v[t];
+    for (int64_t i = 0; i < sizes[t]; ++i) {
+      const float gi = g[i];
+      const float mi = hp.beta1 * mt[i] + (1.0f - hp.beta1) * gi;
+      const float vi = hp.beta2 * vt[i] + (1.0f - hp.beta2) * gi * gi;
+      mt[i] = mi;
+      vt[i] = vi;
+      const float denom = std::sqrt(vi) / bc2_sqrt + hp.eps;
+      p[i] = p[i] * decay - step_size * (mi / denom);
+    }
+  }
+}
+
+void global_norm(int n_tensors, const float* const* tensors, const int64_t* sizes, float* out, void*) {
+  double acc = 0.0;
+  for (int t = 0; t < n_tensors; ++t) {
+    const float* x = tensors[t];
+    for (int64_t i = 0; i < sizes[t]; ++i) acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  }
+  out[0] = static_cast<float>(std::sqrt(acc));
+}
+
+void clip_by_norm(int n_tensors, float* const* tensors, const int64_t* sizes, const float* norm, float max_norm,
+                  void*) {
+  const float coef = std::min(1.0f, max_norm / (norm[0] + 1e-6f));
+  for (int t = 0; t < n_tensors; ++t) {
+    float* x = tensors[t];
+    for (int64_t i = 0; i < sizes[t]; ++i) x[i] *= coef;
+  }
+}
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace xt

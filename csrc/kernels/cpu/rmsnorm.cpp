@@ -1,0 +1,98 @@
+// RMSNorm on the CPU: rmsnorm_forward and rmsnorm_backward over the last dim of a [rows, dim]
+// matrix; y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
+//
+//  - float32/bfloat16 compute in float32 and round once on store; float64 computes in double.
+//    w is x's dtype or float32. rstd is saved as float32 (the contract), so in float64 the
+//    forward uses its double rstd while the backward sees it rounded to float32 (a relative
+//    error of ~6e-8 in the float64 gradients).
+//  - dx and dw are written with `=`. dw[j] = sum over rows of dy * x * rstd, added row by row in
+//    increasing row order into a float32 (double for float64) buffer, rounded once.
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu/cpu_common.h"
+#include "kernels/kernels.h"
+
+namespace xt {
+namespace kernels {
+namespace cpu {
+
+namespace {
+
+template <typename T, typename W>
+void forward_rows(const T* x, const W* w, T* y, float* rstd, int64_t rows, int64_t dim, float eps) {
+  using C = compute_t<T>;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * dim;
+    T* yr = y + r * dim;
+    C ss = 0;
+    for (int64_t j = 0; j < dim; ++j) {
+      const C v = load(xr, j);
+      ss += v * v;
+    }
+    const C inv = C(1) / std::sqrt(ss / static_cast<C>(dim) + static_cast<C>(eps));
+    rstd[r] = static_cast<float>(inv);
+    for (int64_t j = 0; j < dim; ++j) store(yr, j, static_cast<C>(load(xr, j) * inv * static_cast<C>(load(w, j))));
+  }
+}
+
+// With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)),  dw = sum_r dy * xhat.
+template <typename T, typename W>
+void backward_rows(const T* x, const W* w, const float* rstd, const T* dy, T* dx, W* dw, int64_t rows,
+                   int64_t dim) {
+  using C = compute_t<T>;
+  std::vector<C> dw_acc(static_cast<size_t>(dim), C(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * dim;
+    const T* dyr = dy + r * dim;
+    T* dxr = dx + r * dim;
+    const C inv = static_cast<C>(rstd[r]);
+    C dot = 0;  // sum_j g_j * xhat_j
+    for (int64_t j = 0; j < dim; ++j) {
+      const C xhat = load(xr, j) * inv;
+      const C d = load(dyr, j);
+      dot += d * static_cast<C>(load(w, j)) * xhat;
+      dw_acc[j] += d * xhat;
+    }
+    const C mean_dot = dot / static_cast<C>(dim);
+    for (int64_t j = 0; j < dim; ++j) {
+      const C xhat = load(xr, j) * inv;
+      const C g = load(dyr, j) * static_cast<C>(load(w, j));
+      store(dxr, j, static_cast<C>(inv * (g - xhat * mean_dot)));
+    }
+  }
+  for (int64_t j = 0; j < dim; ++j) store(dw, j, static_cast<compute_t<W>>(dw_acc[j]));
+}
+
+}  // namespace
+
+void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y, float* rstd, int64_t rows,
+                     int64_t dim, float eps, void*) {
+  XT_ASSERT(w_dt == dt || w_dt == DType::Float32, "rmsnorm_forward: w dtype ", dtype_name(w_dt));
+  dispatch_float(dt, "rmsnorm_forward", [&](auto tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (w_dt == DType::Float32)
+      forward_rows(static_cast<const T*>(x), static_cast<const float*>(w), static_cast<T*>(y), rstd, rows, dim, eps);
+    else
+      forward_rows(static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), rstd, rows, dim, eps);
+  });
+}
+
+void rmsnorm_backward(DType dt, DType w_dt, const void* x, const void* w, const float* rstd, const void* dy,
+                      void* dx, void* dw, int64_t rows, int64_t dim, void*) {
+  XT_ASSERT(w_dt == dt || w_dt == DType::Float32, "rmsnorm_backward: w dtype ", dtype_name(w_dt));
+  dispatch_float(dt, "rmsnorm_backward", [&](auto tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (w_dt == DType::Float32)
+      backward_rows(static_cast<const T*>(x), static_cast<const float*>(w), rstd, static_cast<const T*>(dy),
+                    static_cast<T*>(dx), static_cast<float*>(dw), rows, dim);
+    else
+      backward_rows(static_cast<const T*>(x), static_cast<const T*>(w), rstd, static_cast<const T*>(dy),
+                    static_cast<T*>(dx), static_cast<T*>(dw), rows, dim);
+  });
+}
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace xt

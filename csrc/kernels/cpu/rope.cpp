@@ -1,0 +1,73 @@
+// Rotary position embedding on the CPU, rotate-half convention (Hugging Face Llama/Qwen3):
+//   out[i]       = x[i] * cos(a_i) - x[i + D/2] * sin(a_i)
+//   out[i + D/2] = x[i + D/2] * cos(a_i) + x[i] * sin(a_i),   a_i = pos * inv_freq[i], i < D/2
+// on x [B, S, H, D] with pos int64 [S].
+//
+//  - inv_freq[i] = 1 / theta^(2i/D) and the angles are float32, as Hugging Face computes them
+//    (exponent, reciprocal and product in float32; the power rounded once to float32).
+//  - inverse rotates by -angle: the transpose of the forward rotation, hence the exact backward.
+//  - out is written with `=` and must not alias x. float32/bfloat16 rotate in float32 and
+//    round once; float64 rotates in double with cos/sin of the float32 angle.
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu/cpu_common.h"
+#include "kernels/kernels.h"
+
+namespace xt {
+namespace kernels {
+namespace cpu {
+
+namespace {
+
+template <typename T>
+void rope_rows(const T* x, T* out, const int64_t* pos, int64_t B, int64_t S, int64_t H, int64_t D, float theta,
+               bool inverse) {
+  using C = compute_t<T>;
+  const int64_t half = D / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
+    const float p = static_cast<float>(std::pow(static_cast<double>(theta), static_cast<double>(expo)));
+    inv_freq[i] = 1.0f / p;
+  }
+  std::vector<C> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+  const C sign = inverse ? C(-1) : C(1);
+  for (int64_t s = 0; s < S; ++s) {
+    const float ps = static_cast<float>(pos[s]);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = ps * inv_freq[i];
+      cs[i] = std::cos(static_cast<C>(angle));
+      sn[i] = sign * std::sin(static_cast<C>(angle));
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t base = ((b * S + s) * H + h) * D;
+        const T* xr = x + base;
+        T* orow = out + base;
+        for (int64_t i = 0; i < half; ++i) {
+          const C x1 = load(xr, i);
+          const C x2 = load(xr, i + half);
+          store(orow, i, static_cast<C>(x1 * cs[i] - x2 * sn[i]));
+          store(orow, i + half, static_cast<C>(x2 * cs[i] + x1 * sn[i]));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rope(DType dt, const void* x, void* out, const int64_t* pos, int64_t B, int64_t S, int64_t H, int64_t D,
+          float theta, bool inverse, void*) {
+  XT_ASSERT(D % 2 == 0, "rope: odd head dim ", D);
+  dispatch_float(dt, "rope", [&](auto tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rope_rows(static_cast<const T*>(x), static_cast<T*>(out), pos, B, S, H, D, theta, inverse);
+  });
+}
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace xt

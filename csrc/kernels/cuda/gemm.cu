@@ -1,0 +1,116 @@
+// CUDA GEMM: row-major C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b] through cuBLAS.
+//
+// cuBLAS is column-major. A row-major MxN matrix is the column-major NxM matrix C^T, and
+// C^T = op(B)^T op(A)^T, so we call cuBLAS with the operands swapped (B first), m = N, n = M.
+// Precision: float32 uses CUBLAS_COMPUTE_32F (true fp32) unless allow_tf32() is on; bf16 inputs
+// use CUBLAS_COMPUTE_32F with bf16 or float32 output and reductions kept in fp32
+// (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION); float64 uses CUBLAS_COMPUTE_64F.
+// Determinism: one handle per (thread, device) with its own workspace, atomics not allowed
+// (cuBLAS's default), so the same shapes give the same algorithm and the same bits.
+#include <atomic>
+#include <climits>
+
+#include "kernels/cuda/common.cuh"
+
+namespace xt {
+namespace kernels {
+namespace cuda {
+
+namespace {
+
+std::atomic<bool> g_allow_tf32{false};
+
+// cuBLAS's recommended workspace on Hopper; held by the handle for the thread's lifetime.
+constexpr size_t kCublasWorkspace = size_t(32) << 20;
+
+struct HandleEntry {
+  cublasHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;
+  Block workspace;
+};
+
+// This thread's handles, one per device; destroyed (workspace returned to the cache) at exit.
+struct ThreadHandles {
+  HandleEntry entry[kMaxDevices];
+  ~ThreadHandles() {
+    for (int d = 0; d < kMaxDevices; ++d) {
+      HandleEntry& e = entry[d];
+      if (!e.handle) continue;
+      if (cudaSetDevice(d) == cudaSuccess) cublasDestroy(e.handle);  // errors ignored at exit
+      cudaGetLastError();
+      if (e.workspace.ptr) Allocator::get().free(e.workspace);
+    }
+  }
+};
+thread_local ThreadHandles tl_handles;
+
+}  // namespace
+
+void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
+bool allow_tf32() { return g_allow_tf32.load(); }
+
+cublasHandle_t cublas_handle(const OnStream& on) {
+  XT_ASSERT(on.device >= 0 && on.device < kMaxDevices);
+  HandleEntry& e = tl_handles.entry[on.device];
+  if (!e.handle) {
+    XT_CUBLAS_CHECK(cublasCreate(&e.handle));
+    XT_CUBLAS_CHECK(cublasSetMathMode(
+        e.handle, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    XT_CUBLAS_CHECK(cublasSetAtomicsMode(e.handle, CUBLAS_ATOMICS_NOT_ALLOWED));
+    XT_CUBLAS_CHECK(cublasSetPointerMode(e.handle, CUBLAS_POINTER_MODE_HOST));
+  }
+  if (e.stream != on.s) {
+    // cublasSetStream resets the workspace to cuBLAS's own pool: set ours again after it.
+    XT_CUBLAS_CHECK(cublasSetStream(e.handle, on.s));
+    if (e.workspace.ptr) Allocator::get().free(e.workspace);
+    e.workspace = Allocator::get().allocate(Device::cuda(on.device), kCublasWorkspace, on.s);
+    XT_CUBLAS_CHECK(cublasSetWorkspace(e.handle, e.workspace.ptr, kCublasWorkspace));
+    e.stream = on.s;
+  }
+  return e.handle;
+}
+
+void gemm(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+          const void* B, float beta, void* C, int64_t batch, int64_t strideA, int64_t strideB, int64_t strideC,
+          void* stream) {
+  if (M == 0 || N == 0 || batch == 0) return;
+  XT_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && batch <= INT_MAX, ValueError,
+           "gemm: dimensions must fit in int32 for cuBLAS, got M=", M, " N=", N, " K=", K, " batch=", batch);
+  cudaDataType_t ab_type, c_type;
+  cublasComputeType_t compute;
+  if (ab_dt == DType::Float32 && c_dt == DType::Float32) {
+    ab_type = c_type = CUDA_R_32F;
+    compute = allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  } else if (ab_dt == DType::BFloat16 && (c_dt == DType::BFloat16 || c_dt == DType::Float32)) {
+    ab_type = CUDA_R_16BF;
+    c_type = c_dt == DType::BFloat16 ? CUDA_R_16BF : CUDA_R_32F;
+    compute = CUBLAS_COMPUTE_32F;
+  } else if (ab_dt == DType::Float64 && c_dt == DType::Float64) {
+    ab_type = c_type = CUDA_R_64F;
+    compute = CUBLAS_COMPUTE_64F;
+  } else {
+    throw TypeError(str("gemm: unsupported dtypes on CUDA: inputs ", dtype_name(ab_dt), ", output ",
+                        dtype_name(c_dt), " (supported: float32->float32, bfloat16->bfloat16/float32, "
+                        "float64->float64)"));
+  }
+  OnStream on(stream);
+  cublasHandle_t h = cublas_handle(on);
+  // Column-major view (see the header): C^T (NxM, ld N) = op(B)^T (NxK) * op(A)^T (KxM).
+  const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
+  const int ldb = static_cast<int>(tb ? K : N);
+  const int lda = static_cast<int>(ta ? M : K);
+  const int ldc = static_cast<int>(N);
+  const double alpha64 = alpha, beta64 = beta;
+  const void* pa = compute == CUBLAS_COMPUTE_64F ? static_cast<const void*>(&alpha64) : static_cast<const void*>(&alpha);
+  const void* pb = compute == CUBLAS_COMPUTE_64F ? static_cast<const void*>(&beta64) : static_cast<const void*>(&beta);
+  // ld must be >= 1 even for empty K.
+  XT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, opB, opA, m, n, k, pa, B, ab_type, ldb > 0 ? ldb : 1, strideB, A,
+                                             ab_type, lda > 0 ? lda : 1, strideA, pb, C, c_type, ldc, strideC,
+                                             static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace xt

@@ -1,0 +1,67 @@
+// Matmul ops: 2-D and batched 3-D GEMMs, linear (x @ w^T over all leading dims at once).
+//
+// Everything lands in one kernels::gemm call (batched 3-D: one call with strides). bf16 inputs
+// multiply with float32 accumulation and round once; matmul_out_dtype can write float32 (or
+// any floating dtype) directly, which the weight-gradient GEMMs of mixed precision use.
+#include <atomic>
+
+#include "core/error.h"
+#include "ops/dispatch.h"
+
+namespace xt {
+namespace ops {
+
+namespace {
+std::atomic<bool> g_allow_tf32{false};
+}  // namespace
+
+void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
+bool allow_tf32() { return g_allow_tf32.load(); }
+
+Tensor matmul_out_dtype(const Tensor& a, const Tensor& b, bool ta, bool tb, DType out_dtype) {
+  check_floating(a, "matmul", "a");
+  check_floating(b, "matmul", "b");
+  check_same_device(a, b, "matmul", "a", "b");
+  check_same_dtype(a, b, "matmul", "a", "b");
+  XT_CHECK(is_floating(out_dtype), TypeError, "matmul: the output dtype must be floating point, got ",
+           dtype_name(out_dtype));
+  XT_CHECK((a.dim() == 2 && b.dim() == 2) || (a.dim() == 3 && b.dim() == 3), ValueError,
+           "matmul: expected two 2-D or two batched 3-D tensors, got a ", a.describe(), " and b ", b.describe());
+  const bool batched = a.dim() == 3;
+  const int64_t batch = batched ? a.size(0) : 1;
+  XT_CHECK(!batched || b.size(0) == batch, ValueError, "matmul: batch sizes differ: a ", a.describe(), ", b ",
+           b.describe());
+  const int64_t ar = a.size(-2), ac = a.size(-1), br = b.size(-2), bcol = b.size(-1);
+  const int64_t M = ta ? ac : ar, K = ta ? ar : ac;
+  const int64_t Kb = tb ? bcol : br, N = tb ? br : bcol;
+  XT_CHECK(K == Kb, ValueError, "matmul: inner dimensions differ: a ", a.describe(), (ta ? " (transposed)" : ""),
+           " has K=", K, " but b ", b.describe(), (tb ? " (transposed)" : ""), " has K=", Kb);
+  Shape shape = batched ? Shape{batch, M, N} : Shape{M, N};
+  Tensor out = Tensor::empty(shape, out_dtype, a.device());
+  if (out.numel() == 0) return out;
+  XT_KERNEL(a.device(), gemm, a.dtype(), out_dtype, ta, tb, M, N, K, 1.0f, a.data_ptr(), b.data_ptr(), 0.0f,
+            out.data_ptr(), batch, M * K, K * N, M * N, stream_for(a.device()));
+  return out;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  check_defined(a, "a");
+  return matmul_out_dtype(a, b, ta, tb, a.dtype());
+}
+
+Tensor linear(const Tensor& x, const Tensor& w) {
+  check_floating(x, "linear", "x");
+  check_floating(w, "linear", "weight");
+  check_dim(w, 2, "linear", "weight");
+  XT_CHECK(x.dim() >= 1 && x.shape().back() == w.size(1), ValueError, "linear: x ", x.describe(),
+           " must end in the weight's in_features ", w.size(1), " (weight ", w.describe(), " is [out, in])");
+  const int64_t K = w.size(1), N = w.size(0);
+  const int64_t rows = K ? x.numel() / K : shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  Tensor y = matmul_out_dtype(x.view_as_shape({rows, K}), w, false, true, x.dtype());  // (rows, N)
+  Shape shape = x.shape();
+  shape.back() = N;
+  return y.view_as_shape(shape);
+}
+
+}  // namespace ops
+}  // namespace xt

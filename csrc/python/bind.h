@@ -1,0 +1,29 @@
+// Shared declarations for the binding files. Bindings only convert arguments, release the
+// GIL around real work and attach docstrings; logic lives in csrc/ops and csrc/tape.
+#pragma once
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "core/tensor.h"
+
+namespace xt {
+namespace py = pybind11;
+
+// Release the GIL for the duration of a call: py::call_guard<NoGil>().
+using NoGil = py::call_guard<py::gil_scoped_release>;
+
+// Argument conversion helpers (bind_tensor.cpp).
+DType dtype_arg(const py::object& o, DType fallback);  // None, str, or xtrain dtype name
+Device device_arg(const py::object& o, Device fallback);  // None, str, or Device
+
+void init_tensor(py::module_& m);          // bind_tensor.cpp: Tensor, creation, numpy
+void init_dlpack(py::module_& m);          // dlpack.cpp
+void init_memory(py::module_& m);          // bind_memory.cpp: memory stats, cuda queries, seeds
+void init_autograd(py::module_& m);        // bind_autograd.cpp: backward, grad mode, checkpoint
+void init_ops_basic(py::module_& ops);     // bind_ops_basic.cpp: elementwise, reductions, layout, matmul, embedding
+void init_ops_model(py::module_& ops);     // bind_ops_model.cpp: rms_norm, rope, sdpa, softmax, cross_entropy
+void init_optim(py::module_& m);           // bind_optim.cpp: fused AdamW, global norm, clipping
+void init_dist(py::module_& m);            // bind_dist.cpp: NCCL communicator
+
+}  // namespace xt

@@ -1,0 +1,62 @@
+// Bindings: allocator stats and limits, CUDA runtime queries.
+#include "core/allocator.h"
+#include "core/cuda_api.h"
+#include "core/error.h"
+#include "python/bind.h"
+
+namespace xt {
+
+namespace {
+py::dict stats_dict(const MemoryStats& s) {
+  py::dict d;
+  d["allocated_bytes.current"] = s.allocated_bytes;
+  d["allocated_bytes.peak"] = s.allocated_bytes_peak;
+  d["requested_bytes.current"] = s.requested_bytes;
+  d["reserved_bytes.current"] = s.reserved_bytes;
+  d["reserved_bytes.peak"] = s.reserved_bytes_peak;
+  d["num_alloc_calls"] = s.num_alloc_calls;
+  d["num_free_calls"] = s.num_free_calls;
+  d["num_cache_hits"] = s.num_cache_hits;
+  d["num_raw_alloc"] = s.num_raw_alloc;
+  d["num_raw_free"] = s.num_raw_free;
+  d["num_ooms"] = s.num_ooms;
+  d["limit_bytes"] = s.limit_bytes >= 0 ? py::object(py::int_(s.limit_bytes)) : py::object(py::none());
+  return d;
+}
+}  // namespace
+
+void init_memory(py::module_& m) {
+  const Device cpu = Device::cpu();
+  m.def("memory_stats", [cpu](const py::object& device) { return stats_dict(Allocator::get().stats(device_arg(device, cpu))); },
+        py::arg("device") = py::none(),
+        "Caching-allocator statistics of a device (PyTorch's names where it has one)");
+  m.def("reset_peak_memory_stats", [cpu](const py::object& device) { Allocator::get().reset_peak(device_arg(device, cpu)); },
+        py::arg("device") = py::none(), "Set the peaks to the current values");
+  m.def("empty_cache", [cpu](const py::object& device) { Allocator::get().empty_cache(device_arg(device, cpu)); },
+        py::arg("device") = py::none(), NoGil(), "Return cached free blocks to the system / driver");
+  m.def("set_memory_limit", [cpu](const py::object& nbytes, const py::object& device) {
+          int64_t limit = -1;
+          if (!nbytes.is_none()) {
+            XT_CHECK(py::isinstance<py::int_>(nbytes), TypeError, "set_memory_limit: bytes must be an int or None");
+            limit = nbytes.cast<int64_t>();
+            XT_CHECK(limit >= 0, ValueError, "set_memory_limit: bytes must be >= 0, got ", limit);
+          }
+          Allocator::get().set_limit(device_arg(device, cpu), limit);
+        }, py::arg("nbytes"), py::arg("device") = py::none(),
+        "Cap the bytes the allocator may reserve on a device (None lifts the cap)");
+
+  py::module_ c = m.def_submodule("cuda", "CUDA runtime queries");
+  c.def("is_built", &cuda::is_built, "True when the CUDA backend was compiled in");
+  c.def("is_available", &cuda::is_available, "True when the CUDA backend is built and a GPU is visible");
+  c.def("device_count", &cuda::device_count, "Number of visible GPUs");
+  c.def("current_device", &cuda::current_device, "This thread's current device");
+  c.def("set_device", &cuda::set_device, py::arg("device"), "Set this thread's current device");
+  c.def("synchronize", [](const py::object& device) {
+          if (device.is_none()) cuda::synchronize_all();
+          else cuda::synchronize(device_arg(device, Device::cuda(0)).index);
+        }, py::arg("device") = py::none(), NoGil(), "Wait for this thread's work on a device (all when None)");
+  c.def("device_name", &cuda::device_name, py::arg("device") = 0);
+  c.def("runtime_info", &cuda::runtime_info, "Driver, runtime and cuBLAS versions");
+}
+
+}  // namespace xt

@@ -1,0 +1,218 @@
+// Bindings: the Tensor class, creation from numpy and by value, to numpy, generators.
+#include <cstring>
+
+#include "core/error.h"
+#include "core/generator.h"
+#include "ops/ops.h"
+#include "python/bind.h"
+#include "tape/engine.h"
+#include "tape/node.h"
+#include "tape/functions.h"
+
+namespace xt {
+
+DType dtype_arg(const py::object& o, DType fallback) {
+  if (o.is_none()) return fallback;
+  if (py::isinstance<py::str>(o)) return parse_dtype(o.cast<std::string>());
+  throw TypeError(str("dtype must be a string such as 'float32' or 'bfloat16', got ",
+                      py::str(py::type::of(o).attr("__name__")).cast<std::string>()));
+}
+
+Device device_arg(const py::object& o, Device fallback) {
+  if (o.is_none()) return fallback;
+  if (py::isinstance<py::str>(o)) return Device::parse(o.cast<std::string>());
+  throw TypeError(str("device must be a string such as 'cpu' or 'cuda:0', got ",
+                      py::str(py::type::of(o).attr("__name__")).cast<std::string>()));
+}
+
+namespace {
+
+Shape shape_arg(const py::object& o) {
+  Shape s;
+  if (py::isinstance<py::int_>(o)) {
+    s.push_back(o.cast<int64_t>());
+  } else {
+    for (auto item : py::iterable(o)) {
+      XT_CHECK(py::isinstance<py::int_>(item), TypeError, "shape entries must be integers, got ",
+               py::str(py::type::of(item).attr("__name__")).cast<std::string>());
+      s.push_back(item.cast<int64_t>());
+    }
+  }
+  for (int64_t d : s) XT_CHECK(d >= 0, ValueError, "shape entries must be >= 0, got ", shape_str(s));
+  return s;
+}
+
+py::dtype numpy_dtype(DType dt) {
+  switch (dt) {
+    case DType::Float32: return py::dtype::of<float>();
+    case DType::Float64: return py::dtype::of<double>();
+    case DType::Int32: return py::dtype::of<int32_t>();
+    case DType::Int64: return py::dtype::of<int64_t>();
+    case DType::BFloat16: return py::dtype::of<float>();  // numpy has no bfloat16: values as float32
+  }
+  return py::dtype::of<float>();
+}
+
+// numpy array -> tensor of `dtype` on `device` (always a copy; bf16 rounds to nearest even).
+Tensor from_numpy(py::array arr, DType dtype, Device device) {
+  Shape shape(arr.shape(), arr.shape() + arr.ndim());
+  // Stage on the CPU in a numpy-representable dtype, then cast/move.
+  DType stage = dtype == DType::BFloat16 ? DType::Float32 : dtype;
+  py::array c = py::array::ensure(arr.attr("astype")(numpy_dtype(stage), py::arg("order") = "C", py::arg("copy") = false),
+                                  py::array::c_style);
+  XT_CHECK(c, TypeError, "could not convert the data to ", dtype_name(stage));
+  Tensor host = Tensor::empty(shape, stage, Device::cpu());
+  if (host.nbytes()) std::memcpy(host.data_ptr(), c.data(), host.nbytes());
+  if (stage == dtype && device.is_cpu()) return host;
+  py::gil_scoped_release nogil;
+  return ops::to(host, device, dtype);
+}
+
+// tensor -> numpy. CPU float32/float64/int tensors share memory with the array (it keeps the
+// storage alive); bf16 tensors give float32 copies; CUDA tensors are copied (sync point).
+py::array to_numpy(const Tensor& t) {
+  Tensor src = t;
+  if (src.device().is_cuda() || src.dtype() == DType::BFloat16) {
+    py::gil_scoped_release nogil;
+    src = ops::to(src, Device::cpu(), src.dtype() == DType::BFloat16 ? DType::Float32 : src.dtype());
+  }
+  std::vector<py::ssize_t> shape(src.shape().begin(), src.shape().end());
+  auto* keep = new std::shared_ptr<Storage>(src.storage());
+  py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<Storage>*>(p); });
+  return py::array(numpy_dtype(src.dtype()), shape, {}, src.data_ptr(), base);
+}
+
+py::object item(const Tensor& t) {
+  XT_CHECK(t.numel() == 1, ValueError, "item() needs a one-element tensor, got shape ", shape_str(t.shape()));
+  py::array a = to_numpy(t);
+  return a.attr("reshape")(py::tuple()).attr("item")();
+}
+
+std::shared_ptr<Generator> generator_arg(const py::object& g) {
+  if (g.is_none()) return nullptr;
+  return g.cast<std::shared_ptr<Generator>>();
+}
+
+Tensor make_random(const py::object& shape, kernels::RandomKind kind, const py::object& dtype,
+                   const py::object& device, const py::object& generator, bool requires_grad) {
+  Shape s = shape_arg(shape);
+  DType dt = dtype_arg(dtype, DType::Float32);
+  Device dev = device_arg(device, Device::cpu());
+  auto gen = generator_arg(generator);
+  Tensor t;
+  {
+    py::gil_scoped_release nogil;
+    t = ops::random(s, kind, dt, dev, gen);
+  }
+  if (requires_grad) t.set_requires_grad(true);
+  return t;
+}
+
+}  // namespace
+
+void init_tensor(py::module_& m) {
+  py::class_<Generator, std::shared_ptr<Generator>>(m, "Generator",
+      "Counter-based (Philox) random generator: a (seed, offset) pair.")
+      .def(py::init<uint64_t>(), py::arg("seed") = Generator::kDefaultSeed)
+      .def("manual_seed", &Generator::manual_seed, py::arg("seed"), "Reset to (seed, offset 0)")
+      .def("get_state", [](Generator& g) { auto s = g.state(); return py::make_tuple(s.seed, s.offset); },
+           "The state as a (seed, offset) tuple")
+      .def("set_state", [](Generator& g, std::pair<uint64_t, uint64_t> s) { g.set_state({s.first, s.second}); },
+           py::arg("state"), "Restore a state from get_state()");
+
+  m.def("default_generator", [](const py::object& device) { return default_generator(device_arg(device, Device::cpu())); },
+        py::arg("device") = py::none(), "The default generator of a device");
+  m.def("manual_seed", &manual_seed_all, py::arg("seed"), "Seed the default generator of every device");
+
+  py::class_<Tensor>(m, "Tensor", "A contiguous n-dimensional array on a device, with autograd.")
+      .def_property_readonly("shape", [](const Tensor& t) { return py::tuple(py::cast(t.shape())); })
+      .def_property_readonly("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
+      .def_property_readonly("device", [](const Tensor& t) { return t.device().str(); })
+      .def_property_readonly("ndim", &Tensor::dim)
+      .def("dim", &Tensor::dim)
+      .def("numel", &Tensor::numel)
+      .def("size", [](const Tensor& t, const py::object& d) -> py::object {
+             if (d.is_none()) return py::tuple(py::cast(t.shape()));
+             return py::int_(t.size(d.cast<int64_t>()));
+           }, py::arg("dim") = py::none())
+      .def_property_readonly("itemsize", &Tensor::itemsize)
+      .def_property_readonly("nbytes", &Tensor::nbytes)
+      .def("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); })
+      .def_property("requires_grad", &Tensor::requires_grad, &Tensor::set_requires_grad)
+      .def_property("grad",
+                    [](const Tensor& t) -> py::object { Tensor g = t.grad(); return g.defined() ? py::cast(g) : py::none(); },
+                    [](Tensor& t, const py::object& g) {
+                      if (g.is_none()) { t.set_grad(Tensor()); return; }
+                      Tensor gt = g.cast<Tensor>();
+                      XT_CHECK(gt.shape() == t.shape() && gt.dtype() == t.dtype() && gt.device() == t.device(), ValueError,
+                               "grad must match the tensor: tensor is ", t.describe(), ", grad is ", gt.describe());
+                      t.set_grad(gt);
+                    })
+      .def_property_readonly("grad_fn", [](const Tensor& t) -> py::object {
+             return t.grad_fn() ? py::object(py::str(t.grad_fn()->name())) : py::object(py::none());
+           })
+      .def_property_readonly("is_leaf", &Tensor::is_leaf)
+      .def("detach", &Tensor::detach, "A tensor sharing storage, with no history")
+      .def("numpy", &to_numpy, "As a numpy array (shares memory for CPU float32/float64/int; bf16 -> float32 copy)")
+      .def("item", &item, "The value of a one-element tensor (a sync point on CUDA)")
+      .def("backward", [](const Tensor& t) { backward(t); }, NoGil(),
+           "Backpropagate from a one-element tensor (seed of ones)")
+      .def("backward_seeded", [](const Tensor& t, const Tensor& seed) { backward_seeded(t, seed); }, py::arg("seed"),
+           NoGil(), "Backpropagate from this tensor with an explicit upstream gradient of its shape")
+      .def("to", [](const Tensor& t, const py::object& device, const py::object& dtype) {
+             Device dev = device_arg(device, t.device());
+             DType dt = dtype_arg(dtype, t.dtype());
+             if (dev == t.device() && dt == t.dtype()) return t;
+             py::gil_scoped_release nogil;
+             return tape::to(t, dev, dt);
+           }, py::arg("device") = py::none(), py::arg("dtype") = py::none(),
+           "Copy to another device and/or dtype (differentiable); returns self when nothing changes")
+      .def("clone", [](const Tensor& t) { return ops::clone(t); }, NoGil(), "A copy with no history")
+      .def("zero_", [](Tensor& t) { ops::zero_(t); return t; }, NoGil(), "Fill with zeros in place (no autograd)")
+      .def("fill_", [](Tensor& t, double v) { ops::fill_(t, v); return t; }, py::arg("value"), NoGil(),
+           "Fill with a value in place (no autograd)")
+      .def("copy_", [](Tensor& t, const Tensor& src) {
+             XT_CHECK(t.shape() == src.shape(), ValueError, "copy_: shapes differ: ", t.describe(), " vs ", src.describe());
+             ops::copy_(t, src);
+             return t;
+           }, py::arg("src"), NoGil(), "Copy values from src (any dtype/device) in place (no autograd)")
+      .def("same_storage", [](const Tensor& a, const Tensor& b) { return a.storage() == b.storage(); }, py::arg("other"),
+           "True when both tensors view the same storage");
+
+  m.def("_from_numpy", [](py::array arr, const py::object& dtype, const py::object& device) {
+          DType dt = dtype_arg(dtype, DType::Float32);
+          return from_numpy(arr, dt, device_arg(device, Device::cpu()));
+        }, py::arg("array"), py::arg("dtype"), py::arg("device") = py::none(),
+        "Copy a numpy array into a new tensor (used by xtrain.tensor)");
+  m.def("full", [](const py::object& shape, double value, const py::object& dtype, const py::object& device) {
+          Shape s = shape_arg(shape);
+          DType dt = dtype_arg(dtype, DType::Float32);
+          Device dev = device_arg(device, Device::cpu());
+          py::gil_scoped_release nogil;
+          return ops::full(s, value, dt, dev);
+        }, py::arg("shape"), py::arg("fill_value"), py::arg("dtype") = py::none(), py::arg("device") = py::none(),
+        "A tensor filled with a value");
+  m.def("empty", [](const py::object& shape, const py::object& dtype, const py::object& device) {
+          return ops::empty(shape_arg(shape), dtype_arg(dtype, DType::Float32), device_arg(device, Device::cpu()));
+        }, py::arg("shape"), py::arg("dtype") = py::none(), py::arg("device") = py::none(),
+        "An uninitialised tensor from the caching allocator");
+  m.def("arange", [](double start, double end, double step, const py::object& dtype, const py::object& device) {
+          DType dt = dtype_arg(dtype, DType::Int64);
+          Device dev = device_arg(device, Device::cpu());
+          py::gil_scoped_release nogil;
+          return ops::arange(start, end, step, dt, dev);
+        }, py::arg("start"), py::arg("end"), py::arg("step") = 1.0, py::arg("dtype") = py::none(),
+        py::arg("device") = py::none(), "Values start, start+step, ... below end");
+  m.def("rand", [](const py::object& shape, const py::object& dtype, const py::object& device,
+                   const py::object& generator, bool requires_grad) {
+          return make_random(shape, kernels::RandomKind::Uniform, dtype, device, generator, requires_grad);
+        }, py::arg("shape"), py::arg("dtype") = py::none(), py::arg("device") = py::none(),
+        py::arg("generator") = py::none(), py::arg("requires_grad") = false, "Uniform samples in [0, 1)");
+  m.def("randn", [](const py::object& shape, const py::object& dtype, const py::object& device,
+                    const py::object& generator, bool requires_grad) {
+          return make_random(shape, kernels::RandomKind::Normal, dtype, device, generator, requires_grad);
+        }, py::arg("shape"), py::arg("dtype") = py::none(), py::arg("device") = py::none(),
+        py::arg("generator") = py::none(), py::arg("requires_grad") = false, "Standard normal samples");
+}
+
+}  // namespace xt

@@ -1,0 +1,256 @@
+"""The `xtrain` command: train, prepare, sample, export.
+
+    xtrain train                                  # tiny model on the built-in stories, a few minutes
+    xtrain train --preset dim384 --data corpus.jsonl --bf16 --steps 5000 --out runs/d384
+    xtrain train --out runs/d384 --resume         # continue runs/d384/ckpt
+    xtrain prepare corpus.jsonl --out data/corpus --vocab-size 8192
+    xtrain sample --ckpt runs/tiny/ckpt --prompt "Once upon a time" --temperature 0.8 --top-k 50
+    xtrain export --ckpt runs/tiny/ckpt --out hf/tiny --dtype bf16
+
+Errors a user can fix (bad flags, missing paths, a checkpoint or dataset that does not fit) print
+one line `xtrain: error: ...` and exit with status 2; XTRAIN_DEBUG=1 shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+from xtrain.models.transformer import PRESETS
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+class UsageError(Exception):
+    """A problem with the command line that argparse cannot see (e.g. a path that is missing)."""
+
+
+def parse_size(text: str) -> int:
+    """'32GiB' -> 34359738368, '500MB' -> 500000000, '1.5G' -> 1610612736, '4096' -> 4096.
+    KiB/MiB/GiB/TiB and K/M/G/T are powers of 1024; KB/MB/GB/TB are powers of 1000."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (examples: 32GiB, 500MB, 1.5G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid positive integer {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid non-negative integer {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        # One line, no usage block: the user asked for --help if they want it.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="xtrain", description="Train small transformer language models with xtrain.",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="Run `xtrain COMMAND --help` for the options of a command.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+
+    t = sub.add_parser("train", help="train a model (default: tiny on the built-in stories)",
+                       formatter_class=fmt, description="Train a TinyTransformer. With no options, "
+                       "trains the `tiny` preset on the built-in story corpus (a few minutes on "
+                       "two CPU cores) and prints a sample.")
+    t.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="model size (default: tiny, or the checkpoint's model with --resume)")
+    t.add_argument("--data", default=None,
+                   help="a prepared data directory, or a .txt/.jsonl/.parquet file or directory to "
+                        "prepare into OUT/data (default: the built-in story corpus)")
+    t.add_argument("--out", default="runs/tiny", help="run directory: log, checkpoint, plot, sample")
+    t.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
+    t.add_argument("--bf16", action="store_true", help="mixed precision: bf16 compute, fp32 master weights")
+    t.add_argument("--recompute", action="store_true",
+                   help="activation recompute: checkpoint every block (bitwise-identical results)")
+    t.add_argument("--dropout", type=float, default=0.0, help="dropout on embeddings and residual branches")
+    t.add_argument("--batch", type=_positive_int, default=16, help="sequences per step")
+    t.add_argument("--seq", type=_positive_int, default=128, help="tokens per sequence")
+    t.add_argument("--steps", type=_positive_int, default=800, help="total optimizer steps")
+    t.add_argument("--decay-steps", type=_positive_int, default=None,
+                   help="length of the cosine LR schedule (default: --steps)")
+    t.add_argument("--lr", type=_positive_float, default=2e-3, help="peak learning rate")
+    t.add_argument("--min-lr", type=float, default=None, help="final learning rate (default: lr/10)")
+    t.add_argument("--warmup", type=_nonneg_int, default=50, help="linear warm-up steps")
+    t.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (2-D weights)")
+    t.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip (0: off)")
+    t.add_argument("--eval-every", type=_nonneg_int, default=200, help="validation every N steps (0: off)")
+    t.add_argument("--eval-batches", type=_positive_int, default=20, help="validation batches per eval")
+    t.add_argument("--save-every", type=_nonneg_int, default=1000,
+                   help="checkpoint every N steps (0: only at the end)")
+    t.add_argument("--resume", nargs="?", const="", default=None, metavar="CKPT",
+                   help="continue from a checkpoint directory (no value: OUT/ckpt)")
+    t.add_argument("--memory-limit", type=parse_size, default=None, metavar="SIZE",
+                   help="cap the device allocator, e.g. 32GiB or 500MB (default: no cap)")
+    t.add_argument("--seed", type=_nonneg_int, default=0, help="seed for weights, data order and sampling")
+    t.add_argument("--devices", type=_positive_int, default=1, help="GPUs for data parallelism")
+    t.add_argument("--vocab-size", type=_positive_int, default=4096,
+                   help="BPE vocabulary when --data is a raw source")
+    t.add_argument("--sample-tokens", type=_nonneg_int, default=200, help="length of the final sample")
+    t.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    pr = sub.add_parser("prepare", help="tokenize a corpus into train/val shards", formatter_class=fmt,
+                        description="Train a byte-level BPE (or use GPT-2's) on SOURCE and write "
+                        "tokenizer, train.bin, val.bin and meta.json into --out.")
+    pr.add_argument("source", nargs="+", help=".txt/.jsonl/.parquet files or directories")
+    pr.add_argument("--out", required=True, help="output directory")
+    pr.add_argument("--vocab-size", type=_positive_int, default=4096, help="BPE vocabulary size")
+    pr.add_argument("--tokenizer", choices=("bpe", "gpt2"), default="bpe", help="tokenizer kind")
+    pr.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents for validation")
+    pr.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the train/val split")
+    pr.add_argument("--overwrite", action="store_true", help="replace a directory prepared differently")
+    pr.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    s = sub.add_parser("sample", help="generate text from a checkpoint", formatter_class=fmt)
+    s.add_argument("--ckpt", required=True, help="checkpoint directory (e.g. runs/tiny/ckpt)")
+    s.add_argument("--prompt", default="Once upon a time", help="text to continue")
+    s.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    s.add_argument("--temperature", type=_positive_float, default=None, help="sampling temperature (default 0.8)")
+    s.add_argument("--top-k", type=_positive_int, default=None, help="sample among the K most likely (default 50)")
+    s.add_argument("--max-new-tokens", type=_nonneg_int, default=200, help="tokens to generate")
+    s.add_argument("--seed", type=_nonneg_int, default=0, help="sampling seed")
+    s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+
+    e = sub.add_parser("export", help="export a checkpoint in the Hugging Face Qwen3 layout", formatter_class=fmt)
+    e.add_argument("--ckpt", required=True, help="checkpoint directory")
+    e.add_argument("--out", required=True, help="output directory (loads with transformers)")
+    e.add_argument("--dtype", choices=("bf16", "f32"), default="bf16", help="weight dtype")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print("xtrain: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if os.environ.get("XTRAIN_DEBUG"):
+            raise
+        import xtrain
+
+        if isinstance(e, xtrain.OutOfMemoryError):
+            print(f"xtrain: out of memory: {e}", file=sys.stderr)
+            return 1
+        if isinstance(e, (UsageError, ValueError, KeyError, FileNotFoundError, NotADirectoryError)):
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            print(f"xtrain: error: {msg.splitlines()[0] if msg else type(e).__name__}", file=sys.stderr)
+            return 2
+        raise
+
+
+def cmd_train(args) -> int:
+    from xtrain.train import CKPT_DIR, TrainConfig, train
+
+    if args.devices != 1:
+        raise UsageError(f"--devices {args.devices}: data-parallel training is not yet implemented "
+                         f"(only --devices 1 is supported)")
+    if args.data is not None and not Path(args.data).exists():
+        raise UsageError(f"--data {args.data}: no such file or directory")
+    if not 0.0 <= args.dropout < 1.0:
+        raise UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
+    resume = None
+    if args.resume is not None:
+        resume = args.resume or str(Path(args.out) / CKPT_DIR)
+        from xtrain import state
+
+        state.resolve(resume)  # a clear error now rather than after the data is prepared
+    _check_device(args.device)
+    cfg = TrainConfig(preset=args.preset, data=args.data, out=args.out, device=args.device,
+                      bf16=args.bf16, recompute=args.recompute, dropout=args.dropout,
+                      batch=args.batch, seq=args.seq, steps=args.steps, decay_steps=args.decay_steps,
+                      lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
+                      weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                      eval_every=args.eval_every, eval_batches=args.eval_batches,
+                      save_every=args.save_every, resume=resume, memory_limit=args.memory_limit,
+                      seed=args.seed, vocab_size=args.vocab_size, sample_tokens=args.sample_tokens,
+                      progress=not args.no_progress)
+    train(cfg)
+    return 0
+
+
+def cmd_prepare(args) -> int:
+    from xtrain.data import prepare
+
+    for src in args.source:
+        if not Path(src).exists():
+            raise UsageError(f"source {src}: no such file or directory")
+    out = prepare(args.source if len(args.source) > 1 else args.source[0], args.out,
+                  vocab_size=args.vocab_size, tokenizer=args.tokenizer,
+                  val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
+                  progress=not args.no_progress)
+    print(f"prepared {out}")
+    return 0
+
+
+def cmd_sample(args) -> int:
+    from xtrain import state
+    from xtrain.train import resolve_device, sample_text
+
+    if args.greedy and (args.temperature is not None or args.top_k is not None):
+        raise UsageError("--greedy cannot be combined with --temperature or --top-k")
+    _check_device(args.device)
+    ckpt = state.load(args.ckpt)
+    model = ckpt.build_model(resolve_device(args.device))
+    model.eval()
+    text = sample_text(model, ckpt.tokenizer(), args.prompt, args.max_new_tokens, seed=args.seed,
+                       temperature=args.temperature or 0.8,
+                       top_k=args.top_k if args.top_k is not None else 50, greedy=args.greedy)
+    print(text)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from xtrain.export import export
+
+    out = export(args.ckpt, args.out, dtype=args.dtype)
+    print(f"exported {args.ckpt} to {out} ({args.dtype})")
+    return 0
+
+
+def _check_device(device: str) -> None:
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        raise UsageError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
+
+
+_COMMANDS = {"train": cmd_train, "prepare": cmd_prepare, "sample": cmd_sample, "export": cmd_export}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

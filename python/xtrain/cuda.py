@@ -1,0 +1,43 @@
+"""CUDA queries and memory helpers (work in CPU-only builds too: nothing is available there)."""
+from . import _C
+
+is_built = _C.cuda.is_built
+is_available = _C.cuda.is_available
+device_count = _C.cuda.device_count
+current_device = _C.cuda.current_device
+set_device = _C.cuda.set_device
+synchronize = _C.cuda.synchronize
+device_name = _C.cuda.device_name
+runtime_info = _C.cuda.runtime_info
+
+
+def _dev(device):
+    if device is None:
+        return f"cuda:{current_device()}"
+    if isinstance(device, int):
+        return f"cuda:{device}"
+    return device
+
+
+def memory_stats(device=None):
+    return _C.memory_stats(_dev(device))
+
+
+def max_memory_allocated(device=None):
+    return _C.memory_stats(_dev(device))["allocated_bytes.peak"]
+
+
+def memory_allocated(device=None):
+    return _C.memory_stats(_dev(device))["allocated_bytes.current"]
+
+
+def max_memory_reserved(device=None):
+    return _C.memory_stats(_dev(device))["reserved_bytes.peak"]
+
+
+def reset_peak_memory_stats(device=None):
+    _C.reset_peak_memory_stats(_dev(device))
+
+
+def empty_cache(device=None):
+    _C.empty_cache(_dev(device))

@@ -1,0 +1,155 @@
+"""Export a checkpoint as a Hugging Face Qwen3 model directory.
+
+    out/model.safetensors        model.embed_tokens.weight, model.layers.N.self_attn.{q,k,v,o}_proj
+                                 .weight, ...self_attn.{q,k}_norm.weight, ...mlp.{gate,up,down}_proj
+                                 .weight, ...{input,post_attention}_layernorm.weight,
+                                 model.norm.weight, lm_head.weight (bf16 or f32)
+    out/config.json              Qwen3Config (architectures Qwen3ForCausalLM)
+    out/generation_config.json   bos/eos ids
+    out/tokenizer.json           the run's byte-level BPE, unchanged
+    out/tokenizer_config.json    PreTrainedTokenizerFast with <|endoftext|> as bos/eos/pad
+
+Decisions:
+- The model's parameter names already mirror Qwen3 (models/transformer.py), so the mapping is a
+  "model." prefix (lm_head stays), and no weight is permuted: our RoPE is rotate-half like HF's.
+- The safetensors file is written here rather than through a framework: numpy has no bfloat16, and
+  writing the format (8-byte header length, JSON header, raw data) by hand keeps the bytes fixed.
+  float32 -> bf16 rounds to nearest even, as torch does. Tensors in sorted name order, sorted JSON
+  keys, no timestamps: the same checkpoint exports to the same bytes every time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from xtrain import state as ckpt_state
+
+DTYPES = {"bf16": "BF16", "f32": "F32"}
+TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f32": "float32"}
+EOT_TEXT = "<|endoftext|>"
+
+
+def hf_name(name: str) -> str:
+    """Our parameter name -> the Hugging Face Qwen3 name."""
+    return name if name.startswith("lm_head.") else "model." + name
+
+
+def export(ckpt_dir, out_dir, dtype: str = "bf16") -> Path:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    ckpt = ckpt_state.load(ckpt_dir)
+    config = ckpt.config
+    tok_meta = ckpt.meta.get("tokenizer")
+    if tok_meta is None:
+        raise ckpt_state.CheckpointError(f"{ckpt.path} holds no tokenizer; cannot export one")
+    if tok_meta["kind"] != "bpe":
+        raise ValueError(f"export supports the byte-level BPE tokenizer only; this run used "
+                         f"{tok_meta['kind']!r}")
+    tensors = ckpt.model_tensors()
+    expected = set(_expected_names(config))
+    if set(tensors) != expected:
+        raise ckpt_state.CheckpointError(
+            f"{ckpt.path}: parameter names do not match the config (missing "
+            f"{sorted(expected - set(tensors))[:4]}, unexpected {sorted(set(tensors) - expected)[:4]})")
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf = {hf_name(n): t for n, t in tensors.items()}
+    _write(out / "model.safetensors", safetensors_bytes(hf, dtype, {"format": "pt"}))
+    eot = tok_meta["eot_id"]
+    _write_json(out / "config.json", qwen3_config(config, dtype, eot))
+    _write_json(out / "generation_config.json",
+                {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot})
+    _write(out / "tokenizer.json", (ckpt.path / tok_meta["file"]).read_bytes())
+    _write_json(out / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "pad_token": EOT_TEXT,
+        "unk_token": None,
+        "add_bos_token": False, "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": config.max_seq,
+    })
+    return out
+
+
+def qwen3_config(config, dtype: str, eot_id: int) -> dict:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.dim,
+        "intermediate_size": config.ffn_dim,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.max_seq,
+        "rms_norm_eps": config.norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": config.n_layers,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "torch_dtype": TORCH_DTYPE_NAMES[dtype],
+        "bos_token_id": eot_id,
+        "eos_token_id": eot_id,
+    }
+
+
+def safetensors_bytes(tensors: dict, dtype: str, metadata: dict | None = None) -> bytes:
+    """Serialize float32 numpy arrays as one safetensors blob in `dtype` ("bf16" or "f32")."""
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        raw = _encode(np.asarray(tensors[name], dtype=np.float32), dtype)
+        header[name] = {"dtype": DTYPES[dtype], "shape": list(np.shape(tensors[name])),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data section starts 8-byte aligned
+    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+
+
+def _encode(a: np.ndarray, dtype: str) -> bytes:
+    a = np.ascontiguousarray(a, dtype="<f4")
+    if dtype == "f32":
+        return a.tobytes()
+    u = a.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)  # nearest, ties to even
+    rounded[np.isnan(a)] = 0x7FC0
+    return rounded.astype("<u2").tobytes()
+
+
+def _expected_names(config) -> list[str]:
+    from xtrain.models.transformer import Block
+
+    names = ["embed_tokens.weight", "norm.weight", "lm_head.weight"]
+    for i in range(config.n_layers):
+        names += [f"layers.{i}.{n}" for n in Block.PARAM_ORDER]
+    return names
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    _write(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,300 @@
+"""TinyTransformer: a decoder-only LM in the Hugging Face Qwen3 layout, written on xtrain.ops.
+
+    ids (B, S) -> embed_tokens -> L x Block -> norm -> lm_head -> logits (B*S, V) -> cross_entropy
+
+    Block(x):  h = x + o_proj(sdpa(rope(q_norm(q_proj(n1(x)))), rope(k_norm(k_proj(n1(x)))), v_proj(n1(x))))
+               y = h + down_proj(silu(gate_proj(n2(h))) * up_proj(n2(h)))
+
+Decisions:
+- The residual stream is (B*S, dim) from the embedding to the logits, so every linear is one GEMM
+  over all tokens. Only attention needs the (B, S, H, D) view (per-head q/k RMSNorm over head_dim,
+  RoPE) and the (B, H, S, D) layout (sdpa).
+- The block is the free function `block_forward(config, x, params, seq, training)` over the block's
+  tensors in the fixed order of `Block.PARAM_ORDER`. The model calls it directly, or through
+  `xtrain.checkpoint` when config.recompute: the same Python code builds the same graph either way,
+  which is what makes recompute bitwise exact (DESIGN.md invariant 2).
+- bf16 is mixed precision: parameters stay float32 leaves; each linear's weight is cast to bf16 at
+  its use (`ops.cast`, whose backward returns the float32 gradient), activations are bf16 from the
+  embedding on, norm weights stay float32 (rms_norm takes float32 weights with bf16 x), and the bf16
+  logits go into cross_entropy, which computes in float32. The casts sit inside block_forward, so a
+  recomputed block re-casts its weights instead of keeping bf16 copies alive.
+- Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
+- Init as GPT-2/nanoGPT: N(0, 0.02) everywhere, residual projections (o_proj, down_proj) scaled by
+  1/sqrt(2L), norms ones; drawn on the CPU from one seeded xtrain.Generator in construction order.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+import xtrain
+from xtrain import nn, ops
+
+IGNORE_INDEX = -100
+INIT_STD = 0.02
+
+
+@dataclass
+class TransformerConfig:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    ffn_dim: int
+    max_seq: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    bf16: bool = False
+    recompute: bool = False
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "head_dim", "ffn_dim", "max_seq"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {v!r}")
+        if self.head_dim % 2:
+            raise ValueError(f"TransformerConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"TransformerConfig.dropout must be in [0, 1), got {self.dropout}")
+        if self.rope_theta <= 0 or self.norm_eps <= 0:
+            raise ValueError("TransformerConfig.rope_theta and norm_eps must be positive")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TransformerConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown TransformerConfig fields {unknown}")
+        return cls(**d)
+
+    @property
+    def dtype(self) -> str:
+        return "bfloat16" if self.bf16 else "float32"
+
+    def core_params(self) -> int:
+        """Parameters of the transformer blocks (no embedding, lm_head or final norm)."""
+        qkvo = 4 * self.dim * self.n_heads * self.head_dim
+        mlp = 3 * self.dim * self.ffn_dim
+        norms = 2 * self.dim + 2 * self.head_dim
+        return self.n_layers * (qkvo + mlp + norms)
+
+    def flops_per_token(self, seq: int) -> float:
+        """Training FLOPs per token: 6 per weight of every GEMM (forward + backward) plus the
+        attention matmuls (causal counted in full, as nanoGPT/PaLM do)."""
+        n_matmul = self.n_layers * (4 * self.dim * self.n_heads * self.head_dim
+                                    + 3 * self.dim * self.ffn_dim) + self.dim * self.vocab_size
+        return 6.0 * n_matmul + 12.0 * self.n_layers * self.n_heads * self.head_dim * seq
+
+
+# Architecture presets; vocab_size comes from the tokenizer (config_for fills it in).
+PRESETS = {
+    "tiny": dict(dim=128, n_layers=4, n_heads=4, head_dim=32, ffn_dim=384, max_seq=256),
+    "dim384": dict(dim=384, n_layers=12, n_heads=12, head_dim=32, ffn_dim=1024, max_seq=1024),
+    "dim768": dict(dim=768, n_layers=18, n_heads=24, head_dim=32, ffn_dim=2048, max_seq=1024),
+    "dim1024": dict(dim=1024, n_layers=18, n_heads=32, head_dim=32, ffn_dim=2730, max_seq=1024),
+}
+
+
+def config_for(preset: str, vocab_size: int, **overrides) -> TransformerConfig:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    return TransformerConfig(vocab_size=vocab_size, **{**PRESETS[preset], **overrides})
+
+
+# ---- the block, as a function of its tensors
+
+def block_forward(config: TransformerConfig, x, params, seq: int, training: bool = False):
+    """One transformer block on the residual stream x (B*S, dim) -> (B*S, dim).
+
+    params: the block's tensors in Block.PARAM_ORDER. `seq` is S (x holds B*S rows). Must depend on
+    nothing but its arguments and the default RNG (dropout), so xtrain.checkpoint can re-run it."""
+    (attn_norm, wq, wk, wv, wo, q_norm, k_norm, mlp_norm, w_gate, w_up, w_down) = params
+    n_tok = x.shape[0]
+    B, S, H, D = n_tok // seq, seq, config.n_heads, config.head_dim
+    eps = config.norm_eps
+    w = _use_weight(config)
+
+    # attention
+    h = ops.rms_norm(x, attn_norm, eps)                              # (B*S, dim)
+    q = ops.reshape(ops.linear(h, w(wq)), (B, S, H, D))
+    k = ops.reshape(ops.linear(h, w(wk)), (B, S, H, D))
+    v = ops.reshape(ops.linear(h, w(wv)), (B, S, H, D))
+    q = ops.rope(ops.rms_norm(q, q_norm, eps), theta=config.rope_theta)  # (B, S, H, D)
+    k = ops.rope(ops.rms_norm(k, k_norm, eps), theta=config.rope_theta)
+    q, k, v = (ops.permute(t, [0, 2, 1, 3]) for t in (q, k, v))      # (B, H, S, D)
+    a = ops.sdpa(q, k, v, causal=True, scale=1.0 / math.sqrt(D))     # (B, H, S, D)
+    a = ops.reshape(ops.permute(a, [0, 2, 1, 3]), (n_tok, H * D))    # (B*S, H*D)
+    a = _dropout(config, ops.linear(a, w(wo)), training)             # (B*S, dim)
+    x = ops.add(x, a)
+
+    # MLP (SwiGLU)
+    h = ops.rms_norm(x, mlp_norm, eps)
+    g = ops.swiglu(ops.linear(h, w(w_gate)), ops.linear(h, w(w_up)))  # (B*S, ffn)
+    m = _dropout(config, ops.linear(g, w(w_down)), training)
+    return ops.add(x, m)
+
+
+def _use_weight(config: TransformerConfig):
+    if config.bf16:
+        return lambda t: ops.cast(t, "bfloat16")
+    return lambda t: t
+
+
+def _dropout(config: TransformerConfig, x, training: bool):
+    if config.dropout == 0.0 or not training:
+        return x
+    # The default generator: checkpoint saves/restores it, so a recompute draws the same mask.
+    return ops.dropout(x, config.dropout, True, None)
+
+
+# ---- modules (containers of named parameters; the math is in block_forward)
+
+class Attention(nn.Module):
+    def __init__(self, c: TransformerConfig, device: str, gen, residual_std: float):
+        super().__init__()
+        inner = c.n_heads * c.head_dim
+        self.q_proj = nn.Linear(c.dim, inner, device=device, generator=gen, std=INIT_STD)
+        self.k_proj = nn.Linear(c.dim, inner, device=device, generator=gen, std=INIT_STD)
+        self.v_proj = nn.Linear(c.dim, inner, device=device, generator=gen, std=INIT_STD)
+        self.o_proj = nn.Linear(inner, c.dim, device=device, generator=gen, std=residual_std)
+        self.q_norm = nn.RMSNorm(c.head_dim, c.norm_eps, device)
+        self.k_norm = nn.RMSNorm(c.head_dim, c.norm_eps, device)
+
+
+class MLP(nn.Module):
+    def __init__(self, c: TransformerConfig, device: str, gen, residual_std: float):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.dim, c.ffn_dim, device=device, generator=gen, std=INIT_STD)
+        self.up_proj = nn.Linear(c.dim, c.ffn_dim, device=device, generator=gen, std=INIT_STD)
+        self.down_proj = nn.Linear(c.ffn_dim, c.dim, device=device, generator=gen, std=residual_std)
+
+
+class Block(nn.Module):
+    # The order block_forward unpacks (names relative to the block).
+    PARAM_ORDER = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                   "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+                   "self_attn.k_norm.weight", "post_attention_layernorm.weight",
+                   "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+
+    def __init__(self, c: TransformerConfig, device: str, gen):
+        super().__init__()
+        residual_std = INIT_STD / math.sqrt(2 * c.n_layers)
+        self.input_layernorm = nn.RMSNorm(c.dim, c.norm_eps, device)
+        self.self_attn = Attention(c, device, gen, residual_std)
+        self.post_attention_layernorm = nn.RMSNorm(c.dim, c.norm_eps, device)
+        self.mlp = MLP(c, device, gen, residual_std)
+
+    def block_params(self) -> list:
+        named = dict(self.named_parameters())
+        return [named[n] for n in self.PARAM_ORDER]
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, config: TransformerConfig, device: str = "cpu", seed: int = 0):
+        super().__init__()
+        self.config = config
+        gen = xtrain.Generator(seed)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.dim, device, gen, INIT_STD)
+        self.layers = nn.ModuleList(Block(config, device, gen) for _ in range(config.n_layers))
+        self.norm = nn.RMSNorm(config.dim, config.norm_eps, device)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, device=device, generator=gen,
+                                 std=INIT_STD)
+
+    def forward(self, ids, targets=None):
+        """ids int (B, S) -> (logits (B*S, V) in the compute dtype, float32 loss or None)."""
+        c = self.config
+        ids = self._as_ids(ids, "ids")
+        B, S = ids.shape
+        if S > c.max_seq:
+            raise ValueError(f"sequence length {S} exceeds max_seq {c.max_seq}")
+        x = ops.embedding(self.embed_tokens.weight, ops.reshape(ids, (B * S,)))  # (B*S, dim) f32
+        if c.bf16:
+            x = ops.cast(x, "bfloat16")
+        x = _dropout(c, x, self.training)
+        for layer in self.layers:
+            segment = functools.partial(block_forward, c, seq=S, training=self.training)
+            if c.recompute:
+                x = xtrain.checkpoint(segment, x, layer.block_params())
+            else:
+                x = segment(x, layer.block_params())
+        x = ops.rms_norm(x, self.norm.weight, c.norm_eps)
+        logits = ops.linear(x, _use_weight(c)(self.lm_head.weight))          # (B*S, V)
+        if targets is None:
+            return logits, None
+        targets = self._as_ids(targets, "targets")
+        if tuple(targets.shape) != (B, S):
+            raise ValueError(f"targets shape {tuple(targets.shape)} != ids shape {(B, S)}")
+        loss = ops.cross_entropy(logits, ops.reshape(targets, (B * S,)),
+                                 ignore_index=IGNORE_INDEX)
+        return logits, loss
+
+    def _as_ids(self, ids, what: str):
+        if not isinstance(ids, xtrain.Tensor):
+            ids = xtrain.tensor(np.asarray(ids, dtype=np.int64), device=self.device)
+        if len(ids.shape) != 2:
+            raise ValueError(f"{what} must be (batch, seq), got shape {tuple(ids.shape)}")
+        if ids.dtype not in ("int32", "int64"):
+            raise TypeError(f"{what} must be int32 or int64, got {ids.dtype}")
+        return ids
+
+    def generate(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 greedy: bool = False, seed: int = 0, stop_token: int | None = None) -> np.ndarray:
+        """Continue `ids` (B, S) by up to max_new_tokens; returns int64 (B, S + n).
+
+        No KV cache: each step re-runs the last max_seq tokens (cost O(n * S^2), fine for samples).
+        Sampling draws on the host from a numpy PCG64 seeded with `seed`, so samples repeat.
+        Stops early when every row has produced `stop_token`."""
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if not greedy and temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (or use greedy), got {temperature}")
+        if top_k is not None and top_k <= 0:
+            raise ValueError(f"top_k must be positive, got {top_k}")
+        out = np.array(ids, dtype=np.int64)
+        if out.ndim == 1:
+            out = out[None, :]
+        if out.ndim != 2 or out.shape[1] == 0:
+            raise ValueError(f"generate needs a non-empty (batch, seq) prompt, got {out.shape}")
+        rng = np.random.Generator(np.random.PCG64(seed))
+        was_training = self.training
+        self.eval()
+        done = np.zeros(out.shape[0], dtype=bool)
+        try:
+            with xtrain.no_grad():
+                for _ in range(max_new_tokens):
+                    window = out[:, -self.config.max_seq:]
+                    logits, _ = self(window)
+                    # Sync point: the logits come to the host to pick the next token.
+                    last = np.asarray(logits.numpy(), dtype=np.float32)
+                    last = last.reshape(window.shape[0], window.shape[1], -1)[:, -1, :]
+                    nxt = np.array([_pick(row, temperature, top_k, greedy, rng) for row in last])
+                    out = np.concatenate([out, nxt[:, None]], axis=1)
+                    if stop_token is not None:
+                        done |= nxt == stop_token
+                        if done.all():
+                            break
+        finally:
+            self.train(was_training)
+        return out
+
+
+def _pick(logits: np.ndarray, temperature: float, top_k: int | None, greedy: bool,
+          rng: np.random.Generator) -> int:
+    if greedy:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature
+    if top_k is not None and top_k < z.size:
+        kth = np.partition(z, -top_k)[-top_k]
+        z = np.where(z < kth, -np.inf, z)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    return int(rng.choice(z.size, p=p))

@@ -1,0 +1,317 @@
+"""Checkpoints: save and resume a training run, bit-exactly.
+
+A checkpoint is a directory:
+    model.safetensors   parameters by name, float32 (the master weights)
+    optim.safetensors   AdamW moments, "exp_avg.<param>" and "exp_avg_sq.<param>", float32
+    tokenizer.json      the run's tokenizer (or tiktoken.json), so sample/export need nothing else
+    state.json          written last: format version, model config, step, optimizer step and
+                        hyper-parameters, RNG states of xtrain's default generators, the data
+                        loader state, tokenizer fingerprint, the dataset path, the run's arguments,
+                        and the size and sha256 of every other file
+
+Decisions:
+- No pickle (DESIGN.md invariant 7): tensors in safetensors, everything else in sorted JSON.
+- Atomic replacement. save() writes everything into NAME.tmp beside the target, fsyncs each file
+  and the directory, then renames NAME -> NAME.old, NAME.tmp -> NAME, fsyncs the parent and
+  removes NAME.old. A crash at any point leaves a loadable checkpoint: before the first rename NAME
+  is untouched; between the renames only NAME.old exists and load() falls back to it; after the
+  second NAME is complete. Stale NAME.tmp directories are ignored and cleared by the next save.
+- Integrity: state.json records the byte size and sha256 of each file, checked on load, so a
+  truncated or altered file raises CheckpointError (a ValueError) instead of loading garbage;
+  tensor names and shapes are checked against the recorded config.
+- Resume is bit-exact because everything that decides the next step is restored exactly: float32
+  weights and moments, the step (the LR schedule is a function of it), the loader's PCG64 state and
+  the default generators' (seed, offset) states.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import xtrain
+from xtrain.models import TinyTransformer, TransformerConfig
+
+FORMAT = "xtrain-checkpoint"
+VERSION = 1
+MODEL_FILE = "model.safetensors"
+OPTIM_FILE = "optim.safetensors"
+STATE_FILE = "state.json"
+TMP_SUFFIX = ".tmp"
+OLD_SUFFIX = ".old"
+_HASH_CHUNK = 16 << 20
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, truncated, corrupt, or does not match what it is loaded into."""
+
+
+# ---- save
+
+def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_state=None,
+         tokenizer=None, dataset: str | None = None, train_args: dict | None = None) -> Path:
+    """Write a checkpoint of the run at `step` (steps completed) to directory `path`, atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+
+    files = {}
+    # Sync point: parameters and moments come to the host.
+    params = {name: _host_f32(p) for name, p in model.named_parameters()}
+    files[MODEL_FILE] = _write_safetensors(tmp / MODEL_FILE, params)
+    optim_meta = None
+    if optimizer is not None:
+        st = optimizer.state_dict()
+        moments = {f"exp_avg.{n}": _host_f32(t) for n, t in st["exp_avg"].items()}
+        moments.update({f"exp_avg_sq.{n}": _host_f32(t) for n, t in st["exp_avg_sq"].items()})
+        files[OPTIM_FILE] = _write_safetensors(tmp / OPTIM_FILE, moments)
+        optim_meta = {"step": st["step"], "hyper": st["hyper"], "names": list(st["exp_avg"])}
+    tok_meta = None
+    if tokenizer is not None:
+        tok_file = tokenizer.save(tmp)
+        _fsync_file(tok_file)
+        files[tok_file.name] = _file_record(tok_file)
+        tok_meta = {"kind": tokenizer.kind, "name": tokenizer.name, "file": tok_file.name,
+                    "fingerprint": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
+                    "eot_id": tokenizer.eot_id}
+    devices = sorted({"cpu", model.device})
+    state = {
+        "format": FORMAT,
+        "version": VERSION,
+        "step": int(step),
+        "config": model.config.to_dict(),
+        "optimizer": optim_meta,
+        "rng": {d: _rng_to_json(xtrain.get_rng_state(d)) for d in devices},
+        "data": loader_state,
+        "dataset": None if dataset is None else str(dataset),
+        "tokenizer": tok_meta,
+        "train_args": train_args,
+        "files": files,
+    }
+    _write_bytes(tmp / STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+    _fsync_dir(tmp)
+    _promote(tmp, path)
+    return path
+
+
+def _promote(tmp: Path, path: Path) -> None:
+    """NAME.tmp -> NAME, keeping a loadable checkpoint at every instant (see module doc)."""
+    old = path.with_name(path.name + OLD_SUFFIX)
+    if path.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(path, old)
+        _fsync_dir(path.parent)
+    os.rename(tmp, path)
+    _fsync_dir(path.parent)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+# ---- load
+
+@dataclass
+class Checkpoint:
+    path: Path
+    meta: dict
+
+    @property
+    def step(self) -> int:
+        return self.meta["step"]
+
+    @property
+    def config(self) -> TransformerConfig:
+        try:
+            return TransformerConfig.from_dict(self.meta["config"])
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{self.path / STATE_FILE}: invalid model config ({e})") from None
+
+    @property
+    def loader_state(self) -> dict | None:
+        return self.meta.get("data")
+
+    def model_tensors(self) -> dict:
+        return _read_safetensors(self.path / MODEL_FILE)
+
+    def build_model(self, device: str = "cpu", **overrides) -> TinyTransformer:
+        """The model of the recorded config (with `overrides`, e.g. bf16/recompute) and weights."""
+        config = self.config
+        if overrides:
+            config = TransformerConfig.from_dict({**config.to_dict(), **overrides})
+        with xtrain.no_grad():
+            model = TinyTransformer(config, device=device)
+        tensors = self.model_tensors()
+        try:
+            model.load_state_dict(tensors, strict=True)
+        except (KeyError, ValueError) as e:
+            raise CheckpointError(f"{self.path / MODEL_FILE} does not match the model config "
+                                  f"in {STATE_FILE}: {_msg(e)}") from None
+        return model
+
+    def load_optimizer(self, optimizer) -> None:
+        meta = self.meta.get("optimizer")
+        if meta is None:
+            raise CheckpointError(f"{self.path} holds no optimizer state")
+        tensors = _read_safetensors(self.path / OPTIM_FILE)
+        state = {"step": meta["step"], "hyper": meta["hyper"],
+                 "exp_avg": {n[len("exp_avg."):]: t for n, t in tensors.items()
+                             if n.startswith("exp_avg.")},
+                 "exp_avg_sq": {n[len("exp_avg_sq."):]: t for n, t in tensors.items()
+                                if n.startswith("exp_avg_sq.")}}
+        try:
+            optimizer.load_state_dict(state)
+        except (KeyError, ValueError) as e:
+            raise CheckpointError(f"{self.path / OPTIM_FILE} does not match the optimizer: "
+                                  f"{_msg(e)}") from None
+
+    def restore_rng(self) -> None:
+        """Put xtrain's default generators back where they were at save time."""
+        for device, s in self.meta["rng"].items():
+            if device == "cpu" or xtrain.cuda.is_available():
+                xtrain.set_rng_state(_rng_from_json(s), device)
+
+    def tokenizer(self):
+        from xtrain.data.tokenizer import load_tokenizer
+
+        tok_meta = self.meta.get("tokenizer")
+        if tok_meta is None:
+            raise CheckpointError(f"{self.path} holds no tokenizer")
+        tok = load_tokenizer(self.path)
+        if tok.fingerprint != tok_meta["fingerprint"]:
+            raise CheckpointError(f"the tokenizer in {self.path} (fingerprint {tok.fingerprint}) "
+                                  f"is not the one recorded ({tok_meta['fingerprint']})")
+        return tok
+
+
+def resolve(path) -> Path:
+    """The directory to load for `path`: itself, or NAME.old when a save crashed between its
+    two renames. CheckpointError when neither holds a checkpoint."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file():
+        return path
+    old = path.with_name(path.name + OLD_SUFFIX)
+    if not path.exists() and (old / STATE_FILE).is_file():
+        return old
+    if path.is_dir():
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
+    raise CheckpointError(f"no checkpoint at {path}")
+
+
+def exists(path) -> bool:
+    try:
+        resolve(path)
+        return True
+    except CheckpointError:
+        return False
+
+
+def load(path, verify: bool = True) -> Checkpoint:
+    """Open a checkpoint: parse state.json and (verify=True) check every file's size and sha256."""
+    path = resolve(path)
+    try:
+        meta = json.loads((path / STATE_FILE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path / STATE_FILE}: invalid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path / STATE_FILE} is not an xtrain checkpoint")
+    if meta.get("version") != VERSION:
+        raise CheckpointError(f"{path} has checkpoint version {meta.get('version')}; this xtrain "
+                              f"reads version {VERSION}")
+    for key in ("step", "config", "rng", "files"):
+        if key not in meta:
+            raise CheckpointError(f"{path / STATE_FILE} lacks {key!r}")
+    if MODEL_FILE not in meta["files"]:
+        raise CheckpointError(f"{path / STATE_FILE} records no {MODEL_FILE}")
+    for name, rec in meta["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{f} is missing")
+        size = f.stat().st_size
+        if size != rec["bytes"]:
+            raise CheckpointError(f"{f} is truncated or altered: {size} bytes, "
+                                  f"{rec['bytes']} recorded")
+        if verify and _sha256(f) != rec["sha256"]:
+            raise CheckpointError(f"{f} is corrupt: its sha256 differs from the recorded one")
+    ckpt = Checkpoint(path, meta)
+    ckpt.config  # noqa: B018 -- validates the recorded config now
+    return ckpt
+
+
+# ---- helpers
+
+def _host_f32(t) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(t.detach().to(dtype="float32").numpy(), dtype=np.float32))
+
+
+def _write_safetensors(path: Path, tensors: dict) -> dict:
+    from safetensors.numpy import save
+
+    data = save(tensors, metadata={"format": "np"})
+    _write_bytes(path, data)
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _read_safetensors(path: Path) -> dict:
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error type for malformed files
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _file_record(path: Path) -> dict:
+    return {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rng_to_json(state):
+    if isinstance(state, (tuple, list)):
+        return [int(v) for v in state]
+    if isinstance(state, dict):
+        return {k: int(v) for k, v in state.items()}
+    return int(state)
+
+
+def _rng_from_json(state):
+    return tuple(state) if isinstance(state, list) else state
+
+
+def _msg(e: Exception) -> str:
+    return e.args[0] if isinstance(e, KeyError) and e.args else str(e)

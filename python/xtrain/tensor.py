@@ -1,0 +1,165 @@
+"""Tensor creation, grad mode, checkpoint and DLPack: thin Python over xtrain._C."""
+import contextlib
+import numbers
+
+import numpy as np
+
+from . import _C
+
+float32 = "float32"
+bfloat16 = "bfloat16"
+float64 = "float64"
+int32 = "int32"
+int64 = "int64"
+_DTYPES = (float32, bfloat16, float64, int32, int64)
+
+
+def _check_dtype(dtype):
+    if dtype is not None and dtype not in _DTYPES and not isinstance(dtype, str):
+        raise TypeError(f"dtype must be a string such as 'float32', got {type(dtype).__name__}")
+
+
+def _shape(args):
+    """zeros(2, 3), zeros((2, 3)) and zeros([2, 3]) all mean shape (2, 3)."""
+    if len(args) == 1 and not isinstance(args[0], numbers.Integral):
+        args = tuple(args[0])
+    for d in args:
+        if not isinstance(d, numbers.Integral) or isinstance(d, bool):
+            raise TypeError(f"shape entries must be integers, got {type(d).__name__}")
+    return tuple(int(d) for d in args)
+
+
+def _infer_dtype(arr, from_numpy):
+    """numpy arrays keep float32/float64/int32/int64; Python numbers give float32 or int64."""
+    if from_numpy and arr.dtype == np.float64:
+        return float64
+    if from_numpy and arr.dtype == np.int32:
+        return int32
+    return float32 if arr.dtype.kind == "f" else int64
+
+
+def tensor(data, dtype=None, device=None, requires_grad=False):
+    """A new tensor holding a copy of `data` (a numpy array, nested lists, a scalar or a Tensor).
+    Floats default to float32 and integers to int64, as in PyTorch."""
+    _check_dtype(dtype)
+    if isinstance(data, _C.Tensor):
+        out = data.detach().to(device=device, dtype=dtype).clone()
+    else:
+        try:
+            arr = np.asarray(data)
+        except ValueError as e:
+            raise ValueError(f"xtrain.tensor: data is ragged or not rectangular: {e}") from None
+        if arr.dtype == object:
+            raise ValueError("xtrain.tensor: data is ragged or holds non-numeric values "
+                             "(nested lists must be rectangular and contain numbers)")
+        if arr.dtype.kind == "b":
+            arr = arr.astype(np.int64)
+        if arr.dtype.kind not in "iuf":
+            raise TypeError(f"xtrain.tensor: unsupported element type {arr.dtype} (numbers only)")
+        if dtype is None:
+            dtype = _infer_dtype(arr, from_numpy=isinstance(data, np.ndarray))
+        out = _C._from_numpy(arr, dtype, device)
+    if requires_grad:
+        out.requires_grad = True
+    return out
+
+
+def zeros(*shape, dtype=None, device=None, requires_grad=False):
+    return full(_shape(shape), 0.0, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def ones(*shape, dtype=None, device=None, requires_grad=False):
+    return full(_shape(shape), 1.0, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def full(shape, fill_value, dtype=None, device=None, requires_grad=False):
+    _check_dtype(dtype)
+    t = _C.full(_shape((shape,)) if not isinstance(shape, numbers.Integral) else (int(shape),), float(fill_value),
+                dtype, device)
+    if requires_grad:
+        t.requires_grad = True
+    return t
+
+
+def empty(*shape, dtype=None, device=None):
+    return _C.empty(_shape(shape), dtype, device)
+
+
+def arange(start, end=None, step=1, dtype=None, device=None):
+    if end is None:
+        start, end = 0, start
+    if dtype is None:
+        dtype = int64 if all(isinstance(v, numbers.Integral) for v in (start, end, step)) else float32
+    return _C.arange(float(start), float(end), float(step), dtype, device)
+
+
+def rand(*shape, dtype=None, device=None, generator=None, requires_grad=False):
+    return _C.rand(_shape(shape), dtype, device, generator, requires_grad)
+
+
+def randn(*shape, dtype=None, device=None, generator=None, requires_grad=False):
+    return _C.randn(_shape(shape), dtype, device, generator, requires_grad)
+
+
+def get_rng_state(device="cpu"):
+    """(seed, offset) of a device's default generator."""
+    return _C.default_generator(device).get_state()
+
+
+def set_rng_state(state, device="cpu"):
+    _C.default_generator(device).set_state(tuple(state))
+
+
+@contextlib.contextmanager
+def no_grad():
+    """Ops inside record nothing on the tape (on this thread)."""
+    prev = _C.is_grad_enabled()
+    _C.set_grad_enabled(False)
+    try:
+        yield
+    finally:
+        _C.set_grad_enabled(prev)
+
+
+@contextlib.contextmanager
+def enable_grad():
+    prev = _C.is_grad_enabled()
+    _C.set_grad_enabled(True)
+    try:
+        yield
+    finally:
+        _C.set_grad_enabled(prev)
+
+
+def checkpoint(segment_fn, x, params):
+    """Activation recompute: y = segment_fn(x, params) without keeping the segment's
+    activations; backward re-runs segment_fn (same RNG state) and backpropagates through it.
+    segment_fn must be deterministic and depend only on x and params. Under no_grad it is a
+    plain call."""
+    if not callable(segment_fn):
+        raise TypeError(f"checkpoint: segment_fn must be callable, got {type(segment_fn).__name__}")
+    if not isinstance(x, _C.Tensor):
+        raise TypeError(f"checkpoint: x must be an xtrain.Tensor, got {type(x).__name__}")
+    params = list(params)
+    for i, p in enumerate(params):
+        if not isinstance(p, _C.Tensor):
+            raise TypeError(f"checkpoint: params[{i}] must be an xtrain.Tensor, got {type(p).__name__}")
+    return _C.checkpoint(segment_fn, x, params)
+
+
+def from_dlpack(obj):
+    """A tensor sharing memory with any DLPack producer (torch, numpy, CuPy, JAX), or with a
+    raw DLPack capsule. Only contiguous row-major data can be shared."""
+    if hasattr(obj, "__dlpack__"):
+        kwargs = {}
+        if hasattr(obj, "__dlpack_device__"):
+            dev_type, dev_id = obj.__dlpack_device__()
+            if int(dev_type) == 2:  # CUDA: ask the producer to order its work before ours
+                _C.cuda.set_device(int(dev_id))
+                _C.cuda.synchronize(f"cuda:{int(dev_id)}")
+        try:
+            capsule = obj.__dlpack__(max_version=(1, 0), **kwargs)
+        except TypeError:
+            capsule = obj.__dlpack__(**kwargs)
+        return _C._from_dlpack_capsule(capsule)
+    return _C._from_dlpack_capsule(obj)

@@ -1,0 +1,23 @@
+"""pytest options: --device cpu|cuda|all picks where the op suites run (default: cpu, plus cuda
+when xtrain sees a GPU)."""
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="auto", help="cpu, cuda or auto (cpu plus cuda when present)")
+
+
+def _devices(config):
+    import xtrain
+    opt = config.getoption("--device")
+    have_cuda = xtrain.cuda.is_available()
+    if opt == "cpu":
+        return ["cpu"]
+    if opt == "cuda":
+        return ["cuda"]
+    return ["cpu", "cuda"] if have_cuda else ["cpu"]
+
+
+def pytest_generate_tests(metafunc):
+    if "device" in metafunc.fixturenames:
+        metafunc.parametrize("device", _devices(metafunc.config))
