@@ -19,5 +19,6 @@ def _devices(config):
 
 
 def pytest_generate_tests(metafunc):
-    if "device" in metafunc.fixturenames:
+    already = any(m.name == "parametrize" and "device" in m.args[0] for m in metafunc.definition.iter_markers())
+    if "device" in metafunc.fixturenames and not already:
         metafunc.parametrize("device", _devices(metafunc.config))

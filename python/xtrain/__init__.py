@@ -20,6 +20,7 @@ from ._C import (  # noqa: E402
     set_grad_enabled,
     set_memory_limit,
 )
+from . import tensor as _tensor_module  # noqa: E402
 from .tensor import (  # noqa: E402
     arange,
     bfloat16,
@@ -45,6 +46,7 @@ from . import cuda, ops  # noqa: E402
 from . import _tensor_methods  # noqa: E402
 
 _tensor_methods.install(Tensor)
+Tensor.__repr__ = _tensor_module.tensor_repr
 
 __version__ = "0.1.0"
 

@@ -163,3 +163,17 @@ def from_dlpack(obj):
             capsule = obj.__dlpack__(**kwargs)
         return _C._from_dlpack_capsule(capsule)
     return _C._from_dlpack_capsule(obj)
+
+
+def tensor_repr(t):
+    """tensor([[1. , 2.5], ...], dtype=float32, device=cuda:0, grad_fn=...) with numpy's
+    formatting of the values (a sync point for CUDA tensors)."""
+    body = np.array2string(t.numpy(), separator=", ", prefix="tensor(", threshold=200, edgeitems=3)
+    extras = [f"dtype={t.dtype}"]
+    if t.device != "cpu":
+        extras.append(f"device={t.device}")
+    if t.grad_fn is not None:
+        extras.append(f"grad_fn=<{t.grad_fn}>")
+    elif t.requires_grad:
+        extras.append("requires_grad=True")
+    return f"tensor({body}, {', '.join(extras)})"

@@ -38,15 +38,15 @@ void forward_rows(const T* logits, DType t_dt, const void* targets, float* losse
     if (mx == -std::numeric_limits<C>::infinity()) mx = 0;  // an all -inf row: avoid inf - inf
     C sum = 0;
     for (int64_t j = 0; j < vocab; ++j) sum += std::exp(load(xr, j) - mx);
-    const C row_lse = mx + std::log(sum);
-    lse[r] = static_cast<float>(row_lse);
+    const C log_sum = std::log(sum);
+    lse[r] = static_cast<float>(mx + log_sum);
     const int64_t t = load_index(t_dt, targets, r);
     if (t == ignore_index)
       losses[r] = 0.0f;
     else if (t < 0 || t >= vocab)
       losses[r] = std::numeric_limits<float>::quiet_NaN();
     else
-      losses[r] = static_cast<float>(row_lse - load(xr, t));
+      losses[r] = static_cast<float>(log_sum - (load(xr, t) - mx));  // keeps digits when |logits| is large
   }
 }
 

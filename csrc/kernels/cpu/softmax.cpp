@@ -30,8 +30,9 @@ void softmax_row(C* buf, int64_t n, bool log) {
   C sum = 0;
   if (log) {
     for (int64_t j = 0; j < n; ++j) sum += std::exp(buf[j] - mx);
-    const C lse = mx + std::log(sum);
-    for (int64_t j = 0; j < n; ++j) buf[j] -= lse;
+    const C log_sum = std::log(sum);
+    // (x - max) - log(sum), not x - (max + log(sum)): exact where |x| is large and the result is not
+    for (int64_t j = 0; j < n; ++j) buf[j] = (buf[j] - mx) - log_sum;
   } else {
     for (int64_t j = 0; j < n; ++j) {
       buf[j] = std::exp(buf[j] - mx);

@@ -1,0 +1,242 @@
+"""TinyTransformer: parity with a PyTorch reference (logits, loss, every gradient), recompute
+bitwise exactness, overfitting a batch, init, Module mechanics, generation, bad inputs."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import xtrain
+from modelhelp import batch, bits_equal, grads_numpy, make_model, small_config
+from ophelp import TOLERANCE
+from torch_reference import TorchTransformer, param_names
+from xtrain import nn
+from xtrain.models import PRESETS, TinyTransformer, TransformerConfig, config_for
+from xtrain.optim import AdamW
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _rel_err(a, b):
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def _run_xtrain(device, dtype, recompute=False, B=2, S=8):
+    cfg = small_config(bf16=dtype == "bfloat16", recompute=recompute)
+    model = make_model(cfg, device, weights_seed=1)
+    ids, targets = batch(cfg, B, S)
+    logits, loss = model(ids, targets)
+    loss.backward()
+    return model, logits, loss
+
+
+def _run_torch(model, dtype, B=2, S=8):
+    cfg = model.config
+    weights = {n: p.numpy() for n, p in model.named_parameters()}
+    ref = TorchTransformer(cfg, weights, DTYPES[dtype])
+    ids, targets = batch(cfg, B, S)
+    logits, loss = ref(torch.from_numpy(ids), torch.from_numpy(targets))
+    loss.backward()
+    return ref, logits, loss
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matches_torch_reference(device, dtype):
+    model, logits, loss = _run_xtrain(device, dtype)
+    ref, ref_logits, ref_loss = _run_torch(model, dtype)
+    assert logits.dtype == dtype and tuple(logits.shape) == (16, model.config.vocab_size)
+    assert loss.dtype == "float32" and tuple(loss.shape) == ()
+    rtol, atol = TOLERANCE[dtype]
+    np.testing.assert_allclose(np.asarray(logits.numpy(), np.float64),
+                               ref_logits.detach().double().numpy(), rtol=rtol, atol=atol)
+    np.testing.assert_allclose(loss.item(), ref_loss.item(), rtol=rtol, atol=atol)
+    ref_grads = ref.grads()
+    got = grads_numpy(model)
+    assert sorted(got) == sorted(param_names(model.config.n_layers))
+    for name, g in got.items():
+        want = ref_grads[name].double().numpy()
+        assert dict(model.named_parameters())[name].grad.dtype == "float32"
+        # Elementwise within the dtype's tolerance, relative to the gradient's own scale (norm-
+        # weight and embedding gradients differ by orders of magnitude), and in norm.
+        scale = float(np.abs(want).max())
+        np.testing.assert_allclose(g, want, rtol=rtol, atol=atol * scale, err_msg=name)
+        assert _rel_err(g, want) < (1e-5 if dtype == "float32" else 1e-2), name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_recompute_is_bitwise_exact(device, dtype):
+    plain, logits_a, loss_a = _run_xtrain(device, dtype, recompute=False)
+    ckpt, logits_b, loss_b = _run_xtrain(device, dtype, recompute=True)
+    assert bits_equal(loss_a.numpy(), loss_b.numpy())
+    assert bits_equal(logits_a.numpy(), logits_b.numpy())
+    for (name, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
+        assert bits_equal(a.grad.numpy(), b.grad.numpy()), name
+
+
+def test_recompute_with_dropout_is_bitwise_exact(device):
+    results = []
+    for recompute in (False, True):
+        xtrain.manual_seed(123)
+        model = make_model(small_config(dropout=0.2, recompute=recompute), device, weights_seed=1)
+        ids, targets = batch(model.config)
+        logits, loss = model(ids, targets)
+        loss.backward()
+        results.append((loss.numpy().copy(), grads_numpy(model)))
+    assert bits_equal(results[0][0], results[1][0])
+    for name in results[0][1]:
+        assert bits_equal(results[0][1][name], results[1][1][name]), name
+
+
+def test_dropout_only_in_training(device):
+    model = make_model(small_config(dropout=0.5), device, weights_seed=1)
+    ids, _ = batch(model.config)
+    model.eval()
+    a, _ = model(ids)
+    b, _ = model(ids)
+    assert bits_equal(a.numpy(), b.numpy())
+    model.train()
+    c, _ = model(ids)
+    assert not np.array_equal(a.numpy(), c.numpy())
+
+
+def test_overfits_a_fixed_batch(device):
+    cfg = small_config(vocab_size=64, dim=64, n_layers=2, n_heads=4, head_dim=16, ffn_dim=128)
+    model = TinyTransformer(cfg, device=device, seed=0)
+    opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.0)
+    ids, targets = batch(cfg, B=4, S=16, seed=3)
+    losses = []
+    for _ in range(150):
+        _, loss = model(ids, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        if losses[-1] < 0.05:
+            break
+    assert losses[0] > 3.5  # ~ln(64) at init
+    assert losses[-1] < 0.05, f"loss after {len(losses)} steps: {losses[-1]}"
+
+
+def test_init_follows_gpt2(device):
+    cfg = config_for("tiny", 512)
+    model = TinyTransformer(cfg, device=device, seed=0)
+    named = dict(model.named_parameters())
+    for name, p in named.items():
+        a = p.numpy()
+        assert p.dtype == "float32" and p.requires_grad and p.device.startswith(device)
+        if name.endswith("norm.weight"):
+            assert np.all(a == 1.0), name
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            assert abs(a.std() - 0.02 / math.sqrt(2 * cfg.n_layers)) < 2e-3, name
+        else:
+            assert abs(a.std() - 0.02) < 2e-3 and abs(a.mean()) < 2e-3, name
+    again = TinyTransformer(cfg, device=device, seed=0)
+    other = TinyTransformer(cfg, device=device, seed=1)
+    for name, p in again.named_parameters():
+        assert bits_equal(p.numpy(), named[name].numpy()), name
+    assert not np.array_equal(other.embed_tokens.weight.numpy(), named["embed_tokens.weight"].numpy())
+
+
+def test_presets_have_the_documented_sizes():
+    assert set(PRESETS) == {"tiny", "dim384", "dim768", "dim1024"}
+    assert round(config_for("dim768", 4096).core_params() / 1e6) == 127
+    assert round(config_for("dim1024", 4096).core_params() / 1e6) == 226
+    tiny = config_for("tiny", 4096)
+    assert (tiny.dim, tiny.n_layers, tiny.n_heads, tiny.head_dim, tiny.ffn_dim) == (128, 4, 4, 32, 384)
+    model = TinyTransformer(small_config())
+    assert model.num_parameters() - 2 * 96 * 32 - 32 == model.config.core_params()
+
+
+def test_parameter_names_follow_qwen3_layout():
+    model = TinyTransformer(small_config())
+    assert [n for n, _ in model.named_parameters()] == param_names(2)
+    assert model.layers[1].block_params()[4] is not None
+    assert len(model.parameters()) == 2 + 2 * 11 + 1
+
+
+def test_module_modes_and_state_dict():
+    model = TinyTransformer(small_config())
+    assert all(m.training for _, m in model.named_modules())
+    model.eval()
+    assert not any(m.training for _, m in model.named_modules())
+    model.train()
+    sd = model.state_dict()
+    assert list(sd) == param_names(2)
+    fresh = TinyTransformer(small_config(), seed=5)
+    fresh.load_state_dict(sd)
+    for (n, a), (_, b) in zip(model.named_parameters(), fresh.named_parameters()):
+        assert bits_equal(a.numpy(), b.numpy()) and b.requires_grad and not a.same_storage(b), n
+
+
+def test_load_state_dict_errors():
+    model = TinyTransformer(small_config())
+    sd = {n: p.numpy() for n, p in model.named_parameters()}
+    missing = dict(sd)
+    del missing["norm.weight"]
+    with pytest.raises(KeyError, match="missing keys.*norm.weight"):
+        model.load_state_dict(missing)
+    with pytest.raises(KeyError, match="unexpected keys.*bogus"):
+        model.load_state_dict({**sd, "bogus": np.zeros(3, np.float32)})
+    bad = {**sd, "lm_head.weight": np.zeros((5, 5), np.float32)}
+    before = model.embed_tokens.weight.numpy().copy()
+    with pytest.raises(ValueError, match=r"lm_head.weight: checkpoint \(5, 5\), model \(96, 32\)"):
+        model.load_state_dict(bad)
+    assert bits_equal(model.embed_tokens.weight.numpy(), before)  # nothing changed
+    missing_keys, unexpected = model.load_state_dict({**missing, "x": np.zeros(1)}, strict=False)
+    assert missing_keys == ["norm.weight"] and unexpected == ["x"]
+
+
+def test_linear_embedding_rmsnorm_modules(device):
+    g = xtrain.Generator(0)
+    lin = nn.Linear(8, 4, bias=True, device=device, generator=g)
+    assert [n for n, _ in lin.named_parameters()] == ["weight", "bias"]
+    x = xtrain.tensor(np.ones((3, 8), np.float32), device=device)
+    y = lin(x).numpy()
+    np.testing.assert_allclose(y, np.ones((3, 8)) @ lin.weight.numpy().T, rtol=1e-5, atol=1e-6)
+    assert nn.Linear(8, 4).bias is None and len(nn.Linear(8, 4).parameters()) == 1
+    emb = nn.Embedding(10, 4, device=device, generator=g)
+    out = emb(xtrain.tensor(np.array([3, 1]), device=device)).numpy()
+    np.testing.assert_array_equal(out, emb.weight.numpy()[[3, 1]])
+    norm = nn.RMSNorm(4, eps=1e-6, device=device)
+    v = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+    np.testing.assert_allclose(norm(xtrain.tensor(v, device=device)).numpy(),
+                               v / np.sqrt((v ** 2).mean() + 1e-6), rtol=1e-5)
+
+
+def test_generate(device):
+    model = make_model(small_config(), device, weights_seed=2)
+    prompt = np.array([[1, 2, 3]])
+    a = model.generate(prompt, 10, greedy=True)
+    b = model.generate(prompt, 10, greedy=True)
+    assert a.shape == (1, 13) and np.array_equal(a, b) and np.array_equal(a[:, :3], prompt)
+    # Greedy agrees with the argmax of a full forward on the generated prefix.
+    logits, _ = model(a[:, :-1])
+    assert int(np.argmax(logits.numpy()[-1])) == a[0, -1]
+    s1 = model.generate(prompt, 10, temperature=1.0, top_k=5, seed=7)
+    s2 = model.generate(prompt, 10, temperature=1.0, top_k=5, seed=7)
+    assert np.array_equal(s1, s2)
+    # Longer than max_seq: the window is cropped to the last max_seq tokens.
+    long = model.generate(np.arange(20)[None] % 96, 3, greedy=True)
+    assert long.shape == (1, 23)
+    assert model.training  # restored after generation
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(prompt, 2, temperature=0.0)
+
+
+def test_bad_inputs():
+    model = TinyTransformer(small_config())
+    with pytest.raises(ValueError, match="exceeds max_seq"):
+        model(np.zeros((1, 17), np.int64))
+    with pytest.raises(ValueError, match=r"\(batch, seq\)"):
+        model(np.zeros(5, np.int64))
+    with pytest.raises(ValueError, match="targets shape"):
+        model(np.zeros((1, 4), np.int64), np.zeros((1, 5), np.int64))
+    with pytest.raises(ValueError, match="head_dim"):
+        TransformerConfig(vocab_size=8, dim=8, n_layers=1, n_heads=1, head_dim=3, ffn_dim=8, max_seq=8)
+    with pytest.raises(ValueError, match="n_layers"):
+        TransformerConfig(vocab_size=8, dim=8, n_layers=0, n_heads=1, head_dim=4, ffn_dim=8, max_seq=8)
+    with pytest.raises(ValueError, match="unknown preset"):
+        config_for("huge", 100)
+    with pytest.raises(ValueError, match="unknown TransformerConfig fields"):
+        TransformerConfig.from_dict({**small_config().to_dict(), "bogus": 1})

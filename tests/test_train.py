@@ -1,0 +1,134 @@
+"""Optimizer and training loop: AdamW + clipping against torch over 10 steps, the LR schedule, the
+loop's outputs, and resume bit-exactness (N + save + load + N == 2N, losses and weights bitwise)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import xtrain
+from modelhelp import prepared_stories
+from xtrain.optim import AdamW, clip_grad_norm_, cosine_lr
+from xtrain.train import TrainConfig, train
+
+SHAPES = {"w1": (8, 6), "b1": (6,), "emb": (10, 4), "norm": (4,)}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return prepared_stories(tmp_path_factory.mktemp("train-data"))
+
+
+def test_adamw_and_clipping_match_torch(device):
+    rng = np.random.default_rng(0)
+    init = {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+    xs = {n: xtrain.tensor(a, device=device, requires_grad=True) for n, a in init.items()}
+    ts = {n: torch.nn.Parameter(torch.tensor(a)) for n, a in init.items()}
+    opt = AdamW(list(xs.items()), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    assert [opt.names[i] for i in opt.decay] == ["w1", "emb"]  # 2-D weights decay, 1-D do not
+    ref = torch.optim.AdamW([{"params": [ts["w1"], ts["emb"]], "weight_decay": 0.1},
+                             {"params": [ts["b1"], ts["norm"]], "weight_decay": 0.0}],
+                            lr=1e-2, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    clipped = 0
+    for step in range(10):
+        lr = cosine_lr(step, 1e-2, 1e-3, 3, 10)
+        opt.lr = lr
+        for group in ref.param_groups:
+            group["lr"] = lr
+        scale = 3.0 if step % 2 == 0 else 0.05  # alternately above and below max_norm
+        for n in SHAPES:
+            g = (scale * rng.standard_normal(SHAPES[n])).astype(np.float32)
+            xs[n].grad = xtrain.tensor(g, device=device)
+            ts[n].grad = torch.tensor(g)
+        norm = clip_grad_norm_(list(xs.values()), 1.0)
+        ref_norm = torch.nn.utils.clip_grad_norm_(list(ts.values()), 1.0)
+        assert norm.dtype == "float32" and norm.device.startswith(device)
+        np.testing.assert_allclose(norm.item(), ref_norm.item(), rtol=1e-6)
+        clipped += ref_norm.item() > 1.0
+        for n in SHAPES:
+            np.testing.assert_allclose(xs[n].grad.numpy(), ts[n].grad.numpy(), rtol=1e-6, atol=1e-7)
+        opt.step()
+        ref.step()
+        opt.zero_grad()
+        assert all(x.grad is None for x in xs.values())
+        for n in SHAPES:
+            np.testing.assert_allclose(xs[n].numpy(), ts[n].detach().numpy(), rtol=2e-6, atol=2e-7,
+                                       err_msg=f"{n} after step {step + 1}")
+    assert clipped == 5
+    assert opt.state_dict()["step"] == 10
+
+
+def test_adamw_state_round_trip_and_errors(device):
+    p = xtrain.tensor(np.ones((3, 2), np.float32), device=device, requires_grad=True)
+    opt = AdamW([("p", p)], lr=0.1)
+    p.grad = xtrain.tensor(np.full((3, 2), 0.5, np.float32), device=device)
+    opt.step()
+    st = opt.state_dict()
+    other = AdamW([("p", xtrain.tensor(np.ones((3, 2), np.float32), device=device, requires_grad=True))])
+    other.load_state_dict(st)
+    assert other.step_count == 1 and other.lr == 0.1
+    np.testing.assert_array_equal(other.exp_avg[0].numpy(), opt.exp_avg[0].numpy())
+    with pytest.raises(KeyError, match="missing"):
+        other.load_state_dict({**st, "exp_avg": {}})
+    with pytest.raises(ValueError, match="shape"):
+        other.load_state_dict({**st, "exp_avg": {"p": np.zeros((2, 3), np.float32)}})
+    with pytest.raises(TypeError, match="float32"):
+        AdamW([xtrain.tensor(np.ones(2), dtype="float64", requires_grad=True)])
+    with pytest.raises(ValueError, match="betas"):
+        AdamW([p], betas=(0.9, 1.5))
+
+
+def test_cosine_lr():
+    lrs = [cosine_lr(s, 1.0, 0.1, 10, 100) for s in range(120)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))            # warm-up rises
+    assert all(a >= b for a, b in zip(lrs[10:100], lrs[11:101]))     # then decays
+    assert lrs[55] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lrs[100] == lrs[119] == 0.1
+
+
+def _cfg(out, data, steps, device, **kw):
+    base = dict(preset="tiny", data=str(data), out=str(out), device=device, batch=4, seq=32,
+                steps=steps, lr=3e-3, warmup=2, eval_every=0, save_every=0, sample_tokens=8,
+                progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def _losses(out):
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if "loss" in r]
+
+
+def test_train_writes_log_checkpoint_plot_and_sample(tmp_path, data, device):
+    summary = train(_cfg(tmp_path, data, 6, device, eval_every=3, eval_batches=2))
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == list(range(6))
+    assert set(steps[0]) == {"step", "loss", "lr", "grad_norm", "tok_s", "ms", "mem_mb"}
+    assert [r["step"] for r in records if "val_loss" in r] == [0, 3, 6]
+    assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in steps)
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "sample.txt").read_text().startswith("Once upon a time")
+    assert summary["steps"] == 6 and (tmp_path / "ckpt" / "state.json").is_file()
+
+
+def test_resume_is_bit_exact(tmp_path, data, device):
+    # dropout > 0 makes the RNG state part of what must be restored.
+    kw = dict(decay_steps=8, dropout=0.1)
+    train(_cfg(tmp_path / "straight", data, 8, device, **kw))
+    train(_cfg(tmp_path / "split", data, 4, device, **kw))
+    train(_cfg(tmp_path / "split", data, 8, device, resume=str(tmp_path / "split" / "ckpt"), **kw))
+    a, b = _losses(tmp_path / "straight"), _losses(tmp_path / "split")
+    assert [s for s, _ in b] == list(range(8))
+    assert a == b  # floats from JSON: equal means bitwise equal
+    for name in ("model.safetensors", "optim.safetensors"):
+        assert (tmp_path / "straight" / "ckpt" / name).read_bytes() == \
+            (tmp_path / "split" / "ckpt" / name).read_bytes(), name
+
+
+def test_resume_rejects_another_preset(tmp_path, data, device):
+    train(_cfg(tmp_path, data, 1, device))
+    with pytest.raises(ValueError, match="does not match the checkpoint"):
+        train(_cfg(tmp_path, data, 2, device, preset="dim384", resume=str(tmp_path / "ckpt")))
