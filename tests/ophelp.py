@@ -104,9 +104,14 @@ def finite_difference_check(xt_fn, arrays, eps=1e-6, rtol=1e-5, atol=1e-7, seed=
             for delta in (eps, -eps):
                 pert = flat.copy()
                 pert[j] += delta
-                args = [xtrain.tensor(np.asarray(b).astype(np.float64) if k != i else pert.reshape(a.shape),
-                                      dtype=None if np.asarray(b).dtype.kind in "iu" else "float64")
-                        for k, b in enumerate(arrays)]
+                args = []
+                for k, b in enumerate(arrays):
+                    b = np.asarray(b)
+                    if b.dtype.kind in "iu":
+                        args.append(xtrain.tensor(b))  # indices stay integers
+                    else:
+                        args.append(xtrain.tensor(pert.reshape(a.shape) if k == i else b.astype(np.float64),
+                                                  dtype="float64"))
                 with xtrain.no_grad():
                     vals.append(float(np.sum(to_numpy64(xt_fn(*args)) * w)))
             numeric.reshape(-1)[j] = (vals[0] - vals[1]) / (2 * eps)

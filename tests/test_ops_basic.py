@@ -108,13 +108,14 @@ def test_cast(src, dst, device):
 
 
 def test_cast_same_dtype_is_identity():
-    x = xtrain.tensor(randn(3), requires_grad=True)
-    assert ops.cast(x, "float32") is x or ops.cast(x, "float32").same_storage(x)
+    x = xtrain.tensor(randn(3), dtype="float32", requires_grad=True)
+    y = ops.cast(x, "float32")
+    assert y.same_storage(x) and y.is_leaf and y.requires_grad
     assert x.float().same_storage(x)
 
 
 def test_to_dtype_and_device(device):
-    x = xtrain.tensor(randn(3, 4, seed=9), requires_grad=True)
+    x = xtrain.tensor(randn(3, 4, seed=9), dtype="float32", requires_grad=True)
     y = ops.to(x, device=device, dtype="bfloat16")
     assert y.device.startswith(device) and y.dtype == "bfloat16"
     np.testing.assert_array_equal(y.numpy(), torch.tensor(x.numpy()).bfloat16().float().numpy())
@@ -127,8 +128,8 @@ def test_to_dtype_and_device(device):
 
 def test_dropout_identity_cases(device):
     x = xtrain.tensor(randn(5, 7), device=device, requires_grad=True)
-    assert ops.dropout(x, 0.0) is x
-    assert ops.dropout(x, 0.5, training=False) is x
+    for y in (ops.dropout(x, 0.0), ops.dropout(x, 0.5, training=False)):
+        assert y.same_storage(x) and y.is_leaf and y.grad_fn is None
 
 
 @pytest.mark.parametrize("dtype", DTYPES + ["float64"])
@@ -279,8 +280,6 @@ FD_CASES = {
     "sqrt": (ops.sqrt, [positive(5, seed=18)]),
     "silu": (ops.silu, [randn(6, seed=19)]),
     "swiglu": (ops.swiglu, [randn(2, 3, seed=20), randn(2, 3, seed=21)]),
-    "cast_roundtrip": (lambda x: ops.cast(ops.mul_scalar(ops.cast(x, "float32"), 1.0), "float64"),
-                       [randn(4, seed=22)]),
     "sum_all": (lambda x: ops.sum(x), [randn(3, 4, seed=23)]),
     "sum_last_keepdim": (lambda x: ops.sum(x, -1, True), [randn(3, 4, seed=24)]),
     "mean_all": (lambda x: ops.mean(x), [randn(3, 4, seed=25)]),
@@ -300,6 +299,12 @@ FD_CASES = {
 def test_finite_differences(name):
     fn, arrays = FD_CASES[name]
     finite_difference_check(fn, arrays)
+
+
+def test_finite_differences_cast():
+    # The round trip through float32 rounds at ~1e-7 relative: a wide step keeps that noise small.
+    fn = lambda x: ops.cast(ops.mul_scalar(ops.cast(x, "float32"), 3.0), "float64")  # noqa: E731
+    finite_difference_check(fn, [randn(4, seed=22)], eps=1e-2, rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------- tape behaviour
@@ -390,7 +395,8 @@ def test_tensor_operators_and_methods(device):
         (x.sum(), tx.sum()), (x.sum(-1), tx.sum(-1)), (x.mean(dim=-1, keepdim=True), tx.mean(-1, keepdim=True)),
         (x.reshape(2, 6), tx.reshape(2, 6)), (x.view(-1), tx.view(-1)), (x.exp(), tx.exp()), (x.log(), tx.log()),
         (x.sqrt(), tx.sqrt()), (x.silu(), torch.nn.functional.silu(tx)), (x.double(), tx.double()),
-        (x.bfloat16().float(), tx.bfloat16().float()),
+        (x.bfloat16().float(), tx.bfloat16().float()), (x.softmax(), tx.softmax(-1)),
+        (x.log_softmax(dim=1), tx.log_softmax(-1)),
     ]
     for i, (got, want) in enumerate(cases):
         np.testing.assert_allclose(to_numpy64(got), want.double().numpy(), rtol=2e-6, atol=1e-6, err_msg=f"case {i}")
@@ -416,12 +422,14 @@ def _t(*shape, dtype="float32", device="cpu"):
 
 
 def test_bad_inputs_raise_clear_errors(device):
-    with pytest.raises(ValueError, match=r"cannot be broadcast.*\[2, 3\].*\[4\]"):
+    with pytest.raises(ValueError, match=r"\[2, 3\] and \[4\] cannot be broadcast"):
         ops.add(_t(2, 3, device=device), _t(4, device=device))
     with pytest.raises(TypeError, match="same dtype.*float32.*bfloat16"):
         ops.mul(_t(3, device=device), _t(3, dtype="bfloat16", device=device))
-    with pytest.raises(TypeError, match="floating point"):
+    with pytest.raises(TypeError, match="exp: x must be floating point.*int64"):
         ops.exp(xtrain.tensor([1, 2, 3], device=device))
+    with pytest.raises(TypeError, match="linear: x and weight must have the same dtype"):
+        ops.linear(_t(2, 3, dtype="bfloat16", device=device), _t(4, 3, device=device))
     with pytest.raises(ValueError, match=r"inner dimensions.*K=4.*K=5"):
         ops.matmul(_t(3, 4, device=device), _t(5, 2, device=device))
     with pytest.raises(ValueError, match="inner dimensions"):

@@ -242,11 +242,13 @@ def test_cross_entropy_float64_matches_torch():
 
 
 def test_cross_entropy_finite_differences():
-    # The loss is float32 even for float64 logits, so the step must be large enough that float32
-    # rounding of the loss (~2e-7) does not swamp the difference quotient.
-    g = rng(19)
-    logits, targets = g.standard_normal((4, 5)), np.array([0, 4, -100, 2], dtype=np.int64)
-    finite_difference_check(lambda a, t: ops.cross_entropy(a, t), [logits, targets], eps=1e-2, rtol=1e-3, atol=1e-4)
+    # The loss is float32 even for float64 logits (cast to float64 here for the checker), so the
+    # step must be large enough that float32 rounding of the loss (~2e-7) does not swamp the
+    # difference quotient. The targets are closed over because finite_difference_check hands
+    # every array back as float64 when it perturbs.
+    targets = xtrain.tensor(np.array([0, 4, -100, 2], dtype=np.int64))
+    finite_difference_check(lambda a: ops.cross_entropy(a, targets).to(dtype="float64"),
+                            [rng(19).standard_normal((4, 5))], eps=1e-2, rtol=1e-3, atol=1e-4)
 
 
 # ---------------------------------------------------------------- determinism
@@ -274,6 +276,32 @@ def test_bitwise_determinism(device, dtype):
     _run_twice(lambda a: ops.log_softmax(a), [g.standard_normal((40, 77))], dtype, device)
     ce = [g.standard_normal((130, 257)), g.integers(0, 257, 130)]
     _run_twice(lambda a, t: ops.cross_entropy(a, t), ce, dtype, device)
+
+
+# ---------------------------------------------------------------- recompute
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_checkpoint_recompute_is_bitwise_exact(device, dtype):
+    """rms_norm -> rope -> sdpa inside a checkpoint, then cross_entropy: loss and every gradient
+    are bit-identical with and without recompute."""
+    g = rng(23)
+    x_np, w_np = g.standard_normal((2, 6, 2, 8)), 1.0 + 0.1 * g.standard_normal(8)
+    targets = xtrain.tensor(g.integers(0, 8, 24), device=device)
+
+    def segment(x, params):
+        h = ops.rope(ops.rms_norm(x, params[0]))
+        return ops.sdpa(h, h, x, causal=True)
+
+    results = []
+    for use_checkpoint in (False, True):
+        x = xtrain.tensor(x_np, dtype=dtype, device=device, requires_grad=True)
+        w = xtrain.tensor(w_np, dtype="float32", device=device, requires_grad=True)
+        out = xtrain.checkpoint(segment, x, [w]) if use_checkpoint else segment(x, [w])
+        loss = ops.cross_entropy(out.reshape(24, 8), targets)
+        loss.backward()
+        results.append([bits(loss), bits(out), bits(x.grad), bits(w.grad)])
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)
 
 
 # ---------------------------------------------------------------- grad mode

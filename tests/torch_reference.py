@@ -50,12 +50,14 @@ def linear(x, w):
 
 
 def attention(q, k, v):
-    """Causal softmax attention on (B, H, S, D)."""
+    """Causal softmax attention on (B, H, S, D), as the unfused "math" attention runs it: two
+    GEMMs and a softmax, each rounding its output to the activation dtype (the S x S scores and
+    probabilities are bf16 under mixed precision; the softmax computes in float32)."""
     S, D = q.shape[2], q.shape[3]
-    scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(D)
+    scores = (q.float() @ k.float().transpose(-1, -2)).to(q.dtype)
     mask = torch.ones(S, S, dtype=torch.bool).tril()
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-    return (probs @ v.float()).to(q.dtype)
+    probs = (scores.float() / math.sqrt(D)).masked_fill(~mask, float("-inf")).softmax(-1)
+    return (probs.to(q.dtype).float() @ v.float()).to(q.dtype)
 
 
 class TorchTransformer(torch.nn.Module):

@@ -25,6 +25,31 @@ const char* binary_name(kernels::BinaryOp op) {
   return "binary";
 }
 
+const char* scalar_name(kernels::ScalarOp op) {
+  switch (op) {
+    case kernels::ScalarOp::Add: return "add_scalar";
+    case kernels::ScalarOp::Mul: return "mul_scalar";
+    case kernels::ScalarOp::RSub: return "rsub_scalar";
+    case kernels::ScalarOp::Div: return "div_scalar";
+    case kernels::ScalarOp::RDiv: return "rdiv_scalar";
+    case kernels::ScalarOp::Pow: return "pow_scalar";
+  }
+  return "scalar op";
+}
+
+const char* unary_name(kernels::UnaryOp op) {
+  switch (op) {
+    case kernels::UnaryOp::Neg: return "neg";
+    case kernels::UnaryOp::Exp: return "exp";
+    case kernels::UnaryOp::Log: return "log";
+    case kernels::UnaryOp::Sqrt: return "sqrt";
+    case kernels::UnaryOp::Silu: return "silu";
+    case kernels::UnaryOp::Square: return "square";
+    case kernels::UnaryOp::Abs: return "abs";
+  }
+  return "unary op";
+}
+
 std::vector<int64_t> contiguous_strides(const Shape& s) {
   std::vector<int64_t> st(s.size());
   int64_t acc = 1;
@@ -117,7 +142,7 @@ Tensor binary(kernels::BinaryOp op, const Tensor& a, const Tensor& b) {
 }
 
 Tensor scalar_op(kernels::ScalarOp op, const Tensor& x, double s) {
-  check_floating(x, "scalar op", "x");
+  check_floating(x, scalar_name(op), "x");
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (out.numel())
     XT_KERNEL(x.device(), scalar_op, op, x.dtype(), x.data_ptr(), out.data_ptr(), out.numel(), s,
@@ -126,7 +151,7 @@ Tensor scalar_op(kernels::ScalarOp op, const Tensor& x, double s) {
 }
 
 Tensor unary(kernels::UnaryOp op, const Tensor& x) {
-  check_floating(x, "unary op", "x");
+  check_floating(x, unary_name(op), "x");
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (out.numel())
     XT_KERNEL(x.device(), unary, op, x.dtype(), x.data_ptr(), out.data_ptr(), out.numel(), stream_for(x.device()));

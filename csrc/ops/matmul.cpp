@@ -9,13 +9,28 @@
 #include "ops/dispatch.h"
 
 namespace xt {
+
+#ifdef XT_CUDA
+namespace kernels {
+namespace cuda {
+void set_allow_tf32(bool allow);  // kernels/cuda/gemm.cu (declared in the CUDA-only common.cuh)
+}  // namespace cuda
+}  // namespace kernels
+#endif
+
 namespace ops {
 
 namespace {
 std::atomic<bool> g_allow_tf32{false};
 }  // namespace
 
-void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
+// The flag lives here for every build; the CUDA GEMM keeps its own copy, set from here.
+void set_allow_tf32(bool allow) {
+  g_allow_tf32.store(allow);
+#ifdef XT_CUDA
+  kernels::cuda::set_allow_tf32(allow);
+#endif
+}
 bool allow_tf32() { return g_allow_tf32.load(); }
 
 Tensor matmul_out_dtype(const Tensor& a, const Tensor& b, bool ta, bool tb, DType out_dtype) {
@@ -53,6 +68,8 @@ Tensor linear(const Tensor& x, const Tensor& w) {
   check_floating(x, "linear", "x");
   check_floating(w, "linear", "weight");
   check_dim(w, 2, "linear", "weight");
+  check_same_device(x, w, "linear", "x", "weight");
+  check_same_dtype(x, w, "linear", "x", "weight");
   XT_CHECK(x.dim() >= 1 && x.shape().back() == w.size(1), ValueError, "linear: x ", x.describe(),
            " must end in the weight's in_features ", w.size(1), " (weight ", w.describe(), " is [out, in])");
   const int64_t K = w.size(1), N = w.size(0);

@@ -1,13 +1,99 @@
-// Bindings for csrc/dist (NCCL). Builds without NCCL expose is_available() == False only.
+// Bindings for csrc/dist (xtrain._C.dist): the NCCL communicator and each rank's handle.
+// Every call that can wait (creation, collectives, barrier, abort, close) releases the GIL, so
+// rank threads and the launcher never wait on each other through it. Builds without NCCL keep
+// the same names: is_available() is False and creating a Communicator raises RuntimeError.
+#include "core/error.h"
 #include "python/bind.h"
+#ifdef XT_NCCL
+#include "dist/communicator.h"
+#endif
 
 namespace xt {
+
+namespace {
+
+#ifdef XT_NCCL
+// What Python holds for one rank: the shared communicator plus the rank's index.
+struct RankHandle {
+  std::shared_ptr<dist::Communicator> comm;
+  int rank;
+};
+#else
+constexpr const char* kNoNccl =
+    "xtrain was built without NCCL (xtrain._C.dist.is_available() is False): data-parallel training "
+    "needs a CUDA build that found NCCL (the nvidia-nccl-cu13 wheel or a system NCCL)";
+#endif
+
+}  // namespace
+
 void init_dist(py::module_& m) {
   py::module_ d = m.def_submodule("dist", "NCCL communicator (data-parallel training)");
 #ifdef XT_NCCL
+  using dist::Communicator;
   d.def("is_available", [] { return true; }, "True when xtrain was built with NCCL");
+  d.def("nccl_version", &dist::nccl_version, "Version of the NCCL library in use");
+
+  py::class_<Communicator, std::shared_ptr<Communicator>>(
+      d, "Communicator", "NCCL ranks for GPUs of this process: one per device, one host thread per rank")
+      .def(py::init([](const std::vector<int>& devices, double timeout) {
+             py::gil_scoped_release nogil;
+             return std::make_shared<Communicator>(devices, timeout);
+           }),
+           py::arg("devices"), py::arg("timeout") = 600.0,
+           "Create rank i on cuda:devices[i]; a collective unfinished after `timeout` s aborts all ranks")
+      .def_property_readonly("world_size", &Communicator::world_size)
+      .def_property_readonly("devices", &Communicator::devices)
+      .def_property_readonly("timeout", &Communicator::timeout)
+      .def_property_readonly("aborted", &Communicator::aborted)
+      .def_property_readonly("error", [](const Communicator& c) -> py::object {
+             std::string e = c.error();
+             return e.empty() ? py::object(py::none()) : py::object(py::str(e));
+           }, "Why the communicator was aborted (None while healthy)")
+      .def("rank", [](const std::shared_ptr<Communicator>& c, int rank) {
+             XT_CHECK(rank >= 0 && rank < c->world_size(), IndexError, "rank ", rank, " is out of range for ",
+                      c->world_size(), " rank(s)");
+             return RankHandle{c, rank};
+           }, py::arg("rank"), "The handle rank `rank`'s thread uses")
+      .def("abort", &Communicator::abort, py::arg("reason") = "aborted by the caller", NoGil(),
+           "ncclCommAbort every rank (any thread): peers blocked in NCCL return, later calls raise")
+      .def("close", &Communicator::close, NoGil(),
+           "Orderly teardown once every rank is done (sync point; bounded by the timeout)");
+
+  py::class_<RankHandle>(d, "RankComm", "One rank's view of a Communicator; use it from that rank's thread")
+      .def_property_readonly("rank", [](const RankHandle& h) { return h.rank; })
+      .def_property_readonly("world_size", [](const RankHandle& h) { return h.comm->world_size(); })
+      .def_property_readonly("device", [](const RankHandle& h) { return h.comm->devices()[h.rank]; },
+                             "The CUDA device index this rank drives")
+      .def_property_readonly("communicator", [](const RankHandle& h) { return h.comm; })
+      .def("all_reduce", [](const RankHandle& h, const std::vector<Tensor>& tensors, const std::string& op) {
+             const dist::ReduceOp rop = dist::parse_reduce_op(op);
+             py::gil_scoped_release nogil;
+             h.comm->all_reduce(h.rank, tensors, rop);
+           }, py::arg("tensors"), py::arg("op") = "avg",
+           "In-place all-reduce (\"avg\" or \"sum\") of float32/bfloat16 tensors on this rank's device, "
+           "as one NCCL launch on this thread's stream (asynchronous)")
+      .def("broadcast", [](const RankHandle& h, const std::vector<Tensor>& tensors, int root) {
+             py::gil_scoped_release nogil;
+             h.comm->broadcast(h.rank, tensors, root);
+           }, py::arg("tensors"), py::arg("root") = 0, "In place: every rank gets root's values (asynchronous)")
+      .def("barrier", [](const RankHandle& h) {
+             py::gil_scoped_release nogil;
+             h.comm->barrier(h.rank);
+           }, "Sync point: wait until every rank reached its barrier")
+      .def("abort", [](const RankHandle& h, const std::string& reason) {
+             py::gil_scoped_release nogil;
+             h.comm->abort(reason);
+           }, py::arg("reason") = "aborted by the caller", "Abort the whole communicator");
+  d.attr("UNAVAILABLE_REASON") = py::none();
 #else
   d.def("is_available", [] { return false; }, "True when xtrain was built with NCCL");
+  d.def("nccl_version", []() -> py::object { return py::none(); }, "None: built without NCCL");
+  struct NoCommunicator {};
+  py::class_<NoCommunicator>(d, "Communicator", "Unavailable: xtrain was built without NCCL")
+      .def(py::init([](const py::object&, double) -> NoCommunicator { throw RuntimeError(kNoNccl); }),
+           py::arg("devices"), py::arg("timeout") = 600.0);
+  d.attr("UNAVAILABLE_REASON") = kNoNccl;
 #endif
 }
+
 }  // namespace xt

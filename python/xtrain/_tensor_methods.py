@@ -28,12 +28,6 @@ def _shape_args(shape, what):
     return [int(d) for d in shape]
 
 
-def _last_dim_only(self, dim, what):
-    if dim not in (-1, len(self.shape) - 1):
-        raise ValueError(f"{what}: only the last dimension (dim=-1) is supported, got dim={dim} "
-                         f"for shape {tuple(self.shape)}")
-
-
 def _pow(self, s):
     if not isinstance(s, numbers.Real):
         return NotImplemented
@@ -65,13 +59,11 @@ def _permute(self, *dims):
 
 
 def _softmax(self, dim=-1):
-    _last_dim_only(self, dim, "softmax")
-    return ops.softmax(self)
+    return ops.softmax(self, dim)
 
 
 def _log_softmax(self, dim=-1):
-    _last_dim_only(self, dim, "log_softmax")
-    return ops.log_softmax(self)
+    return ops.log_softmax(self, dim)
 
 
 def install(Tensor):

@@ -4,7 +4,7 @@ Everything bound in xtrain._C.ops is re-exported here unchanged. add/sub/mul/div
 Python number on either side (routed to the *_scalar ops, which keep the scalar out of the
 tape), and scale(x, s) is x * s.
 """
-import numbers
+import numbers as _numbers
 
 from . import _C
 
@@ -16,7 +16,7 @@ del _name
 
 
 def _is_scalar(v):
-    return isinstance(v, numbers.Real) and not isinstance(v, _C.Tensor)
+    return isinstance(v, _numbers.Real) and not isinstance(v, _C.Tensor)
 
 
 def _both_scalars(op, a, b):

@@ -10,7 +10,8 @@ Outputs in `out`:
     sample.txt   a sample from the final model
 
 Host syncs: the loop never waits for the device except (1) reading the previous step's loss and
-grad norm for the log, done after the current step has been queued so the device stays busy,
+grad norm for the log, done after the current step has been queued so the device stays busy (the
+time between two such reads is the device time of one step),
 (2) evaluation, which reads its summed loss once, (3) checkpoint saves. Everything else (clipping
 included) stays on the device.
 """
@@ -171,6 +172,7 @@ def train(cfg: TrainConfig) -> dict:
 
     # ---- the loop
     pending, t_last = None, time.time()
+    defer_log = device != "cpu"
     val_loss = None
     while step < cfg.steps:
         if cfg.eval_every > 0 and step % cfg.eval_every == 0:
@@ -188,8 +190,12 @@ def train(cfg: TrainConfig) -> dict:
         grad_norm = clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        flush_pending()                               # log the previous step while this one runs
+        # Log the previous step while this one runs on the device; the CPU backend computes
+        # synchronously, so there the step is logged at once (its time is then exact too).
+        flush_pending()
         pending = (step, loss.detach(), grad_norm, lr)
+        if not defer_log:
+            flush_pending()
         step += 1
 
         if cfg.save_every > 0 and step % cfg.save_every == 0 and step < cfg.steps:

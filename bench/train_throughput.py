@@ -1,0 +1,226 @@
+"""Training throughput of xtrain against PyTorch on one config, same GPU, same invocation.
+
+    python bench/train_throughput.py --preset dim768 --batch 32 --seq 256 --bf16
+    python bench/train_throughput.py --device cpu --preset tiny --steps 3 --no-compile   # smoke
+
+One training step is what train.py runs: forward, cross-entropy, backward, clip_grad_norm_(1.0),
+AdamW, zero_grad. Both frameworks start from the same weights (xtrain's init, copied into torch),
+see the same seeded random token batches (already on the device: the host-to-device copy of the
+inputs is not timed), and run `--warmup` untimed steps before `--steps` timed ones. The runs are
+sequential in this process: xtrain, then PyTorch eager, then PyTorch with torch.compile (unless
+--no-compile), each freeing its memory before the next.
+
+Printed and written to bench/results/train_throughput-PRESET-...-DATE.json: ms/step, tok/s, peak
+allocated device memory during the timed steps, MFU (bf16 against 790 TFLOP/s; float32 against a
+float32 matmul ceiling measured in this run), the loss before and after (the two frameworks should
+agree: same model), and xtrain/PyTorch ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import common
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="dim768")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seq", type=int, default=256)
+    prec = p.add_mutually_exclusive_group()
+    prec.add_argument("--bf16", dest="bf16", action="store_true", default=True,
+                      help="mixed precision bf16 (default)")
+    prec.add_argument("--fp32", dest="bf16", action="store_false", help="float32 throughout")
+    p.add_argument("--recompute", action="store_true", help="checkpoint every block (both)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile run")
+    p.add_argument("--no-torch", action="store_true", help="xtrain only (not a result: no peer)")
+    p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
+    p.add_argument("--lr", type=float, default=3e-4)
+    common.add_common_args(p, steps=20, warmup=5)
+    return p.parse_args(argv)
+
+
+def run_xtrain(args, cfg, batches, device):
+    import xtrain
+    from xtrain.models import TinyTransformer
+    from xtrain.optim import AdamW, clip_grad_norm_
+
+    model = TinyTransformer(cfg, device=device, seed=args.seed)
+    # The torch runs start from these values. A copy: numpy() shares CPU memory with the parameter.
+    weights = {n: p.numpy().copy() for n, p in model.named_parameters()}
+    params = model.parameters()
+    opt = AdamW(model.named_parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    data = [(xtrain.tensor(x, device=device), xtrain.tensor(y, device=device)) for x, y in batches]
+    with xtrain.no_grad():
+        loss0 = model(*data[0])[1].item()
+    state = {"i": 0, "loss": None}
+
+    def step():
+        x, y = data[state["i"] % len(data)]
+        state["i"] += 1
+        _, loss = model(x, y)
+        loss.backward()
+        clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        state["loss"] = loss
+
+    t0 = time.perf_counter()
+    step()
+    common.xt_sync(device)
+    first_step_s = time.perf_counter() - t0
+    sync = lambda: common.xt_sync(device)  # noqa: E731
+    for _ in range(max(0, args.warmup - 1)):
+        step()
+    sync()
+    common.xt_reset_peak(device)
+    raw0 = xtrain.memory_stats(device)["num_raw_alloc"]
+    seconds = common.time_loop(step, sync, args.steps, warmup=0)
+    mem = common.xt_peak(device)
+    out = {"framework": "xtrain", "seconds": seconds, "first_step_s": first_step_s,
+           "peak_allocated": mem["allocated_peak"], "peak_reserved": mem["reserved_peak"],
+           "raw_allocs_in_timed_steps": mem["num_raw_alloc"] - raw0,
+           "loss_first": loss0, "loss_last": state["loss"].item()}
+    del model, params, opt, data, state, step
+    common.free_xtrain(device)
+    return out, weights
+
+
+def run_torch(args, cfg, batches, weights, device, compile):
+    import torch
+
+    import torch_model
+
+    model = torch_model.build(weights, cfg, device, compile=compile, recompute=cfg.recompute)
+    params = list(model.parameters())
+    opt = torch_model.adamw(model, lr=args.lr)
+    data = [(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in batches]
+    with torch.no_grad():
+        loss0 = model(*data[0])[1].item()
+    state = {"i": 0, "loss": None}
+
+    def step():
+        x, y = data[state["i"] % len(data)]
+        state["i"] += 1
+        _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        state["loss"] = loss.detach()
+
+    t0 = time.perf_counter()
+    step()  # with compile: traces and compiles the block and the head, forward and backward
+    common.torch_sync(device)
+    first_step_s = time.perf_counter() - t0
+    sync = lambda: common.torch_sync(device)  # noqa: E731
+    for _ in range(max(0, args.warmup - 1)):
+        step()
+    sync()
+    common.torch_reset_peak(device)
+    seconds = common.time_loop(step, sync, args.steps, warmup=0)
+    mem = common.torch_peak(device)
+    out = {"framework": "torch.compile" if compile else "torch eager", "seconds": seconds,
+           "first_step_s": first_step_s, "peak_allocated": mem["allocated_peak"],
+           "peak_reserved": mem["reserved_peak"], "loss_first": loss0,
+           "loss_last": state["loss"].item()}
+    del model, params, opt, data, state, step
+    common.free_torch(device)
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device, tdevice = common.resolve_device(args.device)
+    common.setup_torch(device)
+    from xtrain.models import config_for
+
+    cfg = config_for(args.preset, args.vocab, bf16=args.bf16, recompute=args.recompute)
+    if args.seq > cfg.max_seq:
+        raise SystemExit(f"--seq {args.seq} exceeds {args.preset}'s max_seq {cfg.max_seq}")
+    tokens = args.batch * args.seq
+    flops = common.flops_per_token(cfg, args.seq)
+    precision = "bf16" if args.bf16 else "fp32"
+    ceiling = measure_ceiling(precision, device)
+    print(f"train_throughput: {args.preset} ({flops['matmul_params'] / 1e6:.1f}M GEMM weights), "
+          f"batch {args.batch} x seq {args.seq} = {tokens} tokens/step, {precision}"
+          f"{', recompute' if args.recompute else ''}, {device}; "
+          f"{flops['total'] / 1e9:.3f} GFLOP/token; MFU ceiling "
+          f"{'n/a' if ceiling is None else f'{ceiling / 1e12:.0f} TFLOP/s'}", flush=True)
+
+    batches = common.random_batches(args.vocab, args.batch, args.seq, n=4, seed=args.seed)
+    results = []
+    xt, weights = run_xtrain(args, cfg, batches, device)
+    results.append(xt)
+    if not args.no_torch:
+        results.append(run_torch(args, cfg, batches, weights, tdevice, compile=False))
+        if not args.no_compile:
+            results.append(run_torch(args, cfg, batches, weights, tdevice, compile=True))
+    del weights
+
+    for r in results:
+        r["ms_per_step"] = 1e3 * r["seconds"] / args.steps
+        r["tok_s"] = tokens * args.steps / r["seconds"]
+        r["tflops"] = r["tok_s"] * flops["total"] / 1e12
+        r["mfu"] = None if ceiling is None else common.mfu(r["tok_s"], flops["total"], ceiling)
+        r["mfu_vs_bf16_peak"] = common.mfu(r["tok_s"], flops["total"], common.BF16_PEAK_FLOPS)
+        r["peak_gib"] = common.gib(r["peak_allocated"])
+    ratios = {}
+    for r in results[1:]:
+        ratios[r["framework"]] = {
+            "tok_s": common.ratio(xt["tok_s"], r["tok_s"]),
+            "peak_memory": common.ratio(xt["peak_allocated"], r["peak_allocated"])}
+
+    print()
+    common.print_table(results, [("framework", "framework", ""), ("ms_per_step", "ms/step", ".2f"),
+                                 ("tok_s", "tok/s", ",.0f"), ("tflops", "TFLOP/s", ".1f"),
+                                 ("mfu", "MFU", ".1%"), ("peak_gib", "peak GiB", ".2f"),
+                                 ("first_step_s", "1st step s", ".2f"),
+                                 ("loss_first", "loss 0", ".4f"), ("loss_last", "loss end", ".4f")])
+    for name, r in ratios.items():
+        tok = "n/a" if r["tok_s"] is None else f"{r['tok_s']:.2f}x"
+        mem = "n/a" if r["peak_memory"] is None else f"{r['peak_memory']:.2f}x"
+        print(f"xtrain / {name}: tok/s {tok}, peak memory {mem}")
+    if xt.get("raw_allocs_in_timed_steps"):
+        print(f"note: xtrain made {xt['raw_allocs_in_timed_steps']} raw device allocations during "
+              f"the timed steps (steady state should be 0)")
+
+    config = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    payload = {"benchmark": "train_throughput", "env": common.env_info(device), "args": config,
+               "model": cfg.to_dict(), "tokens_per_step": tokens, "flops_per_token": flops,
+               "precision": precision, "mfu_ceiling_flops": ceiling, "results": results,
+               "ratios_xtrain_over": ratios}
+    name = f"train_throughput-{args.preset}-b{args.batch}-s{args.seq}-{precision}"
+    name += "-recompute" if args.recompute else ""
+    common.write_json(common.result_name(name, args.tag), payload, args.out)
+    return payload
+
+
+def measure_ceiling(precision: str, device: str):
+    """bf16: GPU.md's measured 790 TFLOP/s. float32: measured here (true fp32 8192^3 matmul in
+    torch, a second or so). CPU: none."""
+    if not common.is_cuda(device):
+        return None
+    if precision == "bf16":
+        return common.BF16_PEAK_FLOPS
+    return measure_matmul_ceiling(device, "float32")
+
+
+def measure_matmul_ceiling(device: str, dtype: str, n: int = common.FP32_CEILING_SIZE) -> float:
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(0)
+    dt = getattr(torch, dtype)
+    a = torch.randn(n, n, device=device, dtype=dt, generator=g)
+    b = torch.randn(n, n, device=device, dtype=dt, generator=g)
+    t = common.time_call(lambda: torch.matmul(a, b), lambda: common.torch_sync(device),
+                         warmup=2, repeats=3, target_s=0.1)
+    del a, b
+    common.free_torch(device)
+    return 2 * n**3 / (t["ms_min"] / 1e3)
+
+
+if __name__ == "__main__":
+    main()

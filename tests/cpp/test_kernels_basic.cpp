@@ -1,0 +1,167 @@
+// CPU basic kernels against naive loops: broadcast binary, sum_to, permute, gemm (every
+// transpose combination, bf16 inputs with a float32 C and beta, K = 0), embedding backward,
+// accumulate, dropout's mask.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/bf16.h"
+#include "core/philox.h"
+#include "kernels/kernels.h"
+
+namespace xt {
+namespace {
+
+using namespace kernels;
+
+std::vector<float> random_vec(size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+TEST(KernelsBasic, BinaryBroadcastMatchesIndexMath) {
+  // out [2, 3, 4] = a [2, 1, 4] * b [3, 1], without merging dims
+  auto a = random_vec(8, 1), b = random_vec(3, 2);
+  Broadcast bc;
+  bc.ndim = 3;
+  int64_t shape[3] = {2, 3, 4}, as[3] = {4, 0, 1}, bs[3] = {0, 1, 0};
+  for (int d = 0; d < 3; ++d) {
+    bc.shape[d] = shape[d];
+    bc.astride[d] = as[d];
+    bc.bstride[d] = bs[d];
+  }
+  std::vector<float> out(24);
+  cpu::binary(BinaryOp::Mul, DType::Float32, a.data(), b.data(), out.data(), 24, &bc, nullptr);
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k) EXPECT_EQ(out[(i * 3 + j) * 4 + k], a[i * 4 + k] * b[j]);
+}
+
+TEST(KernelsBasic, SumToMatchesNaive) {
+  // in [3, 5, 2] -> out [5, 1] (bstride: dim 0 reduced, dim 2 reduced)
+  auto in = random_vec(30, 3);
+  Broadcast bc;
+  bc.ndim = 3;
+  int64_t shape[3] = {3, 5, 2}, is[3] = {10, 2, 1}, os[3] = {0, 1, 0};
+  for (int d = 0; d < 3; ++d) {
+    bc.shape[d] = shape[d];
+    bc.astride[d] = is[d];
+    bc.bstride[d] = os[d];
+  }
+  std::vector<float> out(5, -1.0f);
+  cpu::sum_to(DType::Float32, in.data(), out.data(), 5, &bc, nullptr);
+  for (int j = 0; j < 5; ++j) {
+    double ref = 0;
+    for (int i = 0; i < 3; ++i)
+      for (int k = 0; k < 2; ++k) ref += in[i * 10 + j * 2 + k];
+    EXPECT_FLOAT_EQ(out[j], static_cast<float>(ref));
+  }
+}
+
+TEST(KernelsBasic, PermuteMatchesNaive) {
+  const int64_t shape[4] = {2, 3, 4, 5};
+  const int perm[4] = {3, 1, 0, 2};  // out [5, 3, 2, 4]
+  std::vector<int64_t> x(120), out(120);
+  for (int i = 0; i < 120; ++i) x[i] = i;
+  cpu::permute(DType::Int64, x.data(), out.data(), 4, shape, perm, nullptr);
+  int64_t o = 0;
+  for (int l = 0; l < 5; ++l)
+    for (int j = 0; j < 3; ++j)
+      for (int i = 0; i < 2; ++i)
+        for (int k = 0; k < 4; ++k) EXPECT_EQ(out[o++], ((i * 3 + j) * 4 + k) * 5 + l);
+}
+
+// Reference C = op(A) @ op(B) in double; A stored MxK (KxM when ta), B KxN (NxK when tb).
+std::vector<double> naive_gemm(bool ta, bool tb, int M, int N, int K, const std::vector<float>& A,
+                               const std::vector<float>& B) {
+  std::vector<double> C(M * N, 0.0);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k)
+        C[m * N + n] += double(ta ? A[k * M + m] : A[m * K + k]) * double(tb ? B[n * K + k] : B[k * N + n]);
+  return C;
+}
+
+TEST(KernelsBasic, GemmEveryTransposeCombination) {
+  const int M = 5, N = 7, K = 9, batch = 2;
+  auto A = random_vec(batch * M * K, 4), B = random_vec(batch * K * N, 5);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      std::vector<float> C(batch * M * N);
+      cpu::gemm(DType::Float32, DType::Float32, ta, tb, M, N, K, 1.0f, A.data(), B.data(), 0.0f, C.data(), batch,
+                M * K, K * N, M * N, nullptr);
+      for (int b = 0; b < batch; ++b) {
+        std::vector<float> Ab(A.begin() + b * M * K, A.begin() + (b + 1) * M * K);
+        std::vector<float> Bb(B.begin() + b * K * N, B.begin() + (b + 1) * K * N);
+        auto ref = naive_gemm(ta, tb, M, N, K, Ab, Bb);
+        for (int i = 0; i < M * N; ++i) EXPECT_NEAR(C[b * M * N + i], ref[i], 1e-4) << ta << tb;
+      }
+    }
+}
+
+TEST(KernelsBasic, GemmBf16InputsFloatOutputWithBeta) {
+  const int M = 3, N = 4, K = 33;
+  auto Af = random_vec(M * K, 6), Bf = random_vec(K * N, 7);
+  std::vector<bf16> A(M * K), B(K * N);
+  for (int i = 0; i < M * K; ++i) {
+    A[i] = float_to_bf16(Af[i]);
+    Af[i] = bf16_to_float(A[i]);
+  }
+  for (int i = 0; i < K * N; ++i) {
+    B[i] = float_to_bf16(Bf[i]);
+    Bf[i] = bf16_to_float(B[i]);
+  }
+  std::vector<float> C(M * N, 1.0f);
+  cpu::gemm(DType::BFloat16, DType::Float32, false, false, M, N, K, 2.0f, A.data(), B.data(), 0.5f, C.data(), 1, 0,
+            0, 0, nullptr);
+  auto ref = naive_gemm(false, false, M, N, K, Af, Bf);
+  for (int i = 0; i < M * N; ++i) EXPECT_NEAR(C[i], 2.0 * ref[i] + 0.5, 1e-4);
+  // K = 0: C = beta * C
+  cpu::gemm(DType::Float32, DType::Float32, false, false, M, N, 0, 1.0f, Af.data(), Bf.data(), 0.0f, C.data(), 1, 0,
+            0, 0, nullptr);
+  for (float c : C) EXPECT_EQ(c, 0.0f);
+}
+
+TEST(KernelsBasic, EmbeddingBackwardSumsInOrderAndRoundsOnce) {
+  const int64_t ids[6] = {2, 0, 2, 2, 3, 0};
+  const int vocab = 5, dim = 3;
+  auto dout = random_vec(6 * dim, 8);
+  std::vector<bf16> dout_bf(dout.size());
+  for (size_t i = 0; i < dout.size(); ++i) dout_bf[i] = float_to_bf16(dout[i]);
+  std::vector<bf16> dtable(vocab * dim, float_to_bf16(7.0f));
+  cpu::embedding_backward(DType::BFloat16, DType::Int64, ids, dout_bf.data(), dtable.data(), 6, vocab, dim, nullptr);
+  for (int v = 0; v < vocab; ++v)
+    for (int j = 0; j < dim; ++j) {
+      float acc = 0.0f;
+      for (int i = 0; i < 6; ++i)
+        if (ids[i] == v) acc += bf16_to_float(dout_bf[i * dim + j]);
+      EXPECT_EQ(dtable[v * dim + j].bits, float_to_bf16(acc).bits) << v << "," << j;
+    }
+  int64_t mm[2];
+  cpu::index_range(DType::Int64, ids, 6, mm, nullptr);
+  EXPECT_EQ(mm[0], 0);
+  EXPECT_EQ(mm[1], 3);
+}
+
+TEST(KernelsBasic, AccumulateAndDropout) {
+  auto a = random_vec(100, 9), b = random_vec(100, 10);
+  auto acc = a;
+  cpu::accumulate(DType::Float32, acc.data(), b.data(), 100, -0.5, nullptr);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(acc[i], a[i] + -0.5f * b[i]);
+
+  std::vector<double> x(1000, 3.0), y(1000);
+  const float p = 0.25f;
+  cpu::dropout(DType::Float64, x.data(), y.data(), 1000, p, 42, 17, nullptr);
+  for (int i = 0; i < 1000; ++i) {
+    const bool dropped = philox_uniform(42, 17 + i) < p;
+    EXPECT_EQ(y[i], dropped ? 0.0 : 3.0 / (1.0 - 0.25)) << i;
+  }
+}
+
+}  // namespace
+}  // namespace xt
