@@ -81,7 +81,7 @@ def test_help():
     (("train", "--steps", "-3"), "--steps"),
     (("train", "--preset", "huge"), "invalid choice"),
     (("train", "--memory-limit", "12XB"), "invalid size"),
-    (("train", "--devices", "2"), "not yet implemented"),
+    (("train", "--devices", "0"), "--devices"),
     (("train", "--data", "/nonexistent/corpus.txt"), "no such file"),
     (("train", "--device", "tpu"), "--device"),
     (("train", "--resume", "/nonexistent/ckpt"), "no checkpoint"),

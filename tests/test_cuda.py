@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import xtrain
+import xtrain.optim
 from xtrain import ops
 from ophelp import TOLERANCE, assert_close, bits, make_inputs, to_numpy64
 
@@ -225,9 +226,9 @@ def test_embedding_backward_many_repeats_is_deterministic():
     dout = randn(ids.size, 48, seed=102)
     runs = []
     for _ in range(2):
-        w = xtrain.tensor(randn(40, 48, seed=103), device=CUDA, requires_grad=True)
+        w = xtrain.tensor(randn(40, 48, seed=103), dtype="float32", device=CUDA, requires_grad=True)
         out = ops.embedding(w, xtrain.tensor(ids, device=CUDA))
-        out.backward_seeded(xtrain.tensor(dout, device=CUDA))
+        out.backward_seeded(xtrain.tensor(dout, dtype="float32", device=CUDA))
         runs.append(bits(w.grad))
     np.testing.assert_array_equal(runs[0], runs[1])
     # and it is the right sum (float64 reference)

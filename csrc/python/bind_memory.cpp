@@ -2,6 +2,7 @@
 #include "core/allocator.h"
 #include "core/cuda_api.h"
 #include "core/error.h"
+#include "ops/ops.h"
 #include "python/bind.h"
 
 namespace xt {
@@ -57,6 +58,9 @@ void init_memory(py::module_& m) {
         }, py::arg("device") = py::none(), NoGil(), "Wait for this thread's work on a device (all when None)");
   c.def("device_name", &cuda::device_name, py::arg("device") = 0);
   c.def("runtime_info", &cuda::runtime_info, "Driver, runtime and cuBLAS versions");
+  c.def("set_allow_tf32", &ops::set_allow_tf32, py::arg("allow"),
+        "Let float32 GEMMs use TF32 tensor cores (off by default: true float32)");
+  c.def("allow_tf32", &ops::allow_tf32, "Whether float32 GEMMs may use TF32");
 }
 
 }  // namespace xt

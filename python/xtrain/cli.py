@@ -59,6 +59,10 @@ def _nonneg_int(text: str) -> int:
     return v
 
 
+def _devices_arg(text: str):
+    return "all" if text.strip().lower() == "all" else _positive_int(text)
+
+
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -117,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--memory-limit", type=parse_size, default=None, metavar="SIZE",
                    help="cap the device allocator, e.g. 32GiB or 500MB (default: no cap)")
     t.add_argument("--seed", type=_nonneg_int, default=0, help="seed for weights, data order and sampling")
-    t.add_argument("--devices", type=_positive_int, default=1, help="GPUs for data parallelism")
+    t.add_argument("--devices", type=_devices_arg, default=1,
+                   help="GPUs for data parallelism: N (the first N) or all; --batch is per GPU")
     t.add_argument("--vocab-size", type=_positive_int, default=4096,
                    help="BPE vocabulary when --data is a raw source")
     t.add_argument("--sample-tokens", type=_nonneg_int, default=200, help="length of the final sample")
@@ -179,8 +184,13 @@ def cmd_train(args) -> int:
     from xtrain.train import CKPT_DIR, TrainConfig, train
 
     if args.devices != 1:
-        raise UsageError(f"--devices {args.devices}: data-parallel training is not yet implemented "
-                         f"(only --devices 1 is supported)")
+        from xtrain import distributed
+
+        try:
+            distributed.require_available()
+            distributed.resolve_devices(args.devices)
+        except (RuntimeError, ValueError) as e:
+            raise UsageError(f"--devices {args.devices}: {e}") from None
     if args.data is not None and not Path(args.data).exists():
         raise UsageError(f"--data {args.data}: no such file or directory")
     if not 0.0 <= args.dropout < 1.0:
@@ -201,7 +211,12 @@ def cmd_train(args) -> int:
                       save_every=args.save_every, resume=resume, memory_limit=args.memory_limit,
                       seed=args.seed, vocab_size=args.vocab_size, sample_tokens=args.sample_tokens,
                       progress=not args.no_progress)
-    train(cfg)
+    if args.devices == 1:
+        train(cfg)
+    else:
+        from xtrain.distributed import train_data_parallel
+
+        train_data_parallel(cfg, args.devices)
     return 0
 
 

@@ -9,6 +9,8 @@ set_device = _C.cuda.set_device
 synchronize = _C.cuda.synchronize
 device_name = _C.cuda.device_name
 runtime_info = _C.cuda.runtime_info
+set_allow_tf32 = _C.cuda.set_allow_tf32
+allow_tf32 = _C.cuda.allow_tf32
 
 
 def _dev(device):

@@ -1,0 +1,459 @@
+"""The main kernels of a training step, xtrain against PyTorch, at the model's shapes.
+
+    python bench/ops.py                                   # dim768, batch 32, seq 256, bf16
+    python bench/ops.py --device cpu --preset tiny --batch 2 --seq 32 --gemm-size 256   # smoke
+
+Each op runs forward alone (no grad) and forward + backward (the tape / autograd), on the same
+seeded random inputs in both frameworks; time per call is the median over 5 windows of repeated
+calls, each window synchronised at both ends. GEMM-like ops report achieved TFLOP/s, memory-bound
+ops GB/s (the minimum bytes the op must move, below), with the GPU.md ceilings beside them:
+~790 TFLOP/s bf16 (8192^3 matmul) and ~4.3 TB/s copy. The float32 matmul ceiling is measured
+here (8192^3, true fp32 in both frameworks: no TF32).
+
+Ops (N = batch * seq tokens, dim, ffn, H heads of D, vocab V from the preset):
+  matmul     [n, n] @ [n, n] bf16 and float32 (--gemm-size, default 8192): the ceilings
+  linear     x [N, in] @ W^T for q/k/v/o, gate/up, down, lm_head. FLOPs 2*N*in*out forward,
+             6*N*in*out forward + backward (dX and dW)
+  sdpa       causal attention on q, k, v [B, H, S, D]; torch's flash and math backends as peers.
+             FLOPs: 2*B*H*S^2*D forward (the causal half of QK^T and PV), x3 with backward
+             (the model-FLOPs convention; flash's recomputation of P is not counted)
+  rms_norm   [N, dim] and the per-head q/k norm [B, S, H, D]; bytes 2 (fwd), 5 (fwd+bwd) x size
+  rope       [B, S, H, D]; bytes 2 / 4 x size
+  swiglu     silu(gate) * up on [N, ffn]; bytes 3 / 8 x size
+  cross_entropy  logits [N, V] in the activation dtype, float32 inside; bytes 1 / 3 x size
+  embedding  W [V, dim] float32, ids [N]; bytes: gather 2*N*dim*4, backward adds N*dim*4 read
+             and V*dim*4 written
+  adamw      one step over the preset's block parameters (127M for dim768), float32;
+             28 bytes per parameter (p, g, m, v read; p, m, v written)
+  clip       global grad norm + scale over the same tensors; 12 bytes per parameter
+
+Results: bench/results/ops-PRESET-DATE.json; the table prints xtrain's time against each peer
+("speedup" = peer ms / xtrain ms, above 1 means xtrain is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+
+import common
+
+BF16_BYTES = 2
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="dim768")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
+    p.add_argument("--fp32", action="store_true", help="activations in float32 instead of bf16")
+    p.add_argument("--gemm-size", type=int, default=8192, help="n of the n^3 matmul ceilings")
+    p.add_argument("--only", default="", help="comma-separated op names (default: all)")
+    p.add_argument("--target-ms", type=float, default=50.0, help="length of one timing window")
+    common.add_common_args(p, steps=5, warmup=3)
+    return p.parse_args(argv)
+
+
+class Bench:
+    """Inputs in both frameworks from one numpy array, and the timing of both."""
+
+    def __init__(self, args, device):
+        import torch
+        import xtrain
+
+        self.xt, self.torch, self.device = xtrain, torch, device
+        self.args = args
+        self.rng = np.random.default_rng(args.seed)
+        self.act = "float32" if args.fp32 else "bfloat16"
+        self.rows = []
+
+    # inputs
+    def pair(self, shape, dtype=None, grad=False, scale=1.0, array=None):
+        """(xtrain tensor, torch tensor) holding the same values."""
+        dtype = dtype or self.act
+        arr = array if array is not None else \
+            (scale * self.rng.standard_normal(shape)).astype(np.float32)
+        x = self.xt.tensor(arr, dtype=dtype, device=self.device)
+        t = self.torch.from_numpy(np.ascontiguousarray(arr)).to(self.device, getattr(self.torch, dtype))
+        if grad:
+            x.requires_grad = True
+            t.requires_grad_(True)
+        return x, t
+
+    def ids(self, n, high):
+        arr = self.rng.integers(0, high, size=(n,), dtype=np.int64)
+        return (self.xt.tensor(arr, device=self.device),
+                self.torch.from_numpy(arr).to(self.device))
+
+    # timing
+    def time_xt(self, fn):
+        return common.time_call(fn, lambda: common.xt_sync(self.device), warmup=self.args.warmup,
+                                repeats=self.args.steps, target_s=self.args.target_ms / 1e3)
+
+    def time_torch(self, fn):
+        return common.time_call(fn, lambda: common.torch_sync(self.device), warmup=self.args.warmup,
+                                repeats=self.args.steps, target_s=self.args.target_ms / 1e3)
+
+    def xt_modes(self, f, leaves, seed=None):
+        """{'fwd': no-grad call, 'fwd+bwd': call + backward} for an xtrain op f()."""
+        xt = self.xt
+
+        def fwd():
+            with xt.no_grad():
+                f()
+
+        def fwd_bwd():
+            for leaf in leaves:
+                leaf.grad = None
+            y = f()
+            if seed is None:
+                y.backward()
+            else:
+                y.backward_seeded(seed)
+        return {"fwd": fwd, "fwd+bwd": fwd_bwd}
+
+    def torch_modes(self, f, leaves, seed=None):
+        torch = self.torch
+
+        def fwd():
+            with torch.no_grad():
+                f()
+
+        def fwd_bwd():
+            for leaf in leaves:
+                leaf.grad = None
+            y = f()
+            y.backward(seed)
+        return {"fwd": fwd, "fwd+bwd": fwd_bwd}
+
+    def record(self, op, shape, framework, modes, work, unit, ctx=None):
+        """Time each mode; work: mode -> FLOPs or bytes per call; unit 'TFLOP/s' or 'GB/s'."""
+        row = {"op": op, "shape": shape, "framework": framework, "unit": unit}
+        for mode, fn in modes.items():
+            try:
+                if ctx is not None:
+                    with ctx():
+                        t = self.time_torch(fn) if framework != "xtrain" else self.time_xt(fn)
+                else:
+                    t = self.time_torch(fn) if framework != "xtrain" else self.time_xt(fn)
+            except Exception as e:  # an op missing on this device/backend is reported, not fatal
+                row[f"{mode}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                print(f"  {op} {framework} {mode}: {row[f'{mode}_error']}")
+                continue
+            row[f"{mode}_ms"] = t["ms"]
+            row[f"{mode}_ms_min"] = t["ms_min"]
+            rate = work[mode] / (t["ms"] / 1e3)
+            row[f"{mode}_rate"] = rate / (1e12 if unit == "TFLOP/s" else 1e9)
+            row[f"{mode}_work"] = work[mode]
+        self.rows.append(row)
+        return row
+
+
+# ---- the cases
+
+def case_matmul(b: Bench, n: int):
+    xt, torch = b.xt, b.torch
+    for dtype in ("bfloat16", "float32"):
+        xa, ta = b.pair((n, n), dtype)
+        xb, tb = b.pair((n, n), dtype)
+        work = {"fwd": 2.0 * n**3}
+        op = f"matmul {dtype}"
+
+        def xfwd():
+            with xt.no_grad():
+                xt.ops.matmul(xa, xb)
+
+        def tfwd():
+            with torch.no_grad():
+                torch.matmul(ta, tb)
+        b.record(op, [n, n, n], "xtrain", {"fwd": xfwd}, work, "TFLOP/s")
+        b.record(op, [n, n, n], "torch", {"fwd": tfwd}, work, "TFLOP/s")
+        del xa, xb, ta, tb
+
+
+def case_linear(b: Bench, cfg, N: int):
+    xt, F = b.xt, b.torch.nn.functional
+    inner = cfg.n_heads * cfg.head_dim
+    shapes = [("q/k/v", cfg.dim, inner), ("o_proj", inner, cfg.dim),
+              ("gate/up", cfg.dim, cfg.ffn_dim), ("down", cfg.ffn_dim, cfg.dim),
+              ("lm_head", cfg.dim, cfg.vocab_size)]
+    for name, k, n in shapes:
+        if name == "o_proj" and inner == cfg.dim:
+            continue  # same GEMM shapes as q/k/v
+        x, tx = b.pair((N, k), grad=True)
+        w, tw = b.pair((n, k), grad=True, scale=1 / math.sqrt(k))
+        gy, tgy = b.pair((N, n))
+        work = {"fwd": 2.0 * N * k * n, "fwd+bwd": 6.0 * N * k * n}
+        op, shape = f"linear {name}", [N, k, n]
+        b.record(op, shape, "xtrain", b.xt_modes(lambda: xt.ops.linear(x, w), [x, w], gy), work, "TFLOP/s")
+        b.record(op, shape, "torch", b.torch_modes(lambda: F.linear(tx, tw), [tx, tw], tgy), work,
+                 "TFLOP/s")
+
+
+def case_sdpa(b: Bench, cfg, B: int, S: int):
+    xt, torch = b.xt, b.torch
+    F = torch.nn.functional
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    H, D = cfg.n_heads, cfg.head_dim
+    shape = [B, H, S, D]
+    q, tq = b.pair(shape, grad=True)
+    k, tk = b.pair(shape, grad=True)
+    v, tv = b.pair(shape, grad=True)
+    g, tg = b.pair(shape)
+    fwd = 2.0 * B * H * S * S * D
+    work = {"fwd": fwd, "fwd+bwd": 3 * fwd}
+    scale = 1.0 / math.sqrt(D)
+    b.record("sdpa causal", shape, "xtrain",
+             b.xt_modes(lambda: xt.ops.sdpa(q, k, v, causal=True, scale=scale), [q, k, v], g),
+             work, "TFLOP/s")
+    for name, backend in (("torch flash", SDPBackend.FLASH_ATTENTION),
+                          ("torch math", SDPBackend.MATH)):
+        b.record("sdpa causal", shape, name,
+                 b.torch_modes(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True,
+                                                                      scale=scale),
+                               [tq, tk, tv], tg),
+                 work, "TFLOP/s", ctx=lambda backend=backend: sdpa_kernel(backend))
+
+
+def case_rms_norm(b: Bench, cfg, B: int, S: int):
+    import torch_reference
+
+    xt, F = b.xt, b.torch.nn.functional
+    es = 4 if b.args.fp32 else BF16_BYTES
+    eps = cfg.norm_eps
+    for name, shape in (("rms_norm", [B * S, cfg.dim]),
+                        ("rms_norm q/k", [B, S, cfg.n_heads, cfg.head_dim])):
+        d = shape[-1]
+        x, tx = b.pair(shape, grad=True)
+        w, tw = b.pair((d,), dtype="float32", grad=True,
+                       array=(1 + 0.1 * b.rng.standard_normal(d)).astype(np.float32))
+        g, tg = b.pair(shape)
+        size = math.prod(shape) * es
+        work = {"fwd": 2.0 * size, "fwd+bwd": 5.0 * size}
+        b.record(name, shape, "xtrain", b.xt_modes(lambda: xt.ops.rms_norm(x, w, eps), [x, w], g),
+                 work, "GB/s")
+        b.record(name, shape, "torch eager (reference formula)",
+                 b.torch_modes(lambda: torch_reference.rms_norm(tx, tw, eps), [tx, tw], tg),
+                 work, "GB/s")
+        b.record(name, shape, "torch F.rms_norm",
+                 b.torch_modes(lambda: F.rms_norm(tx, (d,), tw.to(tx.dtype), eps), [tx, tw], tg),
+                 work, "GB/s")
+
+
+def case_rope(b: Bench, cfg, B: int, S: int):
+    import torch_model
+
+    xt, torch = b.xt, b.torch
+    es = 4 if b.args.fp32 else BF16_BYTES
+    H, D = cfg.n_heads, cfg.head_dim
+    shape = [B, S, H, D]
+    x, tx = b.pair(shape, grad=True)
+    g, tg = b.pair(shape)
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=b.device) / D))
+    ang = torch.outer(torch.arange(S, dtype=torch.float32, device=b.device), inv_freq)
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :]
+    size = math.prod(shape) * es
+    work = {"fwd": 2.0 * size, "fwd+bwd": 4.0 * size}
+    b.record("rope", shape, "xtrain",
+             b.xt_modes(lambda: xt.ops.rope(x, theta=cfg.rope_theta), [x], g), work, "GB/s")
+    b.record("rope", shape, "torch eager",
+             b.torch_modes(lambda: torch_model.rope(tx, cos, sin), [tx], tg), work, "GB/s")
+
+
+def case_swiglu(b: Bench, cfg, N: int):
+    xt, F = b.xt, b.torch.nn.functional
+    es = 4 if b.args.fp32 else BF16_BYTES
+    shape = [N, cfg.ffn_dim]
+    gt, tgt = b.pair(shape, grad=True)
+    up, tup = b.pair(shape, grad=True)
+    g, tg = b.pair(shape)
+    size = math.prod(shape) * es
+    work = {"fwd": 3.0 * size, "fwd+bwd": 8.0 * size}
+    b.record("swiglu", shape, "xtrain", b.xt_modes(lambda: xt.ops.swiglu(gt, up), [gt, up], g),
+             work, "GB/s")
+    b.record("swiglu", shape, "torch eager",
+             b.torch_modes(lambda: F.silu(tgt) * tup, [tgt, tup], tg), work, "GB/s")
+
+
+def case_cross_entropy(b: Bench, cfg, N: int):
+    xt, F = b.xt, b.torch.nn.functional
+    es = 4 if b.args.fp32 else BF16_BYTES
+    V = cfg.vocab_size
+    shape = [N, V]
+    logits, tlogits = b.pair(shape, grad=True, scale=2.0)
+    t, tt = b.ids(N, V)
+    size = N * V * es
+    work = {"fwd": 1.0 * size, "fwd+bwd": 3.0 * size}
+    b.record("cross_entropy", shape, "xtrain",
+             b.xt_modes(lambda: xt.ops.cross_entropy(logits, t), [logits]), work, "GB/s")
+    b.record("cross_entropy", shape, "torch (logits.float())",
+             b.torch_modes(lambda: F.cross_entropy(tlogits.float(), tt), [tlogits]), work, "GB/s")
+    b.record("cross_entropy", shape, "torch (direct)",
+             b.torch_modes(lambda: F.cross_entropy(tlogits, tt), [tlogits]), work, "GB/s")
+
+
+def case_embedding(b: Bench, cfg, N: int):
+    xt, F = b.xt, b.torch.nn.functional
+    V, d = cfg.vocab_size, cfg.dim
+    w, tw = b.pair((V, d), dtype="float32", grad=True, scale=0.02)
+    ids, tids = b.ids(N, V)
+    g, tg = b.pair((N, d), dtype="float32")
+    fwd = 2.0 * N * d * 4
+    work = {"fwd": fwd, "fwd+bwd": fwd + N * d * 4 + V * d * 4}
+    b.record("embedding", [V, d, N], "xtrain",
+             b.xt_modes(lambda: xt.ops.embedding(w, ids), [w], g), work, "GB/s")
+    b.record("embedding", [V, d, N], "torch",
+             b.torch_modes(lambda: F.embedding(tids, tw), [tw], tg), work, "GB/s")
+
+
+def block_shapes(cfg):
+    inner = cfg.n_heads * cfg.head_dim
+    one = [(cfg.dim,), (inner, cfg.dim), (inner, cfg.dim), (inner, cfg.dim), (cfg.dim, inner),
+           (cfg.head_dim,), (cfg.head_dim,), (cfg.dim,), (cfg.ffn_dim, cfg.dim),
+           (cfg.ffn_dim, cfg.dim), (cfg.dim, cfg.ffn_dim)]
+    return one * cfg.n_layers
+
+
+def case_optim(b: Bench, cfg):
+    xt, torch = b.xt, b.torch
+    shapes = block_shapes(cfg)
+    n_params = sum(math.prod(s) for s in shapes)
+    xp, tp = [], []
+    for s in shapes:  # random values, created on the device (the host copy would be slow)
+        tp.append(torch.nn.Parameter(0.02 * torch.randn(s, device=b.device)))
+        tp[-1].grad = 1e-3 * torch.randn(s, device=b.device)
+        xp.append(xt.tensor(tp[-1].detach().cpu().numpy(), device=b.device))
+    xg = [xt.tensor(p.grad.cpu().numpy(), device=b.device) for p in tp]
+    xm = [xt.zeros(tuple(s), dtype="float32", device=b.device) for s in shapes]
+    xv = [xt.zeros(tuple(s), dtype="float32", device=b.device) for s in shapes]
+    state = {"step": 0}
+
+    def xt_adamw():
+        state["step"] += 1
+        xt._C.optim.adamw_step(xp, xg, xm, xv, 3e-4, 0.9, 0.95, 1e-8, 0.1, state["step"])
+    shape = [n_params, len(shapes)]
+    work = {"step": 28.0 * n_params}
+    b.record("adamw", shape, "xtrain", {"step": xt_adamw}, work, "GB/s")
+    for name, kw in (("torch fused", {"fused": True}), ("torch foreach", {"foreach": True})):
+        if kw.get("fused") and not common.is_cuda(b.device):
+            kw = {"foreach": False}
+            name = "torch for-loop"
+        opt = torch.optim.AdamW(tp, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, **kw)
+        b.record("adamw", shape, name, {"step": opt.step}, work, "GB/s")
+        del opt
+
+    work = {"step": 12.0 * n_params}
+
+    def xt_clip():
+        norm = xt._C.optim.global_norm(xg)
+        xt._C.optim.clip_by_norm_(xg, norm, 1e6)  # a large max_norm: the values stay put
+    b.record("clip_grad_norm", shape, "xtrain", {"step": xt_clip}, work, "GB/s")
+    b.record("clip_grad_norm", shape, "torch foreach",
+             {"step": lambda: torch.nn.utils.clip_grad_norm_(tp, 1e6, foreach=True)}, work, "GB/s")
+    return n_params
+
+
+CASES = ("matmul", "linear", "sdpa", "rms_norm", "rope", "swiglu", "cross_entropy", "embedding",
+         "optim")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device, _ = common.resolve_device(args.device)
+    common.setup_torch(device)
+    from xtrain.models import config_for
+
+    cfg = config_for(args.preset, args.vocab)
+    B, S, N = args.batch, args.seq, args.batch * args.seq
+    only = [c for c in args.only.split(",") if c] or list(CASES)
+    unknown = sorted(set(only) - set(CASES))
+    if unknown:
+        raise SystemExit(f"--only: unknown {unknown}; choose from {', '.join(CASES)}")
+    print(f"ops: {args.preset} shapes, B={B} S={S} N={N}, dim={cfg.dim} ffn={cfg.ffn_dim} "
+          f"H={cfg.n_heads} D={cfg.head_dim} V={cfg.vocab_size}, "
+          f"{'float32' if args.fp32 else 'bf16'} activations, {device}", flush=True)
+    b = Bench(args, device)
+    extra = {}
+    for name in only:
+        print(f"- {name}", flush=True)
+        if name == "matmul":
+            case_matmul(b, args.gemm_size)
+        elif name == "linear":
+            case_linear(b, cfg, N)
+        elif name == "sdpa":
+            case_sdpa(b, cfg, B, S)
+        elif name == "rms_norm":
+            case_rms_norm(b, cfg, B, S)
+        elif name == "rope":
+            case_rope(b, cfg, B, S)
+        elif name == "swiglu":
+            case_swiglu(b, cfg, N)
+        elif name == "cross_entropy":
+            case_cross_entropy(b, cfg, N)
+        elif name == "embedding":
+            case_embedding(b, cfg, N)
+        elif name == "optim":
+            extra["optim_params"] = case_optim(b, cfg)
+        common.free_xtrain(device)
+        common.free_torch(device)
+
+    ceilings = summarize(b.rows, device)
+    payload = {"benchmark": "ops", "env": common.env_info(device),
+               "args": {k: v for k, v in vars(args).items() if k != "out"},
+               "model": cfg.to_dict(), "ceilings": ceilings, **extra, "rows": b.rows}
+    common.write_json(common.result_name(f"ops-{args.preset}", args.tag), payload, args.out)
+    return payload
+
+
+def summarize(rows, device) -> dict:
+    """Print one line per (op, framework) with the speed-up against xtrain; return the measured
+    matmul ceilings."""
+    cuda = common.is_cuda(device)
+    table = []
+    xt_rows = {(r["op"], str(r["shape"])): r for r in rows if r["framework"] == "xtrain"}
+    for r in rows:
+        xr = xt_rows.get((r["op"], str(r["shape"])))
+        for mode in ("fwd", "fwd+bwd", "step"):
+            if f"{mode}_ms" not in r and f"{mode}_error" not in r:
+                continue
+            line = {"op": r["op"], "mode": mode, "framework": r["framework"],
+                    "shape": "x".join(map(str, r["shape"])), "ms": r.get(f"{mode}_ms"),
+                    "rate": r.get(f"{mode}_rate"), "unit": r["unit"]}
+            ceiling = (common.BF16_PEAK_FLOPS / 1e12 if r["unit"] == "TFLOP/s"
+                       else common.COPY_BANDWIDTH / 1e9)
+            if cuda and line["rate"] is not None and (r["unit"] == "GB/s" or "float32" not in r["op"]):
+                line["of_ceiling"] = line["rate"] / ceiling
+            if r is not xr and xr is not None and xr.get(f"{mode}_ms") and line["ms"]:
+                r[f"{mode}_xtrain_speedup"] = line["speedup"] = line["ms"] / xr[f"{mode}_ms"]
+            if line["ms"] is None:
+                line["framework"] += " (" + r[f"{mode}_error"][:40] + ")"
+            table.append(line)
+    print()
+    common.print_table(table, [("op", "op", ""), ("shape", "shape", ""), ("mode", "mode", ""),
+                               ("framework", "framework", ""), ("ms", "ms", ".4f"),
+                               ("rate", "rate", ".1f"), ("unit", "unit", ""),
+                               ("of_ceiling", "of ceiling", ".0%"),
+                               ("speedup", "xtrain speedup", ".2f")])
+    ceilings = {"bf16_flops_gpu_md": common.BF16_PEAK_FLOPS, "copy_bytes_s_gpu_md": common.COPY_BANDWIDTH}
+    for r in rows:
+        if r["op"].startswith("matmul") and r.get("fwd_rate"):
+            key = f"{r['op'].split()[1]}_matmul_{r['framework']}_tflops"
+            ceilings[key] = r["fwd_rate"]
+    if ceilings.get("bfloat16_matmul_torch_tflops"):
+        n = next(r["shape"][0] for r in rows if r["op"].startswith("matmul"))
+        print(f"\nbf16 matmul {n}^3: torch "
+              f"{ceilings['bfloat16_matmul_torch_tflops']:.0f}, xtrain "
+              f"{ceilings.get('bfloat16_matmul_xtrain_tflops') or 0:.0f} TFLOP/s "
+              f"(GPU.md ceiling {common.BF16_PEAK_FLOPS / 1e12:.0f}); float32: torch "
+              f"{ceilings.get('float32_matmul_torch_tflops') or 0:.1f}, xtrain "
+              f"{ceilings.get('float32_matmul_xtrain_tflops') or 0:.1f} TFLOP/s")
+    return ceilings
+
+
+if __name__ == "__main__":
+    main()

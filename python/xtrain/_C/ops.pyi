@@ -1,0 +1,144 @@
+"""
+Differentiable ops (xtrain.ops re-exports these)
+"""
+from __future__ import annotations
+import collections.abc
+import typing
+import xtrain._C
+__all__: list[str] = ['add', 'add_scalar', 'cast', 'cross_entropy', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'linear', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'transpose', 'view']
+def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    a + b (numpy broadcasting)
+    """
+def add_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
+    """
+    x + s
+    """
+def cast(x: xtrain._C.Tensor, dtype: typing.Any) -> xtrain._C.Tensor:
+    """
+    x in another dtype; the gradient comes back in x's dtype
+    """
+def cross_entropy(logits: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100) -> xtrain._C.Tensor:
+    """
+    Mean cross-entropy of logits [N, V] against int targets [N], skipping ignore_index; float32 scalar
+    """
+def div(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    a / b (numpy broadcasting)
+    """
+def div_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
+    """
+    x / s
+    """
+def dropout(x: xtrain._C.Tensor, p: typing.SupportsFloat | typing.SupportsIndex, training: bool = True, generator: xtrain._C.Generator = None) -> xtrain._C.Tensor:
+    """
+    Zero elements with probability p and scale the rest by 1/(1-p); identity when not training
+    """
+def embedding(weight: xtrain._C.Tensor, ids: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    Rows of weight [vocab, dim] picked by integer ids (IndexError when out of range)
+    """
+def exp(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    e ** x
+    """
+def linear(x: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    x @ weight^T, weight is [out, in]
+    """
+def log(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    Natural logarithm
+    """
+def log_softmax(x: xtrain._C.Tensor, dim: typing.SupportsInt | typing.SupportsIndex = -1) -> xtrain._C.Tensor:
+    """
+    Log-softmax over the last dim (computed in float32 for bf16)
+    """
+def matmul(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    a @ b: 2-D, batched 3-D, or [..., K] @ [K, N]
+    """
+def mean(x: xtrain._C.Tensor, dim: typing.SupportsInt | typing.SupportsIndex | None = None, keepdim: bool = False) -> xtrain._C.Tensor:
+    """
+    Mean over all elements (dim=None) or the last dimension (dim=-1)
+    """
+def mul(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    a * b (numpy broadcasting)
+    """
+def mul_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
+    """
+    x * s
+    """
+def neg(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    -x
+    """
+def permute(x: xtrain._C.Tensor, dims: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> xtrain._C.Tensor:
+    """
+    Reorder dimensions (a copy)
+    """
+def pow_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
+    """
+    x ** s
+    """
+def rdiv_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
+    """
+    s / x
+    """
+def reshape(x: xtrain._C.Tensor, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> xtrain._C.Tensor:
+    """
+    Same data in a new shape (shares storage; one -1 is inferred)
+    """
+def rms_norm(x: xtrain._C.Tensor, weight: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06) -> xtrain._C.Tensor:
+    """
+    RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight (weight [D], x's dtype or float32)
+    """
+def rope(x: xtrain._C.Tensor, positions: xtrain._C.Tensor | None = None, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0) -> xtrain._C.Tensor:
+    """
+    Rotary embedding (rotate-half) on x [B, S, H, D]; positions int64 [S], default 0..S-1
+    """
+def rsub_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
+    """
+    s - x
+    """
+def sdpa(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, causal: bool = True, scale: typing.SupportsFloat | typing.SupportsIndex | None = None) -> xtrain._C.Tensor:
+    """
+    Scaled dot-product attention on q, k, v [B, H, S, D]; scale None means 1/sqrt(D)
+    """
+def silu(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    x * sigmoid(x)
+    """
+def softmax(x: xtrain._C.Tensor, dim: typing.SupportsInt | typing.SupportsIndex = -1) -> xtrain._C.Tensor:
+    """
+    Softmax over the last dim (computed in float32 for bf16)
+    """
+def sqrt(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    Square root
+    """
+def sub(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    a - b (numpy broadcasting)
+    """
+def sum(x: xtrain._C.Tensor, dim: typing.SupportsInt | typing.SupportsIndex | None = None, keepdim: bool = False) -> xtrain._C.Tensor:
+    """
+    Sum over all elements (dim=None) or the last dimension (dim=-1)
+    """
+def swiglu(gate: xtrain._C.Tensor, up: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    silu(gate) * up (fused)
+    """
+def to(x: xtrain._C.Tensor, device: typing.Any = None, dtype: typing.Any = None) -> xtrain._C.Tensor:
+    """
+    Differentiable copy to another device and/or dtype (x itself when nothing changes)
+    """
+def transpose(x: xtrain._C.Tensor, dim0: typing.SupportsInt | typing.SupportsIndex, dim1: typing.SupportsInt | typing.SupportsIndex) -> xtrain._C.Tensor:
+    """
+    Swap two dimensions (a copy)
+    """
+def view(x: xtrain._C.Tensor, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> xtrain._C.Tensor:
+    """
+    Alias of reshape (shares storage)
+    """

@@ -1,0 +1,482 @@
+"""Data-parallel training on the GPUs of one machine: one Python process, one thread per GPU.
+
+    def work(ctx):                                    # runs once per GPU, each in its own thread
+        model = TinyTransformer(config, device=ctx.device)
+        broadcast_parameters(model.parameters(), ctx)  # every rank starts from rank 0's weights
+        for step in range(steps):
+            ctx.check()                                # stop promptly when another rank failed
+            _, loss = model(*batch_for(ctx.rank))
+            loss.backward()
+            all_reduce_gradients(model.parameters(), ctx)   # average: every rank steps alike
+            ...
+    results = launch(work, devices="all")             # [work(ctx) of rank 0, of rank 1, ...]
+
+Design (docs/distributed.md has the why):
+- launch() creates one NCCL communicator for all the devices (xtrain._C.dist.Communicator), starts
+  one thread per device, makes that device the thread's current one (xtrain.cuda.set_device) and
+  calls fn(ctx). Every op releases the GIL while it runs, and each (thread, device) pair has its
+  own stream and cuBLAS handle, so the GPUs run side by side; Python itself runs one thread at a
+  time, which only costs what the host spends between launches.
+- Collectives run on the rank's stream, asynchronously: all_reduce_gradients is one NCCL launch
+  for all the gradients (large ones reduced in place, small ones packed into one buffer).
+- Failure: when fn raises on one rank, launch() sets a shared stop flag (ctx.check() raises
+  RankStopped on the other ranks) and aborts the communicator, so a rank blocked in NCCL, or on
+  a stream waiting for NCCL, returns; every thread is joined with a timeout and launch() raises
+  the original exception. A collective that never completes (a rank gone, mismatched calls)
+  aborts the communicator after `timeout` seconds (the communicator's watchdog), so nothing
+  waits forever.
+- Each rank synchronises its device before its thread ends, so tensors fn returns are complete
+  when launch() returns them.
+
+train_data_parallel(cfg, devices) is `xtrain train --devices N`: the training loop of
+xtrain.train on every rank, with rank-disjoint data, averaged gradients and rank 0 alone writing
+logs, checkpoints, the plot and the sample.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import xtrain
+from xtrain import _C
+
+# A collective unfinished this long after it was queued aborts every rank (PyTorch's default).
+# Longer than anything a healthy run waits for: rank 0 writing a checkpoint while the other ranks
+# already wait in the next step's all-reduce.
+DEFAULT_TIMEOUT = 600.0
+# After a rank failed, how long launch() waits for the others to stop before it gives up on them.
+# They stop at their next ctx.check() or NCCL call, which the abort makes fail at once.
+DEFAULT_STOP_TIMEOUT = 30.0
+
+
+class RankStopped(RuntimeError):
+    """Raised in a rank by ctx.check() when another rank failed and the run is stopping."""
+
+
+@dataclass
+class RankContext:
+    """What fn(ctx) gets on each rank's thread."""
+    rank: int
+    world_size: int
+    device: str                       # "cuda:N", already this thread's current device
+    comm: Any                         # xtrain._C.dist.RankComm: this rank's collectives
+    _launch: "_Launch" = field(repr=False)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that logs, evaluates output and saves."""
+        return self.rank == 0
+
+    @property
+    def device_index(self) -> int:
+        return int(self.device.split(":")[1])
+
+    def should_stop(self) -> bool:
+        return self._launch.stop.is_set()
+
+    def check(self) -> None:
+        """Raise RankStopped when another rank has failed (call it between steps)."""
+        if self._launch.stop.is_set():
+            origin = self._launch.origin
+            raise RankStopped(f"rank {self.rank} stopped because rank {origin} failed"
+                              if origin is not None else f"rank {self.rank} stopped")
+
+    def all_reduce(self, tensors, op: str = "avg") -> None:
+        """In-place all-reduce of float32/bf16 tensors on this rank's device (asynchronous)."""
+        self.comm.all_reduce(_as_list(tensors), op)
+
+    def broadcast(self, tensors, root: int = 0) -> None:
+        self.comm.broadcast(_as_list(tensors), root)
+
+    def barrier(self) -> None:
+        """Sync point: returns once every rank got here."""
+        self.comm.barrier()
+
+
+# ---- launching
+
+def is_available() -> bool:
+    """True when launch() can run here: an NCCL build and at least one visible GPU."""
+    return bool(_C.dist.is_available()) and xtrain.cuda.is_available()
+
+
+def resolve_devices(devices, available: int | None = None) -> list[int]:
+    """"all" -> every visible GPU; N (int) -> the first N; a sequence of indices or "cuda:N"
+    strings -> those. `available` is the number of visible GPUs (default: xtrain.cuda's count)."""
+    if available is None:
+        available = xtrain.cuda.device_count()
+    if isinstance(devices, str) and devices.strip().lower() == "all":
+        if available == 0:
+            raise RuntimeError("devices='all' but no CUDA device is visible")
+        return list(range(available))
+    if isinstance(devices, bool):
+        raise TypeError(f"devices must be 'all', an int or a list of device indices, got {devices!r}")
+    if isinstance(devices, int):
+        if devices < 1:
+            raise ValueError(f"devices must be >= 1, got {devices}")
+        if devices > available:
+            raise RuntimeError(f"{devices} GPUs requested but {available} visible")
+        return list(range(devices))
+    if isinstance(devices, str) or not isinstance(devices, Sequence) or not devices:
+        raise TypeError(f"devices must be 'all', an int or a non-empty list of device indices, "
+                        f"got {devices!r}")
+    out = []
+    for d in devices:
+        if isinstance(d, str) and d.startswith("cuda:"):
+            d = d[len("cuda:"):]
+        try:
+            idx = int(d)
+        except (TypeError, ValueError):
+            raise TypeError(f"devices: {d!r} is not a device index or 'cuda:N'") from None
+        if not 0 <= idx < available:
+            raise RuntimeError(f"devices: cuda:{idx} requested but {available} GPU(s) visible")
+        if idx in out:
+            raise ValueError(f"devices: cuda:{idx} appears twice (one rank per GPU)")
+        out.append(idx)
+    return out
+
+
+def launch(fn: Callable[[RankContext], Any], devices="all", *, timeout: float = DEFAULT_TIMEOUT,
+           stop_timeout: float = DEFAULT_STOP_TIMEOUT) -> list:
+    """Run fn(ctx) on one thread per GPU; return [result of rank 0, rank 1, ...].
+
+    If any rank raises, every rank is stopped (stop flag + communicator abort) and the first
+    exception is raised here, with its traceback. `timeout`: seconds a collective may stay
+    unfinished before the communicator aborts; `stop_timeout`: seconds to wait for the other
+    ranks once one has failed."""
+    require_available()
+    devs = resolve_devices(devices)
+    # GPU.md: NVLink multicast (NVLS) must stay off on the shared multi-GPU machines.
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    comm = _C.dist.Communicator(devs, float(timeout))
+    return _Launch(comm, devs, stop_timeout).run(fn)
+
+
+def require_available() -> None:
+    """RuntimeError saying why launch() cannot run here (no NCCL in this build, or no GPU)."""
+    if not _C.dist.is_available():
+        raise RuntimeError(f"xtrain.distributed.launch: {_C.dist.UNAVAILABLE_REASON}")
+    if not xtrain.cuda.is_available():
+        raise RuntimeError("xtrain.distributed.launch needs CUDA GPUs, but none is usable here "
+                           f"(xtrain.cuda.is_available() is False: {xtrain.cuda.runtime_info()})")
+
+
+class _Launch:
+    """One launch: the threads, the stop flag and what each rank returned or raised. The
+    communicator only needs rank(r), abort(reason) and close(), so the failure handling is
+    testable without GPUs."""
+
+    def __init__(self, comm, devices: list[int], stop_timeout: float):
+        self.comm, self.devices, self.stop_timeout = comm, devices, float(stop_timeout)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.origin: int | None = None       # the rank that failed first
+        n = len(devices)
+        self.results: list = [None] * n
+        self.errors: list[BaseException | None] = [None] * n
+
+    def run(self, fn) -> list:
+        threads = [threading.Thread(target=self._rank_main, args=(fn, r), name=f"xtrain-rank{r}",
+                                    daemon=True)  # daemon: a rank that never stops cannot block exit
+                   for r in range(len(self.devices))]
+        for t in threads:
+            t.start()
+        try:
+            stuck = self._join(threads)
+        except BaseException as e:  # KeyboardInterrupt in the caller's thread
+            self._fail(None, e)
+            stuck = self._join(threads)
+            self._add_note(e, stuck)
+            raise
+        if self.origin is not None:
+            err = self.errors[self.origin]
+            self._add_note(err, stuck)
+            raise err
+        self.comm.close()  # every rank finished: orderly teardown
+        return self.results
+
+    def _rank_main(self, fn, rank: int) -> None:
+        device = f"cuda:{self.devices[rank]}"
+        try:
+            self.enter_device(self.devices[rank])
+            ctx = RankContext(rank, len(self.devices), device, self.comm.rank(rank), self)
+            self.results[rank] = fn(ctx)
+            self.leave_device(self.devices[rank])  # sync point: results are complete on return
+        except BaseException as e:
+            self.errors[rank] = e
+            self._fail(rank, e)
+            try:
+                self.leave_device(self.devices[rank])  # after the abort this returns promptly
+            except Exception:
+                pass
+
+    def enter_device(self, index: int) -> None:
+        xtrain.cuda.set_device(index)
+
+    def leave_device(self, index: int) -> None:
+        xtrain.cuda.synchronize(index)
+
+    def _fail(self, rank: int | None, e: BaseException) -> None:
+        with self.lock:
+            first = self.origin is None and not self.stop.is_set()
+            if first and rank is not None:
+                self.origin = rank
+            self.stop.set()
+        if first:
+            who = f"rank {rank} ({'cuda:%d' % self.devices[rank]})" if rank is not None else "the caller"
+            self.comm.abort(f"{who} raised {type(e).__name__}: {e}")
+
+    def _join(self, threads) -> list[int]:
+        """Wait for every rank; once one failed, wait at most stop_timeout for the rest.
+        Returns the ranks still running at the end."""
+        deadline = None
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.05)
+            if self.stop.is_set() and deadline is None:
+                deadline = time.monotonic() + self.stop_timeout
+            if deadline is not None and time.monotonic() > deadline:
+                break
+        return [r for r, t in enumerate(threads) if t.is_alive()]
+
+    def _add_note(self, err: BaseException, stuck: list[int]) -> None:
+        if not hasattr(err, "add_note"):  # Python < 3.11
+            return
+        if self.origin is not None:
+            err.add_note(f"(raised on rank {self.origin}, cuda:{self.devices[self.origin]}, "
+                         f"of {len(self.devices)}; the other ranks were stopped)")
+        if stuck:
+            err.add_note(f"ranks {stuck} did not stop within {self.stop_timeout:g} s and were left "
+                         f"running as daemon threads")
+
+
+# ---- helpers for the training step
+
+def broadcast_parameters(params, ctx: RankContext, root: int = 0) -> None:
+    """Overwrite every rank's parameters with rank `root`'s (once, before training)."""
+    params = list(params)
+    if not params:
+        raise ValueError("broadcast_parameters: no parameters")
+    ctx.comm.broadcast(params, root)
+
+
+def all_reduce_gradients(params, ctx: RankContext, extra=()) -> None:
+    """Average the gradients of `params` over the ranks, in place, in one NCCL launch. `extra`:
+    more float32/bf16 tensors to average in the same launch (the step's detached loss, say).
+    Every parameter needs a gradient: ranks must reduce the same list."""
+    grads = []
+    for i, p in enumerate(params):
+        g = p.grad
+        if g is None:
+            raise ValueError(f"all_reduce_gradients: parameter {i} (shape {tuple(p.shape)}) has no "
+                             f"gradient on rank {ctx.rank}; every rank must reduce the same tensors")
+        grads.append(g)
+    ctx.comm.all_reduce(grads + list(extra), "avg")
+
+
+def _as_list(tensors) -> list:
+    return [tensors] if isinstance(tensors, xtrain.Tensor) else list(tensors)
+
+
+# ---- the training loop on several GPUs (`xtrain train --devices N`)
+
+def train_data_parallel(cfg, devices="all", *, timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """xtrain.train.train(cfg) on several GPUs with the same global batch semantics as one GPU:
+    each rank takes cfg.batch sequences of every global step (global batch = batch x GPUs),
+    gradients are averaged before clipping and AdamW, so every rank holds the same model. The
+    data are prepared, and the checkpoint read, once on the calling thread."""
+    from xtrain import state as ckpt_state
+    from xtrain import train as single
+
+    devs = resolve_devices(devices)
+    if cfg.device not in ("auto", "cuda"):
+        raise ValueError(f"--device {cfg.device} picks one device; with --devices the GPUs are "
+                         f"cuda:{', cuda:'.join(map(str, devs))}")
+    require_available()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = ckpt_state.load(cfg.resume) if cfg.resume else None
+    dataset = single.open_data(cfg.data, out, cfg.vocab_size, cfg.progress)
+    if ckpt is not None and ckpt.meta["tokenizer"]["fingerprint"] != dataset.tokenizer.fingerprint:
+        raise ckpt_state.CheckpointError(
+            f"{ckpt.path} was trained with tokenizer {ckpt.meta['tokenizer']['name']} "
+            f"({ckpt.meta['tokenizer']['fingerprint']}); the data in {dataset.path} uses "
+            f"{dataset.tokenizer.name} ({dataset.tokenizer.fingerprint})")
+    if ckpt is None:
+        xtrain.manual_seed(cfg.seed)  # process-wide: once, before the rank threads start
+    results = launch(lambda ctx: _train_rank(cfg, ctx, dataset, ckpt), devs, timeout=timeout)
+    return results[0]
+
+
+def _train_rank(cfg, ctx: RankContext, dataset, ckpt) -> dict | None:
+    """One rank of train_data_parallel: xtrain.train.train's loop, step for step."""
+    from xtrain import ops
+    from xtrain import state as ckpt_state
+    from xtrain import train as single
+    from xtrain.models import TinyTransformer, TransformerConfig, config_for
+    from xtrain.optim import AdamW, clip_grad_norm_, cosine_lr
+
+    t_start = time.time()
+    main, device, out = ctx.is_main, ctx.device, Path(cfg.out)
+    if cfg.memory_limit is not None:
+        xtrain.set_memory_limit(int(cfg.memory_limit), device)
+    tokenizer = dataset.tokenizer
+    # Rank-disjoint windows of the same global step (see xtrain.data.loader).
+    train_loader = dataset.loader("train", cfg.batch, cfg.seq, cfg.seed, ctx.rank, ctx.world_size)
+    val_loader = dataset.loader("val", cfg.batch, cfg.seq, cfg.seed, ctx.rank, ctx.world_size)
+
+    # ---- model: built alike on every rank (CPU-seeded init), then rank 0's weights broadcast
+    run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute, dropout=cfg.dropout)
+    if ckpt is None:
+        model_cfg = config_for(cfg.preset or "tiny", tokenizer.vocab_size, **run_flags)
+        model = TinyTransformer(model_cfg, device=device, seed=cfg.seed)
+    else:
+        if cfg.preset is not None:
+            wanted = config_for(cfg.preset, tokenizer.vocab_size, **run_flags)
+            if wanted != TransformerConfig.from_dict({**ckpt.config.to_dict(), **run_flags}):
+                raise ckpt_state.CheckpointError(
+                    f"--preset {cfg.preset} does not match the checkpoint's model "
+                    f"{ckpt.config.to_dict()}")
+        model = ckpt.build_model(device, **run_flags)
+        model_cfg = model.config
+    dataset.check_vocab(model_cfg.vocab_size)
+    if cfg.seq > model_cfg.max_seq:
+        raise ValueError(f"seq {cfg.seq} exceeds the model's max_seq {model_cfg.max_seq}")
+    params = model.parameters()
+    broadcast_parameters(params, ctx)
+    model.train()
+
+    # ---- optimizer: the same state on every rank (from the same checkpoint when resuming)
+    optimizer = AdamW(model.named_parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                      weight_decay=cfg.weight_decay)
+    step = 0
+    if ckpt is not None:
+        ckpt.load_optimizer(optimizer)
+        train_loader.load_state_dict(ckpt.loader_state)  # the global stream: same on every rank
+        if main:
+            ckpt.restore_rng()
+        step = ckpt.step
+    decay_steps = cfg.decay_steps or cfg.steps
+    min_lr = cfg.min_lr if cfg.min_lr is not None else cfg.lr / 10
+
+    # ---- logging (rank 0)
+    tokens_per_step = cfg.batch * cfg.seq * ctx.world_size
+    log_path = out / single.LOG_FILE
+    history = single._restart_log(log_path, step) if main else []
+    log_file = open(log_path, "a") if main else None
+    bar = single._progress(cfg, step) if main else None
+    if main:
+        print(f"xtrain: {model.num_parameters() / 1e6:.2f}M parameters "
+              f"({model_cfg.core_params() / 1e6:.2f}M in blocks), {ctx.world_size} GPUs "
+              f"({', '.join('cuda:%d' % d for d in ctx._launch.devices)}), "
+              f"{'bf16' if cfg.bf16 else 'fp32'}{', recompute' if cfg.recompute else ''}, "
+              f"{cfg.batch} x {ctx.world_size} sequences = {tokens_per_step} tokens/step, "
+              f"steps {step} -> {cfg.steps}", flush=True)
+
+    def emit(record: dict) -> None:
+        log_file.write(json.dumps(record) + "\n")
+        log_file.flush()
+        history.append(record)
+
+    def flush_pending() -> None:
+        # Every rank reads its previous step here, so no host runs more than a step ahead.
+        nonlocal pending, t_last
+        if pending is None:
+            return
+        p_step, p_loss, p_norm, p_lr = pending
+        # Sync point: the previous step's (rank-averaged) loss and grad norm come to the host.
+        loss_f, norm_f = p_loss.item(), p_norm.item()
+        pending = None
+        if not main:
+            return
+        now = time.time()
+        dt, t_last = now - t_last, now
+        mem_mb = single.memory_mb(device)
+        emit({"step": p_step, "loss": loss_f, "lr": p_lr, "grad_norm": norm_f,
+              "tok_s": tokens_per_step / dt, "ms": 1000 * dt, "mem_mb": mem_mb})
+        bar.set_postfix_str(f"loss {loss_f:.4f} | {tokens_per_step / dt:,.0f} tok/s | "
+                            f"{mem_mb:,.0f} MB")
+        bar.update(1)
+
+    def evaluate() -> float:
+        # Every rank evaluates its slice of each global eval batch; the mean over ranks is the
+        # one-GPU value of the same global batch.
+        model.eval()
+        total, n = None, 0
+        with xtrain.no_grad():
+            for x, y in val_loader.iter_eval(cfg.batch, cfg.seq, cfg.eval_batches):
+                _, loss = model(x, y)
+                total = loss if total is None else ops.add(total, loss)
+                n += 1
+        model.train()
+        ctx.all_reduce([total], "avg")
+        return total.item() / n  # sync point: one read per evaluation
+
+    def save() -> None:
+        ckpt_state.save(out / single.CKPT_DIR, model, optimizer, step,
+                        loader_state=train_loader.state_dict(), tokenizer=tokenizer,
+                        dataset=str(dataset.path), train_args=asdict(cfg))
+
+    # ---- the loop (xtrain.train.train's, plus the gradient all-reduce and the stop check)
+    pending, t_last = None, time.time()
+    val_loss = None
+    while step < cfg.steps:
+        ctx.check()
+        if cfg.eval_every > 0 and step % cfg.eval_every == 0:
+            flush_pending()
+            val_loss = evaluate()
+            if main:
+                emit({"step": step, "val_loss": val_loss})
+                bar.write(f"step {step}: val loss {val_loss:.4f}")
+            t_last = time.time()
+
+        lr = cosine_lr(step, cfg.lr, min_lr, cfg.warmup, decay_steps)
+        optimizer.lr = lr
+        x, y = train_loader.next_batch()              # this rank's int64 (B, S) each, on the host
+        _, loss = model(x, y)
+        loss.backward()
+        loss = loss.detach()
+        all_reduce_gradients(params, ctx, extra=[loss])  # grads and loss: the global-batch mean
+        grad_norm = clip_grad_norm_(params, cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        flush_pending()                               # read the previous step while this one runs
+        pending = (step, loss, grad_norm, lr)
+        step += 1
+
+        if cfg.save_every > 0 and step % cfg.save_every == 0 and step < cfg.steps:
+            flush_pending()
+            if main:
+                save()
+            t_last = time.time()
+    flush_pending()
+
+    # ---- wrap up: final eval on every rank; checkpoint, curve and sample on rank 0
+    if cfg.eval_every > 0:
+        val_loss = evaluate()
+        if main:
+            emit({"step": step, "val_loss": val_loss})
+    if not main:
+        return None
+    bar.close()
+    save()
+    log_file.close()
+    single.plot_losses(history, out / "loss.png")
+    sample = single.sample_text(model, tokenizer, cfg.sample_prompt, cfg.sample_tokens, seed=cfg.seed)
+    (out / "sample.txt").write_text(sample + "\n")
+    train_losses = [r["loss"] for r in history if "loss" in r]
+    summary = {"steps": step, "final_loss": train_losses[-1] if train_losses else None,
+               "first_loss": train_losses[0] if train_losses else None, "val_loss": val_loss,
+               "time_s": time.time() - t_start, "out": str(out), "sample": sample,
+               "devices": list(ctx._launch.devices)}
+    print(f"done: {step} steps in {summary['time_s']:.0f}s on {ctx.world_size} GPUs, train loss "
+          f"{single._fmt(summary['final_loss'])}, val loss {single._fmt(val_loss)}; checkpoint "
+          f"{out / single.CKPT_DIR}")
+    print(f"sample:\n{sample}", flush=True)
+    return summary
