@@ -156,11 +156,11 @@ class Bench:
 
 def case_matmul(b: Bench, n: int):
     xt, torch = b.xt, b.torch
-    for dtype in ("bfloat16", "float32"):
+
+    def one(dtype):
         xa, ta = b.pair((n, n), dtype)
         xb, tb = b.pair((n, n), dtype)
         work = {"fwd": 2.0 * n**3}
-        op = f"matmul {dtype}"
 
         def xfwd():
             with xt.no_grad():
@@ -169,28 +169,32 @@ def case_matmul(b: Bench, n: int):
         def tfwd():
             with torch.no_grad():
                 torch.matmul(ta, tb)
-        b.record(op, [n, n, n], "xtrain", {"fwd": xfwd}, work, "TFLOP/s")
-        b.record(op, [n, n, n], "torch", {"fwd": tfwd}, work, "TFLOP/s")
-        del xa, xb, ta, tb
+        b.record(f"matmul {dtype}", [n, n, n], "xtrain", {"fwd": xfwd}, work, "TFLOP/s")
+        b.record(f"matmul {dtype}", [n, n, n], "torch", {"fwd": tfwd}, work, "TFLOP/s")
+    for dtype in ("bfloat16", "float32"):
+        one(dtype)
 
 
 def case_linear(b: Bench, cfg, N: int):
     xt, F = b.xt, b.torch.nn.functional
     inner = cfg.n_heads * cfg.head_dim
-    shapes = [("q/k/v", cfg.dim, inner), ("o_proj", inner, cfg.dim),
-              ("gate/up", cfg.dim, cfg.ffn_dim), ("down", cfg.ffn_dim, cfg.dim),
-              ("lm_head", cfg.dim, cfg.vocab_size)]
-    for name, k, n in shapes:
-        if name == "o_proj" and inner == cfg.dim:
-            continue  # same GEMM shapes as q/k/v
+
+    def one(name, k, n):
         x, tx = b.pair((N, k), grad=True)
         w, tw = b.pair((n, k), grad=True, scale=1 / math.sqrt(k))
         gy, tgy = b.pair((N, n))
         work = {"fwd": 2.0 * N * k * n, "fwd+bwd": 6.0 * N * k * n}
         op, shape = f"linear {name}", [N, k, n]
-        b.record(op, shape, "xtrain", b.xt_modes(lambda: xt.ops.linear(x, w), [x, w], gy), work, "TFLOP/s")
+        b.record(op, shape, "xtrain", b.xt_modes(lambda: xt.ops.linear(x, w), [x, w], gy), work,
+                 "TFLOP/s")
         b.record(op, shape, "torch", b.torch_modes(lambda: F.linear(tx, tw), [tx, tw], tgy), work,
                  "TFLOP/s")
+    one("q/k/v", cfg.dim, inner)
+    if inner != cfg.dim:  # otherwise o_proj has the shapes of q/k/v
+        one("o_proj", inner, cfg.dim)
+    one("gate/up", cfg.dim, cfg.ffn_dim)
+    one("down", cfg.ffn_dim, cfg.dim)
+    one("lm_head", cfg.dim, cfg.vocab_size)
 
 
 def case_sdpa(b: Bench, cfg, B: int, S: int):
@@ -225,8 +229,8 @@ def case_rms_norm(b: Bench, cfg, B: int, S: int):
     xt, F = b.xt, b.torch.nn.functional
     es = 4 if b.args.fp32 else BF16_BYTES
     eps = cfg.norm_eps
-    for name, shape in (("rms_norm", [B * S, cfg.dim]),
-                        ("rms_norm q/k", [B, S, cfg.n_heads, cfg.head_dim])):
+
+    def one(name, shape):
         d = shape[-1]
         x, tx = b.pair(shape, grad=True)
         w, tw = b.pair((d,), dtype="float32", grad=True,
@@ -242,6 +246,8 @@ def case_rms_norm(b: Bench, cfg, B: int, S: int):
         b.record(name, shape, "torch F.rms_norm",
                  b.torch_modes(lambda: F.rms_norm(tx, (d,), tw.to(tx.dtype), eps), [tx, tw], tg),
                  work, "GB/s")
+    one("rms_norm", [B * S, cfg.dim])
+    one("rms_norm q/k", [B, S, cfg.n_heads, cfg.head_dim])
 
 
 def case_rope(b: Bench, cfg, B: int, S: int):
@@ -402,7 +408,7 @@ def main(argv=None):
         common.free_xtrain(device)
         common.free_torch(device)
 
-    ceilings = summarize(b.rows, device)
+    ceilings = summarize(b.rows, device, args.fp32)
     payload = {"benchmark": "ops", "env": common.env_info(device),
                "args": {k: v for k, v in vars(args).items() if k != "out"},
                "model": cfg.to_dict(), "ceilings": ceilings, **extra, "rows": b.rows}
@@ -410,9 +416,10 @@ def main(argv=None):
     return payload
 
 
-def summarize(rows, device) -> dict:
+def summarize(rows, device, fp32: bool) -> dict:
     """Print one line per (op, framework) with the speed-up against xtrain; return the measured
-    matmul ceilings."""
+    matmul ceilings. "of ceiling": GB/s over 4.3 TB/s, bf16 TFLOP/s over 790 (float32 GEMMs have
+    their own ceiling: the measured float32 matmul)."""
     cuda = common.is_cuda(device)
     table = []
     xt_rows = {(r["op"], str(r["shape"])): r for r in rows if r["framework"] == "xtrain"}
@@ -426,7 +433,8 @@ def summarize(rows, device) -> dict:
                     "rate": r.get(f"{mode}_rate"), "unit": r["unit"]}
             ceiling = (common.BF16_PEAK_FLOPS / 1e12 if r["unit"] == "TFLOP/s"
                        else common.COPY_BANDWIDTH / 1e9)
-            if cuda and line["rate"] is not None and (r["unit"] == "GB/s" or "float32" not in r["op"]):
+            bf16_flops = r["unit"] == "TFLOP/s" and not fp32 and "float32" not in r["op"]
+            if cuda and line["rate"] is not None and (r["unit"] == "GB/s" or bf16_flops):
                 line["of_ceiling"] = line["rate"] / ceiling
             if r is not xr and xr is not None and xr.get(f"{mode}_ms") and line["ms"]:
                 r[f"{mode}_xtrain_speedup"] = line["speedup"] = line["ms"] / xr[f"{mode}_ms"]

@@ -19,6 +19,7 @@ agree: same model), and xtrain/PyTorch ratios.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import common
@@ -43,6 +44,12 @@ def parse_args(argv=None):
 
 
 def run_xtrain(args, cfg, batches, device):
+    out, weights = _train_xtrain(args, cfg, batches, device)
+    common.free_xtrain(device)  # the model, optimizer and data died with _train_xtrain's frame
+    return out, weights
+
+
+def _train_xtrain(args, cfg, batches, device):
     import xtrain
     from xtrain.models import TinyTransformer
     from xtrain.optim import AdamW, clip_grad_norm_
@@ -71,7 +78,7 @@ def run_xtrain(args, cfg, batches, device):
     step()
     common.xt_sync(device)
     first_step_s = time.perf_counter() - t0
-    sync = lambda: common.xt_sync(device)  # noqa: E731
+    sync = functools.partial(common.xt_sync, device)
     for _ in range(max(0, args.warmup - 1)):
         step()
     sync()
@@ -83,12 +90,17 @@ def run_xtrain(args, cfg, batches, device):
            "peak_allocated": mem["allocated_peak"], "peak_reserved": mem["reserved_peak"],
            "raw_allocs_in_timed_steps": mem["num_raw_alloc"] - raw0,
            "loss_first": loss0, "loss_last": state["loss"].item()}
-    del model, params, opt, data, state, step
-    common.free_xtrain(device)
     return out, weights
 
 
 def run_torch(args, cfg, batches, weights, device, compile):
+    try:
+        return _train_torch(args, cfg, batches, weights, device, compile)
+    finally:
+        common.free_torch(device)
+
+
+def _train_torch(args, cfg, batches, weights, device, compile):
     import torch
 
     import torch_model
@@ -97,8 +109,10 @@ def run_torch(args, cfg, batches, weights, device, compile):
     params = list(model.parameters())
     opt = torch_model.adamw(model, lr=args.lr)
     data = [(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in batches]
-    with torch.no_grad():
-        loss0 = model(*data[0])[1].item()
+    loss0 = None
+    if not compile:  # a no-grad call would compile a second (inference) graph; eager has it
+        with torch.no_grad():
+            loss0 = model(*data[0])[1].item()
     state = {"i": 0, "loss": None}
 
     def step():
@@ -115,7 +129,7 @@ def run_torch(args, cfg, batches, weights, device, compile):
     step()  # with compile: traces and compiles the block and the head, forward and backward
     common.torch_sync(device)
     first_step_s = time.perf_counter() - t0
-    sync = lambda: common.torch_sync(device)  # noqa: E731
+    sync = functools.partial(common.torch_sync, device)
     for _ in range(max(0, args.warmup - 1)):
         step()
     sync()
@@ -126,8 +140,10 @@ def run_torch(args, cfg, batches, weights, device, compile):
            "first_step_s": first_step_s, "peak_allocated": mem["allocated_peak"],
            "peak_reserved": mem["reserved_peak"], "loss_first": loss0,
            "loss_last": state["loss"].item()}
-    del model, params, opt, data, state, step
-    common.free_torch(device)
+    if compile:  # one graph for the block and one for the head: more means recompiles
+        from torch._dynamo.utils import counters
+
+        out["compiled_unique_graphs"] = counters["stats"]["unique_graphs"]
     return out
 
 
@@ -155,11 +171,18 @@ def main(argv=None):
     xt, weights = run_xtrain(args, cfg, batches, device)
     results.append(xt)
     if not args.no_torch:
-        results.append(run_torch(args, cfg, batches, weights, tdevice, compile=False))
-        if not args.no_compile:
-            results.append(run_torch(args, cfg, batches, weights, tdevice, compile=True))
+        for compile in (False, True) if not args.no_compile else (False,):
+            try:
+                results.append(run_torch(args, cfg, batches, weights, tdevice, compile=compile))
+            except Exception as e:  # e.g. no compiler toolchain for inductor: keep the rest
+                label = "torch.compile" if compile else "torch eager"
+                print(f"{label} failed: {type(e).__name__}: {e}", flush=True)
+                results.append({"framework": label,
+                                "error": f"{type(e).__name__}: {str(e)[:500]}"})
     del weights
 
+    failed = [r for r in results if "error" in r]
+    results = [r for r in results if "error" not in r]
     for r in results:
         r["ms_per_step"] = 1e3 * r["seconds"] / args.steps
         r["tok_s"] = tokens * args.steps / r["seconds"]
@@ -191,7 +214,7 @@ def main(argv=None):
     payload = {"benchmark": "train_throughput", "env": common.env_info(device), "args": config,
                "model": cfg.to_dict(), "tokens_per_step": tokens, "flops_per_token": flops,
                "precision": precision, "mfu_ceiling_flops": ceiling, "results": results,
-               "ratios_xtrain_over": ratios}
+               "failed": failed, "ratios_xtrain_over": ratios}
     name = f"train_throughput-{args.preset}-b{args.batch}-s{args.seq}-{precision}"
     name += "-recompute" if args.recompute else ""
     common.write_json(common.result_name(name, args.tag), payload, args.out)
@@ -209,6 +232,12 @@ def measure_ceiling(precision: str, device: str):
 
 
 def measure_matmul_ceiling(device: str, dtype: str, n: int = common.FP32_CEILING_SIZE) -> float:
+    flops = _matmul_rate(device, dtype, n)
+    common.free_torch(device)
+    return flops
+
+
+def _matmul_rate(device: str, dtype: str, n: int) -> float:
     import torch
 
     g = torch.Generator(device=device).manual_seed(0)
@@ -217,8 +246,6 @@ def measure_matmul_ceiling(device: str, dtype: str, n: int = common.FP32_CEILING
     b = torch.randn(n, n, device=device, dtype=dt, generator=g)
     t = common.time_call(lambda: torch.matmul(a, b), lambda: common.torch_sync(device),
                          warmup=2, repeats=3, target_s=0.1)
-    del a, b
-    common.free_torch(device)
     return 2 * n**3 / (t["ms_min"] / 1e3)
 
 

@@ -6,7 +6,7 @@
 #   install  pip install --no-build-isolation -v . (scipy-openblas32 from .whl/ when missing)
 #   gtest    CMake build of the GoogleTest binary (-DXTRAIN_BUILD_TESTS=ON), then ctest
 #   pytest   python -m pytest tests -q --device all (JUnit XML beside the log)
-#   bench    bench/ops.py, when it exists (JSON to OUTDIR/bench.json)
+#   bench    bench/ops.py, when it exists (its results JSON copied to OUTDIR/bench.json)
 # OUTDIR gets at most 8 files (what the device tool brings back): summary.json, env.log,
 # install.log, gtest.log, pytest.log, pytest.xml, bench.log, bench.json. summary.json holds
 # pass/fail, seconds and counts per step; the last lines printed are the same summary.
@@ -92,7 +92,12 @@ step pytest 420 "$out/pytest.log" "$py" -m pytest tests -q --device all -p no:ca
 # ---------------------------------------------------------------- bench
 if [ -f bench/ops.py ]; then
   if [ $(( $(date +%s) - t_round )) -lt 420 ]; then
-    step bench 120 "$out/bench.log" env XTRAIN_BENCH_JSON="$out/bench.json" "$py" bench/ops.py
+    touch "$out/.bench_start"
+    step bench 120 "$out/bench.log" "$py" bench/ops.py
+    # bench/ops.py writes bench/results/ops-PRESET-DATE.json: bring the new one back as bench.json.
+    newest=$(find bench/results -name 'ops-*.json' -newer "$out/.bench_start" 2>/dev/null | sort | tail -1)
+    [ -n "$newest" ] && cp "$newest" "$out/bench.json"
+    rm -f "$out/.bench_start"
   else
     status[bench]="skipped (round over 7 minutes already)"
     secs[bench]=0
@@ -104,7 +109,12 @@ fi
 
 # ---------------------------------------------------------------- summary
 total=$(( $(date +%s) - t_round ))
-summary_py='
+steps_json="{"
+for name in env install gtest pytest bench; do
+  steps_json+="\"$name\": {\"status\": \"${status[$name]:-not run}\", \"seconds\": ${secs[$name]:-0}},"
+done
+steps_json="${steps_json%,}}"
+"$py" - "$out" "$total" "$steps_json" <<'EOF' || echo "$steps_json" >"$out/summary.json"
 import json, re, sys, xml.etree.ElementTree as ET
 out, total = sys.argv[1], int(sys.argv[2])
 steps = json.loads(sys.argv[3])
@@ -118,17 +128,18 @@ try:
     for s in suites:
         for case in s.iter("testcase"):
             if case.find("failure") is not None or case.find("error") is not None:
-                failed.append(f"{case.get(\"classname\")}::{case.get(\"name\")}")
+                failed.append(case.get('classname') + '::' + case.get('name'))
     c["failed_tests"] = failed[:200]
     counts["pytest"] = c
 except Exception as e:
     counts["pytest"] = {"error": f"no junit xml: {e}"}
 try:
     log = open(f"{out}/gtest.log").read()
-    m = re.findall(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", log)
+    # ctest: "100% tests passed out of 33" or "97% tests passed, 1 tests failed out of 33"
+    m = re.findall(r"(\d+)% tests passed(?:, (\d+) tests failed)? out of (\d+)", log)
     if m:
         pct, failed, n = m[-1]
-        counts["gtest"] = {"tests": int(n), "failed": int(failed),
+        counts["gtest"] = {"tests": int(n), "failed": int(failed or 0),
                            "failed_tests": re.findall(r"\d+ - (\S+) \((?:Failed|Timeout|SEGFAULT|Subprocess aborted|Exception)", log)}
 except Exception as e:
     counts["gtest"] = {"error": str(e)}
@@ -138,13 +149,7 @@ try:
 except Exception:
     pass
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
-'
-steps_json="{"
-for name in env install gtest pytest bench; do
-  steps_json+="\"$name\": {\"status\": \"${status[$name]:-not run}\", \"seconds\": ${secs[$name]:-0}},"
-done
-steps_json="${steps_json%,}}"
-"$py" -c "$summary_py" "$out" "$total" "$steps_json" || echo "$steps_json" >"$out/summary.json"
+EOF
 
 echo "==================== GPU round summary (${total}s) ===================="
 for name in env install gtest pytest bench; do

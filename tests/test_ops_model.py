@@ -29,8 +29,8 @@ def ref_rms_norm(x, w, eps=1e-6):
 def ref_rope(x, positions=None, theta=10000.0):
     """Hugging Face rotate-half RoPE on x [B, S, H, D]; inv_freq and angles in float32 as HF does."""
     S, D = x.shape[1], x.shape[3]
-    pos = torch.arange(S) if positions is None else positions
-    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+    pos = torch.arange(S, device=x.device) if positions is None else positions.to(x.device)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.int64, device=x.device).float() / D))
     freqs = pos.float()[:, None] * inv_freq[None, :]  # (S, D/2), float32
     emb = torch.cat([freqs, freqs], dim=-1)
     cos = emb.cos().to(x.dtype)[None, :, None, :]

@@ -73,10 +73,6 @@ class RankContext:
         """Rank 0: the one that logs, evaluates output and saves."""
         return self.rank == 0
 
-    @property
-    def device_index(self) -> int:
-        return int(self.device.split(":")[1])
-
     def should_stop(self) -> bool:
         return self._launch.stop.is_set()
 
@@ -220,7 +216,7 @@ class _Launch:
         xtrain.cuda.set_device(index)
 
     def leave_device(self, index: int) -> None:
-        xtrain.cuda.synchronize(index)
+        xtrain.cuda.synchronize(f"cuda:{index}")
 
     def _fail(self, rank: int | None, e: BaseException) -> None:
         with self.lock:
@@ -358,6 +354,8 @@ def _train_rank(cfg, ctx: RankContext, dataset, ckpt) -> dict | None:
     step = 0
     if ckpt is not None:
         ckpt.load_optimizer(optimizer)
+        if ckpt.loader_state is None:
+            raise ckpt_state.CheckpointError(f"{ckpt.path} holds no data-loader state to resume")
         train_loader.load_state_dict(ckpt.loader_state)  # the global stream: same on every rank
         if main:
             ckpt.restore_rng()
@@ -401,7 +399,7 @@ def _train_rank(cfg, ctx: RankContext, dataset, ckpt) -> dict | None:
         emit({"step": p_step, "loss": loss_f, "lr": p_lr, "grad_norm": norm_f,
               "tok_s": tokens_per_step / dt, "ms": 1000 * dt, "mem_mb": mem_mb})
         bar.set_postfix_str(f"loss {loss_f:.4f} | {tokens_per_step / dt:,.0f} tok/s | "
-                            f"{mem_mb:,.0f} MB")
+                            f"{mem_mb:,.0f} MB", refresh=False)
         bar.update(1)
 
     def evaluate() -> float:

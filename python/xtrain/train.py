@@ -115,6 +115,8 @@ def train(cfg: TrainConfig) -> dict:
     step = 0
     if ckpt is not None:
         ckpt.load_optimizer(optimizer)
+        if ckpt.loader_state is None:
+            raise ckpt_state.CheckpointError(f"{ckpt.path} holds no data-loader state to resume")
         train_loader.load_state_dict(ckpt.loader_state)
         ckpt.restore_rng()
         step = ckpt.step
@@ -150,7 +152,7 @@ def train(cfg: TrainConfig) -> dict:
         emit({"step": p_step, "loss": loss_f, "lr": p_lr, "grad_norm": norm_f,
               "tok_s": tokens_per_step / dt, "ms": 1000 * dt, "mem_mb": mem_mb})
         bar.set_postfix_str(f"loss {loss_f:.4f} | {tokens_per_step / dt:,.0f} tok/s | "
-                            f"{mem_mb:,.0f} MB")
+                            f"{mem_mb:,.0f} MB", refresh=False)
         bar.update(1)
         pending = None
 

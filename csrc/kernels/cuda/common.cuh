@@ -94,6 +94,23 @@ __device__ __forceinline__ void store_any(T* p, int64_t i, double v) {
   else p[i] = static_cast<T>(v);
 }
 
+// One element in the compute type, and back (the same conversions as load/store).
+__device__ __forceinline__ float to_compute(float v) { return v; }
+__device__ __forceinline__ double to_compute(double v) { return v; }
+__device__ __forceinline__ float to_compute(bf16_t v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_compute(compute_t<T> v);
+template <> __device__ __forceinline__ float from_compute<float>(float v) { return v; }
+template <> __device__ __forceinline__ double from_compute<double>(double v) { return v; }
+template <> __device__ __forceinline__ bf16_t from_compute<bf16_t>(float v) { return __float2bfloat16_rn(v); }
+
+// N consecutive elements moved as one aligned load/store (16 bytes for the widest type of a
+// kernel): what lets a thread saturate HBM with 2-byte bf16 elements.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 // Index loads (ids, targets): int32 or int64.
 __device__ __forceinline__ int64_t load_index(bool ids64, const void* ids, int64_t i) {
   return ids64 ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];

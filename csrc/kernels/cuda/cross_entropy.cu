@@ -37,12 +37,12 @@ __global__ void ce_forward_kernel(const T* logits, const void* targets, bool t64
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += xexp(load(xr, j) - mx);
   sum = block_sum(sum);
   if (threadIdx.x != 0) return;
-  const C row_lse = mx + xlog(sum);
-  lse[r] = static_cast<float>(row_lse);
+  const C log_sum = xlog(sum);
+  lse[r] = static_cast<float>(mx + log_sum);
   const int64_t t = load_index(t64, targets, r);
   if (t == ignore_index) losses[r] = 0.0f;
   else if (t < 0 || t >= vocab) losses[r] = CUDART_NAN_F;
-  else losses[r] = static_cast<float>(row_lse - load(xr, t));
+  else losses[r] = static_cast<float>(log_sum - (load(xr, t) - mx));  // keeps digits when |logits| is large
 }
 
 __global__ void ce_reduce_kernel(const float* losses, const void* targets, bool t64, float* loss, float* count,

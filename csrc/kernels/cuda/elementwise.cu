@@ -6,6 +6,8 @@
 // kernels/cpu/{elementwise,creation}.cpp. Random numbers: element i uses philox(seed, offset + i)
 // (core/philox.h), so dropout masks and uniform draws equal the CPU's bit for bit, for any
 // launch shape; normal draws use the same Box-Muller formula (equal up to libm rounding).
+// Same-shape elementwise work runs through one map kernel (map_kernel) that moves 16-byte packs
+// per thread; every element's value is the same as with one element per thread.
 #include "core/philox.h"
 #include "kernels/cuda/common.cuh"
 
@@ -53,27 +55,154 @@ __device__ __forceinline__ C apply_unary(UnaryOp op, C x) {
   return C(0);
 }
 
-// ------------------------------------------------------------------ kernels
+// ------------------------------------------------------------------ the elementwise map
+
+// Pointers of one map launch: NI inputs of type TI, NO outputs of type TO.
+template <typename TI, int NI, typename TO, int NO>
+struct MapArgs {
+  const TI* in[NI];
+  TO* out[NO];
+};
+
+// out_j[i] = f(i, in_0[i], ..., in_NI-1[i])_j. Each thread moves N consecutive elements per step
+// as aligned packs; the < N leftover elements run one per thread. f sees compute-type values
+// and the element index (dropout's counter), so the result never depends on N.
+template <int N, typename TI, int NI, typename TO, int NO, typename F>
+__global__ void map_kernel(MapArgs<TI, NI, TO, NO> a, int64_t n, F f) {
+  using CI = compute_t<TI>;
+  using CO = compute_t<TO>;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nv = n / N;
+  for (int64_t v = tid; v < nv; v += stride) {
+    const int64_t base = v * N;
+    Pack<TI, N> pin[NI];
+#pragma unroll
+    for (int j = 0; j < NI; ++j) pin[j] = *reinterpret_cast<const Pack<TI, N>*>(a.in[j] + base);
+    Pack<TO, N> pout[NO];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      CI x[NI];
+      CO y[NO];
+#pragma unroll
+      for (int j = 0; j < NI; ++j) x[j] = to_compute(pin[j].v[k]);
+      f(base + k, x, y);
+#pragma unroll
+      for (int j = 0; j < NO; ++j) pout[j].v[k] = from_compute<TO>(y[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < NO; ++j) *reinterpret_cast<Pack<TO, N>*>(a.out[j] + base) = pout[j];
+  }
+  for (int64_t i = nv * N + tid; i < n; i += stride) {
+    CI x[NI];
+    CO y[NO];
+#pragma unroll
+    for (int j = 0; j < NI; ++j) x[j] = to_compute(a.in[j][i]);
+    f(i, x, y);
+#pragma unroll
+    for (int j = 0; j < NO; ++j) a.out[j][i] = from_compute<TO>(y[j]);
+  }
+}
+
+// 16-byte packs when every pointer allows it (tensors from the allocator always do; views at
+// odd offsets fall back to one element per step).
+template <typename TI, int NI, typename TO, int NO, typename F>
+void launch_map(const OnStream& on, int64_t n, const MapArgs<TI, NI, TO, NO>& a, F f) {
+  constexpr int N = 16 / (sizeof(TI) > sizeof(TO) ? sizeof(TI) : sizeof(TO));
+  bool vec = n >= N;
+  for (int j = 0; j < NI; ++j) vec = vec && aligned_to(a.in[j], sizeof(Pack<TI, N>));
+  for (int j = 0; j < NO; ++j) vec = vec && aligned_to(a.out[j], sizeof(Pack<TO, N>));
+  if (vec) map_kernel<N><<<grid_for(n / N), kThreads, 0, on.s>>>(a, n, f);
+  else map_kernel<1><<<grid_for(n), kThreads, 0, on.s>>>(a, n, f);
+  XT_LAUNCH_CHECK();
+}
+
+// The element functions (same formulas as kernels/cpu/elementwise.cpp).
+struct BinaryF {
+  BinaryOp op;
+  template <typename C> __device__ void operator()(int64_t, const C (&x)[2], C (&y)[1]) const {
+    y[0] = apply_binary(op, x[0], x[1]);
+  }
+};
+
+struct AccumulateF {
+  double alpha;
+  template <typename C> __device__ void operator()(int64_t, const C (&x)[2], C (&y)[1]) const {
+    y[0] = alpha == 1.0 ? x[0] + x[1] : x[0] + static_cast<C>(alpha) * x[1];
+  }
+};
+
+struct ScalarF {
+  ScalarOp op;
+  double s;
+  template <typename C> __device__ void operator()(int64_t, const C (&x)[1], C (&y)[1]) const {
+    y[0] = apply_scalar(op, x[0], static_cast<C>(s));
+  }
+};
+
+struct UnaryF {
+  UnaryOp op;
+  template <typename C> __device__ void operator()(int64_t, const C (&x)[1], C (&y)[1]) const {
+    y[0] = apply_unary(op, x[0]);
+  }
+};
+
+// silu'(x) = s + x * s * (1 - s) with s = sigmoid(x), written as s * (1 + x * (1 - s)).
+struct SiluBackwardF {
+  template <typename C> __device__ void operator()(int64_t, const C (&x)[2], C (&y)[1]) const {
+    const C s = xsigmoid(x[0]);
+    y[0] = x[1] * s * (C(1) + x[0] * (C(1) - s));
+  }
+};
+
+struct SwigluF {
+  template <typename C> __device__ void operator()(int64_t, const C (&x)[2], C (&y)[1]) const {
+    y[0] = x[0] * xsigmoid(x[0]) * x[1];
+  }
+};
+
+// x = (gate, up, dout) -> y = (dgate, dup)
+struct SwigluBackwardF {
+  template <typename C> __device__ void operator()(int64_t, const C (&x)[3], C (&y)[2]) const {
+    const C g = x[0], u = x[1], d = x[2];
+    const C s = xsigmoid(g);
+    y[0] = d * u * s * (C(1) + g * (C(1) - s));
+    y[1] = d * g * s;
+  }
+};
+
+// Element i is dropped when philox_uniform(seed, offset + i) < p (as on the CPU).
+struct DropoutF {
+  float p;
+  uint64_t seed, offset;
+  template <typename C> __device__ void operator()(int64_t i, const C (&x)[1], C (&y)[1]) const {
+    const C scale = C(1) / (C(1) - static_cast<C>(p));
+    const bool dropped = philox_uniform(seed, offset + static_cast<uint64_t>(i)) < p;
+    y[0] = dropped ? C(0) : x[0] * scale;
+  }
+};
+
+// Floating casts: through the wider compute type, rounding once (bf16 from float).
+struct CastF {
+  template <typename CI, typename CO> __device__ void operator()(int64_t, const CI (&x)[1], CO (&y)[1]) const {
+    y[0] = static_cast<CO>(x[0]);
+  }
+};
+
+// ------------------------------------------------------------------ other kernels
 
 template <typename T>
 __global__ void fill_kernel(T* out, int64_t n, T value) {
   XT_GRID_STRIDE(i, n) out[i] = value;
 }
 
+// Casts that involve an integer type (rare: index conversions), through double like the CPU.
 template <typename S, typename D>
 __global__ void cast_kernel(const S* src, D* dst, int64_t n) {
   XT_GRID_STRIDE(i, n) {
     if constexpr (std::is_same_v<S, D>) dst[i] = src[i];
-    else if constexpr (std::is_same_v<S, bf16_t> && std::is_same_v<D, float>) dst[i] = __bfloat162float(src[i]);
-    else if constexpr (std::is_same_v<S, float> && std::is_same_v<D, bf16_t>) dst[i] = __float2bfloat16_rn(src[i]);
     else store_any(dst, i, load_any(src, i));
   }
-}
-
-template <typename T>
-__global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* out, int64_t n) {
-  using C = compute_t<T>;
-  XT_GRID_STRIDE(i, n) store(out, i, apply_binary<C>(op, load(a, i), load(b, i)));
 }
 
 // Broadcast: unravel the output index over bc.shape (last dim fastest) into a/b offsets.
@@ -89,67 +218,6 @@ __global__ void binary_broadcast_kernel(BinaryOp op, const T* a, const T* b, T* 
       boff += c * bc.bstride[d];
     }
     store(out, i, apply_binary<C>(op, load(a, aoff), load(b, boff)));
-  }
-}
-
-template <typename T>
-__global__ void accumulate_kernel(T* a, const T* b, int64_t n, compute_t<T> alpha, bool alpha_is_one) {
-  XT_GRID_STRIDE(i, n) {
-    if (alpha_is_one) store(a, i, load(a, i) + load(b, i));
-    else store(a, i, load(a, i) + alpha * load(b, i));
-  }
-}
-
-template <typename T>
-__global__ void scalar_kernel(ScalarOp op, const T* x, T* out, int64_t n, compute_t<T> s) {
-  XT_GRID_STRIDE(i, n) store(out, i, apply_scalar(op, load(x, i), s));
-}
-
-template <typename T>
-__global__ void unary_kernel(UnaryOp op, const T* x, T* out, int64_t n) {
-  using C = compute_t<T>;
-  XT_GRID_STRIDE(i, n) store(out, i, apply_unary<C>(op, load(x, i)));
-}
-
-// silu'(x) = s + x * s * (1 - s) with s = sigmoid(x), written as s * (1 + x * (1 - s)).
-template <typename T>
-__global__ void silu_backward_kernel(const T* x, const T* dy, T* dx, int64_t n) {
-  using C = compute_t<T>;
-  XT_GRID_STRIDE(i, n) {
-    const C v = load(x, i);
-    const C s = xsigmoid(v);
-    store(dx, i, load(dy, i) * s * (C(1) + v * (C(1) - s)));
-  }
-}
-
-template <typename T>
-__global__ void swiglu_forward_kernel(const T* gate, const T* up, T* out, int64_t n) {
-  using C = compute_t<T>;
-  XT_GRID_STRIDE(i, n) {
-    const C g = load(gate, i);
-    store(out, i, g * xsigmoid(g) * load(up, i));
-  }
-}
-
-template <typename T>
-__global__ void swiglu_backward_kernel(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n) {
-  using C = compute_t<T>;
-  XT_GRID_STRIDE(i, n) {
-    const C g = load(gate, i), u = load(up, i), d = load(dout, i);
-    const C s = xsigmoid(g);
-    store(dgate, i, d * u * s * (C(1) + g * (C(1) - s)));
-    store(dup, i, d * g * s);
-  }
-}
-
-// Element i is dropped when philox_uniform(seed, offset + i) < p (as on the CPU).
-template <typename T>
-__global__ void dropout_kernel(const T* x, T* out, int64_t n, float p, compute_t<T> scale, uint64_t seed,
-                               uint64_t offset) {
-  using C = compute_t<T>;
-  XT_GRID_STRIDE(i, n) {
-    const bool dropped = philox_uniform(seed, offset + static_cast<uint64_t>(i)) < p;
-    store(out, i, dropped ? C(0) : load(x, i) * scale);
   }
 }
 
@@ -203,8 +271,12 @@ void cast(DType src_dt, const void* src, DType dst_dt, void* dst, int64_t n, voi
     using S = std::remove_pointer_t<decltype(stag)>;
     dispatch_all(dst_dt, "cast", [&](auto dtag) {
       using D = std::remove_pointer_t<decltype(dtag)>;
-      cast_kernel<S, D><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
-      XT_LAUNCH_CHECK();
+      if constexpr (std::is_integral_v<S> || std::is_integral_v<D>) {
+        cast_kernel<S, D><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
+        XT_LAUNCH_CHECK();
+      } else {
+        launch_map(on, n, MapArgs<S, 1, D, 1>{{static_cast<const S*>(src)}, {static_cast<D*>(dst)}}, CastF{});
+      }
     });
   });
 }
@@ -220,10 +292,10 @@ void binary(BinaryOp op, DType dt, const void* a, const void* b, void* out, int6
     T* po = static_cast<T*>(out);
     if (bc) {
       binary_broadcast_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(op, pa, pb, po, n, *bc);
+      XT_LAUNCH_CHECK();
     } else {
-      binary_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(op, pa, pb, po, n);
+      launch_map(on, n, MapArgs<T, 2, T, 1>{{pa, pb}, {po}}, BinaryF{op});
     }
-    XT_LAUNCH_CHECK();
   });
 }
 
@@ -232,9 +304,8 @@ void accumulate(DType dt, void* a, const void* b, int64_t n, double alpha, void*
   OnStream on(stream);
   dispatch_float(dt, "accumulate", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    accumulate_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<T*>(a), static_cast<const T*>(b), n,
-                                                              static_cast<compute_t<T>>(alpha), alpha == 1.0);
-    XT_LAUNCH_CHECK();
+    T* pa = static_cast<T*>(a);
+    launch_map(on, n, MapArgs<T, 2, T, 1>{{pa, static_cast<const T*>(b)}, {pa}}, AccumulateF{alpha});
   });
 }
 
@@ -243,9 +314,7 @@ void scalar_op(ScalarOp op, DType dt, const void* x, void* out, int64_t n, doubl
   OnStream on(stream);
   dispatch_float(dt, "scalar_op", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    scalar_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(op, static_cast<const T*>(x), static_cast<T*>(out), n,
-                                                          static_cast<compute_t<T>>(s));
-    XT_LAUNCH_CHECK();
+    launch_map(on, n, MapArgs<T, 1, T, 1>{{static_cast<const T*>(x)}, {static_cast<T*>(out)}}, ScalarF{op, s});
   });
 }
 
@@ -254,8 +323,7 @@ void unary(UnaryOp op, DType dt, const void* x, void* out, int64_t n, void* stre
   OnStream on(stream);
   dispatch_float(dt, "unary", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    unary_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(op, static_cast<const T*>(x), static_cast<T*>(out), n);
-    XT_LAUNCH_CHECK();
+    launch_map(on, n, MapArgs<T, 1, T, 1>{{static_cast<const T*>(x)}, {static_cast<T*>(out)}}, UnaryF{op});
   });
 }
 
@@ -264,9 +332,8 @@ void silu_backward(DType dt, const void* x, const void* dy, void* dx, int64_t n,
   OnStream on(stream);
   dispatch_float(dt, "silu_backward", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    silu_backward_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
-                                                                 static_cast<T*>(dx), n);
-    XT_LAUNCH_CHECK();
+    launch_map(on, n, MapArgs<T, 2, T, 1>{{static_cast<const T*>(x), static_cast<const T*>(dy)}, {static_cast<T*>(dx)}},
+               SiluBackwardF{});
   });
 }
 
@@ -275,9 +342,9 @@ void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64
   OnStream on(stream);
   dispatch_float(dt, "swiglu_forward", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    swiglu_forward_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<const T*>(gate),
-                                                                  static_cast<const T*>(up), static_cast<T*>(out), n);
-    XT_LAUNCH_CHECK();
+    launch_map(on, n,
+               MapArgs<T, 2, T, 1>{{static_cast<const T*>(gate), static_cast<const T*>(up)}, {static_cast<T*>(out)}},
+               SwigluF{});
   });
 }
 
@@ -287,10 +354,10 @@ void swiglu_backward(DType dt, const void* gate, const void* up, const void* dou
   OnStream on(stream);
   dispatch_float(dt, "swiglu_backward", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    swiglu_backward_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(
-        static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dout), static_cast<T*>(dgate),
-        static_cast<T*>(dup), n);
-    XT_LAUNCH_CHECK();
+    launch_map(on, n,
+               MapArgs<T, 3, T, 2>{{static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dout)},
+                                   {static_cast<T*>(dgate), static_cast<T*>(dup)}},
+               SwigluBackwardF{});
   });
 }
 
@@ -299,11 +366,8 @@ void dropout(DType dt, const void* x, void* out, int64_t n, float p, uint64_t se
   OnStream on(stream);
   dispatch_float(dt, "dropout", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    using C = compute_t<T>;
-    const C scale = C(1) / (C(1) - static_cast<C>(p));
-    dropout_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<const T*>(x), static_cast<T*>(out), n, p,
-                                                           scale, seed, offset);
-    XT_LAUNCH_CHECK();
+    launch_map(on, n, MapArgs<T, 1, T, 1>{{static_cast<const T*>(x)}, {static_cast<T*>(out)}},
+               DropoutF{p, seed, offset});
   });
 }
 

@@ -16,14 +16,25 @@ namespace cuda {
 
 namespace {
 
+// Block per output row (grid-stride over rows), threads over the row's words.
 template <typename W>
 __global__ void gather_rows_kernel(const W* table, const void* ids, bool ids64, W* out, int64_t n_ids,
                                    int64_t row_words) {
-  const int64_t n = n_ids * row_words;
-  XT_GRID_STRIDE(k, n) {
-    const int64_t i = k / row_words, j = k - i * row_words;
-    out[k] = table[load_index(ids64, ids, i) * row_words + j];
+  for (int64_t i = blockIdx.x; i < n_ids; i += gridDim.x) {
+    const W* src = table + load_index(ids64, ids, i) * row_words;
+    W* dst = out + i * row_words;
+    for (int64_t j = threadIdx.x; j < row_words; j += blockDim.x) dst[j] = src[j];
   }
+}
+
+template <typename W>
+void launch_gather(const void* table, const void* ids, bool ids64, void* out, int64_t n_ids, int64_t row_words,
+                   const OnStream& on) {
+  const int threads = row_words >= kThreads ? kThreads : static_cast<int>(ceil_div(row_words, kWarp) * kWarp);
+  const unsigned blocks = static_cast<unsigned>(n_ids < kMaxBlocks ? n_ids : kMaxBlocks);
+  gather_rows_kernel<<<blocks, threads, 0, on.s>>>(static_cast<const W*>(table), ids, ids64, static_cast<W*>(out),
+                                                   n_ids, row_words);
+  XT_LAUNCH_CHECK();
 }
 
 __global__ void iota_kernel(int32_t* out, int64_t n) {
@@ -114,17 +125,12 @@ void embedding_forward(DType dt, const void* table, DType id_dt, const void* ids
   OnStream on(stream);
   const int64_t row_bytes = dim * static_cast<int64_t>(dtype_size(dt));
   // Move rows as the widest word that divides them (and the allocator's 512-byte alignment).
-  if (row_bytes % 16 == 0) {
-    gather_rows_kernel<<<grid_for(n_ids * (row_bytes / 16)), kThreads, 0, on.s>>>(
-        static_cast<const uint4*>(table), ids, ids64, static_cast<uint4*>(out), n_ids, row_bytes / 16);
-  } else if (row_bytes % 4 == 0) {
-    gather_rows_kernel<<<grid_for(n_ids * (row_bytes / 4)), kThreads, 0, on.s>>>(
-        static_cast<const uint32_t*>(table), ids, ids64, static_cast<uint32_t*>(out), n_ids, row_bytes / 4);
-  } else {
-    gather_rows_kernel<<<grid_for(n_ids * (row_bytes / 2)), kThreads, 0, on.s>>>(
-        static_cast<const uint16_t*>(table), ids, ids64, static_cast<uint16_t*>(out), n_ids, row_bytes / 2);
-  }
-  XT_LAUNCH_CHECK();
+  if (row_bytes % 16 == 0 && aligned_to(table, 16) && aligned_to(out, 16))
+    launch_gather<uint4>(table, ids, ids64, out, n_ids, row_bytes / 16, on);
+  else if (row_bytes % 4 == 0 && aligned_to(table, 4) && aligned_to(out, 4))
+    launch_gather<uint32_t>(table, ids, ids64, out, n_ids, row_bytes / 4, on);
+  else
+    launch_gather<uint16_t>(table, ids, ids64, out, n_ids, row_bytes / 2, on);
 }
 
 void embedding_backward(DType dt, DType id_dt, const void* ids, const void* dout, void* dtable, int64_t n_ids,

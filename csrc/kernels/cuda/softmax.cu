@@ -53,8 +53,9 @@ __device__ void softmax_row(const T* xr, T* yr, int64_t kept, int64_t total, com
   for (int64_t j = r; j < kept; j += step) sum += xexp(load(xr, j) * scale - mx);
   sum = G::sum(sum);
   if (log) {
-    const C lse = mx + xlog(sum);
-    for (int64_t j = r; j < kept; j += step) store(yr, j, load(xr, j) * scale - lse);
+    // (x - max) - log(sum), not x - (max + log(sum)): exact where |x| is large and the result is not
+    const C log_sum = xlog(sum);
+    for (int64_t j = r; j < kept; j += step) store(yr, j, (load(xr, j) * scale - mx) - log_sum);
   } else {
     const C inv = C(1) / sum;
     for (int64_t j = r; j < kept; j += step) store(yr, j, xexp(load(xr, j) * scale - mx) * inv);

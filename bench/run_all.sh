@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Run every benchmark in sequence with settings that fit the GPU budget (about 5 minutes on one
+# H200, each script well under 3), logging each and copying its JSON/PNG into OUTDIR too.
+#   bench/run_all.sh OUTDIR            the H200 run (xtrain built with CUDA on PYTHONPATH)
+#   bench/run_all.sh OUTDIR --smoke    the same scripts on the CPU with the tiny preset (results
+#                                      in OUTDIR only)
+# A script that fails or runs past $BENCH_TIMEOUT seconds (default 240) is reported in
+# OUTDIR/summary.txt and the others still run; the exit status is the number of failures.
+# BENCH_ONLY="ops recompute" runs only the named ones (names: ops, throughput-dim768-bf16,
+# throughput-dim768-fp32, throughput-dim1024-bf16, recompute, convergence), to split the run.
+set -uo pipefail
+out=${1:?usage: bench/run_all.sh OUTDIR [--smoke]}
+mode=${2:-gpu}
+case "$mode" in gpu|--smoke) ;; *) echo "unknown mode $mode (use --smoke or nothing)" >&2; exit 2;; esac
+export PYTHONUNBUFFERED=1
+root=$(cd "$(dirname "$0")/.." && pwd)
+py=${PYTHON:-python3}
+limit=${BENCH_TIMEOUT:-240}
+mkdir -p "$out" "$root/bench/results"
+out=$(cd "$out" && pwd)
+cd "$root"
+marker=$(mktemp)
+trap 'rm -f "$marker"' EXIT
+failures=0
+: > "$out/summary.txt"
+
+run() {  # run NAME SCRIPT ARGS...   ($BENCH_ONLY, if set, lists the NAMEs to run)
+  local name=$1; shift
+  if [ -n "${BENCH_ONLY:-}" ] && [[ " $BENCH_ONLY " != *" $name "* ]]; then return; fi
+  local start=$SECONDS
+  echo "=== $name: $py $*" | tee -a "$out/summary.txt"
+  timeout --kill-after=10 "$limit" "$py" "$@" 2>&1 | tee "$out/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: exit $rc after $((SECONDS - start))s" | tee -a "$out/summary.txt"
+  [ "$rc" -eq 0 ] || failures=$((failures + 1))
+}
+
+if [ "$mode" = "--smoke" ]; then
+  cpu=(--device cpu --out "$out")  # smoke results stay out of bench/results
+  run ops bench/ops.py "${cpu[@]}" --preset tiny --batch 2 --seq 32 --gemm-size 256 --steps 2 \
+    --warmup 1 --target-ms 5
+  run throughput-tiny-fp32 bench/train_throughput.py "${cpu[@]}" --preset tiny --batch 4 --seq 32 \
+    --fp32 --steps 3 --warmup 1 --no-compile
+  run throughput-tiny-bf16 bench/train_throughput.py "${cpu[@]}" --preset tiny --batch 2 --seq 16 \
+    --bf16 --steps 3 --warmup 1 --no-compile
+  run recompute bench/recompute.py "${cpu[@]}" --presets tiny --batch 2 --seq 32 --fp32 --steps 2 \
+    --warmup 1 --search-preset tiny --batches 1,2,4,8,16 --memory-limit 40MiB
+  run convergence bench/convergence.py "${cpu[@]}" --preset tiny --steps 3 --batch 2 --seq 32 \
+    --eval-batches 2
+else
+  # ~30-60 s: every kernel against its PyTorch peer at dim768, B=32, S=256, and the 8192^3 ceilings
+  run ops bench/ops.py --preset dim768 --batch 32 --seq 256
+  # ~60-90 s (torch.compile dominates): the headline comparison
+  run throughput-dim768-bf16 bench/train_throughput.py --preset dim768 --batch 32 --seq 256 --bf16 \
+    --steps 20 --warmup 5
+  # ~15 s each: float32, and the larger model (eager peer only, to stay in budget)
+  run throughput-dim768-fp32 bench/train_throughput.py --preset dim768 --batch 32 --seq 256 --fp32 \
+    --steps 10 --warmup 3 --no-compile
+  run throughput-dim1024-bf16 bench/train_throughput.py --preset dim1024 --batch 32 --seq 256 --bf16 \
+    --steps 20 --warmup 5 --no-compile
+  # ~40-60 s: recompute off/on at B=32 for dim768/dim1024, largest dim1024 batch under 32 GiB
+  run recompute bench/recompute.py --presets dim768,dim1024 --batch 32 --seq 256 --bf16 \
+    --search-preset dim1024 --memory-limit 32GiB
+  # ~40-60 s: 150 steps bf16 vs float32 on the built-in corpus, both frameworks
+  run convergence bench/convergence.py --preset dim768 --steps 150 --batch 16 --seq 256
+fi
+
+find "$root/bench/results" -maxdepth 1 -type f \( -name '*.json' -o -name '*.png' \) \
+  -newer "$marker" -exec cp {} "$out/" \;
+echo "failures: $failures; results copied to $out" | tee -a "$out/summary.txt"
+exit "$failures"

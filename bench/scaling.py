@@ -1,0 +1,302 @@
+"""Data-parallel scaling: global tokens/s on 1 and 2 GPUs, xtrain beside PyTorch DDP, one invocation.
+
+    python bench/scaling.py                     # dim768, bf16, batch 32 per GPU, seq 256, 1 and 2 GPUs
+    python bench/scaling.py --gpus 1 2 4 --steps 50
+
+Both sides train the same architecture from the same initial weights (xtrain's TinyTransformer;
+PyTorch's tests/torch_reference.py TorchTransformer, written from the same description for parity
+tests: unfused, every op upcast to float32 and rounded back, so it is a correctness reference
+more than a tuned PyTorch model) with the same step: forward, backward,
+gradient average over the GPUs, clip at 1.0, AdamW, on random token windows uploaded from the host
+every step. xtrain runs one process with a thread per GPU (xtrain.distributed.launch); PyTorch runs
+one process per GPU under torchrun with DistributedDataParallel (none on one GPU). Each measurement
+is its own subprocess. Timing: `--warmup` steps, then `--steps` steps between two device syncs
+(every rank synchronised, the slowest rank's time counts); global tok/s = GPUs x batch x seq x
+steps / time. MFU uses the measured bf16 ceiling of GPU.md (790 TFLOP/s per H200).
+
+Prints the table and writes bench/results/scaling-<date>.json (date, GPU, commit, config, rows).
+NCCL_NVLS_ENABLE=0 is forced for every run (GPU.md: NVLink multicast stays off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESET, VOCAB = "dim768", 4096
+PEAK_BF16_FLOPS = 790e12  # GPU.md: 8192^3 bf16 GEMM through PyTorch on one H200
+LR, WEIGHT_DECAY, CLIP = 3e-4, 0.1, 1.0
+RESULT = "RESULT "        # prefix of the one line a worker prints for the parent
+
+
+def model_config(bf16: bool = True):
+    from xtrain.models import config_for
+
+    return config_for(PRESET, VOCAB, bf16=bf16)
+
+
+def host_batches(rank: int, batch: int, seq: int, n: int = 4) -> list:
+    """A few random (inputs, targets) windows per rank, cycled (random ids: never time on zeros)."""
+    rng = np.random.default_rng(1000 + rank)
+    out = []
+    for _ in range(n):
+        w = rng.integers(0, VOCAB, size=(batch, seq + 1), dtype=np.int64)
+        out.append((np.ascontiguousarray(w[:, :-1]), np.ascontiguousarray(w[:, 1:])))
+    return out
+
+
+def timed(step, sync, warmup: int, steps: int) -> tuple[float, float]:
+    """Run `warmup` steps, sync, `steps` steps, sync; return (seconds, last loss). Like the train
+    loop, each step reads the previous step's loss, so the host is never more than a step ahead."""
+    loss = None
+    for i in range(warmup):
+        loss = step(i)
+    float(loss.item())
+    sync()
+    t0 = time.perf_counter()
+    prev = None
+    for i in range(steps):
+        loss = step(i)
+        if prev is not None:
+            prev.item()
+        prev = loss
+    last = float(loss.item())
+    sync()
+    return time.perf_counter() - t0, last
+
+
+# ---- workers (each prints one RESULT line)
+
+def xtrain_worker(args) -> None:
+    import xtrain
+    from xtrain.distributed import all_reduce_gradients, broadcast_parameters, launch
+    from xtrain.models import TinyTransformer
+    from xtrain.optim import AdamW, clip_grad_norm_
+
+    cfg = model_config()
+
+    def run(ctx, device: str):
+        rank = ctx.rank if ctx else 0
+        model = TinyTransformer(cfg, device=device, seed=0)
+        params = model.parameters()
+        if ctx:
+            broadcast_parameters(params, ctx)
+        opt = AdamW(model.named_parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+        batches = host_batches(rank, args.batch, args.seq)
+
+        def step(i):
+            x, y = batches[i % len(batches)]
+            _, loss = model(x, y)
+            loss.backward()
+            loss = loss.detach()
+            if ctx:
+                all_reduce_gradients(params, ctx, extra=[loss])
+            clip_grad_norm_(params, CLIP)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        def sync():
+            xtrain.cuda.synchronize(device)
+            if ctx:
+                ctx.barrier()
+
+        seconds, loss = timed(step, sync, args.warmup, args.steps)
+        return seconds, loss, xtrain.memory_stats(device)["allocated_bytes.peak"]
+
+    if args.n == 1:
+        results = [run(None, "cuda:0")]
+    else:
+        results = launch(lambda ctx: run(ctx, ctx.device), devices=list(range(args.n)))
+    report(args, "xtrain", results, extra={"nccl": xtrain._C.dist.nccl_version()})
+
+
+def torch_worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from torch_reference import TorchTransformer
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local)
+    torch.cuda.set_device(device)
+    # The reference builds its RoPE tables and causal mask with factory calls that name no device
+    # (it is written for CPU tests); make them land on the GPU. Costs a little Python time per
+    # op in the forward, which runs ahead of the GPU anyway.
+    torch.set_default_device(device)
+    if world > 1:
+        dist.init_process_group("nccl", device_id=device)
+    cfg = model_config()
+    weights = xtrain_init(cfg)  # xtrain's own init, so both sides start from the same weights
+    model = TorchTransformer(cfg, weights, dtype=torch.bfloat16).to(device)
+    net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local]) if world > 1 else model
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+    batches = host_batches(rank, args.batch, args.seq)
+
+    def step(i):
+        x, y = batches[i % len(batches)]
+        _, loss = net(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def sync():
+        torch.cuda.synchronize(device)
+        if world > 1:
+            dist.barrier()
+
+    seconds, loss = timed(step, sync, args.warmup, args.steps)
+    mine = (seconds, loss, torch.cuda.max_memory_allocated(device))
+    gathered = [None] * world
+    if world > 1:
+        dist.all_gather_object(gathered, mine)
+        dist.destroy_process_group()
+    else:
+        gathered = [mine]
+    if rank == 0:
+        report(args, "pytorch-ddp", gathered, extra={"torch": torch.__version__,
+                                                     "nccl": ".".join(map(str, torch.cuda.nccl.version()))})
+
+
+def xtrain_init(cfg) -> dict:
+    """TinyTransformer's seeded initial weights by Qwen3 name (drawn on the CPU), as numpy."""
+    from xtrain.models import TinyTransformer
+
+    model = TinyTransformer(cfg, device="cpu", seed=0)
+    return {name: p.numpy() for name, p in model.named_parameters()}
+
+
+def report(args, engine: str, per_rank: list, extra: dict) -> None:
+    seconds = max(r[0] for r in per_rank)  # the slowest rank decides
+    n = len(per_rank)
+    tokens = n * args.batch * args.seq * args.steps
+    cfg = model_config()
+    tok_s = tokens / seconds
+    row = {"engine": engine, "gpus": n, "tok_s": tok_s, "tok_s_per_gpu": tok_s / n,
+           "ms_per_step": 1000 * seconds / args.steps,
+           "mfu": tok_s / n * cfg.flops_per_token(args.seq) / PEAK_BF16_FLOPS,
+           "final_loss": per_rank[0][1], "peak_mem_gib": max(r[2] for r in per_rank) / 2**30, **extra}
+    print(RESULT + json.dumps(row), flush=True)
+
+
+# ---- the parent: runs every measurement, prints the table, writes the JSON
+
+def run_worker(cmd: list[str], env: dict, timeout: float) -> dict:
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in p.stdout.splitlines() if line.startswith(RESULT)]
+    if p.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return json.loads(lines[-1][len(RESULT):])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="GPU counts to measure")
+    ap.add_argument("--batch", type=int, default=32, help="sequences per GPU per step")
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=30, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
+    ap.add_argument("--engines", nargs="+", default=["xtrain", "pytorch-ddp"])
+    ap.add_argument("--worker", choices=["xtrain", "torch"], help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    os.environ["NCCL_NVLS_ENABLE"] = "0"  # GPU.md; inherited by every worker
+    if args.worker == "xtrain":
+        xtrain_worker(args)
+        return 0
+    if args.worker == "torch":
+        torch_worker(args)
+        return 0
+
+    import xtrain
+
+    available = xtrain.cuda.device_count()
+    gpus = [n for n in args.gpus if n <= available]
+    if not gpus:
+        raise SystemExit(f"scaling: needs GPUs; this machine shows {available}")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(xtrain.__file__).parent.parent),
+                                         *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    common = ["--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps),
+              "--warmup", str(args.warmup)]
+    rows = []
+    for n in gpus:
+        if "xtrain" in args.engines:
+            rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n), *common],
+                                   env, timeout=900))
+            print(_fmt_row(rows[-1]), flush=True)
+        if "pytorch-ddp" in args.engines:
+            torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        f"--nproc_per_node={n}", __file__, "--worker", "torch", *common]
+            rows.append(run_worker(torchrun, env, timeout=900))
+            print(_fmt_row(rows[-1]), flush=True)
+
+    print_table(rows)
+    cfg = model_config()
+    record = {"benchmark": "scaling", "date": dt.datetime.now().isoformat(timespec="seconds"),
+              "gpu": xtrain.cuda.device_name(0), "gpus_visible": available,
+              "commit": args.commit or _commit(),
+              "config": {"preset": PRESET, "vocab_size": VOCAB, "bf16": True, "batch_per_gpu": args.batch,
+                         "seq": args.seq, "steps": args.steps, "warmup": args.warmup,
+                         "params": _num_params(cfg), "flops_per_token": cfg.flops_per_token(args.seq),
+                         "peak_bf16_flops": PEAK_BF16_FLOPS},
+              "runtime": xtrain.cuda.runtime_info(), "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"scaling-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+def print_table(rows: list[dict]) -> None:
+    base = {r["engine"]: r["tok_s"] for r in rows if r["gpus"] == 1}
+    peer = {(r["engine"], r["gpus"]): r["tok_s"] for r in rows}
+    print(f"\n{'engine':<12} {'GPUs':>4} {'global tok/s':>13} {'tok/s/GPU':>10} {'ms/step':>8} "
+          f"{'MFU':>6} {'scaling':>8} {'xtrain/torch':>12} {'peak GiB':>9}")
+    for r in rows:
+        eff = r["tok_s"] / (base[r["engine"]] * r["gpus"]) if r["engine"] in base else float("nan")
+        torch_tok = peer.get(("pytorch-ddp", r["gpus"]))
+        ratio = r["tok_s"] / torch_tok if r["engine"] == "xtrain" and torch_tok else float("nan")
+        print(f"{r['engine']:<12} {r['gpus']:>4} {r['tok_s']:>13,.0f} {r['tok_s_per_gpu']:>10,.0f} "
+              f"{r['ms_per_step']:>8.1f} {r['mfu']:>6.1%} {eff:>8.1%} {ratio:>12.2f} {r['peak_mem_gib']:>9.1f}")
+    print("scaling: global tok/s / (GPUs x the same engine's 1-GPU tok/s)")
+
+
+def _fmt_row(r: dict) -> str:
+    return f"  {r['engine']} on {r['gpus']} GPU(s): {r['tok_s']:,.0f} tok/s, {r['ms_per_step']:.1f} ms/step"
+
+
+def _num_params(cfg) -> int:
+    return cfg.core_params() + 2 * cfg.vocab_size * cfg.dim + cfg.dim
+
+
+def _commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("XTRAIN_COMMIT", "unknown")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

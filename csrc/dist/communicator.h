@@ -1,0 +1,105 @@
+// NCCL communicator for data-parallel training: N GPUs of one process, one host thread per GPU.
+//
+//  - One NCCL rank per device, all created by the constructor (ncclCommInitRankConfig for every
+//    device inside one ncclGroupStart/End). Rank r's collectives are called from rank r's thread
+//    and run on that thread's current stream of its device (xt::cuda::current_stream), so they are
+//    ordered with the rank's own kernels and the host never waits for them (barrier() excepted).
+//  - Communicators are non-blocking (ncclConfig_t.blocking = 0): no NCCL call blocks the host;
+//    host-side progress (ncclInProgress) is polled against the timeout.
+//  - Failure never hangs. A watchdog thread follows each rank's outstanding collectives (a CUDA
+//    event recorded after each) and NCCL's asynchronous error state; a collective still running
+//    after `timeout_s`, or an NCCL error, aborts the communicator. abort() does the same from any
+//    thread (the Python launcher calls it when one rank raises). Abort runs ncclCommAbort on every
+//    rank, which makes NCCL kernels still waiting for a peer exit, so a thread blocked on its
+//    stream returns; every later call on any rank raises RuntimeError carrying the first reason.
+//  - all_reduce over a list is one NCCL launch: tensors of kInPlaceBytes or more are reduced in
+//    place, smaller ones are packed into one flat buffer per dtype (from the caching allocator,
+//    on the rank's stream) and reduced there, all inside one ncclGroupStart/End.
+// This header does not include nccl.h: builds without NCCL never compile communicator.cpp.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace xt {
+namespace dist {
+
+enum class ReduceOp { Sum, Avg };
+ReduceOp parse_reduce_op(const std::string& name);  // "sum" | "avg"; ValueError otherwise
+
+// Tensors at least this large are reduced where they lie; smaller ones are packed first. 1 MiB
+// is where a separate NCCL collective stops being latency-bound on NVLink, while the packing
+// copies of everything below it are a few MB per step at most.
+constexpr size_t kInPlaceBytes = size_t(1) << 20;
+
+std::string nccl_version();  // "2.27.3": the NCCL the process runs with
+
+class Communicator {
+ public:
+  // One rank per entry of `devices` (rank i drives cuda:devices[i]); distinct, visible devices.
+  // A collective that has not completed `timeout_s` seconds after it was queued aborts everything.
+  Communicator(const std::vector<int>& devices, double timeout_s);
+  ~Communicator();  // close()
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int world_size() const { return static_cast<int>(devices_.size()); }
+  const std::vector<int>& devices() const { return devices_; }
+  double timeout() const { return timeout_s_; }
+
+  // Collectives of rank `rank`, called from that rank's thread; every rank must make the same
+  // calls in the same order with tensors of the same shapes and dtypes. In place, asynchronous.
+  // all_reduce: float32 or bfloat16 tensors on the rank's device.
+  void all_reduce(int rank, const std::vector<Tensor>& tensors, ReduceOp op);
+  // broadcast: root's values overwrite every other rank's (any dtype).
+  void broadcast(int rank, const std::vector<Tensor>& tensors, int root);
+  // Sync point: returns once every rank has reached its barrier and this rank's earlier
+  // collectives are done; raises RuntimeError on abort or timeout instead of waiting forever.
+  void barrier(int rank);
+
+  // Tear down every rank with ncclCommAbort (any thread; idempotent; the first reason is kept).
+  void abort(const std::string& reason);
+  bool aborted() const { return aborted_.load(); }
+  std::string error() const;  // why it was aborted; "" while it is healthy
+  // Orderly teardown once the ranks are done: waits (bounded by the timeout) for outstanding
+  // collectives, then ncclCommFinalize + ncclCommDestroy; aborts instead if that does not finish.
+  // Idempotent; later calls raise RuntimeError.
+  void close();
+
+ private:
+  struct Rank;
+  Rank& rank_at(int rank, const char* op);
+  void check_tensors(const Rank& r, const std::vector<Tensor>& tensors, const char* op, bool floating);
+  std::string check_usable(const Rank& r, const char* op) const;  // "" when usable (r.mu held)
+  std::string wait_host_progress(Rank& r, const char* op);       // "" when done (r.mu held)
+  std::string nccl_failure(const Rank& r, int result, const char* op) const;
+  void track(Rank& r, void* stream, const char* op);               // r.mu held
+  // Retire this rank's completed collectives; a reason to abort if the oldest one is overdue or
+  // failed, else "". *done (if given) tells whether none is outstanding.
+  std::string poll_pending(Rank& r, bool* done);
+  [[noreturn]] void fail(const std::string& reason);               // abort(reason) and throw
+  void watchdog();
+  std::string watchdog_check(Rank& r);  // a reason to abort, or ""
+  void destroy_events();
+
+  std::vector<int> devices_;
+  double timeout_s_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> closed_{false};
+  mutable std::mutex error_mu_;
+  std::string error_;
+  std::mutex watchdog_mu_;
+  std::condition_variable watchdog_cv_;
+  bool watchdog_stop_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace dist
+}  // namespace xt

@@ -1,0 +1,396 @@
+"""Data-parallel training (xtrain.distributed, xtrain._C.dist).
+
+CPU (always): device resolution, the launcher's failure handling against a fake communicator
+(original exception re-raised, peers stopped, bounded joins), and clear errors where NCCL or GPUs
+are missing. Two GPUs (skipped otherwise): collectives against numpy, one-GPU equivalence of the
+training step (2 ranks x batch B == 1 GPU x batch 2B, float32 / bf16 / recompute), a failing
+rank, a collective that never completes, and `xtrain train --devices 2` with resume.
+
+Tolerances of the equivalence tests (per-step loss, relative): the two runs differ only in how
+sums are split (each rank's GEMMs and loss mean cover B sequences instead of 2B, then NCCL
+averages two partial means), so float32 stays within LOSS_RTOL_F32 over 20 steps. In bf16 the
+activations are rounded to 8 bits of mantissa after every op, so a GEMM that picks another
+algorithm for the smaller batch moves some activations by one bf16 ulp (2^-8 relative) and the
+runs drift apart faster: LOSS_RTOL_BF16. Across ranks the parameters are always bitwise equal:
+both ranks apply the same averaged gradients to the same weights.
+"""
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import xtrain
+from modelhelp import prepared_stories, run_cli
+from xtrain import distributed
+from xtrain.distributed import (RankStopped, all_reduce_gradients, broadcast_parameters, launch,
+                                resolve_devices)
+from xtrain.models import TinyTransformer, TransformerConfig
+from xtrain.optim import AdamW, clip_grad_norm_
+
+LOSS_RTOL_F32 = 1e-6
+LOSS_RTOL_BF16 = 2e-2
+PARAM_ATOL_ACROSS_RANKS = 1e-6
+
+two_gpus = pytest.mark.skipif(
+    not distributed.is_available() or xtrain.cuda.device_count() < 2,
+    reason="needs an NCCL build of xtrain and at least 2 visible GPUs")
+
+
+def _rank_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("xtrain-rank")]
+
+
+# ---------------------------------------------------------------- CPU: pure logic
+
+def test_resolve_devices():
+    assert resolve_devices("all", available=4) == [0, 1, 2, 3]
+    assert resolve_devices("ALL", available=1) == [0]
+    assert resolve_devices(2, available=4) == [0, 1]
+    assert resolve_devices([1, "cuda:3"], available=4) == [1, 3]
+    assert resolve_devices(("2",), available=4) == [2]
+    with pytest.raises(ValueError, match=">= 1"):
+        resolve_devices(0, available=4)
+    with pytest.raises(RuntimeError, match="5 GPUs requested but 4 visible"):
+        resolve_devices(5, available=4)
+    with pytest.raises(RuntimeError, match="cuda:7"):
+        resolve_devices([7], available=4)
+    with pytest.raises(ValueError, match="twice"):
+        resolve_devices([1, "cuda:1"], available=4)
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        resolve_devices("all", available=0)
+    for bad in (True, "some", [], ["gpu0"], 1.5):
+        with pytest.raises(TypeError):
+            resolve_devices(bad, available=4)
+
+
+class FakeComm:
+    """Stands in for _C.dist.Communicator: wait() blocks like a rank stuck in NCCL until abort."""
+
+    def __init__(self):
+        self.aborted = threading.Event()
+        self.reasons, self.closed = [], False
+
+    def rank(self, r):
+        return self
+
+    def wait(self, seconds=60.0):
+        if self.aborted.wait(seconds):
+            raise RuntimeError(f"all_reduce: the communicator was aborted: {self.reasons[0]}")
+
+    def abort(self, reason):
+        self.reasons.append(reason)
+        self.aborted.set()
+
+    def close(self):
+        self.closed = True
+
+
+class CpuLaunch(distributed._Launch):
+    def enter_device(self, index):
+        pass
+
+    def leave_device(self, index):
+        pass
+
+
+def _fake_launch(fn, n=2, stop_timeout=10.0):
+    comm = FakeComm()
+    t0 = time.monotonic()
+    try:
+        return comm, CpuLaunch(comm, list(range(n)), stop_timeout).run(fn), time.monotonic() - t0
+    except BaseException as e:
+        e.elapsed, e.comm = time.monotonic() - t0, comm
+        raise
+
+
+def test_launch_logic_returns_results_in_rank_order():
+    comm, results, _ = _fake_launch(lambda ctx: (ctx.rank, ctx.world_size, ctx.device), n=3)
+    assert results == [(0, 3, "cuda:0"), (1, 3, "cuda:1"), (2, 3, "cuda:2")]
+    assert comm.closed and not comm.reasons
+    assert not _rank_threads()
+
+
+def test_launch_logic_reraises_the_original_error_and_unblocks_peers():
+    boom = ValueError("rank 1 failed mid-step")
+
+    def fn(ctx):
+        if ctx.rank == 1:
+            time.sleep(0.2)
+            raise boom
+        ctx.comm.wait()  # rank 0 "in NCCL", waiting for rank 1 forever unless aborted
+
+    with pytest.raises(ValueError) as info:
+        _fake_launch(fn)
+    assert info.value is boom
+    assert info.value.elapsed < 5
+    comm = info.value.comm
+    assert len(comm.reasons) == 1 and "rank 1" in comm.reasons[0] and "ValueError" in comm.reasons[0]
+    assert not comm.closed
+    assert not _rank_threads()
+
+
+def test_launch_logic_stop_flag_stops_ranks_between_steps():
+    stopped = []
+
+    def fn(ctx):
+        if ctx.rank == 0:
+            raise KeyError("bad batch")
+        try:
+            while True:
+                ctx.check()
+                time.sleep(0.01)
+        except RankStopped as e:
+            stopped.append(str(e))
+            raise
+
+    with pytest.raises(KeyError, match="bad batch"):
+        _fake_launch(fn, n=3)
+    assert sorted(stopped) == ["rank 1 stopped because rank 0 failed",
+                               "rank 2 stopped because rank 0 failed"]
+    assert not _rank_threads()
+
+
+def test_launch_logic_gives_up_on_a_rank_that_never_stops():
+    release = threading.Event()
+
+    def fn(ctx):
+        if ctx.rank == 0:
+            raise RuntimeError("rank 0 died")
+        release.wait(30)  # ignores both the stop flag and the abort
+
+    try:
+        with pytest.raises(RuntimeError, match="rank 0 died") as info:
+            _fake_launch(fn, stop_timeout=0.5)
+        assert info.value.elapsed < 5
+        notes = getattr(info.value, "__notes__", [])
+        if hasattr(info.value, "add_note"):
+            assert any("did not stop" in n for n in notes), notes
+        assert all(t.daemon for t in _rank_threads())  # cannot keep the process alive
+    finally:
+        release.set()
+        for t in _rank_threads():
+            t.join(5)
+
+
+@pytest.mark.skipif(distributed.is_available(), reason="NCCL and a GPU are available here")
+def test_launch_without_backend_raises_clearly():
+    called = []
+    with pytest.raises(RuntimeError, match="NCCL|CUDA") as info:
+        launch(called.append, devices=2)
+    assert "xtrain.distributed.launch" in str(info.value)
+    assert not called and not _rank_threads()
+
+
+@pytest.mark.skipif(distributed.is_available(), reason="NCCL and a GPU are available here")
+def test_cli_devices_without_backend_is_a_usage_error():
+    r = run_cli("train", "--devices", "2", "--steps", "1")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xtrain: error: --devices 2:"), r.stderr
+    assert "NCCL" in lines[0] or "CUDA" in lines[0]
+
+
+def test_communicator_without_backend_raises_clearly():
+    if distributed.is_available():
+        pytest.skip("NCCL and a GPU are available here")
+    with pytest.raises(RuntimeError, match="NCCL|CUDA|cuda"):
+        xtrain._C.dist.Communicator([0, 1])
+
+
+# ---------------------------------------------------------------- two GPUs: collectives
+
+@two_gpus
+def test_collectives_match_numpy():
+    rng = np.random.default_rng(0)
+    # Sizes on both sides of kInPlaceBytes (1 MiB): packed, in place, and a lone small bf16.
+    shapes = [(3,), (700, 600), (17, 5), (1,), (300_000,)]
+    host = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(2)]
+    bf16_host = [rng.standard_normal((33,)).astype(np.float32) for _ in range(2)]
+
+    def fn(ctx):
+        mine = [xtrain.tensor(a, device=ctx.device) for a in host[ctx.rank]]
+        summed = [xtrain.tensor(a, device=ctx.device) for a in host[ctx.rank]]
+        b = xtrain.tensor(bf16_host[ctx.rank], dtype="bfloat16", device=ctx.device)
+        ctx.all_reduce(mine + [b], "avg")
+        ctx.all_reduce(summed, "sum")
+        ids = xtrain.tensor(np.arange(5) + 10 * ctx.rank, dtype="int64", device=ctx.device)
+        ctx.broadcast([ids], root=1)
+        ctx.barrier()
+        return ([t.numpy() for t in mine], [t.numpy() for t in summed], b.numpy(), ids.numpy())
+
+    results = launch(fn, devices=[0, 1])
+    for avg, summed, b, ids in results:
+        for k in range(len(shapes)):
+            np.testing.assert_allclose(avg[k], (host[0][k] + host[1][k]) / 2, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(summed[k], host[0][k] + host[1][k], rtol=1e-6, atol=1e-7)
+        bf = [xtrain.tensor(a, dtype="bfloat16").numpy() for a in bf16_host]
+        np.testing.assert_allclose(b, (bf[0] + bf[1]) / 2, rtol=2**-7, atol=1e-2)
+        np.testing.assert_array_equal(ids, np.arange(5) + 10)
+    for k in range(len(shapes)):  # every rank holds the same bits
+        np.testing.assert_array_equal(results[0][0][k], results[1][0][k])
+
+
+@two_gpus
+def test_bad_collective_arguments_raise():
+    def fn(ctx):
+        other = f"cuda:{1 - ctx.rank}"
+        with pytest.raises(ValueError, match="drives cuda"):
+            ctx.all_reduce([xtrain.zeros((4,), device=other)])
+        with pytest.raises(TypeError, match="float32 and bfloat16"):
+            ctx.all_reduce([xtrain.zeros((4,), dtype="int64", device=ctx.device)])
+        with pytest.raises(ValueError, match="avg"):
+            ctx.all_reduce([xtrain.zeros((4,), device=ctx.device)], "max")
+        t = xtrain.zeros((4,), device=ctx.device)
+        with pytest.raises(ValueError, match="appear once|shares its memory"):
+            ctx.all_reduce([t, t])
+        with pytest.raises(ValueError, match="root"):
+            ctx.broadcast([t], root=5)
+        ctx.barrier()  # nothing was queued by the failed calls: the ranks still agree
+
+    launch(fn, devices=[0, 1])
+
+
+# ---------------------------------------------------------------- two GPUs: training equivalence
+
+CONFIG = dict(vocab_size=256, dim=64, n_layers=2, n_heads=4, head_dim=16, ffn_dim=160, max_seq=64)
+B, S, STEPS, LR = 4, 32, 20, 3e-3
+
+
+def _global_batches(vocab, steps=STEPS, seed=0):
+    """Learnable windows (arithmetic sequences mod vocab), (2B, S) inputs and targets per step."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        start = rng.integers(0, vocab, size=(2 * B, 1))
+        stride = rng.integers(1, 4, size=(2 * B, 1))
+        w = (start + stride * np.arange(S + 1)[None, :]) % vocab
+        out.append((w[:, :-1].astype(np.int64), w[:, 1:].astype(np.int64)))
+    return out
+
+
+def _train(config, batches, device, ctx=None):
+    model = TinyTransformer(config, device=device, seed=0)
+    params = model.parameters()
+    if ctx is not None:
+        broadcast_parameters(params, ctx)
+    opt = AdamW(model.named_parameters(), lr=LR, weight_decay=0.1)
+    losses = []
+    for x, y in batches:
+        if ctx is not None:
+            ctx.check()
+            x, y = x[ctx.rank * B:(ctx.rank + 1) * B], y[ctx.rank * B:(ctx.rank + 1) * B]
+        _, loss = model(x, y)
+        loss.backward()
+        loss = loss.detach()
+        if ctx is not None:
+            all_reduce_gradients(params, ctx, extra=[loss])
+        clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return np.array(losses), {n: p.numpy() for n, p in model.named_parameters()}
+
+
+@two_gpus
+@pytest.mark.parametrize("flags, rtol", [({}, LOSS_RTOL_F32),
+                                         ({"recompute": True}, LOSS_RTOL_F32),
+                                         ({"bf16": True}, LOSS_RTOL_BF16)],
+                         ids=["float32", "recompute", "bf16"])
+def test_two_gpus_match_one_gpu_with_the_same_global_batch(flags, rtol):
+    config = TransformerConfig(**CONFIG, **flags)
+    batches = _global_batches(config.vocab_size)
+    ref_losses, _ = _train(config, batches, "cuda:0")
+    results = launch(lambda ctx: _train(config, batches, ctx.device, ctx), devices=[0, 1])
+    (loss0, params0), (loss1, params1) = results
+    np.testing.assert_array_equal(loss0, loss1)  # the all-reduced loss: same bits on both ranks
+    assert ref_losses[-1] < ref_losses[0] - 0.3, ref_losses  # the run learns something
+    rel = np.abs(loss0 - ref_losses) / np.abs(ref_losses)
+    assert rel.max() <= rtol, (rel.max(), loss0, ref_losses)
+    worst = max(float(np.abs(params0[n] - params1[n]).max()) for n in params0)
+    assert worst <= PARAM_ATOL_ACROSS_RANKS, worst
+
+
+# ---------------------------------------------------------------- two GPUs: failures
+
+@two_gpus
+def test_a_rank_that_raises_stops_every_rank_within_seconds():
+    config = TransformerConfig(**CONFIG)
+    batches = _global_batches(config.vocab_size, steps=50)
+
+    def fn(ctx):
+        model = TinyTransformer(config, device=ctx.device, seed=0)
+        params = model.parameters()
+        for step, (x, y) in enumerate(batches):
+            x, y = x[ctx.rank * B:(ctx.rank + 1) * B], y[ctx.rank * B:(ctx.rank + 1) * B]
+            _, loss = model(x, y)
+            if ctx.rank == 1 and step == 3:
+                raise ArithmeticError("rank 1 failed mid-step")  # before its all-reduce
+            loss.backward()
+            all_reduce_gradients(params, ctx)
+            for p in params:
+                p.grad = None
+            loss.item()  # rank 0 waits here on a stream blocked in NCCL until the abort
+
+    t0 = time.monotonic()
+    with pytest.raises(ArithmeticError, match="rank 1 failed mid-step"):
+        launch(fn, devices=[0, 1])
+    assert time.monotonic() - t0 < 30
+    assert not _rank_threads()
+    # The devices remain usable for a new communicator afterwards.
+    assert launch(lambda ctx: ctx.barrier() or ctx.rank, devices=[0, 1]) == [0, 1]
+
+
+@two_gpus
+def test_a_collective_that_never_completes_times_out():
+    def fn(ctx):
+        if ctx.rank == 0:  # rank 1 never joins: rank 0's all-reduce cannot complete
+            ctx.all_reduce([xtrain.ones((8,), device=ctx.device)])
+            ctx.barrier()
+        return ctx.rank
+
+    t0 = time.monotonic()
+    # Either the watchdog (the queued all-reduce never completes) or the first collective's
+    # connection setup, which waits for the peer while queuing, gives up after the timeout.
+    with pytest.raises(RuntimeError, match="has not completed|did not finish queuing"):
+        launch(fn, devices=[0, 1], timeout=3.0)
+    assert time.monotonic() - t0 < 30
+    assert not _rank_threads()
+
+
+# ---------------------------------------------------------------- two GPUs: `xtrain train --devices`
+
+def _losses(out):
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return ([r["loss"] for r in records if "loss" in r],
+            [r["val_loss"] for r in records if "val_loss" in r])
+
+
+@two_gpus
+def test_cli_two_devices_matches_one_and_resumes(tmp_path):
+    data = prepared_stories(tmp_path)
+    common = ("train", "--preset", "tiny", "--data", data, "--seq", "64", "--lr", "3e-3",
+              "--warmup", "2", "--decay-steps", "8", "--eval-every", "4", "--eval-batches", "2",
+              "--sample-tokens", "8", "--no-progress")
+    one = run_cli(*common, "--devices", "1", "--batch", "8", "--steps", "8", "--out", tmp_path / "one")
+    assert one.returncode == 0, one.stderr
+    two = run_cli(*common, "--devices", "2", "--batch", "4", "--steps", "8", "--out", tmp_path / "two")
+    assert two.returncode == 0, two.stderr
+    assert "2 GPUs" in two.stdout and "sample:" in two.stdout
+    (l1, v1), (l2, v2) = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert len(l2) == 8 and len(v2) == 3
+    np.testing.assert_allclose(l2, l1, rtol=1e-5)
+    np.testing.assert_allclose(v2, v1, rtol=1e-5)
+    for name in ("loss.png", "sample.txt", "ckpt/state.json"):
+        assert (tmp_path / "two" / name).is_file(), name
+
+    # Resume on the same number of GPUs: 4 steps, then 4 more == the 8-step run, bit for bit.
+    part = tmp_path / "part"
+    r = run_cli(*common, "--devices", "2", "--batch", "4", "--steps", "4", "--out", part)
+    assert r.returncode == 0, r.stderr
+    r = run_cli(*common, "--devices", "2", "--batch", "4", "--steps", "8", "--out", part, "--resume")
+    assert r.returncode == 0, r.stderr
+    lp, vp = _losses(part)
+    assert lp == l2 and vp == v2, (lp, l2, vp, v2)
