@@ -4,7 +4,6 @@ loadable), and clear errors for truncated, corrupt or mismatched checkpoints."""
 import json
 import os
 
-import numpy as np
 import pytest
 
 import xtrain

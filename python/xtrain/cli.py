@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data", default=None,
                    help="a prepared data directory, or a .txt/.jsonl/.parquet file or directory to "
                         "prepare into OUT/data (default: the built-in story corpus)")
-    t.add_argument("--out", default="runs/tiny", help="run directory: log, checkpoint, plot, sample")
+    t.add_argument("--out", default=None,
+                   help="run directory: log, checkpoint, plot, sample (default: runs/PRESET)")
     t.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     t.add_argument("--bf16", action="store_true", help="mixed precision: bf16 compute, fp32 master weights")
     t.add_argument("--recompute", action="store_true",
@@ -107,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=_positive_int, default=800, help="total optimizer steps")
     t.add_argument("--decay-steps", type=_positive_int, default=None,
                    help="length of the cosine LR schedule (default: --steps)")
-    t.add_argument("--lr", type=_positive_float, default=2e-3, help="peak learning rate")
+    t.add_argument("--lr", type=_positive_float, default=None,
+                   help="peak learning rate (default: per preset, tiny 2e-3 ... dim1024 5e-4; "
+                        "the checkpoint's with --resume)")
     t.add_argument("--min-lr", type=float, default=None, help="final learning rate (default: lr/10)")
     t.add_argument("--warmup", type=_nonneg_int, default=50, help="linear warm-up steps")
     t.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (2-D weights)")
@@ -173,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, xtrain.OutOfMemoryError):
             print(f"xtrain: out of memory: {e}", file=sys.stderr)
             return 1
-        if isinstance(e, (UsageError, ValueError, KeyError, FileNotFoundError, NotADirectoryError)):
-            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        if isinstance(e, (UsageError, ValueError, FileNotFoundError, NotADirectoryError)):
+            msg = str(e).strip()
             print(f"xtrain: error: {msg.splitlines()[0] if msg else type(e).__name__}", file=sys.stderr)
             return 2
         raise
@@ -195,14 +198,15 @@ def cmd_train(args) -> int:
         raise UsageError(f"--data {args.data}: no such file or directory")
     if not 0.0 <= args.dropout < 1.0:
         raise UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
+    out = args.out or f"runs/{args.preset or 'tiny'}"
     resume = None
     if args.resume is not None:
-        resume = args.resume or str(Path(args.out) / CKPT_DIR)
+        resume = args.resume or str(Path(out) / CKPT_DIR)
         from xtrain import state
 
         state.resolve(resume)  # a clear error now rather than after the data is prepared
     _check_device(args.device)
-    cfg = TrainConfig(preset=args.preset, data=args.data, out=args.out, device=args.device,
+    cfg = TrainConfig(preset=args.preset, data=args.data, out=out, device=args.device,
                       bf16=args.bf16, recompute=args.recompute, dropout=args.dropout,
                       batch=args.batch, seq=args.seq, steps=args.steps, decay_steps=args.decay_steps,
                       lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,

@@ -9,11 +9,10 @@ Outputs in `out`:
     loss.png     train (and val) loss against step
     sample.txt   a sample from the final model
 
-Host syncs: the loop never waits for the device except (1) reading the previous step's loss and
-grad norm for the log, done after the current step has been queued so the device stays busy (the
-time between two such reads is the device time of one step),
-(2) evaluation, which reads its summed loss once, (3) checkpoint saves. Everything else (clipping
-included) stays on the device.
+Host syncs, and only these: (1) once per step, loss and grad norm are read for the log after the
+optimizer step has been queued (forward, backward, clipping and the update are queued without
+waiting; the GPU idles only while Python fetches the next batch and launches the next step's first
+kernel); (2) one read per evaluation; (3) checkpoint saves; (4) sampling.
 """
 
 from __future__ import annotations
@@ -34,6 +33,9 @@ from xtrain.optim import AdamW, clip_grad_norm_, cosine_lr
 CKPT_DIR = "ckpt"
 LOG_FILE = "log.jsonl"
 SAMPLE_PROMPT = "Once upon a time"
+# Peak learning rates that train each preset stably at batch*seq of 2k-16k tokens (smaller models
+# take larger steps; dim768 is GPT-2 small's 6e-4).
+PRESET_LR = {"tiny": 2e-3, "dim384": 1e-3, "dim768": 6e-4, "dim1024": 5e-4}
 
 
 @dataclass
@@ -49,7 +51,7 @@ class TrainConfig:
     seq: int = 128
     steps: int = 800                   # train until this many steps are done (in total)
     decay_steps: int | None = None     # LR schedule length (None: steps)
-    lr: float = 2e-3
+    lr: float | None = None            # peak LR; None: the preset's (PRESET_LR), or the resumed run's
     min_lr: float | None = None        # None: lr / 10
     warmup: int = 50
     weight_decay: float = 0.1
@@ -109,8 +111,13 @@ def train(cfg: TrainConfig) -> dict:
     model.train()
 
     # ---- optimizer
+    max_lr = cfg.lr
+    if max_lr is None and ckpt is not None:
+        max_lr = (ckpt.meta.get("train_args") or {}).get("lr")
+    if max_lr is None:
+        max_lr = PRESET_LR[cfg.preset or "tiny"]
     params = model.parameters()
-    optimizer = AdamW(model.named_parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+    optimizer = AdamW(model.named_parameters(), lr=max_lr, betas=(cfg.beta1, cfg.beta2),
                       weight_decay=cfg.weight_decay)
     step = 0
     if ckpt is not None:
@@ -121,7 +128,7 @@ def train(cfg: TrainConfig) -> dict:
         ckpt.restore_rng()
         step = ckpt.step
     decay_steps = cfg.decay_steps or cfg.steps
-    min_lr = cfg.min_lr if cfg.min_lr is not None else cfg.lr / 10
+    min_lr = cfg.min_lr if cfg.min_lr is not None else max_lr / 10
 
     # ---- logging
     tokens_per_step = cfg.batch * cfg.seq
@@ -139,22 +146,19 @@ def train(cfg: TrainConfig) -> dict:
         log_file.flush()
         history.append(record)
 
-    def flush_pending() -> None:
-        nonlocal pending, t_last
-        if pending is None:
-            return
-        p_step, p_loss, p_norm, p_lr = pending
-        # Sync point: the previous step's loss and grad norm come to the host for the log.
-        loss_f, norm_f = p_loss.item(), p_norm.item()
+    def log_step(step: int, loss, grad_norm, lr: float) -> None:
+        nonlocal t_last
+        # Sync point (the only one per step): loss and grad norm come to the host for the log.
+        # The read waits for the whole step, so the time since the last read is the step's time.
+        loss_f, norm_f = loss.item(), grad_norm.item()
         now = time.time()
         dt, t_last = now - t_last, now
         mem_mb = memory_mb(device)
-        emit({"step": p_step, "loss": loss_f, "lr": p_lr, "grad_norm": norm_f,
+        emit({"step": step, "loss": loss_f, "lr": lr, "grad_norm": norm_f,
               "tok_s": tokens_per_step / dt, "ms": 1000 * dt, "mem_mb": mem_mb})
         bar.set_postfix_str(f"loss {loss_f:.4f} | {tokens_per_step / dt:,.0f} tok/s | "
                             f"{mem_mb:,.0f} MB", refresh=False)
         bar.update(1)
-        pending = None
 
     def evaluate() -> float:
         model.eval()
@@ -170,21 +174,19 @@ def train(cfg: TrainConfig) -> dict:
     def save() -> None:
         ckpt_state.save(out / CKPT_DIR, model, optimizer, step,
                         loader_state=train_loader.state_dict(), tokenizer=tokenizer,
-                        dataset=str(dataset.path), train_args=asdict(cfg))
+                        dataset=str(dataset.path), train_args={**asdict(cfg), "lr": max_lr})
 
     # ---- the loop
-    pending, t_last = None, time.time()
-    defer_log = device != "cpu"
+    t_last = time.time()
     val_loss = None
     while step < cfg.steps:
         if cfg.eval_every > 0 and step % cfg.eval_every == 0:
-            flush_pending()
             val_loss = evaluate()
             emit({"step": step, "val_loss": val_loss})
             bar.write(f"step {step}: val loss {val_loss:.4f}")
             t_last = time.time()
 
-        lr = cosine_lr(step, cfg.lr, min_lr, cfg.warmup, decay_steps)
+        lr = cosine_lr(step, max_lr, min_lr, cfg.warmup, decay_steps)
         optimizer.lr = lr
         x, y = train_loader.next_batch()              # int64 (B, S) each, on the host
         _, loss = model(x, y)
@@ -192,19 +194,12 @@ def train(cfg: TrainConfig) -> dict:
         grad_norm = clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        # Log the previous step while this one runs on the device; the CPU backend computes
-        # synchronously, so there the step is logged at once (its time is then exact too).
-        flush_pending()
-        pending = (step, loss.detach(), grad_norm, lr)
-        if not defer_log:
-            flush_pending()
+        log_step(step, loss, grad_norm, lr)
         step += 1
 
         if cfg.save_every > 0 and step % cfg.save_every == 0 and step < cfg.steps:
-            flush_pending()
             save()
             t_last = time.time()
-    flush_pending()
     bar.close()
 
     # ---- wrap up: final eval, checkpoint, curve, sample
