@@ -43,6 +43,7 @@ from .tensor import (  # noqa: E402
     zeros,
 )
 from . import cuda, ops  # noqa: E402
+from . import models, nn, optim  # noqa: E402
 from . import _tensor_methods  # noqa: E402
 
 _tensor_methods.install(Tensor)
@@ -55,5 +56,5 @@ __all__ = [
     "randn", "from_dlpack", "no_grad", "enable_grad", "checkpoint", "manual_seed", "default_generator",
     "get_rng_state", "set_rng_state", "memory_stats", "reset_peak_memory_stats", "empty_cache",
     "set_memory_limit", "is_grad_enabled", "set_grad_enabled", "float32", "bfloat16", "float64", "int32",
-    "int64", "cuda", "ops",
+    "int64", "cuda", "ops", "nn", "models", "optim",
 ]
