@@ -1,11 +1,13 @@
 // CUDA RMSNorm over the last dim of [rows, dim]: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
 //
-//  - One warp per row for the forward and for dx; float32 compute for float32/bfloat16 (float64
+//  - G lanes per row (G = 32 for dim >= 128, fewer for short rows) for the forward and for dx; float32 compute for float32/bfloat16 (float64
 //    for float64), rounded once on store; rstd is saved as float32 (the contract). Same formulas
 //    as kernels/cpu/rmsnorm.cpp. w is x's dtype or float32.
 //  - dx and dw are written with `=`. dw[j] = sum over rows of dy * x * rstd, deterministic:
 //    row chunks (a count that depends only on the shape) each sum their rows in increasing order
 //    into a float scratch row, then one pass adds the chunk rows in chunk order.
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 
 namespace xt {
@@ -14,48 +16,89 @@ namespace cuda {
 
 namespace {
 
-constexpr int kRowsPerBlock = kThreads / kWarp;  // one warp per row
+// G lanes per row (G in 2..32, a power of two): a warp handles 32/G rows at once, so short rows
+// (the per-head q/k norm has dim 32) keep more bytes in flight per warp. G depends only on dim.
+template <int G, typename C>
+__device__ __forceinline__ C group_sum(C v) {
+  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
-template <typename T, typename W>
+template <int G>
+__device__ __forceinline__ int64_t group_row() {
+  return (static_cast<int64_t>(blockIdx.x) * (kThreads / kWarp) + threadIdx.x / kWarp) * (kWarp / G) +
+         (threadIdx.x % kWarp) / G;
+}
+
+template <int G>
+constexpr int64_t rows_per_block() { return (kThreads / kWarp) * (kWarp / G); }
+
+template <int G, typename T, typename W>
 __global__ void rmsnorm_forward_kernel(const T* x, const W* w, T* y, float* rstd, int64_t rows, int64_t dim,
                                        float eps) {
   using C = compute_t<T>;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % kWarp;
-  const T* xr = x + r * dim;
-  T* yr = y + r * dim;
+  const int64_t r = group_row<G>();
+  const bool valid = r < rows;  // every lane takes part in the shuffles
+  const int lane = threadIdx.x % G;
+  const T* xr = x + (valid ? r : 0) * dim;
   C ss = 0;
-  for (int64_t j = lane; j < dim; j += kWarp) {
-    const C v = load(xr, j);
-    ss += v * v;
-  }
-  ss = warp_sum(ss);
+  if (valid)
+    for (int64_t j = lane; j < dim; j += G) {
+      const C v = load(xr, j);
+      ss += v * v;
+    }
+  ss = group_sum<G>(ss);
+  if (!valid) return;
+  T* yr = y + r * dim;
   const C inv = C(1) / xsqrt(ss / static_cast<C>(dim) + static_cast<C>(eps));
   if (lane == 0) rstd[r] = static_cast<float>(inv);
-  for (int64_t j = lane; j < dim; j += kWarp) store(yr, j, static_cast<C>(load(xr, j) * inv * static_cast<C>(load(w, j))));
+  for (int64_t j = lane; j < dim; j += G) store(yr, j, static_cast<C>(load(xr, j) * inv * static_cast<C>(load(w, j))));
 }
 
 // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)).
-template <typename T, typename W>
+template <int G, typename T, typename W>
 __global__ void rmsnorm_dx_kernel(const T* x, const W* w, const float* rstd, const T* dy, T* dx, int64_t rows,
                                   int64_t dim) {
   using C = compute_t<T>;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % kWarp;
-  const T* xr = x + r * dim;
-  const T* dyr = dy + r * dim;
-  T* dxr = dx + r * dim;
-  const C inv = static_cast<C>(rstd[r]);
+  const int64_t r = group_row<G>();
+  const bool valid = r < rows;
+  const int lane = threadIdx.x % G;
+  const int64_t rr = valid ? r : 0;
+  const T* xr = x + rr * dim;
+  const T* dyr = dy + rr * dim;
+  const C inv = static_cast<C>(rstd[rr]);
   C dot = 0;
-  for (int64_t j = lane; j < dim; j += kWarp) dot += load(dyr, j) * static_cast<C>(load(w, j)) * (load(xr, j) * inv);
-  dot = warp_sum(dot);
+  if (valid)
+    for (int64_t j = lane; j < dim; j += G) dot += load(dyr, j) * static_cast<C>(load(w, j)) * (load(xr, j) * inv);
+  dot = group_sum<G>(dot);
+  if (!valid) return;
+  T* dxr = dx + r * dim;
   const C mean_dot = dot / static_cast<C>(dim);
-  for (int64_t j = lane; j < dim; j += kWarp) {
+  for (int64_t j = lane; j < dim; j += G) {
     const C xhat = load(xr, j) * inv;
     const C g = load(dyr, j) * static_cast<C>(load(w, j));
     store(dxr, j, static_cast<C>(inv * (g - xhat * mean_dot)));
+  }
+}
+
+// Lanes per row for a row length: about four elements per lane, at most a warp.
+inline int lanes_for(int64_t dim) {
+  if (dim >= 128) return 32;
+  if (dim >= 64) return 16;
+  if (dim >= 32) return 8;
+  if (dim >= 16) return 4;
+  return 2;
+}
+
+// Calls fn(std::integral_constant<int, G>{}) for the G that lanes_for(dim) picks.
+template <typename Fn>
+void with_lanes(int64_t dim, Fn&& fn) {
+  switch (lanes_for(dim)) {
+    case 32: fn(std::integral_constant<int, 32>{}); break;
+    case 16: fn(std::integral_constant<int, 16>{}); break;
+    case 8: fn(std::integral_constant<int, 8>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    default: fn(std::integral_constant<int, 2>{}); break;
   }
 }
 
@@ -92,10 +135,15 @@ template <typename T, typename W>
 void backward_typed(const T* x, const W* w, const float* rstd, const T* dy, T* dx, W* dw, int64_t rows, int64_t dim,
                     const OnStream& on) {
   using C = compute_t<T>;
-  rmsnorm_dx_kernel<T, W><<<static_cast<unsigned>(ceil_div(rows, kRowsPerBlock)), kThreads, 0, on.s>>>(
-      x, w, rstd, dy, dx, rows, dim);
-  XT_LAUNCH_CHECK();
-  const int64_t col_blocks = ceil_div(dim, kThreads);
+  with_lanes(dim, [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    rmsnorm_dx_kernel<G, T, W><<<static_cast<unsigned>(ceil_div(rows, rows_per_block<G>())), kThreads, 0, on.s>>>(
+        x, w, rstd, dy, dx, rows, dim);
+    XT_LAUNCH_CHECK();
+  });
+  // dw: one thread per column; a block no wider than the row (dim 32 -> 32 threads, not 256).
+  const int dw_threads = static_cast<int>(dim >= kThreads ? kThreads : ceil_div(dim, kWarp) * kWarp);
+  const int64_t col_blocks = ceil_div(dim, dw_threads);
   int64_t nchunks = ceil_div(kDwTargetBlocks, col_blocks);
   const int64_t by_rows = ceil_div(rows, kDwMinRows);
   if (nchunks > by_rows) nchunks = by_rows;
@@ -105,15 +153,15 @@ void backward_typed(const T* x, const W* w, const float* rstd, const T* dy, T* d
   nchunks = ceil_div(rows, rows_per_chunk);
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(nchunks));
   if (nchunks == 1) {
-    rmsnorm_dw_partial_kernel<T, W><<<grid, kThreads, 0, on.s>>>(x, rstd, dy, dw, nullptr, rows, dim, rows_per_chunk);
+    rmsnorm_dw_partial_kernel<T, W><<<grid, dw_threads, 0, on.s>>>(x, rstd, dy, dw, nullptr, rows, dim, rows_per_chunk);
     XT_LAUNCH_CHECK();
     return;
   }
   Scratch partial(sizeof(C) * static_cast<size_t>(nchunks * dim), on);
-  rmsnorm_dw_partial_kernel<T, W><<<grid, kThreads, 0, on.s>>>(x, rstd, dy, dw, partial.as<C>(), rows, dim,
-                                                               rows_per_chunk);
+  rmsnorm_dw_partial_kernel<T, W><<<grid, dw_threads, 0, on.s>>>(x, rstd, dy, dw, partial.as<C>(), rows, dim,
+                                                                 rows_per_chunk);
   XT_LAUNCH_CHECK();
-  rmsnorm_dw_final_kernel<C, W><<<grid.x, kThreads, 0, on.s>>>(partial.as<C>(), static_cast<int>(nchunks), dw, dim);
+  rmsnorm_dw_final_kernel<C, W><<<grid.x, dw_threads, 0, on.s>>>(partial.as<C>(), static_cast<int>(nchunks), dw, dim);
   XT_LAUNCH_CHECK();
 }
 
@@ -124,16 +172,19 @@ void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y
   XT_ASSERT(w_dt == dt || w_dt == DType::Float32, "rmsnorm_forward: w dtype ", dtype_name(w_dt));
   if (rows == 0) return;
   OnStream on(stream);
-  const unsigned blocks = static_cast<unsigned>(ceil_div(rows, kRowsPerBlock));
   dispatch_float(dt, "rmsnorm_forward", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    if (w_dt == DType::Float32)
-      rmsnorm_forward_kernel<T, float><<<blocks, kThreads, 0, on.s>>>(
-          static_cast<const T*>(x), static_cast<const float*>(w), static_cast<T*>(y), rstd, rows, dim, eps);
-    else
-      rmsnorm_forward_kernel<T, T><<<blocks, kThreads, 0, on.s>>>(static_cast<const T*>(x), static_cast<const T*>(w),
-                                                                 static_cast<T*>(y), rstd, rows, dim, eps);
-    XT_LAUNCH_CHECK();
+    with_lanes(dim, [&](auto g) {
+      constexpr int G = decltype(g)::value;
+      const unsigned blocks = static_cast<unsigned>(ceil_div(rows, rows_per_block<G>()));
+      if (w_dt == DType::Float32)
+        rmsnorm_forward_kernel<G, T, float><<<blocks, kThreads, 0, on.s>>>(
+            static_cast<const T*>(x), static_cast<const float*>(w), static_cast<T*>(y), rstd, rows, dim, eps);
+      else
+        rmsnorm_forward_kernel<G, T, T><<<blocks, kThreads, 0, on.s>>>(
+            static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), rstd, rows, dim, eps);
+      XT_LAUNCH_CHECK();
+    });
   });
 }
 

@@ -6,7 +6,7 @@
 //  - inv_freq[i] = 1 / theta^(2i/D) and the angles are float32, computed exactly as the CPU
 //    kernel does (the power in double, rounded once to float32).
 //  - inverse rotates by -angle (the backward). out is written with `=` and must not alias x.
-//  - One thread per rotated pair; float32 compute for float32/bfloat16, float64 with the cos/sin
+//  - One block per (b, s) row with a shared cos/sin table; float32 compute for float32/bfloat16, float64 with the cos/sin
 //    of the float32 angle for float64.
 #include "kernels/cuda/common.cuh"
 
@@ -19,27 +19,38 @@ namespace {
 __device__ __forceinline__ void xsincos(float a, float* s, float* c) { sincosf(a, s, c); }
 __device__ __forceinline__ void xsincos(double a, double* s, double* c) { sincos(a, s, c); }
 
+// One block per (b, s) row of [H, D]. The block first tabulates cos/sin of its position for the
+// D/2 frequencies in shared memory (H times fewer sincos and pow than one per element, and no
+// 64-bit index division per element), then rotates the row's H*D/2 pairs. The per-frequency
+// arithmetic is the same expression as before, so results are unchanged bit for bit.
 template <typename T>
-__global__ void rope_kernel(const T* x, T* out, const int64_t* pos, int64_t B, int64_t S, int64_t H, int64_t D,
-                            float theta, bool inverse) {
+__global__ void rope_rows_kernel(const T* x, T* out, const int64_t* pos, int S, int H, int D, float theta,
+                                 bool inverse) {
   using C = compute_t<T>;
-  const int64_t half = D / 2;
-  const int64_t n = B * S * H * half;
-  XT_GRID_STRIDE(k, n) {
-    const int64_t i = k % half;
-    int64_t rest = k / half;
-    const int64_t h = rest % H;
-    rest /= H;
-    const int64_t s = rest % S;
-    const int64_t b = rest / S;
+  extern __shared__ unsigned char rope_smem[];
+  C* tab_cos = reinterpret_cast<C*>(rope_smem);
+  const int half = D / 2;
+  C* tab_sin = tab_cos + half;
+  const int64_t row = blockIdx.x;  // b * S + s
+  const int s = static_cast<int>(row % S);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
     const float p = static_cast<float>(pow(static_cast<double>(theta), static_cast<double>(expo)));
     const float inv_freq = 1.0f / p;
     const float angle = static_cast<float>(pos[s]) * inv_freq;
     C sn, cs;
     xsincos(static_cast<C>(angle), &sn, &cs);
-    if (inverse) sn = -sn;
-    const int64_t base = ((b * S + s) * H + h) * D;
+    tab_cos[i] = cs;
+    tab_sin[i] = inverse ? -sn : sn;
+  }
+  __syncthreads();
+  const int64_t row_base = row * static_cast<int64_t>(H) * D;
+  const int pairs = H * half;
+  for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
+    const int h = j / half;
+    const int i = j - h * half;
+    const int64_t base = row_base + static_cast<int64_t>(h) * D;
+    const C cs = tab_cos[i], sn = tab_sin[i];
     const C x1 = load(x, base + i);
     const C x2 = load(x, base + i + half);
     store(out, base + i, static_cast<C>(x1 * cs - x2 * sn));
@@ -47,18 +58,23 @@ __global__ void rope_kernel(const T* x, T* out, const int64_t* pos, int64_t B, i
   }
 }
 
+constexpr int kRopeThreads = 128;
+
 }  // namespace
 
 void rope(DType dt, const void* x, void* out, const int64_t* pos, int64_t B, int64_t S, int64_t H, int64_t D,
           float theta, bool inverse, void* stream) {
   XT_ASSERT(D % 2 == 0, "rope: odd head dim ", D);
-  const int64_t n = B * S * H * (D / 2);
-  if (n == 0) return;
+  if (B * S * H * (D / 2) == 0) return;
+  XT_CHECK(B * S <= INT32_MAX && S <= INT32_MAX && H * D <= INT32_MAX, ValueError, "rope: shape too large for CUDA: [",
+           B, ", ", S, ", ", H, ", ", D, "]");
   OnStream on(stream);
   dispatch_float(dt, "rope", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    rope_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<const T*>(x), static_cast<T*>(out), pos, B, S, H,
-                                                       D, theta, inverse);
+    const size_t smem = sizeof(compute_t<T>) * static_cast<size_t>(D);  // cos and sin, D/2 each
+    rope_rows_kernel<T><<<static_cast<unsigned>(B * S), kRopeThreads, smem, on.s>>>(
+        static_cast<const T*>(x), static_cast<T*>(out), pos, static_cast<int>(S), static_cast<int>(H),
+        static_cast<int>(D), theta, inverse);
     XT_LAUNCH_CHECK();
   });
 }
