@@ -1,6 +1,5 @@
 """pytest options: --device cpu|cuda|all picks where the op suites run (default: cpu, plus cuda
 when xtrain sees a GPU)."""
-import pytest
 
 
 def pytest_addoption(parser):

@@ -19,7 +19,7 @@ import pytest
 import xtrain
 import xtrain.optim
 from xtrain import ops
-from ophelp import TOLERANCE, assert_close, bits, make_inputs, to_numpy64
+from ophelp import assert_close, bits, make_inputs, to_numpy64
 
 pytestmark = [
     pytest.mark.cuda,

@@ -132,3 +132,45 @@ def test_resume_rejects_another_preset(tmp_path, data, device):
     train(_cfg(tmp_path, data, 1, device))
     with pytest.raises(ValueError, match="does not match the checkpoint"):
         train(_cfg(tmp_path, data, 2, device, preset="dim384", resume=str(tmp_path / "ckpt")))
+
+
+class _OneRankContext:
+    """A one-rank stand-in for xtrain.distributed.RankContext on any device: the collectives are
+    the identity, so the data-parallel code path of train() must give the single-device run."""
+
+    def __init__(self, device):
+        self.rank, self.world_size, self.is_main, self.devices = 0, 1, True, [0]
+        self.device = "cpu" if device == "cpu" else "cuda:0"
+        self.comm, self.calls = self, []
+
+    def check(self):
+        self.calls.append("check")
+
+    def broadcast(self, tensors, root=0):
+        self.calls.append("broadcast")
+
+    def all_reduce(self, tensors, op="avg"):
+        self.calls.append(("all_reduce", len(tensors), op))
+
+
+def test_data_parallel_path_of_train_matches_one_device(tmp_path, data, device):
+    """train(cfg, ctx=...) is the loop every rank of `xtrain train --devices N` runs; with one rank
+    and identity collectives it must reproduce train(cfg) bit for bit, with no --lr given (the
+    preset's learning rate)."""
+    from xtrain import state as ckpt_state
+    from xtrain.data import open_dataset
+
+    kw = dict(lr=None, eval_every=3, eval_batches=2)
+    train(_cfg(tmp_path / "single", data, 5, device, **kw))
+    ctx = _OneRankContext(device)
+    cfg = _cfg(tmp_path / "rank", data, 5, device, **kw)
+    xtrain.manual_seed(cfg.seed)  # what train_data_parallel does before starting the ranks
+    summary = train(cfg, ctx=ctx, prepared=(open_dataset(data), None))
+    assert _losses(tmp_path / "single") == _losses(tmp_path / "rank")
+    assert summary["devices"] == [0] and summary["steps"] == 5
+    assert ctx.calls.count("broadcast") == 1 and ctx.calls.count("check") == 5
+    reduces = [c for c in ctx.calls if isinstance(c, tuple)]
+    assert len(reduces) == 5 + 3  # one per step (grads + loss) and one per evaluation (steps 0, 3, 5)
+    assert (tmp_path / "single" / "ckpt" / "model.safetensors").read_bytes() == \
+        (tmp_path / "rank" / "ckpt" / "model.safetensors").read_bytes()
+    assert ckpt_state.load(tmp_path / "rank" / "ckpt").step == 5

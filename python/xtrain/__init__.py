@@ -8,7 +8,7 @@ from . import _libs
 
 _libs.preload()
 
-from . import _C  # noqa: E402
+from . import _C  # noqa: E402, F401
 from ._C import Generator, OutOfMemoryError, Tensor  # noqa: E402
 from ._C import (  # noqa: E402
     default_generator,

@@ -35,11 +35,10 @@ logs, checkpoints, the plot and the sample.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -72,6 +71,11 @@ class RankContext:
     def is_main(self) -> bool:
         """Rank 0: the one that logs, evaluates output and saves."""
         return self.rank == 0
+
+    @property
+    def devices(self) -> list:
+        """The GPU indices of every rank, in rank order."""
+        return list(self._launch.devices)
 
     def should_stop(self) -> bool:
         return self._launch.stop.is_set()
@@ -286,7 +290,8 @@ def train_data_parallel(cfg, devices="all", *, timeout: float = DEFAULT_TIMEOUT)
     """xtrain.train.train(cfg) on several GPUs with the same global batch semantics as one GPU:
     each rank takes cfg.batch sequences of every global step (global batch = batch x GPUs),
     gradients are averaged before clipping and AdamW, so every rank holds the same model. The
-    data are prepared, and the checkpoint read, once on the calling thread."""
+    data are prepared, the checkpoint read and the generators seeded once, on the calling
+    thread, before the rank threads start; every rank then runs the one training loop."""
     from xtrain import state as ckpt_state
     from xtrain import train as single
 
@@ -299,182 +304,8 @@ def train_data_parallel(cfg, devices="all", *, timeout: float = DEFAULT_TIMEOUT)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = ckpt_state.load(cfg.resume) if cfg.resume else None
     dataset = single.open_data(cfg.data, out, cfg.vocab_size, cfg.progress)
-    if ckpt is not None and ckpt.meta["tokenizer"]["fingerprint"] != dataset.tokenizer.fingerprint:
-        raise ckpt_state.CheckpointError(
-            f"{ckpt.path} was trained with tokenizer {ckpt.meta['tokenizer']['name']} "
-            f"({ckpt.meta['tokenizer']['fingerprint']}); the data in {dataset.path} uses "
-            f"{dataset.tokenizer.name} ({dataset.tokenizer.fingerprint})")
+    single.check_tokenizer(ckpt, dataset)
     if ckpt is None:
         xtrain.manual_seed(cfg.seed)  # process-wide: once, before the rank threads start
-    results = launch(lambda ctx: _train_rank(cfg, ctx, dataset, ckpt), devs, timeout=timeout)
+    results = launch(lambda ctx: single.train(cfg, ctx=ctx, prepared=(dataset, ckpt)), devs, timeout=timeout)
     return results[0]
-
-
-def _train_rank(cfg, ctx: RankContext, dataset, ckpt) -> dict | None:
-    """One rank of train_data_parallel: xtrain.train.train's loop, step for step."""
-    from xtrain import ops
-    from xtrain import state as ckpt_state
-    from xtrain import train as single
-    from xtrain.models import TinyTransformer, TransformerConfig, config_for
-    from xtrain.optim import AdamW, clip_grad_norm_, cosine_lr
-
-    t_start = time.time()
-    main, device, out = ctx.is_main, ctx.device, Path(cfg.out)
-    if cfg.memory_limit is not None:
-        xtrain.set_memory_limit(int(cfg.memory_limit), device)
-    tokenizer = dataset.tokenizer
-    # Rank-disjoint windows of the same global step (see xtrain.data.loader).
-    train_loader = dataset.loader("train", cfg.batch, cfg.seq, cfg.seed, ctx.rank, ctx.world_size)
-    val_loader = dataset.loader("val", cfg.batch, cfg.seq, cfg.seed, ctx.rank, ctx.world_size)
-
-    # ---- model: built alike on every rank (CPU-seeded init), then rank 0's weights broadcast
-    run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute, dropout=cfg.dropout)
-    if ckpt is None:
-        model_cfg = config_for(cfg.preset or "tiny", tokenizer.vocab_size, **run_flags)
-        model = TinyTransformer(model_cfg, device=device, seed=cfg.seed)
-    else:
-        if cfg.preset is not None:
-            wanted = config_for(cfg.preset, tokenizer.vocab_size, **run_flags)
-            if wanted != TransformerConfig.from_dict({**ckpt.config.to_dict(), **run_flags}):
-                raise ckpt_state.CheckpointError(
-                    f"--preset {cfg.preset} does not match the checkpoint's model "
-                    f"{ckpt.config.to_dict()}")
-        model = ckpt.build_model(device, **run_flags)
-        model_cfg = model.config
-    dataset.check_vocab(model_cfg.vocab_size)
-    if cfg.seq > model_cfg.max_seq:
-        raise ValueError(f"seq {cfg.seq} exceeds the model's max_seq {model_cfg.max_seq}")
-    params = model.parameters()
-    broadcast_parameters(params, ctx)
-    model.train()
-
-    # ---- optimizer: the same state on every rank (from the same checkpoint when resuming)
-    optimizer = AdamW(model.named_parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                      weight_decay=cfg.weight_decay)
-    step = 0
-    if ckpt is not None:
-        ckpt.load_optimizer(optimizer)
-        if ckpt.loader_state is None:
-            raise ckpt_state.CheckpointError(f"{ckpt.path} holds no data-loader state to resume")
-        train_loader.load_state_dict(ckpt.loader_state)  # the global stream: same on every rank
-        if main:
-            ckpt.restore_rng()
-        step = ckpt.step
-    decay_steps = cfg.decay_steps or cfg.steps
-    min_lr = cfg.min_lr if cfg.min_lr is not None else cfg.lr / 10
-
-    # ---- logging (rank 0)
-    tokens_per_step = cfg.batch * cfg.seq * ctx.world_size
-    log_path = out / single.LOG_FILE
-    history = single._restart_log(log_path, step) if main else []
-    log_file = open(log_path, "a") if main else None
-    bar = single._progress(cfg, step) if main else None
-    if main:
-        print(f"xtrain: {model.num_parameters() / 1e6:.2f}M parameters "
-              f"({model_cfg.core_params() / 1e6:.2f}M in blocks), {ctx.world_size} GPUs "
-              f"({', '.join('cuda:%d' % d for d in ctx._launch.devices)}), "
-              f"{'bf16' if cfg.bf16 else 'fp32'}{', recompute' if cfg.recompute else ''}, "
-              f"{cfg.batch} x {ctx.world_size} sequences = {tokens_per_step} tokens/step, "
-              f"steps {step} -> {cfg.steps}", flush=True)
-
-    def emit(record: dict) -> None:
-        log_file.write(json.dumps(record) + "\n")
-        log_file.flush()
-        history.append(record)
-
-    def flush_pending() -> None:
-        # Every rank reads its previous step here, so no host runs more than a step ahead.
-        nonlocal pending, t_last
-        if pending is None:
-            return
-        p_step, p_loss, p_norm, p_lr = pending
-        # Sync point: the previous step's (rank-averaged) loss and grad norm come to the host.
-        loss_f, norm_f = p_loss.item(), p_norm.item()
-        pending = None
-        if not main:
-            return
-        now = time.time()
-        dt, t_last = now - t_last, now
-        mem_mb = single.memory_mb(device)
-        emit({"step": p_step, "loss": loss_f, "lr": p_lr, "grad_norm": norm_f,
-              "tok_s": tokens_per_step / dt, "ms": 1000 * dt, "mem_mb": mem_mb})
-        bar.set_postfix_str(f"loss {loss_f:.4f} | {tokens_per_step / dt:,.0f} tok/s | "
-                            f"{mem_mb:,.0f} MB", refresh=False)
-        bar.update(1)
-
-    def evaluate() -> float:
-        # Every rank evaluates its slice of each global eval batch; the mean over ranks is the
-        # one-GPU value of the same global batch.
-        model.eval()
-        total, n = None, 0
-        with xtrain.no_grad():
-            for x, y in val_loader.iter_eval(cfg.batch, cfg.seq, cfg.eval_batches):
-                _, loss = model(x, y)
-                total = loss if total is None else ops.add(total, loss)
-                n += 1
-        model.train()
-        ctx.all_reduce([total], "avg")
-        return total.item() / n  # sync point: one read per evaluation
-
-    def save() -> None:
-        ckpt_state.save(out / single.CKPT_DIR, model, optimizer, step,
-                        loader_state=train_loader.state_dict(), tokenizer=tokenizer,
-                        dataset=str(dataset.path), train_args=asdict(cfg))
-
-    # ---- the loop (xtrain.train.train's, plus the gradient all-reduce and the stop check)
-    pending, t_last = None, time.time()
-    val_loss = None
-    while step < cfg.steps:
-        ctx.check()
-        if cfg.eval_every > 0 and step % cfg.eval_every == 0:
-            flush_pending()
-            val_loss = evaluate()
-            if main:
-                emit({"step": step, "val_loss": val_loss})
-                bar.write(f"step {step}: val loss {val_loss:.4f}")
-            t_last = time.time()
-
-        lr = cosine_lr(step, cfg.lr, min_lr, cfg.warmup, decay_steps)
-        optimizer.lr = lr
-        x, y = train_loader.next_batch()              # this rank's int64 (B, S) each, on the host
-        _, loss = model(x, y)
-        loss.backward()
-        loss = loss.detach()
-        all_reduce_gradients(params, ctx, extra=[loss])  # grads and loss: the global-batch mean
-        grad_norm = clip_grad_norm_(params, cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        flush_pending()                               # read the previous step while this one runs
-        pending = (step, loss, grad_norm, lr)
-        step += 1
-
-        if cfg.save_every > 0 and step % cfg.save_every == 0 and step < cfg.steps:
-            flush_pending()
-            if main:
-                save()
-            t_last = time.time()
-    flush_pending()
-
-    # ---- wrap up: final eval on every rank; checkpoint, curve and sample on rank 0
-    if cfg.eval_every > 0:
-        val_loss = evaluate()
-        if main:
-            emit({"step": step, "val_loss": val_loss})
-    if not main:
-        return None
-    bar.close()
-    save()
-    log_file.close()
-    single.plot_losses(history, out / "loss.png")
-    sample = single.sample_text(model, tokenizer, cfg.sample_prompt, cfg.sample_tokens, seed=cfg.seed)
-    (out / "sample.txt").write_text(sample + "\n")
-    train_losses = [r["loss"] for r in history if "loss" in r]
-    summary = {"steps": step, "final_loss": train_losses[-1] if train_losses else None,
-               "first_loss": train_losses[0] if train_losses else None, "val_loss": val_loss,
-               "time_s": time.time() - t_start, "out": str(out), "sample": sample,
-               "devices": list(ctx._launch.devices)}
-    print(f"done: {step} steps in {summary['time_s']:.0f}s on {ctx.world_size} GPUs, train loss "
-          f"{single._fmt(summary['final_loss'])}, val loss {single._fmt(val_loss)}; checkpoint "
-          f"{out / single.CKPT_DIR}")
-    print(f"sample:\n{sample}", flush=True)
-    return summary

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import xtrain
-from xtrain import ops
+from xtrain import distributed, ops
 from xtrain import state as ckpt_state
 from xtrain.models import TinyTransformer, TransformerConfig, config_for
 from xtrain.optim import AdamW, clip_grad_norm_, cosine_lr
@@ -70,30 +70,39 @@ class TrainConfig:
     progress: bool = True
 
 
-def train(cfg: TrainConfig) -> dict:
+def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
+    """Train as configured; returns a summary. With `ctx` (an xtrain.distributed.RankContext),
+    this is one rank of `xtrain train --devices N` (started by distributed.train_data_parallel,
+    which passes `prepared` = (dataset, checkpoint or None) read once for all ranks): the rank
+    takes its slice of every global batch, starts from rank 0's weights, averages gradients (and
+    the loss) before clipping and AdamW, and only rank 0 logs, saves, plots and samples. Other
+    ranks return None."""
     t_start = time.time()
+    main = ctx is None or ctx.is_main
+    rank, world = (0, 1) if ctx is None else (ctx.rank, ctx.world_size)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device) if ctx is None else ctx.device
     if cfg.memory_limit is not None:
         xtrain.set_memory_limit(int(cfg.memory_limit), device)
-    ckpt = ckpt_state.load(cfg.resume) if cfg.resume else None
 
     # ---- data
-    dataset = open_data(cfg.data, out, cfg.vocab_size, cfg.progress)
+    if prepared is None:
+        ckpt = ckpt_state.load(cfg.resume) if cfg.resume else None
+        dataset = open_data(cfg.data, out, cfg.vocab_size, cfg.progress)
+        check_tokenizer(ckpt, dataset)
+    else:
+        dataset, ckpt = prepared
     tokenizer = dataset.tokenizer
-    if ckpt is not None and ckpt.meta["tokenizer"]["fingerprint"] != tokenizer.fingerprint:
-        raise ckpt_state.CheckpointError(
-            f"{ckpt.path} was trained with tokenizer {ckpt.meta['tokenizer']['name']} "
-            f"({ckpt.meta['tokenizer']['fingerprint']}); the data in {dataset.path} uses "
-            f"{tokenizer.name} ({tokenizer.fingerprint})")
-    train_loader = dataset.loader("train", cfg.batch, cfg.seq, cfg.seed)
-    val_loader = dataset.loader("val", cfg.batch, cfg.seq, cfg.seed)
+    # Each rank takes its disjoint slice of every global batch (see xtrain.data.loader).
+    train_loader = dataset.loader("train", cfg.batch, cfg.seq, cfg.seed, rank, world)
+    val_loader = dataset.loader("val", cfg.batch, cfg.seq, cfg.seed, rank, world)
 
     # ---- model
     run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute, dropout=cfg.dropout)
     if ckpt is None:
-        xtrain.manual_seed(cfg.seed)
+        if ctx is None:  # process-wide; the launcher seeds once before its rank threads start
+            xtrain.manual_seed(cfg.seed)
         model_cfg = config_for(cfg.preset or "tiny", tokenizer.vocab_size, **run_flags)
         model = TinyTransformer(model_cfg, device=device, seed=cfg.seed)
     else:
@@ -108,6 +117,9 @@ def train(cfg: TrainConfig) -> dict:
     dataset.check_vocab(model_cfg.vocab_size)
     if cfg.seq > model_cfg.max_seq:
         raise ValueError(f"seq {cfg.seq} exceeds the model's max_seq {model_cfg.max_seq}")
+    params = model.parameters()
+    if ctx is not None:
+        distributed.broadcast_parameters(params, ctx)  # every rank starts from rank 0's weights
     model.train()
 
     # ---- optimizer
@@ -116,7 +128,6 @@ def train(cfg: TrainConfig) -> dict:
         max_lr = (ckpt.meta.get("train_args") or {}).get("lr")
     if max_lr is None:
         max_lr = PRESET_LR[cfg.preset or "tiny"]
-    params = model.parameters()
     optimizer = AdamW(model.named_parameters(), lr=max_lr, betas=(cfg.beta1, cfg.beta2),
                       weight_decay=cfg.weight_decay)
     step = 0
@@ -124,22 +135,25 @@ def train(cfg: TrainConfig) -> dict:
         ckpt.load_optimizer(optimizer)
         if ckpt.loader_state is None:
             raise ckpt_state.CheckpointError(f"{ckpt.path} holds no data-loader state to resume")
-        train_loader.load_state_dict(ckpt.loader_state)
-        ckpt.restore_rng()
+        train_loader.load_state_dict(ckpt.loader_state)  # the global stream: same on every rank
+        if main:
+            ckpt.restore_rng()
         step = ckpt.step
     decay_steps = cfg.decay_steps or cfg.steps
     min_lr = cfg.min_lr if cfg.min_lr is not None else max_lr / 10
 
-    # ---- logging
-    tokens_per_step = cfg.batch * cfg.seq
+    # ---- logging (rank 0 only)
+    tokens_per_step = cfg.batch * cfg.seq * world
     log_path = out / LOG_FILE
-    history = _restart_log(log_path, step)
-    log_file = open(log_path, "a")
-    bar = _progress(cfg, step)
-    print(f"xtrain: {model.num_parameters() / 1e6:.2f}M parameters "
-          f"({model_cfg.core_params() / 1e6:.2f}M in blocks), {device}, "
-          f"{'bf16' if cfg.bf16 else 'fp32'}{', recompute' if cfg.recompute else ''}, "
-          f"{tokens_per_step} tokens/step, steps {step} -> {cfg.steps}", flush=True)
+    history = _restart_log(log_path, step) if main else []
+    log_file = open(log_path, "a") if main else None
+    bar = _progress(cfg, step) if main else None
+    if main:
+        where = device if ctx is None else f"{world} GPUs ({', '.join(f'cuda:{d}' for d in ctx.devices)})"
+        print(f"xtrain: {model.num_parameters() / 1e6:.2f}M parameters "
+              f"({model_cfg.core_params() / 1e6:.2f}M in blocks), {where}, "
+              f"{'bf16' if cfg.bf16 else 'fp32'}{', recompute' if cfg.recompute else ''}, "
+              f"{tokens_per_step} tokens/step, steps {step} -> {cfg.steps}", flush=True)
 
     def emit(record: dict) -> None:
         log_file.write(json.dumps(record) + "\n")
@@ -150,7 +164,10 @@ def train(cfg: TrainConfig) -> dict:
         nonlocal t_last
         # Sync point (the only one per step): loss and grad norm come to the host for the log.
         # The read waits for the whole step, so the time since the last read is the step's time.
+        # Every rank reads, which keeps the ranks' hosts in step.
         loss_f, norm_f = loss.item(), grad_norm.item()
+        if not main:
+            return
         now = time.time()
         dt, t_last = now - t_last, now
         mem_mb = memory_mb(device)
@@ -161,6 +178,8 @@ def train(cfg: TrainConfig) -> dict:
         bar.update(1)
 
     def evaluate() -> float:
+        # With ranks, each evaluates its slice of every global eval batch and the mean over
+        # ranks is the one-device value of the same global batch.
         model.eval()
         total, n = None, 0
         with xtrain.no_grad():
@@ -169,6 +188,8 @@ def train(cfg: TrainConfig) -> dict:
                 total = loss if total is None else ops.add(total, loss)
                 n += 1
         model.train()
+        if ctx is not None:
+            ctx.all_reduce([total], "avg")
         return total.item() / n  # sync point: one read per evaluation
 
     def save() -> None:
@@ -180,10 +201,13 @@ def train(cfg: TrainConfig) -> dict:
     t_last = time.time()
     val_loss = None
     while step < cfg.steps:
+        if ctx is not None:
+            ctx.check()  # another rank failed: stop here
         if cfg.eval_every > 0 and step % cfg.eval_every == 0:
             val_loss = evaluate()
-            emit({"step": step, "val_loss": val_loss})
-            bar.write(f"step {step}: val loss {val_loss:.4f}")
+            if main:
+                emit({"step": step, "val_loss": val_loss})
+                bar.write(f"step {step}: val loss {val_loss:.4f}")
             t_last = time.time()
 
         lr = cosine_lr(step, max_lr, min_lr, cfg.warmup, decay_steps)
@@ -191,6 +215,9 @@ def train(cfg: TrainConfig) -> dict:
         x, y = train_loader.next_batch()              # int64 (B, S) each, on the host
         _, loss = model(x, y)
         loss.backward()
+        if ctx is not None:
+            loss = loss.detach()                      # grads and loss: the global-batch mean
+            distributed.all_reduce_gradients(params, ctx, extra=[loss])
         grad_norm = clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -198,14 +225,18 @@ def train(cfg: TrainConfig) -> dict:
         step += 1
 
         if cfg.save_every > 0 and step % cfg.save_every == 0 and step < cfg.steps:
-            save()
+            if main:
+                save()
             t_last = time.time()
-    bar.close()
 
-    # ---- wrap up: final eval, checkpoint, curve, sample
+    # ---- wrap up: final eval on every rank; checkpoint, curve and sample on rank 0
     if cfg.eval_every > 0:
         val_loss = evaluate()
-        emit({"step": step, "val_loss": val_loss})
+        if main:
+            emit({"step": step, "val_loss": val_loss})
+    if not main:
+        return None
+    bar.close()
     save()
     log_file.close()
     plot_losses(history, out / "loss.png")
@@ -215,6 +246,8 @@ def train(cfg: TrainConfig) -> dict:
     summary = {"steps": step, "final_loss": train_losses[-1] if train_losses else None,
                "first_loss": train_losses[0] if train_losses else None, "val_loss": val_loss,
                "time_s": time.time() - t_start, "out": str(out), "sample": sample}
+    if ctx is not None:
+        summary["devices"] = list(ctx.devices)
     print(f"done: {step} steps in {summary['time_s']:.0f}s, train loss "
           f"{_fmt(summary['final_loss'])}, val loss {_fmt(val_loss)}; checkpoint {out / CKPT_DIR}")
     print(f"sample:\n{sample}", flush=True)
@@ -222,6 +255,15 @@ def train(cfg: TrainConfig) -> dict:
 
 
 # ---- helpers
+
+def check_tokenizer(ckpt, dataset) -> None:
+    """A resumed run must read data made with the checkpoint's tokenizer."""
+    if ckpt is not None and ckpt.meta["tokenizer"]["fingerprint"] != dataset.tokenizer.fingerprint:
+        raise ckpt_state.CheckpointError(
+            f"{ckpt.path} was trained with tokenizer {ckpt.meta['tokenizer']['name']} "
+            f"({ckpt.meta['tokenizer']['fingerprint']}); the data in {dataset.path} uses "
+            f"{dataset.tokenizer.name} ({dataset.tokenizer.fingerprint})")
+
 
 def resolve_device(device: str) -> str:
     if device == "auto":
