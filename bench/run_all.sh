@@ -6,7 +6,7 @@
 #                                      in OUTDIR only)
 # A script that fails or runs past $BENCH_TIMEOUT seconds (default 240) is reported in
 # OUTDIR/summary.txt and the others still run; the exit status is the number of failures.
-# BENCH_ONLY="ops recompute" runs only the named ones (names: ops, throughput-dim768-bf16,
+# BENCH_ONLY="ops recompute" runs only the named ones (names: ops, profile, throughput-dim768-bf16,
 # throughput-dim768-fp32, throughput-dim1024-bf16, recompute, convergence), to split the run.
 set -uo pipefail
 out=${1:?usage: bench/run_all.sh OUTDIR [--smoke]}
@@ -51,6 +51,8 @@ else
   # ~30-60 s: every kernel against its PyTorch peer at dim768, B=32, S=256, and the 8192^3 ceilings
   run ops bench/ops.py --preset dim768 --batch 32 --seq 256
   # ~60-90 s (torch.compile dominates): the headline comparison
+  # ~20 s: kernel-by-kernel GPU time of one xtrain step (GPT-2-sized vocabulary)
+  run profile bench/profile_step.py --preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257
   run throughput-dim768-bf16 bench/train_throughput.py --preset dim768 --batch 32 --seq 256 --bf16 \
     --steps 20 --warmup 5
   # ~15 s each: float32, and the larger model (eager peer only, to stay in budget)

@@ -1,0 +1,103 @@
+"""Where an xtrain training step spends its GPU time, kernel by kernel.
+
+    python bench/profile_step.py --preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257
+    python bench/profile_step.py --device cpu --preset tiny --steps 2 --warmup 1   # smoke
+
+PyTorch's profiler records through CUPTI every CUDA kernel launched in the process, including
+xtrain's own (it needs no support from the engine). After `--warmup` untimed steps it records
+`--steps` steps and prints the kernels grouped by name: calls per step, GPU ms per step and share of
+the kernel time, plus the step's wall time, so the share of time the GPU sits idle (host-bound
+stretches, sync points) shows as wall minus kernel time. On the CPU only the wall time is
+measured (the profiler cannot see xtrain's CPU kernels). JSON into bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import common
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="dim768")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seq", type=int, default=256)
+    prec = p.add_mutually_exclusive_group()
+    prec.add_argument("--bf16", dest="bf16", action="store_true", default=True)
+    prec.add_argument("--fp32", dest="bf16", action="store_false")
+    p.add_argument("--recompute", action="store_true")
+    p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
+    p.add_argument("--top", type=int, default=25, help="kernels to print")
+    common.add_common_args(p, steps=5, warmup=3)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device, _ = common.resolve_device(args.device)
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import xtrain
+    from xtrain.models import TinyTransformer, config_for
+    from xtrain.optim import AdamW, clip_grad_norm_
+
+    cfg = config_for(args.preset, args.vocab, bf16=args.bf16, recompute=args.recompute)
+    model = TinyTransformer(cfg, device=device, seed=args.seed)
+    params = model.parameters()
+    opt = AdamW(model.named_parameters(), lr=3e-4)
+    data = [(xtrain.tensor(x, device=device), xtrain.tensor(y, device=device))
+            for x, y in common.random_batches(args.vocab, args.batch, args.seq, 4, args.seed)]
+
+    def step(i):
+        x, y = data[i % len(data)]
+        _, loss = model(x, y)
+        loss.backward()
+        clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for i in range(args.warmup):
+        step(i)
+    common.xt_sync(device)
+    cuda = common.is_cuda(device)
+    activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for i in range(args.steps):
+            step(i)
+        common.xt_sync(device)
+        wall_ms = (time.perf_counter() - t0) * 1000 / args.steps
+
+    kernels = defaultdict(lambda: [0, 0.0])  # name -> [calls, device microseconds]
+    if cuda:
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                k = kernels[ev.name]
+                k[0] += 1
+                k[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+    kernel_ms = sum(us for _, us in kernels.values()) / 1000 / args.steps
+    rows = [{"kernel": name[:90], "calls/step": calls / args.steps, "ms/step": us / 1000 / args.steps,
+             "share": us / 1000 / args.steps / kernel_ms if kernel_ms else 0.0}
+            for name, (calls, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])]
+    head = (f"profile_step: {args.preset} batch {args.batch} x seq {args.seq}, "
+            f"{'bf16' if args.bf16 else 'fp32'}{', recompute' if args.recompute else ''}, vocab {args.vocab}, "
+            f"{device}: wall {wall_ms:.2f} ms/step")
+    if cuda:
+        head += (f", kernels {kernel_ms:.2f} ms/step ({sum(r['calls/step'] for r in rows):.0f} launches/step), "
+                 f"GPU idle {max(0.0, wall_ms - kernel_ms):.2f} ms/step")
+    print(head)
+    if rows:
+        common.print_table(rows[:args.top], [("kernel", "kernel", "s"), ("calls/step", "calls/step", ".1f"),
+                                             ("ms/step", "ms/step", ".3f"), ("share", "share", ".1%")])
+    common.write_json(common.result_name(f"profile-{args.preset}-b{args.batch}", args.tag),
+                      {"benchmark": "profile_step", "env": common.env_info(device), "args": vars(args),
+                       "wall_ms_per_step": wall_ms, "kernel_ms_per_step": kernel_ms, "kernels": rows},
+                      args.out)
+
+
+if __name__ == "__main__":
+    main()
