@@ -24,40 +24,26 @@ def _both_scalars(op, a, b):
                     f"{type(a).__name__} and {type(b).__name__}")
 
 
-def add(a, b):
-    """a + b; either side may be a Python number."""
-    if _is_scalar(b):
-        return _both_scalars("add", a, b) if _is_scalar(a) else _ops.add_scalar(a, float(b))
-    if _is_scalar(a):
-        return _ops.add_scalar(b, float(a))
-    return _ops.add(a, b)
+def _scalar_aware(name, tensors, tensor_scalar, scalar_tensor):
+    """The binary op `name` where either side may be a Python number: tensors(a, b) for two
+    tensors, tensor_scalar(t, s) for t op s, scalar_tensor(t, s) for s op t."""
+    def op(a, b):
+        if _is_scalar(b):
+            return _both_scalars(name, a, b) if _is_scalar(a) else tensor_scalar(a, float(b))
+        if _is_scalar(a):
+            return scalar_tensor(b, float(a))
+        return tensors(a, b)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"a {_SYMBOL[name]} b (numpy broadcasting); either side may be a Python number."
+    return op
 
 
-def sub(a, b):
-    """a - b; either side may be a Python number."""
-    if _is_scalar(b):
-        return _both_scalars("sub", a, b) if _is_scalar(a) else _ops.add_scalar(a, -float(b))
-    if _is_scalar(a):
-        return _ops.rsub_scalar(b, float(a))
-    return _ops.sub(a, b)
-
-
-def mul(a, b):
-    """a * b; either side may be a Python number."""
-    if _is_scalar(b):
-        return _both_scalars("mul", a, b) if _is_scalar(a) else _ops.mul_scalar(a, float(b))
-    if _is_scalar(a):
-        return _ops.mul_scalar(b, float(a))
-    return _ops.mul(a, b)
-
-
-def div(a, b):
-    """a / b; either side may be a Python number."""
-    if _is_scalar(b):
-        return _both_scalars("div", a, b) if _is_scalar(a) else _ops.div_scalar(a, float(b))
-    if _is_scalar(a):
-        return _ops.rdiv_scalar(b, float(a))
-    return _ops.div(a, b)
+_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+add = _scalar_aware("add", _ops.add, _ops.add_scalar, _ops.add_scalar)
+sub = _scalar_aware("sub", _ops.sub, lambda t, s: _ops.add_scalar(t, -s), _ops.rsub_scalar)
+mul = _scalar_aware("mul", _ops.mul, _ops.mul_scalar, _ops.mul_scalar)
+div = _scalar_aware("div", _ops.div, _ops.div_scalar, _ops.rdiv_scalar)
 
 
 def scale(x, s):
