@@ -61,6 +61,8 @@ Tensor sum_lastdim(const Tensor& x, bool keepdim);   // [..., D] -> [...] or [..
 // ---- layout (ops/layout.cpp)
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+// The permutation that swaps dims d0 and d1 of x (negative counts from the end); IndexError if out of range.
+std::vector<int64_t> transpose_dims(const Tensor& x, int64_t d0, int64_t d1);
 
 // ---- matmul (ops/matmul.cpp): float32 compute; bf16 inputs accumulate in fp32 and round once
 // a [M, K] @ b [K, N], or batched [Bt, M, K] @ [Bt, K, N]; ta/tb read a/b transposed.

@@ -82,16 +82,7 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
   return out;
 }
 
-Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
-  ops::check_defined(x, "x");
-  const int64_t n = x.dim();
-  XT_CHECK(d0 >= -n && d0 < n && d1 >= -n && d1 < n, IndexError, "transpose: dimensions (", d0, ", ", d1,
-           ") out of range for ", x.describe());
-  std::vector<int64_t> dims(n);
-  for (int64_t i = 0; i < n; ++i) dims[i] = i;
-  std::swap(dims[d0 < 0 ? d0 + n : d0], dims[d1 < 0 ? d1 + n : d1]);
-  return permute(x, dims);
-}
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) { return permute(x, ops::transpose_dims(x, d0, d1)); }
 
 }  // namespace tape
 }  // namespace xt
