@@ -111,24 +111,23 @@ def set_rng_state(state, device="cpu"):
 
 
 @contextlib.contextmanager
+def _grad_mode(enabled):
+    prev = _C.is_grad_enabled()
+    _C.set_grad_enabled(enabled)
+    try:
+        yield
+    finally:
+        _C.set_grad_enabled(prev)
+
+
 def no_grad():
     """Ops inside record nothing on the tape (on this thread)."""
-    prev = _C.is_grad_enabled()
-    _C.set_grad_enabled(False)
-    try:
-        yield
-    finally:
-        _C.set_grad_enabled(prev)
+    return _grad_mode(False)
 
 
-@contextlib.contextmanager
 def enable_grad():
-    prev = _C.is_grad_enabled()
-    _C.set_grad_enabled(True)
-    try:
-        yield
-    finally:
-        _C.set_grad_enabled(prev)
+    """Ops inside record the tape again, even within no_grad (on this thread)."""
+    return _grad_mode(True)
 
 
 def checkpoint(segment_fn, x, params):
