@@ -12,4 +12,4 @@ cmake -S . -B build/ctest -G Ninja -DXTRAIN_BUILD_TESTS=ON -DXTRAIN_CUDA=OFF \
 cmake --build build/ctest -j "$(nproc)"
 ctest --test-dir build/ctest --output-on-failure
 # Python suite, from a directory where `import xtrain` resolves to the installed package.
-python3 -m pytest -q -p no:cacheprovider tests "$@"
+python3 -m pytest -q -rs -p no:cacheprovider tests "$@"
