@@ -12,24 +12,23 @@
 Decisions:
 - The model's parameter names already mirror Qwen3 (models/transformer.py), so the mapping is a
   "model." prefix (lm_head stays), and no weight is permuted: our RoPE is rotate-half like HF's.
-- The safetensors file is written here rather than through a framework: numpy has no bfloat16, and
-  writing the format (8-byte header length, JSON header, raw data) by hand keeps the bytes fixed.
-  float32 -> bf16 rounds to nearest even, as torch does. Tensors in sorted name order, sorted JSON
-  keys, no timestamps: the same checkpoint exports to the same bytes every time.
+- The safetensors file goes through the safetensors library's low-level `serialize` (raw bfloat16
+  bits: numpy has no bfloat16 type, so `safetensors.numpy` cannot write it). float32 -> bf16 rounds
+  to nearest even, as torch does. The library orders tensors deterministically and the JSON files
+  have sorted keys and no timestamps: the same checkpoint exports to the same bytes every time.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 
 import numpy as np
 
 from xtrain import state as ckpt_state
 
-DTYPES = {"bf16": "BF16", "f32": "F32"}
+SAFETENSORS_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f32": "float32"}
 EOT_TEXT = "<|endoftext|>"
 
@@ -40,8 +39,8 @@ def hf_name(name: str) -> str:
 
 
 def export(ckpt_dir, out_dir, dtype: str = "bf16") -> Path:
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype not in SAFETENSORS_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(SAFETENSORS_DTYPES)}, got {dtype!r}")
     ckpt = ckpt_state.load(ckpt_dir)
     config = ckpt.config
     tok_meta = ckpt.meta.get("tokenizer")
@@ -108,29 +107,29 @@ def qwen3_config(config, dtype: str, eot_id: int) -> dict:
 
 
 def safetensors_bytes(tensors: dict, dtype: str, metadata: dict | None = None) -> bytes:
-    """Serialize float32 numpy arrays as one safetensors blob in `dtype` ("bf16" or "f32")."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        raw = _encode(np.asarray(tensors[name], dtype=np.float32), dtype)
-        header[name] = {"dtype": DTYPES[dtype], "shape": list(np.shape(tensors[name])),
-                        "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data section starts 8-byte aligned
-    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
+    """Serialize float32 numpy arrays as one safetensors blob in `dtype` ("bf16" or "f32"), through
+    the safetensors library's low-level serializer, which takes raw bfloat16 bits (numpy has no
+    bfloat16 type, so safetensors.numpy cannot)."""
+    from safetensors import TensorSpec, serialize
+
+    encoded = {name: _encode(np.asarray(t, dtype=np.float32), dtype) for name, t in tensors.items()}
+    specs = {name: TensorSpec(dtype=SAFETENSORS_DTYPES[dtype], shape=list(arr.shape), data_ptr=arr.ctypes.data,
+                              data_len=arr.nbytes)
+             for name, arr in encoded.items()}  # `encoded` keeps the buffers alive while serialize reads them
+    meta = {str(k): str(v) for k, v in metadata.items()} if metadata else None
+    return bytes(serialize(specs, metadata=meta))
 
 
-def _encode(a: np.ndarray, dtype: str) -> bytes:
+def _encode(a: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values as little-endian float32, or as bfloat16 bits (uint16) rounded to nearest,
+    ties to even, like torch's conversion."""
     a = np.ascontiguousarray(a, dtype="<f4")
     if dtype == "f32":
-        return a.tobytes()
+        return a
     u = a.view(np.uint32).astype(np.uint64)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)  # nearest, ties to even
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
     rounded[np.isnan(a)] = 0x7FC0
-    return rounded.astype("<u2").tobytes()
+    return rounded
 
 
 def _expected_names(config) -> list[str]:
