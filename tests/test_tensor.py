@@ -231,6 +231,21 @@ def test_wrong_typed_arguments_raise():
         xtrain.ones(2).item()
 
 
+def test_sizes_that_overflow_raise_instead_of_allocating_too_little():
+    with pytest.raises(ValueError, match="more elements than fit"):
+        xtrain.zeros(2**40, 2**40)
+    with pytest.raises(ValueError, match="more bytes than fit"):
+        xtrain.zeros(2**62)
+    with pytest.raises(xtrain.OutOfMemoryError):
+        xtrain.arange(0, 10**18)
+    assert xtrain.ones(3).numpy().sum() == 3  # and the process goes on
+
+
+def test_from_dlpack_rejects_other_objects():
+    with pytest.raises(TypeError, match="__dlpack__"):
+        xtrain.from_dlpack(object())
+
+
 def test_cuda_device_without_gpu_is_a_clear_error():
     if xtrain.cuda.is_available():
         pytest.skip("a GPU is present: this checks the message on machines without one")

@@ -46,8 +46,9 @@ std::string format_bytes(int64_t n) {
 // ------------------------------------------------------------------------------- DevicePool
 
 Block DevicePool::allocate(size_t nbytes, void* stream, RawBackend* backend) {
-  const size_t size = round_size(nbytes);
   std::lock_guard<std::mutex> lock(mu_);
+  if (nbytes > kMaxRequest) throw_oom_locked(nbytes, nbytes, "larger than any device");
+  const size_t size = round_size(nbytes);
   last_backend_ = backend;
   stats_.num_alloc_calls++;
   Block b{nullptr, size, nbytes, stream, device_};

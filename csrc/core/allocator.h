@@ -66,6 +66,9 @@ constexpr size_t kSmallRound = 512;
 constexpr size_t kLargeThreshold = 1 << 20;
 // Size classes per power of two for large requests: at most 1/kClassesPerOctave (12.5%) waste.
 constexpr size_t kClassesPerOctave = 8;
+// Larger requests fail at once (no device has 4 EiB; it also keeps the byte arithmetic far from
+// overflow).
+constexpr size_t kMaxRequest = size_t(1) << 62;
 // Devices of one kind a process can address.
 constexpr int kMaxDevices = 16;
 

@@ -22,6 +22,23 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
+namespace {
+// Bytes a tensor of this shape needs; ValueError when a dimension is negative or the size
+// does not fit in 63 bits (a product that overflowed would silently allocate too little).
+size_t checked_nbytes(const Shape& shape, DType dtype) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    XT_CHECK(d >= 0, ValueError, "negative dimension in shape ", shape_str(shape));
+    XT_CHECK(!__builtin_mul_overflow(n, d, &n), ValueError, "shape ", shape_str(shape),
+             " has more elements than fit in 64 bits");
+  }
+  int64_t bytes = 0;
+  XT_CHECK(!__builtin_mul_overflow(n, static_cast<int64_t>(dtype_size(dtype)), &bytes), ValueError, "shape ",
+           shape_str(shape), " of ", dtype_name(dtype), " needs more bytes than fit in 64 bits");
+  return static_cast<size_t>(bytes);
+}
+}  // namespace
+
 Storage::Storage(void* ptr, size_t nbytes, Device device, std::function<void()> release)
     : external_release(std::move(release)) {
   block.ptr = ptr;
@@ -36,9 +53,8 @@ Storage::~Storage() {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  for (int64_t d : shape) XT_CHECK(d >= 0, ValueError, "negative dimension in shape ", shape_str(shape));
+  const size_t nbytes = checked_nbytes(shape, dtype);
   auto impl = std::make_shared<TensorImpl>();
-  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
   void* stream = device.is_cuda() ? cuda::current_stream(device.index) : nullptr;
   impl->storage = std::make_shared<Storage>(Allocator::get().allocate(device, nbytes, stream));
   impl->shape = shape;
@@ -49,8 +65,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::from_external(void* data, const Shape& shape, DType dtype, Device device,
                              std::function<void()> release) {
+  const size_t nbytes = checked_nbytes(shape, dtype);
   auto impl = std::make_shared<TensorImpl>();
-  const size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
   impl->storage = std::make_shared<Storage>(data, nbytes, device, std::move(release));
   impl->shape = shape;
   impl->dtype = dtype;

@@ -161,6 +161,9 @@ def from_dlpack(obj):
         except TypeError:
             capsule = obj.__dlpack__(**kwargs)
         return _C._from_dlpack_capsule(capsule)
+    if type(obj).__name__ != "PyCapsule":
+        raise TypeError(f"from_dlpack: expected an object with __dlpack__ (a torch/numpy/CuPy/JAX array) "
+                        f"or a DLPack capsule, got {type(obj).__name__}")
     return _C._from_dlpack_capsule(obj)
 
 
