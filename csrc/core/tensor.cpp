@@ -18,7 +18,9 @@ std::string shape_str(const Shape& s) {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    XT_CHECK(!__builtin_mul_overflow(n, d, &n), ValueError, "shape ", shape_str(s),
+             " has more elements than fit in 64 bits");
   return n;
 }
 
@@ -26,12 +28,8 @@ namespace {
 // Bytes a tensor of this shape needs; ValueError when a dimension is negative or the size
 // does not fit in 63 bits (a product that overflowed would silently allocate too little).
 size_t checked_nbytes(const Shape& shape, DType dtype) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    XT_CHECK(d >= 0, ValueError, "negative dimension in shape ", shape_str(shape));
-    XT_CHECK(!__builtin_mul_overflow(n, d, &n), ValueError, "shape ", shape_str(shape),
-             " has more elements than fit in 64 bits");
-  }
+  for (int64_t d : shape) XT_CHECK(d >= 0, ValueError, "negative dimension in shape ", shape_str(shape));
+  const int64_t n = shape_numel(shape);
   int64_t bytes = 0;
   XT_CHECK(!__builtin_mul_overflow(n, static_cast<int64_t>(dtype_size(dtype)), &bytes), ValueError, "shape ",
            shape_str(shape), " of ", dtype_name(dtype), " needs more bytes than fit in 64 bits");
