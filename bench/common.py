@@ -90,6 +90,19 @@ def add_common_args(p: argparse.ArgumentParser, steps: int = 20, warmup: int = 5
     p.add_argument("--tag", default="", help="suffix of the result name (to tell runs apart)")
 
 
+def add_shape_args(p: argparse.ArgumentParser, batch: int = 32, seq: int = 256, preset: str | None = "dim768") -> None:
+    """--preset (unless None: the script names its own), --batch, --seq and --bf16 (default) /
+    --fp32, as every training benchmark spells them."""
+    if preset is not None:
+        p.add_argument("--preset", default=preset)
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument("--seq", type=int, default=seq)
+    prec = p.add_mutually_exclusive_group()
+    prec.add_argument("--bf16", dest="bf16", action="store_true", default=True,
+                      help="mixed precision bf16 (default)")
+    prec.add_argument("--fp32", dest="bf16", action="store_false", help="float32 throughout")
+
+
 def resolve_device(device: str) -> tuple[str, str]:
     """(xtrain device, torch device) for --device."""
     import xtrain

@@ -22,12 +22,7 @@ import common
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="dim768")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--seq", type=int, default=256)
-    prec = p.add_mutually_exclusive_group()
-    prec.add_argument("--bf16", dest="bf16", action="store_true", default=True)
-    prec.add_argument("--fp32", dest="bf16", action="store_false")
+    common.add_shape_args(p)
     p.add_argument("--recompute", action="store_true")
     p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
     p.add_argument("--top", type=int, default=25, help="kernels to print")

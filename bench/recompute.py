@@ -34,11 +34,7 @@ DEFAULT_BATCHES = "8,16,24,32,48,64,96,128,192,256"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--presets", default="dim768,dim1024")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--seq", type=int, default=256)
-    prec = p.add_mutually_exclusive_group()
-    prec.add_argument("--bf16", dest="bf16", action="store_true", default=True)
-    prec.add_argument("--fp32", dest="bf16", action="store_false")
+    common.add_shape_args(p, preset=None)
     p.add_argument("--search-preset", default="dim1024")
     p.add_argument("--batches", default=DEFAULT_BATCHES, help="batch sizes for the search")
     p.add_argument("--memory-limit", default="32GiB")

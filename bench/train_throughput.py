@@ -27,13 +27,7 @@ import common
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="dim768")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--seq", type=int, default=256)
-    prec = p.add_mutually_exclusive_group()
-    prec.add_argument("--bf16", dest="bf16", action="store_true", default=True,
-                      help="mixed precision bf16 (default)")
-    prec.add_argument("--fp32", dest="bf16", action="store_false", help="float32 throughout")
+    common.add_shape_args(p)
     p.add_argument("--recompute", action="store_true", help="checkpoint every block (both)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile run")
     p.add_argument("--no-torch", action="store_true", help="xtrain only (not a result: no peer)")
