@@ -33,6 +33,8 @@ void init_dist(py::module_& m) {
   d.def("is_available", [] { return true; }, "True when xtrain was built with NCCL");
   d.def("nccl_version", &dist::nccl_version, "Version of the NCCL library in use");
 
+  // Declared first so that Communicator.rank's signature names the Python type.
+  py::class_<RankHandle> rank_comm(d, "RankComm", "One rank's view of a Communicator; use it from that rank's thread");
   py::class_<Communicator, std::shared_ptr<Communicator>>(
       d, "Communicator", "NCCL ranks for GPUs of this process: one per device, one host thread per rank")
       .def(py::init([](const std::vector<int>& devices, double timeout) {
@@ -59,8 +61,7 @@ void init_dist(py::module_& m) {
       .def("close", &Communicator::close, NoGil(),
            "Orderly teardown once every rank is done (sync point; bounded by the timeout)");
 
-  py::class_<RankHandle>(d, "RankComm", "One rank's view of a Communicator; use it from that rank's thread")
-      .def_property_readonly("rank", [](const RankHandle& h) { return h.rank; })
+  rank_comm.def_property_readonly("rank", [](const RankHandle& h) { return h.rank; })
       .def_property_readonly("world_size", [](const RankHandle& h) { return h.comm->world_size(); })
       .def_property_readonly("device", [](const RankHandle& h) { return h.comm->devices()[h.rank]; },
                              "The CUDA device index this rank drives")

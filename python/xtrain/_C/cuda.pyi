@@ -3,7 +3,11 @@ CUDA runtime queries
 """
 from __future__ import annotations
 import typing
-__all__: list[str] = ['current_device', 'device_count', 'device_name', 'is_available', 'is_built', 'runtime_info', 'set_device', 'synchronize']
+__all__: list[str] = ['allow_tf32', 'current_device', 'device_count', 'device_name', 'is_available', 'is_built', 'runtime_info', 'set_allow_tf32', 'set_device', 'synchronize']
+def allow_tf32() -> bool:
+    """
+    Whether float32 GEMMs may use TF32
+    """
 def current_device() -> int:
     """
     This thread's current device
@@ -25,6 +29,10 @@ def is_built() -> bool:
 def runtime_info() -> str:
     """
     Driver, runtime and cuBLAS versions
+    """
+def set_allow_tf32(allow: bool) -> None:
+    """
+    Let float32 GEMMs use TF32 tensor cores (off by default: true float32)
     """
 def set_device(device: typing.SupportsInt | typing.SupportsIndex) -> None:
     """

@@ -2,20 +2,87 @@
 NCCL communicator (data-parallel training)
 """
 from __future__ import annotations
+import collections.abc
 import typing
-__all__: list[str] = ['Communicator', 'UNAVAILABLE_REASON', 'is_available', 'nccl_version']
+import xtrain._C
+__all__: list[str] = ['Communicator', 'RankComm', 'UNAVAILABLE_REASON', 'is_available', 'nccl_version']
+class RankComm:
+    """
+    One rank's view of a Communicator; use it from that rank's thread
+    """
+    def abort(self, reason: str = 'aborted by the caller') -> None:
+        """
+        Abort the whole communicator
+        """
+    def all_reduce(self, tensors: collections.abc.Sequence[xtrain._C.Tensor], op: str = 'avg') -> None:
+        """
+        In-place all-reduce ("avg" or "sum") of float32/bfloat16 tensors on this rank's device, as one NCCL launch on this thread's stream (asynchronous)
+        """
+    def barrier(self) -> None:
+        """
+        Sync point: wait until every rank reached its barrier
+        """
+    def broadcast(self, tensors: collections.abc.Sequence[xtrain._C.Tensor], root: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+        """
+        In place: every rank gets root's values (asynchronous)
+        """
+    @property
+    def communicator(self) -> Communicator:
+        ...
+    @property
+    def device(self) -> int:
+        """
+        The CUDA device index this rank drives
+        """
+    @property
+    def rank(self) -> int:
+        ...
+    @property
+    def world_size(self) -> int:
+        ...
 class Communicator:
     """
-    Unavailable: xtrain was built without NCCL
+    NCCL ranks for GPUs of this process: one per device, one host thread per rank
     """
-    def __init__(self, devices: typing.Any, timeout: typing.SupportsFloat | typing.SupportsIndex = 600.0) -> None:
+    def __init__(self, devices: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], timeout: typing.SupportsFloat | typing.SupportsIndex = 600.0) -> None:
+        """
+        Create rank i on cuda:devices[i]; a collective unfinished after `timeout` s aborts all ranks
+        """
+    def abort(self, reason: str = 'aborted by the caller') -> None:
+        """
+        ncclCommAbort every rank (any thread): peers blocked in NCCL return, later calls raise
+        """
+    def close(self) -> None:
+        """
+        Orderly teardown once every rank is done (sync point; bounded by the timeout)
+        """
+    def rank(self, rank: typing.SupportsInt | typing.SupportsIndex) -> RankComm:
+        """
+        The handle rank `rank`'s thread uses
+        """
+    @property
+    def aborted(self) -> bool:
+        ...
+    @property
+    def devices(self) -> list[int]:
+        ...
+    @property
+    def error(self) -> typing.Any:
+        """
+        Why the communicator was aborted (None while healthy)
+        """
+    @property
+    def timeout(self) -> float:
+        ...
+    @property
+    def world_size(self) -> int:
         ...
 def is_available() -> bool:
     """
     True when xtrain was built with NCCL
     """
-def nccl_version() -> typing.Any:
+def nccl_version() -> str:
     """
-    None: built without NCCL
+    Version of the NCCL library in use
     """
-UNAVAILABLE_REASON: str = 'xtrain was built without NCCL (xtrain._C.dist.is_available() is False): data-parallel training needs a CUDA build that found NCCL (the nvidia-nccl-cu13 wheel or a system NCCL)'
+UNAVAILABLE_REASON = None
