@@ -203,3 +203,18 @@ def test_wrong_seed_shape_raises():
         y.backward_seeded(xtrain.ones(3, 2))
     with pytest.raises(RuntimeError, match="one-element"):
         y.backward()
+
+
+def test_first_gradient_is_taken_over_only_when_nothing_else_shares_it():
+    a = xtrain.randn(4, 4, requires_grad=True)
+    b = xtrain.randn(4, 4, requires_grad=True)
+    (a + b).sum().backward()  # the add hands one gradient tensor to both inputs
+    assert not a.grad.same_storage(b.grad)
+    a.grad.fill_(5.0)
+    np.testing.assert_array_equal(b.grad.numpy(), np.ones((4, 4)))
+    seed = xtrain.ones(4, 4)
+    c = xtrain.randn(4, 4, requires_grad=True)
+    c.backward_seeded(seed)  # a leaf root: the caller's seed must not become c.grad
+    assert not c.grad.same_storage(seed)
+    seed.fill_(3.0)
+    np.testing.assert_array_equal(c.grad.numpy(), np.ones((4, 4)))

@@ -17,14 +17,18 @@ bool grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
-  Tensor g = grads[0];
+  Tensor g = std::move(grads[0]);
   if (!g.defined()) return {};
   Tensor leaf(leaf_);
   XT_CHECK(g.shape() == leaf.shape() && g.dtype() == leaf.dtype() && g.device() == leaf.device(), RuntimeError,
            "gradient ", g.describe(), " does not match its leaf ", leaf.describe());
   Tensor cur = leaf.grad();
   if (!cur.defined()) {
-    leaf.set_grad(ops::clone(g));  // a copy: the incoming buffer may alias other tensors
+    // The buffer becomes .grad when nothing else refers to it or to its storage (the usual case:
+    // a weight gradient fresh from its GEMM); otherwise a copy, since it may alias another
+    // gradient (an add hands one tensor to both inputs) or a view of one.
+    const bool sole_owner = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1;
+    leaf.set_grad(sole_owner ? g : ops::clone(g));
   } else {
     ops::accumulate_(cur, g);  // leaves accumulate across backward calls until zeroed
   }

@@ -43,7 +43,8 @@ class Node : public std::enable_shared_from_this<Node> {
   bool released = false;
 };
 
-// Leaf sink: adds the incoming gradient into leaf.grad (a copy the first time, += after).
+// Leaf sink: adds the incoming gradient into leaf.grad (+=), or makes it .grad the first time
+// (taken over when nothing else refers to it, else copied).
 class AccumulateGrad : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
