@@ -10,7 +10,7 @@ from . import cuda
 from . import ops
 from . import optim
 from . import dist
-__all__: list[str] = ['Generator', 'OutOfMemoryError', 'Tensor', 'arange', 'backward_multi', 'checkpoint', 'cuda', 'default_generator', 'dist', 'empty', 'empty_cache', 'full', 'is_grad_enabled', 'manual_seed', 'memory_stats', 'ops', 'optim', 'rand', 'randn', 'reset_peak_memory_stats', 'set_grad_enabled', 'set_memory_limit']
+__all__: list[str] = ['Generator', 'OutOfMemoryError', 'Tensor', 'arange', 'checkpoint', 'cuda', 'default_generator', 'dist', 'empty', 'empty_cache', 'full', 'is_grad_enabled', 'manual_seed', 'memory_stats', 'ops', 'optim', 'rand', 'randn', 'reset_peak_memory_stats', 'set_grad_enabled', 'set_memory_limit']
 class OutOfMemoryError(RuntimeError, MemoryError):
     """
     A device or a memory limit ran out of memory; the message gives the request, what is allocated and reserved, and the limit.
@@ -192,10 +192,6 @@ def _from_numpy(array: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]], dtype
 def arange(start: typing.SupportsFloat | typing.SupportsIndex, end: typing.SupportsFloat | typing.SupportsIndex, step: typing.SupportsFloat | typing.SupportsIndex = 1.0, dtype: typing.Any = None, device: typing.Any = None) -> Tensor:
     """
     Values start, start+step, ... below end
-    """
-def backward_multi(roots: collections.abc.Sequence[Tensor], seeds: collections.abc.Sequence[Tensor]) -> None:
-    """
-    Backpropagate from several roots at once
     """
 def checkpoint(segment_fn: collections.abc.Callable, x: Tensor, params: collections.abc.Sequence[Tensor]) -> Tensor:
     """
