@@ -426,3 +426,60 @@ def test_runtime_info_names_versions_and_device():
     info = xtrain.cuda.runtime_info()
     assert "cuBLAS" in info and "cuda:0" in info
     assert xtrain.cuda.device_name(0)
+
+
+# ---------------------------------------------------------------- range checks without a sync
+
+def test_host_ids_range_check_forgets_after_in_place_writes():
+    """Ids uploaded from numpy carry their host-known range (no device sync in the check); any
+    in-place write or export must drop it, so a later bad id is still caught exactly."""
+    table = xtrain.tensor(randn(5, 4), device=CUDA)
+    logits = xtrain.tensor(randn(3, 5), device=CUDA)
+
+    def fresh():
+        return xtrain.tensor(np.array([0, 4, 2]), device=CUDA)
+
+    ops.embedding(table, fresh())                      # in range, decided from the host range
+    ops.cross_entropy(logits, fresh())
+    ids = fresh()
+    view = ops.reshape(ids, (3, 1))                    # a view shares the storage and its range
+    ids.fill_(7)
+    with pytest.raises(IndexError, match=r"ids must be in \[0, 5\), got values in \[7, 7\]"):
+        ops.embedding(table, view)
+    with pytest.raises(IndexError, match="target 7 at position 0"):
+        ops.cross_entropy(logits, ids)
+    ids = fresh()
+    ids.copy_(xtrain.tensor(np.array([1, 9, 2]), device=CUDA))
+    with pytest.raises(IndexError, match=r"got values in \[1, 9\]"):
+        ops.embedding(table, ids)
+    ids = fresh()
+    ids.zero_()
+    ops.embedding(table, ids)                          # zeros are in range: still fine
+    # ids computed on the device carry no host range: the device check (a sync) decides
+    dev_ids = xtrain.arange(0, 6, dtype="int64", device=CUDA)
+    with pytest.raises(IndexError, match=r"got values in \[0, 5\]"):
+        ops.embedding(table, dev_ids)
+
+
+def test_host_targets_with_ignore_index_need_no_device_scan():
+    logits = xtrain.tensor(randn(4, 5), device=CUDA)
+    t = xtrain.tensor(np.array([-100, 3, -100, 0]), device=CUDA)
+    want = ops.cross_entropy(xtrain.tensor(randn(4, 5)), xtrain.tensor(np.array([-100, 3, -100, 0]))).item()
+    assert abs(ops.cross_entropy(logits, t).item() - want) < 1e-5
+    with pytest.raises(IndexError, match="target -7"):
+        ops.cross_entropy(logits, xtrain.tensor(np.array([-100, -7, 1, 0]), device=CUDA))
+    with pytest.raises(IndexError, match="target 5"):
+        ops.cross_entropy(logits, xtrain.tensor(np.array([-100, 5, 1, 0]), device=CUDA))
+
+
+def test_dlpack_export_forgets_the_host_range():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    table = xtrain.tensor(randn(5, 4), device=CUDA)
+    ids = xtrain.tensor(np.array([0, 1, 2]), device=CUDA)
+    shared = torch.from_dlpack(ids)
+    shared[1] = 11                                      # written behind xtrain's back
+    torch.cuda.synchronize()
+    with pytest.raises(IndexError, match=r"got values in \[0, 11\]"):
+        ops.embedding(table, ids)

@@ -1,5 +1,6 @@
 """TinyTransformer: parity with a PyTorch reference (logits, loss, every gradient), recompute
-bitwise exactness, overfitting a batch, init, Module mechanics, generation, bad inputs."""
+bitwise exactness, the fused head (linear_cross_entropy) against the unfused one, overfitting a
+batch, init, Module mechanics, generation, bad inputs."""
 
 import math
 
@@ -26,7 +27,7 @@ def _run_xtrain(device, dtype, recompute=False, B=2, S=8):
     cfg = small_config(bf16=dtype == "bfloat16", recompute=recompute)
     model = make_model(cfg, device, weights_seed=1)
     ids, targets = batch(cfg, B, S)
-    logits, loss = model(ids, targets)
+    logits, loss = model(ids, targets, return_logits=True)
     loss.backward()
     return model, logits, loss
 
@@ -80,12 +81,49 @@ def test_recompute_with_dropout_is_bitwise_exact(device):
         xtrain.manual_seed(123)
         model = make_model(small_config(dropout=0.2, recompute=recompute), device, weights_seed=1)
         ids, targets = batch(model.config)
-        logits, loss = model(ids, targets)
+        _, loss = model(ids, targets)
         loss.backward()
         results.append((loss.numpy().copy(), grads_numpy(model)))
     assert bits_equal(results[0][0], results[1][0])
     for name in results[0][1]:
         assert bits_equal(results[0][1][name], results[1][1][name]), name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("vocab_size", [96, 37])
+def test_fused_head_equals_unfused(device, dtype, vocab_size):
+    """forward(ids, targets) runs lm_head + loss as ops.linear_cross_entropy; the loss and every
+    parameter gradient equal linear + cross_entropy on the logits of forward(ids): bitwise on the
+    CPU, to a tight tolerance on CUDA (cuBLAS may pick another algorithm for the padded stride)."""
+    cfg = small_config(bf16=dtype == "bfloat16", vocab_size=vocab_size)
+    fused = make_model(cfg, device, weights_seed=1)
+    ids, targets = batch(cfg)
+    targets[0, 2] = -100  # an ignored position
+    default_logits, loss_f = fused(ids, targets)
+    assert default_logits is None
+    loss_f.backward()
+    plain = make_model(cfg, device, weights_seed=1)
+    logits, none = plain(ids)
+    assert none is None and logits.requires_grad
+    t = xtrain.tensor(targets.reshape(-1), device=device)
+    loss_p = xtrain.ops.cross_entropy(logits, t, ignore_index=-100)
+    loss_p.backward()
+    with xtrain.no_grad():
+        copy, loss_c = fused(ids, targets, return_logits=True)
+    assert not copy.requires_grad and copy.dtype == logits.dtype and tuple(copy.shape) == (16, vocab_size)
+    got, want = grads_numpy(fused), grads_numpy(plain)
+    if device == "cpu":
+        assert bits_equal(loss_f.numpy(), loss_p.numpy()) and bits_equal(loss_c.numpy(), loss_p.numpy())
+        assert bits_equal(copy.numpy(), logits.numpy())
+        for name in want:
+            assert bits_equal(got[name], want[name]), name
+    else:
+        rtol = 1e-5 if dtype == "float32" else 1e-2
+        np.testing.assert_allclose(loss_f.item(), loss_p.item(), rtol=rtol)
+        np.testing.assert_allclose(np.asarray(copy.numpy(), np.float64), np.asarray(logits.numpy(), np.float64),
+                                   rtol=rtol, atol=rtol)
+        for name in want:
+            assert _rel_err(got[name], want[name]) < rtol, name
 
 
 def test_dropout_only_in_training(device):

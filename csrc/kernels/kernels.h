@@ -82,6 +82,12 @@ struct AdamWParams {
   void gemm(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,    \
             const void* A, const void* B, float beta, void* C, int64_t batch, int64_t strideA,          \
             int64_t strideB, int64_t strideC, void* stream);                                            \
+  /* gemm with explicit leading dimensions: lda/ldb/ldc are the row strides (elements) of A, B, C  */ \
+  /* as stored, at least their stored widths (A: ta ? M : K, B: tb ? K : N, C: N). Only the first */  \
+  /* N columns of each row of C are written (or read, beta != 0). gemm is gemm_ld with packed ld. */   \
+  void gemm_ld(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, \
+               const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, \
+               int64_t batch, int64_t strideA, int64_t strideB, int64_t strideC, void* stream);         \
   /* ---- embedding (kernels/{cpu,cuda}/embedding); ids are int32 or int64 (id_dt), checked in range by ops */ \
   void embedding_forward(DType dt, const void* table, DType id_dt, const void* ids, void* out,          \
                          int64_t n_ids, int64_t dim, void* stream);                                     \
@@ -111,19 +117,22 @@ struct AdamWParams {
   /* dS = scale * P * (dP - rowsum(dP * P)) */                                                        \
   void attn_softmax_backward(DType dt, const void* probs, const void* dprobs, void* dscores,            \
                              int64_t batch, int64_t seq, float scale, void* stream);                    \
-  /* ---- cross entropy (kernels/{cpu,cuda}/cross_entropy): logits [rows, V], targets int32/int64 */           \
+  /* ---- cross entropy (kernels/{cpu,cuda}/cross_entropy): logits [rows, vocab] with row stride ld */     \
+  /* (elements, ld >= vocab; columns vocab..ld-1 are never read or written), targets int32/int64 */    \
   /* losses[r] = lse_r - logit[r, t_r] (0 when t_r == ignore), lse float32 [rows] */                    \
   void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void* targets,             \
-                             float* losses, float* lse, int64_t rows, int64_t vocab,                    \
+                             float* losses, float* lse, int64_t rows, int64_t vocab, int64_t ld,        \
                              int64_t ignore_index, void* stream);                                       \
   /* loss (float32, 1 element) = sum(losses) / max(count of non-ignored, 1); count written too */      \
   void cross_entropy_reduce(const float* losses, DType t_dt, const void* targets, float* loss,          \
                             float* count, int64_t rows, int64_t ignore_index, void* stream);            \
-  /* dlogits = (softmax - onehot) * dloss[0] / count[0]; rows with ignored targets get 0 */           \
+  /* dlogits (row stride ld too) = (softmax - onehot) * dloss[0] / count[0]; rows with ignored */      \
+  /* targets get 0. dlogits may be logits itself (in place: each element is read, then written, */    \
+  /* by the same thread). */                                                                            \
   void cross_entropy_backward(DType dt, const void* logits, const float* lse, DType t_dt,               \
                               const void* targets, const float* dloss, const float* count,              \
-                              void* dlogits, int64_t rows, int64_t vocab, int64_t ignore_index,         \
-                              void* stream);                                                            \
+                              void* dlogits, int64_t rows, int64_t vocab, int64_t ld,                   \
+                              int64_t ignore_index, void* stream);                                      \
   /* ---- optimizer (kernels/{cpu,cuda}/optim): float32, fused over many tensors */                            \
   void adamw_step(int n_tensors, float* const* params, const float* const* grads, float* const* m,      \
                   float* const* v, const int64_t* sizes, AdamWParams hp, void* stream);                 \

@@ -19,6 +19,7 @@ Tensor full(const Shape& shape, double value, DType dtype, Device device) {
 
 void fill_(Tensor& t, double value) {
   check_defined(t, "tensor");
+  t.storage()->forget_range();
   if (t.numel() == 0) return;
   XT_KERNEL(t.device(), fill, t.dtype(), t.data_ptr(), t.numel(), value, stream_for(t.device()));
 }
@@ -54,6 +55,7 @@ void copy_(Tensor& dst, const Tensor& src) {
   check_defined(src, "src");
   XT_CHECK(dst.numel() == src.numel(), ValueError, "copy_: dst ", dst.describe(), " and src ", src.describe(),
            " have different sizes");
+  dst.storage()->forget_range();
   if (src.numel() == 0) return;
   if (dst.device() == src.device()) {
     const Device d = dst.device();

@@ -3,9 +3,17 @@
 // for the backward, which recomputes the softmax from logits and lse.
 //
 // Targets outside [0, V) that are not ignore_index raise IndexError. On the CPU the targets are
-// scanned in place. On CUDA, index_range finds min/max on the device and one 16-byte copy brings
+// scanned in place. On CUDA, targets that came from the host carry their range (core/tensor.h:
+// Storage::known_min) and usually need nothing more; otherwise index_range finds min/max on the device and one 16-byte copy brings
 // them to the host: a sync point, once per forward. Only when that range is not plainly inside
 // [0, V) (a bad target, or ignore_index among them) are the targets copied over and scanned.
+//
+// linear_cross_entropy fuses the language-model head: logits = x @ w^T go into a buffer
+// [N, ld] with ld = logits_ld(V) (the row stride padded so every row starts 16-byte aligned and
+// cuBLAS can use its aligned/TMA kernels; only the first V columns are ever written or read),
+// then the same cross-entropy kernels run on rows of stride ld. Its backward writes dlogits in
+// place over that buffer and runs dx = dlogits @ w and dw = dlogits^T @ x as one GEMM each with
+// explicit leading dimensions: the same calls `linear` + `cross_entropy` make, but for the stride.
 #include "core/cuda_api.h"
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -30,6 +38,11 @@ void check_targets_in_range(const Tensor& targets, int64_t vocab, int64_t ignore
   if (targets.numel() == 0) return;
   const Device dev = targets.device();
   if (dev.is_cpu()) return scan_targets(targets, vocab, ignore_index);
+  const Storage& st = *targets.storage();
+  if (st.range_known) {  // written from the host (core/tensor.h): decided without a sync
+    const int64_t lo = st.known_min == ignore_index ? st.known_min2 : st.known_min;
+    if (st.known_max != ignore_index && (lo == INT64_MAX || lo >= 0) && st.known_max < vocab) return;
+  }
   Tensor minmax = Tensor::empty({2}, DType::Int64, dev);
   XT_KERNEL(dev, index_range, targets.dtype(), targets.data_ptr(), targets.numel(), minmax.data<int64_t>(),
             stream_for(dev));
@@ -51,12 +64,22 @@ void check_logits_targets(const Tensor& logits, const Tensor& targets, const cha
   XT_CHECK(logits.size(1) >= 1, ValueError, op, ": logits must have at least one class, got ", logits.describe());
 }
 
-}  // namespace
+void check_backward_stats(const Tensor& lse, const Tensor& dloss, const Tensor& count, int64_t N, Device dev,
+                          const char* op) {
+  check_defined(lse, "lse");
+  check_defined(dloss, "dloss");
+  check_defined(count, "count");
+  XT_CHECK(lse.dtype() == DType::Float32 && lse.numel() == N && lse.device() == dev, ValueError, op,
+           ": lse must be float32 with ", N, " elements on ", dev.str(), ", got ", lse.describe());
+  XT_CHECK(dloss.dtype() == DType::Float32 && dloss.numel() == 1 && dloss.device() == dev, ValueError, op,
+           ": dloss must be a float32 scalar on ", dev.str(), ", got ", dloss.describe());
+  XT_CHECK(count.dtype() == DType::Float32 && count.numel() == 1 && count.device() == dev, ValueError, op,
+           ": count must be a float32 scalar on ", dev.str(), ", got ", count.describe());
+}
 
-std::vector<Tensor> cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
-  check_logits_targets(logits, targets, "cross_entropy");
-  const int64_t N = logits.size(0), V = logits.size(1);
-  check_targets_in_range(targets, V, ignore_index);
+// Per-row lse and losses of logits [N, V] with row stride ld, then the mean loss and the count.
+std::vector<Tensor> forward_rows(const Tensor& logits, int64_t N, int64_t V, int64_t ld, const Tensor& targets,
+                                 int64_t ignore_index) {
   const Device dev = logits.device();
   Tensor loss = Tensor::empty({}, DType::Float32, dev);
   Tensor lse = Tensor::empty({N}, DType::Float32, dev);
@@ -69,10 +92,19 @@ std::vector<Tensor> cross_entropy(const Tensor& logits, const Tensor& targets, i
   Tensor losses = Tensor::empty({N}, DType::Float32, dev);
   void* stream = stream_for(dev);
   XT_KERNEL(dev, cross_entropy_forward, logits.dtype(), logits.data_ptr(), targets.dtype(), targets.data_ptr(),
-            losses.data<float>(), lse.data<float>(), N, V, ignore_index, stream);
+            losses.data<float>(), lse.data<float>(), N, V, ld, ignore_index, stream);
   XT_KERNEL(dev, cross_entropy_reduce, losses.data<float>(), targets.dtype(), targets.data_ptr(), loss.data<float>(),
             count.data<float>(), N, ignore_index, stream);
   return {loss, lse, count};
+}
+
+}  // namespace
+
+std::vector<Tensor> cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  check_logits_targets(logits, targets, "cross_entropy");
+  const int64_t N = logits.size(0), V = logits.size(1);
+  check_targets_in_range(targets, V, ignore_index);
+  return forward_rows(logits, N, V, V, targets, ignore_index);
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets, const Tensor& dloss,
@@ -80,22 +112,123 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Ten
   check_logits_targets(logits, targets, "cross_entropy_backward");
   const int64_t N = logits.size(0), V = logits.size(1);
   const Device dev = logits.device();
-  check_defined(lse, "lse");
-  check_defined(dloss, "dloss");
-  check_defined(count, "count");
-  XT_CHECK(lse.dtype() == DType::Float32 && lse.numel() == N && lse.device() == dev, ValueError,
-           "cross_entropy_backward: lse must be float32 with ", N, " elements on ", dev.str(), ", got ",
-           lse.describe());
-  XT_CHECK(dloss.dtype() == DType::Float32 && dloss.numel() == 1 && dloss.device() == dev, ValueError,
-           "cross_entropy_backward: dloss must be a float32 scalar on ", dev.str(), ", got ", dloss.describe());
-  XT_CHECK(count.dtype() == DType::Float32 && count.numel() == 1 && count.device() == dev, ValueError,
-           "cross_entropy_backward: count must be a float32 scalar on ", dev.str(), ", got ", count.describe());
+  check_backward_stats(lse, dloss, count, N, dev, "cross_entropy_backward");
   Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype(), dev);
   if (N)
     XT_KERNEL(dev, cross_entropy_backward, logits.dtype(), logits.data_ptr(), lse.data<float>(), targets.dtype(),
-              targets.data_ptr(), dloss.data<float>(), count.data<float>(), dlogits.data_ptr(), N, V, ignore_index,
+              targets.data_ptr(), dloss.data<float>(), count.data<float>(), dlogits.data_ptr(), N, V, V, ignore_index,
               stream_for(dev));
   return dlogits;
+}
+
+// ---- linear_cross_entropy
+
+namespace {
+
+void check_linear_ce_inputs(const Tensor& x, const Tensor& w, const Tensor& targets) {
+  constexpr const char* op = "linear_cross_entropy";
+  check_floating(x, op, "x");
+  check_floating(w, op, "w");
+  check_same_device(x, w, op, "x", "w");
+  check_same_dtype(x, w, op, "x", "w");
+  XT_CHECK(x.dim() == 2, ValueError, op, ": x must be [N, K] (2 dimensions), got ", x.describe());
+  XT_CHECK(w.dim() == 2, ValueError, op, ": w must be [V, K] (2 dimensions), got ", w.describe());
+  XT_CHECK(x.size(1) == w.size(1), ValueError, op, ": x ", x.describe(), " must end in the weight's in_features ",
+           w.size(1), " (w ", w.describe(), " is [V, K])");
+  XT_CHECK(w.size(0) >= 1, ValueError, op, ": w must have at least one class (row), got ", w.describe());
+  check_defined(targets, "targets");
+  XT_CHECK(is_integral(targets.dtype()), TypeError, op, ": targets must be int32 or int64, got ", targets.describe());
+  check_same_device(x, targets, op, "x", "targets");
+  XT_CHECK(targets.dim() == 1 && targets.numel() == x.size(0), ValueError, op, ": targets must be [", x.size(0),
+           "] (one per row of x), got targets ", targets.describe(), " for x ", x.describe());
+}
+
+}  // namespace
+
+std::vector<Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                         int64_t ignore_index) {
+  check_linear_ce_inputs(x, w, targets);
+  const int64_t N = x.size(0), K = x.size(1), V = w.size(0), ld = logits_ld(V);
+  check_targets_in_range(targets, V, ignore_index);
+  const Device dev = x.device();
+  Tensor buf = Tensor::empty({N, ld}, x.dtype(), dev);  // columns V..ld-1 stay unwritten
+  if (N)
+    XT_KERNEL(dev, gemm_ld, x.dtype(), x.dtype(), false, true, N, V, K, 1.0f, x.data_ptr(), K, w.data_ptr(), K, 0.0f,
+              buf.data_ptr(), ld, 1, N * K, V * K, N * ld, stream_for(dev));
+  std::vector<Tensor> r = forward_rows(buf, N, V, ld, targets, ignore_index);
+  r.push_back(buf);
+  return r;  // loss, lse, count, logits buffer
+}
+
+Tensor logits_from_buffer(const Tensor& buf, int64_t vocab) {
+  check_floating(buf, "logits_from_buffer", "buf");
+  XT_CHECK(buf.dim() == 2 && vocab >= 0 && vocab <= buf.size(1), ValueError,
+           "logits_from_buffer: expected a buffer [N, ld] with ld >= ", vocab, ", got ", buf.describe());
+  const int64_t N = buf.size(0), ld = buf.size(1);
+  const Device dev = buf.device();
+  Tensor out = Tensor::empty({N, vocab}, buf.dtype(), dev);
+  if (out.numel() == 0) return out;
+  // A strided copy as buf * 1 (exact in every dtype, -0 and infinities included), rows read with stride ld.
+  Tensor one = full({}, 1.0, buf.dtype(), dev);
+  kernels::Broadcast bc;
+  bc.ndim = 2;
+  bc.shape[0] = N;
+  bc.shape[1] = vocab;
+  bc.astride[0] = ld;
+  bc.astride[1] = 1;
+  bc.bstride[0] = 0;
+  bc.bstride[1] = 0;
+  XT_KERNEL(dev, binary, kernels::BinaryOp::Mul, buf.dtype(), buf.data_ptr(), one.data_ptr(), out.data_ptr(),
+            out.numel(), &bc, stream_for(dev));
+  return out;
+}
+
+std::pair<Tensor, Tensor> linear_cross_entropy_backward(const Tensor& buf, int64_t vocab, const Tensor& x,
+                                                        const Tensor& w, const Tensor& lse, const Tensor& targets,
+                                                        const Tensor& dloss, const Tensor& count,
+                                                        int64_t ignore_index) {
+  constexpr const char* op = "linear_cross_entropy_backward";
+  check_floating(buf, op, "logits buffer");
+  const Device dev = buf.device();
+  XT_CHECK(buf.dim() == 2 && vocab >= 1 && buf.size(1) >= vocab, ValueError, op,
+           ": expected a logits buffer [N, ld >= ", vocab, "], got ", buf.describe());
+  const int64_t N = buf.size(0), V = vocab, ld = buf.size(1);
+  check_defined(targets, "targets");
+  XT_CHECK(is_integral(targets.dtype()) && targets.dim() == 1 && targets.numel() == N && targets.device() == dev,
+           ValueError, op, ": targets must be int32/int64 [", N, "] on ", dev.str(), ", got ", targets.describe());
+  check_backward_stats(lse, dloss, count, N, dev, op);
+  for (const Tensor* t : {&x, &w}) {
+    if (!t->defined()) continue;
+    XT_CHECK(t->dim() == 2 && t->dtype() == buf.dtype() && t->device() == dev, ValueError, op, ": ",
+             t == &x ? "x" : "w", " must be a 2-D ", dtype_name(buf.dtype()), " tensor on ", dev.str(), ", got ",
+             t->describe());
+  }
+  XT_CHECK(!x.defined() || x.size(0) == N, ValueError, op, ": x ", x.describe(), " must have ", N, " rows");
+  XT_CHECK(!w.defined() || w.size(0) == V, ValueError, op, ": w ", w.describe(), " must have ", V, " rows");
+  XT_CHECK(!x.defined() || !w.defined() || x.size(1) == w.size(1), ValueError, op, ": x ", x.describe(), " and w ",
+           w.describe(), " differ in K");
+  void* stream = stream_for(dev);
+  // dlogits over the logits, in place: the buffer holds dlogits from here on.
+  if (N)
+    XT_KERNEL(dev, cross_entropy_backward, buf.dtype(), buf.data_ptr(), lse.data<float>(), targets.dtype(),
+              targets.data_ptr(), dloss.data<float>(), count.data<float>(), buf.data_ptr(), N, V, ld, ignore_index,
+              stream);
+  Tensor dx, dw;
+  if (w.defined()) {  // dx [N, K] = dlogits [N, V] (row stride ld) @ w [V, K]
+    const int64_t K = w.size(1);
+    dx = Tensor::empty({N, K}, buf.dtype(), dev);
+    if (dx.numel())
+      XT_KERNEL(dev, gemm_ld, buf.dtype(), buf.dtype(), false, false, N, K, V, 1.0f, buf.data_ptr(), ld,
+                w.data_ptr(), K, 0.0f, dx.data_ptr(), K, 1, N * ld, V * K, N * K, stream);
+  }
+  if (x.defined()) {  // dw [V, K] = dlogits^T (stored [N, V], row stride ld) @ x [N, K]
+    const int64_t K = x.size(1);
+    dw = Tensor::empty({V, K}, x.dtype(), dev);
+    if (dw.numel())
+      XT_KERNEL(dev, gemm_ld, buf.dtype(), x.dtype(), true, false, V, K, N, 1.0f, buf.data_ptr(), ld, x.data_ptr(),
+                K, 0.0f, dw.data_ptr(), K, 1, N * ld, N * K, V * K, stream);
+  }
+  return {dx, dw};
 }
 
 }  // namespace ops

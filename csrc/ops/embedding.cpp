@@ -1,8 +1,9 @@
 // Embedding ops: row gather with an id range check, and its deterministic scatter-add backward.
 //
-// The range check is exact: min and max of the ids against [0, vocab). On CUDA that takes one
-// small device reduction and a 16-byte copy to the host, which waits for the stream (a
-// documented sync point, once per embedding forward).
+// The range check is exact: min and max of the ids against [0, vocab). Ids that came from the
+// host (xtrain.tensor of a numpy array, the training loop's case) carry their range from there
+// and need nothing more. Other CUDA ids take one small device reduction and a 16-byte copy to
+// the host, which waits for the stream (a documented sync point).
 #include "core/cuda_api.h"
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -25,6 +26,9 @@ void check_id_range(const Tensor& ids, int64_t vocab, const char* op) {
   int64_t mm[2] = {0, -1};
   if (dev.is_cpu()) {
     kernels::cpu::index_range(ids.dtype(), ids.data_ptr(), n, mm, nullptr);
+  } else if (ids.storage()->range_known) {  // written from the host: no sync (core/tensor.h)
+    mm[0] = ids.storage()->known_min;
+    mm[1] = ids.storage()->known_max;
   } else {
     Tensor dmm = Tensor::empty({2}, DType::Int64, dev);
     XT_KERNEL(dev, index_range, ids.dtype(), ids.data_ptr(), n, dmm.data<int64_t>(), stream_for(dev));

@@ -104,6 +104,28 @@ std::vector<Tensor> cross_entropy(const Tensor& logits, const Tensor& targets, i
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets,
                               const Tensor& dloss, const Tensor& count, int64_t ignore_index);
 
+// ---- fused linear + cross entropy (ops/cross_entropy.cpp): x [N, K], w [V, K] (same floating
+// dtype), targets int [N]. The logits live in a buffer [N, ld], ld = logits_ld(V): V rounded up
+// to a multiple of kLogitsLdMultiple elements, so ld * itemsize is a multiple of 16 bytes (every
+// row 16-byte aligned: cuBLAS's fast aligned/TMA GEMMs apply even for an odd vocabulary such as
+// GPT-2's 50257 -> 50304). Only the first V columns of a row are ever written or read.
+constexpr int64_t kLogitsLdMultiple = 64;
+inline int64_t logits_ld(int64_t vocab) {
+  return (vocab + kLogitsLdMultiple - 1) / kLogitsLdMultiple * kLogitsLdMultiple;
+}
+// Returns (loss float32 [], lse float32 [N], count float32 [1], logits buffer [N, ld] in x's dtype).
+std::vector<Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                         int64_t ignore_index);
+// A contiguous [N, vocab] copy of the first vocab columns of a buffer [N, ld].
+Tensor logits_from_buffer(const Tensor& buf, int64_t vocab);
+// Writes dlogits IN PLACE over buf (its logits are gone afterwards), then returns
+// (dx = dlogits @ w in buf's dtype when w is defined, dw = dlogits^T @ x in x's dtype when x is
+// defined; undefined otherwise), one GEMM each with leading dimension ld.
+std::pair<Tensor, Tensor> linear_cross_entropy_backward(const Tensor& buf, int64_t vocab, const Tensor& x,
+                                                        const Tensor& w, const Tensor& lse, const Tensor& targets,
+                                                        const Tensor& dloss, const Tensor& count,
+                                                        int64_t ignore_index);
+
 // ---- optimizer (ops/optim.cpp): float32 tensors on one device
 void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                 const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,

@@ -1,7 +1,8 @@
 // Bindings for the model ops (xtrain.ops.*): rms_norm, rope, sdpa, softmax, log_softmax,
-// cross_entropy. Argument conversion only; the Functions live in csrc/tape/functions/.
+// cross_entropy, linear_cross_entropy. Argument conversion only; the Functions live in csrc/tape/functions/.
 #include <cmath>
 #include <optional>
+#include <utility>
 
 #include "core/error.h"
 #include "python/bind.h"
@@ -50,6 +51,14 @@ void init_ops_model(py::module_& ops) {
   ops.def("cross_entropy", &tape::cross_entropy, py::arg("logits"), py::arg("targets"),
           py::arg("ignore_index") = -100, NoGil(),
           "Mean cross-entropy of logits [N, V] against int targets [N], skipping ignore_index; float32 scalar");
+  ops.def("linear_cross_entropy", [](const Tensor& x, const Tensor& w, const Tensor& targets, int64_t ignore_index,
+                                     bool return_logits) {
+            auto [loss, logits] = tape::linear_cross_entropy(x, w, targets, ignore_index, return_logits);
+            return std::make_pair(loss, logits.defined() ? std::optional<Tensor>(logits) : std::nullopt);
+          }, py::arg("x"), py::arg("w"), py::arg("targets"), py::arg("ignore_index") = -100,
+          py::arg("return_logits") = false, NoGil(),
+          "cross_entropy(linear(x, w), targets) fused (x [N, K], w [V, K]): returns (loss, logits [N, V] copy "
+          "when return_logits else None)");
 }
 
 }  // namespace xt

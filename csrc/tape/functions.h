@@ -3,6 +3,7 @@
 // One file per family in tape/functions/, forward and backward side by side.
 #pragma once
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/generator.h"
@@ -53,6 +54,10 @@ Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, doub
 Tensor softmax(const Tensor& x);                                        // functions/softmax.cpp
 Tensor log_softmax(const Tensor& x);
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index);
+// cross_entropy(linear(x, w), targets) fused (functions/cross_entropy.cpp): x [N, K], w [V, K];
+// returns (loss, a detached [N, V] copy of the logits when return_logits, else undefined).
+std::pair<Tensor, Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                               int64_t ignore_index, bool return_logits);
 
 }  // namespace tape
 }  // namespace xt

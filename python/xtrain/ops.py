@@ -2,7 +2,8 @@
 
 Everything bound in xtrain._C.ops is re-exported here unchanged. add/sub/mul/div also accept a
 Python number on either side (routed to the *_scalar ops, which keep the scalar out of the
-tape), and scale(x, s) is x * s.
+tape), and scale(x, s) is x * s. linear_cross_entropy (the fused lm_head + loss) is the bound op
+with its full documentation.
 """
 import numbers as _numbers
 
@@ -49,3 +50,21 @@ div = _scalar_aware("div", _ops.div, _ops.div_scalar, _ops.rdiv_scalar)
 def scale(x, s):
     """x * s for a Python number s."""
     return _ops.mul_scalar(x, float(s))
+
+
+def linear_cross_entropy(x, w, targets, ignore_index=-100, return_logits=False):
+    """The language-model head and its loss in one op: cross_entropy(linear(x, w), targets).
+
+    x [N, K] and w [V, K] (float32, bfloat16 or float64, one dtype), targets int32/int64 [N].
+    Returns ``(loss, logits)``: loss is the float32 mean cross-entropy over the targets that are
+    not ignore_index (the semantics of ``cross_entropy``: 0 when every target is ignored or N == 0,
+    IndexError for a target outside [0, V)); logits is a detached contiguous [N, V] copy of
+    x @ w^T when ``return_logits`` is True, else None. Gradients reach x and w in their dtype, as
+    ``linear`` followed by ``cross_entropy`` gives them (bit for bit in float32 on the CPU).
+
+    Internally the logits live in a buffer whose row stride is V rounded up to a multiple of 64
+    elements, so every row is 16-byte aligned and cuBLAS runs its fast GEMMs even for an odd V
+    (GPT-2's 50257), without padding the vocabulary; backward writes dlogits over that buffer in
+    place instead of allocating another [N, V] tensor.
+    """
+    return _ops.linear_cross_entropy(x, w, targets, ignore_index, return_logits)

@@ -1,13 +1,15 @@
 // CPU basic kernels against naive loops: broadcast binary, sum_to, permute, gemm (every
-// transpose combination, bf16 inputs with a float32 C and beta, K = 0), embedding backward,
-// accumulate, dropout's mask.
+// transpose combination, bf16 inputs with a float32 C and beta, K = 0, explicit leading
+// dimensions bitwise equal to packed), embedding backward, accumulate, dropout's mask.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "core/bf16.h"
+#include "core/error.h"
 #include "core/philox.h"
 #include "kernels/kernels.h"
 
@@ -125,6 +127,79 @@ TEST(KernelsBasic, GemmBf16InputsFloatOutputWithBeta) {
   cpu::gemm(DType::Float32, DType::Float32, false, false, M, N, 0, 1.0f, Af.data(), Bf.data(), 0.0f, C.data(), 1, 0,
             0, 0, nullptr);
   for (float c : C) EXPECT_EQ(c, 0.0f);
+}
+
+// Copy a packed rows x cols matrix of T into rows of stride ld; the padding holds `pad`.
+template <typename T>
+std::vector<T> with_ld(const std::vector<T>& packed, int rows, int cols, int ld, T pad) {
+  std::vector<T> out(static_cast<size_t>(rows) * ld, pad);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) out[r * ld + c] = packed[r * cols + c];
+  return out;
+}
+
+template <typename T>
+bool same_bits(const T& a, const T& b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+// gemm_ld on matrices with padded rows (NaN padding in A and B, which must never be read; a
+// sentinel in C's padding, which must never be written) gives the packed gemm's bits, for every
+// transpose combination, beta 0 and beta != 0, in the compute type T with C in CT.
+template <typename T, typename CT>
+void check_gemm_ld(DType ab_dt, DType c_dt, T (*from_float)(float), CT (*c_from_float)(float)) {
+  const int M = 5, N = 7, K = 9, pad = 3;
+  const T nan_t = from_float(std::nanf(""));
+  const CT sentinel = c_from_float(-12345.0f);
+  auto Af = random_vec(M * K, 11), Bf = random_vec(K * N, 12), Cf = random_vec(M * N, 13);
+  std::vector<T> A(M * K), B(K * N);
+  std::vector<CT> C0(M * N);
+  for (int i = 0; i < M * K; ++i) A[i] = from_float(Af[i]);
+  for (int i = 0; i < K * N; ++i) B[i] = from_float(Bf[i]);
+  for (int i = 0; i < M * N; ++i) C0[i] = c_from_float(Cf[i]);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 0.5f}) {
+        const int a_rows = ta ? K : M, a_cols = ta ? M : K, b_rows = tb ? N : K, b_cols = tb ? K : N;
+        const int lda = a_cols + pad, ldb = b_cols + 2 * pad, ldc = N + pad;
+        std::vector<CT> packed = C0;
+        cpu::gemm(ab_dt, c_dt, ta, tb, M, N, K, 1.5f, A.data(), B.data(), beta, packed.data(), 1, M * K, K * N, M * N,
+                  nullptr);
+        auto As = with_ld(A, a_rows, a_cols, lda, nan_t), Bs = with_ld(B, b_rows, b_cols, ldb, nan_t);
+        auto Cs = with_ld(C0, M, N, ldc, sentinel);
+        cpu::gemm_ld(ab_dt, c_dt, ta, tb, M, N, K, 1.5f, As.data(), lda, Bs.data(), ldb, beta, Cs.data(), ldc, 1,
+                     a_rows * lda, b_rows * ldb, M * ldc, nullptr);
+        for (int m = 0; m < M; ++m) {
+          for (int n = 0; n < N; ++n)
+            EXPECT_TRUE(same_bits(Cs[m * ldc + n], packed[m * N + n])) << ta << tb << beta << " at " << m << "," << n;
+          for (int n = N; n < ldc; ++n) EXPECT_TRUE(same_bits(Cs[m * ldc + n], sentinel)) << "padding written";
+        }
+      }
+  // K = 0: C = beta * C on the first N columns only.
+  auto Cs = with_ld(C0, M, N, N + pad, sentinel);
+  cpu::gemm_ld(ab_dt, c_dt, false, false, M, N, 0, 1.0f, A.data(), 0, B.data(), N, 0.0f, Cs.data(), N + pad, 1, 0,
+               0, 0, nullptr);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N + pad; ++n)
+      EXPECT_TRUE(same_bits(Cs[m * (N + pad) + n], n < N ? c_from_float(0.0f) : sentinel));
+  // A leading dimension below the stored width is refused.
+  std::vector<CT> C(M * N);
+  EXPECT_THROW(cpu::gemm_ld(ab_dt, c_dt, false, false, M, N, K, 1.0f, A.data(), K - 1, B.data(), N, 0.0f, C.data(),
+                            N, 1, 0, 0, 0, nullptr),
+               ValueError);
+  EXPECT_THROW(cpu::gemm_ld(ab_dt, c_dt, false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(),
+                            N - 1, 1, 0, 0, 0, nullptr),
+               ValueError);
+}
+
+float f32(float v) { return v; }
+double f64(float v) { return v; }
+
+TEST(KernelsBasic, GemmLeadingDimensionsMatchPacked) {
+  check_gemm_ld<float, float>(DType::Float32, DType::Float32, f32, f32);
+  check_gemm_ld<double, double>(DType::Float64, DType::Float64, f64, f64);
+  check_gemm_ld<bf16, bf16>(DType::BFloat16, DType::BFloat16, float_to_bf16, float_to_bf16);
+  check_gemm_ld<bf16, float>(DType::BFloat16, DType::Float32, float_to_bf16, f32);
 }
 
 TEST(KernelsBasic, EmbeddingBackwardSumsInOrderAndRoundsOnce) {

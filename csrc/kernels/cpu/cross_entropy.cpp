@@ -1,12 +1,14 @@
-// Cross-entropy on the CPU: logits [rows, vocab] (float32/bfloat16/float64), targets
-// int32/int64 [rows].
+// Cross-entropy on the CPU: logits [rows, vocab] with row stride ld >= vocab (float32/bfloat16/
+// float64), targets int32/int64 [rows]. Columns vocab..ld-1 are never read or written.
 //
 //  - forward writes per row lse = logsumexp(logits) and loss = lse - logit[target] (0 for a row
 //    whose target is ignore_index), both float32; the softmax is never materialised.
 //  - reduce: loss = sum(losses) / max(count, 1), count = number of non-ignored rows; the sum runs
 //    in row order, in double.
 //  - backward recomputes softmax = exp(logit - lse) and writes dlogits with `=`:
-//    (softmax - onehot) * dloss / max(count, 1), exactly 0 on ignored rows.
+//    (softmax - onehot) * dloss / max(count, 1), exactly 0 on ignored rows. dlogits may alias
+//    logits (the fused linear_cross_entropy writes it in place): each element is read, then
+//    written, and nothing else of the row is read afterwards.
 //  - Targets are range-checked by the ops layer; one outside [0, vocab) that reaches a kernel
 //    anyway gives a NaN loss and a zero gradient row, never a read out of bounds.
 //  - float32/bfloat16 compute in float32 (dlogits rounded once); float64 computes in double, but
@@ -26,10 +28,10 @@ namespace {
 
 template <typename T>
 void forward_rows(const T* logits, DType t_dt, const void* targets, float* losses, float* lse, int64_t rows,
-                  int64_t vocab, int64_t ignore_index) {
+                  int64_t vocab, int64_t ld, int64_t ignore_index) {
   using C = compute_t<T>;
   for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = logits + r * vocab;
+    const T* xr = logits + r * ld;
     C mx = -std::numeric_limits<C>::infinity();
     for (int64_t j = 0; j < vocab; ++j) {
       const C v = load(xr, j);
@@ -52,12 +54,12 @@ void forward_rows(const T* logits, DType t_dt, const void* targets, float* losse
 
 template <typename T>
 void backward_rows(const T* logits, const float* lse, DType t_dt, const void* targets, float dloss, float count,
-                   T* dlogits, int64_t rows, int64_t vocab, int64_t ignore_index) {
+                   T* dlogits, int64_t rows, int64_t vocab, int64_t ld, int64_t ignore_index) {
   using C = compute_t<T>;
   const C coef = static_cast<C>(dloss) / static_cast<C>(count > 1.0f ? count : 1.0f);
   for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = logits + r * vocab;
-    T* dr = dlogits + r * vocab;
+    const T* xr = logits + r * ld;
+    T* dr = dlogits + r * ld;
     const int64_t t = load_index(t_dt, targets, r);
     if (t == ignore_index || t < 0 || t >= vocab) {
       for (int64_t j = 0; j < vocab; ++j) store(dr, j, C(0));
@@ -74,11 +76,12 @@ void backward_rows(const T* logits, const float* lse, DType t_dt, const void* ta
 }  // namespace
 
 void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void* targets, float* losses, float* lse,
-                           int64_t rows, int64_t vocab, int64_t ignore_index, void*) {
+                           int64_t rows, int64_t vocab, int64_t ld, int64_t ignore_index, void*) {
   XT_ASSERT(is_integral(t_dt), "cross_entropy_forward: targets ", dtype_name(t_dt));
+  XT_ASSERT(ld >= vocab, "cross_entropy_forward: ld ", ld, " < vocab ", vocab);
   dispatch_float(dt, "cross_entropy_forward", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    forward_rows(static_cast<const T*>(logits), t_dt, targets, losses, lse, rows, vocab, ignore_index);
+    forward_rows(static_cast<const T*>(logits), t_dt, targets, losses, lse, rows, vocab, ld, ignore_index);
   });
 }
 
@@ -98,12 +101,13 @@ void cross_entropy_reduce(const float* losses, DType t_dt, const void* targets, 
 
 void cross_entropy_backward(DType dt, const void* logits, const float* lse, DType t_dt, const void* targets,
                             const float* dloss, const float* count, void* dlogits, int64_t rows, int64_t vocab,
-                            int64_t ignore_index, void*) {
+                            int64_t ld, int64_t ignore_index, void*) {
   XT_ASSERT(is_integral(t_dt), "cross_entropy_backward: targets ", dtype_name(t_dt));
+  XT_ASSERT(ld >= vocab, "cross_entropy_backward: ld ", ld, " < vocab ", vocab);
   dispatch_float(dt, "cross_entropy_backward", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     backward_rows(static_cast<const T*>(logits), lse, t_dt, targets, *dloss, *count, static_cast<T*>(dlogits), rows,
-                  vocab, ignore_index);
+                  vocab, ld, ignore_index);
   });
 }
 

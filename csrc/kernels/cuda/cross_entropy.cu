@@ -1,4 +1,5 @@
-// CUDA cross-entropy, fused: logits [rows, vocab] (float32/bfloat16/float64), targets int32/int64.
+// CUDA cross-entropy, fused: logits [rows, vocab] with row stride ld >= vocab (float32/bfloat16/
+// float64; columns vocab..ld-1 are never touched), targets int32/int64.
 //
 //  - forward: one block per row computes lse = logsumexp(logits) and loss = lse - logit[target]
 //    (0 for ignore_index; NaN for a target outside [0, vocab), never an out-of-bounds read);
@@ -7,7 +8,8 @@
 //    loss = sum / max(count, 1) and count stay on the device (no host sync).
 //  - backward: one pass over the logits recomputes softmax = exp(logit - lse) and writes dlogits
 //    with `=`: (softmax - onehot) * dloss[0] / max(count[0], 1), exactly 0 on ignored rows. dloss
-//    and count are read on the device.
+//    and count are read on the device. dlogits may alias logits (in place, as the fused
+//    linear_cross_entropy does): each thread reads an element, then writes that same element.
 // Same formulas as kernels/cpu/cross_entropy.cpp; float32 compute (float64 for float64).
 #include <math_constants.h>
 
@@ -25,10 +27,10 @@ inline int row_threads(int64_t vocab) { return vocab > 4096 ? 512 : 128; }
 
 template <typename T>
 __global__ void ce_forward_kernel(const T* logits, const void* targets, bool t64, float* losses, float* lse,
-                                  int64_t vocab, int64_t ignore_index) {
+                                  int64_t vocab, int64_t ld, int64_t ignore_index) {
   using C = compute_t<T>;
   const int64_t r = blockIdx.x;
-  const T* xr = logits + r * vocab;
+  const T* xr = logits + r * ld;
   C mx = NegInf<C>::get();
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = xmax(mx, load(xr, j));
   mx = block_max(mx);
@@ -63,12 +65,12 @@ __global__ void ce_reduce_kernel(const float* losses, const void* targets, bool 
 
 template <typename T>
 __global__ void ce_backward_kernel(const T* logits, const float* lse, const void* targets, bool t64,
-                                   const float* dloss, const float* count, T* dlogits, int64_t vocab,
+                                   const float* dloss, const float* count, T* dlogits, int64_t vocab, int64_t ld,
                                    int64_t ignore_index) {
   using C = compute_t<T>;
   const int64_t r = blockIdx.x;
-  const T* xr = logits + r * vocab;
-  T* dr = dlogits + r * vocab;
+  const T* xr = logits + r * ld;
+  T* dr = dlogits + r * ld;
   const int64_t t = load_index(t64, targets, r);
   if (t == ignore_index || t < 0 || t >= vocab) {
     for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) store(dr, j, C(0));
@@ -86,15 +88,16 @@ __global__ void ce_backward_kernel(const T* logits, const float* lse, const void
 }  // namespace
 
 void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void* targets, float* losses, float* lse,
-                           int64_t rows, int64_t vocab, int64_t ignore_index, void* stream) {
+                           int64_t rows, int64_t vocab, int64_t ld, int64_t ignore_index, void* stream) {
   const bool t64 = index_is_64(t_dt, "cross_entropy_forward");
+  XT_ASSERT(ld >= vocab, "cross_entropy_forward: ld ", ld, " < vocab ", vocab);
   if (rows == 0) return;
   XT_CHECK(rows <= INT32_MAX, ValueError, "cross_entropy: too many rows for CUDA: ", rows);
   OnStream on(stream);
   dispatch_float(dt, "cross_entropy_forward", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     ce_forward_kernel<T><<<static_cast<unsigned>(rows), row_threads(vocab), 0, on.s>>>(
-        static_cast<const T*>(logits), targets, t64, losses, lse, vocab, ignore_index);
+        static_cast<const T*>(logits), targets, t64, losses, lse, vocab, ld, ignore_index);
     XT_LAUNCH_CHECK();
   });
 }
@@ -109,15 +112,16 @@ void cross_entropy_reduce(const float* losses, DType t_dt, const void* targets, 
 
 void cross_entropy_backward(DType dt, const void* logits, const float* lse, DType t_dt, const void* targets,
                             const float* dloss, const float* count, void* dlogits, int64_t rows, int64_t vocab,
-                            int64_t ignore_index, void* stream) {
+                            int64_t ld, int64_t ignore_index, void* stream) {
   const bool t64 = index_is_64(t_dt, "cross_entropy_backward");
+  XT_ASSERT(ld >= vocab, "cross_entropy_backward: ld ", ld, " < vocab ", vocab);
   if (rows == 0 || vocab == 0) return;
   XT_CHECK(rows <= INT32_MAX, ValueError, "cross_entropy: too many rows for CUDA: ", rows);
   OnStream on(stream);
   dispatch_float(dt, "cross_entropy_backward", [&](auto tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     ce_backward_kernel<T><<<static_cast<unsigned>(rows), row_threads(vocab), 0, on.s>>>(
-        static_cast<const T*>(logits), lse, targets, t64, dloss, count, static_cast<T*>(dlogits), vocab, ignore_index);
+        static_cast<const T*>(logits), lse, targets, t64, dloss, count, static_cast<T*>(dlogits), vocab, ld, ignore_index);
     XT_LAUNCH_CHECK();
   });
 }

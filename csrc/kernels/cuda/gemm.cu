@@ -2,6 +2,10 @@
 //
 // cuBLAS is column-major. A row-major MxN matrix is the column-major NxM matrix C^T, and
 // C^T = op(B)^T op(A)^T, so we call cuBLAS with the operands swapped (B first), m = N, n = M.
+// A row-major matrix with row stride ld is the column-major transpose with leading dimension ld,
+// so gemm_ld passes lda/ldb/ldc through unchanged; gemm is gemm_ld with packed strides. An ld
+// whose byte size is a multiple of 16 (with 16-byte aligned base pointers) lets cuBLAS pick its
+// fast aligned/TMA kernels: the fused linear_cross_entropy pads the logits' row stride for that.
 // Precision: float32 uses CUBLAS_COMPUTE_32F (true fp32) unless allow_tf32() is on; bf16 inputs
 // use CUBLAS_COMPUTE_32F with bf16 or float32 output and reductions kept in fp32
 // (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION); float64 uses CUBLAS_COMPUTE_64F.
@@ -70,12 +74,17 @@ cublasHandle_t cublas_handle(const OnStream& on) {
   return e.handle;
 }
 
-void gemm(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
-          const void* B, float beta, void* C, int64_t batch, int64_t strideA, int64_t strideB, int64_t strideC,
-          void* stream) {
+void gemm_ld(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+             int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, int64_t batch,
+             int64_t strideA, int64_t strideB, int64_t strideC, void* stream) {
+  XT_CHECK(lda >= (ta ? M : K) && ldb >= (tb ? K : N) && ldc >= N, ValueError, "gemm: leading dimensions lda=", lda,
+           " ldb=", ldb, " ldc=", ldc, " are smaller than the stored widths ", (ta ? M : K), ", ", (tb ? K : N),
+           ", ", N, " (M=", M, " N=", N, " K=", K, ")");
   if (M == 0 || N == 0 || batch == 0) return;
-  XT_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && batch <= INT_MAX, ValueError,
-           "gemm: dimensions must fit in int32 for cuBLAS, got M=", M, " N=", N, " K=", K, " batch=", batch);
+  XT_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && batch <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+               ldc <= INT_MAX,
+           ValueError, "gemm: dimensions must fit in int32 for cuBLAS, got M=", M, " N=", N, " K=", K,
+           " batch=", batch, " lda=", lda, " ldb=", ldb, " ldc=", ldc);
   cudaDataType_t ab_type, c_type;
   cublasComputeType_t compute;
   if (ab_dt == DType::Float32 && c_dt == DType::Float32) {
@@ -95,20 +104,27 @@ void gemm(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64
   }
   OnStream on(stream);
   cublasHandle_t h = cublas_handle(on);
-  // Column-major view (see the header): C^T (NxM, ld N) = op(B)^T (NxK) * op(A)^T (KxM).
+  // Column-major view (see the header): C^T (NxM, ld ldc) = op(B)^T (NxK) * op(A)^T (KxM).
   const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int m = static_cast<int>(N), n = static_cast<int>(M), k = static_cast<int>(K);
-  const int ldb = static_cast<int>(tb ? K : N);
-  const int lda = static_cast<int>(ta ? M : K);
-  const int ldc = static_cast<int>(N);
+  const int ldb_ = static_cast<int>(ldb);
+  const int lda_ = static_cast<int>(lda);
+  const int ldc_ = static_cast<int>(ldc);
   const double alpha64 = alpha, beta64 = beta;
   const void* pa = compute == CUBLAS_COMPUTE_64F ? static_cast<const void*>(&alpha64) : static_cast<const void*>(&alpha);
   const void* pb = compute == CUBLAS_COMPUTE_64F ? static_cast<const void*>(&beta64) : static_cast<const void*>(&beta);
   // ld must be >= 1 even for empty K.
-  XT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, opB, opA, m, n, k, pa, B, ab_type, ldb > 0 ? ldb : 1, strideB, A,
-                                             ab_type, lda > 0 ? lda : 1, strideA, pb, C, c_type, ldc, strideC,
+  XT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, opB, opA, m, n, k, pa, B, ab_type, ldb_ > 0 ? ldb_ : 1, strideB, A,
+                                             ab_type, lda_ > 0 ? lda_ : 1, strideA, pb, C, c_type, ldc_, strideC,
                                              static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT));
+}
+
+void gemm(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+          const void* B, float beta, void* C, int64_t batch, int64_t strideA, int64_t strideB, int64_t strideC,
+          void* stream) {
+  gemm_ld(ab_dt, c_dt, ta, tb, M, N, K, alpha, A, ta ? M : K, B, tb ? K : N, beta, C, N, batch, strideA, strideB,
+          strideC, stream);
 }
 
 }  // namespace cuda

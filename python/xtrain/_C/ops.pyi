@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_scalar', 'cast', 'cross_entropy', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'linear', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_scalar', 'cast', 'cross_entropy', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -45,6 +45,10 @@ def exp(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
 def linear(x: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     x @ weight^T, weight is [out, in]
+    """
+def linear_cross_entropy(x: xtrain._C.Tensor, w: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100, return_logits: bool = False) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor | None]:
+    """
+    cross_entropy(linear(x, w), targets) fused (x [N, K], w [V, K]): returns (loss, logits [N, V] copy when return_logits else None)
     """
 def log(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """

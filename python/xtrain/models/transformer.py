@@ -1,6 +1,7 @@
 """TinyTransformer: a decoder-only LM in the Hugging Face Qwen3 layout, written on xtrain.ops.
 
     ids (B, S) -> embed_tokens -> L x Block -> norm -> lm_head -> logits (B*S, V) -> cross_entropy
+    (with targets, lm_head + cross_entropy run fused: ops.linear_cross_entropy)
 
     Block(x):  h = x + o_proj(sdpa(rope(q_norm(q_proj(n1(x)))), rope(k_norm(k_proj(n1(x)))), v_proj(n1(x))))
                y = h + down_proj(silu(gate_proj(n2(h))) * up_proj(n2(h)))
@@ -18,6 +19,12 @@ Decisions:
   embedding on, norm weights stay float32 (rms_norm takes float32 weights with bf16 x), and the bf16
   logits go into cross_entropy, which computes in float32. The casts sit inside block_forward, so a
   recomputed block re-casts its weights instead of keeping bf16 copies alive.
+- With targets, the head is ops.linear_cross_entropy(norm(x), lm_head weight, targets): the same
+  loss and gradients as linear + cross_entropy (bitwise in float32 on the CPU), but the logits sit
+  in a buffer with a 16-byte-aligned row stride (fast cuBLAS GEMMs for an odd vocabulary such as
+  50257) and backward writes dlogits over them in place. forward(ids, targets) therefore returns
+  (None, loss); return_logits=True adds a detached (B*S, V) copy of the logits. Without targets
+  the logits come from ops.linear and stay differentiable.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Init as GPT-2/nanoGPT: N(0, 0.02) everywhere, residual projections (o_proj, down_proj) scaled by
   1/sqrt(2L), norms ones; drawn on the CPU from one seeded xtrain.Generator in construction order.
@@ -209,8 +216,13 @@ class TinyTransformer(nn.Module):
         self.lm_head = nn.Linear(config.dim, config.vocab_size, device=device, generator=gen,
                                  std=INIT_STD)
 
-    def forward(self, ids, targets=None):
-        """ids int (B, S) -> (logits (B*S, V) in the compute dtype, float32 loss or None)."""
+    def forward(self, ids, targets=None, return_logits=None):
+        """ids int (B, S) -> (logits, loss).
+
+        Without targets: (logits (B*S, V) in the compute dtype, differentiable; None).
+        With targets (int (B, S), IGNORE_INDEX skipped): the head and the loss run fused
+        (ops.linear_cross_entropy) and the result is (None, float32 loss), or (a detached
+        (B*S, V) copy of the logits, loss) when return_logits is True."""
         c = self.config
         ids = self._as_ids(ids, "ids")
         B, S = ids.shape
@@ -227,14 +239,15 @@ class TinyTransformer(nn.Module):
             else:
                 x = segment(x, layer.block_params())
         x = ops.rms_norm(x, self.norm.weight, c.norm_eps)
-        logits = ops.linear(x, _use_weight(c)(self.lm_head.weight))          # (B*S, V)
+        head = _use_weight(c)(self.lm_head.weight)
         if targets is None:
-            return logits, None
+            return ops.linear(x, head), None                                # (B*S, V)
         targets = self._as_ids(targets, "targets")
         if tuple(targets.shape) != (B, S):
             raise ValueError(f"targets shape {tuple(targets.shape)} != ids shape {(B, S)}")
-        loss = ops.cross_entropy(logits, ops.reshape(targets, (B * S,)),
-                                 ignore_index=IGNORE_INDEX)
+        loss, logits = ops.linear_cross_entropy(x, head, ops.reshape(targets, (B * S,)),
+                                                ignore_index=IGNORE_INDEX,
+                                                return_logits=bool(return_logits))
         return logits, loss
 
     def _as_ids(self, ids, what: str):
