@@ -4,13 +4,14 @@
     python bench/scaling.py --gpus 1 2 4 --steps 50
 
 Both sides train the same architecture from the same initial weights (xtrain's TinyTransformer;
-PyTorch's tests/torch_reference.py TorchTransformer, written from the same description for parity
-tests: unfused, every op upcast to float32 and rounded back, so it is a correctness reference
-more than a tuned PyTorch model) with the same step: forward, backward,
-gradient average over the GPUs, clip at 1.0, AdamW, on random token windows uploaded from the host
-every step. xtrain runs one process with a thread per GPU (xtrain.distributed.launch); PyTorch runs
-one process per GPU under torchrun with DistributedDataParallel (none on one GPU). Each measurement
-is its own subprocess. Timing: `--warmup` steps, then `--steps` steps between two device syncs
+PyTorch's bench/torch_model.py peer, the one bench/train_throughput.py uses: bf16 autocast,
+flash SDPA, fused AdamW) with the same step: forward, backward, gradient average over the GPUs,
+clip at 1.0, AdamW, on random token windows uploaded from the host every step. xtrain runs one
+process with a thread per GPU (xtrain.distributed.launch) and averages gradients while backward
+runs (xtrain.distributed.GradientReducer; `--no-overlap` reduces after backward instead, the
+first design, measured as its own row); PyTorch runs one process per GPU under torchrun with
+DistributedDataParallel (bucketed, overlapped; none on one GPU). Each measurement is its own
+subprocess. Timing: `--warmup` steps, then `--steps` steps between two device syncs
 (every rank synchronised, the slowest rank's time counts); global tok/s = GPUs x batch x seq x
 steps / time. MFU uses the measured bf16 ceiling of GPU.md (790 TFLOP/s per H200).
 
@@ -78,7 +79,7 @@ def timed(step, sync, warmup: int, steps: int) -> tuple[float, float]:
 
 def xtrain_worker(args) -> None:
     import xtrain
-    from xtrain.distributed import all_reduce_gradients, broadcast_parameters, launch
+    from xtrain.distributed import GradientReducer, all_reduce_gradients, broadcast_parameters, launch
     from xtrain.models import TinyTransformer
     from xtrain.optim import AdamW, clip_grad_norm_
 
@@ -92,14 +93,19 @@ def xtrain_worker(args) -> None:
             broadcast_parameters(params, ctx)
         opt = AdamW(model.named_parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         batches = host_batches(rank, args.batch, args.seq)
+        reducer = GradientReducer(params, ctx) if ctx and not args.no_overlap else None
 
         def step(i):
             x, y = batches[i % len(batches)]
             _, loss = model(x, y)
-            loss.backward()
-            loss = loss.detach()
-            if ctx:
-                all_reduce_gradients(params, ctx, extra=[loss])
+            if reducer:
+                reducer.backward(loss, extra=[loss.detach()])
+                loss = loss.detach()
+            else:
+                loss.backward()
+                loss = loss.detach()
+                if ctx:
+                    all_reduce_gradients(params, ctx, extra=[loss])
             clip_grad_norm_(params, CLIP)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -111,38 +117,39 @@ def xtrain_worker(args) -> None:
                 ctx.barrier()
 
         seconds, loss = timed(step, sync, args.warmup, args.steps)
-        return seconds, loss, xtrain.memory_stats(device)["allocated_bytes.peak"]
+        overlapped = reducer.launched_during_backward if reducer else 0
+        buckets = reducer.num_buckets if reducer else 0
+        return seconds, loss, xtrain.memory_stats(device)["allocated_bytes.peak"], overlapped, buckets
 
     if args.n == 1:
         results = [run(None, "cuda:0")]
     else:
         results = launch(lambda ctx: run(ctx, ctx.device), devices=list(range(args.n)))
-    report(args, "xtrain", results, extra={"nccl": xtrain._C.dist.nccl_version()})
+    engine = "xtrain" if args.n == 1 or not args.no_overlap else "xtrain-no-overlap"
+    report(args, engine, [r[:3] for r in results],
+           extra={"nccl": xtrain._C.dist.nccl_version(), "buckets": results[0][4],
+                  "buckets_launched_during_backward": results[0][3]})
 
 
 def torch_worker(args) -> None:
     import torch
     import torch.distributed as dist
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from torch_reference import TorchTransformer
+    sys.path.insert(0, str(ROOT / "bench"))
+    import torch_model
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local)
     torch.cuda.set_device(device)
-    # The reference builds its RoPE tables and causal mask with factory calls that name no device
-    # (it is written for CPU tests); make them land on the GPU. Costs a little Python time per
-    # op in the forward, which runs ahead of the GPU anyway.
-    torch.set_default_device(device)
     if world > 1:
         dist.init_process_group("nccl", device_id=device)
     cfg = model_config()
     weights = xtrain_init(cfg)  # xtrain's own init, so both sides start from the same weights
-    model = TorchTransformer(cfg, weights, dtype=torch.bfloat16).to(device)
+    model = torch_model.build(weights, cfg, device)
     net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local]) if world > 1 else model
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+    opt = torch_model.adamw(model, lr=LR, weight_decay=WEIGHT_DECAY)
     batches = host_batches(rank, args.batch, args.seq)
 
     def step(i):
@@ -213,6 +220,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     ap.add_argument("--engines", nargs="+", default=["xtrain", "pytorch-ddp"])
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="also measure xtrain reducing gradients after backward (the first design)")
     ap.add_argument("--worker", choices=["xtrain", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -241,6 +250,10 @@ def main(argv=None) -> int:
             rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n), *common],
                                    env, timeout=900))
             print(_fmt_row(rows[-1]), flush=True)
+            if args.no_overlap and n > 1:
+                rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
+                                        "--no-overlap", *common], env, timeout=900))
+                print(_fmt_row(rows[-1]), flush=True)
         if "pytorch-ddp" in args.engines:
             torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                         f"--nproc_per_node={n}", __file__, "--worker", "torch", *common]
@@ -268,13 +281,14 @@ def main(argv=None) -> int:
 def print_table(rows: list[dict]) -> None:
     base = {r["engine"]: r["tok_s"] for r in rows if r["gpus"] == 1}
     peer = {(r["engine"], r["gpus"]): r["tok_s"] for r in rows}
-    print(f"\n{'engine':<12} {'GPUs':>4} {'global tok/s':>13} {'tok/s/GPU':>10} {'ms/step':>8} "
+    print(f"\n{'engine':<18} {'GPUs':>4} {'global tok/s':>13} {'tok/s/GPU':>10} {'ms/step':>8} "
           f"{'MFU':>6} {'scaling':>8} {'xtrain/torch':>12} {'peak GiB':>9}")
     for r in rows:
-        eff = r["tok_s"] / (base[r["engine"]] * r["gpus"]) if r["engine"] in base else float("nan")
+        one = base.get(r["engine"].replace("-no-overlap", ""))
+        eff = r["tok_s"] / (one * r["gpus"]) if one else float("nan")
         torch_tok = peer.get(("pytorch-ddp", r["gpus"]))
-        ratio = r["tok_s"] / torch_tok if r["engine"] == "xtrain" and torch_tok else float("nan")
-        print(f"{r['engine']:<12} {r['gpus']:>4} {r['tok_s']:>13,.0f} {r['tok_s_per_gpu']:>10,.0f} "
+        ratio = r["tok_s"] / torch_tok if r["engine"].startswith("xtrain") and torch_tok else float("nan")
+        print(f"{r['engine']:<18} {r['gpus']:>4} {r['tok_s']:>13,.0f} {r['tok_s_per_gpu']:>10,.0f} "
               f"{r['ms_per_step']:>8.1f} {r['mfu']:>6.1%} {eff:>8.1%} {ratio:>12.2f} {r['peak_mem_gib']:>9.1f}")
     print("scaling: global tok/s / (GPUs x the same engine's 1-GPU tok/s)")
 

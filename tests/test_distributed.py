@@ -25,8 +25,8 @@ import pytest
 import xtrain
 from modelhelp import prepared_stories, run_cli
 from xtrain import distributed
-from xtrain.distributed import (RankStopped, all_reduce_gradients, broadcast_parameters, launch,
-                                resolve_devices)
+from xtrain.distributed import (GradientReducer, RankStopped, all_reduce_gradients,
+                                broadcast_parameters, launch, resolve_devices)
 from xtrain.models import TinyTransformer, TransformerConfig
 from xtrain.optim import AdamW, clip_grad_norm_
 
@@ -311,6 +311,80 @@ def test_two_gpus_match_one_gpu_with_the_same_global_batch(flags, rtol):
     assert rel.max() <= rtol, (rel.max(), loss0, ref_losses)
     worst = max(float(np.abs(params0[n] - params1[n]).max()) for n in params0)
     assert worst <= PARAM_ATOL_ACROSS_RANKS, worst
+
+
+# Every linear weight >= 1 MiB, so the reducer puts them in buckets (smaller ones are packed at
+# the end): 3 layers x 7 weights + embedding + lm_head.
+BIG = dict(vocab_size=512, dim=512, n_layers=3, n_heads=8, head_dim=64, ffn_dim=1024, max_seq=64)
+
+
+def _train_reducing(config, batches, ctx, overlap):
+    model = TinyTransformer(config, device=ctx.device, seed=0)
+    params = model.parameters()
+    broadcast_parameters(params, ctx)
+    opt = AdamW(model.named_parameters(), lr=LR, weight_decay=0.1)
+    reducer = GradientReducer(params, ctx, bucket_mb=1.0) if overlap else None
+    losses, launched = [], []
+    for x, y in batches:
+        x, y = x[ctx.rank * B:(ctx.rank + 1) * B], y[ctx.rank * B:(ctx.rank + 1) * B]
+        _, loss = model(x, y)
+        if overlap:
+            reducer.backward(loss, extra=[loss.detach()])
+            launched.append(reducer.launched_during_backward)
+        else:
+            loss.backward()
+            all_reduce_gradients(params, ctx, extra=[loss.detach()])
+        clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach().item())
+    state = {n: p.numpy() for n, p in model.named_parameters()}
+    return np.array(losses), state, (reducer.num_buckets if reducer else 0), launched
+
+
+@two_gpus
+@pytest.mark.parametrize("flags", [{}, {"recompute": True}, {"bf16": True}],
+                         ids=["float32", "recompute", "bf16"])
+def test_overlapped_reduction_gives_the_bits_of_reduction_after_backward(flags):
+    """GradientReducer launches bucket all-reduces from inside backward, on a side stream; the
+    values must be exactly those of one all-reduce after backward, on both ranks."""
+    config = TransformerConfig(**BIG, **flags)
+    batches = _global_batches(config.vocab_size, steps=6)
+    after = launch(lambda ctx: _train_reducing(config, batches, ctx, overlap=False), devices=[0, 1])
+    during = launch(lambda ctx: _train_reducing(config, batches, ctx, overlap=True), devices=[0, 1])
+    for rank in range(2):
+        np.testing.assert_array_equal(during[rank][0], after[rank][0])
+        for name, want in after[rank][1].items():
+            np.testing.assert_array_equal(during[rank][1][name], want, err_msg=name)
+    buckets, launched = during[0][2], during[0][3]
+    assert buckets >= 10, buckets
+    # All but the embedding's bucket (its gradient is the last one backward writes) and any
+    # bucket behind it start before backward returns.
+    assert min(launched) >= buckets - 2, (buckets, launched)
+
+
+@two_gpus
+def test_gradient_reducer_bad_inputs():
+    def fn(ctx):
+        w = xtrain.ones(4, device=ctx.device, requires_grad=True)
+        unused = xtrain.ones(4, device=ctx.device, requires_grad=True)
+        with pytest.raises(ValueError, match="appears twice"):
+            GradientReducer([w, w], ctx)
+        with pytest.raises(ValueError, match="no parameters"):
+            GradientReducer([], ctx)
+        with pytest.raises(ValueError, match="bucket_mb"):
+            GradientReducer([w], ctx, bucket_mb=0)
+        reducer = GradientReducer([w, unused], ctx)
+        with pytest.raises(ValueError, match="has no gradient on rank"):
+            reducer.backward(xtrain.ops.sum(xtrain.ops.scale(w, 2.0)))
+        w.grad = None
+        reducer = GradientReducer([w], ctx)
+        reducer.backward(xtrain.ops.sum(xtrain.ops.scale(w, float(ctx.rank + 1))))
+        return w.grad.numpy()
+
+    g0, g1 = launch(fn, devices=[0, 1])
+    np.testing.assert_array_equal(g0, np.full(4, 1.5, np.float32))  # mean of 1 and 2
+    np.testing.assert_array_equal(g1, g0)
 
 
 # ---------------------------------------------------------------- two GPUs: failures

@@ -71,6 +71,11 @@ struct Communicator::Rank {
   std::deque<Pending> pending;     // oldest first
   std::vector<cudaEvent_t> spare;  // completed events, reused
   uint64_t seq = 0;                // collectives queued so far (named in messages)
+  // all_reduce_async: the side stream, its fork/join events, and the tensors it is reducing
+  // (kept alive until wait_async has ordered the rank's stream after them). Guarded by mu.
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  std::vector<Tensor> in_flight;
 };
 
 ReduceOp parse_reduce_op(const std::string& name) {
@@ -222,6 +227,18 @@ void Communicator::close() {
 
 void Communicator::destroy_events() {
   for (auto& r : ranks_) {
+    {
+      std::lock_guard<std::mutex> lock(r->mu);
+      if (r->side) {
+        cudaSetDevice(r->device);
+        cudaStreamSynchronize(r->side);  // done or aborted by now; the tensors may then go
+        cudaStreamDestroy(r->side);
+        cudaEventDestroy(r->fork);
+        cudaEventDestroy(r->join);
+        r->side = nullptr;
+      }
+      r->in_flight.clear();
+    }
     std::lock_guard<std::mutex> lock(r->pending_mu);
     for (auto& p : r->pending) cudaEventDestroy(p.event);
     for (cudaEvent_t e : r->spare) cudaEventDestroy(e);
@@ -296,6 +313,7 @@ void Communicator::check_tensors(const Rank& r, const std::vector<Tensor>& tenso
       XT_CHECK(t.dtype() == DType::Float32 || t.dtype() == DType::BFloat16, TypeError, op, ": tensors[", i,
                "] is ", t.describe(), "; only float32 and bfloat16 are reduced");
     }
+    t.storage()->forget_range();  // the collective writes it in place
     if (t.numel() > 0) {
       XT_CHECK(seen.insert(t.data_ptr()).second, ValueError, op, ": tensors[", i,
                "] shares its memory with an earlier tensor of the list (each may appear once)");
@@ -395,27 +413,12 @@ void Communicator::all_reduce(int rank, const std::vector<Tensor>& tensors, Redu
   }
   if (in_place.empty() && buckets.empty()) return;
 
-  void* stream = cuda::current_stream(r.device);
+  for (const auto& b : buckets) in_place.push_back(b.first);
   std::string err;
   {
     std::lock_guard<std::mutex> lock(r.mu);
     err = check_usable(r, "all_reduce");
-    if (err.empty()) {
-      cuda::DeviceGuard guard(r.device);
-      const ncclRedOp_t nop = op == ReduceOp::Avg ? ncclAvg : ncclSum;
-      ncclResult_t res = ncclGroupStart();
-      const auto reduce = [&](const Tensor& t) {
-        if (is_error(res)) return;
-        res = ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()), nop,
-                            r.comm, static_cast<cudaStream_t>(stream));
-      };
-      for (const Tensor& t : in_place) reduce(t);
-      for (const auto& b : buckets) reduce(b.first);
-      const ncclResult_t end = ncclGroupEnd();  // always closes the group, even after an error
-      if (is_error(res) || is_error(end)) err = nccl_failure(r, is_error(res) ? res : end, "all_reduce");
-      else err = wait_host_progress(r, "all_reduce");
-      if (err.empty()) track(r, stream, "all_reduce");
-    }
+    if (err.empty()) err = launch_all_reduce(r, in_place, op, cuda::current_stream(r.device), "all_reduce");
   }
   if (!err.empty()) fail(err);
 
@@ -426,6 +429,63 @@ void Communicator::all_reduce(int rank, const std::vector<Tensor>& tensors, Redu
       p += t.nbytes();
     }
   }
+}
+
+std::string Communicator::launch_all_reduce(Rank& r, const std::vector<Tensor>& tensors, ReduceOp op, void* stream,
+                                            const char* name) {
+  cuda::DeviceGuard guard(r.device);
+  const ncclRedOp_t nop = op == ReduceOp::Avg ? ncclAvg : ncclSum;
+  ncclResult_t res = ncclGroupStart();
+  for (const Tensor& t : tensors) {
+    if (is_error(res)) break;
+    res = ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()), nop,
+                        r.comm, static_cast<cudaStream_t>(stream));
+  }
+  const ncclResult_t end = ncclGroupEnd();  // always closes the group, even after an error
+  std::string err;
+  if (is_error(res) || is_error(end)) err = nccl_failure(r, is_error(res) ? res : end, name);
+  else err = wait_host_progress(r, name);
+  if (err.empty()) track(r, stream, name);
+  return err;
+}
+
+void Communicator::all_reduce_async(int rank, const std::vector<Tensor>& tensors, ReduceOp op) {
+  Rank& r = rank_at(rank, "all_reduce_async");
+  check_tensors(r, tensors, "all_reduce_async", /*floating=*/true);
+  std::vector<Tensor> list;
+  for (const Tensor& t : tensors)
+    if (t.numel() > 0) list.push_back(t);
+  if (list.empty()) return;
+  std::string err;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    err = check_usable(r, "all_reduce_async");
+    if (err.empty()) {
+      cuda::DeviceGuard guard(r.device);
+      if (!r.side) {
+        XT_CUDA_CHECK(cudaStreamCreateWithFlags(&r.side, cudaStreamNonBlocking));
+        XT_CUDA_CHECK(cudaEventCreateWithFlags(&r.fork, cudaEventDisableTiming));
+        XT_CUDA_CHECK(cudaEventCreateWithFlags(&r.join, cudaEventDisableTiming));
+      }
+      // The side stream starts where the rank's stream is now: after the kernels that wrote them.
+      XT_CUDA_CHECK(cudaEventRecord(r.fork, static_cast<cudaStream_t>(cuda::current_stream(r.device))));
+      XT_CUDA_CHECK(cudaStreamWaitEvent(r.side, r.fork, 0));
+      err = launch_all_reduce(r, list, op, r.side, "all_reduce_async");
+      if (err.empty()) r.in_flight.insert(r.in_flight.end(), list.begin(), list.end());
+    }
+  }
+  if (!err.empty()) fail(err);
+}
+
+void Communicator::wait_async(int rank) {
+  Rank& r = rank_at(rank, "wait_async");
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.side || r.in_flight.empty()) return;
+  cuda::DeviceGuard guard(r.device);
+  XT_CUDA_CHECK(cudaEventRecord(r.join, r.side));
+  XT_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda::current_stream(r.device)), r.join, 0));
+  // Safe to let go: whatever reuses their memory next runs on the rank's stream, after the join.
+  r.in_flight.clear();
 }
 
 void Communicator::broadcast(int rank, const std::vector<Tensor>& tensors, int root) {

@@ -57,6 +57,14 @@ class Communicator {
   // calls in the same order with tensors of the same shapes and dtypes. In place, asynchronous.
   // all_reduce: float32 or bfloat16 tensors on the rank's device.
   void all_reduce(int rank, const std::vector<Tensor>& tensors, ReduceOp op);
+  // all_reduce_async: the same reduction, every tensor in place (no packing: pass tensors of
+  // kInPlaceBytes or more for good bandwidth), on a second stream of the rank that first waits
+  // for everything queued so far on the rank's stream. The rank's stream goes on at once: the
+  // reduction overlaps whatever is queued next (backward of the earlier layers). The tensors must
+  // not be read or written until wait_async(); they are kept alive until then.
+  void all_reduce_async(int rank, const std::vector<Tensor>& tensors, ReduceOp op);
+  // Orders the rank's stream after every all_reduce_async so far (no host wait).
+  void wait_async(int rank);
   // broadcast: root's values overwrite every other rank's (any dtype).
   void broadcast(int rank, const std::vector<Tensor>& tensors, int root);
   // Sync point: returns once every rank has reached its barrier and this rank's earlier
@@ -78,6 +86,9 @@ class Communicator {
   void check_tensors(const Rank& r, const std::vector<Tensor>& tensors, const char* op, bool floating);
   std::string check_usable(const Rank& r, const char* op) const;  // "" when usable (r.mu held)
   std::string wait_host_progress(Rank& r, const char* op);       // "" when done (r.mu held)
+  // One grouped in-place ncclAllReduce of `tensors` on `stream`, tracked; "" or the failure (r.mu held).
+  std::string launch_all_reduce(Rank& r, const std::vector<Tensor>& tensors, ReduceOp op, void* stream,
+                                const char* name);
   std::string nccl_failure(const Rank& r, int result, const char* op) const;
   void track(Rank& r, void* stream, const char* op);               // r.mu held
   // Retire this rank's completed collectives; a reason to abort if the oldest one is overdue or

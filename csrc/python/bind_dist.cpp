@@ -6,6 +6,7 @@
 #include "python/bind.h"
 #ifdef XT_NCCL
 #include "dist/communicator.h"
+#include "dist/reducer.h"
 #endif
 
 namespace xt {
@@ -85,6 +86,28 @@ void init_dist(py::module_& m) {
              py::gil_scoped_release nogil;
              h.comm->abort(reason);
            }, py::arg("reason") = "aborted by the caller", "Abort the whole communicator");
+
+  using dist::GradReducer;
+  py::class_<GradReducer, std::shared_ptr<GradReducer>>(
+      d, "GradReducer",
+      "Averages one rank's parameter gradients over the ranks while backward runs: buckets of about "
+      "bucket_bytes, in reverse parameter order, each all-reduced on a side stream as soon as its "
+      "gradients are final. Use from the rank's thread: arm(); loss.backward(); finish(extra)")
+      .def(py::init([](const RankHandle& h, const std::vector<Tensor>& params, size_t bucket_bytes) {
+             return std::make_shared<GradReducer>(h.comm, h.rank, params, bucket_bytes);
+           }),
+           py::arg("comm"), py::arg("params"), py::arg("bucket_bytes") = size_t(25) << 20)
+      .def("arm", &GradReducer::arm, "Hook this thread's backward walks (call before backward)")
+      .def("disarm", &GradReducer::disarm, "Unhook without launching anything (after a failed backward)")
+      .def("finish", [](GradReducer& r, const std::vector<Tensor>& extra) {
+             py::gil_scoped_release nogil;
+             r.finish(extra);
+           }, py::arg("extra") = std::vector<Tensor>{},
+           "Unhook, launch what is left, join the side stream and average the small gradients and `extra` "
+           "(asynchronous: no host wait)")
+      .def_property_readonly("num_buckets", &GradReducer::num_buckets)
+      .def_property_readonly("launched_during_backward", &GradReducer::launched_during_backward,
+                             "Buckets the last backward launched before it ended (the overlapped ones)");
   d.attr("UNAVAILABLE_REASON") = py::none();
 #else
   d.def("is_available", [] { return false; }, "True when xtrain was built with NCCL");

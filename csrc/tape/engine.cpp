@@ -17,6 +17,8 @@ namespace xt {
 
 namespace {
 
+thread_local GradReadyHook t_grad_ready_hook;
+
 std::vector<std::shared_ptr<Node>> reachable_nodes(const std::vector<Edge>& starts) {
   std::vector<std::shared_ptr<Node>> nodes;
   std::unordered_set<Node*> seen;
@@ -38,7 +40,8 @@ std::vector<std::shared_ptr<Node>> reachable_nodes(const std::vector<Edge>& star
     }
   }
   // Leaf sinks (AccumulateGrad) are made lazily, possibly after their consumer, and have no
-  // outgoing edges: they run last, after every op node.
+  // outgoing edges: they sort last. The walk runs each one as soon as every node with an edge
+  // to it has been visited (its gradient is then final), else in this order at the end.
   std::sort(nodes.begin(), nodes.end(), [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
     if (a->reusable() != b->reusable()) return b->reusable();
     return a->seq_nr > b->seq_nr;
@@ -86,9 +89,16 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& s
     add_into(buf[starts[i].input_nr], seeds[i]);
   }
 
-  for (const std::shared_ptr<Node>& node : order) {
-    auto it = buffers.find(node.get());
-    if (it == buffers.end()) continue;  // no gradient reached this node
+  // Edges into each leaf sink from the nodes of this walk: a sink runs when its count hits 0.
+  std::unordered_map<Node*, int> sink_inputs;
+  for (const std::shared_ptr<Node>& node : order)
+    for (const Edge& e : node->next_edges)
+      if (e.valid() && e.fn->reusable()) ++sink_inputs[e.fn.get()];
+
+  // Run `node` on its buffered gradients (none reached it: nothing to do).
+  const auto run = [&](Node* node) {
+    auto it = buffers.find(node);
+    if (it == buffers.end()) return;
     XT_CHECK(!node->released, RuntimeError, "Trying to backward through the graph a second time: node ",
              node->name(), " has already run and freed its saved tensors. Run the forward again.");
     std::vector<Tensor> grads = std::move(it->second);
@@ -98,6 +108,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& s
     if (!node->reusable()) {
       node->release_saved();
       node->released = true;
+    } else if (t_grad_ready_hook) {
+      t_grad_ready_hook(static_cast<AccumulateGrad*>(node)->leaf());
     }
     const size_t n = std::min(in_grads.size(), node->next_edges.size());
     for (size_t j = 0; j < n; ++j) {
@@ -107,7 +119,25 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& s
       if (buf.empty()) buf.resize(e.fn->num_outputs());
       add_into(buf[e.input_nr], in_grads[j]);
     }
+  };
+
+  for (const std::shared_ptr<Node>& node : order) {
+    if (node->reusable()) {
+      run(node.get());  // a sink no op node feeds (a leaf root), or left over: in order, at the end
+      continue;
+    }
+    run(node.get());
+    for (const Edge& e : node->next_edges) {
+      if (!e.valid() || !e.fn->reusable()) continue;
+      if (--sink_inputs[e.fn.get()] == 0) run(e.fn.get());  // every producer visited: final
+    }
   }
+}
+
+GradReadyHook set_grad_ready_hook(GradReadyHook hook) {
+  GradReadyHook prev = std::move(t_grad_ready_hook);
+  t_grad_ready_hook = std::move(hook);
+  return prev;
 }
 
 void backward_seeded(const Tensor& root, const Tensor& seed) { run_backward({root}, {seed}); }

@@ -51,6 +51,7 @@ class AccumulateGrad : public Node {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override;
   const char* name() const override { return "AccumulateGrad"; }
   bool reusable() const override { return true; }
+  Tensor leaf() const { return Tensor(leaf_); }
 
  private:
   std::shared_ptr<TensorImpl> leaf_;

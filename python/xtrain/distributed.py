@@ -280,6 +280,77 @@ def all_reduce_gradients(params, ctx: RankContext, extra=()) -> None:
     ctx.comm.all_reduce(grads + list(extra), "avg")
 
 
+# Gradient bucket size for the overlapped reduction (PyTorch DDP's default): about one dim768
+# layer, large enough for full NVLink bandwidth per launch, small enough that the first bucket
+# starts early in the backward.
+DEFAULT_BUCKET_MB = 25.0
+
+
+class GradientReducer:
+    """Averages the gradients of `params` over the ranks while backward runs.
+
+        reducer = GradientReducer(model.parameters(), ctx)
+        for step ...:
+            _, loss = model(x, y)
+            reducer.backward(loss, extra=[loss.detach()])   # backward + all-reduce, overlapped
+            clip_grad_norm_(...); opt.step(); opt.zero_grad()
+
+    The parameters are grouped into buckets of about `bucket_mb` MB in reverse order (backward
+    finishes the last layers first); as soon as every gradient of the next bucket is final, the
+    tape's gradient-ready hook queues that bucket's all-reduce on a second stream of the rank, so
+    it overlaps the backward of the earlier layers. Small tensors (norm weights) and `extra` are
+    averaged in one packed launch at the end. The result is what all_reduce_gradients gives after
+    backward; only the timing differs. No host waits: the rank's stream is ordered after the side
+    stream, so clipping and the optimizer see the averaged gradients."""
+
+    def __init__(self, params, ctx: RankContext, bucket_mb: float = DEFAULT_BUCKET_MB):
+        if not bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+        self.params = list(params)
+        if not self.params:
+            raise ValueError("GradientReducer: no parameters")
+        self._native = _C.dist.GradReducer(ctx.comm, self.params, int(bucket_mb * 2**20))
+
+    @property
+    def num_buckets(self) -> int:
+        return self._native.num_buckets
+
+    @property
+    def launched_during_backward(self) -> int:
+        """How many buckets the last backward launched before it returned (the overlapped ones)."""
+        return self._native.launched_during_backward
+
+    def backward(self, loss, extra=()) -> None:
+        """loss.backward(), with each bucket's average launched as soon as it is ready, then the
+        rest and `extra` (float32/bf16 tensors, the detached loss say) averaged in place."""
+        self._native.arm()
+        try:
+            loss.backward()
+        except BaseException:
+            self._native.disarm()
+            raise
+        self._native.finish(_as_list(extra))
+
+
+def backward_and_average(loss, params, ctx, extra=()) -> None:
+    """loss.backward(), then the gradients of `params` (and `extra`) averaged over the ranks.
+    With a real rank context the reduction overlaps the backward (a GradientReducer kept on the
+    context per parameter list); with a stand-in context (tests) it is all_reduce_gradients after
+    the backward. Either way the same values."""
+    native = getattr(_C.dist, "RankComm", None)
+    if native is None or not isinstance(getattr(ctx, "comm", None), native):
+        loss.backward()
+        all_reduce_gradients(params, ctx, extra=extra)
+        return
+    params = list(params)
+    key = tuple(id(p) for p in params)
+    cache = ctx.__dict__.setdefault("_reducers", {})
+    reducer = cache.get(key)
+    if reducer is None or any(a is not b for a, b in zip(reducer.params, params)):
+        reducer = cache[key] = GradientReducer(params, ctx)
+    reducer.backward(loss, extra=extra)
+
+
 def _as_list(tensors) -> list:
     return [tensors] if isinstance(tensors, xtrain.Tensor) else list(tensors)
 

@@ -130,3 +130,34 @@ TEST(Engine, NoGradRecordsNothing) {
   GradModeGuard off(false);
   EXPECT_FALSE(needs_grad({&x}));
 }
+
+TEST(Engine, LeafGradientIsReadyAsSoonAsItsLastConsumerRan) {
+  // w1 feeds the first op, w2 the second: backward finishes w2 before it reaches the op of w1,
+  // and the hook sees each leaf once, with its final gradient, interleaved with the op nodes.
+  g_log.clear();
+  Tensor x = leaf({1, 2});
+  Tensor w1 = leaf({3, 3});
+  Tensor w2 = leaf({5, 5});
+  Tensor a = add("a", x, w1);            // a = x + w1
+  Tensor b = scale("b", a, 2.0);         // b = 2a
+  Tensor c = add("c", b, w2);            // c = b + w2
+  Tensor d = add("d", c, w2);            // d = b + 2 w2: w2 has two consumers
+  std::vector<float> seen_grad;
+  GradReadyHook prev = set_grad_ready_hook([&](const Tensor& l) {
+    const char* who = l.same(x) ? "x" : l.same(w1) ? "w1" : l.same(w2) ? "w2" : "?";
+    g_log.push_back(std::string("ready ") + who);
+    seen_grad.push_back(l.grad().data<float>()[0]);
+  });
+  backward_seeded(d, ops::full({2}, 1.0, DType::Float32, Device::cpu()));
+  set_grad_ready_hook(std::move(prev));
+  const std::vector<std::string> want = {"d", "c", "ready w2", "b", "a", "ready x", "ready w1"};
+  EXPECT_EQ(g_log, want);
+  ASSERT_EQ(seen_grad.size(), 3u);
+  EXPECT_FLOAT_EQ(seen_grad[0], 2.f);  // w2: final (both consumers) when the hook saw it
+  EXPECT_FLOAT_EQ(seen_grad[1], 2.f);  // x
+  EXPECT_FLOAT_EQ(seen_grad[2], 2.f);  // w1
+  // Without a hook nothing is called and the results are the same.
+  Tensor e = add("e", x, w1);
+  backward_seeded(e, ops::full({2}, 1.0, DType::Float32, Device::cpu()));
+  EXPECT_FLOAT_EQ(w1.grad().data<float>()[0], 3.f);
+}
