@@ -6,8 +6,10 @@
 #                                      in OUTDIR only)
 # A script that fails or runs past $BENCH_TIMEOUT seconds (default 240) is reported in
 # OUTDIR/summary.txt and the others still run; the exit status is the number of failures.
-# BENCH_ONLY="ops recompute" runs only the named ones (names: ops, profile, throughput-dim768-bf16,
-# throughput-dim768-fp32, throughput-dim1024-bf16, recompute, convergence), to split the run.
+# BENCH_ONLY="ops recompute" runs only the named ones (names: ops, profile, profile-4096,
+# profile-recompute, throughput-dim768-bf16, throughput-dim768-bf16-b128, throughput-dim768-fp32,
+# throughput-dim1024-bf16, recompute, convergence, scaling), to split the run. scaling needs
+# two GPUs (it measures what the machine has).
 set -uo pipefail
 out=${1:?usage: bench/run_all.sh OUTDIR [--smoke]}
 mode=${2:-gpu}
@@ -50,11 +52,18 @@ if [ "$mode" = "--smoke" ]; then
 else
   # ~30-60 s: every kernel against its PyTorch peer at dim768, B=32, S=256, and the 8192^3 ceilings
   run ops bench/ops.py --preset dim768 --batch 32 --seq 256
-  # ~60-90 s (torch.compile dominates): the headline comparison
-  # ~20 s: kernel-by-kernel GPU time of one xtrain step (GPT-2-sized vocabulary)
+  # ~20 s each: kernel-by-kernel GPU time of one xtrain step (GPT-2-sized vocabulary; 4096 with
+  # recompute off and on, the recompute table's setting)
   run profile bench/profile_step.py --preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257
+  run profile-4096 bench/profile_step.py --preset dim768 --batch 32 --seq 256 --bf16 --vocab 4096
+  run profile-recompute bench/profile_step.py --preset dim768 --batch 32 --seq 256 --bf16 --vocab 4096 \
+    --recompute
+  # ~60-90 s (torch.compile dominates): the headline comparison, GPT-2's vocabulary
   run throughput-dim768-bf16 bench/train_throughput.py --preset dim768 --batch 32 --seq 256 --bf16 \
-    --steps 20 --warmup 5
+    --vocab 50257 --steps 20 --warmup 5
+  # ~40 s: the large-batch target (eager peer)
+  run throughput-dim768-bf16-b128 bench/train_throughput.py --preset dim768 --batch 128 --seq 256 --bf16 \
+    --vocab 50257 --steps 8 --warmup 3 --no-compile
   # ~15 s each: float32, and the larger model (eager peer only, to stay in budget)
   run throughput-dim768-fp32 bench/train_throughput.py --preset dim768 --batch 32 --seq 256 --fp32 \
     --steps 10 --warmup 3 --no-compile
@@ -63,8 +72,10 @@ else
   # ~40-60 s: recompute off/on at B=32 for dim768/dim1024, largest dim1024 batch under 32 GiB
   run recompute bench/recompute.py --presets dim768,dim1024 --batch 32 --seq 256 --bf16 \
     --search-preset dim1024 --memory-limit 32GiB
-  # ~40-60 s: 150 steps bf16 vs float32 on the built-in corpus, both frameworks
-  run convergence bench/convergence.py --preset dim768 --steps 150 --batch 16 --seq 256
+  # ~150 s: 150 steps bf16 vs float32 on the built-in corpus, both frameworks, 3 seeds
+  run convergence bench/convergence.py --preset dim768 --steps 150 --batch 16 --seq 256 --seeds 3
+  # ~3 min on two GPUs: 1 and 2 GPUs, xtrain (overlapped and not) beside PyTorch DDP
+  run scaling bench/scaling.py --no-overlap
 fi
 
 find "$root/bench/results" -maxdepth 1 -type f \( -name '*.json' -o -name '*.png' \) \
