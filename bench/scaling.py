@@ -222,6 +222,9 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", nargs="+", default=["xtrain", "pytorch-ddp"])
     ap.add_argument("--no-overlap", action="store_true",
                     help="also measure xtrain reducing gradients after backward (the first design)")
+    ap.add_argument("--hold-gil", action="store_true",
+                    help="also measure xtrain with XTRAIN_OPS_HOLD_GIL=1 (ops keep the GIL; threads "
+                         "switch at Python's interval instead of at every op)")
     ap.add_argument("--worker", choices=["xtrain", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -254,6 +257,12 @@ def main(argv=None) -> int:
                 rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
                                         "--no-overlap", *common], env, timeout=900))
                 print(_fmt_row(rows[-1]), flush=True)
+            if args.hold_gil:
+                row = run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n), *common],
+                                 dict(env, XTRAIN_OPS_HOLD_GIL="1"), timeout=900)
+                row["engine"] = "xtrain-hold-gil"
+                rows.append(row)
+                print(_fmt_row(rows[-1]), flush=True)
         if "pytorch-ddp" in args.engines:
             torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                         f"--nproc_per_node={n}", __file__, "--worker", "torch", *common]
@@ -284,7 +293,7 @@ def print_table(rows: list[dict]) -> None:
     print(f"\n{'engine':<18} {'GPUs':>4} {'global tok/s':>13} {'tok/s/GPU':>10} {'ms/step':>8} "
           f"{'MFU':>6} {'scaling':>8} {'xtrain/torch':>12} {'peak GiB':>9}")
     for r in rows:
-        one = base.get(r["engine"].replace("-no-overlap", ""))
+        one = base.get(r["engine"]) or base.get(r["engine"].replace("-no-overlap", ""))
         eff = r["tok_s"] / (one * r["gpus"]) if one else float("nan")
         torch_tok = peer.get(("pytorch-ddp", r["gpus"]))
         ratio = r["tok_s"] / torch_tok if r["engine"].startswith("xtrain") and torch_tok else float("nan")

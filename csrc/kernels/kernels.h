@@ -128,7 +128,7 @@ struct AdamWParams {
                             float* count, int64_t rows, int64_t ignore_index, void* stream);            \
   /* dlogits (row stride ld too) = (softmax - onehot) * dloss[0] / count[0]; rows with ignored */      \
   /* targets get 0. dlogits may be logits itself (in place: each element is read, then written, */    \
-  /* by the same thread). */                                                                            \
+  /* by the same thread). Columns [vocab, ld) of dlogits are set to 0. */                               \
   void cross_entropy_backward(DType dt, const void* logits, const float* lse, DType t_dt,               \
                               const void* targets, const float* dloss, const float* count,              \
                               void* dlogits, int64_t rows, int64_t vocab, int64_t ld,                   \

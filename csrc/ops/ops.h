@@ -108,19 +108,23 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Ten
 // dtype), targets int [N]. The logits live in a buffer [N, ld], ld = logits_ld(V): V rounded up
 // to a multiple of kLogitsLdMultiple elements, so ld * itemsize is a multiple of 16 bytes (every
 // row 16-byte aligned: cuBLAS's fast aligned/TMA GEMMs apply even for an odd vocabulary such as
-// GPT-2's 50257 -> 50304). Only the first V columns of a row are ever written or read.
+// GPT-2's 50257 -> 50304). On CUDA the GEMMs also cover ld classes (w padded with zero rows, the
+// padding columns exactly 0), since cuBLAS needs the contiguous extent aligned too; on the CPU
+// they cover V, and the padding columns are only ever zeroed (by the backward).
 constexpr int64_t kLogitsLdMultiple = 64;
 inline int64_t logits_ld(int64_t vocab) {
   return (vocab + kLogitsLdMultiple - 1) / kLogitsLdMultiple * kLogitsLdMultiple;
 }
-// Returns (loss float32 [], lse float32 [N], count float32 [1], logits buffer [N, ld] in x's dtype).
+// Returns (loss float32 [], lse float32 [N], count float32 [1], logits buffer [N, ld] in x's dtype,
+// the weight the GEMMs used: w, or on CUDA w padded to [ld, K] with zero rows; the backward takes it).
 std::vector<Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
                                          int64_t ignore_index);
 // A contiguous [N, vocab] copy of the first vocab columns of a buffer [N, ld].
 Tensor logits_from_buffer(const Tensor& buf, int64_t vocab);
-// Writes dlogits IN PLACE over buf (its logits are gone afterwards), then returns
-// (dx = dlogits @ w in buf's dtype when w is defined, dw = dlogits^T @ x in x's dtype when x is
-// defined; undefined otherwise), one GEMM each with leading dimension ld.
+// Writes dlogits IN PLACE over buf (its logits are gone afterwards; padding columns 0), then
+// returns (dx = dlogits @ w in buf's dtype when w is defined — w [V, K] or padded [ld, K] —,
+// dw = dlogits^T @ x [V, K] in x's dtype when x is defined; undefined otherwise), one GEMM each
+// with leading dimension ld.
 std::pair<Tensor, Tensor> linear_cross_entropy_backward(const Tensor& buf, int64_t vocab, const Tensor& x,
                                                         const Tensor& w, const Tensor& lse, const Tensor& targets,
                                                         const Tensor& dloss, const Tensor& count,

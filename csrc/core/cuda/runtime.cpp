@@ -8,7 +8,9 @@
 //  - The raw backend never throws either: cudaMalloc running out of memory returns nullptr
 //    (the allocator then releases its cache, retries, and raises OutOfMemoryError).
 //  - Sync points (host waits for the GPU): copies into host memory, synchronize*(),
-//    and a stream's destruction at thread exit. Nothing else here blocks the host.
+//    and a stream's destruction at thread exit. Nothing else here blocks the host: uploads of
+//    up to 16 MiB are staged through pinned buffers (a copy from pageable memory may wait for
+//    the stream), larger ones are copied from where they lie.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -73,6 +75,34 @@ struct ThreadStreams {
   }
 };
 thread_local ThreadStreams tl_streams;
+
+// Host -> device uploads of up to kStageMax bytes go through pinned staging buffers: a copy from
+// pageable memory may make the host wait for the stream (the driver stages it itself), and the
+// training loop uploads each step's token ids while the previous step still runs. A ring of
+// kStageSlots buffers per (thread, device); a slot is reused once the event recorded after its
+// copy has completed (in practice always: four uploads later).
+constexpr size_t kStageMax = size_t(16) << 20;
+constexpr int kStageSlots = 4;
+struct StageRing {
+  struct Slot {
+    void* host = nullptr;
+    size_t cap = 0;
+    cudaEvent_t done = nullptr;
+    bool pending = false;
+  };
+  Slot slot[kMaxDevices][kStageSlots];
+  int next[kMaxDevices] = {};
+  ~StageRing() {
+    for (int d = 0; d < kMaxDevices; ++d)
+      for (Slot& s : slot[d]) {
+        if (s.pending) cudaEventSynchronize(s.done);
+        if (s.done) cudaEventDestroy(s.done);
+        if (s.host) cudaFreeHost(s.host);
+      }
+    cudaGetLastError();  // errors here only happen at process exit
+  }
+};
+thread_local StageRing tl_stage;
 
 // The backend's failures are reported by describe_failure() on the same thread, right after.
 thread_local std::string tl_last_alloc_error;
@@ -241,8 +271,30 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
     return;
   }
   if (src_dev.is_cpu()) {  // host -> device
-    cudaStream_t s = static_cast<cudaStream_t>(current_stream(dst_dev.index));
-    DeviceGuard guard(dst_dev.index);
+    const int d = dst_dev.index;
+    cudaStream_t s = static_cast<cudaStream_t>(current_stream(d));
+    DeviceGuard guard(d);
+    if (nbytes <= kStageMax) {  // through a pinned slot: never waits for the stream
+      StageRing::Slot& slot = tl_stage.slot[d][tl_stage.next[d]];
+      tl_stage.next[d] = (tl_stage.next[d] + 1) % kStageSlots;
+      if (slot.pending) XT_CUDA_CHECK(cudaEventSynchronize(slot.done));  // its copy four uploads ago
+      slot.pending = false;
+      if (slot.cap < nbytes) {
+        if (slot.host) XT_CUDA_CHECK(cudaFreeHost(slot.host));
+        slot.host = nullptr;
+        slot.cap = 0;
+        size_t cap = 4096;
+        while (cap < nbytes) cap *= 2;
+        XT_CUDA_CHECK(cudaHostAlloc(&slot.host, cap, cudaHostAllocDefault));
+        slot.cap = cap;
+      }
+      if (!slot.done) XT_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+      std::memcpy(slot.host, src, nbytes);
+      XT_CUDA_CHECK(cudaMemcpyAsync(dst, slot.host, nbytes, cudaMemcpyHostToDevice, s));
+      XT_CUDA_CHECK(cudaEventRecord(slot.done, s));
+      slot.pending = true;
+      return;
+    }
     XT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, s));
     return;
   }

@@ -61,6 +61,7 @@ void backward_rows(const T* logits, const float* lse, DType t_dt, const void* ta
     const T* xr = logits + r * ld;
     T* dr = dlogits + r * ld;
     const int64_t t = load_index(t_dt, targets, r);
+    for (int64_t j = vocab; j < ld; ++j) store(dr, j, C(0));  // row padding
     if (t == ignore_index || t < 0 || t >= vocab) {
       for (int64_t j = 0; j < vocab; ++j) store(dr, j, C(0));
       continue;

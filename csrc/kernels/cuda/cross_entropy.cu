@@ -72,6 +72,7 @@ __global__ void ce_backward_kernel(const T* logits, const float* lse, const void
   const T* xr = logits + r * ld;
   T* dr = dlogits + r * ld;
   const int64_t t = load_index(t64, targets, r);
+  for (int64_t j = vocab + threadIdx.x; j < ld; j += blockDim.x) store(dr, j, C(0));  // row padding
   if (t == ignore_index || t < 0 || t >= vocab) {
     for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) store(dr, j, C(0));
     return;

@@ -91,7 +91,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 
 std::pair<Tensor, Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
                                                int64_t ignore_index, bool return_logits) {
-  std::vector<Tensor> r = ops::linear_cross_entropy(x, w, targets, ignore_index);  // loss, lse, count, buffer
+  // loss, lse, count, logits buffer, the weight the GEMMs used (w, or w with zero rows to ld on CUDA)
+  std::vector<Tensor> r = ops::linear_cross_entropy(x, w, targets, ignore_index);
   Tensor loss = r[0];
   const int64_t vocab = w.size(0);
   // The copy is made before backward can overwrite the buffer with dlogits.
@@ -99,7 +100,7 @@ std::pair<Tensor, Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w,
   if (needs_grad({&x, &w}))
     set_history(loss, make_node<LinearCrossEntropyBackward>({x, w}, r[3], vocab,
                                                             w.requires_grad() ? x.detach() : Tensor(),
-                                                            x.requires_grad() ? w.detach() : Tensor(),
+                                                            x.requires_grad() ? r[4].detach() : Tensor(),
                                                             targets.detach(), r[1], r[2], ignore_index));
   return {loss, logits};
 }
