@@ -78,6 +78,8 @@ def timed(step, sync, warmup: int, steps: int) -> tuple[float, float]:
 # ---- workers (each prints one RESULT line)
 
 def xtrain_worker(args) -> None:
+    if os.environ.get("XTRAIN_SWITCH_INTERVAL"):  # Python's GIL hand-over interval, seconds
+        sys.setswitchinterval(float(os.environ["XTRAIN_SWITCH_INTERVAL"]))
     import xtrain
     from xtrain.distributed import GradientReducer, all_reduce_gradients, broadcast_parameters, launch
     from xtrain.models import TinyTransformer
@@ -225,6 +227,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hold-gil", action="store_true",
                     help="also measure xtrain with XTRAIN_OPS_HOLD_GIL=1 (ops keep the GIL; threads "
                          "switch at Python's interval instead of at every op)")
+    ap.add_argument("--switch-intervals", type=float, nargs="*", default=[],
+                    help="with --hold-gil: also run it with these sys.setswitchinterval values (s)")
     ap.add_argument("--worker", choices=["xtrain", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -257,10 +261,13 @@ def main(argv=None) -> int:
                 rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
                                         "--no-overlap", *common], env, timeout=900))
                 print(_fmt_row(rows[-1]), flush=True)
-            if args.hold_gil:
+            for si in ([None] + list(args.switch_intervals)) if args.hold_gil else []:
+                extra_env = {"XTRAIN_OPS_HOLD_GIL": "1"}
+                if si is not None:
+                    extra_env["XTRAIN_SWITCH_INTERVAL"] = str(si)
                 row = run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n), *common],
-                                 dict(env, XTRAIN_OPS_HOLD_GIL="1"), timeout=900)
-                row["engine"] = "xtrain-hold-gil"
+                                 dict(env, **extra_env), timeout=900)
+                row["engine"] = "xtrain-hold-gil" + (f"-si{si * 1e3:g}ms" if si is not None else "")
                 rows.append(row)
                 print(_fmt_row(rows[-1]), flush=True)
         if "pytorch-ddp" in args.engines:
@@ -290,14 +297,14 @@ def main(argv=None) -> int:
 def print_table(rows: list[dict]) -> None:
     base = {r["engine"]: r["tok_s"] for r in rows if r["gpus"] == 1}
     peer = {(r["engine"], r["gpus"]): r["tok_s"] for r in rows}
-    print(f"\n{'engine':<18} {'GPUs':>4} {'global tok/s':>13} {'tok/s/GPU':>10} {'ms/step':>8} "
+    print(f"\n{'engine':<24} {'GPUs':>4} {'global tok/s':>13} {'tok/s/GPU':>10} {'ms/step':>8} "
           f"{'MFU':>6} {'scaling':>8} {'xtrain/torch':>12} {'peak GiB':>9}")
     for r in rows:
         one = base.get(r["engine"]) or base.get(r["engine"].replace("-no-overlap", ""))
         eff = r["tok_s"] / (one * r["gpus"]) if one else float("nan")
         torch_tok = peer.get(("pytorch-ddp", r["gpus"]))
         ratio = r["tok_s"] / torch_tok if r["engine"].startswith("xtrain") and torch_tok else float("nan")
-        print(f"{r['engine']:<18} {r['gpus']:>4} {r['tok_s']:>13,.0f} {r['tok_s_per_gpu']:>10,.0f} "
+        print(f"{r['engine']:<24} {r['gpus']:>4} {r['tok_s']:>13,.0f} {r['tok_s_per_gpu']:>10,.0f} "
               f"{r['ms_per_step']:>8.1f} {r['mfu']:>6.1%} {eff:>8.1%} {ratio:>12.2f} {r['peak_mem_gib']:>9.1f}")
     print("scaling: global tok/s / (GPUs x the same engine's 1-GPU tok/s)")
 
