@@ -74,8 +74,8 @@ else
     --search-preset dim1024 --memory-limit 32GiB
   # ~150 s: 150 steps bf16 vs float32 on the built-in corpus, both frameworks, 3 seeds
   run convergence bench/convergence.py --preset dim768 --steps 150 --batch 16 --seq 256 --seeds 3
-  # ~3 min on two GPUs: 1 and 2 GPUs, xtrain (overlapped and not) beside PyTorch DDP
-  run scaling bench/scaling.py --no-overlap --hold-gil
+  # ~2 min on two GPUs: 1 and 2 GPUs, xtrain (reduce after backward, and overlapped) beside PyTorch DDP
+  run scaling bench/scaling.py --overlap
 fi
 
 find "$root/bench/results" -maxdepth 1 -type f \( -name '*.json' -o -name '*.png' \) \

@@ -7,9 +7,9 @@ Both sides train the same architecture from the same initial weights (xtrain's T
 PyTorch's bench/torch_model.py peer, the one bench/train_throughput.py uses: bf16 autocast,
 flash SDPA, fused AdamW) with the same step: forward, backward, gradient average over the GPUs,
 clip at 1.0, AdamW, on random token windows uploaded from the host every step. xtrain runs one
-process with a thread per GPU (xtrain.distributed.launch) and averages gradients while backward
-runs (xtrain.distributed.GradientReducer; `--no-overlap` reduces after backward instead, the
-first design, measured as its own row); PyTorch runs one process per GPU under torchrun with
+process with a thread per GPU (xtrain.distributed.launch) and averages gradients after backward in
+one launch, as the training loop does (`--overlap` adds a row that averages them while backward
+runs, xtrain.distributed.GradientReducer; `--hold-gil` rows keep the GIL in the ops); PyTorch runs one process per GPU under torchrun with
 DistributedDataParallel (bucketed, overlapped; none on one GPU). Each measurement is its own
 subprocess. Timing: `--warmup` steps, then `--steps` steps between two device syncs
 (every rank synchronised, the slowest rank's time counts); global tok/s = GPUs x batch x seq x
@@ -95,7 +95,7 @@ def xtrain_worker(args) -> None:
             broadcast_parameters(params, ctx)
         opt = AdamW(model.named_parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         batches = host_batches(rank, args.batch, args.seq)
-        reducer = GradientReducer(params, ctx) if ctx and not args.no_overlap else None
+        reducer = GradientReducer(params, ctx) if ctx and args.overlap else None
 
         def step(i):
             x, y = batches[i % len(batches)]
@@ -127,7 +127,7 @@ def xtrain_worker(args) -> None:
         results = [run(None, "cuda:0")]
     else:
         results = launch(lambda ctx: run(ctx, ctx.device), devices=list(range(args.n)))
-    engine = "xtrain" if args.n == 1 or not args.no_overlap else "xtrain-no-overlap"
+    engine = "xtrain-overlap" if args.n > 1 and args.overlap else "xtrain"
     report(args, engine, [r[:3] for r in results],
            extra={"nccl": xtrain._C.dist.nccl_version(), "buckets": results[0][4],
                   "buckets_launched_during_backward": results[0][3]})
@@ -222,8 +222,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     ap.add_argument("--engines", nargs="+", default=["xtrain", "pytorch-ddp"])
-    ap.add_argument("--no-overlap", action="store_true",
-                    help="also measure xtrain reducing gradients after backward (the first design)")
+    ap.add_argument("--overlap", action="store_true",
+                    help="also measure xtrain averaging gradients while backward runs (GradientReducer)")
     ap.add_argument("--hold-gil", action="store_true",
                     help="also measure xtrain with XTRAIN_OPS_HOLD_GIL=1 (ops keep the GIL; threads "
                          "switch at Python's interval instead of at every op)")
@@ -257,9 +257,9 @@ def main(argv=None) -> int:
             rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n), *common],
                                    env, timeout=900))
             print(_fmt_row(rows[-1]), flush=True)
-            if args.no_overlap and n > 1:
+            if args.overlap and n > 1:
                 rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
-                                        "--no-overlap", *common], env, timeout=900))
+                                        "--overlap", *common], env, timeout=900))
                 print(_fmt_row(rows[-1]), flush=True)
             for si in ([None] + list(args.switch_intervals)) if args.hold_gil else []:
                 extra_env = {"XTRAIN_OPS_HOLD_GIL": "1"}
@@ -300,7 +300,7 @@ def print_table(rows: list[dict]) -> None:
     print(f"\n{'engine':<24} {'GPUs':>4} {'global tok/s':>13} {'tok/s/GPU':>10} {'ms/step':>8} "
           f"{'MFU':>6} {'scaling':>8} {'xtrain/torch':>12} {'peak GiB':>9}")
     for r in rows:
-        one = base.get(r["engine"]) or base.get(r["engine"].replace("-no-overlap", ""))
+        one = base.get(r["engine"]) or base.get(r["engine"].replace("-overlap", ""))
         eff = r["tok_s"] / (one * r["gpus"]) if one else float("nan")
         torch_tok = peer.get(("pytorch-ddp", r["gpus"]))
         ratio = r["tok_s"] / torch_tok if r["engine"].startswith("xtrain") and torch_tok else float("nan")

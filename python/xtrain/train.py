@@ -216,9 +216,9 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
         _, loss = model(x, y)
         if ctx is None:
             loss.backward()
-        else:                                         # grads and loss: the global-batch mean,
+        else:                                         # grads and loss: the global-batch mean
             distributed.backward_and_average(loss, params, ctx, extra=[loss.detach()])
-            loss = loss.detach()                      # reduced while backward runs
+            loss = loss.detach()
         grad_norm = clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
