@@ -9,7 +9,7 @@ flash SDPA, fused AdamW) with the same step: forward, backward, gradient average
 clip at 1.0, AdamW, on random token windows uploaded from the host every step. xtrain runs one
 process with a thread per GPU (xtrain.distributed.launch) and averages gradients after backward in
 one launch, as the training loop does (`--overlap` adds a row that averages them while backward
-runs, xtrain.distributed.GradientReducer; `--hold-gil` rows keep the GIL in the ops); PyTorch runs one process per GPU under torchrun with
+runs, xtrain.distributed.GradientReducer); PyTorch runs one process per GPU under torchrun with
 DistributedDataParallel (bucketed, overlapped; none on one GPU). Each measurement is its own
 subprocess. Timing: `--warmup` steps, then `--steps` steps between two device syncs
 (every rank synchronised, the slowest rank's time counts); global tok/s = GPUs x batch x seq x
@@ -78,8 +78,6 @@ def timed(step, sync, warmup: int, steps: int) -> tuple[float, float]:
 # ---- workers (each prints one RESULT line)
 
 def xtrain_worker(args) -> None:
-    if os.environ.get("XTRAIN_SWITCH_INTERVAL"):  # Python's GIL hand-over interval, seconds
-        sys.setswitchinterval(float(os.environ["XTRAIN_SWITCH_INTERVAL"]))
     import xtrain
     from xtrain.distributed import GradientReducer, all_reduce_gradients, broadcast_parameters, launch
     from xtrain.models import TinyTransformer
@@ -224,11 +222,6 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", nargs="+", default=["xtrain", "pytorch-ddp"])
     ap.add_argument("--overlap", action="store_true",
                     help="also measure xtrain averaging gradients while backward runs (GradientReducer)")
-    ap.add_argument("--hold-gil", action="store_true",
-                    help="also measure xtrain with XTRAIN_OPS_HOLD_GIL=1 (ops keep the GIL; threads "
-                         "switch at Python's interval instead of at every op)")
-    ap.add_argument("--switch-intervals", type=float, nargs="*", default=[],
-                    help="with --hold-gil: also run it with these sys.setswitchinterval values (s)")
     ap.add_argument("--worker", choices=["xtrain", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -260,15 +253,6 @@ def main(argv=None) -> int:
             if args.overlap and n > 1:
                 rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
                                         "--overlap", *common], env, timeout=900))
-                print(_fmt_row(rows[-1]), flush=True)
-            for si in ([None] + list(args.switch_intervals)) if args.hold_gil else []:
-                extra_env = {"XTRAIN_OPS_HOLD_GIL": "1"}
-                if si is not None:
-                    extra_env["XTRAIN_SWITCH_INTERVAL"] = str(si)
-                row = run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n), *common],
-                                 dict(env, **extra_env), timeout=900)
-                row["engine"] = "xtrain-hold-gil" + (f"-si{si * 1e3:g}ms" if si is not None else "")
-                rows.append(row)
                 print(_fmt_row(rows[-1]), flush=True)
         if "pytorch-ddp" in args.engines:
             torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",

@@ -118,7 +118,7 @@ struct AdamWParams {
   void attn_softmax_backward(DType dt, const void* probs, const void* dprobs, void* dscores,            \
                              int64_t batch, int64_t seq, float scale, void* stream);                    \
   /* ---- cross entropy (kernels/{cpu,cuda}/cross_entropy): logits [rows, vocab] with row stride ld */     \
-  /* (elements, ld >= vocab; columns vocab..ld-1 are never read or written), targets int32/int64 */    \
+  /* (elements, ld >= vocab; columns vocab..ld-1 are never read), targets int32/int64 */              \
   /* losses[r] = lse_r - logit[r, t_r] (0 when t_r == ignore), lse float32 [rows] */                    \
   void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void* targets,             \
                              float* losses, float* lse, int64_t rows, int64_t vocab, int64_t ld,        \

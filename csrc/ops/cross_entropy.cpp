@@ -4,16 +4,17 @@
 //
 // Targets outside [0, V) that are not ignore_index raise IndexError. On the CPU the targets are
 // scanned in place. On CUDA, targets that came from the host carry their range (core/tensor.h:
-// Storage::known_min) and usually need nothing more; otherwise index_range finds min/max on the device and one 16-byte copy brings
+// Storage::known_min) and usually need nothing more; otherwise index_range finds min/max on the
+// device and one 16-byte copy brings
 // them to the host: a sync point, once per forward. Only when that range is not plainly inside
 // [0, V) (a bad target, or ignore_index among them) are the targets copied over and scanned.
 //
 // linear_cross_entropy fuses the language-model head: logits = x @ w^T go into a buffer
 // [N, ld] with ld = logits_ld(V) (the row stride padded so every row starts 16-byte aligned and
-// cuBLAS can use its aligned/TMA kernels; only the first V columns are ever written or read),
-// then the same cross-entropy kernels run on rows of stride ld. Its backward writes dlogits in
-// place over that buffer and runs dx = dlogits @ w and dw = dlogits^T @ x as one GEMM each with
-// explicit leading dimensions: the same calls `linear` + `cross_entropy` make, but for the stride.
+// cuBLAS can use its aligned/TMA kernels; on CUDA the GEMMs also cover the padding, see below),
+// then the same cross-entropy kernels run on the first V columns of rows of stride ld. Its
+// backward writes dlogits in place over that buffer (padding columns 0) and runs dx = dlogits @ w
+// and dw = dlogits^T @ x as one GEMM each with explicit leading dimensions.
 #include "core/cuda_api.h"
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -167,14 +168,12 @@ std::vector<Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const
                         static_cast<size_t>(ld - V) * row);
     }
   }
-  const int64_t M = wg.size(0);  // classes the GEMMs cover: V, or ld on CUDA
-  if (N && M != V) {
+  // Classes the GEMM covers: ld on CUDA (padding columns exactly 0), V on the CPU (padding
+  // columns unwritten until the backward kernel zeroes them).
+  const int64_t M = wg.size(0);
+  if (N)
     XT_KERNEL(dev, gemm_ld, x.dtype(), x.dtype(), false, true, N, M, K, 1.0f, x.data_ptr(), K, wg.data_ptr(), K,
               0.0f, buf.data_ptr(), ld, 1, N * K, M * K, N * ld, stream_for(dev));
-  } else if (N) {  // columns V..ld-1 stay unwritten (the backward kernel zeroes them)
-    XT_KERNEL(dev, gemm_ld, x.dtype(), x.dtype(), false, true, N, V, K, 1.0f, x.data_ptr(), K, w.data_ptr(), K, 0.0f,
-              buf.data_ptr(), ld, 1, N * K, V * K, N * ld, stream_for(dev));
-  }
   std::vector<Tensor> r = forward_rows(buf, N, V, ld, targets, ignore_index);
   r.push_back(buf);
   r.push_back(wg);

@@ -2,7 +2,6 @@
 // GIL around real work and attach docstrings; logic lives in csrc/ops and csrc/tape.
 #pragma once
 #include <pybind11/numpy.h>
-#include <optional>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -14,20 +13,6 @@ namespace py = pybind11;
 // Release the GIL for the duration of a call: py::call_guard<NoGil>().
 using NoGil = py::call_guard<py::gil_scoped_release>;
 
-// Ops that only queue kernels (no sync point, nothing that waits on another thread) release the
-// GIL like every other binding, unless the process started with XTRAIN_OPS_HOLD_GIL=1: then they
-// keep it, and threads that drive GPUs side by side (xtrain.distributed) hand the GIL over at
-// Python's switch interval instead of at every op. A measurement knob for the thread-per-GPU
-// launcher (docs/distributed.md); ops that can wait (sync points, collectives, backward) always
-// release it.
-bool ops_hold_gil();
-struct OpGilPolicy {
-  OpGilPolicy() {
-    if (!ops_hold_gil()) release_.emplace();
-  }
-  std::optional<py::gil_scoped_release> release_;
-};
-using OpNoGil = py::call_guard<OpGilPolicy>;
 
 // Argument conversion helpers (bind_tensor.cpp).
 DType dtype_arg(const py::object& o, DType fallback);  // None, str, or xtrain dtype name

@@ -26,22 +26,22 @@ bool reduce_all(const Tensor& x, const std::optional<int64_t>& dim, const char* 
 void init_ops_basic(py::module_& m) {
   using T = const Tensor&;
   // ---- elementwise
-  m.def("add", &tape::add, py::arg("a"), py::arg("b"), OpNoGil(), "a + b (numpy broadcasting)");
-  m.def("sub", &tape::sub, py::arg("a"), py::arg("b"), OpNoGil(), "a - b (numpy broadcasting)");
-  m.def("mul", &tape::mul, py::arg("a"), py::arg("b"), OpNoGil(), "a * b (numpy broadcasting)");
-  m.def("div", &tape::div, py::arg("a"), py::arg("b"), OpNoGil(), "a / b (numpy broadcasting)");
-  m.def("add_scalar", &tape::add_scalar, py::arg("x"), py::arg("s"), OpNoGil(), "x + s");
-  m.def("mul_scalar", &tape::mul_scalar, py::arg("x"), py::arg("s"), OpNoGil(), "x * s");
-  m.def("rsub_scalar", &tape::rsub_scalar, py::arg("x"), py::arg("s"), OpNoGil(), "s - x");
-  m.def("div_scalar", &tape::div_scalar, py::arg("x"), py::arg("s"), OpNoGil(), "x / s");
-  m.def("rdiv_scalar", &tape::rdiv_scalar, py::arg("x"), py::arg("s"), OpNoGil(), "s / x");
-  m.def("pow_scalar", &tape::pow_scalar, py::arg("x"), py::arg("s"), OpNoGil(), "x ** s");
-  m.def("neg", &tape::neg, py::arg("x"), OpNoGil(), "-x");
-  m.def("exp", &tape::exp, py::arg("x"), OpNoGil(), "e ** x");
-  m.def("log", &tape::log, py::arg("x"), OpNoGil(), "Natural logarithm");
-  m.def("sqrt", &tape::sqrt, py::arg("x"), OpNoGil(), "Square root");
-  m.def("silu", &tape::silu, py::arg("x"), OpNoGil(), "x * sigmoid(x)");
-  m.def("swiglu", &tape::swiglu, py::arg("gate"), py::arg("up"), OpNoGil(), "silu(gate) * up (fused)");
+  m.def("add", &tape::add, py::arg("a"), py::arg("b"), NoGil(), "a + b (numpy broadcasting)");
+  m.def("sub", &tape::sub, py::arg("a"), py::arg("b"), NoGil(), "a - b (numpy broadcasting)");
+  m.def("mul", &tape::mul, py::arg("a"), py::arg("b"), NoGil(), "a * b (numpy broadcasting)");
+  m.def("div", &tape::div, py::arg("a"), py::arg("b"), NoGil(), "a / b (numpy broadcasting)");
+  m.def("add_scalar", &tape::add_scalar, py::arg("x"), py::arg("s"), NoGil(), "x + s");
+  m.def("mul_scalar", &tape::mul_scalar, py::arg("x"), py::arg("s"), NoGil(), "x * s");
+  m.def("rsub_scalar", &tape::rsub_scalar, py::arg("x"), py::arg("s"), NoGil(), "s - x");
+  m.def("div_scalar", &tape::div_scalar, py::arg("x"), py::arg("s"), NoGil(), "x / s");
+  m.def("rdiv_scalar", &tape::rdiv_scalar, py::arg("x"), py::arg("s"), NoGil(), "s / x");
+  m.def("pow_scalar", &tape::pow_scalar, py::arg("x"), py::arg("s"), NoGil(), "x ** s");
+  m.def("neg", &tape::neg, py::arg("x"), NoGil(), "-x");
+  m.def("exp", &tape::exp, py::arg("x"), NoGil(), "e ** x");
+  m.def("log", &tape::log, py::arg("x"), NoGil(), "Natural logarithm");
+  m.def("sqrt", &tape::sqrt, py::arg("x"), NoGil(), "Square root");
+  m.def("silu", &tape::silu, py::arg("x"), NoGil(), "x * sigmoid(x)");
+  m.def("swiglu", &tape::swiglu, py::arg("gate"), py::arg("up"), NoGil(), "silu(gate) * up (fused)");
   m.def("cast", [](T x, const py::object& dtype) {
           const DType dt = dtype_arg(dtype, x.dtype());
           py::gil_scoped_release nogil;
@@ -56,28 +56,28 @@ void init_ops_basic(py::module_& m) {
         "Differentiable copy to another device and/or dtype (x itself when nothing changes)");
   m.def("dropout", [](T x, double p, bool training, const std::shared_ptr<Generator>& gen) {
           return tape::dropout(x, p, training, gen);
-        }, py::arg("x"), py::arg("p"), py::arg("training") = true, py::arg("generator") = py::none(), OpNoGil(),
+        }, py::arg("x"), py::arg("p"), py::arg("training") = true, py::arg("generator") = py::none(), NoGil(),
         "Zero elements with probability p and scale the rest by 1/(1-p); identity when not training");
   // ---- reductions
   m.def("sum", [](T x, std::optional<int64_t> dim, bool keepdim) {
           return tape::sum(x, reduce_all(x, dim, "sum"), keepdim);
-        }, py::arg("x"), py::arg("dim") = py::none(), py::arg("keepdim") = false, OpNoGil(),
+        }, py::arg("x"), py::arg("dim") = py::none(), py::arg("keepdim") = false, NoGil(),
         "Sum over all elements (dim=None) or the last dimension (dim=-1)");
   m.def("mean", [](T x, std::optional<int64_t> dim, bool keepdim) {
           return tape::mean(x, reduce_all(x, dim, "mean"), keepdim);
-        }, py::arg("x"), py::arg("dim") = py::none(), py::arg("keepdim") = false, OpNoGil(),
+        }, py::arg("x"), py::arg("dim") = py::none(), py::arg("keepdim") = false, NoGil(),
         "Mean over all elements (dim=None) or the last dimension (dim=-1)");
   // ---- layout
-  m.def("reshape", &tape::reshape, py::arg("x"), py::arg("shape"), OpNoGil(),
+  m.def("reshape", &tape::reshape, py::arg("x"), py::arg("shape"), NoGil(),
         "Same data in a new shape (shares storage; one -1 is inferred)");
-  m.def("view", &tape::reshape, py::arg("x"), py::arg("shape"), OpNoGil(), "Alias of reshape (shares storage)");
-  m.def("transpose", &tape::transpose, py::arg("x"), py::arg("dim0"), py::arg("dim1"), OpNoGil(),
+  m.def("view", &tape::reshape, py::arg("x"), py::arg("shape"), NoGil(), "Alias of reshape (shares storage)");
+  m.def("transpose", &tape::transpose, py::arg("x"), py::arg("dim0"), py::arg("dim1"), NoGil(),
         "Swap two dimensions (a copy)");
-  m.def("permute", &tape::permute, py::arg("x"), py::arg("dims"), OpNoGil(), "Reorder dimensions (a copy)");
+  m.def("permute", &tape::permute, py::arg("x"), py::arg("dims"), NoGil(), "Reorder dimensions (a copy)");
   // ---- matmul
-  m.def("matmul", &tape::matmul, py::arg("a"), py::arg("b"), OpNoGil(),
+  m.def("matmul", &tape::matmul, py::arg("a"), py::arg("b"), NoGil(),
         "a @ b: 2-D, batched 3-D, or [..., K] @ [K, N]");
-  m.def("linear", &tape::linear, py::arg("x"), py::arg("weight"), OpNoGil(), "x @ weight^T, weight is [out, in]");
+  m.def("linear", &tape::linear, py::arg("x"), py::arg("weight"), NoGil(), "x @ weight^T, weight is [out, in]");
   // ---- embedding
   m.def("embedding", &tape::embedding, py::arg("weight"), py::arg("ids"), NoGil(),
         "Rows of weight [vocab, dim] picked by integer ids (IndexError when out of range)");

@@ -30,24 +30,24 @@ double scale_arg(const std::optional<double>& scale) {
 }  // namespace
 
 void init_ops_model(py::module_& ops) {
-  ops.def("rms_norm", &tape::rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps") = 1e-6, OpNoGil(),
+  ops.def("rms_norm", &tape::rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps") = 1e-6, NoGil(),
           "RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight (weight [D], x's dtype or float32)");
   ops.def("rope", [](const Tensor& x, const std::optional<Tensor>& positions, double theta) {
             return tape::rope(x, positions ? *positions : Tensor(), theta);
-          }, py::arg("x"), py::arg("positions") = py::none(), py::arg("theta") = 10000.0, OpNoGil(),
+          }, py::arg("x"), py::arg("positions") = py::none(), py::arg("theta") = 10000.0, NoGil(),
           "Rotary embedding (rotate-half) on x [B, S, H, D]; positions int64 [S], default 0..S-1");
   ops.def("sdpa", [](const Tensor& q, const Tensor& k, const Tensor& v, bool causal, std::optional<double> scale) {
             return tape::sdpa(q, k, v, causal, scale_arg(scale));
-          }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = true, py::arg("scale") = py::none(), OpNoGil(),
+          }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = true, py::arg("scale") = py::none(), NoGil(),
           "Scaled dot-product attention on q, k, v [B, H, S, D]; scale None means 1/sqrt(D)");
   ops.def("softmax", [](const Tensor& x, int64_t dim) {
             check_last_dim(x, dim, "softmax");
             return tape::softmax(x);
-          }, py::arg("x"), py::arg("dim") = -1, OpNoGil(), "Softmax over the last dim (computed in float32 for bf16)");
+          }, py::arg("x"), py::arg("dim") = -1, NoGil(), "Softmax over the last dim (computed in float32 for bf16)");
   ops.def("log_softmax", [](const Tensor& x, int64_t dim) {
             check_last_dim(x, dim, "log_softmax");
             return tape::log_softmax(x);
-          }, py::arg("x"), py::arg("dim") = -1, OpNoGil(), "Log-softmax over the last dim (computed in float32 for bf16)");
+          }, py::arg("x"), py::arg("dim") = -1, NoGil(), "Log-softmax over the last dim (computed in float32 for bf16)");
   ops.def("cross_entropy", &tape::cross_entropy, py::arg("logits"), py::arg("targets"),
           py::arg("ignore_index") = -100, NoGil(),
           "Mean cross-entropy of logits [N, V] against int targets [N], skipping ignore_index; float32 scalar");

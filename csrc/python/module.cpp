@@ -1,21 +1,10 @@
 // The xtrain._C extension module: exception mapping and the submodules.
-#include <cstdlib>
-#include <string>
-
 #include "core/error.h"
 #include "python/bind.h"
 
 namespace xt {
 namespace {
 PyObject* g_oom_type = nullptr;
-}
-
-bool ops_hold_gil() {
-  static const bool hold = [] {
-    const char* v = std::getenv("XTRAIN_OPS_HOLD_GIL");
-    return v && std::string(v) == "1";
-  }();
-  return hold;
 }
 }  // namespace xt
 

@@ -332,25 +332,6 @@ class GradientReducer:
         self._native.finish(_as_list(extra))
 
 
-def backward_and_average(loss, params, ctx, extra=(), overlap: bool = False) -> None:
-    """loss.backward(), then the gradients of `params` (and `extra`) averaged over the ranks.
-    overlap=True reduces while backward runs (a GradientReducer kept on the context per parameter
-    list; needs a real rank context); the default reduces after backward in one launch, which
-    measured faster on 2 x H200 at dim768 (docs/distributed.md). Either way the same values."""
-    native = getattr(_C.dist, "RankComm", None)
-    if not overlap or native is None or not isinstance(getattr(ctx, "comm", None), native):
-        loss.backward()
-        all_reduce_gradients(params, ctx, extra=extra)
-        return
-    params = list(params)
-    key = tuple(id(p) for p in params)
-    cache = ctx.__dict__.setdefault("_reducers", {})
-    reducer = cache.get(key)
-    if reducer is None or any(a is not b for a, b in zip(reducer.params, params)):
-        reducer = cache[key] = GradientReducer(params, ctx)
-    reducer.backward(loss, extra=extra)
-
-
 def _as_list(tensors) -> list:
     return [tensors] if isinstance(tensors, xtrain.Tensor) else list(tensors)
 

@@ -64,7 +64,9 @@ def linear_cross_entropy(x, w, targets, ignore_index=-100, return_logits=False):
 
     Internally the logits live in a buffer whose row stride is V rounded up to a multiple of 64
     elements, so every row is 16-byte aligned and cuBLAS runs its fast GEMMs even for an odd V
-    (GPT-2's 50257), without padding the vocabulary; backward writes dlogits over that buffer in
-    place instead of allocating another [N, V] tensor.
+    (GPT-2's 50257); on CUDA the GEMMs also run over that padded width with w extended by zero
+    rows (a copy of w per call). The model's vocabulary stays V: the padding never enters the
+    loss. Backward writes dlogits over the buffer in place instead of allocating another [N, V]
+    tensor.
     """
     return _ops.linear_cross_entropy(x, w, targets, ignore_index, return_logits)

@@ -214,11 +214,10 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
         optimizer.lr = lr
         x, y = train_loader.next_batch()              # int64 (B, S) each, on the host
         _, loss = model(x, y)
-        if ctx is None:
-            loss.backward()
-        else:                                         # grads and loss: the global-batch mean
-            distributed.backward_and_average(loss, params, ctx, extra=[loss.detach()])
-            loss = loss.detach()
+        loss.backward()
+        if ctx is not None:
+            loss = loss.detach()                      # grads and loss: the global-batch mean
+            distributed.all_reduce_gradients(params, ctx, extra=[loss])
         grad_norm = clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

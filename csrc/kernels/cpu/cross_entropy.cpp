@@ -1,5 +1,5 @@
 // Cross-entropy on the CPU: logits [rows, vocab] with row stride ld >= vocab (float32/bfloat16/
-// float64), targets int32/int64 [rows]. Columns vocab..ld-1 are never read or written.
+// float64), targets int32/int64 [rows]. Columns vocab..ld-1 are never read; backward sets them to 0.
 //
 //  - forward writes per row lse = logsumexp(logits) and loss = lse - logit[target] (0 for a row
 //    whose target is ignore_index), both float32; the softmax is never materialised.

@@ -1,5 +1,5 @@
 // CUDA cross-entropy, fused: logits [rows, vocab] with row stride ld >= vocab (float32/bfloat16/
-// float64; columns vocab..ld-1 are never touched), targets int32/int64.
+// float64; columns vocab..ld-1 are never read, backward sets them to 0), targets int32/int64.
 //
 //  - forward: one block per row computes lse = logsumexp(logits) and loss = lse - logit[target]
 //    (0 for ignore_index; NaN for a target outside [0, vocab), never an out-of-bounds read);

@@ -4,7 +4,7 @@
 // reads x through the permuted strides. The plan first merges output dimensions that stay
 // adjacent in x (so [B, S, H, D] -> [B, H, S, D] is a 4-d move, [M, N] -> [M, N] a flat copy).
 // When the innermost dimension does not move, each of its rows is a contiguous run in both
-// tensors and moves in the widest word (16/8/4/2 bytes) that divides the run and both pointers'
+// tensors and moves in the widest word (up to 16 bytes) that divides the run and both pointers'
 // alignment: the attention layout [32, 256, 24, 32] bf16 moves 4 x 16 bytes per row instead of
 // 32 x 2. Index math is 32-bit when every offset fits (the common case: divisions by a
 // runtime int64 cost several times a 32-bit one). Any dtype: elements move as raw bytes.
@@ -65,7 +65,7 @@ void launch_permute_words(const void* x, void* out, int ndim, const int64_t* osh
 void permute(DType dt, const void* x, void* out, int ndim, const int64_t* shape, const int* perm, void* stream) {
   XT_CHECK(ndim >= 0 && ndim <= kMaxDims, ValueError, "permute: at most ", kMaxDims, " dimensions, got ", ndim);
   const int64_t esize = static_cast<int64_t>(dtype_size(dt));
-  XT_CHECK(esize == 1 || esize == 2 || esize == 4 || esize == 8, TypeError, "permute: unsupported dtype ",
+  XT_CHECK(esize == 2 || esize == 4 || esize == 8, TypeError, "permute: unsupported dtype ",
            dtype_name(dt));
   int64_t xstride[kMaxDims];
   int64_t s = 1, n = 1;
@@ -115,7 +115,6 @@ void permute(DType dt, const void* x, void* out, int ndim, const int64_t* shape,
   n /= per;
   OnStream on(stream);
   switch (word) {
-    case 1: launch_permute_words<uint8_t>(x, out, m, oshape, ostep, n, on.s); break;
     case 2: launch_permute_words<uint16_t>(x, out, m, oshape, ostep, n, on.s); break;
     case 4: launch_permute_words<uint32_t>(x, out, m, oshape, ostep, n, on.s); break;
     case 8: launch_permute_words<uint2>(x, out, m, oshape, ostep, n, on.s); break;
