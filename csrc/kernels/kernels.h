@@ -46,6 +46,11 @@ struct AdamWParams {
   /* ---- elementwise (kernels/{cpu,cuda}/elementwise) */                                                       \
   void fill(DType dt, void* out, int64_t n, double value, void* stream);                                \
   void cast(DType src_dt, const void* src, DType dst_dt, void* dst, int64_t n, void* stream);           \
+  /* cast over a list: dst[t][i] = src[t][i] converted exactly as cast converts it, i < sizes[t], */    \
+  /* t < n_tensors, every tensor src_dt -> dst_dt. Floating pairs are fused (CUDA: one launch per */    \
+  /* 512 tensors); pairs involving an integer dtype run tensor by tensor through cast. */               \
+  void cast_many(int n_tensors, DType src_dt, const void* const* src, DType dst_dt, void* const* dst,   \
+                 const int64_t* sizes, void* stream);                                                   \
   void binary(BinaryOp op, DType dt, const void* a, const void* b, void* out, int64_t n,                \
               const Broadcast* bc /* nullptr: same shape */, void* stream);                             \
   /* a += alpha * b, same shape (gradient accumulation) */                                              \

@@ -1,11 +1,12 @@
 // Elementwise ops: broadcasting binary ops, scalar and unary ops, accumulate, sum_to (the
-// gradient of a broadcast), SiLU/SwiGLU, cast, dropout.
+// gradient of a broadcast), SiLU/SwiGLU, cast, cast_many, dropout.
 //
 // Broadcasting follows numpy: shapes align on the right, a dimension of 1 stretches. Equal
 // shapes take the fast path (no Broadcast at all). Otherwise the Broadcast handed to the
 // kernel is simplified first: size-1 dimensions are dropped and neighbours that are contiguous
 // for both operands are merged, so [B, S, D] + [D] reaches the kernel as [B*S, D].
 #include <algorithm>
+#include <limits>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -234,6 +235,41 @@ Tensor cast(const Tensor& x, DType dtype) {
   Tensor out = Tensor::empty(x.shape(), dtype, x.device());
   if (out.numel())
     XT_KERNEL(x.device(), cast, x.dtype(), x.data_ptr(), dtype, out.data_ptr(), out.numel(), stream_for(x.device()));
+  return out;
+}
+
+std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype) {
+  XT_CHECK(xs.size() <= static_cast<size_t>(std::numeric_limits<int>::max()), ValueError,
+           "cast_many: too many tensors (", xs.size(), ")");
+  for (size_t i = 0; i < xs.size(); ++i) {
+    XT_CHECK(xs[i].defined(), ValueError, "cast_many: tensors[", i, "] must be a tensor, got an undefined tensor");
+    XT_CHECK(xs[i].device() == xs[0].device(), ValueError, "cast_many: tensors[", i, "] is ", xs[i].describe(),
+             " but tensors[0] is on ", xs[0].device().str(), "; all tensors must be on one device");
+  }
+  std::vector<Tensor> out(xs);  // an input already of dtype stays itself
+  if (xs.empty()) return out;
+  const Device dev = xs[0].device();
+  std::vector<bool> done(xs.size(), false);
+  std::vector<const void*> src;
+  std::vector<void*> dst;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < xs.size(); ++i) {  // one group per source dtype, in order of first appearance
+    const DType src_dt = xs[i].dtype();
+    if (src_dt == dtype || done[i]) continue;
+    src.clear();
+    dst.clear();
+    sizes.clear();
+    for (size_t j = i; j < xs.size(); ++j) {
+      if (xs[j].dtype() != src_dt) continue;
+      done[j] = true;
+      out[j] = Tensor::empty(xs[j].shape(), dtype, dev);
+      src.push_back(xs[j].data_ptr());
+      dst.push_back(out[j].data_ptr());
+      sizes.push_back(xs[j].numel());
+    }
+    XT_KERNEL(dev, cast_many, static_cast<int>(src.size()), src_dt, src.data(), dtype, dst.data(), sizes.data(),
+              stream_for(dev));
+  }
   return out;
 }
 

@@ -51,6 +51,10 @@ Tensor silu_backward(const Tensor& x, const Tensor& dy);
 Tensor swiglu(const Tensor& gate, const Tensor& up);
 std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout);
 Tensor cast(const Tensor& x, DType dtype);
+// cast over a list on one device, one kernel call per source dtype (CUDA: one launch for up to
+// 512 tensors). Output i has the bits ops::cast(xs[i], dtype) has; unlike cast, an input already
+// of `dtype` is returned as itself, not copied.
+std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype);
 // Dropout's mask comes from (seed, offset) and is recomputed in backward, never stored.
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset);
 

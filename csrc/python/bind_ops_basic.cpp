@@ -47,6 +47,13 @@ void init_ops_basic(py::module_& m) {
           py::gil_scoped_release nogil;
           return tape::cast(x, dt);
         }, py::arg("x"), py::arg("dtype"), "x in another dtype; the gradient comes back in x's dtype");
+  m.def("cast_many", [](const std::vector<Tensor>& xs, const py::object& dtype) {
+          if (dtype.is_none()) return xs;  // like cast: no dtype keeps each tensor as it is
+          const DType dt = dtype_arg(dtype, DType::Float32);
+          py::gil_scoped_release nogil;
+          return tape::cast_many(xs, dt);
+        }, py::arg("tensors"), py::arg("dtype"),
+        "[cast(x, dtype) for x in tensors] in one fused kernel; each output keeps its own CastBackward");
   m.def("to", [](T x, const py::object& device, const py::object& dtype) {
           const Device dev = device_arg(device, x.device());
           const DType dt = dtype_arg(dtype, x.dtype());

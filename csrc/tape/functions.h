@@ -30,6 +30,9 @@ Tensor sqrt(const Tensor& x);
 Tensor silu(const Tensor& x);
 Tensor swiglu(const Tensor& gate, const Tensor& up);
 Tensor cast(const Tensor& x, DType dtype);  // backward returns the gradient in x's dtype
+// cast on each tensor of a list with one fused forward (ops::cast_many); each output that needs
+// grad gets its own CastBackward node, so each input's gradient is final on its own.
+std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype);
 Tensor to(const Tensor& x, Device device, DType dtype);  // differentiable copy
 Tensor dropout(const Tensor& x, double p, bool training, const std::shared_ptr<Generator>& gen);
 

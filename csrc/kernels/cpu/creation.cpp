@@ -1,4 +1,6 @@
-// CPU creation kernels: fill, cast, random_fill, arange. All write their output with `=`.
+// CPU creation kernels: fill, cast, cast_many, random_fill, arange. All write their output with `=`.
+// cast_many is cast applied tensor by tensor (the same loops, so the same bits); a CPU gains
+// nothing from fusing the list, only the CUDA side does (one launch instead of one per tensor).
 // random_fill: element i draws from philox(seed, offset + i), the same values the CUDA kernel
 // produces (normal: Box-Muller on the first two 32-bit words of that draw).
 #include <cmath>
@@ -54,6 +56,11 @@ void cast(DType src_dt, const void* src, DType dst_dt, void* dst, int64_t n, voi
       }
     });
   });
+}
+
+void cast_many(int n_tensors, DType src_dt, const void* const* src, DType dst_dt, void* const* dst,
+               const int64_t* sizes, void* stream) {
+  for (int t = 0; t < n_tensors; ++t) cast(src_dt, src[t], dst_dt, dst[t], sizes[t], stream);
 }
 
 void random_fill(RandomKind kind, DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, void*) {

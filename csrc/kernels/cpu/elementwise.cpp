@@ -1,5 +1,5 @@
 // CPU elementwise kernels: binary (with broadcasting), accumulate, scalar ops, unary ops, SiLU
-// and SwiGLU backward, dropout. (fill/cast/random_fill/arange live in creation.cpp.)
+// and SwiGLU backward, dropout. (fill/cast/cast_many/random_fill/arange live in creation.cpp.)
 //
 // Every output and gradient is written with `=`, except accumulate, which is `a += alpha * b`.
 // Each element is computed in float32 (float64 for float64) and rounded to the storage type

@@ -1,5 +1,5 @@
-// CUDA elementwise kernels: fill, cast, binary (with broadcast), accumulate, scalar ops, unary,
-// SiLU backward, SwiGLU forward/backward, dropout, random_fill, arange.
+// CUDA elementwise kernels: fill, cast, cast_many, binary (with broadcast), accumulate, scalar ops,
+// unary, SiLU backward, SwiGLU forward/backward, dropout, random_fill, arange.
 //
 // Every output is written with `=`, except accumulate (`a += alpha * b`). Each element is
 // computed in float32 (float64 for float64) and rounded once, with the same formulas as
@@ -8,6 +8,10 @@
 // launch shape; normal draws use the same Box-Muller formula (equal up to libm rounding).
 // Same-shape elementwise work runs through one map kernel (map_kernel) that moves 16-byte packs
 // per thread; every element's value is the same as with one element per thread.
+// cast_many converts a list of tensors in one launch (up to kCastManyMaxTensors; the list rides
+// in the kernel parameters, no host sync): each tensor is cut into kCastChunk-element chunks, one
+// block per chunk, so a block's elements are contiguous and pack-aligned whenever the tensor's
+// pointers are. Each element goes through cast_one, i.e. CastF, so the bits equal cast's.
 #include "core/philox.h"
 #include "kernels/cuda/common.cuh"
 
@@ -189,6 +193,97 @@ struct CastF {
   }
 };
 
+// ------------------------------------------------------------------ cast_many (multi-tensor)
+
+// One element converted exactly as cast's map_kernel<..., CastF> converts it.
+template <typename D, typename S>
+__device__ __forceinline__ D cast_one(S s) {
+  compute_t<S> x[1] = {to_compute(s)};
+  compute_t<D> y[1];
+  CastF{}(0, x, y);
+  return from_compute<D>(y[0]);
+}
+
+// 512 tensors: the model's 127 linear weights (and any list of a few hundred) in one launch, while
+// the list (about 14 KiB for float32 -> bf16) stays within the 32 KiB kernel parameter space.
+constexpr int kCastManyMaxTensors = 512;
+constexpr int64_t kCastChunk = 16 * kThreads;  // elements per block: 4 16-byte packs per thread for float32
+constexpr int64_t kMaxGridX = 0x7fffffff;     // blocks per launch (gridDim.x limit)
+
+template <typename S, typename D>
+struct CastList {
+  int n = 0;
+  int first_block[kCastManyMaxTensors + 1];  // tensor t owns blocks [first_block[t], first_block[t+1])
+  int64_t size[kCastManyMaxTensors];
+  const S* src[kCastManyMaxTensors];
+  D* dst[kCastManyMaxTensors];
+};
+static_assert(sizeof(CastList<double, double>) < 32000, "CastList must fit in the kernel parameter space");
+
+__device__ __forceinline__ bool device_aligned(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// Block b converts chunk (b - first_block[t]) of tensor t: N-element packs when both of t's
+// pointers are pack-aligned (the branch is uniform over the block), one element per step otherwise.
+template <int N, typename S, typename D>
+__global__ void cast_many_kernel(CastList<S, D> L) {
+  const int b = static_cast<int>(blockIdx.x);
+  int lo = 0, hi = L.n - 1;  // the last t with first_block[t] <= b
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (L.first_block[mid] <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  const S* src = L.src[lo];
+  D* dst = L.dst[lo];
+  const int64_t c0 = static_cast<int64_t>(b - L.first_block[lo]) * kCastChunk;
+  const int64_t c1 = min(L.size[lo], c0 + kCastChunk);
+  int64_t tail = c0;
+  if (device_aligned(src, sizeof(Pack<S, N>)) && device_aligned(dst, sizeof(Pack<D, N>))) {
+    const int64_t nv = (c1 - c0) / N;
+    for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
+      const int64_t base = c0 + v * N;
+      const Pack<S, N> in = *reinterpret_cast<const Pack<S, N>*>(src + base);
+      Pack<D, N> out;
+#pragma unroll
+      for (int k = 0; k < N; ++k) out.v[k] = cast_one<D>(in.v[k]);
+      *reinterpret_cast<Pack<D, N>*>(dst + base) = out;
+    }
+    tail = c0 + nv * N;
+  }
+  for (int64_t i = tail + threadIdx.x; i < c1; i += blockDim.x) dst[i] = cast_one<D>(src[i]);
+}
+
+// Packs the non-empty tensors into lists of at most kCastManyMaxTensors (and kMaxGridX blocks)
+// and launches one kernel per list, in order.
+template <typename S, typename D>
+void launch_cast_many(const OnStream& on, int n_tensors, const void* const* src, void* const* dst,
+                      const int64_t* sizes) {
+  constexpr int N = 16 / (sizeof(S) > sizeof(D) ? sizeof(S) : sizeof(D));
+  static_assert(kCastChunk % N == 0, "chunks must start pack-aligned");
+  CastList<S, D> L;
+  L.first_block[0] = 0;
+  auto flush = [&] {
+    if (L.n == 0) return;
+    cast_many_kernel<N, S, D><<<static_cast<unsigned>(L.first_block[L.n]), kThreads, 0, on.s>>>(L);
+    XT_LAUNCH_CHECK();
+    L.n = 0;
+  };
+  for (int t = 0; t < n_tensors; ++t) {
+    if (sizes[t] == 0) continue;
+    const int64_t chunks = ceil_div(sizes[t], kCastChunk);
+    XT_ASSERT(chunks <= kMaxGridX);
+    if (L.first_block[L.n] + chunks > kMaxGridX) flush();
+    L.src[L.n] = static_cast<const S*>(src[t]);
+    L.dst[L.n] = static_cast<D*>(dst[t]);
+    L.size[L.n] = sizes[t];
+    L.first_block[L.n + 1] = static_cast<int>(L.first_block[L.n] + chunks);
+    if (++L.n == kCastManyMaxTensors) flush();
+  }
+  flush();
+}
+
 // ------------------------------------------------------------------ other kernels
 
 template <typename T>
@@ -277,6 +372,22 @@ void cast(DType src_dt, const void* src, DType dst_dt, void* dst, int64_t n, voi
       } else {
         launch_map(on, n, MapArgs<S, 1, D, 1>{{static_cast<const S*>(src)}, {static_cast<D*>(dst)}}, CastF{});
       }
+    });
+  });
+}
+
+void cast_many(int n_tensors, DType src_dt, const void* const* src, DType dst_dt, void* const* dst,
+               const int64_t* sizes, void* stream) {
+  if (!is_floating(src_dt) || !is_floating(dst_dt)) {  // index conversions: rare, per tensor
+    for (int t = 0; t < n_tensors; ++t) cast(src_dt, src[t], dst_dt, dst[t], sizes[t], stream);
+    return;
+  }
+  OnStream on(stream);
+  dispatch_float(src_dt, "cast_many", [&](auto stag) {
+    using S = std::remove_pointer_t<decltype(stag)>;
+    dispatch_float(dst_dt, "cast_many", [&](auto dtag) {
+      using D = std::remove_pointer_t<decltype(dtag)>;
+      launch_cast_many<S, D>(on, n_tensors, src, dst, sizes);
     });
   });
 }

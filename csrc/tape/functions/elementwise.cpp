@@ -1,5 +1,5 @@
 // Differentiable elementwise ops: binary (broadcasting), scalar, unary, SiLU, SwiGLU, cast,
-// to, dropout. Each forward calls ops:: and, when an input needs grad, records its Node.
+// cast_many, to, dropout. Each forward calls ops:: and, when an input needs grad, records its Node.
 //
 // Gradients of broadcast inputs are reduced back to the input's shape with ops::sum_to.
 // Nodes save detached tensors only, and only those their backward reads. Dropout saves no
@@ -292,6 +292,27 @@ Tensor cast(const Tensor& x, DType dtype) {
            dtype_name(dtype), " for ", x.describe());
   auto node = make_node<ToBackward>({x}, x.device(), x.dtype(), "CastBackward");
   set_history(out, node);
+  return out;
+}
+
+// The forward is fused; the backward is not: one CastBackward per output, with an edge to its own
+// input only (one node with many outputs would hold every weight's gradient until the last one
+// arrived, and the data-parallel gradient-ready hook needs each as soon as it is final).
+std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype) {
+  for (size_t i = 0; i < xs.size(); ++i) {  // before any conversion runs
+    const Tensor& x = xs[i];
+    XT_CHECK(x.defined(), ValueError, "cast_many: tensors[", i, "] must be a tensor, got an undefined tensor");
+    XT_CHECK(x.dtype() == dtype || is_floating(dtype) || !needs_grad({&x}), TypeError,
+             "cast_many: a tensor that requires grad can only be cast to a floating dtype, got ", dtype_name(dtype),
+             " for tensors[", i, "] ", x.describe());
+  }
+  std::vector<Tensor> out = ops::cast_many(xs, dtype);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = xs[i];
+    if (x.dtype() == dtype || !needs_grad({&x})) continue;
+    auto node = make_node<ToBackward>({x}, x.device(), x.dtype(), "CastBackward");
+    set_history(out[i], node);
+  }
   return out;
 }
 
