@@ -6,8 +6,9 @@
 
 Part 1 (same batch): for each preset, recompute off and on, a few training steps (forward,
 backward, clip, AdamW) after warm-up: tok/s and peak allocated memory, for xtrain
-(config.recompute: xtrain.checkpoint per block) and PyTorch eager (torch.utils.checkpoint per
-block, non-reentrant). Reports on/off ratios per framework. Each framework builds its model once
+(config.recompute: per block, the attention half and the MLP up to the down projection under
+xtrain.checkpoint, the down projection outside with its input kept) and PyTorch eager (the same
+split with torch.utils.checkpoint, non-reentrant). Reports on/off ratios per framework. Each framework builds its model once
 per preset and flips the recompute flag between the two measurements (an init of dim1024 costs
 seconds of CPU time); the torch model starts from xtrain's weights.
 

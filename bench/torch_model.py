@@ -16,8 +16,9 @@ order, and swaps in the kernels a PyTorch user would run:
 
 compile=True compiles one block function and the head with torch.compile ("regional
 compilation": every block shares one compiled graph, so compile time does not grow with depth).
-recompute=True wraps each block in torch.utils.checkpoint (non-reentrant), like xtrain's
-checkpoint per block.
+recompute=True runs each block as xtrain's selective recompute does: the attention part and the
+MLP up to the down projection under torch.utils.checkpoint (non-reentrant), the down projection
+outside with its input kept.
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ def rope(x, cos, sin):
     return (xf * cos + rot * sin).to(x.dtype)
 
 
-def block(x, cos, sin, attn_norm, wq, wk, wv, wo, q_norm, k_norm, mlp_norm, w_gate, w_up, w_down,
-          *, B: int, S: int, H: int, D: int, eps: float):
-    """One block on the residual stream x (B*S, dim); parameters in LAYER_PARAMS order. Under
-    autocast every linear returns bf16, so the stream stays in x's dtype without explicit casts."""
+def attention_part(x, cos, sin, attn_norm, wq, wk, wv, wo, q_norm, k_norm, *, B: int, S: int, H: int,
+                   D: int, eps: float):
+    """x + attention(norm(x)) on the residual stream x (B*S, dim). Under autocast every linear
+    returns bf16, so the stream stays in x's dtype without explicit casts."""
     h = rms_norm(x, attn_norm, eps)
     q = F.linear(h, wq).view(B, S, H, D)
     k = F.linear(h, wk).view(B, S, H, D)
@@ -57,9 +58,31 @@ def block(x, cos, sin, attn_norm, wq, wk, wv, wo, q_norm, k_norm, mlp_norm, w_ga
     a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        is_causal=True)                       # (B, H, S, D)
     a = a.transpose(1, 2).reshape(B * S, H * D)
-    x = x + F.linear(a, wo)
+    return x + F.linear(a, wo)
+
+
+def mlp_hidden(x, mlp_norm, w_gate, w_up, *, eps: float):
     h = rms_norm(x, mlp_norm, eps)
-    return x + F.linear(F.silu(F.linear(h, w_gate)) * F.linear(h, w_up), w_down)
+    return F.silu(F.linear(h, w_gate)) * F.linear(h, w_up)
+
+
+def block(x, cos, sin, attn_norm, wq, wk, wv, wo, q_norm, k_norm, mlp_norm, w_gate, w_up, w_down,
+          *, B: int, S: int, H: int, D: int, eps: float):
+    """One block on the residual stream x (B*S, dim); parameters in LAYER_PARAMS order."""
+    x = attention_part(x, cos, sin, attn_norm, wq, wk, wv, wo, q_norm, k_norm, B=B, S=S, H=H, D=D,
+                       eps=eps)
+    return x + F.linear(mlp_hidden(x, mlp_norm, w_gate, w_up, eps=eps), w_down)
+
+
+def block_recompute(x, cos, sin, attn_norm, wq, wk, wv, wo, q_norm, k_norm, mlp_norm, w_gate, w_up,
+                    w_down, *, B: int, S: int, H: int, D: int, eps: float):
+    """block with xtrain's selective recompute: the attention part and the MLP up to the down
+    projection under torch.utils.checkpoint, the down projection outside (its input is kept)."""
+    ck = torch.utils.checkpoint.checkpoint
+    x = ck(attention_part, x, cos, sin, attn_norm, wq, wk, wv, wo, q_norm, k_norm, use_reentrant=False,
+           B=B, S=S, H=H, D=D, eps=eps)
+    g = ck(mlp_hidden, x, mlp_norm, w_gate, w_up, use_reentrant=False, eps=eps)
+    return x + F.linear(g, w_down)
 
 
 def head(x, norm_w, lm_w, targets, *, eps: float):
@@ -104,8 +127,7 @@ class BenchTorchTransformer(TorchTransformer):
             for i in range(c.n_layers):
                 params = [self.p(f"layers.{i}.{n}") for n in LAYER_PARAMS]
                 if self.recompute and torch.is_grad_enabled():
-                    x = torch.utils.checkpoint.checkpoint(self.block_fn, x, cos, sin, *params,
-                                                          use_reentrant=False, **kw)
+                    x = block_recompute(x, cos, sin, *params, **kw)
                 else:
                     x = self.block_fn(x, cos, sin, *params, **kw)
             return self.head_fn(x, self.p("norm.weight"), self.p("lm_head.weight"), targets,

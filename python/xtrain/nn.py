@@ -101,8 +101,10 @@ class Module:
 
     @property
     def device(self) -> str:
-        params = self.parameters()
-        return params[0].device if params else "cpu"
+        """The first parameter's device ("cpu" for a module without parameters)."""
+        for _, p in self.named_parameters():
+            return p.device
+        return "cpu"
 
     def zero_grad(self) -> None:
         for p in self.parameters():

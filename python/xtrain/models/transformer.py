@@ -11,14 +11,19 @@ Decisions:
   over all tokens. Only attention needs the (B, S, H, D) view (per-head q/k RMSNorm over head_dim,
   RoPE) and the (B, H, S, D) layout (sdpa).
 - The block is the free function `block_forward(config, x, params, seq, training)` over the block's
-  tensors in the fixed order of `Block.PARAM_ORDER`. The model calls it directly, or through
-  `xtrain.checkpoint` when config.recompute: the same Python code builds the same graph either way,
+  tensors in the fixed order of `Block.PARAM_ORDER`, written as three parts: attention_forward
+  (x + attention), mlp_hidden (up to the down projection's input g) and mlp_output (x + down(g)).
+  With config.recompute, block_forward_recompute runs the first two parts under
+  `xtrain.checkpoint` and the third outside (selective recompute: backward re-runs everything but
+  the down projection's GEMM and the residual add, whose outputs backward never reads; it keeps g,
+  an ffn-wide activation, per block). The same Python code builds the same graph either way,
   which is what makes recompute bitwise exact (DESIGN.md invariant 2).
-- bf16 is mixed precision: parameters stay float32 leaves; each linear's weight is cast to bf16 at
-  its use (`ops.cast`, whose backward returns the float32 gradient), activations are bf16 from the
-  embedding on, norm weights stay float32 (rms_norm takes float32 weights with bf16 x), and the bf16
-  logits go into cross_entropy, which computes in float32. The casts sit inside block_forward, so a
-  recomputed block re-casts its weights instead of keeping bf16 copies alive.
+- bf16 is mixed precision: parameters stay float32 leaves; the linear weights are cast to bf16 once
+  per forward, all in one `ops.cast_many` (one launch on CUDA; each output has its own cast
+  backward node returning the float32 gradient), activations are bf16 from the embedding on, norm
+  weights stay float32 (rms_norm takes float32 weights with bf16 x), and the bf16 logits go into
+  cross_entropy, which computes in float32. With recompute the bf16 copies stay alive through
+  backward (2 bytes per weight) instead of being re-cast in every re-run.
 - With targets, the head is ops.linear_cross_entropy(norm(x), lm_head weight, targets): the same
   loss and gradients as linear + cross_entropy (bitwise in float32 on the CPU), but the logits sit
   in a buffer with a 16-byte-aligned row stride (fast cuBLAS GEMMs for an odd vocabulary such as
@@ -117,43 +122,66 @@ def config_for(preset: str, vocab_size: int, **overrides) -> TransformerConfig:
     return TransformerConfig(vocab_size=vocab_size, **{**PRESETS[preset], **overrides})
 
 
-# ---- the block, as a function of its tensors
+# ---- the block, as functions of its tensors
 
-def block_forward(config: TransformerConfig, x, params, seq: int, training: bool = False):
-    """One transformer block on the residual stream x (B*S, dim) -> (B*S, dim).
+def attention_forward(config: TransformerConfig, x, params, seq: int, training: bool = False):
+    """The attention half of a block: x + o_proj(attention(input_layernorm(x))), (B*S, dim).
 
-    params: the block's tensors in Block.PARAM_ORDER. `seq` is S (x holds B*S rows). Must depend on
-    nothing but its arguments and the default RNG (dropout), so xtrain.checkpoint can re-run it."""
-    (attn_norm, wq, wk, wv, wo, q_norm, k_norm, mlp_norm, w_gate, w_up, w_down) = params
+    params: Block.PARAM_ORDER[:7] (attn_norm, wq, wk, wv, wo, q_norm, k_norm), the linear
+    weights already in the compute dtype (TinyTransformer.forward casts them once per step)."""
+    (attn_norm, wq, wk, wv, wo, q_norm, k_norm) = params
     n_tok = x.shape[0]
     B, S, H, D = n_tok // seq, seq, config.n_heads, config.head_dim
     eps = config.norm_eps
-    w = _use_weight(config)
-
-    # attention
     h = ops.rms_norm(x, attn_norm, eps)                              # (B*S, dim)
-    q = ops.reshape(ops.linear(h, w(wq)), (B, S, H, D))
-    k = ops.reshape(ops.linear(h, w(wk)), (B, S, H, D))
-    v = ops.reshape(ops.linear(h, w(wv)), (B, S, H, D))
+    q = ops.reshape(ops.linear(h, wq), (B, S, H, D))
+    k = ops.reshape(ops.linear(h, wk), (B, S, H, D))
+    v = ops.reshape(ops.linear(h, wv), (B, S, H, D))
     q = ops.rope(ops.rms_norm(q, q_norm, eps), theta=config.rope_theta)  # (B, S, H, D)
     k = ops.rope(ops.rms_norm(k, k_norm, eps), theta=config.rope_theta)
     q, k, v = (ops.permute(t, [0, 2, 1, 3]) for t in (q, k, v))      # (B, H, S, D)
     a = ops.sdpa(q, k, v, causal=True, scale=1.0 / math.sqrt(D))     # (B, H, S, D)
     a = ops.reshape(ops.permute(a, [0, 2, 1, 3]), (n_tok, H * D))    # (B*S, H*D)
-    a = _dropout(config, ops.linear(a, w(wo)), training)             # (B*S, dim)
-    x = ops.add(x, a)
-
-    # MLP (SwiGLU)
-    h = ops.rms_norm(x, mlp_norm, eps)
-    g = ops.swiglu(ops.linear(h, w(w_gate)), ops.linear(h, w(w_up)))  # (B*S, ffn)
-    m = _dropout(config, ops.linear(g, w(w_down)), training)
-    return ops.add(x, m)
+    a = _dropout(config, ops.linear(a, wo), training)                # (B*S, dim)
+    return ops.add(x, a)
 
 
-def _use_weight(config: TransformerConfig):
-    if config.bf16:
-        return lambda t: ops.cast(t, "bfloat16")
-    return lambda t: t
+def mlp_hidden(config: TransformerConfig, x, params):
+    """The MLP up to the down projection: silu(gate_proj(n2(x))) * up_proj(n2(x)), (B*S, ffn).
+    params: Block.PARAM_ORDER[7:10] (mlp_norm, w_gate, w_up)."""
+    (mlp_norm, w_gate, w_up) = params
+    h = ops.rms_norm(x, mlp_norm, config.norm_eps)
+    return ops.swiglu(ops.linear(h, w_gate), ops.linear(h, w_up))
+
+
+def mlp_output(config: TransformerConfig, x, g, w_down, training: bool = False):
+    """The block's end: x + down_proj(g)."""
+    return ops.add(x, _dropout(config, ops.linear(g, w_down), training))
+
+
+def block_forward(config: TransformerConfig, x, params, seq: int, training: bool = False):
+    """One transformer block on the residual stream x (B*S, dim) -> (B*S, dim).
+
+    params: the block's tensors in Block.PARAM_ORDER, linear weights in the compute dtype. `seq`
+    is S (x holds B*S rows). Depends on nothing but its arguments and the default RNG (dropout),
+    so each of its parts can be re-run by xtrain.checkpoint."""
+    params = list(params)
+    x = attention_forward(config, x, params[:7], seq, training)
+    g = mlp_hidden(config, x, params[7:10])
+    return mlp_output(config, x, g, params[10], training)
+
+
+def block_forward_recompute(config: TransformerConfig, x, params, seq: int, training: bool = False):
+    """block_forward with activation recompute (selective): the attention half and the MLP up to
+    the down projection each run under xtrain.checkpoint, and the down projection runs outside,
+    keeping its input g. Backward then re-runs everything but the down projection's GEMM and the
+    residual add, whose results backward never reads. The same ops on the same tensors in the
+    same order as block_forward, so the results are bitwise equal."""
+    params = list(params)
+    x = xtrain.checkpoint(functools.partial(attention_forward, config, seq=seq, training=training),
+                          x, params[:7])
+    g = xtrain.checkpoint(functools.partial(mlp_hidden, config), x, params[7:10])
+    return mlp_output(config, x, g, params[10], training)
 
 
 def _dropout(config: TransformerConfig, x, training: bool):
@@ -200,9 +228,20 @@ class Block(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(c.dim, c.norm_eps, device)
         self.mlp = MLP(c, device, gen, residual_std)
 
+    # Indices of the linear weights in PARAM_ORDER (cast to bf16 once per step in bf16 runs).
+    LINEAR = (1, 2, 3, 4, 8, 9, 10)
+    _PATHS = tuple(tuple(n.split(".")) for n in PARAM_ORDER)
+
     def block_params(self) -> list:
-        named = dict(self.named_parameters())
-        return [named[n] for n in self.PARAM_ORDER]
+        """The block's parameters in PARAM_ORDER (looked up each call, so a replaced parameter,
+        e.g. after load_state_dict, is the one used)."""
+        out = []
+        for path in self._PATHS:
+            m = self
+            for name in path[:-1]:
+                m = m._modules[name]
+            out.append(m._parameters[path[-1]])
+        return out
 
 
 class TinyTransformer(nn.Module):
@@ -232,14 +271,11 @@ class TinyTransformer(nn.Module):
         if c.bf16:
             x = ops.cast(x, "bfloat16")
         x = _dropout(c, x, self.training)
-        for layer in self.layers:
-            segment = functools.partial(block_forward, c, seq=S, training=self.training)
-            if c.recompute:
-                x = xtrain.checkpoint(segment, x, layer.block_params())
-            else:
-                x = segment(x, layer.block_params())
+        blocks, head = self._compute_params()
+        run = block_forward_recompute if c.recompute else block_forward
+        for params in blocks:
+            x = run(c, x, params, S, self.training)
         x = ops.rms_norm(x, self.norm.weight, c.norm_eps)
-        head = _use_weight(c)(self.lm_head.weight)
         if targets is None:
             return ops.linear(x, head), None                                # (B*S, V)
         targets = self._as_ids(targets, "targets")
@@ -249,6 +285,24 @@ class TinyTransformer(nn.Module):
                                                 ignore_index=IGNORE_INDEX,
                                                 return_logits=bool(return_logits))
         return logits, loss
+
+    def _compute_params(self):
+        """(per block: its tensors in PARAM_ORDER, lm_head weight) with every linear weight in the
+        compute dtype. bf16: one ops.cast_many over all of them (one launch on CUDA; each cast
+        keeps its own backward node, so a weight's float32 gradient is final as soon as its
+        own bf16 gradient is)."""
+        blocks = [layer.block_params() for layer in self.layers]
+        head = self.lm_head.weight
+        if not self.config.bf16:
+            return blocks, head
+        linear = Block.LINEAR
+        cast = ops.cast_many([p[i] for p in blocks for i in linear] + [head], "bfloat16")
+        k = 0
+        for p in blocks:
+            for i in linear:
+                p[i] = cast[k]
+                k += 1
+        return blocks, cast[k]
 
     def _as_ids(self, ids, what: str):
         if not isinstance(ids, xtrain.Tensor):
