@@ -1,12 +1,13 @@
 """bf16 mixed precision against float32: do they learn the same? xtrain and PyTorch side by side.
 
     python bench/convergence.py                        # dim768, 150 steps, batch 16 x seq 256
-    python bench/convergence.py --seeds 3              # the same for seeds 0, 1, 2 (the result)
+    python bench/convergence.py --seeds 4              # the same for seeds 0..3 (the result)
     python bench/convergence.py --device cpu --preset tiny --steps 3 --batch 2 --seq 32   # smoke
 
 Four runs from the same initial weights (xtrain's init for --seed, copied into torch) on the same
 batches of the built-in story corpus (xtrain.data.default_dataset(), prepared on first use), with
-the same schedule (linear warm-up, cosine decay to lr/10), AdamW (0.9, 0.95, weight decay 0.1) and
+the same schedule (peak LR: the preset's `xtrain train` default unless --lr; linear warm-up,
+cosine decay to lr/10), AdamW (0.9, 0.95, weight decay 0.1) and
 clipping at 1.0: xtrain bf16, xtrain float32, PyTorch eager bf16 (autocast), PyTorch eager float32
 (--no-torch drops the last two). Each run's loss is read once at the end (no per-step sync).
 
@@ -63,7 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak LR (default: the preset's, as `xtrain train` picks it: 6e-4 for dim768)")
     p.add_argument("--lr-warmup", type=int, default=20)
     p.add_argument("--eval-batches", type=int, default=10)
     p.add_argument("--no-torch", action="store_true", help="xtrain only (not a result: no peer)")
@@ -79,6 +81,12 @@ def parse_args(argv=None):
         p.error("--seeds must be at least 1")
     if args.steps < 1:
         p.error("--steps must be at least 1")
+    if args.lr is None:
+        from xtrain.train import PRESET_LR
+
+        if args.preset not in PRESET_LR:
+            p.error(f"no default LR for preset {args.preset!r}: pass --lr")
+        args.lr = PRESET_LR[args.preset]
     return args
 
 

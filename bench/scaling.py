@@ -93,7 +93,7 @@ def xtrain_worker(args) -> None:
             broadcast_parameters(params, ctx)
         opt = AdamW(model.named_parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         batches = host_batches(rank, args.batch, args.seq)
-        reducer = GradientReducer(params, ctx) if ctx and args.overlap else None
+        reducer = GradientReducer(params, ctx, bucket_mb=args.bucket_mb) if ctx and args.overlap else None
 
         def step(i):
             x, y = batches[i % len(batches)]
@@ -126,8 +126,12 @@ def xtrain_worker(args) -> None:
     else:
         results = launch(lambda ctx: run(ctx, ctx.device), devices=list(range(args.n)))
     engine = "xtrain-overlap" if args.n > 1 and args.overlap else "xtrain"
+    ctas = os.environ.get("NCCL_MAX_CTAS")
+    if ctas and args.n > 1:
+        engine += f"-ctas{ctas}"
     report(args, engine, [r[:3] for r in results],
            extra={"nccl": xtrain._C.dist.nccl_version(), "buckets": results[0][4],
+                  "bucket_mb": args.bucket_mb if args.overlap else None, "nccl_max_ctas": ctas,
                   "buckets_launched_during_backward": results[0][3]})
 
 
@@ -222,6 +226,11 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", nargs="+", default=["xtrain", "pytorch-ddp"])
     ap.add_argument("--overlap", action="store_true",
                     help="also measure xtrain averaging gradients while backward runs (GradientReducer)")
+    ap.add_argument("--bucket-mb", type=float, default=25.0, help="GradientReducer bucket size (--overlap)")
+    ap.add_argument("--max-ctas", type=int, nargs="*", default=[],
+                    help="also measure xtrain on >1 GPUs with NCCL_MAX_CTAS=N for each N (NCCL's "
+                         "kernels then take at most N SMs): the after-backward row, and with "
+                         "--overlap the overlapped one")
     ap.add_argument("--worker", choices=["xtrain", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -243,17 +252,21 @@ def main(argv=None) -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(Path(xtrain.__file__).parent.parent),
                                          *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     common = ["--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps),
-              "--warmup", str(args.warmup)]
+              "--warmup", str(args.warmup), "--bucket-mb", str(args.bucket_mb)]
     rows = []
     for n in gpus:
         if "xtrain" in args.engines:
             rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n), *common],
                                    env, timeout=900))
             print(_fmt_row(rows[-1]), flush=True)
-            if args.overlap and n > 1:
-                rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
-                                        "--overlap", *common], env, timeout=900))
-                print(_fmt_row(rows[-1]), flush=True)
+            if n > 1:
+                for ctas in [None, *args.max_ctas]:
+                    env_n = env if ctas is None else dict(env, NCCL_MAX_CTAS=str(ctas))
+                    variants = ([[]] if ctas is not None else []) + ([["--overlap"]] if args.overlap else [])
+                    for extra in variants:
+                        rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
+                                                *extra, *common], env_n, timeout=900))
+                        print(_fmt_row(rows[-1]), flush=True)
         if "pytorch-ddp" in args.engines:
             torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                         f"--nproc_per_node={n}", __file__, "--worker", "torch", *common]
@@ -284,7 +297,7 @@ def print_table(rows: list[dict]) -> None:
     print(f"\n{'engine':<24} {'GPUs':>4} {'global tok/s':>13} {'tok/s/GPU':>10} {'ms/step':>8} "
           f"{'MFU':>6} {'scaling':>8} {'xtrain/torch':>12} {'peak GiB':>9}")
     for r in rows:
-        one = base.get(r["engine"]) or base.get(r["engine"].replace("-overlap", ""))
+        one = base.get(r["engine"]) or base.get(r["engine"].split("-")[0])
         eff = r["tok_s"] / (one * r["gpus"]) if one else float("nan")
         torch_tok = peer.get(("pytorch-ddp", r["gpus"]))
         ratio = r["tok_s"] / torch_tok if r["engine"].startswith("xtrain") and torch_tok else float("nan")
