@@ -277,6 +277,11 @@ def random_batches(vocab: int, batch: int, seq: int, n: int, seed: int) -> list:
 # ---- provenance and results
 
 def git_commit() -> dict:
+    """The commit measured: $XTRAIN_COMMIT when set (a copied tree whose .git may be stale, as on
+    the GPU machine), else git's HEAD and whether tracked files differ from it."""
+    if os.environ.get("XTRAIN_COMMIT"):
+        return {"commit": os.environ["XTRAIN_COMMIT"], "dirty": None}
+
     def git(*args):
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
                               timeout=20).stdout.strip()

@@ -104,7 +104,7 @@ def xtrain_worker(args) -> None:
             else:
                 loss.backward()
                 loss = loss.detach()
-                if ctx:
+                if ctx and args.mode != "no-reduce":
                     all_reduce_gradients(params, ctx, extra=[loss])
             clip_grad_norm_(params, CLIP)
             opt.step()
@@ -116,6 +116,19 @@ def xtrain_worker(args) -> None:
             if ctx:
                 ctx.barrier()
 
+        if args.mode in ("reduce-only", "reduce-flat"):
+            # Only the gradient average of one training step, repeated: its cost alone.
+            x, y = batches[0]
+            model(x, y)[1].backward()
+            grads = [p.grad for p in params]
+            if args.mode == "reduce-flat":  # the same bytes as one tensor: NCCL's best case
+                grads = [xtrain.zeros((sum(g.numel() for g in grads),), dtype="float32", device=device)]
+            marker = xtrain.zeros((1,), dtype="float32", device=device)  # the loss's place in the launch
+
+            def step(i):  # noqa: F811
+                ctx.all_reduce(grads + [marker])
+                return marker
+
         seconds, loss = timed(step, sync, args.warmup, args.steps)
         overlapped = reducer.launched_during_backward if reducer else 0
         buckets = reducer.num_buckets if reducer else 0
@@ -126,6 +139,8 @@ def xtrain_worker(args) -> None:
     else:
         results = launch(lambda ctx: run(ctx, ctx.device), devices=list(range(args.n)))
     engine = "xtrain-overlap" if args.n > 1 and args.overlap else "xtrain"
+    if args.mode != "train":
+        engine += f"-{args.mode}"
     ctas = os.environ.get("NCCL_MAX_CTAS")
     if ctas and args.n > 1:
         engine += f"-ctas{ctas}"
@@ -231,6 +246,13 @@ def main(argv=None) -> int:
                     help="also measure xtrain on >1 GPUs with NCCL_MAX_CTAS=N for each N (NCCL's "
                          "kernels then take at most N SMs): the after-backward row, and with "
                          "--overlap the overlapped one")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="also measure, on >1 GPUs, xtrain's step without the gradient average "
+                         "(no-reduce: the ranks' host contention alone) and the average alone "
+                         "(reduce-only: the step's gradients, as the loop reduces them; reduce-flat: "
+                         "the same bytes as one tensor)")
+    ap.add_argument("--mode", choices=["train", "no-reduce", "reduce-only", "reduce-flat"], default="train",
+                    help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["xtrain", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -263,6 +285,8 @@ def main(argv=None) -> int:
                 for ctas in [None, *args.max_ctas]:
                     env_n = env if ctas is None else dict(env, NCCL_MAX_CTAS=str(ctas))
                     variants = ([[]] if ctas is not None else []) + ([["--overlap"]] if args.overlap else [])
+                    if ctas is None and args.diagnose:
+                        variants += [["--mode", m] for m in ("no-reduce", "reduce-only", "reduce-flat")]
                     for extra in variants:
                         rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
                                                 *extra, *common], env_n, timeout=900))
@@ -315,6 +339,8 @@ def _num_params(cfg) -> int:
 
 
 def _commit() -> str:
+    if os.environ.get("XTRAIN_COMMIT"):  # set where the tree's .git may be stale (GPU machine copies)
+        return os.environ["XTRAIN_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              check=True).stdout.strip()
