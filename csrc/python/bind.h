@@ -23,7 +23,7 @@ void init_dlpack(py::module_& m);          // dlpack.cpp
 void init_memory(py::module_& m);          // bind_memory.cpp: memory stats, cuda queries, seeds
 void init_autograd(py::module_& m);        // bind_autograd.cpp: backward, grad mode, checkpoint
 void init_ops_basic(py::module_& ops);     // bind_ops_basic.cpp: elementwise, reductions, layout, matmul, embedding
-void init_ops_model(py::module_& ops);     // bind_ops_model.cpp: rms_norm, rope, sdpa, softmax, cross_entropy
+void init_ops_model(py::module_& ops);     // bind_ops_model.cpp: rms_norm, rope, to_heads, sdpa, softmax, cross_entropy
 void init_optim(py::module_& m);           // bind_optim.cpp: fused AdamW, global norm, clipping
 void init_dist(py::module_& m);            // bind_dist.cpp: NCCL communicator
 

@@ -1,5 +1,5 @@
-// Bindings for the model ops (xtrain.ops.*): rms_norm, rope, sdpa, softmax, log_softmax,
-// cross_entropy, linear_cross_entropy. Argument conversion only; the Functions live in csrc/tape/functions/.
+// Bindings for the model ops (xtrain.ops.*): rms_norm, rope, to_heads, from_heads, sdpa, softmax,
+// log_softmax, cross_entropy, linear_cross_entropy. Argument conversion only; the Functions live in csrc/tape/functions/.
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -36,6 +36,14 @@ void init_ops_model(py::module_& ops) {
             return tape::rope(x, positions ? *positions : Tensor(), theta);
           }, py::arg("x"), py::arg("positions") = py::none(), py::arg("theta") = 10000.0, NoGil(),
           "Rotary embedding (rotate-half) on x [B, S, H, D]; positions int64 [S], default 0..S-1");
+  ops.def("to_heads", [](const Tensor& x, int64_t seq, int64_t n_heads, const std::optional<Tensor>& norm_weight,
+                         double eps, std::optional<double> rope_theta) {
+            return tape::to_heads(x, seq, n_heads, norm_weight ? *norm_weight : Tensor(), eps, rope_theta);
+          }, py::arg("x"), py::arg("seq"), py::arg("n_heads"), py::arg("norm_weight") = py::none(), py::arg("eps") = 1e-6,
+          py::arg("rope_theta") = py::none(), NoGil(),
+          "x [B*S, H*D] -> [B, H, S, D]: reshape, rms_norm over D (if norm_weight), rope (if rope_theta), permute");
+  ops.def("from_heads", &tape::from_heads, py::arg("x"), NoGil(),
+          "x [B, H, S, D] -> [B*S, H*D]: permute to [B, S, H, D], reshape (the inverse of to_heads' layout change)");
   ops.def("sdpa", [](const Tensor& q, const Tensor& k, const Tensor& v, bool causal, std::optional<double> scale) {
             return tape::sdpa(q, k, v, causal, scale_arg(scale));
           }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = true, py::arg("scale") = py::none(), NoGil(),

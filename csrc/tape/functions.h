@@ -3,6 +3,7 @@
 // One file per family in tape/functions/, forward and backward side by side.
 #pragma once
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,16 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // returns (loss, a detached [N, V] copy of the logits when return_logits, else undefined).
 std::pair<Tensor, Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
                                                int64_t ignore_index, bool return_logits);
+
+// composites (functions/heads.cpp): compositions of the Functions above, recorded on the tape as
+// those Functions' own nodes, so values and gradients are bit-identical to calling them one by one.
+// to_heads: x [B*S, H*D] -> [B, H, S, D] = permute(rope(rms_norm(reshape(x, [B, S, H, D]), norm_weight, eps),
+// theta = rope_theta), {0, 2, 1, 3}); the norm is skipped when norm_weight is undefined, rope when
+// rope_theta is nullopt (positions 0..S-1 otherwise).
+Tensor to_heads(const Tensor& x, int64_t seq, int64_t n_heads, const Tensor& norm_weight, double eps,
+                std::optional<double> rope_theta);
+// from_heads: x [B, H, S, D] -> [B*S, H*D] = reshape(permute(x, {0, 2, 1, 3}), [B*S, H*D]).
+Tensor from_heads(const Tensor& x);
 
 }  // namespace tape
 }  // namespace xt

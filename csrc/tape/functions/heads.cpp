@@ -1,0 +1,63 @@
+// Attention's head layout as composites: to_heads ([B*S, H*D] -> [B, H, S, D], with the per-head
+// q/k RMSNorm and RoPE on the way) and from_heads (back). Each one only calls the tape Functions
+// reshape, rms_norm, rope and permute in the order the Python model did, so the graph, the kernels
+// and every value and gradient bit are theirs; what it saves is the Python-level calls (and the
+// GIL hand-overs) per op. All arguments are checked before anything runs or is recorded.
+#include <cmath>
+
+#include "core/error.h"
+#include "ops/ops.h"
+#include "tape/functions.h"
+
+namespace xt {
+namespace tape {
+
+namespace {
+
+const std::vector<int64_t> kHeadsSwap = {0, 2, 1, 3};  // [B, S, H, D] <-> [B, H, S, D]
+
+}  // namespace
+
+Tensor to_heads(const Tensor& x, int64_t seq, int64_t n_heads, const Tensor& norm_weight, double eps,
+                std::optional<double> rope_theta) {
+  ops::check_floating(x, "to_heads", "x");
+  XT_CHECK(x.dim() == 2, ValueError, "to_heads: x must be [B*S, H*D] (2 dimensions), got ", x.describe());
+  XT_CHECK(seq > 0, ValueError, "to_heads: seq must be > 0, got ", seq);
+  XT_CHECK(n_heads > 0, ValueError, "to_heads: n_heads must be > 0, got ", n_heads);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  XT_CHECK(rows % seq == 0, ValueError, "to_heads: the rows of x (B*S = ", rows, ") must be divisible by seq = ", seq,
+           ", got x ", x.describe());
+  XT_CHECK(cols % n_heads == 0, ValueError, "to_heads: the columns of x (H*D = ", cols,
+           ") must be divisible by n_heads = ", n_heads, ", got x ", x.describe());
+  const int64_t B = rows / seq, D = cols / n_heads;
+  if (norm_weight.defined()) {
+    ops::check_floating(norm_weight, "to_heads", "norm_weight");
+    ops::check_same_device(x, norm_weight, "to_heads", "x", "norm_weight");
+    XT_CHECK(norm_weight.dim() == 1 && norm_weight.numel() == D, ValueError, "to_heads: norm_weight must have shape [",
+             D, "] (the head dim D = ", cols, " / ", n_heads, "), got norm_weight ", norm_weight.describe());
+    XT_CHECK(norm_weight.dtype() == x.dtype() || norm_weight.dtype() == DType::Float32, TypeError,
+             "to_heads: norm_weight must be float32 or x's dtype, got norm_weight ", norm_weight.describe(), " for x ",
+             x.describe());
+    XT_CHECK(std::isfinite(eps) && eps >= 0, ValueError, "to_heads: eps must be finite and >= 0, got ", eps);
+  }
+  if (rope_theta) {
+    XT_CHECK(std::isfinite(*rope_theta) && *rope_theta > 0, ValueError,
+             "to_heads: rope_theta must be finite and > 0 (or None for no RoPE), got ", *rope_theta);
+    XT_CHECK(D % 2 == 0, ValueError, "to_heads: RoPE needs an even head dim, got D = ", cols, " / ", n_heads, " = ", D,
+             " for x ", x.describe());
+  }
+  Tensor h = reshape(x, {B, seq, n_heads, D});         // (B, S, H, D), shares x's storage
+  if (norm_weight.defined()) h = rms_norm(h, norm_weight, eps);
+  if (rope_theta) h = rope(h, Tensor(), *rope_theta);  // positions 0..S-1
+  return permute(h, kHeadsSwap);                       // (B, H, S, D)
+}
+
+Tensor from_heads(const Tensor& x) {
+  ops::check_floating(x, "from_heads", "x");
+  XT_CHECK(x.dim() == 4, ValueError, "from_heads: x must be [B, H, S, D] (4 dimensions), got ", x.describe());
+  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
+  return reshape(permute(x, kHeadsSwap), {B * S, H * D});  // (B, S, H, D) -> (B*S, H*D)
+}
+
+}  // namespace tape
+}  // namespace xt
