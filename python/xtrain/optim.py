@@ -53,12 +53,16 @@ class AdamW:
         """One update of every parameter that has a gradient (asynchronous on the device)."""
         self.step_count += 1
         b1, b2 = self.betas
+        params, m, v = self.params, self.exp_avg, self.exp_avg_sq
         for group, wd in ((self.decay, self.weight_decay), (self.no_decay, 0.0)):
-            idx = [i for i in group if self.params[i].grad is not None]
+            grads = [params[i].grad for i in group]
+            idx = group
+            if any(g is None for g in grads):  # only the parameters that have a gradient
+                idx = [i for i, g in zip(group, grads) if g is not None]
+                grads = [g for g in grads if g is not None]
             if not idx:
                 continue
-            _C.optim.adamw_step([self.params[i] for i in idx], [self.params[i].grad for i in idx],
-                                [self.exp_avg[i] for i in idx], [self.exp_avg_sq[i] for i in idx],
+            _C.optim.adamw_step([params[i] for i in idx], grads, [m[i] for i in idx], [v[i] for i in idx],
                                 self.lr, b1, b2, self.eps, wd, self.step_count)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

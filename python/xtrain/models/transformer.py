@@ -130,18 +130,15 @@ def attention_forward(config: TransformerConfig, x, params, seq: int, training: 
     params: Block.PARAM_ORDER[:7] (attn_norm, wq, wk, wv, wo, q_norm, k_norm), the linear
     weights already in the compute dtype (TinyTransformer.forward casts them once per step)."""
     (attn_norm, wq, wk, wv, wo, q_norm, k_norm) = params
-    n_tok = x.shape[0]
-    B, S, H, D = n_tok // seq, seq, config.n_heads, config.head_dim
+    S, H, D = seq, config.n_heads, config.head_dim
     eps = config.norm_eps
     h = ops.rms_norm(x, attn_norm, eps)                              # (B*S, dim)
-    q = ops.reshape(ops.linear(h, wq), (B, S, H, D))
-    k = ops.reshape(ops.linear(h, wk), (B, S, H, D))
-    v = ops.reshape(ops.linear(h, wv), (B, S, H, D))
-    q = ops.rope(ops.rms_norm(q, q_norm, eps), theta=config.rope_theta)  # (B, S, H, D)
-    k = ops.rope(ops.rms_norm(k, k_norm, eps), theta=config.rope_theta)
-    q, k, v = (ops.permute(t, [0, 2, 1, 3]) for t in (q, k, v))      # (B, H, S, D)
+    # to_heads: (B*S, H*D) -> reshape (B, S, H, D) -> [rms_norm over D -> RoPE] -> (B, H, S, D)
+    q = ops.to_heads(ops.linear(h, wq), S, H, q_norm, eps, config.rope_theta)
+    k = ops.to_heads(ops.linear(h, wk), S, H, k_norm, eps, config.rope_theta)
+    v = ops.to_heads(ops.linear(h, wv), S, H)
     a = ops.sdpa(q, k, v, causal=True, scale=1.0 / math.sqrt(D))     # (B, H, S, D)
-    a = ops.reshape(ops.permute(a, [0, 2, 1, 3]), (n_tok, H * D))    # (B*S, H*D)
+    a = ops.from_heads(a)                                            # (B*S, H*D)
     a = _dropout(config, ops.linear(a, wo), training)                # (B*S, dim)
     return ops.add(x, a)
 
