@@ -499,7 +499,11 @@ def test_gemm_sm_margin_keeps_results_and_determinism(dtype):
         first = ops.linear(a, w)
         again = ops.linear(a, w)
         np.testing.assert_array_equal(bits(first), bits(again))
-        assert_close(to_numpy64(first), to_numpy64(ref), dtype, "GEMM with 16 SMs left free vs all SMs")
+        # Another algorithm sums the 768 products in another order: equal to rounding, relative to
+        # the largest output (float32: a few ulps of |C|max; bf16: its 8-bit mantissa).
+        diff = np.abs(to_numpy64(first) - to_numpy64(ref)).max()
+        limit = (1e-5 if dtype == "float32" else 1e-2) * np.abs(to_numpy64(ref)).max()
+        assert diff <= limit, f"GEMM with 16 SMs left free differs by {diff} (limit {limit})"
         xtrain.cuda.set_gemm_sm_margin(0)
         np.testing.assert_array_equal(bits(ops.linear(a, w)), base)
     finally:
