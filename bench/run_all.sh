@@ -72,10 +72,11 @@ else
   # ~40-60 s: recompute off/on at B=32 for dim768/dim1024, largest dim1024 batch under 32 GiB
   run recompute bench/recompute.py --presets dim768,dim1024 --batch 32 --seq 256 --bf16 \
     --search-preset dim1024 --memory-limit 32GiB
-  # ~150 s: 150 steps bf16 vs float32 on the built-in corpus, both frameworks, 3 seeds
-  run convergence bench/convergence.py --preset dim768 --steps 150 --batch 16 --seq 256 --seeds 3
-  # ~2 min on two GPUs: 1 and 2 GPUs, xtrain (reduce after backward, and overlapped) beside PyTorch DDP
-  run scaling bench/scaling.py --overlap
+  # ~200 s: 150 steps bf16 vs float32 on the built-in corpus (the preset's LR), both frameworks, 4 seeds
+  run convergence bench/convergence.py --preset dim768 --steps 150 --batch 16 --seq 256 --seeds 4
+  # ~3 min on two GPUs: 1 and 2 GPUs, xtrain (reduce after backward, overlapped, and the --diagnose
+  # rows: no average / the average alone) beside PyTorch DDP
+  run scaling bench/scaling.py --overlap --diagnose
 fi
 
 find "$root/bench/results" -maxdepth 1 -type f \( -name '*.json' -o -name '*.png' \) \
