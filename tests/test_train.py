@@ -152,6 +152,10 @@ class _OneRankContext:
     def all_reduce(self, tensors, op="avg"):
         self.calls.append(("all_reduce", len(tensors), op))
 
+    def exchange(self, key, value):
+        self.calls.append(("exchange", key))
+        return [value]
+
 
 def test_data_parallel_path_of_train_matches_one_device(tmp_path, data, device):
     """train(cfg, ctx=...) is the loop every rank of `xtrain train --devices N` runs; with one rank
@@ -169,8 +173,32 @@ def test_data_parallel_path_of_train_matches_one_device(tmp_path, data, device):
     assert _losses(tmp_path / "single") == _losses(tmp_path / "rank")
     assert summary["devices"] == [0] and summary["steps"] == 5
     assert ctx.calls.count("broadcast") == 1 and ctx.calls.count("check") == 5
-    reduces = [c for c in ctx.calls if isinstance(c, tuple)]
+    reduces = [c for c in ctx.calls if isinstance(c, tuple) and c[0] == "all_reduce"]
     assert len(reduces) == 5 + 3  # one per step (grads + loss) and one per evaluation (steps 0, 3, 5)
+    assert ctx.calls.count(("exchange", "rank_rng")) == 1  # every rank's generator, final checkpoint
     assert (tmp_path / "single" / "ckpt" / "model.safetensors").read_bytes() == \
         (tmp_path / "rank" / "ckpt" / "model.safetensors").read_bytes()
     assert ckpt_state.load(tmp_path / "rank" / "ckpt").step == 5
+
+
+def test_data_parallel_resume_with_dropout_is_bit_exact(tmp_path, data, device):
+    """The rank path saves every rank's device generator ("rank_rng") and each rank restores its
+    own, so a resumed run with dropout draws the masks the uninterrupted run draws."""
+    from xtrain import state as ckpt_state
+    from xtrain.data import open_dataset
+
+    def run(out, steps, resume=False):
+        cfg = _cfg(out, data, steps, device, dropout=0.1, decay_steps=6,
+                   resume=str(out / "ckpt") if resume else None)
+        if not resume:
+            xtrain.manual_seed(cfg.seed)
+        ckpt = ckpt_state.load(cfg.resume) if resume else None
+        train(cfg, ctx=_OneRankContext(device), prepared=(open_dataset(data), ckpt))
+
+    run(tmp_path / "full", 6)
+    run(tmp_path / "part", 3)
+    meta = ckpt_state.load(tmp_path / "part" / "ckpt").meta
+    assert len(meta["rank_rng"]) == 1
+    xtrain.manual_seed(12345)  # whatever the generators hold now, resume must put them back
+    run(tmp_path / "part", 6, resume=True)
+    assert _losses(tmp_path / "part") == _losses(tmp_path / "full")

@@ -98,6 +98,22 @@ class RankContext:
         """Sync point: returns once every rank got here."""
         self.comm.barrier()
 
+    def exchange(self, key: str, value) -> list:
+        """Every rank passes its `value` under `key`; returns all ranks' values in rank order, once
+        every rank has called it (a barrier). The ranks share one process, so this is a shared
+        list, not a collective over the data; rank 0 uses it, e.g., to save every rank's RNG."""
+        shared = self._launch.shared
+        # Rounds: the k-th call with `key` on every rank meets in slot (key, k), so a rank that
+        # is already at its next call cannot overwrite a value another rank has yet to read.
+        # Round k - 2 is dropped here: every rank passed barrier k - 1, so all have read it.
+        k = shared.get((key, "round", self.rank), 0)
+        shared[(key, "round", self.rank)] = k + 1
+        slot = shared.setdefault((key, k), [None] * self.world_size)
+        shared.pop((key, k - 2), None)
+        slot[self.rank] = value
+        self.barrier()
+        return list(slot)
+
 
 # ---- launching
 
@@ -180,6 +196,7 @@ class _Launch:
         n = len(devices)
         self.results: list = [None] * n
         self.errors: list[BaseException | None] = [None] * n
+        self.shared: dict = {}                # RankContext.exchange's slots
 
     def run(self, fn) -> list:
         threads = [threading.Thread(target=self._rank_main, args=(fn, r), name=f"xtrain-rank{r}",

@@ -21,7 +21,7 @@ Decisions:
   tensor names and shapes are checked against the recorded config.
 - Resume is bit-exact because everything that decides the next step is restored exactly: float32
   weights and moments, the step (the LR schedule is a function of it), the loader's PCG64 state and
-  the default generators' (seed, offset) states.
+  the default generators' (seed, offset) states (in data-parallel runs every rank's, "rank_rng").
 """
 
 from __future__ import annotations
@@ -55,8 +55,12 @@ class CheckpointError(ValueError):
 # ---- save
 
 def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_state=None,
-         tokenizer=None, dataset: str | None = None, train_args: dict | None = None) -> Path:
-    """Write a checkpoint of the run at `step` (steps completed) to directory `path`, atomically."""
+         tokenizer=None, dataset: str | None = None, train_args: dict | None = None,
+         rank_rng: list | None = None) -> Path:
+    """Write a checkpoint of the run at `step` (steps completed) to directory `path`, atomically.
+
+    rank_rng: in data-parallel runs, each rank's device generator state in rank order (ranks
+    draw their own dropout masks), saved as "rank_rng" and restored per rank on resume."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + TMP_SUFFIX)
@@ -91,6 +95,7 @@ def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_
         "config": model.config.to_dict(),
         "optimizer": optim_meta,
         "rng": {d: _rng_to_json(xtrain.get_rng_state(d)) for d in devices},
+        "rank_rng": None if rank_rng is None else [_rng_to_json(s) for s in rank_rng],
         "data": loader_state,
         "dataset": None if dataset is None else str(dataset),
         "tokenizer": tok_meta,
@@ -173,11 +178,24 @@ class Checkpoint:
             raise CheckpointError(f"{self.path / OPTIM_FILE} does not match the optimizer: "
                                   f"{_msg(e)}") from None
 
-    def restore_rng(self) -> None:
-        """Put xtrain's default generators back where they were at save time."""
-        for device, s in self.meta["rng"].items():
-            if device == "cpu" or xtrain.cuda.is_available():
-                xtrain.set_rng_state(_rng_from_json(s), device)
+    def restore_rng(self, rank: int | None = None, device: str | None = None) -> None:
+        """Put xtrain's default generators back where they were at save time.
+
+        Without `rank`: every generator saved in "rng" (the CPU's and the device's). With `rank`
+        (a data-parallel rank on `device`): that rank's own device generator from "rank_rng",
+        and rank 0 also the CPU's. A checkpoint without "rank_rng" (single-device, or older)
+        restores "rng" on rank 0 only."""
+        per_rank = self.meta.get("rank_rng")
+        if rank is None or not per_rank:
+            if rank is None or rank == 0:
+                for dev, s in self.meta["rng"].items():
+                    if dev == "cpu" or xtrain.cuda.is_available():
+                        xtrain.set_rng_state(_rng_from_json(s), dev)
+            return
+        if rank == 0 and "cpu" in self.meta["rng"]:
+            xtrain.set_rng_state(_rng_from_json(self.meta["rng"]["cpu"]), "cpu")
+        if rank < len(per_rank):  # a resume on more GPUs: the extra ranks keep their seeding
+            xtrain.set_rng_state(_rng_from_json(per_rank[rank]), device)
 
     def tokenizer(self):
         from xtrain.data.tokenizer import load_tokenizer

@@ -136,8 +136,10 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
         if ckpt.loader_state is None:
             raise ckpt_state.CheckpointError(f"{ckpt.path} holds no data-loader state to resume")
         train_loader.load_state_dict(ckpt.loader_state)  # the global stream: same on every rank
-        if main:
+        if ctx is None:
             ckpt.restore_rng()
+        else:  # each rank its own device generator (its dropout masks), rank 0 also the CPU's
+            ckpt.restore_rng(rank=ctx.rank, device=device)
         step = ckpt.step
     decay_steps = cfg.decay_steps or cfg.steps
     min_lr = cfg.min_lr if cfg.min_lr is not None else max_lr / 10
@@ -192,10 +194,18 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
             ctx.all_reduce([total], "avg")
         return total.item() / n  # sync point: one read per evaluation
 
-    def save() -> None:
+    def rank_rng():
+        """Every rank's device generator at this step boundary (called on every rank; rank 0
+        saves them). None on one device."""
+        if ctx is None:
+            return None
+        return ctx.exchange("rank_rng", xtrain.get_rng_state(device))
+
+    def save(states) -> None:
         ckpt_state.save(out / CKPT_DIR, model, optimizer, step,
                         loader_state=train_loader.state_dict(), tokenizer=tokenizer,
-                        dataset=str(dataset.path), train_args={**asdict(cfg), "lr": max_lr})
+                        dataset=str(dataset.path), train_args={**asdict(cfg), "lr": max_lr},
+                        rank_rng=states)
 
     # ---- the loop
     t_last = time.time()
@@ -225,8 +235,9 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
         step += 1
 
         if cfg.save_every > 0 and step % cfg.save_every == 0 and step < cfg.steps:
+            states = rank_rng()
             if main:
-                save()
+                save(states)
             t_last = time.time()
 
     # ---- wrap up: final eval on every rank; checkpoint, curve and sample on rank 0
@@ -234,10 +245,11 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
         val_loss = evaluate()
         if main:
             emit({"step": step, "val_loss": val_loss})
+    states = rank_rng()
     if not main:
         return None
     bar.close()
-    save()
+    save(states)
     log_file.close()
     plot_losses(history, out / "loss.png")
     sample = sample_text(model, tokenizer, cfg.sample_prompt, cfg.sample_tokens, seed=cfg.seed)
