@@ -179,7 +179,11 @@ def test_init_follows_gpt2(device):
 def test_presets_have_the_documented_sizes():
     assert set(PRESETS) == {"tiny", "dim384", "dim768", "dim1024"}
     assert round(config_for("dim768", 4096).core_params() / 1e6) == 127
-    assert round(config_for("dim1024", 4096).core_params() / 1e6) == 226
+    assert round(config_for("dim1024", 4096).core_params() / 1e6) == 227
+    # every GEMM dimension a multiple of 8 (16-byte bf16 rows): cuBLAS's aligned kernels
+    for name in PRESETS:
+        c = config_for(name, 4096)
+        assert all(d % 8 == 0 for d in (c.dim, c.ffn_dim, c.n_heads * c.head_dim)), name
     tiny = config_for("tiny", 4096)
     assert (tiny.dim, tiny.n_layers, tiny.n_heads, tiny.head_dim, tiny.ffn_dim) == (128, 4, 4, 32, 384)
     model = TinyTransformer(small_config())
