@@ -87,8 +87,6 @@ def xtrain_worker(args) -> None:
 
     def run(ctx, device: str):
         rank = ctx.rank if ctx else 0
-        if args.gemm_sm_margin:  # this rank thread's GEMMs leave SMs to the NCCL kernels
-            xtrain.cuda.set_gemm_sm_margin(args.gemm_sm_margin)
         model = TinyTransformer(cfg, device=device, seed=0)
         params = model.parameters()
         if ctx:
@@ -144,14 +142,12 @@ def xtrain_worker(args) -> None:
     if args.mode != "train":
         engine += f"-{args.mode}"
     ctas = os.environ.get("NCCL_MAX_CTAS")
-    if args.gemm_sm_margin:
-        engine += f"-sm{args.gemm_sm_margin}"
-    elif ctas and args.n > 1:
+    if ctas and args.n > 1:
         engine += f"-ctas{ctas}" + ("fixed" if os.environ.get("NCCL_MIN_CTAS") else "")
     report(args, engine, [r[:3] for r in results],
            extra={"nccl": xtrain._C.dist.nccl_version(), "buckets": results[0][4],
                   "bucket_mb": args.bucket_mb if args.overlap else None, "nccl_max_ctas": ctas,
-                  "nccl_min_ctas": os.environ.get("NCCL_MIN_CTAS"), "gemm_sm_margin": args.gemm_sm_margin,
+                  "nccl_min_ctas": os.environ.get("NCCL_MIN_CTAS"),
                   "buckets_launched_during_backward": results[0][3]})
 
 
@@ -251,15 +247,10 @@ def main(argv=None) -> int:
                     help="also measure xtrain on >1 GPUs with NCCL_MAX_CTAS=N for each N (NCCL's "
                          "kernels then take at most N SMs): the after-backward row, and with "
                          "--overlap the overlapped one")
-    ap.add_argument("--sm-margin", type=int, nargs="*", default=[],
-                    help="also measure, on >1 GPUs, the overlapped average with NCCL limited to M CTAs "
-                         "(NCCL_MAX_CTAS=M) and each rank's GEMMs leaving M SMs free "
-                         "(xtrain.cuda.set_gemm_sm_margin(M)), for each M")
     ap.add_argument("--fixed-ctas", type=int, nargs="*", default=[],
                     help="also measure, on >1 GPUs, the after-backward average with NCCL on exactly N "
                          "CTAs (NCCL_MIN_CTAS=NCCL_MAX_CTAS=N), for each N (and its reduce-only row "
                          "with --diagnose)")
-    ap.add_argument("--gemm-sm-margin", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--diagnose", action="store_true",
                     help="also measure, on >1 GPUs, xtrain's step without the gradient average "
                          "(no-reduce: the ranks' host contention alone) and the average alone "
@@ -305,11 +296,6 @@ def main(argv=None) -> int:
                         rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
                                                 *extra, *common], env_n, timeout=900))
                         print(_fmt_row(rows[-1]), flush=True)
-                for m in args.sm_margin:
-                    rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
-                                            "--overlap", "--gemm-sm-margin", str(m), *common],
-                                           dict(env, NCCL_MAX_CTAS=str(m)), timeout=900))
-                    print(_fmt_row(rows[-1]), flush=True)
                 for c in args.fixed_ctas:
                     env_c = dict(env, NCCL_MIN_CTAS=str(c), NCCL_MAX_CTAS=str(c))
                     for extra in [[]] + ([["--mode", "reduce-only"]] if args.diagnose else []):

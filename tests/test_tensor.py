@@ -257,25 +257,3 @@ def test_cuda_queries_work_everywhere():
     assert isinstance(xtrain.cuda.is_built(), bool)
     assert xtrain.cuda.device_count() >= 0
     assert isinstance(xtrain.cuda.runtime_info(), str)
-
-
-def test_gemm_sm_margin_is_per_thread_and_checked():
-    import threading
-
-    assert xtrain.cuda.gemm_sm_margin() == 0
-    try:
-        xtrain.cuda.set_gemm_sm_margin(8)
-        assert xtrain.cuda.gemm_sm_margin() == 8
-        seen = []
-        t = threading.Thread(target=lambda: seen.append(xtrain.cuda.gemm_sm_margin()))
-        t.start()
-        t.join()
-        assert seen == [0]  # another thread keeps its own (default) margin
-        with pytest.raises(ValueError, match="margin"):
-            xtrain.cuda.set_gemm_sm_margin(-1)
-        assert xtrain.cuda.gemm_sm_margin() == 8  # a rejected value changes nothing
-        with pytest.raises(TypeError):
-            xtrain.cuda.set_gemm_sm_margin("8")
-    finally:
-        xtrain.cuda.set_gemm_sm_margin(0)
-    assert xtrain.cuda.gemm_sm_margin() == 0

@@ -14,7 +14,6 @@ namespace xt {
 namespace kernels {
 namespace cuda {
 void set_allow_tf32(bool allow);  // kernels/cuda/gemm.cu (declared in the CUDA-only common.cuh)
-void set_gemm_sm_margin(int margin);
 }  // namespace cuda
 }  // namespace kernels
 #endif
@@ -33,20 +32,6 @@ void set_allow_tf32(bool allow) {
 #endif
 }
 bool allow_tf32() { return g_allow_tf32.load(); }
-
-namespace {
-thread_local int64_t tl_gemm_sm_margin = 0;
-}  // namespace
-
-void set_gemm_sm_margin(int64_t margin) {
-  XT_CHECK(margin >= 0 && margin <= 1024, ValueError, "set_gemm_sm_margin: margin must be in [0, 1024] SMs, got ",
-           margin);
-  tl_gemm_sm_margin = margin;
-#ifdef XT_CUDA
-  kernels::cuda::set_gemm_sm_margin(static_cast<int>(margin));
-#endif
-}
-int64_t gemm_sm_margin() { return tl_gemm_sm_margin; }
 
 Tensor matmul_out_dtype(const Tensor& a, const Tensor& b, bool ta, bool tb, DType out_dtype) {
   check_floating(a, "matmul", "a");

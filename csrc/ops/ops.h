@@ -77,10 +77,6 @@ Tensor matmul_out_dtype(const Tensor& a, const Tensor& b, bool ta, bool tb, DTyp
 // Use TF32 tensor cores for float32 GEMMs on CUDA (off by default: true fp32).
 void set_allow_tf32(bool allow);
 bool allow_tf32();
-// This thread's GEMMs leave `margin` SMs free on CUDA (for NCCL kernels running beside them);
-// 0 (the default) uses every SM. Per thread: each rank thread sets its own. No effect on the CPU.
-void set_gemm_sm_margin(int64_t margin);
-int64_t gemm_sm_margin();
 
 // ---- embedding (ops/embedding.cpp): ids int32/int64 in [0, vocab), checked
 Tensor embedding(const Tensor& table, const Tensor& ids);

@@ -61,9 +61,6 @@ void init_memory(py::module_& m) {
   c.def("set_allow_tf32", &ops::set_allow_tf32, py::arg("allow"),
         "Let float32 GEMMs use TF32 tensor cores (off by default: true float32)");
   c.def("allow_tf32", &ops::allow_tf32, "Whether float32 GEMMs may use TF32");
-  c.def("set_gemm_sm_margin", &ops::set_gemm_sm_margin, py::arg("margin"),
-        "This thread's GEMMs leave `margin` SMs free (for NCCL kernels beside them); 0: all SMs");
-  c.def("gemm_sm_margin", &ops::gemm_sm_margin, "This thread's GEMM SM margin");
 }
 
 }  // namespace xt

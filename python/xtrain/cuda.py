@@ -11,11 +11,6 @@ device_name = _C.cuda.device_name
 runtime_info = _C.cuda.runtime_info
 set_allow_tf32 = _C.cuda.set_allow_tf32
 allow_tf32 = _C.cuda.allow_tf32
-# set_gemm_sm_margin(m): this thread's cuBLAS GEMMs use all but m SMs (cublasSetSmCountTarget), so
-# that NCCL kernels overlapping them (xtrain.distributed.GradientReducer) find free SMs instead of
-# stretching a GEMM's last wave. Per thread; 0 (default) uses every SM; no effect on the CPU.
-set_gemm_sm_margin = _C.cuda.set_gemm_sm_margin
-gemm_sm_margin = _C.cuda.gemm_sm_margin
 
 
 def _dev(device):

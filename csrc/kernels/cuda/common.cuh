@@ -233,10 +233,6 @@ cublasHandle_t cublas_handle(const OnStream& on);
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
-// This thread's GEMMs leave `margin` SMs of the device free (cublasSetSmCountTarget(SMs -
-// margin) on the thread's handles; 0: all SMs). ops::set_gemm_sm_margin forwards here.
-void set_gemm_sm_margin(int margin);
-
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace xt

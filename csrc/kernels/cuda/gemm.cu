@@ -10,10 +10,7 @@
 // use CUBLAS_COMPUTE_32F with bf16 or float32 output and reductions kept in fp32
 // (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION); float64 uses CUBLAS_COMPUTE_64F.
 // Determinism: one handle per (thread, device) with its own workspace, atomics not allowed
-// (cuBLAS's default), so the same shapes give the same algorithm and the same bits. An SM margin
-// (set_gemm_sm_margin, per thread) is part of that choice: the same shapes under the same margin
-// give the same bits; another margin may pick another algorithm.
-#include <algorithm>
+// (cuBLAS's default), so the same shapes give the same algorithm and the same bits.
 #include <atomic>
 #include <climits>
 
@@ -34,22 +31,7 @@ struct HandleEntry {
   cublasHandle_t handle = nullptr;
   cudaStream_t stream = nullptr;
   Block workspace;
-  int sm_margin = 0;  // the margin the handle's SM count target was last set for
 };
-
-// This thread's SM margin for its GEMMs (set_gemm_sm_margin); applied to a handle on next use.
-thread_local int tl_sm_margin = 0;
-
-// SMs of `device`, queried once per device.
-int sm_count(int device) {
-  static std::atomic<int> counts[kMaxDevices] = {};
-  int n = counts[device].load();
-  if (n == 0) {
-    XT_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    counts[device].store(n);
-  }
-  return n;
-}
 
 // This thread's handles, one per device; destroyed (workspace returned to the cache) at exit.
 struct ThreadHandles {
@@ -89,16 +71,8 @@ cublasHandle_t cublas_handle(const OnStream& on) {
     XT_CUBLAS_CHECK(cublasSetWorkspace(e.handle, e.workspace.ptr, kCublasWorkspace));
     e.stream = on.s;
   }
-  if (e.sm_margin != tl_sm_margin) {
-    // 0 restores cuBLAS's default (every SM). A margin as large as the device leaves one SM.
-    const int target = tl_sm_margin == 0 ? 0 : std::max(1, sm_count(on.device) - tl_sm_margin);
-    XT_CUBLAS_CHECK(cublasSetSmCountTarget(e.handle, target));
-    e.sm_margin = tl_sm_margin;
-  }
   return e.handle;
 }
-
-void set_gemm_sm_margin(int margin) { tl_sm_margin = margin; }
 
 void gemm_ld(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
              int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, int64_t batch,

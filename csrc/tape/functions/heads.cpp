@@ -2,9 +2,9 @@
 // q/k RMSNorm and RoPE on the way) and from_heads (back). Each one only calls the tape Functions
 // reshape, rms_norm, rope and permute in the order the Python model did, so the graph, the kernels
 // and every value and gradient bit are theirs; what it saves is the Python-level calls (and the
-// GIL hand-overs) per op. All arguments are checked before anything runs or is recorded.
-#include <cmath>
-
+// GIL hand-overs) per op. to_heads checks what it needs to derive the shapes (x 2-D, seq and
+// n_heads positive and dividing it); the norm weight, eps and theta are checked by rms_norm and
+// rope themselves, as they would be when called one by one.
 #include "core/error.h"
 #include "ops/ops.h"
 #include "tape/functions.h"
@@ -30,22 +30,6 @@ Tensor to_heads(const Tensor& x, int64_t seq, int64_t n_heads, const Tensor& nor
   XT_CHECK(cols % n_heads == 0, ValueError, "to_heads: the columns of x (H*D = ", cols,
            ") must be divisible by n_heads = ", n_heads, ", got x ", x.describe());
   const int64_t B = rows / seq, D = cols / n_heads;
-  if (norm_weight.defined()) {
-    ops::check_floating(norm_weight, "to_heads", "norm_weight");
-    ops::check_same_device(x, norm_weight, "to_heads", "x", "norm_weight");
-    XT_CHECK(norm_weight.dim() == 1 && norm_weight.numel() == D, ValueError, "to_heads: norm_weight must have shape [",
-             D, "] (the head dim D = ", cols, " / ", n_heads, "), got norm_weight ", norm_weight.describe());
-    XT_CHECK(norm_weight.dtype() == x.dtype() || norm_weight.dtype() == DType::Float32, TypeError,
-             "to_heads: norm_weight must be float32 or x's dtype, got norm_weight ", norm_weight.describe(), " for x ",
-             x.describe());
-    XT_CHECK(std::isfinite(eps) && eps >= 0, ValueError, "to_heads: eps must be finite and >= 0, got ", eps);
-  }
-  if (rope_theta) {
-    XT_CHECK(std::isfinite(*rope_theta) && *rope_theta > 0, ValueError,
-             "to_heads: rope_theta must be finite and > 0 (or None for no RoPE), got ", *rope_theta);
-    XT_CHECK(D % 2 == 0, ValueError, "to_heads: RoPE needs an even head dim, got D = ", cols, " / ", n_heads, " = ", D,
-             " for x ", x.describe());
-  }
   Tensor h = reshape(x, {B, seq, n_heads, D});         // (B, S, H, D), shares x's storage
   if (norm_weight.defined()) h = rms_norm(h, norm_weight, eps);
   if (rope_theta) h = rope(h, Tensor(), *rope_theta);  // positions 0..S-1

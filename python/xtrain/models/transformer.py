@@ -228,7 +228,7 @@ class Block(nn.Module):
         self.mlp = MLP(c, device, gen, residual_std)
 
     # Indices of the linear weights in PARAM_ORDER (cast to bf16 once per step in bf16 runs).
-    LINEAR = (1, 2, 3, 4, 8, 9, 10)
+    LINEAR = tuple(i for i, n in enumerate(PARAM_ORDER) if n.endswith("_proj.weight"))
     _PATHS = tuple(tuple(n.split(".")) for n in PARAM_ORDER)
 
     def block_params(self) -> list:
