@@ -79,7 +79,8 @@ def timed(step, sync, warmup: int, steps: int) -> tuple[float, float]:
 
 def xtrain_worker(args) -> None:
     import xtrain
-    from xtrain.distributed import GradientReducer, all_reduce_gradients, broadcast_parameters, launch
+    from xtrain.distributed import (DataParallelAdamW, GradientReducer, all_reduce_gradients, broadcast_parameters,
+                                    launch)
     from xtrain.models import TinyTransformer
     from xtrain.optim import AdamW, clip_grad_norm_
 
@@ -94,10 +95,18 @@ def xtrain_worker(args) -> None:
         opt = AdamW(model.named_parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
         batches = host_batches(rank, args.batch, args.seq)
         reducer = GradientReducer(params, ctx, bucket_mb=args.bucket_mb) if ctx and args.overlap else None
+        dp = None
+        if ctx and not reducer and args.mode == "train" and args.step != "all-reduce":
+            dp = DataParallelAdamW(opt, ctx, shard=args.step == "shard")
 
         def step(i):
             x, y = batches[i % len(batches)]
             _, loss = model(x, y)
+            if dp:
+                loss.backward()
+                loss = loss.detach()
+                dp.step(CLIP, extra=[loss])
+                return loss
             if reducer:
                 reducer.backward(loss, extra=[loss.detach()])
                 loss = loss.detach()
@@ -139,6 +148,8 @@ def xtrain_worker(args) -> None:
     else:
         results = launch(lambda ctx: run(ctx, ctx.device), devices=list(range(args.n)))
     engine = "xtrain-overlap" if args.n > 1 and args.overlap else "xtrain"
+    if args.n > 1 and not args.overlap and args.mode == "train" and args.step != "shard":
+        engine += f"-{args.step}"
     if args.mode != "train":
         engine += f"-{args.mode}"
     ctas = os.environ.get("NCCL_MAX_CTAS")
@@ -256,6 +267,12 @@ def main(argv=None) -> int:
                          "(no-reduce: the ranks' host contention alone) and the average alone "
                          "(reduce-only: the step's gradients, as the loop reduces them; reduce-flat: "
                          "the same bytes as one tensor)")
+    ap.add_argument("--steps-dp", nargs="+", choices=["shard", "flat", "all-reduce"], default=["shard"],
+                    help="xtrain's data-parallel optimizer steps to measure on >1 GPUs: shard (the training "
+                         "loop's: reduce-scatter, AdamW on each GPU's chunk, all-gather; row 'xtrain'), flat "
+                         "(one all-reduce of the flat gradient buffer), all-reduce (all_reduce_gradients "
+                         "on the per-tensor gradients, the loop before DataParallelAdamW)")
+    ap.add_argument("--step", choices=["shard", "flat", "all-reduce"], default="shard", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=["train", "no-reduce", "reduce-only", "reduce-flat"], default="train",
                     help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["xtrain", "torch"], help=argparse.SUPPRESS)
@@ -283,9 +300,10 @@ def main(argv=None) -> int:
     rows = []
     for n in gpus:
         if "xtrain" in args.engines:
-            rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n), *common],
-                                   env, timeout=900))
-            print(_fmt_row(rows[-1]), flush=True)
+            for st in (args.steps_dp if n > 1 else ["shard"]):
+                rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
+                                        "--step", st, *common], env, timeout=900))
+                print(_fmt_row(rows[-1]), flush=True)
             if n > 1:
                 for ctas in [None, *args.max_ctas]:
                     env_n = env if ctas is None else dict(env, NCCL_MAX_CTAS=str(ctas))

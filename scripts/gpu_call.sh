@@ -4,6 +4,8 @@
 #   scripts/gpu_call.sh a   install; tests/test_distributed.py; profiles; throughput; scaling
 #   scripts/gpu_call.sh b   install if needed; gtest; the whole pytest suite; profiles; throughput
 #   scripts/gpu_call.sh c   install if needed; scaling, recompute, convergence, batch 128, kernels
+#   scripts/gpu_call.sh d   install if needed; the data-parallel tests; scaling with every
+#                           data-parallel step (shard, flat, all-reduce) and NCCL protocol variants
 # Run from the repository root on the GPU machine (carry .whl). Stage a first on a 2-GPU machine.
 set -u
 stage=${1:?usage: scripts/gpu_call.sh a|b}
@@ -39,6 +41,21 @@ case "$stage" in
   c)  # the remaining benchmarks
     BENCH_ONLY="${BENCH_C:-scaling recompute convergence throughput-dim768-bf16-b128 ops}" BENCH_TIMEOUT=200 \
       bench/run_all.sh /tmp/b/c > "$out/bench_c.log" 2>&1
+    ;;
+  d)  # data parallelism: tests, then the scaling table with each optimizer step
+    timeout 180 python3 -m pytest tests/test_distributed.py tests/test_flat_step.py tests/test_train.py -q \
+      -p no:cacheprovider -rs --device cuda > "$out/pytest_dist.log" 2>&1
+    tail -4 "$out/pytest_dist.log"
+    mkdir -p /tmp/b/d
+    timeout 300 python3 bench/scaling.py --steps-dp shard flat all-reduce --out /tmp/b/d \
+      > "$out/scaling.log" 2>&1
+    tail -16 "$out/scaling.log"
+    for v in ${SCALING_ENV:-}; do  # e.g. NCCL_PROTO=Simple: the sharded step under other NCCL settings
+      env "$v" timeout 90 python3 bench/scaling.py --engines xtrain --gpus 2 --out /tmp/b/d \
+        > "$out/scaling-$v.log" 2>&1
+      echo "$v: $(grep -E '^xtrain +2 ' "$out/scaling-$v.log")"
+    done
+    cp /tmp/b/d/*.json "$out/" 2>/dev/null
     ;;
 esac
 grep -h "^===.*exit\|^profile_step" "$out"/bench_*.log /tmp/b/*/profile*.log 2>/dev/null

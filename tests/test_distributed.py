@@ -25,7 +25,7 @@ import pytest
 import xtrain
 from modelhelp import prepared_stories, run_cli
 from xtrain import distributed
-from xtrain.distributed import (GradientReducer, RankStopped, all_reduce_gradients,
+from xtrain.distributed import (DataParallelAdamW, GradientReducer, RankStopped, all_reduce_gradients,
                                 broadcast_parameters, launch, resolve_devices)
 from xtrain.models import TinyTransformer, TransformerConfig
 from xtrain.optim import AdamW, clip_grad_norm_
@@ -254,6 +254,37 @@ def test_collectives_match_numpy():
 
 
 @two_gpus
+def test_reduce_scatter_and_all_gather_match_numpy():
+    rng = np.random.default_rng(1)
+    n = 2 * 300_001  # odd chunks: no alignment beyond the element
+    host = [rng.standard_normal(n).astype(np.float32) for _ in range(2)]
+    loss = [np.float32(1.5), np.float32(2.5)]
+
+    def fn(ctx):
+        flat = xtrain.tensor(host[ctx.rank], device=ctx.device)
+        bf = xtrain.tensor(host[ctx.rank][:64], dtype="bfloat16", device=ctx.device)
+        extra = xtrain.tensor(np.array([loss[ctx.rank]]), device=ctx.device)
+        ctx.comm.reduce_scatter(flat, "avg", [extra])
+        ctx.comm.reduce_scatter(bf, "sum")
+        mine = flat.numpy()[ctx.rank * (n // 2):(ctx.rank + 1) * (n // 2)].copy()
+        ids = xtrain.tensor(np.arange(6) + 100 * ctx.rank, dtype="int64", device=ctx.device)
+        ctx.comm.all_gather(ids)  # any dtype: chunk r comes from rank r
+        ctx.comm.all_gather(flat)
+        return mine, flat.numpy(), bf.numpy()[ctx.rank * 32:(ctx.rank + 1) * 32], extra.numpy(), ids.numpy()
+
+    results = launch(fn, devices=[0, 1])
+    avg = (host[0] + host[1]) / 2
+    for rank, (mine, gathered, bf, extra, ids) in enumerate(results):
+        np.testing.assert_allclose(mine, avg[rank * (n // 2):(rank + 1) * (n // 2)], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(gathered, avg, rtol=1e-6, atol=1e-7)
+        b = [xtrain.tensor(h[:64], dtype="bfloat16").numpy() for h in host]
+        np.testing.assert_allclose(bf, (b[0] + b[1])[rank * 32:(rank + 1) * 32], rtol=2**-7, atol=1e-2)
+        np.testing.assert_array_equal(extra, [2.0])
+        np.testing.assert_array_equal(ids, [0, 1, 2, 103, 104, 105])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+@two_gpus
 def test_bad_collective_arguments_raise():
     def fn(ctx):
         other = f"cuda:{1 - ctx.rank}"
@@ -268,6 +299,16 @@ def test_bad_collective_arguments_raise():
             ctx.all_reduce([t, t])
         with pytest.raises(ValueError, match="root"):
             ctx.broadcast([t], root=5)
+        with pytest.raises(ValueError, match="not a multiple"):
+            ctx.comm.reduce_scatter(xtrain.zeros((5,), device=ctx.device))
+        with pytest.raises(ValueError, match="not a multiple"):
+            ctx.comm.all_gather(xtrain.zeros((3,), dtype="int64", device=ctx.device))
+        with pytest.raises(TypeError, match="float32 and bfloat16"):
+            ctx.comm.reduce_scatter(xtrain.zeros((4,), dtype="int64", device=ctx.device))
+        with pytest.raises(ValueError, match="drives cuda"):
+            ctx.comm.all_gather(xtrain.zeros((4,), device=other))
+        with pytest.raises(ValueError, match="shares its memory"):
+            ctx.comm.reduce_scatter(t, "avg", [t])
         ctx.barrier()  # nothing was queued by the failed calls: the ranks still agree
 
     launch(fn, devices=[0, 1])
@@ -291,12 +332,15 @@ def _global_batches(vocab, steps=STEPS, seed=0):
     return out
 
 
-def _train(config, batches, device, ctx=None):
+def _train(config, batches, device, ctx=None, step="all_reduce", clip=1.0):
+    """step: "all_reduce" (all_reduce_gradients, clip, AdamW), or DataParallelAdamW's "shard" /
+    "flat" step."""
     model = TinyTransformer(config, device=device, seed=0)
     params = model.parameters()
     if ctx is not None:
         broadcast_parameters(params, ctx)
     opt = AdamW(model.named_parameters(), lr=LR, weight_decay=0.1)
+    dp = DataParallelAdamW(opt, ctx, shard=step == "shard") if ctx is not None and step != "all_reduce" else None
     losses = []
     for x, y in batches:
         if ctx is not None:
@@ -305,13 +349,19 @@ def _train(config, batches, device, ctx=None):
         _, loss = model(x, y)
         loss.backward()
         loss = loss.detach()
-        if ctx is not None:
-            all_reduce_gradients(params, ctx, extra=[loss])
-        clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad()
+        if dp is not None:
+            dp.step(clip, extra=[loss])
+        else:
+            if ctx is not None:
+                all_reduce_gradients(params, ctx, extra=[loss])
+            clip_grad_norm_(params, clip)
+            opt.step()
+            opt.zero_grad()
         losses.append(loss.item())
-    return np.array(losses), {n: p.numpy() for n, p in model.named_parameters()}
+    if dp is not None:
+        dp.gather_state()
+    moments = {n: t.numpy() for n, t in opt.state_dict()["exp_avg_sq"].items()}
+    return np.array(losses), {n: p.numpy() for n, p in model.named_parameters()}, moments
 
 
 @two_gpus
@@ -322,15 +372,36 @@ def _train(config, batches, device, ctx=None):
 def test_two_gpus_match_one_gpu_with_the_same_global_batch(flags, rtol):
     config = TransformerConfig(**CONFIG, **flags)
     batches = _global_batches(config.vocab_size)
-    ref_losses, _ = _train(config, batches, "cuda:0")
-    results = launch(lambda ctx: _train(config, batches, ctx.device, ctx), devices=[0, 1])
-    (loss0, params0), (loss1, params1) = results
+    ref_losses, _, _ = _train(config, batches, "cuda:0")
+    results = launch(lambda ctx: _train(config, batches, ctx.device, ctx, step="shard"), devices=[0, 1])
+    (loss0, params0, _), (loss1, params1, _) = results
     np.testing.assert_array_equal(loss0, loss1)  # the all-reduced loss: same bits on both ranks
     assert ref_losses[-1] < ref_losses[0] - 0.3, ref_losses  # the run learns something
     rel = np.abs(loss0 - ref_losses) / np.abs(ref_losses)
     assert rel.max() <= rtol, (rel.max(), loss0, ref_losses)
     worst = max(float(np.abs(params0[n] - params1[n]).max()) for n in params0)
     assert worst <= PARAM_ATOL_ACROSS_RANKS, worst
+
+
+@two_gpus
+@pytest.mark.parametrize("flags", [{}, {"recompute": True}, {"bf16": True}], ids=["float32", "recompute", "bf16"])
+def test_flat_and_sharded_steps_give_the_bits_of_the_all_reduce_step(flags):
+    """DataParallelAdamW (flat gradient buffer; reduce-scatter, AdamW on each rank's chunk,
+    all-gather) against all_reduce_gradients + clip + AdamW: without clipping (max_norm above the
+    norm) every element takes the same arithmetic, so losses, weights and moments are bitwise
+    equal on both ranks."""
+    config = TransformerConfig(**CONFIG, **flags)
+    batches = _global_batches(config.vocab_size, steps=8)
+    runs = {step: launch(lambda ctx: _train(config, batches, ctx.device, ctx, step=step, clip=1e6),
+                         devices=[0, 1]) for step in ("all_reduce", "flat", "shard")}
+    for step in ("flat", "shard"):
+        for rank in range(2):
+            want_loss, want_params, want_v = runs["all_reduce"][rank]
+            got_loss, got_params, got_v = runs[step][rank]
+            np.testing.assert_array_equal(got_loss, want_loss, err_msg=step)
+            for name, want in want_params.items():
+                np.testing.assert_array_equal(got_params[name], want, err_msg=f"{step} {name}")
+                np.testing.assert_array_equal(got_v[name], want_v[name], err_msg=f"{step} moment {name}")
 
 
 # Every linear weight >= 1 MiB, so the reducer puts them in buckets (smaller ones are packed at
@@ -499,6 +570,12 @@ def test_cli_two_devices_matches_one_and_resumes(tmp_path):
     np.testing.assert_allclose(v2, v1, rtol=1e-5)
     for name in ("loss.png", "sample.txt", "ckpt/state.json"):
         assert (tmp_path / "two" / name).is_file(), name
+    # The unsharded step (all-reduce, AdamW on every GPU): the same run up to the order in which
+    # the global gradient norm is summed (the clipping factor).
+    flat = run_cli(*common, "--devices", "2", "--batch", "4", "--steps", "8", "--out", tmp_path / "flat",
+                   "--no-shard-optimizer")
+    assert flat.returncode == 0, flat.stderr
+    np.testing.assert_allclose(_losses(tmp_path / "flat")[0], l2, rtol=1e-6)
 
     # Resume on the same number of GPUs: 4 steps, then 4 more == the 8-step run, bit for bit.
     part = tmp_path / "part"

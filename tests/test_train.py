@@ -152,6 +152,12 @@ class _OneRankContext:
     def all_reduce(self, tensors, op="avg"):
         self.calls.append(("all_reduce", len(tensors), op))
 
+    def reduce_scatter(self, flat, op="avg", extra=()):
+        self.calls.append(("reduce_scatter", len(extra), op))
+
+    def all_gather(self, flat):
+        self.calls.append("all_gather")
+
     def exchange(self, key, value):
         self.calls.append(("exchange", key))
         return [value]
@@ -174,7 +180,11 @@ def test_data_parallel_path_of_train_matches_one_device(tmp_path, data, device):
     assert summary["devices"] == [0] and summary["steps"] == 5
     assert ctx.calls.count("broadcast") == 1 and ctx.calls.count("check") == 5
     reduces = [c for c in ctx.calls if isinstance(c, tuple) and c[0] == "all_reduce"]
-    assert len(reduces) == 5 + 3  # one per step (grads + loss) and one per evaluation (steps 0, 3, 5)
+    assert len(reduces) == 3  # one per evaluation (steps 0, 3, 5); one rank needs no norm reduction
+    # Per step one reduce-scatter (gradients + loss) and one all-gather (the weights); two more
+    # all-gathers (the moments) before the final save.
+    assert ctx.calls.count(("reduce_scatter", 1, "avg")) == 5
+    assert ctx.calls.count("all_gather") == 5 + 2
     assert ctx.calls.count(("exchange", "rank_rng")) == 1  # every rank's generator, final checkpoint
     assert (tmp_path / "single" / "ckpt" / "model.safetensors").read_bytes() == \
         (tmp_path / "rank" / "ckpt" / "model.safetensors").read_bytes()

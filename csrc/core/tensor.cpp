@@ -101,6 +101,28 @@ Tensor Tensor::view_as_shape(const Shape& shape) const {
   return t;
 }
 
+Tensor Tensor::storage_view(int64_t offset, const Shape& shape) const {
+  for (int64_t d : shape)
+    XT_CHECK(d >= 0, ValueError, "storage_view: negative dimension in shape ", shape_str(shape));
+  const int64_t begin = impl_->offset_bytes + offset * static_cast<int64_t>(itemsize());
+  const int64_t end = begin + shape_numel(shape) * static_cast<int64_t>(itemsize());
+  XT_CHECK(offset >= 0 && end <= static_cast<int64_t>(impl_->storage->nbytes()), ValueError, "storage_view: ",
+           shape_numel(shape), " elements at offset ", offset, " do not fit in the storage of ", describe(), " (",
+           impl_->storage->nbytes(), " bytes from byte ", impl_->offset_bytes, ")");
+  Tensor t = detach();
+  t.impl_->offset_bytes = begin;
+  t.impl_->shape = shape;
+  return t;
+}
+
+void Tensor::rebind_memory(const Tensor& dst) {
+  XT_CHECK(dst.defined() && dst.shape() == shape() && dst.dtype() == dtype() && dst.device() == device(), ValueError,
+           "rebind_memory: destination ", dst.defined() ? dst.describe() : std::string("undefined"),
+           " does not match ", describe());
+  impl_->storage = dst.impl_->storage;
+  impl_->offset_bytes = dst.impl_->offset_bytes;
+}
+
 void Tensor::set_requires_grad(bool r) {
   XT_CHECK(!r || is_floating(dtype()), TypeError, "only floating-point tensors can require gradients, got ",
            dtype_name(dtype()));

@@ -488,6 +488,70 @@ void Communicator::wait_async(int rank) {
   r.in_flight.clear();
 }
 
+void Communicator::reduce_scatter(int rank, const Tensor& flat, ReduceOp op, const std::vector<Tensor>& extra) {
+  Rank& r = rank_at(rank, "reduce_scatter");
+  std::vector<Tensor> all{flat};
+  all.insert(all.end(), extra.begin(), extra.end());
+  check_tensors(r, all, "reduce_scatter", /*floating=*/true);
+  const int64_t n = flat.numel(), w = world_size();
+  XT_CHECK(n % w == 0, ValueError, "reduce_scatter: ", flat.describe(), " has ", n,
+           " elements, not a multiple of the ", w, " ranks");
+  const size_t chunk = static_cast<size_t>(n / w);
+  void* stream = cuda::current_stream(r.device);
+  std::string err;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    err = check_usable(r, "reduce_scatter");
+    if (err.empty()) {
+      cuda::DeviceGuard guard(r.device);
+      const ncclRedOp_t nop = op == ReduceOp::Avg ? ncclAvg : ncclSum;
+      const auto s = static_cast<cudaStream_t>(stream);
+      ncclResult_t res = ncclGroupStart();
+      if (chunk > 0) {
+        char* base = flat.data<char>();
+        res = ncclReduceScatter(base, base + rank * chunk * flat.itemsize(), chunk, nccl_dtype(flat.dtype()), nop,
+                                r.comm, s);
+      }
+      for (const Tensor& t : extra) {
+        if (is_error(res) || t.numel() == 0) continue;
+        res = ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()), nop,
+                            r.comm, s);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      if (is_error(res) || is_error(end)) err = nccl_failure(r, is_error(res) ? res : end, "reduce_scatter");
+      else err = wait_host_progress(r, "reduce_scatter");
+      if (err.empty()) track(r, stream, "reduce_scatter");
+    }
+  }
+  if (!err.empty()) fail(err);
+}
+
+void Communicator::all_gather(int rank, const Tensor& flat) {
+  Rank& r = rank_at(rank, "all_gather");
+  check_tensors(r, {flat}, "all_gather", /*floating=*/false);
+  const int64_t n = flat.numel(), w = world_size();
+  XT_CHECK(n % w == 0, ValueError, "all_gather: ", flat.describe(), " has ", n, " elements, not a multiple of the ",
+           w, " ranks");
+  const size_t chunk_bytes = static_cast<size_t>(n / w) * flat.itemsize();
+  if (chunk_bytes == 0) return;
+  void* stream = cuda::current_stream(r.device);
+  std::string err;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    err = check_usable(r, "all_gather");
+    if (err.empty()) {
+      cuda::DeviceGuard guard(r.device);
+      char* base = flat.data<char>();
+      const ncclResult_t res = ncclAllGather(base + rank * chunk_bytes, base, chunk_bytes, ncclUint8, r.comm,
+                                             static_cast<cudaStream_t>(stream));  // bytes: any dtype
+      if (is_error(res)) err = nccl_failure(r, res, "all_gather");
+      else err = wait_host_progress(r, "all_gather");
+      if (err.empty()) track(r, stream, "all_gather");
+    }
+  }
+  if (!err.empty()) fail(err);
+}
+
 void Communicator::broadcast(int rank, const std::vector<Tensor>& tensors, int root) {
   Rank& r = rank_at(rank, "broadcast");
   XT_CHECK(root >= 0 && root < world_size(), ValueError, "broadcast: root ", root, " is out of range for ",

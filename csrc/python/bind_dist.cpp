@@ -74,6 +74,19 @@ void init_dist(py::module_& m) {
            }, py::arg("tensors"), py::arg("op") = "avg",
            "In-place all-reduce (\"avg\" or \"sum\") of float32/bfloat16 tensors on this rank's device, "
            "as one NCCL launch on this thread's stream (asynchronous)")
+      .def("reduce_scatter", [](const RankHandle& h, const Tensor& flat, const std::string& op,
+                                const std::vector<Tensor>& extra) {
+             const dist::ReduceOp rop = dist::parse_reduce_op(op);
+             py::gil_scoped_release nogil;
+             h.comm->reduce_scatter(h.rank, flat, rop, extra);
+           }, py::arg("flat"), py::arg("op") = "avg", py::arg("extra") = std::vector<Tensor>{},
+           "In place: this rank's chunk (numel / world_size elements, in rank order) of `flat` becomes the "
+           "reduction over the ranks; the other chunks are left unspecified. `extra` tensors are all-reduced "
+           "in the same launch (asynchronous)")
+      .def("all_gather", [](const RankHandle& h, const Tensor& flat) {
+             py::gil_scoped_release nogil;
+             h.comm->all_gather(h.rank, flat);
+           }, py::arg("flat"), "In place: chunk r of `flat` becomes rank r's chunk r on every rank (asynchronous)")
       .def("broadcast", [](const RankHandle& h, const std::vector<Tensor>& tensors, int root) {
              py::gil_scoped_release nogil;
              h.comm->broadcast(h.rank, tensors, root);

@@ -23,7 +23,14 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
   XT_CHECK(g.shape() == leaf.shape() && g.dtype() == leaf.dtype() && g.device() == leaf.device(), RuntimeError,
            "gradient ", g.describe(), " does not match its leaf ", leaf.describe());
   Tensor cur = leaf.grad();
-  if (!cur.defined()) {
+  const bool claimed = leaf_->grad_buffer_claimed;
+  leaf_->grad_buffer_claimed = false;
+  if (!cur.defined() && leaf_->grad_buffer) {
+    Tensor buf(leaf_->grad_buffer);
+    // A cast's backward wrote it in place (claimed, and g is that memory): nothing to move.
+    if (!(claimed && g.storage() == buf.storage() && g.data_ptr() == buf.data_ptr())) ops::copy_(buf, g);
+    leaf.set_grad(buf);
+  } else if (!cur.defined()) {
     // The buffer becomes .grad when nothing else refers to it or to its storage (the usual case:
     // a weight gradient fresh from its GEMM); otherwise a copy, since it may alias another
     // gradient (an add hands one tensor to both inputs) or a view of one.
@@ -33,6 +40,16 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
     ops::accumulate_(cur, g);  // leaves accumulate across backward calls until zeroed
   }
   return {};
+}
+
+Tensor claim_grad_buffer(const Edge& edge, const Shape& shape, DType dtype, Device device) {
+  if (!edge.valid() || !edge.fn->reusable()) return Tensor();
+  TensorImpl* leaf = static_cast<AccumulateGrad*>(edge.fn.get())->leaf().impl();
+  const std::shared_ptr<TensorImpl>& buf = leaf->grad_buffer;
+  if (!buf || leaf->grad || leaf->grad_buffer_claimed) return Tensor();
+  if (buf->shape != shape || buf->dtype != dtype || buf->device != device) return Tensor();
+  leaf->grad_buffer_claimed = true;
+  return Tensor(buf);
 }
 
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {

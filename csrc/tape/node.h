@@ -44,7 +44,9 @@ class Node : public std::enable_shared_from_this<Node> {
 };
 
 // Leaf sink: adds the incoming gradient into leaf.grad (+=), or makes it .grad the first time
-// (taken over when nothing else refers to it, else copied).
+// (taken over when nothing else refers to it, else copied). A leaf with a grad buffer gets it
+// as .grad the first time, with the gradient copied in unless a cast's backward already wrote it
+// there (claim_grad_buffer).
 class AccumulateGrad : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
@@ -56,6 +58,13 @@ class AccumulateGrad : public Node {
  private:
   std::shared_ptr<TensorImpl> leaf_;
 };
+
+// The grad buffer of the leaf behind `edge`, for a backward that can write its gradient straight
+// into it: when the edge leads to that leaf's AccumulateGrad, the leaf's .grad is empty, the
+// buffer matches (shape, dtype, device) and no other node of this walk claimed it yet. Marks it
+// claimed (AccumulateGrad clears the mark); undefined when any of that does not hold. A second
+// producer for the same leaf then gets a fresh tensor and the engine sums the two as usual.
+Tensor claim_grad_buffer(const Edge& edge, const Shape& shape, DType dtype, Device device);
 
 // ---- grad mode (thread-local, like torch.no_grad)
 bool grad_enabled();

@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=_nonneg_int, default=0, help="seed for weights, data order and sampling")
     t.add_argument("--devices", type=_devices_arg, default=1,
                    help="GPUs for data parallelism: N (the first N) or all; --batch is per GPU")
+    t.add_argument("--no-shard-optimizer", action="store_true",
+                   help="with --devices: all-reduce the gradients and run AdamW on every GPU, instead of "
+                        "reduce-scatter, AdamW on each GPU's share and all-gather (the default; same results)")
     t.add_argument("--vocab-size", type=_positive_int, default=4096,
                    help="BPE vocabulary when --data is a raw source")
     t.add_argument("--sample-tokens", type=_nonneg_int, default=200, help="length of the final sample")
@@ -214,7 +217,7 @@ def cmd_train(args) -> int:
                       eval_every=args.eval_every, eval_batches=args.eval_batches,
                       save_every=args.save_every, resume=resume, memory_limit=args.memory_limit,
                       seed=args.seed, vocab_size=args.vocab_size, sample_tokens=args.sample_tokens,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, shard_optimizer=not args.no_shard_optimizer)
     if args.devices == 1:
         train(cfg)
     else:

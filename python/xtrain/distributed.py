@@ -349,6 +349,149 @@ class GradientReducer:
         self._native.finish(_as_list(extra))
 
 
+# Offsets in the flat buffers are multiples of this many elements (256 bytes of float32, the
+# caching allocator's block alignment), so kernels see parameters as aligned as before.
+FLAT_ALIGN = 64
+
+
+class DataParallelAdamW:
+    """The optimizer step of data-parallel training on flat buffers: gradient average, global-norm
+    clipping and AdamW, with one collective for all the gradients.
+
+        dp = DataParallelAdamW(optimizer, ctx)          # after optimizer.load_state_dict, if any
+        for step ...:
+            _, loss = model(x, y)
+            loss.backward()
+            norm = dp.step(max_norm=1.0, extra=[loss.detach()])   # average, clip, AdamW, zero grads
+        dp.gather_state()                                # (every rank) before optimizer.state_dict()
+
+    At construction the parameters, their moments and a gradient buffer are laid out in flat
+    float32 buffers of one layout (each tensor at a multiple of FLAT_ALIGN elements): the
+    parameters and moments are moved there (every holder of them, the model included, then uses
+    the flat memory), and each parameter gets a view of the gradient buffer as its grad buffer,
+    where backward puts its gradient (a bf16 weight's cast backward writes its float32 gradient
+    straight into it; other gradients are copied in).
+
+    shard=True (ZeRO stage 1): the gradient buffer is reduce-scattered (averaged) rather than
+    all-reduced, so each rank holds the average of its 1/N chunk only; each rank clips (the global
+    norm: its chunk's sum of squares, all-reduced as one scalar) and runs AdamW on its chunk, then
+    the parameters are all-gathered. The link carries the bytes of one all-reduce, the clipping and
+    AdamW work per rank is 1/N, and every rank ends the step with the same complete parameters: per
+    element the same arithmetic as the unsharded step, so the same bits (the global norm is summed
+    in another order, which can move the clipping factor by an ulp). The moments stay full-size on
+    every rank, but only each rank's chunk is current: gather_state() all-gathers them (a
+    collective: every rank calls it) before optimizer.state_dict() is read.
+
+    shard=False: one all-reduce of the whole buffer, then clip and AdamW over all of it on every
+    rank (the optimizer's own step)."""
+
+    def __init__(self, optimizer, ctx: RankContext, shard: bool = True):
+        self.opt, self.ctx, self.shard = optimizer, ctx, bool(shard)
+        params = optimizer.params
+        device = params[0].device
+        world = ctx.world_size
+        self.offsets, total = [], 0
+        for p in params:
+            self.offsets.append(total)
+            total += -(-p.numel() // FLAT_ALIGN) * FLAT_ALIGN
+        total = -(-total // (world * FLAT_ALIGN)) * (world * FLAT_ALIGN)  # equal, aligned chunks
+        self.numel = total
+
+        def flat():
+            return xtrain.zeros((total,), dtype="float32", device=device)
+
+        self.flat_params, self.flat_grads, self.flat_m, self.flat_v = flat(), flat(), flat(), flat()
+        self._views = lambda buf: [buf._storage_view(o, tuple(p.shape)) for o, p in zip(self.offsets, params)]
+        for p, dst in zip(params, self._views(self.flat_params)):
+            p._move_into(dst)
+        self._adopt_moments()
+        self._grad_views = self._views(self.flat_grads)
+        for p, buf in zip(params, self._grad_views):
+            p._grad_buffer = buf
+        _C._grads_into_buffers([p for p in params if p.grad is not None])
+
+        chunk = total // world
+        lo, hi = ctx.rank * chunk, (ctx.rank + 1) * chunk
+        self.grad_chunk = self.flat_grads._storage_view(lo, (chunk,))
+        # This rank's part of each parameter (and of its gradient and moments), per AdamW group.
+        # (The norm is summed over these pieces in parameter order, as clip_grad_norm_ sums the
+        # gradients: with one rank the two give the same bits.)
+        decay = set(optimizer.decay)
+        self._groups = {True: ([], [], [], []), False: ([], [], [], [])}
+        self._grad_parts = []
+        for i, (o, p) in enumerate(zip(self.offsets, params)):
+            a, b = max(o, lo), min(o + p.numel(), hi)
+            if a >= b:
+                continue
+            lists = self._groups[i in decay]
+            for lst, buf in zip(lists, (self.flat_params, self.flat_grads, self.flat_m, self.flat_v)):
+                lst.append(buf._storage_view(a, (b - a,)))
+            self._grad_parts.append(lists[1][-1])
+
+    def _adopt_moments(self) -> None:
+        """Move the optimizer's moments into the flat buffers (again after load_state_dict, which
+        replaces them)."""
+        opt = self.opt
+        for moments, buf in ((opt.exp_avg, self.flat_m), (opt.exp_avg_sq, self.flat_v)):
+            for t, dst in zip(moments, self._views(buf)):
+                t._move_into(dst)
+        self._moment_lists = (opt.exp_avg, opt.exp_avg_sq)
+
+    def step(self, max_norm: float | None, extra=()):
+        """Average the gradients over the ranks, clip them to `max_norm` (None or <= 0: no clip),
+        update the parameters and clear the gradients. `extra`: float32/bf16 tensors (the step's
+        detached loss) averaged in the same launch. Returns the global gradient norm before
+        clipping (a device scalar; no host sync)."""
+        opt, comm = self.opt, self.ctx.comm
+        if self._moment_lists[0] is not opt.exp_avg or self._moment_lists[1] is not opt.exp_avg_sq:
+            self._adopt_moments()
+        missing = _C._grads_into_buffers(opt.params)
+        if missing:
+            i = missing[0]
+            raise ValueError(f"DataParallelAdamW.step: parameter {opt.names[i]} has no gradient on rank "
+                             f"{self.ctx.rank}; every rank must reduce every parameter")
+        extra = _as_list(extra)
+        clip = max_norm is not None and max_norm > 0
+        if not self.shard:
+            comm.all_reduce([self.flat_grads, *extra], "avg")
+            norm = _C.optim.global_norm(self._grad_views)
+            if clip:
+                _C.optim.clip_by_norm_([self.flat_grads], norm, float(max_norm))
+            opt.step()
+        else:
+            comm.reduce_scatter(self.flat_grads, "avg", extra)
+            norm = _C.optim.global_norm(self._grad_parts)
+            if self.ctx.world_size > 1:  # the global norm from every rank's sum of squares
+                sq = xtrain.ops.mul(norm, norm)
+                comm.all_reduce([sq], "sum")
+                norm = xtrain.ops.sqrt(sq)
+            if clip:
+                _C.optim.clip_by_norm_([self.grad_chunk], norm, float(max_norm))
+            opt.step_count += 1
+            b1, b2 = opt.betas
+            for decays, (ps, gs, ms, vs) in self._groups.items():
+                if ps:
+                    _C.optim.adamw_step(ps, gs, ms, vs, opt.lr, b1, b2, opt.eps,
+                                        opt.weight_decay if decays else 0.0, opt.step_count)
+            comm.all_gather(self.flat_params)
+        opt.zero_grad(set_to_none=True)
+        return norm
+
+    def gather_state(self) -> None:
+        """Make the moments complete on every rank (each rank's AdamW chunk to all); a collective,
+        call it on every rank before reading optimizer.state_dict(). No-op when unsharded."""
+        if self._moment_lists[0] is not self.opt.exp_avg or self._moment_lists[1] is not self.opt.exp_avg_sq:
+            self._adopt_moments()
+        if self.shard:
+            self.ctx.comm.all_gather(self.flat_m)
+            self.ctx.comm.all_gather(self.flat_v)
+
+    def release(self) -> None:
+        """Detach the grad buffers (parameters and moments keep living in the flat buffers)."""
+        for p in self.opt.params:
+            p._grad_buffer = None
+
+
 def _as_list(tensors) -> list:
     return [tensors] if isinstance(tensors, xtrain.Tensor) else list(tensors)
 

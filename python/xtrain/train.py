@@ -68,6 +68,7 @@ class TrainConfig:
     sample_tokens: int = 200
     sample_prompt: str = SAMPLE_PROMPT
     progress: bool = True
+    shard_optimizer: bool = True       # several GPUs: ZeRO-1 step (distributed.DataParallelAdamW)
 
 
 def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
@@ -141,6 +142,9 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
         else:  # each rank its own device generator (its dropout masks), rank 0 also the CPU's
             ckpt.restore_rng(rank=ctx.rank, device=device)
         step = ckpt.step
+    # Several GPUs: gradients in one flat buffer, one collective per step (and with sharding,
+    # each rank updates its share of the weights); the same updates as one device.
+    dp = None if ctx is None else distributed.DataParallelAdamW(optimizer, ctx, shard=cfg.shard_optimizer)
     decay_steps = cfg.decay_steps or cfg.steps
     min_lr = cfg.min_lr if cfg.min_lr is not None else max_lr / 10
 
@@ -199,6 +203,7 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
         saves them). None on one device."""
         if ctx is None:
             return None
+        dp.gather_state()  # the moments complete on rank 0 before it saves them
         return ctx.exchange("rank_rng", xtrain.get_rng_state(device))
 
     def save(states) -> None:
@@ -225,12 +230,13 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
         x, y = train_loader.next_batch()              # int64 (B, S) each, on the host
         _, loss = model(x, y)
         loss.backward()
-        if ctx is not None:
+        if dp is None:
+            grad_norm = clip_grad_norm_(params, cfg.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        else:
             loss = loss.detach()                      # grads and loss: the global-batch mean
-            distributed.all_reduce_gradients(params, ctx, extra=[loss])
-        grad_norm = clip_grad_norm_(params, cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            grad_norm = dp.step(cfg.grad_clip, extra=[loss])
         log_step(step, loss, grad_norm, lr)
         step += 1
 

@@ -231,6 +231,13 @@ class ToBackward : public Node {
   const char* name() const override { return name_; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (!grads[0].defined()) return {Tensor()};
+    // Data-parallel training: the float32 gradient of a weight goes straight into its slot of
+    // the flat gradient buffer (the same conversion kernel, so the same bits; no extra copy).
+    Tensor dst = claim_grad_buffer(next_edges[0], grads[0].shape(), dtype_, device_);
+    if (dst.defined()) {
+      ops::copy_(dst, grads[0]);
+      return {dst};
+    }
     return {ops::to(grads[0], device_, dtype_)};
   }
 
