@@ -145,21 +145,35 @@ class _RankCollectives:
         for i, t in enumerate(tensors):
             t.numpy()[...] = self._reduce(self.shared._gather(self.rank, ("ar", i), t.numpy().copy()), op)
 
-    def reduce_scatter(self, flat, op="avg", extra=()):
+    def reduce_scatter(self, flats, op="avg", extra=()):
         self.calls.append("reduce_scatter")
-        n = flat.numel() // self.shared.world
-        mine = slice(self.rank * n, (self.rank + 1) * n)
-        parts = self.shared._gather(self.rank, "rs", flat.numpy().copy())
-        flat.numpy()[mine] = self._reduce([p[mine] for p in parts], op)
+        for k, flat in enumerate(_listed(flats)):
+            n = flat.numel() // self.shared.world
+            mine = slice(self.rank * n, (self.rank + 1) * n)
+            parts = self.shared._gather(self.rank, ("rs", k), flat.numpy().copy())
+            flat.numpy()[mine] = self._reduce([p[mine] for p in parts], op)
         for i, t in enumerate(extra):
             t.numpy()[...] = self._reduce(self.shared._gather(self.rank, ("rsx", i), t.numpy().copy()), op)
 
-    def all_gather(self, flat):
+    def all_gather(self, flats):
         self.calls.append("all_gather")
-        n = flat.numel() // self.shared.world
-        parts = self.shared._gather(self.rank, "ag", flat.numpy().copy())
-        for r, p in enumerate(parts):
-            flat.numpy()[r * n:(r + 1) * n] = p[r * n:(r + 1) * n]
+        for k, flat in enumerate(_listed(flats)):
+            n = flat.numel() // self.shared.world
+            host = _host(flat)
+            parts = self.shared._gather(self.rank, ("ag", k), host.copy())
+            for r, p in enumerate(parts):
+                host[r * n:(r + 1) * n] = p[r * n:(r + 1) * n]
+            if flat.dtype == "bfloat16":  # no shared numpy view of bf16: write back through a cast
+                flat.copy_(xtrain.tensor(host, dtype="bfloat16"))
+
+
+def _listed(flats):
+    return [flats] if isinstance(flats, xtrain.Tensor) else list(flats)
+
+
+def _host(t):
+    """A numpy view of a CPU float32 tensor's memory; a float32 copy of a bf16 one (exact)."""
+    return t.numpy()
 
 
 SMALL = dict(vocab_size=96, dim=32, n_layers=2, n_heads=2, head_dim=16, ffn_dim=80, max_seq=16)
@@ -200,7 +214,8 @@ def _train_dp(world, shard, clip, bf16=False):
     def fn(ctx):
         model = TinyTransformer(config, device="cpu", seed=0)
         opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)
-        dp = DataParallelAdamW(opt, ctx, shard=shard)
+        dp = DataParallelAdamW(opt, ctx, shard=shard, model=model)
+        assert (dp.model is not None) == (shard and bf16)  # bf16 copies gathered: the cast cache
         losses, norms = [], []
         for w in batches:
             w = w[ctx.rank * B:(ctx.rank + 1) * B]
@@ -262,8 +277,8 @@ def test_data_parallel_adamw_matches_adamw_on_the_averaged_gradients(shard, bf16
         for key in state:
             for name, want in ref_state[key].items():
                 np.testing.assert_array_equal(state[key][name], want, err_msg=f"{key} {name}")
-        if shard:  # one reduce-scatter, one scalar all-reduce, one all-gather per step (+ 2 at the end)
-            assert calls == ["reduce_scatter", "all_reduce", "all_gather"] * STEPS + ["all_gather"] * 2
+        if shard:  # one reduce-scatter, one scalar all-reduce, one all-gather per step (+ 1 at the end)
+            assert calls == ["reduce_scatter", "all_reduce", "all_gather"] * STEPS + ["all_gather"]
         else:
             assert calls == ["all_reduce"] * STEPS
 
@@ -335,3 +350,46 @@ def test_optimizer_state_loaded_after_construction_is_adopted():
         np.testing.assert_array_equal(m0[name], m1[name])
         assert not np.allclose(m0[name], 0.5), name  # updated from the loaded 0.5
     assert len(set(ptr0)) == len(ptr0)
+
+
+def test_cast_cache_gives_the_forward_of_the_cast_weights():
+    """With a bf16 model the ranks gather bf16 copies of the weights; the forward takes them
+    instead of casting. Its loss and gradients must be those of casting the gathered float32
+    weights (refresh() goes back to casting)."""
+    config = TransformerConfig(**SMALL, bf16=True)
+    w = _batches(2)[0]
+
+    def fn(ctx):
+        model = TinyTransformer(config, device="cpu", seed=0)
+        opt = AdamW(model.named_parameters(), lr=1e-2)
+        dp = DataParallelAdamW(opt, ctx, model=model)
+        assert model._cast_cache() is None  # nothing gathered yet: the forward casts
+        part = w[ctx.rank * B:(ctx.rank + 1) * B]
+        _, loss = model(part[:, :-1], part[:, 1:])
+        loss.backward()
+        dp.step(1.0)
+        cached = model._cast_cache()
+        assert len(cached) == len(model.cast_parameters()) and cached[0].dtype == "bfloat16"
+        _, with_cache = model(part[:, :-1], part[:, 1:])
+        with_cache.backward()
+        g_cache = [p.grad.numpy().copy() for p in model.parameters()]
+        opt.zero_grad()
+        dp.gather_state()  # the float32 weights complete, then cast by the forward itself
+        dp.refresh()
+        assert model._cast_cache() is None
+        _, cast = model(part[:, :-1], part[:, 1:])
+        cast.backward()
+        assert with_cache.item() == cast.item()
+        for a, p in zip(g_cache, model.parameters()):
+            np.testing.assert_array_equal(a, p.grad.numpy())
+        with pytest.raises(ValueError, match="not a cast"):
+            ops.cast_many(model.cast_parameters()[:1], "bfloat16", cached=[xtrain.zeros((1,), dtype="bfloat16")])
+        with pytest.raises(ValueError, match="cached casts"):
+            ops.cast_many(model.cast_parameters()[:2], "bfloat16", cached=cached[:1])
+        with pytest.raises(ValueError, match="not of dtype"):
+            ops.cast_many(model.cast_parameters()[:1], "float64", cached=cached[:1])
+        dp.release()
+        assert model._cast_cache is None and all(p._grad_buffer is None for p in model.parameters())
+        return True
+
+    assert _run_ranks(2, fn) == [True, True]

@@ -488,15 +488,26 @@ void Communicator::wait_async(int rank) {
   r.in_flight.clear();
 }
 
-void Communicator::reduce_scatter(int rank, const Tensor& flat, ReduceOp op, const std::vector<Tensor>& extra) {
+namespace {
+// Elements per rank of each flat tensor of a chunked collective (reduce-scatter, all-gather).
+std::vector<size_t> chunk_sizes(const std::vector<Tensor>& flats, int64_t world, const char* op) {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < flats.size(); ++i) {
+    XT_CHECK(flats[i].numel() % world == 0, ValueError, op, ": flats[", i, "] ", flats[i].describe(), " has ",
+             flats[i].numel(), " elements, not a multiple of the ", world, " ranks");
+    out.push_back(static_cast<size_t>(flats[i].numel() / world));
+  }
+  return out;
+}
+}  // namespace
+
+void Communicator::reduce_scatter(int rank, const std::vector<Tensor>& flats, ReduceOp op,
+                                  const std::vector<Tensor>& extra) {
   Rank& r = rank_at(rank, "reduce_scatter");
-  std::vector<Tensor> all{flat};
+  std::vector<Tensor> all(flats);
   all.insert(all.end(), extra.begin(), extra.end());
   check_tensors(r, all, "reduce_scatter", /*floating=*/true);
-  const int64_t n = flat.numel(), w = world_size();
-  XT_CHECK(n % w == 0, ValueError, "reduce_scatter: ", flat.describe(), " has ", n,
-           " elements, not a multiple of the ", w, " ranks");
-  const size_t chunk = static_cast<size_t>(n / w);
+  const std::vector<size_t> chunks = chunk_sizes(flats, world_size(), "reduce_scatter");
   void* stream = cuda::current_stream(r.device);
   std::string err;
   {
@@ -507,10 +518,11 @@ void Communicator::reduce_scatter(int rank, const Tensor& flat, ReduceOp op, con
       const ncclRedOp_t nop = op == ReduceOp::Avg ? ncclAvg : ncclSum;
       const auto s = static_cast<cudaStream_t>(stream);
       ncclResult_t res = ncclGroupStart();
-      if (chunk > 0) {
-        char* base = flat.data<char>();
-        res = ncclReduceScatter(base, base + rank * chunk * flat.itemsize(), chunk, nccl_dtype(flat.dtype()), nop,
-                                r.comm, s);
+      for (size_t i = 0; i < flats.size() && !is_error(res); ++i) {
+        if (chunks[i] == 0) continue;
+        char* base = flats[i].data<char>();
+        res = ncclReduceScatter(base, base + rank * chunks[i] * flats[i].itemsize(), chunks[i],
+                                nccl_dtype(flats[i].dtype()), nop, r.comm, s);
       }
       for (const Tensor& t : extra) {
         if (is_error(res) || t.numel() == 0) continue;
@@ -526,14 +538,10 @@ void Communicator::reduce_scatter(int rank, const Tensor& flat, ReduceOp op, con
   if (!err.empty()) fail(err);
 }
 
-void Communicator::all_gather(int rank, const Tensor& flat) {
+void Communicator::all_gather(int rank, const std::vector<Tensor>& flats) {
   Rank& r = rank_at(rank, "all_gather");
-  check_tensors(r, {flat}, "all_gather", /*floating=*/false);
-  const int64_t n = flat.numel(), w = world_size();
-  XT_CHECK(n % w == 0, ValueError, "all_gather: ", flat.describe(), " has ", n, " elements, not a multiple of the ",
-           w, " ranks");
-  const size_t chunk_bytes = static_cast<size_t>(n / w) * flat.itemsize();
-  if (chunk_bytes == 0) return;
+  check_tensors(r, flats, "all_gather", /*floating=*/false);
+  const std::vector<size_t> chunks = chunk_sizes(flats, world_size(), "all_gather");
   void* stream = cuda::current_stream(r.device);
   std::string err;
   {
@@ -541,10 +549,16 @@ void Communicator::all_gather(int rank, const Tensor& flat) {
     err = check_usable(r, "all_gather");
     if (err.empty()) {
       cuda::DeviceGuard guard(r.device);
-      char* base = flat.data<char>();
-      const ncclResult_t res = ncclAllGather(base + rank * chunk_bytes, base, chunk_bytes, ncclUint8, r.comm,
-                                             static_cast<cudaStream_t>(stream));  // bytes: any dtype
-      if (is_error(res)) err = nccl_failure(r, res, "all_gather");
+      ncclResult_t res = ncclGroupStart();
+      for (size_t i = 0; i < flats.size() && !is_error(res); ++i) {
+        const size_t bytes = chunks[i] * flats[i].itemsize();
+        if (bytes == 0) continue;
+        char* base = flats[i].data<char>();
+        res = ncclAllGather(base + rank * bytes, base, bytes, ncclUint8, r.comm,
+                            static_cast<cudaStream_t>(stream));  // bytes: any dtype
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      if (is_error(res) || is_error(end)) err = nccl_failure(r, is_error(res) ? res : end, "all_gather");
       else err = wait_host_progress(r, "all_gather");
       if (err.empty()) track(r, stream, "all_gather");
     }

@@ -65,14 +65,14 @@ class Communicator {
   void all_reduce_async(int rank, const std::vector<Tensor>& tensors, ReduceOp op);
   // Orders the rank's stream after every all_reduce_async so far (no host wait).
   void wait_async(int rank);
-  // reduce_scatter: `flat` (float32 or bfloat16, numel a multiple of the world size) in place:
-  // rank r's chunk [r*n/W, (r+1)*n/W) becomes the reduction of every rank's chunk r; the other
-  // chunks of `flat` hold unspecified values afterwards. `extra` (small float32/bf16 tensors, the
-  // step's loss) are all-reduced with the same op in the same launch.
-  void reduce_scatter(int rank, const Tensor& flat, ReduceOp op, const std::vector<Tensor>& extra);
-  // all_gather: `flat` in place (any dtype, numel a multiple of the world size): chunk r of every
-  // rank becomes rank r's chunk r.
-  void all_gather(int rank, const Tensor& flat);
+  // reduce_scatter: each of `flats` (float32 or bfloat16, numel a multiple of the world size) in
+  // place: rank r's chunk [r*n/W, (r+1)*n/W) becomes the reduction of every rank's chunk r; the
+  // other chunks hold unspecified values afterwards. `extra` (small float32/bf16 tensors, the
+  // step's loss) are all-reduced with the same op. One launch for all of it.
+  void reduce_scatter(int rank, const std::vector<Tensor>& flats, ReduceOp op, const std::vector<Tensor>& extra);
+  // all_gather: each of `flats` in place (any dtype, numel a multiple of the world size): chunk r
+  // of every rank becomes rank r's chunk r. One launch.
+  void all_gather(int rank, const std::vector<Tensor>& flats);
   // broadcast: root's values overwrite every other rank's (any dtype).
   void broadcast(int rank, const std::vector<Tensor>& tensors, int root);
   // Sync point: returns once every rank has reached its barrier and this rank's earlier

@@ -27,6 +27,16 @@ constexpr const char* kNoNccl =
 
 }  // namespace
 
+#ifdef XT_NCCL
+namespace {
+// A Tensor or a list of them.
+std::vector<Tensor> tensor_list(const py::object& o) {
+  if (py::isinstance<Tensor>(o)) return {o.cast<Tensor>()};
+  return o.cast<std::vector<Tensor>>();
+}
+}  // namespace
+#endif
+
 void init_dist(py::module_& m) {
   py::module_ d = m.def_submodule("dist", "NCCL communicator (data-parallel training)");
 #ifdef XT_NCCL
@@ -74,19 +84,23 @@ void init_dist(py::module_& m) {
            }, py::arg("tensors"), py::arg("op") = "avg",
            "In-place all-reduce (\"avg\" or \"sum\") of float32/bfloat16 tensors on this rank's device, "
            "as one NCCL launch on this thread's stream (asynchronous)")
-      .def("reduce_scatter", [](const RankHandle& h, const Tensor& flat, const std::string& op,
+      .def("reduce_scatter", [](const RankHandle& h, const py::object& flats, const std::string& op,
                                 const std::vector<Tensor>& extra) {
+             const std::vector<Tensor> list = tensor_list(flats);
              const dist::ReduceOp rop = dist::parse_reduce_op(op);
              py::gil_scoped_release nogil;
-             h.comm->reduce_scatter(h.rank, flat, rop, extra);
-           }, py::arg("flat"), py::arg("op") = "avg", py::arg("extra") = std::vector<Tensor>{},
-           "In place: this rank's chunk (numel / world_size elements, in rank order) of `flat` becomes the "
-           "reduction over the ranks; the other chunks are left unspecified. `extra` tensors are all-reduced "
-           "in the same launch (asynchronous)")
-      .def("all_gather", [](const RankHandle& h, const Tensor& flat) {
+             h.comm->reduce_scatter(h.rank, list, rop, extra);
+           }, py::arg("flats"), py::arg("op") = "avg", py::arg("extra") = std::vector<Tensor>{},
+           "In place, for a tensor or each of a list: this rank's chunk (numel / world_size elements, in rank "
+           "order) becomes the reduction over the ranks; the other chunks are left unspecified. `extra` tensors "
+           "are all-reduced in the same launch (asynchronous)")
+      .def("all_gather", [](const RankHandle& h, const py::object& flats) {
+             const std::vector<Tensor> list = tensor_list(flats);
              py::gil_scoped_release nogil;
-             h.comm->all_gather(h.rank, flat);
-           }, py::arg("flat"), "In place: chunk r of `flat` becomes rank r's chunk r on every rank (asynchronous)")
+             h.comm->all_gather(h.rank, list);
+           }, py::arg("flats"),
+           "In place, for a tensor or each of a list: chunk r becomes rank r's chunk r on every rank (one launch, "
+           "asynchronous)")
       .def("broadcast", [](const RankHandle& h, const std::vector<Tensor>& tensors, int root) {
              py::gil_scoped_release nogil;
              h.comm->broadcast(h.rank, tensors, root);

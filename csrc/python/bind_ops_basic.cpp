@@ -47,13 +47,23 @@ void init_ops_basic(py::module_& m) {
           py::gil_scoped_release nogil;
           return tape::cast(x, dt);
         }, py::arg("x"), py::arg("dtype"), "x in another dtype; the gradient comes back in x's dtype");
-  m.def("cast_many", [](const std::vector<Tensor>& xs, const py::object& dtype) {
+  m.def("cast_many", [](const std::vector<Tensor>& xs, const py::object& dtype,
+                        const std::optional<std::vector<Tensor>>& cached) {
+          if (cached) {
+            for (size_t i = 0; i < cached->size() && i < xs.size(); ++i)
+              XT_CHECK(dtype.is_none() || (*cached)[i].dtype() == dtype_arg(dtype, DType::Float32), ValueError,
+                       "cast_many: cached[", i, "] is ", (*cached)[i].describe(), ", not of dtype ",
+                       py::str(dtype).cast<std::string>());
+            py::gil_scoped_release nogil;
+            return tape::cast_many_cached(xs, *cached);
+          }
           if (dtype.is_none()) return xs;  // like cast: no dtype keeps each tensor as it is
           const DType dt = dtype_arg(dtype, DType::Float32);
           py::gil_scoped_release nogil;
           return tape::cast_many(xs, dt);
-        }, py::arg("tensors"), py::arg("dtype"),
-        "[cast(x, dtype) for x in tensors] in one fused kernel; each output keeps its own CastBackward");
+        }, py::arg("tensors"), py::arg("dtype"), py::arg("cached") = py::none(),
+        "[cast(x, dtype) for x in tensors] in one fused kernel; each output keeps its own CastBackward. "
+        "cached: the casts' values, already computed (no kernel runs; the outputs share their memory)");
   m.def("to", [](T x, const py::object& device, const py::object& dtype) {
           const Device dev = device_arg(device, x.device());
           const DType dt = dtype_arg(dtype, x.dtype());

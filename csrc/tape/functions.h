@@ -34,6 +34,11 @@ Tensor cast(const Tensor& x, DType dtype);  // backward returns the gradient in 
 // cast on each tensor of a list with one fused forward (ops::cast_many); each output that needs
 // grad gets its own CastBackward node, so each input's gradient is final on its own.
 std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype);
+// cast_many whose values are already known: out[i] has cached[i]'s values (its memory, no kernel)
+// and the history of cast(xs[i], cached[i].dtype()) (a CastBackward to xs[i]). The caller
+// guarantees cached[i] holds exactly that cast (data-parallel training gathers the bf16 copies of
+// the weights the ranks cast after their update: xtrain.distributed.DataParallelAdamW).
+std::vector<Tensor> cast_many_cached(const std::vector<Tensor>& xs, const std::vector<Tensor>& cached);
 Tensor to(const Tensor& x, Device device, DType dtype);  // differentiable copy
 Tensor dropout(const Tensor& x, double p, bool training, const std::shared_ptr<Generator>& gen);
 

@@ -358,12 +358,12 @@ class DataParallelAdamW:
     """The optimizer step of data-parallel training on flat buffers: gradient average, global-norm
     clipping and AdamW, with one collective for all the gradients.
 
-        dp = DataParallelAdamW(optimizer, ctx)          # after optimizer.load_state_dict, if any
+        dp = DataParallelAdamW(optimizer, ctx, model=model)   # after optimizer.load_state_dict
         for step ...:
             _, loss = model(x, y)
             loss.backward()
             norm = dp.step(max_norm=1.0, extra=[loss.detach()])   # average, clip, AdamW, zero grads
-        dp.gather_state()                                # (every rank) before optimizer.state_dict()
+        dp.gather_state()    # every rank, before reading the weights or optimizer.state_dict()
 
     At construction the parameters, their moments and a gradient buffer are laid out in flat
     float32 buffers of one layout (each tensor at a multiple of FLAT_ALIGN elements): the
@@ -372,33 +372,54 @@ class DataParallelAdamW:
     where backward puts its gradient (a bf16 weight's cast backward writes its float32 gradient
     straight into it; other gradients are copied in).
 
-    shard=True (ZeRO stage 1): the gradient buffer is reduce-scattered (averaged) rather than
-    all-reduced, so each rank holds the average of its 1/N chunk only; each rank clips (the global
-    norm: its chunk's sum of squares, all-reduced as one scalar) and runs AdamW on its chunk, then
-    the parameters are all-gathered. The link carries the bytes of one all-reduce, the clipping and
-    AdamW work per rank is 1/N, and every rank ends the step with the same complete parameters: per
-    element the same arithmetic as the unsharded step, so the same bits (the global norm is summed
-    in another order, which can move the clipping factor by an ulp). The moments stay full-size on
-    every rank, but only each rank's chunk is current: gather_state() all-gathers them (a
-    collective: every rank calls it) before optimizer.state_dict() is read.
+    shard=True (ZeRO stage 1, the default): the gradients are reduce-scattered (averaged) rather
+    than all-reduced, so each rank holds the average of its 1/N chunk only; each rank clips (the
+    global norm: its chunk's sum of squares, all-reduced as one scalar) and runs AdamW on its chunk,
+    then the updated weights are all-gathered. Per element this is the arithmetic of the unsharded
+    step, so the same bits (the global norm is summed in another order, which can move the
+    clipping factor by an ulp). AdamW's work per rank is 1/N; the moments stay full-size on every
+    rank, but only each rank's chunk is current until gather_state().
 
-    shard=False: one all-reduce of the whole buffer, then clip and AdamW over all of it on every
-    rank (the optimizer's own step)."""
+    With `model` (a bf16 TinyTransformer) the ranks gather the bf16 copies of the weights the
+    forward casts instead of their float32 values: each rank casts its updated chunk (the cast
+    kernel the forward runs, so the same bits) and the all-gather moves half the bytes; the model
+    takes the gathered copies instead of casting (model.set_cast_cache). Those float32 weights are
+    then current only in each rank's own chunk until gather_state() gathers them. Write weights
+    only through step(), or call refresh() after writing them (the forward then casts the float32
+    weights again, which must then be the same on every rank).
 
-    def __init__(self, optimizer, ctx: RankContext, shard: bool = True):
+    shard=False: one all-reduce of the whole gradient buffer, then clip and AdamW over all of it on
+    every rank (the optimizer's own step)."""
+
+    def __init__(self, optimizer, ctx: RankContext, shard: bool = True, model=None):
         self.opt, self.ctx, self.shard = optimizer, ctx, bool(shard)
         params = optimizer.params
         device = params[0].device
-        world = ctx.world_size
-        self.offsets, total = [], 0
-        for p in params:
-            self.offsets.append(total)
-            total += -(-p.numel() // FLAT_ALIGN) * FLAT_ALIGN
-        total = -(-total // (world * FLAT_ALIGN)) * (world * FLAT_ALIGN)  # equal, aligned chunks
+        world, rank = ctx.world_size, ctx.rank
+        # Regions of the flat layout, each split into equal chunks (rank r owns chunk r of each):
+        # with a cast cache, the weights the model casts (in its cast order), then the rest.
+        cast = model.cast_parameters() if (model is not None and self.shard) else []
+        index = {p.data_ptr(): i for i, p in enumerate(params)}
+        missing = [t for t in cast if t.data_ptr() not in index]
+        if missing:
+            raise ValueError(f"DataParallelAdamW: the model casts a weight of shape {tuple(missing[0].shape)} "
+                             f"that the optimizer does not hold")
+        first = [index[t.data_ptr()] for t in cast]
+        taken = set(first)
+        regions = [r for r in (first, [i for i in range(len(params)) if i not in taken]) if r]
+        self.offsets = [0] * len(params)
+        self._regions, total = [], 0   # (start, numel) per region
+        for members in regions:
+            start = total
+            for i in members:
+                self.offsets[i] = total
+                total += -(-params[i].numel() // FLAT_ALIGN) * FLAT_ALIGN
+            total = start + -(-(total - start) // (world * FLAT_ALIGN)) * (world * FLAT_ALIGN)
+            self._regions.append((start, total - start))
         self.numel = total
 
-        def flat():
-            return xtrain.zeros((total,), dtype="float32", device=device)
+        def flat(dtype="float32", n=total):
+            return xtrain.zeros((n,), dtype=dtype, device=device)
 
         self.flat_params, self.flat_grads, self.flat_m, self.flat_v = flat(), flat(), flat(), flat()
         self._views = lambda buf: [buf._storage_view(o, tuple(p.shape)) for o, p in zip(self.offsets, params)]
@@ -410,23 +431,44 @@ class DataParallelAdamW:
             p._grad_buffer = buf
         _C._grads_into_buffers([p for p in params if p.grad is not None])
 
-        chunk = total // world
-        lo, hi = ctx.rank * chunk, (ctx.rank + 1) * chunk
-        self.grad_chunk = self.flat_grads._storage_view(lo, (chunk,))
-        # This rank's part of each parameter (and of its gradient and moments), per AdamW group.
-        # (The norm is summed over these pieces in parameter order, as clip_grad_norm_ sums the
-        # gradients: with one rank the two give the same bits.)
+        def region_views(buf):
+            return [buf._storage_view(start, (n,)) for start, n in self._regions]
+
+        self._region_grads, self._region_params = region_views(self.flat_grads), region_views(self.flat_params)
+        self._region_moments = region_views(self.flat_m) + region_views(self.flat_v)
+        chunks = [(start + rank * (n // world), start + (rank + 1) * (n // world)) for start, n in self._regions]
+        self.grad_chunks = [self.flat_grads._storage_view(lo, (hi - lo,)) for lo, hi in chunks]
+        # This rank's part of each parameter (and of its gradient and moments), per AdamW group;
+        # the norm is summed over the gradient parts in parameter order, as clip_grad_norm_ sums
+        # the gradients, so with one rank the two give the same bits.
         decay = set(optimizer.decay)
         self._groups = {True: ([], [], [], []), False: ([], [], [], [])}
         self._grad_parts = []
         for i, (o, p) in enumerate(zip(self.offsets, params)):
-            a, b = max(o, lo), min(o + p.numel(), hi)
-            if a >= b:
-                continue
-            lists = self._groups[i in decay]
-            for lst, buf in zip(lists, (self.flat_params, self.flat_grads, self.flat_m, self.flat_v)):
-                lst.append(buf._storage_view(a, (b - a,)))
-            self._grad_parts.append(lists[1][-1])
+            for lo, hi in chunks:
+                a, b = max(o, lo), min(o + p.numel(), hi)
+                if a >= b:
+                    continue
+                lists = self._groups[i in decay]
+                for lst, buf in zip(lists, (self.flat_params, self.flat_grads, self.flat_m, self.flat_v)):
+                    lst.append(buf._storage_view(a, (b - a,)))
+                self._grad_parts.append(lists[1][-1])
+
+        # The cast cache: bf16 copies of the cast weights (region 0), gathered after each step.
+        self.model, self._cache_valid = None, False
+        if cast:
+            start, n = self._regions[0]
+            lo, hi = chunks[0]
+            self.flat_cast = flat("bfloat16", n)
+            self._cast_views = [self.flat_cast._storage_view(self.offsets[i] - start, tuple(params[i].shape))
+                                for i in first]
+            self._cast_chunk = self.flat_cast._storage_view(lo - start, (hi - lo,))
+            self._cast_source = self.flat_params._storage_view(lo, (hi - lo,))
+            self.model = model
+            model.set_cast_cache(self._cached_casts)
+
+    def _cached_casts(self):
+        return self._cast_views if self._cache_valid else None
 
     def _adopt_moments(self) -> None:
         """Move the optimizer's moments into the flat buffers (again after load_state_dict, which
@@ -437,14 +479,17 @@ class DataParallelAdamW:
                 t._move_into(dst)
         self._moment_lists = (opt.exp_avg, opt.exp_avg_sq)
 
+    def _check_moments(self) -> None:
+        if self._moment_lists[0] is not self.opt.exp_avg or self._moment_lists[1] is not self.opt.exp_avg_sq:
+            self._adopt_moments()
+
     def step(self, max_norm: float | None, extra=()):
         """Average the gradients over the ranks, clip them to `max_norm` (None or <= 0: no clip),
         update the parameters and clear the gradients. `extra`: float32/bf16 tensors (the step's
         detached loss) averaged in the same launch. Returns the global gradient norm before
         clipping (a device scalar; no host sync)."""
         opt, comm = self.opt, self.ctx.comm
-        if self._moment_lists[0] is not opt.exp_avg or self._moment_lists[1] is not opt.exp_avg_sq:
-            self._adopt_moments()
+        self._check_moments()
         missing = _C._grads_into_buffers(opt.params)
         if missing:
             i = missing[0]
@@ -458,38 +503,55 @@ class DataParallelAdamW:
             if clip:
                 _C.optim.clip_by_norm_([self.flat_grads], norm, float(max_norm))
             opt.step()
+            opt.zero_grad(set_to_none=True)
+            return norm
+        comm.reduce_scatter(self._region_grads, "avg", extra)
+        norm = _C.optim.global_norm(self._grad_parts)
+        if self.ctx.world_size > 1:  # the global norm from every rank's sum of squares
+            sq = xtrain.ops.mul(norm, norm)
+            comm.all_reduce([sq], "sum")
+            norm = xtrain.ops.sqrt(sq)
+        if clip:
+            _C.optim.clip_by_norm_(self.grad_chunks, norm, float(max_norm))
+        opt.step_count += 1
+        b1, b2 = opt.betas
+        for decays, (ps, gs, ms, vs) in self._groups.items():
+            if ps:
+                _C.optim.adamw_step(ps, gs, ms, vs, opt.lr, b1, b2, opt.eps,
+                                    opt.weight_decay if decays else 0.0, opt.step_count)
+        if self.model is None:
+            comm.all_gather(self._region_params)
         else:
-            comm.reduce_scatter(self.flat_grads, "avg", extra)
-            norm = _C.optim.global_norm(self._grad_parts)
-            if self.ctx.world_size > 1:  # the global norm from every rank's sum of squares
-                sq = xtrain.ops.mul(norm, norm)
-                comm.all_reduce([sq], "sum")
-                norm = xtrain.ops.sqrt(sq)
-            if clip:
-                _C.optim.clip_by_norm_([self.grad_chunk], norm, float(max_norm))
-            opt.step_count += 1
-            b1, b2 = opt.betas
-            for decays, (ps, gs, ms, vs) in self._groups.items():
-                if ps:
-                    _C.optim.adamw_step(ps, gs, ms, vs, opt.lr, b1, b2, opt.eps,
-                                        opt.weight_decay if decays else 0.0, opt.step_count)
-            comm.all_gather(self.flat_params)
+            self._cast_chunk.copy_(self._cast_source)  # the forward's cast kernel, on this rank's chunk
+            comm.all_gather([self.flat_cast, *self._region_params[1:]])
+            self._cache_valid = True
         opt.zero_grad(set_to_none=True)
         return norm
 
     def gather_state(self) -> None:
-        """Make the moments complete on every rank (each rank's AdamW chunk to all); a collective,
-        call it on every rank before reading optimizer.state_dict(). No-op when unsharded."""
-        if self._moment_lists[0] is not self.opt.exp_avg or self._moment_lists[1] is not self.opt.exp_avg_sq:
-            self._adopt_moments()
+        """Make the weights and the moments complete on every rank (each rank's chunks to all); a
+        collective: call it on every rank before reading the weights (a checkpoint, a comparison)
+        or optimizer.state_dict(). No-op when unsharded."""
+        self._check_moments()
         if self.shard:
-            self.ctx.comm.all_gather(self.flat_m)
-            self.ctx.comm.all_gather(self.flat_v)
+            flats = list(self._region_moments)
+            if self.model is not None:
+                flats.append(self._region_params[0])  # the float32 cast weights
+            self.ctx.comm.all_gather(flats)
+
+    def refresh(self) -> None:
+        """Forget the gathered bf16 copies (after writing the weights other than through step()):
+        the forward casts the float32 weights again until the next step()."""
+        self._cache_valid = False
 
     def release(self) -> None:
-        """Detach the grad buffers (parameters and moments keep living in the flat buffers)."""
+        """Detach the grad buffers and the model's cast cache (the parameters and moments keep
+        living in the flat buffers). With a cast cache, call gather_state() first."""
         for p in self.opt.params:
             p._grad_buffer = None
+        if self.model is not None:
+            self.model.set_cast_cache(None)
+            self.model = None
 
 
 def _as_list(tensors) -> list:

@@ -144,7 +144,8 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
         step = ckpt.step
     # Several GPUs: gradients in one flat buffer, one collective per step (and with sharding,
     # each rank updates its share of the weights); the same updates as one device.
-    dp = None if ctx is None else distributed.DataParallelAdamW(optimizer, ctx, shard=cfg.shard_optimizer)
+    dp = None if ctx is None else distributed.DataParallelAdamW(optimizer, ctx, shard=cfg.shard_optimizer,
+                                                                       model=model)
     decay_steps = cfg.decay_steps or cfg.steps
     min_lr = cfg.min_lr if cfg.min_lr is not None else max_lr / 10
 

@@ -323,6 +323,28 @@ std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype) {
   return out;
 }
 
+std::vector<Tensor> cast_many_cached(const std::vector<Tensor>& xs, const std::vector<Tensor>& cached) {
+  XT_CHECK(xs.size() == cached.size(), ValueError, "cast_many: ", xs.size(), " tensors but ", cached.size(),
+           " cached casts");
+  for (size_t i = 0; i < xs.size(); ++i) {
+    XT_CHECK(xs[i].defined() && cached[i].defined(), ValueError, "cast_many: tensors[", i, "] and cached[", i,
+             "] must be tensors");
+    XT_CHECK(cached[i].shape() == xs[i].shape() && cached[i].device() == xs[i].device() &&
+                 is_floating(cached[i].dtype()) && cached[i].dtype() != xs[i].dtype(),
+             ValueError, "cast_many: cached[", i, "] ", cached[i].describe(), " is not a cast of tensors[", i, "] ",
+             xs[i].describe(), " (same shape and device, another floating dtype)");
+  }
+  std::vector<Tensor> out;
+  out.reserve(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    out.push_back(cached[i].detach());  // its own handle: the history goes on it, not on the cache
+    if (!needs_grad({&xs[i]})) continue;
+    auto node = make_node<ToBackward>({xs[i]}, xs[i].device(), xs[i].dtype(), "CastBackward");
+    set_history(out.back(), node);
+  }
+  return out;
+}
+
 Tensor to(const Tensor& x, Device device, DType dtype) {
   ops::check_defined(x, "x");
   if (x.device() == device && x.dtype() == dtype) return x;

@@ -253,6 +253,26 @@ class TinyTransformer(nn.Module):
         self.norm = nn.RMSNorm(config.dim, config.norm_eps, device)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, device=device, generator=gen,
                                  std=INIT_STD)
+        self._cast_cache = None  # set_cast_cache
+
+    def cast_parameters(self) -> list:
+        """The float32 weights the forward casts to the compute dtype, in the order of its one
+        ops.cast_many (every linear weight, then lm_head); [] without bf16."""
+        if not self.config.bf16:
+            return []
+        linear = Block.LINEAR
+        return [p[i] for p in (layer.block_params() for layer in self.layers) for i in linear] + \
+            [self.lm_head.weight]
+
+    def set_cast_cache(self, provider) -> None:
+        """provider: a callable returning the bf16 casts of cast_parameters() (in order), already
+        computed, or None when it has none; None removes it. The forward then takes those values
+        instead of casting (the backward is the cast's). Data-parallel training uses it: each rank
+        casts its share of the updated weights and the ranks gather the bf16 copies
+        (xtrain.distributed.DataParallelAdamW)."""
+        if provider is not None and not callable(provider):
+            raise TypeError(f"set_cast_cache: provider must be callable or None, got {type(provider).__name__}")
+        self._cast_cache = provider
 
     def forward(self, ids, targets=None, return_logits=None):
         """ids int (B, S) -> (logits, loss).
@@ -295,7 +315,8 @@ class TinyTransformer(nn.Module):
         if not self.config.bf16:
             return blocks, head
         linear = Block.LINEAR
-        cast = ops.cast_many([p[i] for p in blocks for i in linear] + [head], "bfloat16")
+        cached = self._cast_cache() if self._cast_cache is not None else None
+        cast = ops.cast_many([p[i] for p in blocks for i in linear] + [head], "bfloat16", cached=cached)
         k = 0
         for p in blocks:
             for i in linear:
