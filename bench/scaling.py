@@ -7,9 +7,10 @@ Both sides train the same architecture from the same initial weights (xtrain's T
 PyTorch's bench/torch_model.py peer, the one bench/train_throughput.py uses: bf16 autocast,
 flash SDPA, fused AdamW) with the same step: forward, backward, gradient average over the GPUs,
 clip at 1.0, AdamW, on random token windows uploaded from the host every step. xtrain runs one
-process with a thread per GPU (xtrain.distributed.launch) and averages gradients after backward in
-one launch, as the training loop does (`--overlap` adds a row that averages them while backward
-runs, xtrain.distributed.GradientReducer); PyTorch runs one process per GPU under torchrun with
+process with a thread per GPU (xtrain.distributed.launch) and on several GPUs takes the training
+loop's step, xtrain.distributed.DataParallelAdamW sharded with the model's bf16 weight copies
+(`--steps-dp` adds rows for the flat all-reduce step and the per-tensor all_reduce_gradients step;
+`--overlap` one that averages while backward runs, GradientReducer); PyTorch runs one process per GPU under torchrun with
 DistributedDataParallel (bucketed, overlapped; none on one GPU). Each measurement is its own
 subprocess. Timing: `--warmup` steps, then `--steps` steps between two device syncs
 (every rank synchronised, the slowest rank's time counts); global tok/s = GPUs x batch x seq x

@@ -75,6 +75,14 @@ class Tensor:
         ...
     def __truediv__(self, other):
         ...
+    def _move_into(self, dst: Tensor) -> None:
+        """
+        Copy the values into dst, then make this tensor (every holder of it) use dst's memory
+        """
+    def _storage_view(self, offset: typing.SupportsInt | typing.SupportsIndex, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> Tensor:
+        """
+        A view of `shape` starting `offset` elements into this tensor's storage (no history)
+        """
     def backward(self) -> None:
         """
         Backpropagate from a one-element tensor (seed of ones)
@@ -158,6 +166,14 @@ class Tensor:
         Fill with zeros in place (no autograd)
         """
     @property
+    def _grad_buffer(self) -> typing.Any:
+        """
+        Where backward puts this leaf's gradient when .grad is None (a view into a flat buffer; see xtrain.distributed.DataParallelAdamW), or None
+        """
+    @_grad_buffer.setter
+    def _grad_buffer(self, arg1: typing.Any) -> None:
+        ...
+    @property
     def device(self) -> str:
         ...
     @property
@@ -188,6 +204,10 @@ def _from_dlpack_capsule(capsule: typing_extensions.CapsuleType) -> Tensor:
 def _from_numpy(array: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]], dtype: typing.Any, device: typing.Any = None) -> Tensor:
     """
     Copy a numpy array into a new tensor (used by xtrain.tensor)
+    """
+def _grads_into_buffers(params: collections.abc.Sequence[Tensor]) -> list[int]:
+    """
+    Move every parameter's .grad into its grad buffer; indices without one
     """
 def arange(start: typing.SupportsFloat | typing.SupportsIndex, end: typing.SupportsFloat | typing.SupportsIndex, step: typing.SupportsFloat | typing.SupportsIndex = 1.0, dtype: typing.Any = None, device: typing.Any = None) -> Tensor:
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['Communicator', 'RankComm', 'UNAVAILABLE_REASON', 'is_available', 'nccl_version']
+__all__: list[str] = ['Communicator', 'GradReducer', 'RankComm', 'UNAVAILABLE_REASON', 'is_available', 'nccl_version']
 class RankComm:
     """
     One rank's view of a Communicator; use it from that rank's thread
@@ -13,6 +13,10 @@ class RankComm:
     def abort(self, reason: str = 'aborted by the caller') -> None:
         """
         Abort the whole communicator
+        """
+    def all_gather(self, flats: typing.Any) -> None:
+        """
+        In place, for a tensor or each of a list: chunk r becomes rank r's chunk r on every rank (one launch, asynchronous)
         """
     def all_reduce(self, tensors: collections.abc.Sequence[xtrain._C.Tensor], op: str = 'avg') -> None:
         """
@@ -25,6 +29,10 @@ class RankComm:
     def broadcast(self, tensors: collections.abc.Sequence[xtrain._C.Tensor], root: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
         """
         In place: every rank gets root's values (asynchronous)
+        """
+    def reduce_scatter(self, flats: typing.Any, op: str = 'avg', extra: collections.abc.Sequence[xtrain._C.Tensor] = []) -> None:
+        """
+        In place, for a tensor or each of a list: this rank's chunk (numel / world_size elements, in rank order) becomes the reduction over the ranks; the other chunks are left unspecified. `extra` tensors are all-reduced in the same launch (asynchronous)
         """
     @property
     def communicator(self) -> Communicator:
@@ -76,6 +84,32 @@ class Communicator:
         ...
     @property
     def world_size(self) -> int:
+        ...
+class GradReducer:
+    """
+    Averages one rank's parameter gradients over the ranks while backward runs: buckets of about bucket_bytes, in reverse parameter order, each all-reduced on a side stream as soon as its gradients are final. Use from the rank's thread: arm(); loss.backward(); finish(extra)
+    """
+    def __init__(self, comm: RankComm, params: collections.abc.Sequence[xtrain._C.Tensor], bucket_bytes: typing.SupportsInt | typing.SupportsIndex = 26214400) -> None:
+        ...
+    def arm(self) -> None:
+        """
+        Hook this thread's backward walks (call before backward)
+        """
+    def disarm(self) -> None:
+        """
+        Unhook without launching anything (after a failed backward)
+        """
+    def finish(self, extra: collections.abc.Sequence[xtrain._C.Tensor] = []) -> None:
+        """
+        Unhook, launch what is left, join the side stream and average the small gradients and `extra` (asynchronous: no host wait)
+        """
+    @property
+    def launched_during_backward(self) -> int:
+        """
+        Buckets the last backward launched before it ended (the overlapped ones)
+        """
+    @property
+    def num_buckets(self) -> int:
         ...
 def is_available() -> bool:
     """

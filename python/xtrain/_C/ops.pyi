@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_scalar', 'cast', 'cross_entropy', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'from_heads', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'to_heads', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -17,6 +17,10 @@ def add_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsInd
 def cast(x: xtrain._C.Tensor, dtype: typing.Any) -> xtrain._C.Tensor:
     """
     x in another dtype; the gradient comes back in x's dtype
+    """
+def cast_many(tensors: collections.abc.Sequence[xtrain._C.Tensor], dtype: typing.Any, cached: collections.abc.Sequence[xtrain._C.Tensor] | None = None) -> list[xtrain._C.Tensor]:
+    """
+    [cast(x, dtype) for x in tensors] in one fused kernel; each output keeps its own CastBackward. cached: the casts' values, already computed (no kernel runs; the outputs share their memory)
     """
 def cross_entropy(logits: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100) -> xtrain._C.Tensor:
     """
@@ -41,6 +45,10 @@ def embedding(weight: xtrain._C.Tensor, ids: xtrain._C.Tensor) -> xtrain._C.Tens
 def exp(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     e ** x
+    """
+def from_heads(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    x [B, H, S, D] -> [B*S, H*D]: permute to [B, S, H, D], reshape (the inverse of to_heads' layout change)
     """
 def linear(x: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
@@ -137,6 +145,10 @@ def swiglu(gate: xtrain._C.Tensor, up: xtrain._C.Tensor) -> xtrain._C.Tensor:
 def to(x: xtrain._C.Tensor, device: typing.Any = None, dtype: typing.Any = None) -> xtrain._C.Tensor:
     """
     Differentiable copy to another device and/or dtype (x itself when nothing changes)
+    """
+def to_heads(x: xtrain._C.Tensor, seq: typing.SupportsInt | typing.SupportsIndex, n_heads: typing.SupportsInt | typing.SupportsIndex, norm_weight: xtrain._C.Tensor | None = None, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, rope_theta: typing.SupportsFloat | typing.SupportsIndex | None = None) -> xtrain._C.Tensor:
+    """
+    x [B*S, H*D] -> [B, H, S, D]: reshape, rms_norm over D (if norm_weight), rope (if rope_theta), permute
     """
 def transpose(x: xtrain._C.Tensor, dim0: typing.SupportsInt | typing.SupportsIndex, dim1: typing.SupportsInt | typing.SupportsIndex) -> xtrain._C.Tensor:
     """
