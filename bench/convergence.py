@@ -38,6 +38,7 @@ train loss per configuration as points, with the seed means).
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -74,6 +75,9 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, default=1,
                    help="repeat the comparison for seeds --seed .. --seed+N-1 (weights and batches "
                         "both change) and report means, spreads and the gap of the means")
+    p.add_argument("--combine", nargs="+", metavar="JSON", default=None,
+                   help="no runs: pool the seeds of earlier --seeds results (same preset, batch, seq, "
+                        "steps, LR and warm-up; each seed once) and report them as one result")
     p.add_argument("--out", default=str(common.RESULTS_DIR))
     p.add_argument("--tag", default="")
     args = p.parse_args(argv)
@@ -416,8 +420,52 @@ def print_seeds(per_seed: list, summary: dict) -> None:
                   f"{noise['per_seed_rms']:.2%}")
 
 
+SAME_PROTOCOL = ("preset", "batch", "seq", "steps", "lr", "lr_warmup", "eval_batches")
+
+
+def combine(args) -> dict:
+    """Pool the per-seed runs of several --seeds results of one protocol into one summary (the
+    xtrain pair is in every file; the torch pairs only where the files have them)."""
+    per_seed, sources, first = [], [], None
+    for f in args.combine:
+        d = json.loads(Path(f).read_text())
+        if "per_seed" not in d:
+            raise SystemExit(f"{f}: not a --seeds result (no per_seed)")
+        proto = {k: d["args"].get(k) for k in SAME_PROTOCOL}
+        if first is None:
+            first = proto
+        elif proto != first:
+            raise SystemExit(f"{f}: protocol {proto} differs from {first}")
+        seen = {r["seed"] for r in per_seed}
+        dup = [r["seed"] for r in d["per_seed"] if r["seed"] in seen]
+        if dup:
+            raise SystemExit(f"{f}: seeds {dup} already pooled from an earlier file")
+        per_seed += d["per_seed"]
+        sources.append({"file": Path(f).name, "seeds": d["seeds"], "commit": d["env"].get("commit")})
+    summary = summarize(per_seed)
+    print_seeds(per_seed, summary)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"convergence-{first['preset']}-pooled{len(per_seed)}"
+    png = out / f"{name}-{common.stamp()}.png"
+    plot_seeds(per_seed, summary, png, f"{first['preset']}, {first['batch']}x{first['seq']} tokens/step, "
+               f"lr {first['lr']}, {len(per_seed)} seeds pooled")
+    headline = {m: {lab: {k: summary["pairs"][m][lab][k]
+                          for k in ("mean_a", "mean_b", "rel_gap", "abs_rel_gap", "se", "verdict",
+                                    "per_seed_rms")}
+                    for lab, _, _ in PAIRS[:3] if lab in summary["pairs"][m]}
+                for m, _ in METRICS}
+    payload = {"benchmark": "convergence", "combined_from": sources, "args": first, "png": png.name,
+               "seeds": [r["seed"] for r in per_seed], "target_rel_gap": TARGET, "headline": headline,
+               "summary": summary, "per_seed": per_seed}
+    common.write_json(name, payload, out)
+    return payload
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.combine:
+        return combine(args)
     device, _ = common.resolve_device(args.device)
     common.setup_torch(device)
     from xtrain.data import default_dataset, open_dataset
