@@ -420,6 +420,14 @@ def print_seeds(per_seed: list, summary: dict) -> None:
                   f"{noise['per_seed_rms']:.2%}")
 
 
+def _headline(summary: dict) -> dict:
+    """Per metric and pair: the seed means, the gap of the means with its SE and the verdict."""
+    return {m: {lab: {k: summary["pairs"][m][lab][k]
+                      for k in ("mean_a", "mean_b", "rel_gap", "abs_rel_gap", "se", "verdict", "per_seed_rms")}
+                for lab, _, _ in PAIRS[:3] if lab in summary["pairs"][m]}
+            for m, _ in METRICS}
+
+
 SAME_PROTOCOL = ("preset", "batch", "seq", "steps", "lr", "lr_warmup", "eval_batches")
 
 
@@ -450,11 +458,7 @@ def combine(args) -> dict:
     png = out / f"{name}-{common.stamp()}.png"
     plot_seeds(per_seed, summary, png, f"{first['preset']}, {first['batch']}x{first['seq']} tokens/step, "
                f"lr {first['lr']}, {len(per_seed)} seeds pooled")
-    headline = {m: {lab: {k: summary["pairs"][m][lab][k]
-                          for k in ("mean_a", "mean_b", "rel_gap", "abs_rel_gap", "se", "verdict",
-                                    "per_seed_rms")}
-                    for lab, _, _ in PAIRS[:3] if lab in summary["pairs"][m]}
-                for m, _ in METRICS}
+    headline = _headline(summary)
     payload = {"benchmark": "convergence", "combined_from": sources, "args": first, "png": png.name,
                "seeds": [r["seed"] for r in per_seed], "target_rel_gap": TARGET, "headline": headline,
                "summary": summary, "per_seed": per_seed}
@@ -520,11 +524,7 @@ def main(argv=None):
     name = common.result_name(f"convergence-{args.preset}-seeds{len(seeds)}", args.tag)
     png = out / f"{name}-{common.stamp()}.png"
     plot_seeds(per_seed, summary, png, f"{title}, {len(seeds)} seeds")
-    headline = {m: {lab: {k: summary["pairs"][m][lab][k]
-                          for k in ("mean_a", "mean_b", "rel_gap", "abs_rel_gap", "se", "verdict",
-                                    "per_seed_rms")}
-                    for lab, _, _ in PAIRS[:3] if lab in summary["pairs"][m]}
-                for m, _ in METRICS}
+    headline = _headline(summary)
     payload = {**header(), "png": png.name, "seeds": seeds, "target_rel_gap": TARGET,
                "headline": headline, "summary": summary, "per_seed": per_seed}
     common.write_json(name, payload, out)
