@@ -19,6 +19,8 @@ Design (docs/distributed.md has the why):
   time, which only costs what the host spends between launches.
 - Collectives run on the rank's stream, asynchronously: all_reduce_gradients is one NCCL launch
   for all the gradients (large ones reduced in place, small ones packed into one buffer).
+  DataParallelAdamW is the training loop's step: gradients born in one flat buffer, then
+  reduce-scatter, clip and AdamW on each rank's chunk, all-gather (ZeRO stage 1).
 - Failure: when fn raises on one rank, launch() sets a shared stop flag (ctx.check() raises
   RankStopped on the other ranks) and aborts the communicator, so a rank blocked in NCCL, or on
   a stream waiting for NCCL, returns; every thread is joined with a timeout and launch() raises
