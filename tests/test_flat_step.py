@@ -159,7 +159,7 @@ class _RankCollectives:
         self.calls.append("all_gather")
         for k, flat in enumerate(_listed(flats)):
             n = flat.numel() // self.shared.world
-            host = _host(flat)
+            host = flat.numpy()  # float32: the memory itself; bf16: a float32 copy (exact)
             parts = self.shared._gather(self.rank, ("ag", k), host.copy())
             for r, p in enumerate(parts):
                 host[r * n:(r + 1) * n] = p[r * n:(r + 1) * n]
@@ -170,10 +170,6 @@ class _RankCollectives:
 def _listed(flats):
     return [flats] if isinstance(flats, xtrain.Tensor) else list(flats)
 
-
-def _host(t):
-    """A numpy view of a CPU float32 tensor's memory; a float32 copy of a bf16 one (exact)."""
-    return t.numpy()
 
 
 SMALL = dict(vocab_size=96, dim=32, n_layers=2, n_heads=2, head_dim=16, ffn_dim=80, max_seq=16)

@@ -54,6 +54,19 @@ ncclDataType_t nccl_dtype(DType dt) {
   XT_ASSERT(false, "unknown dtype");
 }
 
+// In-place ncclAllReduce of each tensor (inside the caller's group); the first result.
+ncclResult_t issue_all_reduce(const std::vector<Tensor>& tensors, ReduceOp op, ncclComm_t comm, void* stream) {
+  const ncclRedOp_t nop = op == ReduceOp::Avg ? ncclAvg : ncclSum;
+  ncclResult_t res = ncclSuccess;
+  for (const Tensor& t : tensors) {
+    if (is_error(res)) break;
+    if (t.numel() == 0) continue;
+    res = ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()), nop, comm,
+                        static_cast<cudaStream_t>(stream));
+  }
+  return res;
+}
+
 }  // namespace
 
 struct Communicator::Rank {
@@ -414,13 +427,7 @@ void Communicator::all_reduce(int rank, const std::vector<Tensor>& tensors, Redu
   if (in_place.empty() && buckets.empty()) return;
 
   for (const auto& b : buckets) in_place.push_back(b.first);
-  std::string err;
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    err = check_usable(r, "all_reduce");
-    if (err.empty()) err = launch_all_reduce(r, in_place, op, cuda::current_stream(r.device), "all_reduce");
-  }
-  if (!err.empty()) fail(err);
+  run_group(r, "all_reduce", [&] { return issue_all_reduce(in_place, op, r.comm, cuda::current_stream(r.device)); });
 
   for (const auto& [flat, list] : buckets) {
     const char* p = flat.data<char>();
@@ -431,22 +438,27 @@ void Communicator::all_reduce(int rank, const std::vector<Tensor>& tensors, Redu
   }
 }
 
-std::string Communicator::launch_all_reduce(Rank& r, const std::vector<Tensor>& tensors, ReduceOp op, void* stream,
-                                            const char* name) {
+std::string Communicator::launch_group(Rank& r, void* stream, const char* name, const std::function<int()>& issue) {
   cuda::DeviceGuard guard(r.device);
-  const ncclRedOp_t nop = op == ReduceOp::Avg ? ncclAvg : ncclSum;
   ncclResult_t res = ncclGroupStart();
-  for (const Tensor& t : tensors) {
-    if (is_error(res)) break;
-    res = ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()), nop,
-                        r.comm, static_cast<cudaStream_t>(stream));
-  }
+  if (!is_error(res)) res = static_cast<ncclResult_t>(issue());
   const ncclResult_t end = ncclGroupEnd();  // always closes the group, even after an error
   std::string err;
   if (is_error(res) || is_error(end)) err = nccl_failure(r, is_error(res) ? res : end, name);
   else err = wait_host_progress(r, name);
   if (err.empty()) track(r, stream, name);
   return err;
+}
+
+void Communicator::run_group(Rank& r, const char* name, const std::function<int()>& issue) {
+  void* stream = cuda::current_stream(r.device);
+  std::string err;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    err = check_usable(r, name);
+    if (err.empty()) err = launch_group(r, stream, name, issue);
+  }
+  if (!err.empty()) fail(err);
 }
 
 void Communicator::all_reduce_async(int rank, const std::vector<Tensor>& tensors, ReduceOp op) {
@@ -470,7 +482,7 @@ void Communicator::all_reduce_async(int rank, const std::vector<Tensor>& tensors
       // The side stream starts where the rank's stream is now: after the kernels that wrote them.
       XT_CUDA_CHECK(cudaEventRecord(r.fork, static_cast<cudaStream_t>(cuda::current_stream(r.device))));
       XT_CUDA_CHECK(cudaStreamWaitEvent(r.side, r.fork, 0));
-      err = launch_all_reduce(r, list, op, r.side, "all_reduce_async");
+      err = launch_group(r, r.side, "all_reduce_async", [&] { return issue_all_reduce(list, op, r.comm, r.side); });
       if (err.empty()) r.in_flight.insert(r.in_flight.end(), list.begin(), list.end());
     }
   }
@@ -508,62 +520,34 @@ void Communicator::reduce_scatter(int rank, const std::vector<Tensor>& flats, Re
   all.insert(all.end(), extra.begin(), extra.end());
   check_tensors(r, all, "reduce_scatter", /*floating=*/true);
   const std::vector<size_t> chunks = chunk_sizes(flats, world_size(), "reduce_scatter");
-  void* stream = cuda::current_stream(r.device);
-  std::string err;
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    err = check_usable(r, "reduce_scatter");
-    if (err.empty()) {
-      cuda::DeviceGuard guard(r.device);
-      const ncclRedOp_t nop = op == ReduceOp::Avg ? ncclAvg : ncclSum;
-      const auto s = static_cast<cudaStream_t>(stream);
-      ncclResult_t res = ncclGroupStart();
-      for (size_t i = 0; i < flats.size() && !is_error(res); ++i) {
-        if (chunks[i] == 0) continue;
-        char* base = flats[i].data<char>();
-        res = ncclReduceScatter(base, base + rank * chunks[i] * flats[i].itemsize(), chunks[i],
-                                nccl_dtype(flats[i].dtype()), nop, r.comm, s);
-      }
-      for (const Tensor& t : extra) {
-        if (is_error(res) || t.numel() == 0) continue;
-        res = ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_dtype(t.dtype()), nop,
-                            r.comm, s);
-      }
-      const ncclResult_t end = ncclGroupEnd();
-      if (is_error(res) || is_error(end)) err = nccl_failure(r, is_error(res) ? res : end, "reduce_scatter");
-      else err = wait_host_progress(r, "reduce_scatter");
-      if (err.empty()) track(r, stream, "reduce_scatter");
+  run_group(r, "reduce_scatter", [&] {
+    const auto s = static_cast<cudaStream_t>(cuda::current_stream(r.device));
+    ncclResult_t res = ncclSuccess;
+    for (size_t i = 0; i < flats.size() && !is_error(res); ++i) {
+      if (chunks[i] == 0) continue;
+      char* base = flats[i].data<char>();
+      res = ncclReduceScatter(base, base + rank * chunks[i] * flats[i].itemsize(), chunks[i],
+                              nccl_dtype(flats[i].dtype()), op == ReduceOp::Avg ? ncclAvg : ncclSum, r.comm, s);
     }
-  }
-  if (!err.empty()) fail(err);
+    return is_error(res) ? res : issue_all_reduce(extra, op, r.comm, s);
+  });
 }
 
 void Communicator::all_gather(int rank, const std::vector<Tensor>& flats) {
   Rank& r = rank_at(rank, "all_gather");
   check_tensors(r, flats, "all_gather", /*floating=*/false);
   const std::vector<size_t> chunks = chunk_sizes(flats, world_size(), "all_gather");
-  void* stream = cuda::current_stream(r.device);
-  std::string err;
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    err = check_usable(r, "all_gather");
-    if (err.empty()) {
-      cuda::DeviceGuard guard(r.device);
-      ncclResult_t res = ncclGroupStart();
-      for (size_t i = 0; i < flats.size() && !is_error(res); ++i) {
-        const size_t bytes = chunks[i] * flats[i].itemsize();
-        if (bytes == 0) continue;
-        char* base = flats[i].data<char>();
-        res = ncclAllGather(base + rank * bytes, base, bytes, ncclUint8, r.comm,
-                            static_cast<cudaStream_t>(stream));  // bytes: any dtype
-      }
-      const ncclResult_t end = ncclGroupEnd();
-      if (is_error(res) || is_error(end)) err = nccl_failure(r, is_error(res) ? res : end, "all_gather");
-      else err = wait_host_progress(r, "all_gather");
-      if (err.empty()) track(r, stream, "all_gather");
+  run_group(r, "all_gather", [&] {
+    ncclResult_t res = ncclSuccess;
+    for (size_t i = 0; i < flats.size() && !is_error(res); ++i) {
+      const size_t bytes = chunks[i] * flats[i].itemsize();
+      if (bytes == 0) continue;
+      char* base = flats[i].data<char>();
+      res = ncclAllGather(base + rank * bytes, base, bytes, ncclUint8, r.comm,
+                          static_cast<cudaStream_t>(cuda::current_stream(r.device)));  // bytes: any dtype
     }
-  }
-  if (!err.empty()) fail(err);
+    return res;
+  });
 }
 
 void Communicator::broadcast(int rank, const std::vector<Tensor>& tensors, int root) {
@@ -571,26 +555,15 @@ void Communicator::broadcast(int rank, const std::vector<Tensor>& tensors, int r
   XT_CHECK(root >= 0 && root < world_size(), ValueError, "broadcast: root ", root, " is out of range for ",
            world_size(), " rank(s)");
   check_tensors(r, tensors, "broadcast", /*floating=*/false);
-  void* stream = cuda::current_stream(r.device);
-  std::string err;
-  {
-    std::lock_guard<std::mutex> lock(r.mu);
-    err = check_usable(r, "broadcast");
-    if (err.empty()) {
-      cuda::DeviceGuard guard(r.device);
-      ncclResult_t res = ncclGroupStart();
-      for (const Tensor& t : tensors) {
-        if (is_error(res) || t.numel() == 0) continue;
-        res = ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, r.comm,
-                            static_cast<cudaStream_t>(stream));  // bytes: any dtype
-      }
-      const ncclResult_t end = ncclGroupEnd();
-      if (is_error(res) || is_error(end)) err = nccl_failure(r, is_error(res) ? res : end, "broadcast");
-      else err = wait_host_progress(r, "broadcast");
-      if (err.empty()) track(r, stream, "broadcast");
+  run_group(r, "broadcast", [&] {
+    ncclResult_t res = ncclSuccess;
+    for (const Tensor& t : tensors) {
+      if (is_error(res) || t.numel() == 0) continue;
+      res = ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root, r.comm,
+                          static_cast<cudaStream_t>(cuda::current_stream(r.device)));  // bytes: any dtype
     }
-  }
-  if (!err.empty()) fail(err);
+    return res;
+  });
 }
 
 void Communicator::barrier(int rank) {

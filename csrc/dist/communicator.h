@@ -19,6 +19,7 @@
 #pragma once
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -94,9 +95,12 @@ class Communicator {
   void check_tensors(const Rank& r, const std::vector<Tensor>& tensors, const char* op, bool floating);
   std::string check_usable(const Rank& r, const char* op) const;  // "" when usable (r.mu held)
   std::string wait_host_progress(Rank& r, const char* op);       // "" when done (r.mu held)
-  // One grouped in-place ncclAllReduce of `tensors` on `stream`, tracked; "" or the failure (r.mu held).
-  std::string launch_all_reduce(Rank& r, const std::vector<Tensor>& tensors, ReduceOp op, void* stream,
-                                const char* name);
+  // `issue` makes NCCL calls (returning the first ncclResult_t, as int) inside one group on rank
+  // r's device; then the host-side progress wait and tracking on `stream`. "" or the failure
+  // (r.mu held).
+  std::string launch_group(Rank& r, void* stream, const char* name, const std::function<int()>& issue);
+  // launch_group on the rank's current stream with r.mu taken and usability checked; raises.
+  void run_group(Rank& r, const char* name, const std::function<int()>& issue);
   std::string nccl_failure(const Rank& r, int result, const char* op) const;
   void track(Rank& r, void* stream, const char* op);               // r.mu held
   // Retire this rank's completed collectives; a reason to abort if the oldest one is overdue or
