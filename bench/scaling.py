@@ -98,7 +98,7 @@ def xtrain_worker(args) -> None:
         reducer = GradientReducer(params, ctx, bucket_mb=args.bucket_mb) if ctx and args.overlap else None
         dp = None
         if ctx and not reducer and args.mode == "train" and args.step != "all-reduce":
-            dp = DataParallelAdamW(opt, ctx, shard=args.step == "shard", model=model)
+            dp = DataParallelAdamW(opt, ctx, shard=args.step == "shard")
 
         def step(i):
             x, y = batches[i % len(batches)]

@@ -342,7 +342,7 @@ def _train(config, batches, device, ctx=None, step="all_reduce", clip=1.0):
     opt = AdamW(model.named_parameters(), lr=LR, weight_decay=0.1)
     dp = None
     if ctx is not None and step != "all_reduce":  # with bf16 the sharded step gathers bf16 weight copies
-        dp = DataParallelAdamW(opt, ctx, shard=step == "shard", model=model)
+        dp = DataParallelAdamW(opt, ctx, shard=step == "shard")
     losses = []
     for x, y in batches:
         if ctx is not None:

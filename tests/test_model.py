@@ -193,8 +193,8 @@ def test_presets_have_the_documented_sizes():
 def test_parameter_names_follow_qwen3_layout():
     model = TinyTransformer(small_config())
     assert [n for n, _ in model.named_parameters()] == param_names(2)
-    assert model.layers[1].block_params()[4] is not None
     assert len(model.parameters()) == 2 + 2 * 11 + 1
+    assert list(model.config.param_shapes()) == param_names(2)
 
 
 def test_module_modes_and_state_dict():

@@ -162,6 +162,9 @@ class _OneRankContext:
         self.calls.append(("exchange", key))
         return [value]
 
+    def describe(self):
+        return f"1 GPU ({self.device})"
+
 
 def test_data_parallel_path_of_train_matches_one_device(tmp_path, data, device):
     """train(cfg, ctx=...) is the loop every rank of `xtrain train --devices N` runs; with one rank

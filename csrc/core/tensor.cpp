@@ -115,14 +115,6 @@ Tensor Tensor::storage_view(int64_t offset, const Shape& shape) const {
   return t;
 }
 
-void Tensor::rebind_memory(const Tensor& dst) {
-  XT_CHECK(dst.defined() && dst.shape() == shape() && dst.dtype() == dtype() && dst.device() == device(), ValueError,
-           "rebind_memory: destination ", dst.defined() ? dst.describe() : std::string("undefined"),
-           " does not match ", describe());
-  impl_->storage = dst.impl_->storage;
-  impl_->offset_bytes = dst.impl_->offset_bytes;
-}
-
 void Tensor::set_requires_grad(bool r) {
   XT_CHECK(!r || is_floating(dtype()), TypeError, "only floating-point tensors can require gradients, got ",
            dtype_name(dtype()));

@@ -63,12 +63,6 @@ struct TensorImpl {
   std::shared_ptr<Node> grad_fn;
   uint32_t output_nr = 0;
   std::weak_ptr<Node> grad_accumulator;  // the AccumulateGrad node of a leaf, shared by all uses
-  // Where the engine puts this leaf's gradient when .grad is empty (data-parallel training: a
-  // view into one flat buffer, so the ranks average every gradient with one collective and no
-  // copy). A cast's backward writes straight into it; any other gradient is copied in. claimed:
-  // a cast's backward wrote it during the current walk and AccumulateGrad has not yet taken it.
-  std::shared_ptr<TensorImpl> grad_buffer;
-  bool grad_buffer_claimed = false;
 };
 
 class Tensor {
@@ -105,10 +99,6 @@ class Tensor {
   // A view of `shape` starting `offset` elements after this tensor's first element, inside its
   // storage (bounds-checked): how flat buffers hand out per-tensor and per-shard views.
   Tensor storage_view(int64_t offset, const Shape& shape) const;
-  // Make this tensor use dst's memory (same shape, dtype and device; the values are not
-  // copied: ops::copy_ first to keep them). Every holder of this tensor (a module, an optimizer)
-  // then reads and writes dst's memory; views made of this tensor earlier keep the old memory.
-  void rebind_memory(const Tensor& dst);
 
   // Autograd fields (read and set by the tape).
   bool requires_grad() const { return impl_->requires_grad; }

@@ -1,8 +1,9 @@
-// Bindings: grad mode and checkpoint with a Python segment.
+// Bindings: grad mode, checkpoint with a Python segment, and gradient slots.
 #include "core/error.h"
 #include "python/bind.h"
 #include "tape/checkpoint.h"
 #include "tape/engine.h"
+#include "tape/grad_slots.h"
 #include "tape/node.h"
 
 namespace xt {
@@ -32,6 +33,14 @@ void init_autograd(py::module_& m) {
           return checkpoint(seg, x, params);
         }, py::arg("segment_fn"), py::arg("x"), py::arg("params"),
         "Run segment_fn(x, params) without keeping its activations; recompute them in backward");
+  py::class_<GradSlots>(m, "GradSlots",
+                        "The gradient slots of a parameter store: while this object lives, each leaf's gradient "
+                        "lands in its slot (a view of one flat buffer), which becomes its .grad")
+      .def(py::init<const std::vector<Tensor>&, const std::vector<Tensor>&>(), py::arg("leaves"), py::arg("slots"))
+      .def("sync", &GradSlots::sync, NoGil(),
+           "Put every .grad into its slot (one assigned by hand is copied in); the indices of leaves without one")
+      .def("clear", &GradSlots::clear, "Set every leaf's .grad to None (the slots keep their memory)")
+      .def("__len__", &GradSlots::size);
 }
 
 }  // namespace xt

@@ -171,37 +171,10 @@ void init_tensor(py::module_& m) {
                                "grad must match the tensor: tensor is ", t.describe(), ", grad is ", gt.describe());
                       t.set_grad(gt);
                     })
-      .def_property("_grad_buffer",
-                    [](const Tensor& t) -> py::object {
-                      const auto& b = t.impl()->grad_buffer;
-                      return b ? py::cast(Tensor(b)) : py::none();
-                    },
-                    [](Tensor& t, const py::object& b) {
-                      t.impl()->grad_buffer_claimed = false;
-                      if (b.is_none()) { t.impl()->grad_buffer.reset(); return; }
-                      XT_CHECK(py::isinstance<Tensor>(b), TypeError, "_grad_buffer must be a Tensor or None, got ",
-                               py::str(py::type::of(b).attr("__name__")).cast<std::string>());
-                      Tensor bt = b.cast<Tensor>();
-                      XT_CHECK(t.requires_grad() && t.is_leaf(), ValueError,
-                               "_grad_buffer: only a leaf that requires grad has one, got ", t.describe());
-                      XT_CHECK(bt.shape() == t.shape() && bt.dtype() == t.dtype() && bt.device() == t.device(),
-                               ValueError, "_grad_buffer must match the tensor: tensor is ", t.describe(),
-                               ", buffer is ", bt.describe());
-                      t.impl()->grad_buffer = bt.impl_ptr();
-                    },
-                    "Where backward puts this leaf's gradient when .grad is None (a view into a flat buffer; "
-                    "see xtrain.distributed.DataParallelAdamW), or None")
       .def("_storage_view", [](const Tensor& t, int64_t offset, const std::vector<int64_t>& shape) {
              return t.storage_view(offset, shape);
            }, py::arg("offset"), py::arg("shape"),
            "A view of `shape` starting `offset` elements into this tensor's storage (no history)")
-      .def("_move_into", [](Tensor& t, Tensor& dst) {
-             XT_CHECK(dst.shape() == t.shape() && dst.dtype() == t.dtype() && dst.device() == t.device(), ValueError,
-                      "_move_into: destination ", dst.describe(), " does not match ", t.describe());
-             if (dst.data_ptr() != t.data_ptr()) ops::copy_(dst, t.detach());
-             t.rebind_memory(dst);
-           }, py::arg("dst"), NoGil(),
-           "Copy the values into dst, then make this tensor (every holder of it) use dst's memory")
       .def_property_readonly("grad_fn", [](const Tensor& t) -> py::object {
              return t.grad_fn() ? py::object(py::str(t.grad_fn()->name())) : py::object(py::none());
            })
@@ -233,28 +206,6 @@ void init_tensor(py::module_& m) {
       .def("same_storage", [](const Tensor& a, const Tensor& b) { return a.storage() == b.storage(); }, py::arg("other"),
            "True when both tensors view the same storage");
 
-  m.def("_grads_into_buffers", [](const std::vector<Tensor>& params) {
-          // Every gradient into its leaf's grad buffer (data-parallel step): usually already
-          // there (backward wrote it); one assigned by hand is copied in. Returns the indices
-          // of the parameters without a gradient.
-          std::vector<int64_t> missing;
-          for (size_t i = 0; i < params.size(); ++i) {
-            const Tensor& p = params[i];
-            Tensor g = p.grad();
-            if (!g.defined()) {
-              missing.push_back(static_cast<int64_t>(i));
-              continue;
-            }
-            const auto& b = p.impl()->grad_buffer;
-            XT_CHECK(b != nullptr, ValueError, "parameter ", i, " (", p.describe(), ") has no grad buffer");
-            Tensor buf(b);
-            if (g.data_ptr() != buf.data_ptr()) {
-              ops::copy_(buf, g);
-              const_cast<Tensor&>(p).set_grad(buf);
-            }
-          }
-          return missing;
-        }, py::arg("params"), NoGil(), "Move every parameter's .grad into its grad buffer; indices without one");
   m.def("_from_numpy", [](py::array arr, const py::object& dtype, const py::object& device) {
           DType dt = dtype_arg(dtype, DType::Float32);
           return from_numpy(arr, dt, device_arg(device, Device::cpu()));

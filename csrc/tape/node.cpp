@@ -18,18 +18,17 @@ void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
   Tensor g = std::move(grads[0]);
+  const bool claimed = claimed_;
+  claimed_ = false;
   if (!g.defined()) return {};
   Tensor leaf(leaf_);
   XT_CHECK(g.shape() == leaf.shape() && g.dtype() == leaf.dtype() && g.device() == leaf.device(), RuntimeError,
            "gradient ", g.describe(), " does not match its leaf ", leaf.describe());
   Tensor cur = leaf.grad();
-  const bool claimed = leaf_->grad_buffer_claimed;
-  leaf_->grad_buffer_claimed = false;
-  if (!cur.defined() && leaf_->grad_buffer) {
-    Tensor buf(leaf_->grad_buffer);
-    // A cast's backward wrote it in place (claimed, and g is that memory): nothing to move.
-    if (!(claimed && g.storage() == buf.storage() && g.data_ptr() == buf.data_ptr())) ops::copy_(buf, g);
-    leaf.set_grad(buf);
+  if (!cur.defined() && destination_.defined()) {
+    // A producer that claimed the destination wrote it in place (g is that memory): nothing to move.
+    if (!(claimed && g.data_ptr() == destination_.data_ptr())) ops::copy_(destination_, g);
+    leaf.set_grad(destination_);
   } else if (!cur.defined()) {
     // The buffer becomes .grad when nothing else refers to it or to its storage (the usual case:
     // a weight gradient fresh from its GEMM); otherwise a copy, since it may alias another
@@ -42,14 +41,40 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
   return {};
 }
 
+void AccumulateGrad::set_destination(const Tensor& dest) {
+  claimed_ = false;
+  if (!dest.defined()) {
+    destination_ = Tensor();
+    return;
+  }
+  XT_CHECK(dest.shape() == leaf_->shape && dest.dtype() == leaf_->dtype && dest.device() == leaf_->device,
+           ValueError, "gradient destination ", dest.describe(), " does not match its leaf ", leaf().describe());
+  destination_ = dest;
+}
+
+Tensor AccumulateGrad::claim(const Shape& shape, DType dtype, Device device) {
+  if (!destination_.defined() || leaf_->grad || claimed_) return Tensor();
+  if (destination_.shape() != shape || destination_.dtype() != dtype || destination_.device() != device)
+    return Tensor();
+  claimed_ = true;
+  return destination_;
+}
+
+std::shared_ptr<AccumulateGrad> grad_accumulator(const Tensor& leaf) {
+  XT_CHECK(leaf.defined() && leaf.is_leaf() && leaf.requires_grad(), ValueError,
+           "grad_accumulator: needs a leaf tensor that requires grad, got ",
+           leaf.defined() ? leaf.describe() : std::string("an undefined tensor"));
+  auto acc = std::static_pointer_cast<AccumulateGrad>(leaf.impl()->grad_accumulator.lock());
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(leaf.impl_ptr());
+    leaf.impl()->grad_accumulator = acc;
+  }
+  return acc;
+}
+
 Tensor claim_grad_buffer(const Edge& edge, const Shape& shape, DType dtype, Device device) {
   if (!edge.valid() || !edge.fn->reusable()) return Tensor();
-  TensorImpl* leaf = static_cast<AccumulateGrad*>(edge.fn.get())->leaf().impl();
-  const std::shared_ptr<TensorImpl>& buf = leaf->grad_buffer;
-  if (!buf || leaf->grad || leaf->grad_buffer_claimed) return Tensor();
-  if (buf->shape != shape || buf->dtype != dtype || buf->device != device) return Tensor();
-  leaf->grad_buffer_claimed = true;
-  return Tensor(buf);
+  return static_cast<AccumulateGrad*>(edge.fn.get())->claim(shape, dtype, device);
 }
 
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {
@@ -69,12 +94,7 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
 Edge gradient_edge(const Tensor& t) {
   if (t.grad_fn()) return Edge{t.grad_fn(), t.impl()->output_nr};
   if (!t.requires_grad()) return Edge{};
-  auto acc = t.impl()->grad_accumulator.lock();
-  if (!acc) {
-    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
-    t.impl()->grad_accumulator = acc;
-  }
-  return Edge{acc, 0};
+  return Edge{grad_accumulator(t), 0};
 }
 
 void set_history(Tensor& out, const std::shared_ptr<Node>& node, uint32_t output_nr) {

@@ -44,9 +44,14 @@ class Node : public std::enable_shared_from_this<Node> {
 };
 
 // Leaf sink: adds the incoming gradient into leaf.grad (+=), or makes it .grad the first time
-// (taken over when nothing else refers to it, else copied). A leaf with a grad buffer gets it
-// as .grad the first time, with the gradient copied in unless a cast's backward already wrote it
-// there (claim_grad_buffer).
+// (taken over when nothing else refers to it, else copied).
+//
+// Destination (a parameter store's flat gradient buffer): a view of the leaf's shape, dtype and
+// device where the gradient goes when .grad is empty; it then becomes .grad. A backward that can
+// write its result straight into that memory claims it first (claim_grad_buffer: a cast's backward
+// does, so a bf16 weight's float32 gradient is written once, into its slot); any other gradient is
+// copied in. Whoever sets a destination holds this node (grad_accumulator()), so the same node and
+// destination serve every backward walk while the leaf lives.
 class AccumulateGrad : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
@@ -55,15 +60,27 @@ class AccumulateGrad : public Node {
   bool reusable() const override { return true; }
   Tensor leaf() const { return Tensor(leaf_); }
 
+  // ValueError unless dest matches the leaf (shape, dtype, device); an undefined dest removes it.
+  void set_destination(const Tensor& dest);
+  const Tensor& destination() const { return destination_; }
+  // The destination for a producer about to write `shape/dtype/device` into it: defined when the
+  // leaf's .grad is empty, the destination matches and nothing claimed it in this walk (then it
+  // is marked claimed until apply() takes it).
+  Tensor claim(const Shape& shape, DType dtype, Device device);
+
  private:
   std::shared_ptr<TensorImpl> leaf_;
+  Tensor destination_;
+  bool claimed_ = false;
 };
 
-// The grad buffer of the leaf behind `edge`, for a backward that can write its gradient straight
-// into it: when the edge leads to that leaf's AccumulateGrad, the leaf's .grad is empty, the
-// buffer matches (shape, dtype, device) and no other node of this walk claimed it yet. Marks it
-// claimed (AccumulateGrad clears the mark); undefined when any of that does not hold. A second
-// producer for the same leaf then gets a fresh tensor and the engine sums the two as usual.
+// The AccumulateGrad node of a leaf that requires grad (made on first use; every use shares it).
+std::shared_ptr<AccumulateGrad> grad_accumulator(const Tensor& leaf);
+
+// The destination of the leaf behind `edge`, claimed for a backward that writes its gradient
+// straight into it (AccumulateGrad::claim), or undefined when the edge leads elsewhere or the
+// destination cannot take it. A second producer for the same leaf then gets a fresh tensor and
+// the engine sums the two as usual.
 Tensor claim_grad_buffer(const Edge& edge, const Shape& shape, DType dtype, Device device);
 
 // ---- grad mode (thread-local, like torch.no_grad)

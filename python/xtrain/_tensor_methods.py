@@ -2,11 +2,12 @@
 
 install(Tensor) attaches them to the compiled class (xtrain/__init__.py calls it once):
 + - * / ** (with Python numbers on either side), unary -, @, and .sum .mean .reshape .view
-.transpose .permute .float .bfloat16 .double .softmax .log_softmax .exp .log .sqrt .silu.
+.transpose .permute .to .float .bfloat16 .double .softmax .log_softmax .exp .log .sqrt .silu.
 """
 import numbers
 
 from . import _C, ops
+from .tensor import to_args
 
 
 def _binary(fn, reflected=False, scalars=True):
@@ -66,8 +67,19 @@ def _log_softmax(self, dim=-1):
     return ops.log_softmax(self, dim)
 
 
+def _to_method(native):
+    def to(self, *args, device=None, dtype=None):
+        """Copy to another device and/or dtype (differentiable), as torch.Tensor.to takes them:
+        t.to("bfloat16"), t.to("cuda"), t.to("cuda", "float32"), t.to(other), or by keyword.
+        Returns self when nothing changes."""
+        device, dtype = to_args("Tensor.to", args, device, dtype)
+        return native(self, device=device, dtype=dtype)
+    return to
+
+
 def install(Tensor):
     methods = {
+        "to": _to_method(Tensor.to),
         "__add__": _binary(ops.add), "__radd__": _binary(ops.add, reflected=True),
         "__sub__": _binary(ops.sub), "__rsub__": _binary(ops.sub, reflected=True),
         "__mul__": _binary(ops.mul), "__rmul__": _binary(ops.mul, reflected=True),

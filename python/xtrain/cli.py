@@ -221,7 +221,7 @@ def cmd_train(args) -> int:
     if args.devices == 1:
         train(cfg)
     else:
-        from xtrain.distributed import train_data_parallel
+        from xtrain.train import train_data_parallel
 
         train_data_parallel(cfg, args.devices)
     return 0

@@ -30,9 +30,9 @@ Design (docs/distributed.md has the why):
 - Each rank synchronises its device before its thread ends, so tensors fn returns are complete
   when launch() returns them.
 
-train_data_parallel(cfg, devices) is `xtrain train --devices N`: the training loop of
-xtrain.train on every rank, with rank-disjoint data, averaged gradients and rank 0 alone writing
-logs, checkpoints, the plot and the sample.
+`xtrain train --devices N` runs xtrain.train's one training loop on every rank
+(xtrain.train.train_data_parallel), with rank-disjoint data, averaged gradients and rank 0 alone
+writing logs, checkpoints, the plot and the sample.
 """
 
 from __future__ import annotations
@@ -41,11 +41,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import xtrain
 from xtrain import _C
+from xtrain.optim import clip_grad_norm_
+from xtrain.store import ALIGN as FLAT_ALIGN, SHARD_MULTIPLE
 
 # A collective unfinished this long after it was queued aborts every rank (PyTorch's default).
 # Longer than anything a healthy run waits for: rank 0 writing a checkpoint while the other ranks
@@ -78,6 +79,9 @@ class RankContext:
     def devices(self) -> list:
         """The GPU indices of every rank, in rank order."""
         return list(self._launch.devices)
+
+    def describe(self) -> str:
+        return f"{self.world_size} GPUs ({', '.join(f'cuda:{d}' for d in self.devices)})"
 
     def should_stop(self) -> bool:
         return self._launch.stop.is_set()
@@ -115,6 +119,32 @@ class RankContext:
         slot[self.rank] = value
         self.barrier()
         return list(slot)
+
+
+class LocalContext:
+    """The context of a single-device run: rank 0 of 1, whose collectives do nothing, so the
+    training loop (xtrain.train) treats one device as a group of one."""
+    rank = 0
+    world_size = 1
+    is_main = True
+
+    def __init__(self, device: str):
+        self.device = device
+
+    def describe(self) -> str:
+        return self.device
+
+    def check(self) -> None:
+        pass
+
+    def all_reduce(self, tensors, op: str = "avg") -> None:
+        pass
+
+    def broadcast(self, tensors, root: int = 0) -> None:
+        pass
+
+    def exchange(self, key: str, value) -> list:
+        return [value]
 
 
 # ---- launching
@@ -351,237 +381,110 @@ class GradientReducer:
         self._native.finish(_as_list(extra))
 
 
-# Offsets in the flat buffers are multiples of this many elements (256 bytes of float32, the
-# caching allocator's block alignment), so kernels see parameters as aligned as before.
-FLAT_ALIGN = 64
-
-
 class DataParallelAdamW:
-    """The optimizer step of data-parallel training on flat buffers: gradient average, global-norm
-    clipping and AdamW, with one collective for all the gradients.
+    """The optimizer step of data-parallel training on the parameter store's flat buffers:
+    gradient average, global-norm clipping and AdamW, with one collective for all the gradients.
 
-        dp = DataParallelAdamW(optimizer, ctx, model=model)   # after optimizer.load_state_dict
+        model = TinyTransformer(config, device=ctx.device)      # parameters in model.store
+        opt = AdamW(model.named_parameters(), ...)               # moments in the store's layout
+        dp = DataParallelAdamW(opt, ctx)
         for step ...:
             _, loss = model(x, y)
-            loss.backward()
-            norm = dp.step(max_norm=1.0, extra=[loss.detach()])   # average, clip, AdamW, zero grads
-        dp.gather_state()    # every rank, before reading the weights or optimizer.state_dict()
-
-    At construction the parameters, their moments and a gradient buffer are laid out in flat
-    float32 buffers of one layout (each tensor at a multiple of FLAT_ALIGN elements): the
-    parameters and moments are moved there (every holder of them, the model included, then uses
-    the flat memory), and each parameter gets a view of the gradient buffer as its grad buffer,
-    where backward puts its gradient (a bf16 weight's cast backward writes its float32 gradient
-    straight into it; other gradients are copied in).
+            loss.backward()                                      # gradients land in store.grads
+            norm = dp.step(max_norm=1.0, extra=[loss.detach()])  # average, clip, AdamW, zero grads
+        dp.gather_state()    # every rank, before reading the weights or the optimizer's moments
 
     shard=True (ZeRO stage 1, the default): the gradients are reduce-scattered (averaged) rather
-    than all-reduced, so each rank holds the average of its 1/N chunk only; each rank clips (the
-    global norm: its chunk's sum of squares, all-reduced as one scalar) and runs AdamW on its chunk,
-    then the updated weights are all-gathered. Per element this is the arithmetic of the unsharded
-    step, so the same bits (the global norm is summed in another order, which can move the
-    clipping factor by an ulp). AdamW's work per rank is 1/N; the moments stay full-size on every
-    rank, but only each rank's chunk is current until gather_state().
+    than all-reduced, so each rank holds the average of its 1/N chunk of every region only (the
+    store pads its regions so they split evenly, xtrain.store.SHARD_MULTIPLE); each rank clips
+    (the global norm: its chunks' sum of squares, all-reduced as one scalar) and runs AdamW on its
+    chunks, then the updated weights are all-gathered. Per element this is the arithmetic of the
+    unsharded step, so the same bits (the global norm is summed in another order, which can move
+    the clipping factor by an ulp). With a bf16 model the ranks gather the bf16 compute copies of
+    the Linear weights instead of their float32 values: each rank casts its updated chunk (the
+    kernel the store's own cast runs, so the same bits) and the all-gather moves half the bytes;
+    the store marks the copies current, and its float32 Linear weights are then current only in
+    this rank's chunk until gather_state() (the store refuses to re-cast from them meanwhile).
+    The AdamW moments are full-size on every rank but current only in its chunk until
+    gather_state().
 
-    With `model` (a bf16 TinyTransformer) the ranks gather the bf16 copies of the weights the
-    forward casts instead of their float32 values: each rank casts its updated chunk (the cast
-    kernel the forward runs, so the same bits) and the all-gather moves half the bytes; the model
-    takes the gathered copies instead of casting (model.set_cast_cache). Those float32 weights are
-    then current only in each rank's own chunk until gather_state() gathers them. Write weights
-    only through step(), or call refresh() after writing them (the forward then casts the float32
-    weights again, which must then be the same on every rank).
+    shard=False: one all-reduce of the whole gradient buffer, then clipping and AdamW over all of
+    it on every rank (the optimizer's own step)."""
 
-    shard=False: one all-reduce of the whole gradient buffer, then clip and AdamW over all of it on
-    every rank (the optimizer's own step)."""
-
-    def __init__(self, optimizer, ctx: RankContext, shard: bool = True, model=None):
-        self.opt, self.ctx, self.shard = optimizer, ctx, bool(shard)
-        params = optimizer.params
-        device = params[0].device
+    def __init__(self, optimizer, ctx: RankContext, shard: bool = True):
+        store = optimizer.store
+        if store is None:
+            raise ValueError("DataParallelAdamW needs an AdamW over every parameter of one ParamStore, in its "
+                             "order (e.g. AdamW(model.named_parameters()) of a TinyTransformer)")
+        self.opt, self.ctx, self.shard, self.store = optimizer, ctx, bool(shard), store
         world, rank = ctx.world_size, ctx.rank
-        # Regions of the flat layout, each split into equal chunks (rank r owns chunk r of each):
-        # with a cast cache, the weights the model casts (in its cast order), then the rest.
-        cast = model.cast_parameters() if (model is not None and self.shard) else []
-        index = {p.data_ptr(): i for i, p in enumerate(params)}
-        missing = [t for t in cast if t.data_ptr() not in index]
-        if missing:
-            raise ValueError(f"DataParallelAdamW: the model casts a weight of shape {tuple(missing[0].shape)} "
-                             f"that the optimizer does not hold")
-        first = [index[t.data_ptr()] for t in cast]
-        taken = set(first)
-        regions = [r for r in (first, [i for i in range(len(params)) if i not in taken]) if r]
-        self.offsets = [0] * len(params)
-        self._regions, total = [], 0   # (start, numel) per region
-        for members in regions:
-            start = total
-            for i in members:
-                self.offsets[i] = total
-                total += -(-params[i].numel() // FLAT_ALIGN) * FLAT_ALIGN
-            total = start + -(-(total - start) // (world * FLAT_ALIGN)) * (world * FLAT_ALIGN)
-            self._regions.append((start, total - start))
-        self.numel = total
-
-        def flat(dtype="float32", n=total):
-            return xtrain.zeros((n,), dtype=dtype, device=device)
-
-        self.flat_params, self.flat_grads, self.flat_m, self.flat_v = flat(), flat(), flat(), flat()
-        self._views = lambda buf: [buf._storage_view(o, tuple(p.shape)) for o, p in zip(self.offsets, params)]
-        for p, dst in zip(params, self._views(self.flat_params)):
-            p._move_into(dst)
-        self._adopt_moments()
-        self._grad_views = self._views(self.flat_grads)
-        for p, buf in zip(params, self._grad_views):
-            p._grad_buffer = buf
-        _C._grads_into_buffers([p for p in params if p.grad is not None])
-
-        def region_views(buf):
-            return [buf._storage_view(start, (n,)) for start, n in self._regions]
-
-        self._region_grads, self._region_params = region_views(self.flat_grads), region_views(self.flat_params)
-        self._region_moments = region_views(self.flat_m) + region_views(self.flat_v)
-        chunks = [(start + rank * (n // world), start + (rank + 1) * (n // world)) for start, n in self._regions]
-        self.grad_chunks = [self.flat_grads._storage_view(lo, (hi - lo,)) for lo, hi in chunks]
-        # This rank's part of each parameter (and of its gradient and moments), per AdamW group;
-        # the norm is summed over the gradient parts in parameter order, as clip_grad_norm_ sums
-        # the gradients, so with one rank the two give the same bits.
-        decay = set(optimizer.decay)
-        self._groups = {True: ([], [], [], []), False: ([], [], [], [])}
-        self._grad_parts = []
-        for i, (o, p) in enumerate(zip(self.offsets, params)):
-            for lo, hi in chunks:
-                a, b = max(o, lo), min(o + p.numel(), hi)
-                if a >= b:
-                    continue
-                lists = self._groups[i in decay]
-                for lst, buf in zip(lists, (self.flat_params, self.flat_grads, self.flat_m, self.flat_v)):
-                    lst.append(buf._storage_view(a, (b - a,)))
-                self._grad_parts.append(lists[1][-1])
-
-        # The cast cache: bf16 copies of the cast weights (region 0), gathered after each step.
-        self.model, self._cache_valid = None, False
-        if cast:
-            start, n = self._regions[0]
-            lo, hi = chunks[0]
-            self.flat_cast = flat("bfloat16", n)
-            self._cast_views = [self.flat_cast._storage_view(self.offsets[i] - start, tuple(params[i].shape))
-                                for i in first]
-            self._cast_chunk = self.flat_cast._storage_view(lo - start, (hi - lo,))
-            self._cast_source = self.flat_params._storage_view(lo, (hi - lo,))
-            self.model = model
-            model.set_cast_cache(self._cached_casts)
-
-    def _cached_casts(self):
-        return self._cast_views if self._cache_valid else None
-
-    def _adopt_moments(self) -> None:
-        """Move the optimizer's moments into the flat buffers (again after load_state_dict, which
-        replaces them)."""
-        opt = self.opt
-        for moments, buf in ((opt.exp_avg, self.flat_m), (opt.exp_avg_sq, self.flat_v)):
-            for t, dst in zip(moments, self._views(buf)):
-                t._move_into(dst)
-        self._moment_lists = (opt.exp_avg, opt.exp_avg_sq)
-
-    def _check_moments(self) -> None:
-        if self._moment_lists[0] is not self.opt.exp_avg or self._moment_lists[1] is not self.opt.exp_avg_sq:
-            self._adopt_moments()
+        regions = [r for r in store.regions if r.used]
+        if self.shard and any((r.length // FLAT_ALIGN) % world for r in regions):
+            raise ValueError(f"DataParallelAdamW: the sharded step needs a number of ranks that divides "
+                             f"{SHARD_MULTIPLE} (got {world}); use shard=False (--no-shard-optimizer)")
+        self._region_grads = store.region_views(store.grads)
+        self._region_params = store.region_views(store.params)
+        self._region_moments = store.region_views(optimizer.flat_m) + store.region_views(optimizer.flat_v)
+        # This rank's chunk of each region, the gradient views over them, and the AdamW ranges in them.
+        self.chunks = [(r.start + rank * (r.length // world), r.start + (rank + 1) * (r.length // world))
+                       for r in regions]
+        self.grad_chunks = [store.grads._storage_view(lo, (hi - lo,)) for lo, hi in self.chunks]
+        self._runs = {True: [], False: []}
+        for lo, hi in self.chunks:
+            for decays, spans in optimizer.runs(lo, hi).items():
+                self._runs[decays] += spans
+        self._cast = bool(store.compute is not None and self.shard and store.regions[0].used)
 
     def step(self, max_norm: float | None, extra=()):
         """Average the gradients over the ranks, clip them to `max_norm` (None or <= 0: no clip),
         update the parameters and clear the gradients. `extra`: float32/bf16 tensors (the step's
         detached loss) averaged in the same launch. Returns the global gradient norm before
         clipping (a device scalar; no host sync)."""
-        opt, comm = self.opt, self.ctx.comm
-        self._check_moments()
-        missing = _C._grads_into_buffers(opt.params)
+        opt, store, comm = self.opt, self.store, self.ctx.comm
+        missing = store.sync_grads()
         if missing:
-            i = missing[0]
-            raise ValueError(f"DataParallelAdamW.step: parameter {opt.names[i]} has no gradient on rank "
+            raise ValueError(f"DataParallelAdamW.step: parameter {missing[0]} has no gradient on rank "
                              f"{self.ctx.rank}; every rank must reduce every parameter")
         extra = _as_list(extra)
-        clip = max_norm is not None and max_norm > 0
         if not self.shard:
-            comm.all_reduce([self.flat_grads, *extra], "avg")
-            norm = _C.optim.global_norm(self._grad_views)
-            if clip:
-                _C.optim.clip_by_norm_([self.flat_grads], norm, float(max_norm))
+            comm.all_reduce([store.grads, *extra], "avg")
+            norm = clip_grad_norm_(opt.params, max_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)
             return norm
         comm.reduce_scatter(self._region_grads, "avg", extra)
-        norm = _C.optim.global_norm(self._grad_parts)
+        norm = _C.optim.global_norm(self.grad_chunks)
         if self.ctx.world_size > 1:  # the global norm from every rank's sum of squares
             sq = xtrain.ops.mul(norm, norm)
             comm.all_reduce([sq], "sum")
             norm = xtrain.ops.sqrt(sq)
-        if clip:
+        if max_norm is not None and max_norm > 0:
             _C.optim.clip_by_norm_(self.grad_chunks, norm, float(max_norm))
         opt.step_count += 1
-        b1, b2 = opt.betas
-        for decays, (ps, gs, ms, vs) in self._groups.items():
-            if ps:
-                _C.optim.adamw_step(ps, gs, ms, vs, opt.lr, b1, b2, opt.eps,
-                                    opt.weight_decay if decays else 0.0, opt.step_count)
-        if self.model is None:
-            comm.all_gather(self._region_params)
+        opt._step_flat(store.params, store.grads, self._runs)
+        if self._cast:
+            lo, hi = self.chunks[0]  # region 0: the Linear weights, gathered as their bf16 copies
+            store.compute_region_chunk(lo, hi).copy_(store.params._storage_view(lo, (hi - lo,)))
+            comm.all_gather([store.compute, *self._region_params[1:]])
+            store.mark_compute_current(partial=True)
         else:
-            self._cast_chunk.copy_(self._cast_source)  # the forward's cast kernel, on this rank's chunk
-            comm.all_gather([self.flat_cast, *self._region_params[1:]])
-            self._cache_valid = True
+            comm.all_gather(self._region_params)
         opt.zero_grad(set_to_none=True)
         return norm
 
     def gather_state(self) -> None:
         """Make the weights and the moments complete on every rank (each rank's chunks to all); a
         collective: call it on every rank before reading the weights (a checkpoint, a comparison)
-        or optimizer.state_dict(). No-op when unsharded."""
-        self._check_moments()
-        if self.shard:
-            flats = list(self._region_moments)
-            if self.model is not None:
-                flats.append(self._region_params[0])  # the float32 cast weights
-            self.ctx.comm.all_gather(flats)
-
-    def refresh(self) -> None:
-        """Forget the gathered bf16 copies (after writing the weights other than through step()):
-        the forward casts the float32 weights again until the next step()."""
-        self._cache_valid = False
-
-    def release(self) -> None:
-        """Detach the grad buffers and the model's cast cache (the parameters and moments keep
-        living in the flat buffers). With a cast cache, call gather_state() first."""
-        for p in self.opt.params:
-            p._grad_buffer = None
-        if self.model is not None:
-            self.model.set_cast_cache(None)
-            self.model = None
+        or the optimizer's moments. No-op when unsharded."""
+        if not self.shard:
+            return
+        flats = list(self._region_moments)
+        if self._cast:
+            flats.append(self._region_params[0])  # the float32 Linear weights
+        self.ctx.comm.all_gather(flats)
+        if self._cast:
+            self.store.mark_compute_current(partial=False)
 
 
 def _as_list(tensors) -> list:
     return [tensors] if isinstance(tensors, xtrain.Tensor) else list(tensors)
-
-
-# ---- the training loop on several GPUs (`xtrain train --devices N`)
-
-def train_data_parallel(cfg, devices="all", *, timeout: float = DEFAULT_TIMEOUT) -> dict:
-    """xtrain.train.train(cfg) on several GPUs with the same global batch semantics as one GPU:
-    each rank takes cfg.batch sequences of every global step (global batch = batch x GPUs),
-    gradients are averaged before clipping and AdamW, so every rank holds the same model. The
-    data are prepared, the checkpoint read and the generators seeded once, on the calling
-    thread, before the rank threads start; every rank then runs the one training loop."""
-    from xtrain import state as ckpt_state
-    from xtrain import train as single
-
-    devs = resolve_devices(devices)
-    if cfg.device not in ("auto", "cuda"):
-        raise ValueError(f"--device {cfg.device} picks one device; with --devices the GPUs are "
-                         f"cuda:{', cuda:'.join(map(str, devs))}")
-    require_available()
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt = ckpt_state.load(cfg.resume) if cfg.resume else None
-    dataset = single.open_data(cfg.data, out, cfg.vocab_size, cfg.progress)
-    single.check_tokenizer(ckpt, dataset)
-    if ckpt is None:
-        xtrain.manual_seed(cfg.seed)  # process-wide: once, before the rank threads start
-    results = launch(lambda ctx: single.train(cfg, ctx=ctx, prepared=(dataset, ckpt)), devs, timeout=timeout)
-    return results[0]

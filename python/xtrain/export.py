@@ -133,12 +133,7 @@ def _encode(a: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def _expected_names(config) -> list[str]:
-    from xtrain.models.transformer import Block
-
-    names = ["embed_tokens.weight", "norm.weight", "lm_head.weight"]
-    for i in range(config.n_layers):
-        names += [f"layers.{i}.{n}" for n in Block.PARAM_ORDER]
-    return names
+    return list(config.param_shapes())
 
 
 def _write_json(path: Path, obj: dict) -> None:

@@ -8,8 +8,12 @@ Rules:
   fixed by the code, not by dict hashing.
 - Parameters are float32 leaves with requires_grad=True (the master weights: bf16 runs cast them on
   use, see models/transformer.py).
-- `load_state_dict` replaces parameters with fresh leaves holding copies of the given values, so a
-  loaded model never shares memory with its source. Build the optimizer after loading.
+- `load_state_dict` copies the given values into the parameters (in place: an optimizer built
+  before keeps working with them; the model never shares memory with its source).
+- A model may keep its parameters in a ParamStore (xtrain.store; TinyTransformer does): flat
+  buffers with each parameter a view. `to()` and `load_state_dict` then work on the store.
+- checkpoint(fn, x, *modules) is xtrain.checkpoint for module code: the modules' parameters (as
+  bound at the call, e.g. a bf16 model's cast weights) are the segment's inputs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 
 import xtrain
 from xtrain import ops
+from xtrain.tensor import to_args
 
 
 class Module:
@@ -91,12 +96,24 @@ class Module:
     def eval(self) -> "Module":
         return self.train(False)
 
-    def to(self, device: str) -> "Module":
-        """Move every parameter to `device` (new leaves; gradients are dropped)."""
+    def to(self, *args, device=None, dtype=None) -> "Module":
+        """Move the parameters to a device and/or convert them to a dtype, as Tensor.to takes
+        them: m.to("cuda"), m.to("bfloat16"), m.to("cuda", "float32"), m.to(tensor), or by keyword.
+        A module with a ParamStore moves its flat buffers as a whole (xtrain.store); otherwise each
+        parameter becomes a new leaf. Gradients are dropped: build the optimizer afterwards."""
+        device, dtype = to_args("Module.to", args, device, dtype)
+        store = self.__dict__.get("store")
+        if store is not None:
+            store.to(device, dtype)
+            return self
         for _, m in self.named_modules():
             for name, p in list(m._parameters.items()):
-                if p.device != device:
-                    m._parameters[name] = _leaf(p.detach().to(device=device), p.requires_grad)
+                if _store_holding(p) is not None:
+                    raise ValueError(f"{type(self).__name__}.to: parameter {name!r} lives in a parameter store "
+                                     f"of an enclosing model; move that model instead")
+                if (device is None or p.device == device) and (dtype is None or p.dtype == dtype):
+                    continue
+                m._parameters[name] = _leaf(p.detach().to(device=device, dtype=dtype), p.requires_grad)
         return self
 
     @property
@@ -138,15 +155,14 @@ class Module:
         if bad:
             raise ValueError(f"load_state_dict for {type(self).__name__}: shape mismatch for "
                              + "; ".join(bad))
-        owners = {}
-        for mod_name, m in self.named_modules():
-            for pname in m._parameters:
-                owners[f"{mod_name}.{pname}" if mod_name else pname] = (m, pname)
-        for name, p in own.items():
-            if name not in state:
-                continue
-            m, pname = owners[name]
-            m._parameters[pname] = _copy_leaf(state[name], p.dtype, p.device, p.requires_grad)
+        store = self.__dict__.get("store")
+        if store is not None and not missing:
+            store.load_arrays(state)  # one upload into the flat buffer
+            return missing, unexpected
+        with xtrain.no_grad():
+            for name, p in own.items():
+                if name in state:
+                    p.copy_(_as_tensor(state[name]))
         return missing, unexpected
 
     def __call__(self, *args, **kwargs):
@@ -235,6 +251,49 @@ class RMSNorm(Module):
         return f"{self.dim}, eps={self.eps}"
 
 
+class Dropout(Module):
+    """Zero each element with probability p and scale the rest by 1/(1-p) while training; the
+    identity in eval mode or when p is 0. Masks come from the default generator, which
+    xtrain.checkpoint saves and restores, so a recomputed segment draws the same mask."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1), got {p}")
+        self.p = float(p)
+
+    def forward(self, x):
+        if self.p == 0.0 or not self.training:
+            return x
+        return ops.dropout(x, self.p, True, None)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+def checkpoint(fn, x, *modules):
+    """fn(x) under xtrain.checkpoint: its activations are not kept, and backward re-runs it.
+
+    The parameters of `modules`, as their attributes hold them now (a bf16 model's forward binds
+    the cast weights), are the segment's inputs: during the call and the re-run each module
+    attribute holds the segment's own leaf of it, so gradients reach the tensors bound now.
+    fn must depend only on x and those parameters (and the default generator)."""
+    slots = [(m, name) for mod in modules for _, m in mod.named_modules() for name in m._parameters]
+    params = [m._parameters[name] for m, name in slots]
+
+    def segment(x, leaves):
+        saved = [m._parameters[name] for m, name in slots]
+        try:
+            for (m, name), t in zip(slots, leaves):
+                m._parameters[name] = t
+            return fn(x)
+        finally:
+            for (m, name), t in zip(slots, saved):
+                m._parameters[name] = t
+
+    return xtrain.checkpoint(segment, x, params)
+
+
 # ---- parameter construction
 
 def normal_param(shape, std: float, device: str = "cpu", generator=None):
@@ -255,11 +314,16 @@ def _leaf(t, requires_grad: bool):
     return t
 
 
-def _copy_leaf(value, dtype: str, device: str, requires_grad: bool):
-    # Through host memory: a fresh storage that the source can never alias.
-    arr = value.numpy() if isinstance(value, xtrain.Tensor) else np.asarray(value)
-    return _leaf(xtrain.tensor(np.array(arr, dtype=np.float32), dtype=dtype, device=device),
-                 requires_grad)
+def _as_tensor(value):
+    if isinstance(value, xtrain.Tensor):
+        return value
+    return xtrain.tensor(np.ascontiguousarray(value), dtype="float32")
+
+
+def _store_holding(p):
+    from xtrain.store import ParamStore
+
+    return ParamStore.holding(p)
 
 
 def _preview(keys: list[str], n: int = 8) -> str:

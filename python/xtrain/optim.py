@@ -25,7 +25,12 @@ class AdamW:
     def __init__(self, params, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.1):
         """params: tensors, or (name, tensor) pairs such as model.named_parameters() (names key
-        the moments in state_dict; plain tensors are named "0", "1", ...)."""
+        the moments in state_dict; plain tensors are named "0", "1", ...).
+
+        When params are every parameter of one ParamStore, in its order (a TinyTransformer's
+        named_parameters()), the moments take the store's layout and a step runs over whole
+        regions of the flats; otherwise they live in flat buffers of their own and a step runs
+        over the tensors one by one (the same arithmetic per element)."""
         named = [(str(i), p) if isinstance(p, xtrain.Tensor) else (str(p[0]), p[1])
                  for i, p in enumerate(params)]
         if not named:
@@ -45,27 +50,72 @@ class AdamW:
             float(eps), float(weight_decay)
         self.decay = [i for i, p in enumerate(self.params) if len(p.shape) >= 2]
         self.no_decay = [i for i, p in enumerate(self.params) if len(p.shape) < 2]
-        self.exp_avg = [_zeros_like(p) for p in self.params]
-        self.exp_avg_sq = [_zeros_like(p) for p in self.params]
+        self.store = _store_of(self.params)
+        device = self.params[0].device
+        if self.store is not None:
+            offsets = [s.offset for s in self.store.slots]
+            total = self.store.numel
+        else:
+            offsets, total = [], 0
+            for p in self.params:
+                offsets.append(total)
+                total += -(-p.numel() // _ALIGN) * _ALIGN
+        self.offsets = offsets
+        self.flat_m = xtrain.zeros((max(total, 1),), dtype="float32", device=device)
+        self.flat_v = xtrain.zeros((max(total, 1),), dtype="float32", device=device)
+        self.exp_avg = [self.flat_m._storage_view(o, tuple(p.shape)) for o, p in zip(offsets, self.params)]
+        self.exp_avg_sq = [self.flat_v._storage_view(o, tuple(p.shape)) for o, p in zip(offsets, self.params)]
         self.step_count = 0
+
+    def runs(self, lo: int = 0, hi: int | None = None) -> dict:
+        """{decays: [(start, end), ...]}: the element ranges of the store's flats that hold the
+        parameters, cut to [lo, hi); parameters next to each other in the layout and in the same
+        weight-decay group share one range (it may cover the zero gaps between them, which the
+        update leaves zero)."""
+        hi = self.store.numel if hi is None else hi
+        decay = set(self.decay)
+        out, last = {True: [], False: []}, None
+        for o, n, i in sorted((o, p.numel(), i) for i, (o, p) in enumerate(zip(self.offsets, self.params))):
+            a, b = max(o, lo), min(o + n, hi)
+            if a >= b:
+                continue
+            group = i in decay
+            if last == group:
+                out[group][-1] = (out[group][-1][0], b)
+            else:
+                out[group].append((a, b))
+            last = group
+        return out
 
     def step(self) -> None:
         """One update of every parameter that has a gradient (asynchronous on the device)."""
         self.step_count += 1
-        b1, b2 = self.betas
+        if self.store is not None and not self.store.sync_grads():
+            self._step_flat(self.store.params, self.store.grads, self.runs())
+            return
         params, m, v = self.params, self.exp_avg, self.exp_avg_sq
         for group, wd in ((self.decay, self.weight_decay), (self.no_decay, 0.0)):
-            grads = [params[i].grad for i in group]
-            idx = group
-            if any(g is None for g in grads):  # only the parameters that have a gradient
-                idx = [i for i, g in zip(group, grads) if g is not None]
-                grads = [g for g in grads if g is not None]
-            if not idx:
+            idx = [i for i in group if params[i].grad is not None]
+            if idx:
+                _C.optim.adamw_step([params[i] for i in idx], [params[i].grad for i in idx],
+                                    [m[i] for i in idx], [v[i] for i in idx],
+                                    self.lr, self.betas[0], self.betas[1], self.eps, wd, self.step_count)
+
+    def _step_flat(self, params, grads, runs: dict) -> None:
+        """AdamW over element ranges of the flats: one launch per weight-decay group."""
+        b1, b2 = self.betas
+        for decays, spans in runs.items():
+            if not spans:
                 continue
-            _C.optim.adamw_step([params[i] for i in idx], grads, [m[i] for i in idx], [v[i] for i in idx],
-                                self.lr, b1, b2, self.eps, wd, self.step_count)
+            views = lambda flat: [flat._storage_view(a, (b - a,)) for a, b in spans]  # noqa: E731
+            _C.optim.adamw_step(views(params), views(grads), views(self.flat_m), views(self.flat_v),
+                                self.lr, b1, b2, self.eps, self.weight_decay if decays else 0.0,
+                                self.step_count)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.store is not None:
+            self.store.zero_grad(set_to_none)
+            return
         for p in self.params:
             if set_to_none or p.grad is None:
                 p.grad = None
@@ -81,9 +131,20 @@ class AdamW:
                 "exp_avg": OrderedDict(zip(self.names, self.exp_avg)),
                 "exp_avg_sq": OrderedDict(zip(self.names, self.exp_avg_sq))}
 
+    def moment_arrays(self) -> tuple[dict, dict]:
+        """(exp_avg, exp_avg_sq) as name -> float32 numpy arrays, from one device-to-host copy of
+        each flat buffer (a sync point)."""
+        out = []
+        for flat in (self.flat_m, self.flat_v):
+            host = np.asarray(flat.numpy(), dtype=np.float32)
+            out.append(OrderedDict((n, host[o:o + p.numel()].reshape(tuple(p.shape)))
+                                   for n, o, p in zip(self.names, self.offsets, self.params)))
+        return out[0], out[1]
+
     def load_state_dict(self, state: dict) -> None:
-        """Restore step, hyper-parameters and moments (xtrain Tensors or numpy arrays, by name).
-        Everything is checked before anything changes."""
+        """Restore step, hyper-parameters and moments (xtrain Tensors or numpy arrays, by name),
+        written into the flat moment buffers (one upload each). Everything is checked before
+        anything changes."""
         for key in ("exp_avg", "exp_avg_sq"):
             got = state.get(key, {})
             missing = [n for n in self.names if n not in got]
@@ -96,13 +157,18 @@ class AdamW:
                     raise ValueError(f"AdamW.load_state_dict: {key}[{n}] has shape "
                                      f"{tuple(got[n].shape)}, parameter {tuple(p.shape)}")
         step = state.get("step")
-        if not isinstance(step, int) or step < 0:
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"AdamW.load_state_dict: step must be a non-negative int, got {step!r}")
         hyper = state.get("hyper", self.hyper())
         _check_hyper(hyper["lr"], hyper["betas"], hyper["eps"], hyper["weight_decay"])
-        device = self.params[0].device
-        self.exp_avg = [_copy(state["exp_avg"][n], device) for n in self.names]
-        self.exp_avg_sq = [_copy(state["exp_avg_sq"][n], device) for n in self.names]
+        for key, flat in (("exp_avg", self.flat_m), ("exp_avg_sq", self.flat_v)):
+            host = np.zeros(flat.shape, dtype=np.float32)
+            for n, o, p in zip(self.names, self.offsets, self.params):
+                value = state[key][n]
+                arr = value.numpy() if isinstance(value, xtrain.Tensor) else np.asarray(value)
+                host[o:o + p.numel()] = np.asarray(arr, dtype=np.float32).reshape(-1)
+            with xtrain.no_grad():
+                flat.copy_(xtrain.tensor(host, dtype="float32", device="cpu"))
         self.step_count = step
         self.lr, self.betas = float(hyper["lr"]), tuple(map(float, hyper["betas"]))
         self.eps, self.weight_decay = float(hyper["eps"]), float(hyper["weight_decay"])
@@ -110,7 +176,17 @@ class AdamW:
 
 def clip_grad_norm_(params, max_norm: float):
     """Scale the gradients of `params` in place so their global L2 norm is at most max_norm.
-    Returns the norm before clipping as a float32 scalar Tensor on the device (no host sync)."""
+    Returns the norm before clipping as a float32 scalar Tensor on the device (no host sync).
+
+    When params are every parameter of one ParamStore (and each has a gradient), the norm and the
+    scaling run over the store's flat gradient buffer, one launch each."""
+    params = list(params)
+    store = _store_of(params)
+    if store is not None and not store.sync_grads():
+        norm = _C.optim.global_norm(store.region_views(store.grads))
+        if max_norm is not None and max_norm > 0:
+            _C.optim.clip_by_norm_([store.grads], norm, float(max_norm))
+        return norm
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         raise ValueError("clip_grad_norm_: no parameter has a gradient")
@@ -142,10 +218,12 @@ def _check_hyper(lr, betas, eps, weight_decay) -> None:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
 
 
-def _zeros_like(p):
-    return xtrain.zeros(tuple(p.shape), dtype="float32", device=p.device)
+# Element alignment of the moments of parameters outside a store (as xtrain.store.ALIGN).
+_ALIGN = 64
 
 
-def _copy(value, device: str):
-    arr = value.numpy() if isinstance(value, xtrain.Tensor) else np.asarray(value)
-    return xtrain.tensor(np.array(arr, dtype=np.float32), dtype="float32", device=device)
+def _store_of(params):
+    """The ParamStore whose parameters, all of them in its order, are `params`; else None."""
+    from xtrain.store import ParamStore
+
+    return ParamStore.owning(params)

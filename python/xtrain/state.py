@@ -33,7 +33,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 import xtrain
 from xtrain.models import TinyTransformer, TransformerConfig
@@ -69,16 +68,16 @@ def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_
     tmp.mkdir()
 
     files = {}
-    # Sync point: parameters and moments come to the host.
-    params = {name: _host_f32(p) for name, p in model.named_parameters()}
+    # Sync point: parameters and moments come to the host (one copy of each flat buffer).
+    params = model.store.state_arrays()
     files[MODEL_FILE] = _write_safetensors(tmp / MODEL_FILE, params)
     optim_meta = None
     if optimizer is not None:
-        st = optimizer.state_dict()
-        moments = {f"exp_avg.{n}": _host_f32(t) for n, t in st["exp_avg"].items()}
-        moments.update({f"exp_avg_sq.{n}": _host_f32(t) for n, t in st["exp_avg_sq"].items()})
+        exp_avg, exp_avg_sq = optimizer.moment_arrays()
+        moments = {f"exp_avg.{n}": a for n, a in exp_avg.items()}
+        moments.update({f"exp_avg_sq.{n}": a for n, a in exp_avg_sq.items()})
         files[OPTIM_FILE] = _write_safetensors(tmp / OPTIM_FILE, moments)
-        optim_meta = {"step": st["step"], "hyper": st["hyper"], "names": list(st["exp_avg"])}
+        optim_meta = {"step": optimizer.step_count, "hyper": optimizer.hyper(), "names": list(exp_avg)}
     tok_meta = None
     if tokenizer is not None:
         tok_file = tokenizer.save(tmp)
@@ -265,10 +264,6 @@ def load(path, verify: bool = True) -> Checkpoint:
 
 
 # ---- helpers
-
-def _host_f32(t) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(t.detach().to(dtype="float32").numpy(), dtype=np.float32))
-
 
 def _write_safetensors(path: Path, tensors: dict) -> dict:
     from safetensors.numpy import save

@@ -167,6 +167,35 @@ def from_dlpack(obj):
     return _C._from_dlpack_capsule(obj)
 
 
+def to_args(what, args, device=None, dtype=None):
+    """(device, dtype) from the ways PyTorch's .to() takes them: (dtype), (device),
+    (device, dtype), (other_tensor), with device=/dtype= keywords; None where not given."""
+    if len(args) > 2:
+        raise TypeError(f"{what}() takes at most 2 positional arguments (device, dtype), got {len(args)}")
+    if len(args) == 1 and isinstance(args[0], _C.Tensor):
+        if device is not None or dtype is not None:
+            raise TypeError(f"{what}(other): device= and dtype= cannot be combined with a tensor")
+        return args[0].device, args[0].dtype
+    if len(args) == 2:
+        pos_device, pos_dtype = args
+    elif len(args) == 1:
+        pos_device, pos_dtype = (None, args[0]) if args[0] in _DTYPES else (args[0], None)
+    else:
+        pos_device, pos_dtype = None, None
+    for name, pos, kw in (("device", pos_device, device), ("dtype", pos_dtype, dtype)):
+        if pos is not None and kw is not None:
+            raise TypeError(f"{what}(): {name} given twice (positionally and as {name}=)")
+    device = pos_device if pos_device is not None else device
+    dtype = pos_dtype if pos_dtype is not None else dtype
+    if device is not None and not isinstance(device, str):
+        raise TypeError(f"{what}(): device must be a string such as 'cpu' or 'cuda:0', got "
+                        f"{type(device).__name__}")
+    if dtype is not None and dtype not in _DTYPES:
+        raise (TypeError if not isinstance(dtype, str) else ValueError)(
+            f"{what}(): unknown dtype {dtype!r}; choose one of {', '.join(_DTYPES)}")
+    return device, dtype
+
+
 def tensor_repr(t):
     """tensor([[1. , 2.5], ...], dtype=float32, device=cuda:0, grad_fn=...) with numpy's
     formatting of the values (a sync point for CUDA tensors)."""

@@ -9,6 +9,10 @@ Outputs in `out`:
     loss.png     train (and val) loss against step
     sample.txt   a sample from the final model
 
+The loop is train(): setup(), then per step train_step() (with evaluate() and save() when due),
+then finish(). One loop serves one device and data-parallel ranks alike: on one device the
+context is a distributed.LocalContext (rank 0 of 1), whose collectives do nothing.
+
 Host syncs, and only these: (1) once per step, loss and grad norm are read for the log after the
 optimizer step has been queued (forward, backward, clipping and the update are queued without
 waiting; the GPU idles only while Python fetches the next batch and launches the next step's first
@@ -71,59 +75,95 @@ class TrainConfig:
     shard_optimizer: bool = True       # several GPUs: ZeRO-1 step (distributed.DataParallelAdamW)
 
 
+@dataclass
+class Run:
+    """Everything one rank's training loop holds, made by setup()."""
+    cfg: TrainConfig
+    ctx: object                        # distributed.RankContext, or distributed.LocalContext
+    out: Path
+    device: str
+    dataset: object
+    train_loader: object
+    val_loader: object
+    model: TinyTransformer
+    optimizer: AdamW
+    dp: object                         # distributed.DataParallelAdamW on several GPUs, else None
+    max_lr: float
+    min_lr: float
+    decay_steps: int
+    step: int
+    tokens_per_step: int
+    log: object                        # the open log.jsonl (rank 0), else None
+    history: list
+    bar: object                        # the progress bar (rank 0), else None
+    t_last: float = 0.0
+    val_loss: float | None = None
+
+
 def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
-    """Train as configured; returns a summary. With `ctx` (an xtrain.distributed.RankContext),
-    this is one rank of `xtrain train --devices N` (started by distributed.train_data_parallel,
-    which passes `prepared` = (dataset, checkpoint or None) read once for all ranks): the rank
-    takes its slice of every global batch, starts from rank 0's weights, averages gradients (and
-    the loss) before clipping and AdamW, and only rank 0 logs, saves, plots and samples. Other
-    ranks return None."""
+    """Train as configured; returns a summary (None on ranks other than 0).
+
+    With `ctx` (an xtrain.distributed.RankContext) this is one rank of `xtrain train --devices N`
+    (train_data_parallel starts the ranks and passes `prepared` = (dataset, checkpoint or None),
+    read once for all of them): the rank takes its slice of every global batch, starts from rank
+    0's weights, and the gradients (and the loss) are averaged before clipping and AdamW; only
+    rank 0 logs, saves, plots and samples."""
     t_start = time.time()
-    main = ctx is None or ctx.is_main
-    rank, world = (0, 1) if ctx is None else (ctx.rank, ctx.world_size)
+    run = setup(cfg, ctx, prepared)
+    while run.step < cfg.steps:
+        run.ctx.check()  # another rank failed: stop here
+        if cfg.eval_every > 0 and run.step % cfg.eval_every == 0:
+            log_eval(run, evaluate(run))
+        train_step(run)
+        if cfg.save_every > 0 and run.step % cfg.save_every == 0 and run.step < cfg.steps:
+            save(run)
+    if cfg.eval_every > 0:
+        log_eval(run, evaluate(run))
+    save(run)
+    return finish(run, t_start)
+
+
+def setup(cfg: TrainConfig, ctx, prepared) -> Run:
+    """Data, model, optimizer, the resumed state and the log: everything before the first step."""
+    ranked = ctx is not None  # a rank of a data-parallel launch (even of one rank)
+    ctx = ctx if ranked else distributed.LocalContext(resolve_device(cfg.device))
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(cfg.device) if ctx is None else ctx.device
+    device = ctx.device
     if cfg.memory_limit is not None:
         xtrain.set_memory_limit(int(cfg.memory_limit), device)
 
-    # ---- data
+    # ---- data: each rank takes its disjoint slice of every global batch (xtrain.data.loader)
     if prepared is None:
         ckpt = ckpt_state.load(cfg.resume) if cfg.resume else None
         dataset = open_data(cfg.data, out, cfg.vocab_size, cfg.progress)
         check_tokenizer(ckpt, dataset)
     else:
         dataset, ckpt = prepared
-    tokenizer = dataset.tokenizer
-    # Each rank takes its disjoint slice of every global batch (see xtrain.data.loader).
-    train_loader = dataset.loader("train", cfg.batch, cfg.seq, cfg.seed, rank, world)
-    val_loader = dataset.loader("val", cfg.batch, cfg.seq, cfg.seed, rank, world)
+    train_loader = dataset.loader("train", cfg.batch, cfg.seq, cfg.seed, ctx.rank, ctx.world_size)
+    val_loader = dataset.loader("val", cfg.batch, cfg.seq, cfg.seed, ctx.rank, ctx.world_size)
 
-    # ---- model
+    # ---- model: fresh from the preset, or the checkpoint's
     run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute, dropout=cfg.dropout)
     if ckpt is None:
-        if ctx is None:  # process-wide; the launcher seeds once before its rank threads start
-            xtrain.manual_seed(cfg.seed)
-        model_cfg = config_for(cfg.preset or "tiny", tokenizer.vocab_size, **run_flags)
-        model = TinyTransformer(model_cfg, device=device, seed=cfg.seed)
+        if prepared is None:
+            xtrain.manual_seed(cfg.seed)  # process-wide; train_data_parallel seeds once for all ranks
+        model = TinyTransformer(config_for(cfg.preset or "tiny", dataset.tokenizer.vocab_size, **run_flags),
+                                device=device, seed=cfg.seed)
     else:
         if cfg.preset is not None:
-            wanted = config_for(cfg.preset, tokenizer.vocab_size, **run_flags)
+            wanted = config_for(cfg.preset, dataset.tokenizer.vocab_size, **run_flags)
             if wanted != TransformerConfig.from_dict({**ckpt.config.to_dict(), **run_flags}):
                 raise ckpt_state.CheckpointError(
-                    f"--preset {cfg.preset} does not match the checkpoint's model "
-                    f"{ckpt.config.to_dict()}")
+                    f"--preset {cfg.preset} does not match the checkpoint's model {ckpt.config.to_dict()}")
         model = ckpt.build_model(device, **run_flags)
-        model_cfg = model.config
-    dataset.check_vocab(model_cfg.vocab_size)
-    if cfg.seq > model_cfg.max_seq:
-        raise ValueError(f"seq {cfg.seq} exceeds the model's max_seq {model_cfg.max_seq}")
-    params = model.parameters()
-    if ctx is not None:
-        distributed.broadcast_parameters(params, ctx)  # every rank starts from rank 0's weights
+    dataset.check_vocab(model.config.vocab_size)
+    if cfg.seq > model.config.max_seq:
+        raise ValueError(f"seq {cfg.seq} exceeds the model's max_seq {model.config.max_seq}")
+    ctx.broadcast([model.store.params])  # every rank starts from rank 0's weights
     model.train()
 
-    # ---- optimizer
+    # ---- optimizer (and the resumed step, loader position and generators)
     max_lr = cfg.lr
     if max_lr is None and ckpt is not None:
         max_lr = (ckpt.meta.get("train_args") or {}).get("lr")
@@ -136,141 +176,155 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
         ckpt.load_optimizer(optimizer)
         if ckpt.loader_state is None:
             raise ckpt_state.CheckpointError(f"{ckpt.path} holds no data-loader state to resume")
-        train_loader.load_state_dict(ckpt.loader_state)  # the global stream: same on every rank
-        if ctx is None:
-            ckpt.restore_rng()
-        else:  # each rank its own device generator (its dropout masks), rank 0 also the CPU's
-            ckpt.restore_rng(rank=ctx.rank, device=device)
+        train_loader.load_state_dict(ckpt.loader_state)  # the global stream: the same on every rank
+        # each rank its own device generator (its dropout masks); rank 0 also the CPU's
+        ckpt.restore_rng(rank=ctx.rank if ranked else None, device=device)
         step = ckpt.step
-    # Several GPUs: gradients in one flat buffer, one collective per step (and with sharding,
-    # each rank updates its share of the weights); the same updates as one device.
-    dp = None if ctx is None else distributed.DataParallelAdamW(optimizer, ctx, shard=cfg.shard_optimizer,
-                                                                       model=model)
-    decay_steps = cfg.decay_steps or cfg.steps
-    min_lr = cfg.min_lr if cfg.min_lr is not None else max_lr / 10
+    # Several GPUs: one collective per step over the flat gradients (and with sharding each rank
+    # updates its share of the weights): the same updates as one device.
+    dp = distributed.DataParallelAdamW(optimizer, ctx, shard=cfg.shard_optimizer) if ranked else None
 
-    # ---- logging (rank 0 only)
-    tokens_per_step = cfg.batch * cfg.seq * world
-    log_path = out / LOG_FILE
-    history = _restart_log(log_path, step) if main else []
-    log_file = open(log_path, "a") if main else None
-    bar = _progress(cfg, step) if main else None
-    if main:
-        where = device if ctx is None else f"{world} GPUs ({', '.join(f'cuda:{d}' for d in ctx.devices)})"
-        print(f"xtrain: {model.num_parameters() / 1e6:.2f}M parameters "
-              f"({model_cfg.core_params() / 1e6:.2f}M in blocks), {where}, "
-              f"{'bf16' if cfg.bf16 else 'fp32'}{', recompute' if cfg.recompute else ''}, "
-              f"{tokens_per_step} tokens/step, steps {step} -> {cfg.steps}", flush=True)
+    # ---- the log (rank 0)
+    run = Run(cfg=cfg, ctx=ctx, out=out, device=device, dataset=dataset, train_loader=train_loader,
+              val_loader=val_loader, model=model, optimizer=optimizer, dp=dp, max_lr=max_lr,
+              min_lr=cfg.min_lr if cfg.min_lr is not None else max_lr / 10,
+              decay_steps=cfg.decay_steps or cfg.steps, step=step,
+              tokens_per_step=cfg.batch * cfg.seq * ctx.world_size, log=None, history=[], bar=None)
+    if ctx.is_main:
+        run.history = _restart_log(out / LOG_FILE, step)
+        run.log = open(out / LOG_FILE, "a")
+        run.bar = _progress(cfg, step)
+        c = model.config
+        print(f"xtrain: {model.num_parameters() / 1e6:.2f}M parameters ({c.core_params() / 1e6:.2f}M in blocks), "
+              f"{ctx.describe()}, {'bf16' if cfg.bf16 else 'fp32'}{', recompute' if cfg.recompute else ''}, "
+              f"{run.tokens_per_step} tokens/step, steps {step} -> {cfg.steps}", flush=True)
+    run.t_last = time.time()
+    return run
 
-    def emit(record: dict) -> None:
-        log_file.write(json.dumps(record) + "\n")
-        log_file.flush()
-        history.append(record)
 
-    def log_step(step: int, loss, grad_norm, lr: float) -> None:
-        nonlocal t_last
-        # Sync point (the only one per step): loss and grad norm come to the host for the log.
-        # The read waits for the whole step, so the time since the last read is the step's time.
-        # Every rank reads, which keeps the ranks' hosts in step.
-        loss_f, norm_f = loss.item(), grad_norm.item()
-        if not main:
-            return
-        now = time.time()
-        dt, t_last = now - t_last, now
-        mem_mb = memory_mb(device)
-        emit({"step": step, "loss": loss_f, "lr": lr, "grad_norm": norm_f,
-              "tok_s": tokens_per_step / dt, "ms": 1000 * dt, "mem_mb": mem_mb})
-        bar.set_postfix_str(f"loss {loss_f:.4f} | {tokens_per_step / dt:,.0f} tok/s | "
-                            f"{mem_mb:,.0f} MB", refresh=False)
-        bar.update(1)
+def train_step(run: Run) -> None:
+    """One optimizer step: LR, batch, forward, backward, clip + AdamW (+ the gradient average), log."""
+    cfg, opt = run.cfg, run.optimizer
+    lr = cosine_lr(run.step, run.max_lr, run.min_lr, cfg.warmup, run.decay_steps)
+    opt.lr = lr
+    x, y = run.train_loader.next_batch()              # int64 (B, S) each, on the host
+    _, loss = run.model(x, y)
+    loss.backward()
+    if run.dp is None:
+        grad_norm = clip_grad_norm_(opt.params, cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    else:
+        loss = loss.detach()                          # grads and loss: the global-batch mean
+        grad_norm = run.dp.step(cfg.grad_clip, extra=[loss])
+    log_step(run, loss, grad_norm, lr)
+    run.step += 1
 
-    def evaluate() -> float:
-        # With ranks, each evaluates its slice of every global eval batch and the mean over
-        # ranks is the one-device value of the same global batch.
-        model.eval()
-        total, n = None, 0
-        with xtrain.no_grad():
-            for x, y in val_loader.iter_eval(cfg.batch, cfg.seq, cfg.eval_batches):
-                _, loss = model(x, y)
-                total = loss if total is None else ops.add(total, loss)
-                n += 1
-        model.train()
-        if ctx is not None:
-            ctx.all_reduce([total], "avg")
-        return total.item() / n  # sync point: one read per evaluation
 
-    def rank_rng():
-        """Every rank's device generator at this step boundary (called on every rank; rank 0
-        saves them). None on one device."""
-        if ctx is None:
-            return None
-        dp.gather_state()  # the moments complete on rank 0 before it saves them
-        return ctx.exchange("rank_rng", xtrain.get_rng_state(device))
+def evaluate(run: Run) -> float:
+    """Mean validation loss over cfg.eval_batches global batches. With ranks, each evaluates its
+    slice of every global batch and the mean over ranks is the one-device value."""
+    cfg, model = run.cfg, run.model
+    model.eval()
+    total, n = None, 0
+    with xtrain.no_grad():
+        for x, y in run.val_loader.iter_eval(cfg.batch, cfg.seq, cfg.eval_batches):
+            _, loss = model(x, y)
+            total = loss if total is None else ops.add(total, loss)
+            n += 1
+    model.train()
+    run.ctx.all_reduce([total], "avg")
+    return total.item() / n  # sync point: one read per evaluation
 
-    def save(states) -> None:
-        ckpt_state.save(out / CKPT_DIR, model, optimizer, step,
-                        loader_state=train_loader.state_dict(), tokenizer=tokenizer,
-                        dataset=str(dataset.path), train_args={**asdict(cfg), "lr": max_lr},
+
+def save(run: Run) -> None:
+    """Checkpoint the run at its step (rank 0 writes; every rank takes part: with ranks the
+    sharded state is gathered and every rank's generator state is collected first)."""
+    states = None
+    if run.dp is not None:
+        run.dp.gather_state()  # the weights and moments complete before rank 0 saves them
+        states = run.ctx.exchange("rank_rng", xtrain.get_rng_state(run.device))
+    if run.ctx.is_main:
+        ckpt_state.save(run.out / CKPT_DIR, run.model, run.optimizer, run.step,
+                        loader_state=run.train_loader.state_dict(), tokenizer=run.dataset.tokenizer,
+                        dataset=str(run.dataset.path), train_args={**asdict(run.cfg), "lr": run.max_lr},
                         rank_rng=states)
+    run.t_last = time.time()
 
-    # ---- the loop
-    t_last = time.time()
-    val_loss = None
-    while step < cfg.steps:
-        if ctx is not None:
-            ctx.check()  # another rank failed: stop here
-        if cfg.eval_every > 0 and step % cfg.eval_every == 0:
-            val_loss = evaluate()
-            if main:
-                emit({"step": step, "val_loss": val_loss})
-                bar.write(f"step {step}: val loss {val_loss:.4f}")
-            t_last = time.time()
 
-        lr = cosine_lr(step, max_lr, min_lr, cfg.warmup, decay_steps)
-        optimizer.lr = lr
-        x, y = train_loader.next_batch()              # int64 (B, S) each, on the host
-        _, loss = model(x, y)
-        loss.backward()
-        if dp is None:
-            grad_norm = clip_grad_norm_(params, cfg.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        else:
-            loss = loss.detach()                      # grads and loss: the global-batch mean
-            grad_norm = dp.step(cfg.grad_clip, extra=[loss])
-        log_step(step, loss, grad_norm, lr)
-        step += 1
+def log_step(run: Run, loss, grad_norm, lr: float) -> None:
+    # Sync point (the only one per step): loss and grad norm come to the host for the log. The
+    # read waits for the whole step, so the time since the last read is the step's time. Every
+    # rank reads, which keeps the ranks' hosts in step.
+    loss_f, norm_f = loss.item(), grad_norm.item()
+    if not run.ctx.is_main:
+        return
+    now = time.time()
+    dt, run.t_last = now - run.t_last, now
+    mem_mb = memory_mb(run.device)
+    _emit(run, {"step": run.step, "loss": loss_f, "lr": lr, "grad_norm": norm_f,
+                "tok_s": run.tokens_per_step / dt, "ms": 1000 * dt, "mem_mb": mem_mb})
+    run.bar.set_postfix_str(f"loss {loss_f:.4f} | {run.tokens_per_step / dt:,.0f} tok/s | {mem_mb:,.0f} MB",
+                            refresh=False)
+    run.bar.update(1)
 
-        if cfg.save_every > 0 and step % cfg.save_every == 0 and step < cfg.steps:
-            states = rank_rng()
-            if main:
-                save(states)
-            t_last = time.time()
 
-    # ---- wrap up: final eval on every rank; checkpoint, curve and sample on rank 0
-    if cfg.eval_every > 0:
-        val_loss = evaluate()
-        if main:
-            emit({"step": step, "val_loss": val_loss})
-    states = rank_rng()
-    if not main:
+def log_eval(run: Run, val_loss: float) -> None:
+    run.val_loss = val_loss
+    if run.ctx.is_main:
+        _emit(run, {"step": run.step, "val_loss": val_loss})
+        run.bar.write(f"step {run.step}: val loss {val_loss:.4f}")
+    run.t_last = time.time()
+
+
+def finish(run: Run, t_start: float) -> dict | None:
+    """Rank 0: close the log, plot the curve, write a sample and return the summary."""
+    if not run.ctx.is_main:
         return None
-    bar.close()
-    save(states)
-    log_file.close()
-    plot_losses(history, out / "loss.png")
-    sample = sample_text(model, tokenizer, cfg.sample_prompt, cfg.sample_tokens, seed=cfg.seed)
-    (out / "sample.txt").write_text(sample + "\n")
-    train_losses = [r["loss"] for r in history if "loss" in r]
-    summary = {"steps": step, "final_loss": train_losses[-1] if train_losses else None,
-               "first_loss": train_losses[0] if train_losses else None, "val_loss": val_loss,
-               "time_s": time.time() - t_start, "out": str(out), "sample": sample}
-    if ctx is not None:
-        summary["devices"] = list(ctx.devices)
-    print(f"done: {step} steps in {summary['time_s']:.0f}s, train loss "
-          f"{_fmt(summary['final_loss'])}, val loss {_fmt(val_loss)}; checkpoint {out / CKPT_DIR}")
+    run.bar.close()
+    run.log.close()
+    plot_losses(run.history, run.out / "loss.png")
+    sample = sample_text(run.model, run.dataset.tokenizer, run.cfg.sample_prompt, run.cfg.sample_tokens,
+                         seed=run.cfg.seed)
+    (run.out / "sample.txt").write_text(sample + "\n")
+    train_losses = [r["loss"] for r in run.history if "loss" in r]
+    summary = {"steps": run.step, "final_loss": train_losses[-1] if train_losses else None,
+               "first_loss": train_losses[0] if train_losses else None, "val_loss": run.val_loss,
+               "time_s": time.time() - t_start, "out": str(run.out), "sample": sample}
+    if run.dp is not None:
+        summary["devices"] = list(run.ctx.devices)
+    print(f"done: {run.step} steps in {summary['time_s']:.0f}s, train loss {_fmt(summary['final_loss'])}, "
+          f"val loss {_fmt(run.val_loss)}; checkpoint {run.out / CKPT_DIR}")
     print(f"sample:\n{sample}", flush=True)
     return summary
+
+
+def _emit(run: Run, record: dict) -> None:
+    run.log.write(json.dumps(record) + "\n")
+    run.log.flush()
+    run.history.append(record)
+
+
+def train_data_parallel(cfg: TrainConfig, devices="all", *, timeout: float = distributed.DEFAULT_TIMEOUT) -> dict:
+    """train(cfg) on several GPUs of this machine, one thread each, with the same global-batch
+    semantics as one GPU: each rank takes cfg.batch sequences of every global step (global batch =
+    batch x GPUs), gradients are averaged before clipping and AdamW, so every rank holds the same
+    model. The data are prepared, the checkpoint read and the generators seeded once, on the calling
+    thread, before the rank threads start."""
+    devs = distributed.resolve_devices(devices)
+    if cfg.device not in ("auto", "cuda"):
+        raise ValueError(f"--device {cfg.device} picks one device; with --devices the GPUs are "
+                         f"cuda:{', cuda:'.join(map(str, devs))}")
+    distributed.require_available()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = ckpt_state.load(cfg.resume) if cfg.resume else None
+    dataset = open_data(cfg.data, out, cfg.vocab_size, cfg.progress)
+    check_tokenizer(ckpt, dataset)
+    if ckpt is None:
+        xtrain.manual_seed(cfg.seed)  # process-wide: once, before the rank threads start
+    results = distributed.launch(lambda ctx: train(cfg, ctx=ctx, prepared=(dataset, ckpt)), devs, timeout=timeout)
+    return results[0]
 
 
 # ---- helpers

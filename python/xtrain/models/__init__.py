@@ -1,7 +1,5 @@
-"""Model definitions. TinyTransformer is the one model; PRESETS name its sizes."""
+"""Model definitions: TinyTransformer (Qwen3 layout) and its config presets."""
 
-from .transformer import (PRESETS, Block, TinyTransformer, TransformerConfig, attention_forward,
-                          block_forward, block_forward_recompute, config_for, mlp_hidden, mlp_output)
+from .transformer import PRESETS, Attention, Block, MLP, TinyTransformer, TransformerConfig, config_for
 
-__all__ = ["PRESETS", "Block", "TinyTransformer", "TransformerConfig", "attention_forward", "block_forward",
-           "block_forward_recompute", "config_for", "mlp_hidden", "mlp_output"]
+__all__ = ["PRESETS", "Attention", "Block", "MLP", "TinyTransformer", "TransformerConfig", "config_for"]

@@ -1,43 +1,47 @@
-"""TinyTransformer: a decoder-only LM in the Hugging Face Qwen3 layout, written on xtrain.ops.
+"""TinyTransformer: a decoder-only LM in the Hugging Face Qwen3 layout, written on xtrain.nn.
 
     ids (B, S) -> embed_tokens -> L x Block -> norm -> lm_head -> logits (B*S, V) -> cross_entropy
     (with targets, lm_head + cross_entropy run fused: ops.linear_cross_entropy)
 
-    Block(x):  h = x + o_proj(sdpa(rope(q_norm(q_proj(n1(x)))), rope(k_norm(k_proj(n1(x)))), v_proj(n1(x))))
-               y = h + down_proj(silu(gate_proj(n2(h))) * up_proj(n2(h)))
+    Block.forward(x):  x = x + self_attn(input_layernorm(x))
+                       x = x + mlp(post_attention_layernorm(x))
+
+This is the file to edit: each module's forward reads top to bottom, over its named weights.
 
 Decisions:
 - The residual stream is (B*S, dim) from the embedding to the logits, so every linear is one GEMM
   over all tokens. Only attention needs the (B, S, H, D) view (per-head q/k RMSNorm over head_dim,
-  RoPE) and the (B, H, S, D) layout (sdpa).
-- The block is the free function `block_forward(config, x, params, seq, training)` over the block's
-  tensors in the fixed order of `Block.PARAM_ORDER`, written as three parts: attention_forward
-  (x + attention), mlp_hidden (up to the down projection's input g) and mlp_output (x + down(g)).
-  With config.recompute, block_forward_recompute runs the first two parts under
-  `xtrain.checkpoint` and the third outside (selective recompute: backward re-runs everything but
-  the down projection's GEMM and the residual add, whose outputs backward never reads; it keeps g,
-  an ffn-wide activation, per block). The same Python code builds the same graph either way,
-  which is what makes recompute bitwise exact (DESIGN.md invariant 2).
-- bf16 is mixed precision: parameters stay float32 leaves; the linear weights are cast to bf16 once
-  per forward, all in one `ops.cast_many` (one launch on CUDA; each output has its own cast
-  backward node returning the float32 gradient), activations are bf16 from the embedding on, norm
-  weights stay float32 (rms_norm takes float32 weights with bf16 x), and the bf16 logits go into
-  cross_entropy, which computes in float32. With recompute the bf16 copies stay alive through
-  backward (2 bytes per weight) instead of being re-cast in every re-run.
+  RoPE) and the (B, H, S, D) layout (sdpa): ops.to_heads / ops.from_heads do those changes.
+- The parameters live in a ParamStore (xtrain.store), built at the end of __init__: flat float32
+  buffers for the weights, their gradients and (with the optimizer) the AdamW moments, each
+  parameter a view.
+- bf16 is mixed precision: parameters stay float32; the weights of every nn.Linear are used in
+  bf16. forward() asks the store for those bf16 copies (one cast launch over the flat region when
+  the weights changed; each copy carries the history of a cast from its float32 leaf, so its
+  gradient comes back in float32, into the store's gradient slot) and binds them into the modules
+  for the duration of the forward. Activations are bf16 from the embedding on; norm weights stay
+  float32 (rms_norm takes float32 weights with bf16 x); the bf16 logits go into cross_entropy,
+  which computes in float32.
+- Recompute (config.recompute, or block.recompute per block) is selective: the attention half and
+  the MLP up to the down projection run under xtrain.nn.checkpoint, the down projection outside,
+  keeping its input (an ffn-wide activation) per block; backward re-runs everything but the down
+  GEMM and the residual add, whose outputs backward never reads. The same modules run the same
+  ops in the same order either way, which is what makes recompute bitwise exact (DESIGN.md
+  invariant 2).
 - With targets, the head is ops.linear_cross_entropy(norm(x), lm_head weight, targets): the same
-  loss and gradients as linear + cross_entropy (bitwise in float32 on the CPU), but the logits sit
-  in a buffer with a 16-byte-aligned row stride (fast cuBLAS GEMMs for an odd vocabulary such as
-  50257) and backward writes dlogits over them in place. forward(ids, targets) therefore returns
-  (None, loss); return_logits=True adds a detached (B*S, V) copy of the logits. Without targets
-  the logits come from ops.linear and stay differentiable.
+  loss and gradients as linear + cross_entropy, but the logits sit in a buffer with a 16-byte
+  aligned row stride (fast cuBLAS GEMMs for an odd vocabulary such as 50257) and backward writes
+  dlogits over them in place. forward(ids, targets) therefore returns (None, loss);
+  return_logits=True adds a detached (B*S, V) copy of the logits. Without targets the logits come
+  from the lm_head and stay differentiable.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Init as GPT-2/nanoGPT: N(0, 0.02) everywhere, residual projections (o_proj, down_proj) scaled by
-  1/sqrt(2L), norms ones; drawn on the CPU from one seeded xtrain.Generator in construction order.
+  1/sqrt(2L), norms ones; drawn on the CPU from one seeded xtrain.Generator in construction order,
+  then uploaded into the store in one copy, so the same seed gives the same weights on any device.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import asdict, dataclass, fields
 
@@ -45,6 +49,7 @@ import numpy as np
 
 import xtrain
 from xtrain import nn, ops
+from xtrain.store import ParamStore
 
 IGNORE_INDEX = -100
 INIT_STD = 0.02
@@ -99,6 +104,24 @@ class TransformerConfig:
         norms = 2 * self.dim + 2 * self.head_dim
         return self.n_layers * (qkvo + mlp + norms)
 
+    def param_shapes(self) -> dict:
+        """name -> shape of every parameter of TinyTransformer(self), in named_parameters() order,
+        without building the model (checkpoint and export validation use it; a test keeps it equal
+        to the model's)."""
+        inner, d = self.n_heads * self.head_dim, self.dim
+        block = {"input_layernorm.weight": (d,),
+                 "self_attn.q_proj.weight": (inner, d), "self_attn.k_proj.weight": (inner, d),
+                 "self_attn.v_proj.weight": (inner, d), "self_attn.o_proj.weight": (d, inner),
+                 "self_attn.q_norm.weight": (self.head_dim,), "self_attn.k_norm.weight": (self.head_dim,),
+                 "post_attention_layernorm.weight": (d,),
+                 "mlp.gate_proj.weight": (self.ffn_dim, d), "mlp.up_proj.weight": (self.ffn_dim, d),
+                 "mlp.down_proj.weight": (d, self.ffn_dim)}
+        shapes = {"embed_tokens.weight": (self.vocab_size, d)}
+        for i in range(self.n_layers):
+            shapes.update({f"layers.{i}.{n}": s for n, s in block.items()})
+        shapes.update({"norm.weight": (d,), "lm_head.weight": (self.vocab_size, d)})
+        return shapes
+
     def flops_per_token(self, seq: int) -> float:
         """Training FLOPs per token: 6 per weight of every GEMM (forward + backward) plus the
         attention matmuls (causal counted in full, as nanoGPT/PaLM do)."""
@@ -124,123 +147,82 @@ def config_for(preset: str, vocab_size: int, **overrides) -> TransformerConfig:
     return TransformerConfig(vocab_size=vocab_size, **{**PRESETS[preset], **overrides})
 
 
-# ---- the block, as functions of its tensors
-
-def attention_forward(config: TransformerConfig, x, params, seq: int, training: bool = False):
-    """The attention half of a block: x + o_proj(attention(input_layernorm(x))), (B*S, dim).
-
-    params: Block.PARAM_ORDER[:7] (attn_norm, wq, wk, wv, wo, q_norm, k_norm), the linear
-    weights already in the compute dtype (TinyTransformer.forward casts them once per step)."""
-    (attn_norm, wq, wk, wv, wo, q_norm, k_norm) = params
-    S, H, D = seq, config.n_heads, config.head_dim
-    eps = config.norm_eps
-    h = ops.rms_norm(x, attn_norm, eps)                              # (B*S, dim)
-    # to_heads: (B*S, H*D) -> reshape (B, S, H, D) -> [rms_norm over D -> RoPE] -> (B, H, S, D)
-    q = ops.to_heads(ops.linear(h, wq), S, H, q_norm, eps, config.rope_theta)
-    k = ops.to_heads(ops.linear(h, wk), S, H, k_norm, eps, config.rope_theta)
-    v = ops.to_heads(ops.linear(h, wv), S, H)
-    a = ops.sdpa(q, k, v, causal=True, scale=1.0 / math.sqrt(D))     # (B, H, S, D)
-    a = ops.from_heads(a)                                            # (B*S, H*D)
-    a = _dropout(config, ops.linear(a, wo), training)                # (B*S, dim)
-    return ops.add(x, a)
-
-
-def mlp_hidden(config: TransformerConfig, x, params):
-    """The MLP up to the down projection: silu(gate_proj(n2(x))) * up_proj(n2(x)), (B*S, ffn).
-    params: Block.PARAM_ORDER[7:10] (mlp_norm, w_gate, w_up)."""
-    (mlp_norm, w_gate, w_up) = params
-    h = ops.rms_norm(x, mlp_norm, config.norm_eps)
-    return ops.swiglu(ops.linear(h, w_gate), ops.linear(h, w_up))
-
-
-def mlp_output(config: TransformerConfig, x, g, w_down, training: bool = False):
-    """The block's end: x + down_proj(g)."""
-    return ops.add(x, _dropout(config, ops.linear(g, w_down), training))
-
-
-def block_forward(config: TransformerConfig, x, params, seq: int, training: bool = False):
-    """One transformer block on the residual stream x (B*S, dim) -> (B*S, dim).
-
-    params: the block's tensors in Block.PARAM_ORDER, linear weights in the compute dtype. `seq`
-    is S (x holds B*S rows). Depends on nothing but its arguments and the default RNG (dropout),
-    so each of its parts can be re-run by xtrain.checkpoint."""
-    params = list(params)
-    x = attention_forward(config, x, params[:7], seq, training)
-    g = mlp_hidden(config, x, params[7:10])
-    return mlp_output(config, x, g, params[10], training)
-
-
-def block_forward_recompute(config: TransformerConfig, x, params, seq: int, training: bool = False):
-    """block_forward with activation recompute (selective): the attention half and the MLP up to
-    the down projection each run under xtrain.checkpoint, and the down projection runs outside,
-    keeping its input g. Backward then re-runs everything but the down projection's GEMM and the
-    residual add, whose results backward never reads. The same ops on the same tensors in the
-    same order as block_forward, so the results are bitwise equal."""
-    params = list(params)
-    x = xtrain.checkpoint(functools.partial(attention_forward, config, seq=seq, training=training),
-                          x, params[:7])
-    g = xtrain.checkpoint(functools.partial(mlp_hidden, config), x, params[7:10])
-    return mlp_output(config, x, g, params[10], training)
-
-
-def _dropout(config: TransformerConfig, x, training: bool):
-    if config.dropout == 0.0 or not training:
-        return x
-    # The default generator: checkpoint saves/restores it, so a recompute draws the same mask.
-    return ops.dropout(x, config.dropout, True, None)
-
-
-# ---- modules (containers of named parameters; the math is in block_forward)
+# ---- the modules
 
 class Attention(nn.Module):
-    def __init__(self, c: TransformerConfig, device: str, gen, residual_std: float):
+    """Causal multi-head self-attention with per-head q/k RMSNorm and RoPE (Qwen3)."""
+
+    def __init__(self, c: TransformerConfig, gen, residual_std: float):
         super().__init__()
         inner = c.n_heads * c.head_dim
-        self.q_proj = nn.Linear(c.dim, inner, device=device, generator=gen, std=INIT_STD)
-        self.k_proj = nn.Linear(c.dim, inner, device=device, generator=gen, std=INIT_STD)
-        self.v_proj = nn.Linear(c.dim, inner, device=device, generator=gen, std=INIT_STD)
-        self.o_proj = nn.Linear(inner, c.dim, device=device, generator=gen, std=residual_std)
-        self.q_norm = nn.RMSNorm(c.head_dim, c.norm_eps, device)
-        self.k_norm = nn.RMSNorm(c.head_dim, c.norm_eps, device)
+        self.n_heads, self.head_dim, self.eps, self.rope_theta = c.n_heads, c.head_dim, c.norm_eps, c.rope_theta
+        self.q_proj = nn.Linear(c.dim, inner, generator=gen, std=INIT_STD)
+        self.k_proj = nn.Linear(c.dim, inner, generator=gen, std=INIT_STD)
+        self.v_proj = nn.Linear(c.dim, inner, generator=gen, std=INIT_STD)
+        self.o_proj = nn.Linear(inner, c.dim, generator=gen, std=residual_std)
+        self.q_norm = nn.RMSNorm(c.head_dim, c.norm_eps)
+        self.k_norm = nn.RMSNorm(c.head_dim, c.norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, x, seq: int):
+        """x (B*S, dim), already normed -> (B*S, dim)."""
+        H = self.n_heads
+        # to_heads: (B*S, H*D) -> (B, S, H, D) -> [rms_norm over D -> RoPE] -> (B, H, S, D)
+        q = ops.to_heads(self.q_proj(x), seq, H, self.q_norm.weight, self.eps, self.rope_theta)
+        k = ops.to_heads(self.k_proj(x), seq, H, self.k_norm.weight, self.eps, self.rope_theta)
+        v = ops.to_heads(self.v_proj(x), seq, H)
+        a = ops.sdpa(q, k, v, causal=True, scale=1.0 / math.sqrt(self.head_dim))  # (B, H, S, D)
+        return self.dropout(self.o_proj(ops.from_heads(a)))                      # (B*S, dim)
 
 
 class MLP(nn.Module):
-    def __init__(self, c: TransformerConfig, device: str, gen, residual_std: float):
+    """SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x))."""
+
+    def __init__(self, c: TransformerConfig, gen, residual_std: float):
         super().__init__()
-        self.gate_proj = nn.Linear(c.dim, c.ffn_dim, device=device, generator=gen, std=INIT_STD)
-        self.up_proj = nn.Linear(c.dim, c.ffn_dim, device=device, generator=gen, std=INIT_STD)
-        self.down_proj = nn.Linear(c.ffn_dim, c.dim, device=device, generator=gen, std=residual_std)
+        self.gate_proj = nn.Linear(c.dim, c.ffn_dim, generator=gen, std=INIT_STD)
+        self.up_proj = nn.Linear(c.dim, c.ffn_dim, generator=gen, std=INIT_STD)
+        self.down_proj = nn.Linear(c.ffn_dim, c.dim, generator=gen, std=residual_std)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, x):
+        return self.output(self.hidden(x))
+
+    def hidden(self, x):
+        """(B*S, dim) -> (B*S, ffn): everything up to the down projection (fused silu * up)."""
+        return ops.swiglu(self.gate_proj(x), self.up_proj(x))
+
+    def output(self, g):
+        return self.dropout(self.down_proj(g))
 
 
 class Block(nn.Module):
-    # The order block_forward unpacks (names relative to the block).
-    PARAM_ORDER = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                   "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
-                   "self_attn.k_norm.weight", "post_attention_layernorm.weight",
-                   "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
-
-    def __init__(self, c: TransformerConfig, device: str, gen):
+    def __init__(self, c: TransformerConfig, gen):
         super().__init__()
         residual_std = INIT_STD / math.sqrt(2 * c.n_layers)
-        self.input_layernorm = nn.RMSNorm(c.dim, c.norm_eps, device)
-        self.self_attn = Attention(c, device, gen, residual_std)
-        self.post_attention_layernorm = nn.RMSNorm(c.dim, c.norm_eps, device)
-        self.mlp = MLP(c, device, gen, residual_std)
+        self.input_layernorm = nn.RMSNorm(c.dim, c.norm_eps)
+        self.self_attn = Attention(c, gen, residual_std)
+        self.post_attention_layernorm = nn.RMSNorm(c.dim, c.norm_eps)
+        self.mlp = MLP(c, gen, residual_std)
+        self.recompute = c.recompute
 
-    # Indices of the linear weights in PARAM_ORDER (cast to bf16 once per step in bf16 runs).
-    LINEAR = tuple(i for i, n in enumerate(PARAM_ORDER) if n.endswith("_proj.weight"))
-    _PATHS = tuple(tuple(n.split(".")) for n in PARAM_ORDER)
+    def forward(self, x, seq: int):
+        """The residual stream x (B*S, dim) -> (B*S, dim); seq is S."""
+        if self.recompute:
+            return self._forward_recompute(x, seq)
+        x = x + self.self_attn(self.input_layernorm(x), seq)
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x
 
-    def block_params(self) -> list:
-        """The block's parameters in PARAM_ORDER (looked up each call, so a replaced parameter,
-        e.g. after load_state_dict, is the one used)."""
-        out = []
-        for path in self._PATHS:
-            m = self
-            for name in path[:-1]:
-                m = m._modules[name]
-            out.append(m._parameters[path[-1]])
-        return out
+    def _forward_recompute(self, x, seq: int):
+        """forward() with selective activation recompute: the attention half and the MLP up to
+        the down projection are re-run in backward (nn.checkpoint); the down projection and the
+        last residual add run outside, keeping g. The same ops in the same order as forward()."""
+        x = nn.checkpoint(lambda x: x + self.self_attn(self.input_layernorm(x), seq), x,
+                          self.input_layernorm, self.self_attn)
+        g = nn.checkpoint(lambda x: self.mlp.hidden(self.post_attention_layernorm(x)), x,
+                          self.post_attention_layernorm, self.mlp.gate_proj, self.mlp.up_proj)
+        return x + self.mlp.output(g)
 
 
 class TinyTransformer(nn.Module):
@@ -248,31 +230,13 @@ class TinyTransformer(nn.Module):
         super().__init__()
         self.config = config
         gen = xtrain.Generator(seed)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.dim, device, gen, INIT_STD)
-        self.layers = nn.ModuleList(Block(config, device, gen) for _ in range(config.n_layers))
-        self.norm = nn.RMSNorm(config.dim, config.norm_eps, device)
-        self.lm_head = nn.Linear(config.dim, config.vocab_size, device=device, generator=gen,
-                                 std=INIT_STD)
-        self._cast_cache = None  # set_cast_cache
-
-    def cast_parameters(self) -> list:
-        """The float32 weights the forward casts to the compute dtype, in the order of its one
-        ops.cast_many (every linear weight, then lm_head); [] without bf16."""
-        if not self.config.bf16:
-            return []
-        linear = Block.LINEAR
-        return [p[i] for p in (layer.block_params() for layer in self.layers) for i in linear] + \
-            [self.lm_head.weight]
-
-    def set_cast_cache(self, provider) -> None:
-        """provider: a callable returning the bf16 casts of cast_parameters() (in order), already
-        computed, or None when it has none; None removes it. The forward then takes those values
-        instead of casting (the backward is the cast's). Data-parallel training uses it: each rank
-        casts its share of the updated weights and the ranks gather the bf16 copies
-        (xtrain.distributed.DataParallelAdamW)."""
-        if provider is not None and not callable(provider):
-            raise TypeError(f"set_cast_cache: provider must be callable or None, got {type(provider).__name__}")
-        self._cast_cache = provider
+        # Built on the CPU, then moved into the store on `device` with one upload.
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.dim, generator=gen, std=INIT_STD)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(Block(config, gen) for _ in range(config.n_layers))
+        self.norm = nn.RMSNorm(config.dim, config.norm_eps)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, generator=gen, std=INIT_STD)
+        self.store = ParamStore(self, device=device, compute_dtype=config.dtype)
 
     def forward(self, ids, targets=None, return_logits=None):
         """ids int (B, S) -> (logits, loss).
@@ -286,43 +250,23 @@ class TinyTransformer(nn.Module):
         B, S = ids.shape
         if S > c.max_seq:
             raise ValueError(f"sequence length {S} exceeds max_seq {c.max_seq}")
-        x = ops.embedding(self.embed_tokens.weight, ops.reshape(ids, (B * S,)))  # (B*S, dim) f32
-        if c.bf16:
-            x = ops.cast(x, "bfloat16")
-        x = _dropout(c, x, self.training)
-        blocks, head = self._compute_params()
-        run = block_forward_recompute if c.recompute else block_forward
-        for params in blocks:
-            x = run(c, x, params, S, self.training)
-        x = ops.rms_norm(x, self.norm.weight, c.norm_eps)
-        if targets is None:
-            return ops.linear(x, head), None                                # (B*S, V)
-        targets = self._as_ids(targets, "targets")
-        if tuple(targets.shape) != (B, S):
-            raise ValueError(f"targets shape {tuple(targets.shape)} != ids shape {(B, S)}")
-        loss, logits = ops.linear_cross_entropy(x, head, ops.reshape(targets, (B * S,)),
-                                                ignore_index=IGNORE_INDEX,
-                                                return_logits=bool(return_logits))
+        if targets is not None:
+            targets = self._as_ids(targets, "targets")
+            if tuple(targets.shape) != (B, S):
+                raise ValueError(f"targets shape {tuple(targets.shape)} != ids shape {(B, S)}")
+        # bf16: the Linear weights in bf16 for this forward (one cast launch when they changed)
+        with self.store.bound(self.store.compute_weights()):
+            x = self.embed_tokens(ids.reshape(B * S))                       # (B*S, dim) float32
+            x = self.dropout(x.to(c.dtype))
+            for block in self.layers:
+                x = block(x, S)
+            x = self.norm(x)
+            if targets is None:
+                return self.lm_head(x), None                                # (B*S, V)
+            loss, logits = ops.linear_cross_entropy(x, self.lm_head.weight, targets.reshape(B * S),
+                                                    ignore_index=IGNORE_INDEX,
+                                                    return_logits=bool(return_logits))
         return logits, loss
-
-    def _compute_params(self):
-        """(per block: its tensors in PARAM_ORDER, lm_head weight) with every linear weight in the
-        compute dtype. bf16: one ops.cast_many over all of them (one launch on CUDA; each cast
-        keeps its own backward node, so a weight's float32 gradient is final as soon as its
-        own bf16 gradient is)."""
-        blocks = [layer.block_params() for layer in self.layers]
-        head = self.lm_head.weight
-        if not self.config.bf16:
-            return blocks, head
-        linear = Block.LINEAR
-        cached = self._cast_cache() if self._cast_cache is not None else None
-        cast = ops.cast_many([p[i] for p in blocks for i in linear] + [head], "bfloat16", cached=cached)
-        k = 0
-        for p in blocks:
-            for i in linear:
-                p[i] = cast[k]
-                k += 1
-        return blocks, cast[k]
 
     def _as_ids(self, ids, what: str):
         if not isinstance(ids, xtrain.Tensor):
@@ -332,6 +276,10 @@ class TinyTransformer(nn.Module):
         if ids.dtype not in ("int32", "int64"):
             raise TypeError(f"{what} must be int32 or int64, got {ids.dtype}")
         return ids
+
+    @property
+    def device(self) -> str:
+        return self.store.device
 
     def generate(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  greedy: bool = False, seed: int = 0, stop_token: int | None = None) -> np.ndarray:
