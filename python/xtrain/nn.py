@@ -26,6 +26,7 @@ import numpy as np
 
 import xtrain
 from xtrain import ops
+from xtrain.store import ParamStore
 from xtrain.tensor import to_args
 
 
@@ -108,7 +109,7 @@ class Module:
             return self
         for _, m in self.named_modules():
             for name, p in list(m._parameters.items()):
-                if _store_holding(p) is not None:
+                if ParamStore.holding(p) is not None:
                     raise ValueError(f"{type(self).__name__}.to: parameter {name!r} lives in a parameter store "
                                      f"of an enclosing model; move that model instead")
                 if (device is None or p.device == device) and (dtype is None or p.dtype == dtype):
@@ -294,6 +295,11 @@ def checkpoint(fn, x, *modules):
     return xtrain.checkpoint(segment, x, params)
 
 
+def matmul_weights(module: Module, attr: str) -> bool:
+    """The weights of Linear layers: what a ParamStore keeps a compute-dtype copy of (bf16)."""
+    return isinstance(module, Linear) and attr == "weight"
+
+
 # ---- parameter construction
 
 def normal_param(shape, std: float, device: str = "cpu", generator=None):
@@ -318,12 +324,6 @@ def _as_tensor(value):
     if isinstance(value, xtrain.Tensor):
         return value
     return xtrain.tensor(np.ascontiguousarray(value), dtype="float32")
-
-
-def _store_holding(p):
-    from xtrain.store import ParamStore
-
-    return ParamStore.holding(p)
 
 
 def _preview(keys: list[str], n: int = 8) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 
 import xtrain
 from xtrain import _C
+from xtrain.store import ParamStore
 
 
 class AdamW:
@@ -224,6 +225,4 @@ _ALIGN = 64
 
 def _store_of(params):
     """The ParamStore whose parameters, all of them in its order, are `params`; else None."""
-    from xtrain.store import ParamStore
-
     return ParamStore.owning(params)

@@ -17,8 +17,9 @@ The optimizer adds its moments in the same layout (xtrain.optim.AdamW), so clipp
 gradient average and ZeRO-1 sharding each work on whole regions (xtrain.distributed).
 
 Layout, fixed at construction from the module's named_parameters() order:
-- Region 0: the weights of the module's nn.Linear layers (the matmul weights, which a bf16 model
-  runs in bf16); region 1: everything else (embeddings, norm weights). Within a region, tensors
+- Region 0: the parameters `compute` picks (a model passes nn.matmul_weights: the weights of its
+  nn.Linear layers, which a bf16 model runs in bf16); region 1: everything else (embeddings, norm
+  weights). Within a region, tensors
   keep named_parameters() order.
 - Every tensor starts at a multiple of ALIGN elements (256 bytes of float32, the caching
   allocator's block alignment), so a view is aligned like a tensor of its own.
@@ -81,20 +82,19 @@ def _round_up(n: int, k: int) -> int:
 class ParamStore:
     """The parameters of `module` moved into flat buffers on `device` (see the module doc).
 
-    compute_dtype: the dtype the region-0 weights are used in (None: the parameters' own);
-    dtype: the master weights' dtype (float32 for training)."""
+    compute(submodule, attr) -> bool picks the region-0 parameters, which the forward uses in
+    `compute_dtype` (None: the parameters' own dtype); nn.matmul_weights is the usual choice (the
+    weights of every nn.Linear). dtype: the master weights' dtype (float32 for training)."""
 
     def __init__(self, module, device: str = "cpu", compute_dtype: str | None = None,
-                 dtype: str = "float32"):
-        from xtrain import nn
-
+                 dtype: str = "float32", compute=None):
         named = []
         for mod_name, m in module.named_modules():
             for attr, p in m._parameters.items():
                 if p is None:
                     continue
                 name = f"{mod_name}.{attr}" if mod_name else attr
-                region = 0 if (isinstance(m, nn.Linear) and attr == "weight") else 1
+                region = 0 if (compute is not None and compute(m, attr)) else 1
                 named.append((name, m, attr, p, region))
         if not named:
             raise ValueError(f"ParamStore: {type(module).__name__} has no parameters")

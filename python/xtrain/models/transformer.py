@@ -236,7 +236,7 @@ class TinyTransformer(nn.Module):
         self.layers = nn.ModuleList(Block(config, gen) for _ in range(config.n_layers))
         self.norm = nn.RMSNorm(config.dim, config.norm_eps)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, generator=gen, std=INIT_STD)
-        self.store = ParamStore(self, device=device, compute_dtype=config.dtype)
+        self.store = ParamStore(self, device=device, compute_dtype=config.dtype, compute=nn.matmul_weights)
 
     def forward(self, ids, targets=None, return_logits=None):
         """ids int (B, S) -> (logits, loss).
