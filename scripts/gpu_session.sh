@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# One device call on the (bare) GPU machine: build, test and benchmark in the steps asked for,
+# each under its own timeout, writing logs under OUT (the device tool's $OUT).
+#
+#   STEPS="install gtest pytest ab" scripts/gpu_session.sh [OUT]
+#
+# Steps (run in the order given; a failed step is recorded and the call goes on):
+#   install   pip install --no-build-isolation (CUDA, sm_90, GoogleTest binary in /tmp/xtrain-build);
+#             with .gpu/base.tar present (`git archive BASE -o .gpu/base.tar`, carried), that tree
+#             is built at the same time into /tmp/xt-base, for the before/after comparison
+#   gtest     ctest of the C++ suite (CUDA tests included)
+#   pytest    the Python suite on CUDA ($PYTEST_ARGS added; default: the whole tests/ directory)
+#   ab        bench/train_throughput.py, xtrain only, dim768 bf16 batch 32 seq 256 vocabulary 50257:
+#             base, new, base, new (interleaved, so drift hits both alike); needs the base build
+#   throughput  bench/train_throughput.py with its PyTorch peers ($THROUGHPUT_ARGS)
+#   ops       bench/ops.py
+#   attention scripts/check_attention_gpu.sh (the fused attention's CUDA tests and bench rows)
+#   data      bench/data_run.py ($DATA_ARGS)
+# OUT receives at most 8 files: summary.txt, install.log, gtest.log, pytest.log, bench.log,
+# results.tgz (every bench/results file written during the call), and the step logs' tails.
+# The GPU machine has no package registry: carry .whl/ (scipy-openblas32) and .gpu/.
+set -u
+out=${1:-${OUT:-/tmp/gpu-out}}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=4
+py=$(command -v python3)
+steps=${STEPS:-install gtest pytest}
+t_call=$(date +%s)
+touch /tmp/.gpu_session_start
+summary="$out/summary.txt"
+: >"$summary"
+
+note() { echo "$*" | tee -a "$summary"; }
+
+# run_step NAME LIMIT LOG CMD...: run under a timeout, append to LOG, record status and seconds.
+run_step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  local t0=$(date +%s)
+  echo "=== [$name] $*" >>"$log"
+  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+  local rc=$?
+  local status=pass
+  [ $rc -ne 0 ] && status="FAIL (exit $rc)"
+  { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && status="FAIL (timeout ${limit}s)"
+  note "$(printf '%-10s %-22s %4ss' "$name" "$status" $(( $(date +%s) - t0 )))"
+  return $rc
+}
+
+if ! "$py" -c "import scipy_openblas32" 2>/dev/null; then
+  "$py" -m pip install -q --no-index --no-deps --target /tmp/site .whl/scipy_openblas32-*.whl >/dev/null 2>&1
+  export PYTHONPATH=/tmp/site
+fi
+
+build_new() {
+  CMAKE_BUILD_PARALLEL_LEVEL=${1:-16} "$py" -m pip install --no-build-isolation --no-deps -q \
+    --config-settings=build-dir=/tmp/xtrain-build --config-settings=cmake.define.XTRAIN_CUDA=ON \
+    --config-settings=cmake.define.XTRAIN_CUDA_ARCHS=90 --config-settings=cmake.define.XTRAIN_BUILD_TESTS=ON . \
+    && "$py" -c "import xtrain; print('new build:', xtrain.cuda.runtime_info())"
+}
+build_base() {
+  rm -rf /tmp/base-src && mkdir -p /tmp/base-src && tar -xf .gpu/base.tar -C /tmp/base-src \
+    && (cd /tmp/base-src && CMAKE_BUILD_PARALLEL_LEVEL=8 "$py" -m pip install --no-build-isolation --no-deps -q \
+        --target /tmp/xt-base --config-settings=build-dir=/tmp/base-build \
+        --config-settings=cmake.define.XTRAIN_CUDA=ON --config-settings=cmake.define.XTRAIN_CUDA_ARCHS=90 .) \
+    && PYTHONPATH=/tmp/xt-base${PYTHONPATH:+:$PYTHONPATH} "$py" -c "import xtrain; print('base build:', xtrain.__file__)"
+}
+export -f build_new build_base
+export py
+
+throughput() {  # LABEL PYTHONPATH-prefix ARGS...
+  local label=$1 pp=$2
+  shift 2
+  echo "--- $label"
+  PYTHONPATH=$pp${PYTHONPATH:+:$PYTHONPATH} "$py" bench/train_throughput.py "$@" 2>&1 | tail -12
+}
+export -f throughput
+
+for step in $steps; do
+  case "$step" in
+    install)
+      {
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+        nvcc --version | tail -1
+        "$py" -c "import torch; print('torch', torch.__version__)"
+      } >"$out/install.log" 2>&1
+      if [ -f .gpu/base.tar ]; then
+        run_step install 420 "$out/install.log" bash -c 'build_new 8 & n=$!; build_base & b=$!; wait $n; rn=$?; wait $b; rb=$?; echo "new rc=$rn base rc=$rb"; [ $rn -eq 0 ] && [ $rb -eq 0 ]'
+      else
+        run_step install 420 "$out/install.log" bash -c 'build_new 16'
+      fi
+      ;;
+    gtest)
+      run_step gtest 240 "$out/gtest.log" bash -c 'cmake --build /tmp/xtrain-build -j 16 --target xtrain_cpp_tests >/dev/null && ctest --test-dir /tmp/xtrain-build --output-on-failure -j 8 --timeout 120'
+      grep -E "tests passed|tests failed" "$out/gtest.log" | tail -1 | tee -a "$summary"
+      ;;
+    pytest)
+      xdist=()
+      "$py" -c "import xdist" 2>/dev/null && xdist=(-n 6 --dist loadfile)
+      run_step pytest "${PYTEST_TIMEOUT:-400}" "$out/pytest.log" "$py" -m pytest ${PYTEST_ARGS:-tests} -q -p no:cacheprovider \
+        --device cuda -rs "${xdist[@]}"
+      tail -1 "$out/pytest.log" | tee -a "$summary"
+      grep -E "^FAILED|^ERROR" "$out/pytest.log" | head -40 | tee -a "$summary"
+      ;;
+    ab)
+      args="--preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257 --no-torch --steps ${AB_STEPS:-30} --warmup 8"
+      run_step ab 300 "$out/bench.log" bash -c "for i in 1 2; do throughput base /tmp/xt-base $args; throughput new '' $args; done"
+      grep -E "^--- |xtrain .*tok/s|^xtrain" "$out/bench.log" | tail -20 | tee -a "$summary"
+      ;;
+    throughput)
+      run_step throughput 420 "$out/bench.log" bash -c "throughput new '' ${THROUGHPUT_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257}"
+      ;;
+    ops)
+      run_step ops 240 "$out/bench.log" "$py" bench/ops.py
+      ;;
+    attention)
+      run_step attention 300 "$out/bench.log" bash scripts/check_attention_gpu.sh
+      ;;
+    data)
+      run_step data 420 "$out/bench.log" "$py" bench/data_run.py ${DATA_ARGS:-}
+      ;;
+    *)
+      note "unknown step $step"
+      ;;
+  esac
+done
+
+find bench/results -newer /tmp/.gpu_session_start -type f 2>/dev/null > /tmp/new_results.txt
+[ -s /tmp/new_results.txt ] && tar czf "$out/results.tgz" -T /tmp/new_results.txt
+note "call took $(( $(date +%s) - t_call ))s; new result files: $(wc -l < /tmp/new_results.txt)"
