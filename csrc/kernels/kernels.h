@@ -4,7 +4,8 @@
 // xt::kernels::cuda::NAME (kernels/cuda/*.cu), with the same arguments. Kernels know nothing
 // of tensors or the tape: the ops layer (csrc/ops/) checks shapes/dtypes/devices and picks
 // the backend. `stream` is this thread's cudaStream_t on the CUDA side and nullptr on the CPU.
-// Every kernel is deterministic: no floating-point atomics, fixed reduction orders.
+// Every kernel is deterministic: no floating-point atomics, fixed reduction orders. What both
+// backends share (dtype dispatch, loads/stores, the elementwise formulas) is kernels/common.h.
 //
 // Conventions:
 //  - `dt` is the element type of the floating tensors named x/y/dx/dy...; computations run
@@ -17,6 +18,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/common.h"  // BinaryOp, ScalarOp, UnaryOp and their formulas
 
 namespace xt {
 namespace kernels {
@@ -31,9 +33,6 @@ struct Broadcast {
   int64_t bstride[kMaxDims] = {};
 };
 
-enum class BinaryOp : int { Add, Sub, Mul, Div };
-enum class ScalarOp : int { Add, Mul, RSub, Div, RDiv, Pow };  // x+s, x*s, s-x, x/s, s/x, x^s
-enum class UnaryOp : int { Neg, Exp, Log, Sqrt, Silu, Square, Abs };
 enum class RandomKind : int { Uniform, Normal };
 
 struct AdamWParams {
@@ -57,8 +56,9 @@ struct AdamWParams {
   void accumulate(DType dt, void* a, const void* b, int64_t n, double alpha, void* stream);             \
   void scalar_op(ScalarOp op, DType dt, const void* x, void* out, int64_t n, double s, void* stream);   \
   void unary(UnaryOp op, DType dt, const void* x, void* out, int64_t n, void* stream);                  \
-  /* dx = dy * silu'(x) */                                                                              \
-  void silu_backward(DType dt, const void* x, const void* dy, void* dx, int64_t n, void* stream);       \
+  /* dx = dy * op'(x) for an op with unary_has_grad_kernel(op) (kernels/common.h) */                  \
+  void unary_backward(UnaryOp op, DType dt, const void* x, const void* dy, void* dx, int64_t n,         \
+                      void* stream);                                                                    \
   /* out = silu(gate) * up */                                                                           \
   void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64_t n, void* stream);  \
   void swiglu_backward(DType dt, const void* gate, const void* up, const void* dout, void* dgate,       \

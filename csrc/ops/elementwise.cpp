@@ -194,8 +194,8 @@ Tensor silu_backward(const Tensor& x, const Tensor& dy) {
            " must have the same shape");
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (dx.numel())
-    XT_KERNEL(x.device(), silu_backward, x.dtype(), x.data_ptr(), dy.data_ptr(), dx.data_ptr(), dx.numel(),
-              stream_for(x.device()));
+    XT_KERNEL(x.device(), unary_backward, kernels::UnaryOp::Silu, x.dtype(), x.data_ptr(), dy.data_ptr(),
+              dx.data_ptr(), dx.numel(), stream_for(x.device()));
   return dx;
 }
 

@@ -95,8 +95,7 @@ void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void*
   if (rows == 0) return;
   XT_CHECK(rows <= INT32_MAX, ValueError, "cross_entropy: too many rows for CUDA: ", rows);
   OnStream on(stream);
-  dispatch_float(dt, "cross_entropy_forward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "cross_entropy_forward", T, {
     ce_forward_kernel<T><<<static_cast<unsigned>(rows), row_threads(vocab), 0, on.s>>>(
         static_cast<const T*>(logits), targets, t64, losses, lse, vocab, ld, ignore_index);
     XT_LAUNCH_CHECK();
@@ -119,8 +118,7 @@ void cross_entropy_backward(DType dt, const void* logits, const float* lse, DTyp
   if (rows == 0 || vocab == 0) return;
   XT_CHECK(rows <= INT32_MAX, ValueError, "cross_entropy: too many rows for CUDA: ", rows);
   OnStream on(stream);
-  dispatch_float(dt, "cross_entropy_backward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "cross_entropy_backward", T, {
     ce_backward_kernel<T><<<static_cast<unsigned>(rows), row_threads(vocab), 0, on.s>>>(
         static_cast<const T*>(logits), lse, targets, t64, dloss, count, static_cast<T*>(dlogits), vocab, ld, ignore_index);
     XT_LAUNCH_CHECK();

@@ -141,8 +141,7 @@ void embedding_backward(DType dt, DType id_dt, const void* ids, const void* dout
   OnStream on(stream);
   XT_CUDA_CHECK(cudaMemsetAsync(dtable, 0, static_cast<size_t>(vocab * dim) * dtype_size(dt), on.s));
   if (n_ids == 0) return;
-  dispatch_float(dt, "embedding_backward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "embedding_backward", T, {
     const T* pd = static_cast<const T*>(dout);
     T* pt = static_cast<T*>(dtable);
     if (ids64) backward_sorted<T>(static_cast<const uint64_t*>(ids), pd, pt, n_ids, vocab, dim, on);
