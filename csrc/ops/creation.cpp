@@ -1,4 +1,5 @@
-// Creation and copies: empty/full/arange/random, fill, device and dtype conversion.
+// Creation and copies: empty/full/arange/random, fill_/zero_, copy_, device and dtype conversion
+// (to_forward, clone). Nothing here records history; fill_/zero_/copy_ write in place.
 #include <cmath>
 #include <cstring>
 
@@ -78,14 +79,14 @@ void copy_(Tensor& dst, const Tensor& src) {
   }
 }
 
-Tensor to(const Tensor& x, Device device, DType dtype) {
+Tensor to_forward(const Tensor& x, Device device, DType dtype) {
   check_defined(x, "x");
   Tensor out = Tensor::empty(x.shape(), dtype, device);
   copy_(out, x);
   return out;
 }
 
-Tensor clone(const Tensor& x) { return to(x, x.device(), x.dtype()); }
+Tensor clone(const Tensor& x) { return to_forward(x, x.device(), x.dtype()); }
 
 }  // namespace ops
 }  // namespace xt

@@ -15,9 +15,14 @@
 // then the same cross-entropy kernels run on the first V columns of rows of stride ld. Its
 // backward writes dlogits in place over that buffer (padding columns 0) and runs dx = dlogits @ w
 // and dw = dlogits^T @ x as one GEMM each with explicit leading dimensions.
+//
+// The nodes save the logits (or the buffer), the targets, lse and count; linear_cross_entropy's
+// also keeps x when w needs grad and w when x does. Its backward overwrites the buffer with
+// dlogits (the node runs once: the engine refuses a second backward through a released graph).
 #include "core/cuda_api.h"
 #include "core/error.h"
 #include "ops/dispatch.h"
+#include "tape/node.h"
 
 namespace xt {
 namespace ops {
@@ -101,7 +106,7 @@ std::vector<Tensor> forward_rows(const Tensor& logits, int64_t N, int64_t V, int
 
 }  // namespace
 
-std::vector<Tensor> cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+std::vector<Tensor> cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   check_logits_targets(logits, targets, "cross_entropy");
   const int64_t N = logits.size(0), V = logits.size(1);
   check_targets_in_range(targets, V, ignore_index);
@@ -146,8 +151,8 @@ void check_linear_ce_inputs(const Tensor& x, const Tensor& w, const Tensor& targ
 
 }  // namespace
 
-std::vector<Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
-                                         int64_t ignore_index) {
+std::vector<Tensor> linear_cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                                 int64_t ignore_index) {
   check_linear_ce_inputs(x, w, targets);
   const int64_t N = x.size(0), K = x.size(1), V = w.size(0), ld = logits_ld(V);
   check_targets_in_range(targets, V, ignore_index);
@@ -250,6 +255,79 @@ std::pair<Tensor, Tensor> linear_cross_entropy_backward(const Tensor& buf, int64
                 K, 0.0f, dw.data_ptr(), K, 1, N * ld, N * K, V * K, stream);
   }
   return {dx, dw};
+}
+
+// ---- the differentiable ops
+
+namespace {
+
+class CrossEntropyBackward : public NodeWithSaved<4> {
+ public:
+  CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& count,
+                       int64_t ignore_index)
+      : NodeWithSaved({SavedTensor("logits", logits), SavedTensor("targets", targets), SavedTensor("lse", lse),
+                       SavedTensor("count", count)}),
+        ignore_index_(ignore_index) {}
+  const char* name() const override { return "CrossEntropyBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (!grads[0].defined()) return {Tensor()};
+    const auto [logits, targets, lse, count] = unpack();
+    return {cross_entropy_backward(logits, lse, targets, grads[0], count, ignore_index_)};
+  }
+
+ private:
+  int64_t ignore_index_;
+};
+
+class LinearCrossEntropyBackward : public NodeWithSaved<6> {
+ public:
+  // x only when w needs grad, w (the weight the GEMMs used) only when x does.
+  LinearCrossEntropyBackward(const Tensor& buf, int64_t vocab, const Tensor& x, const Tensor& w,
+                             const Tensor& targets, const Tensor& lse, const Tensor& count, int64_t ignore_index)
+      : NodeWithSaved({SavedTensor("logits buffer", buf), SavedTensor("x", x), SavedTensor("w", w),
+                       SavedTensor("targets", targets), SavedTensor("lse", lse), SavedTensor("count", count)}),
+        vocab_(vocab), ignore_index_(ignore_index) {}
+  const char* name() const override { return "LinearCrossEntropyBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    std::vector<Tensor> out(2);
+    if (!grads[0].defined()) return out;
+    const auto [buf, x, w, targets, lse, count] = unpack();
+    // dlogits overwrite the saved logits buffer (in place), then dx and dw.
+    auto [dx, dw] = linear_cross_entropy_backward(buf, vocab_, wants_grad(1) ? x : Tensor(),
+                                                  wants_grad(0) ? w : Tensor(), lse, targets, grads[0], count,
+                                                  ignore_index_);
+    out[0] = std::move(dx);
+    out[1] = std::move(dw);
+    return out;
+  }
+
+ private:
+  int64_t vocab_, ignore_index_;
+};
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  std::vector<Tensor> r = cross_entropy_forward(logits, targets, ignore_index);  // loss, lse, count
+  Tensor loss = r[0];
+  if (needs_grad({&logits}))
+    set_history(loss, make_node<CrossEntropyBackward>({logits}, logits, targets, r[1], r[2], ignore_index));
+  return loss;
+}
+
+std::pair<Tensor, Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                               int64_t ignore_index, bool return_logits) {
+  // loss, lse, count, logits buffer, the weight the GEMMs used (w, or w with zero rows to ld on CUDA)
+  std::vector<Tensor> r = linear_cross_entropy_forward(x, w, targets, ignore_index);
+  Tensor loss = r[0];
+  const int64_t vocab = w.size(0);
+  // The copy is made before backward can overwrite the buffer with dlogits.
+  Tensor logits = return_logits ? logits_from_buffer(r[3], vocab) : Tensor();
+  if (needs_grad({&x, &w}))
+    set_history(loss, make_node<LinearCrossEntropyBackward>({x, w}, r[3], vocab, w.requires_grad() ? x : Tensor(),
+                                                            x.requires_grad() ? r[4] : Tensor(), targets, r[1], r[2],
+                                                            ignore_index));
+  return {loss, logits};
 }
 
 }  // namespace ops

@@ -1,4 +1,5 @@
-// Embedding ops: row gather with an id range check, and its deterministic scatter-add backward.
+// Embedding: out = table[ids], a row gather with an id range check; the backward scatters dout
+// rows into a fresh dtable (deterministic order, see the kernels). The node saves the ids only.
 //
 // The range check is exact: min and max of the ids against [0, vocab). Ids that came from the
 // host (xtrain.tensor of a numpy array, the training loop's case) carry their range from there
@@ -7,6 +8,7 @@
 #include "core/cuda_api.h"
 #include "core/error.h"
 #include "ops/dispatch.h"
+#include "tape/node.h"
 
 namespace xt {
 namespace ops {
@@ -40,7 +42,7 @@ void check_id_range(const Tensor& ids, int64_t vocab, const char* op) {
 
 }  // namespace
 
-Tensor embedding(const Tensor& table, const Tensor& ids) {
+Tensor embedding_forward(const Tensor& table, const Tensor& ids) {
   check_floating(table, "embedding", "weight");
   check_dim(table, 2, "embedding", "weight");
   check_ids(ids, "embedding");
@@ -75,6 +77,32 @@ Tensor embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab, 
     XT_KERNEL(dout.device(), embedding_backward, table_dtype, ids.dtype(), ids.data_ptr(), dout.data_ptr(),
               dtable.data_ptr(), ids.numel(), vocab, dim, stream_for(dout.device()));
   return dtable;
+}
+
+namespace {
+
+class EmbeddingBackward : public NodeWithSaved<1> {
+ public:
+  EmbeddingBackward(const Tensor& ids, int64_t vocab, DType dtype)
+      : NodeWithSaved({SavedTensor("ids", ids)}), vocab_(vocab), dtype_(dtype) {}
+  const char* name() const override { return "EmbeddingBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (!grads[0].defined()) return {Tensor()};
+    const auto [ids] = unpack();
+    return {embedding_backward(ids, grads[0], vocab_, dtype_)};
+  }
+
+ private:
+  int64_t vocab_;
+  DType dtype_;
+};
+
+}  // namespace
+
+Tensor embedding(const Tensor& table, const Tensor& ids) {
+  Tensor out = embedding_forward(table, ids);
+  if (needs_grad({&table})) set_history(out, make_node<EmbeddingBackward>({table}, ids, table.size(0), table.dtype()));
+  return out;
 }
 
 }  // namespace ops

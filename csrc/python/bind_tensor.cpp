@@ -8,7 +8,6 @@
 #include "python/bind.h"
 #include "tape/engine.h"
 #include "tape/node.h"
-#include "tape/functions.h"
 
 namespace xt {
 
@@ -66,7 +65,7 @@ Tensor from_numpy(py::array arr, DType dtype, Device device) {
   if (host.nbytes()) std::memcpy(host.data_ptr(), c.data(), host.nbytes());
   if (stage == dtype && device.is_cpu()) return host;
   py::gil_scoped_release nogil;
-  Tensor out = ops::to(host, device, dtype);
+  Tensor out = ops::to_forward(host, device, dtype);
   // Integer data bound for a GPU: its range is known here, on the host, for free; embedding and
   // cross_entropy then check ids without a device sync (core/tensor.h, Storage::known_min).
   // (CPU tensors share memory with numpy through .numpy(), and their checks cost no sync anyway.)
@@ -95,7 +94,7 @@ py::array to_numpy(const Tensor& t) {
   Tensor src = t;
   if (src.device().is_cuda() || src.dtype() == DType::BFloat16) {
     py::gil_scoped_release nogil;
-    src = ops::to(src, Device::cpu(), src.dtype() == DType::BFloat16 ? DType::Float32 : src.dtype());
+    src = ops::to_forward(src, Device::cpu(), src.dtype() == DType::BFloat16 ? DType::Float32 : src.dtype());
   }
   std::vector<py::ssize_t> shape(src.shape().begin(), src.shape().end());
   auto* keep = new std::shared_ptr<Storage>(src.storage());
@@ -218,7 +217,7 @@ void init_tensor(py::module_& m) {
              DType dt = dtype_arg(dtype, t.dtype());
              if (dev == t.device() && dt == t.dtype()) return t;
              py::gil_scoped_release nogil;
-             return tape::to(t, dev, dt);
+             return ops::to(t, dev, dt);
            }, py::arg("device") = py::none(), py::arg("dtype") = py::none(),
            "Copy to another device and/or dtype (differentiable); returns self when nothing changes")
       .def("clone", [](const Tensor& t) { return ops::clone(t); }, NoGil(), "A copy with no history")

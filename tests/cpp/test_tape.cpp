@@ -16,27 +16,26 @@ namespace {
 
 std::vector<std::string> g_log;
 
-// y = scale * x (elementwise), recording when its backward runs and whether it saved something.
-class ScaleNode : public Node {
+// y = scale * x (elementwise), recording when its backward runs; saves x to show its release.
+class ScaleNode : public NodeWithSaved<1> {
  public:
-  ScaleNode(std::string tag, double s, Tensor saved) : tag_(std::move(tag)), s_(s), saved_(std::move(saved)) {}
+  ScaleNode(std::string tag, double s, const Tensor& x)
+      : NodeWithSaved({SavedTensor("x", x)}), tag_(std::move(tag)), s_(s) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     g_log.push_back(tag_);
     return {ops::scalar_op(kernels::ScalarOp::Mul, grads[0], s_)};
   }
-  void release_saved() override { saved_ = Tensor(); }
   const char* name() const override { return "ScaleBackward"; }
-  bool has_saved() const { return saved_.defined(); }
+  bool has_saved() const { return unpack()[0].defined(); }
 
  private:
   std::string tag_;
   double s_;
-  Tensor saved_;
 };
 
 Tensor scale(const std::string& tag, const Tensor& x, double s, std::shared_ptr<ScaleNode>* node_out = nullptr) {
   Tensor y = ops::scalar_op(kernels::ScalarOp::Mul, x, s);
-  auto node = make_node<ScaleNode>({x}, tag, s, x.detach());
+  auto node = make_node<ScaleNode>({x}, tag, s, x);
   set_history(y, node);
   if (node_out) *node_out = node;
   return y;
