@@ -332,6 +332,7 @@ void Communicator::check_tensors(const Rank& r, const std::vector<Tensor>& tenso
                "] shares its memory with an earlier tensor of the list (each may appear once)");
     }
   }
+  for (const Tensor& t : tensors) t.bump_version();  // the collective writes them in place
 }
 
 std::string Communicator::wait_host_progress(Rank& r, const char* op) {

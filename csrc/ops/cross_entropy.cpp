@@ -87,14 +87,11 @@ void check_backward_stats(const Tensor& lse, const Tensor& dloss, const Tensor& 
 std::vector<Tensor> forward_rows(const Tensor& logits, int64_t N, int64_t V, int64_t ld, const Tensor& targets,
                                  int64_t ignore_index) {
   const Device dev = logits.device();
-  Tensor loss = Tensor::empty({}, DType::Float32, dev);
   Tensor lse = Tensor::empty({N}, DType::Float32, dev);
+  if (N == 0)  // the mean over no targets is 0 (the contract's max(count, 1))
+    return {zeros({}, DType::Float32, dev), lse, zeros({1}, DType::Float32, dev)};
+  Tensor loss = Tensor::empty({}, DType::Float32, dev);
   Tensor count = Tensor::empty({1}, DType::Float32, dev);
-  if (N == 0) {  // the mean over no targets is 0 (the contract's max(count, 1))
-    zero_(loss);
-    zero_(count);
-    return {loss, lse, count};
-  }
   Tensor losses = Tensor::empty({N}, DType::Float32, dev);
   void* stream = stream_for(dev);
   XT_KERNEL(dev, cross_entropy_forward, logits.dtype(), logits.data_ptr(), targets.dtype(), targets.data_ptr(),
@@ -235,6 +232,7 @@ std::pair<Tensor, Tensor> linear_cross_entropy_backward(const Tensor& buf, int64
            w.describe(), " differ in K");
   void* stream = stream_for(dev);
   // dlogits over the logits, in place: the buffer holds dlogits from here on.
+  buf.bump_version();
   if (N)
     XT_KERNEL(dev, cross_entropy_backward, buf.dtype(), buf.data_ptr(), lse.data<float>(), targets.dtype(),
               targets.data_ptr(), dloss.data<float>(), count.data<float>(), buf.data_ptr(), N, V, ld, ignore_index,

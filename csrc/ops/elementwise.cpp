@@ -168,6 +168,7 @@ void accumulate_(Tensor& a, const Tensor& b, double alpha) {
   check_binary_args(a, b, "accumulate_");
   XT_CHECK(a.shape() == b.shape(), ValueError, "accumulate_: a ", a.describe(), " and b ", b.describe(),
            " must have the same shape");
+  a.bump_version();
   a.storage()->forget_range();
   if (a.numel())
     XT_KERNEL(a.device(), accumulate, a.dtype(), a.data_ptr(), b.data_ptr(), a.numel(), alpha,

@@ -53,11 +53,8 @@ std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, co
            "rms_norm_backward: rstd must be float32 with ", rows, " elements on ", x.device().str(), ", got ",
            rstd.describe());
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (rows == 0) return {dx, zeros(w.shape(), w.dtype(), w.device())};  // dw: a sum over no rows
   Tensor dw = Tensor::empty(w.shape(), w.dtype(), w.device());
-  if (rows == 0) {
-    zero_(dw);  // a sum over no rows
-    return {dx, dw};
-  }
   XT_KERNEL(x.device(), rmsnorm_backward, x.dtype(), w.dtype(), x.data_ptr(), w.data_ptr(), rstd.data<float>(),
             dy.data_ptr(), dx.data_ptr(), dw.data_ptr(), rows, D, stream_for(x.device()));
   return {dx, dw};

@@ -205,6 +205,8 @@ void init_tensor(py::module_& m) {
              return t.grad_fn() ? py::object(py::str(t.grad_fn()->name())) : py::object(py::none());
            })
       .def_property_readonly("is_leaf", &Tensor::is_leaf)
+      .def_property_readonly("_version", &Tensor::version,
+                             "How many in-place writes the engine made to this tensor's storage (shared by views)")
       .def("detach", &Tensor::detach, "A tensor sharing storage, with no history")
       .def("numpy", &to_numpy, "As a numpy array (shares memory for CPU float32/float64/int; bf16 -> float32 copy)")
       .def("item", &item, "The value of a one-element tensor (a sync point on CUDA)")

@@ -104,7 +104,9 @@ void set_history(Tensor& out, const std::shared_ptr<Node>& node, uint32_t output
 
 // ---- saved tensors
 // A tensor a Node keeps for its backward: a detached alias (never its own output's history, so no
-// cycles).
+// cycles) and the version of its storage when it was saved (core/tensor.h). unpack() raises
+// RuntimeError, naming the node and the tensor, when the storage has been written in place since:
+// the gradient would come from values the forward never saw.
 class SavedTensor {
  public:
   SavedTensor() = default;
@@ -115,10 +117,11 @@ class SavedTensor {
  private:
   std::string name_;
   Tensor tensor_;
+  uint64_t version_ = 0;
 };
 
-// An op Node that keeps N tensors for its backward: the one place they live. release_saved()
-// drops them once the node has run.
+// An op Node that keeps N tensors for its backward: the one place they live. unpack() checks
+// their versions; release_saved() drops them once the node has run.
 //   class MulBackward : public NodeWithSaved<2> { ...  auto [a, b] = unpack(); ... };
 template <size_t N>
 class NodeWithSaved : public Node {
