@@ -44,22 +44,6 @@ struct Storage {
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
-  // The [min, max] of integer contents, known on the host when they were written (xtrain.tensor
-  // from numpy onto a GPU), so the range checks of embedding and cross_entropy need no device
-  // sync. Every in-place write and every export of the memory (DLPack) forgets it.
-  // known_min2 is the least value above known_min (INT64_MAX when there is none), so a check
-  // that allows one special value (cross_entropy's ignore_index, usually the minimum) still
-  // needs no sync.
-  bool range_known = false;
-  int64_t known_min = 0, known_max = -1, known_min2 = INT64_MAX;
-  void set_known_range(int64_t lo, int64_t hi, int64_t lo2) {
-    range_known = true;
-    known_min = lo;
-    known_max = hi;
-    known_min2 = lo2;
-  }
-  void forget_range() { range_known = false; }
-
  private:
   std::atomic<uint64_t> version_{0};
 };

@@ -93,14 +93,14 @@ struct AdamWParams {
   void gemm_ld(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, \
                const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, \
                int64_t batch, int64_t strideA, int64_t strideB, int64_t strideC, void* stream);         \
-  /* ---- embedding (kernels/{cpu,cuda}/embedding); ids are int32 or int64 (id_dt), checked in range by ops */ \
+  /* ---- embedding (kernels/{cpu,cuda}/embedding); ids are int32 or int64 (id_dt). An id outside */    \
+  /* [0, vocab) reads nothing: a zero output row, its dout row skipped; CUDA also reports it (Note */   \
+  /* [Device-side index checks], core/cuda/cuda_check.h); the CPU's ops check ids before the call. */   \
   void embedding_forward(DType dt, const void* table, DType id_dt, const void* ids, void* out,          \
-                         int64_t n_ids, int64_t dim, void* stream);                                     \
+                         int64_t n_ids, int64_t vocab, int64_t dim, void* stream);                      \
   /* dtable = scatter-add of dout rows, written with = (zeros where no id); deterministic order */     \
   void embedding_backward(DType dt, DType id_dt, const void* ids, const void* dout, void* dtable,       \
                           int64_t n_ids, int64_t vocab, int64_t dim, void* stream);                     \
-  /* minmax[0] = min(ids), minmax[1] = max(ids) (int64, device memory): range checks */               \
-  void index_range(DType id_dt, const void* ids, int64_t n, int64_t* minmax, void* stream);             \
   /* ---- rms_norm (kernels/{cpu,cuda}/rmsnorm): y = x * rstd * w, rstd = 1/sqrt(mean(x^2)+eps) (float32) */   \
   void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y, float* rstd,        \
                        int64_t rows, int64_t dim, float eps, void* stream);                             \
@@ -124,7 +124,8 @@ struct AdamWParams {
                              int64_t batch, int64_t seq, float scale, void* stream);                    \
   /* ---- cross entropy (kernels/{cpu,cuda}/cross_entropy): logits [rows, vocab] with row stride ld */     \
   /* (elements, ld >= vocab; columns vocab..ld-1 are never read), targets int32/int64 */              \
-  /* losses[r] = lse_r - logit[r, t_r] (0 when t_r == ignore), lse float32 [rows] */                    \
+  /* losses[r] = lse_r - logit[r, t_r] (0 when t_r == ignore; NaN, and reported on CUDA as for */       \
+  /* embedding, when t_r is outside [0, vocab)), lse float32 [rows] */                                  \
   void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void* targets,             \
                              float* losses, float* lse, int64_t rows, int64_t vocab, int64_t ld,        \
                              int64_t ignore_index, void* stream);                                       \

@@ -55,7 +55,6 @@ Tensor full(const Shape& shape, double value, DType dtype, Device device) {
 void fill_(Tensor& t, double value) {
   check_defined(t, "tensor");
   t.bump_version();
-  t.storage()->forget_range();
   fill_into(t, value);
 }
 
@@ -91,7 +90,6 @@ void copy_(Tensor& dst, const Tensor& src) {
   XT_CHECK(dst.numel() == src.numel(), ValueError, "copy_: dst ", dst.describe(), " and src ", src.describe(),
            " have different sizes");
   dst.bump_version();
-  dst.storage()->forget_range();
   copy_into(dst, src);
 }
 

@@ -3,11 +3,11 @@
 // for the backward, which recomputes the softmax from logits and lse.
 //
 // Targets outside [0, V) that are not ignore_index raise IndexError. On the CPU the targets are
-// scanned in place. On CUDA, targets that came from the host carry their range (core/tensor.h:
-// Storage::known_min) and usually need nothing more; otherwise index_range finds min/max on the
-// device and one 16-byte copy brings
-// them to the host: a sync point, once per forward. Only when that range is not plainly inside
-// [0, V) (a bad target, or ignore_index among them) are the targets copied over and scanned.
+// scanned before the kernels run. On CUDA the forward kernel checks each row's target as it reads
+// it (Note [Device-side index checks], core/cuda/cuda_check.h): a bad target reads nothing (a NaN
+// loss, a zero gradient row) and the IndexError is raised at the next sync point (the loss's
+// item(), numpy(), synchronize()), so no host sync is added. linear_cross_entropy reports its
+// targets the same way, as cross_entropy.
 //
 // linear_cross_entropy fuses the language-model head: logits = x @ w^T go into a buffer
 // [N, ld] with ld = logits_ld(V) (the row stride padded so every row starts 16-byte aligned and
@@ -29,8 +29,10 @@ namespace ops {
 
 namespace {
 
-// targets: host memory.
-void scan_targets(const Tensor& targets, int64_t vocab, int64_t ignore_index) {
+// CPU targets: IndexError for the first one outside [0, vocab) that is not ignore_index. (CUDA
+// targets: the forward kernel checks them.)
+void check_cpu_targets(const Tensor& targets, int64_t vocab, int64_t ignore_index) {
+  if (!targets.device().is_cpu()) return;
   const bool i32 = targets.dtype() == DType::Int32;
   for (int64_t i = 0; i < targets.numel(); ++i) {
     const int64_t t = i32 ? static_cast<int64_t>(targets.data<int32_t>()[i]) : targets.data<int64_t>()[i];
@@ -38,24 +40,6 @@ void scan_targets(const Tensor& targets, int64_t vocab, int64_t ignore_index) {
              " is out of range for ", vocab, " classes (expected 0 <= target < ", vocab, ", or ignore_index ",
              ignore_index, ")");
   }
-}
-
-void check_targets_in_range(const Tensor& targets, int64_t vocab, int64_t ignore_index) {
-  if (targets.numel() == 0) return;
-  const Device dev = targets.device();
-  if (dev.is_cpu()) return scan_targets(targets, vocab, ignore_index);
-  const Storage& st = *targets.storage();
-  if (st.range_known) {  // written from the host (core/tensor.h): decided without a sync
-    const int64_t lo = st.known_min == ignore_index ? st.known_min2 : st.known_min;
-    if (st.known_max != ignore_index && (lo == INT64_MAX || lo >= 0) && st.known_max < vocab) return;
-  }
-  Tensor minmax = Tensor::empty({2}, DType::Int64, dev);
-  XT_KERNEL(dev, index_range, targets.dtype(), targets.data_ptr(), targets.numel(), minmax.data<int64_t>(),
-            stream_for(dev));
-  int64_t host[2] = {0, 0};
-  cuda::copy_bytes(host, Device::cpu(), minmax.data_ptr(), dev, sizeof(host));  // sync point: waits for the stream
-  if (host[0] >= 0 && host[1] < vocab) return;
-  scan_targets(to(targets, Device::cpu(), targets.dtype()), vocab, ignore_index);  // sync point (rare path)
 }
 
 void check_logits_targets(const Tensor& logits, const Tensor& targets, const char* op) {
@@ -106,7 +90,7 @@ std::vector<Tensor> forward_rows(const Tensor& logits, int64_t N, int64_t V, int
 std::vector<Tensor> cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   check_logits_targets(logits, targets, "cross_entropy");
   const int64_t N = logits.size(0), V = logits.size(1);
-  check_targets_in_range(targets, V, ignore_index);
+  check_cpu_targets(targets, V, ignore_index);
   return forward_rows(logits, N, V, V, targets, ignore_index);
 }
 
@@ -152,7 +136,7 @@ std::vector<Tensor> linear_cross_entropy_forward(const Tensor& x, const Tensor& 
                                                  int64_t ignore_index) {
   check_linear_ce_inputs(x, w, targets);
   const int64_t N = x.size(0), K = x.size(1), V = w.size(0), ld = logits_ld(V);
-  check_targets_in_range(targets, V, ignore_index);
+  check_cpu_targets(targets, V, ignore_index);
   const Device dev = x.device();
   Tensor buf = Tensor::empty({N, ld}, x.dtype(), dev);
   // On CUDA the GEMMs run over ld classes, w padded with zero rows: cuBLAS keeps its aligned

@@ -169,7 +169,6 @@ void accumulate_(Tensor& a, const Tensor& b, double alpha) {
   XT_CHECK(a.shape() == b.shape(), ValueError, "accumulate_: a ", a.describe(), " and b ", b.describe(),
            " must have the same shape");
   a.bump_version();
-  a.storage()->forget_range();
   if (a.numel())
     XT_KERNEL(a.device(), accumulate, a.dtype(), a.data_ptr(), b.data_ptr(), a.numel(), alpha,
               stream_for(a.device()));

@@ -65,27 +65,7 @@ Tensor from_numpy(py::array arr, DType dtype, Device device) {
   if (host.nbytes()) std::memcpy(host.data_ptr(), c.data(), host.nbytes());
   if (stage == dtype && device.is_cpu()) return host;
   py::gil_scoped_release nogil;
-  Tensor out = ops::to_forward(host, device, dtype);
-  // Integer data bound for a GPU: its range is known here, on the host, for free; embedding and
-  // cross_entropy then check ids without a device sync (core/tensor.h, Storage::known_min).
-  // (CPU tensors share memory with numpy through .numpy(), and their checks cost no sync anyway.)
-  if (device.is_cuda() && is_integral(dtype) && host.numel()) {
-    const bool i32 = host.dtype() == DType::Int32;
-    auto at = [&](int64_t i) { return i32 ? int64_t(host.data<int32_t>()[i]) : host.data<int64_t>()[i]; };
-    int64_t lo = INT64_MAX, hi = INT64_MIN, lo2 = INT64_MAX;
-    for (int64_t i = 0; i < host.numel(); ++i) {
-      const int64_t v = at(i);
-      if (v < lo) {
-        lo2 = lo;
-        lo = v;
-      } else if (v > lo && v < lo2) {
-        lo2 = v;
-      }
-      if (v > hi) hi = v;
-    }
-    out.storage()->set_known_range(lo, hi, lo2);
-  }
-  return out;
+  return ops::to_forward(host, device, dtype);
 }
 
 // tensor -> numpy. CPU float32/float64/int tensors share memory with the array (it keeps the

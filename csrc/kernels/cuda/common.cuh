@@ -77,6 +77,27 @@ struct alignas(sizeof(T) * N) Pack {
 };
 inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// ------------------------------------------------------------------ out-of-range indices
+
+using xt::cuda::IndexErrorRecord;
+using xt::cuda::IndexSite;
+
+// Record an index outside [0, bound) for the host's next sync point to raise (Note [Device-side
+// index checks], core/cuda/cuda_check.h). The record is host memory, written with plain stores:
+// when several threads race, the host sees one of their values (site, bound and ignore_index are
+// the same for all threads of a launch); a record not yet reported is kept.
+__device__ __forceinline__ void report_bad_index(IndexErrorRecord* record, IndexSite site, int64_t value,
+                                                 int64_t bound, int64_t ignore_index) {
+  volatile IndexErrorRecord* r = record;
+  if (r->flag != 0) return;
+  r->site = static_cast<int32_t>(site);
+  r->value = value;
+  r->bound = bound;
+  r->ignore_index = ignore_index;
+  __threadfence_system();  // the fields before the flag, as the host sees them
+  r->flag = 1;
+}
+
 // ------------------------------------------------------------------ reductions (fixed order)
 
 template <typename C>
