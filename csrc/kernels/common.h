@@ -140,6 +140,8 @@ XT_HD float xabs(float x) { return fabsf(x); }
 XT_HD double xabs(double x) { return fabs(x); }
 XT_HD float xmax(float a, float b) { return fmaxf(a, b); }
 XT_HD double xmax(double a, double b) { return fmax(a, b); }
+XT_HD float xtanh(float x) { return tanhf(x); }
+XT_HD double xtanh(double x) { return tanh(x); }
 template <typename C> XT_HD C sigmoid(C x) { return C(1) / (C(1) + xexp(-x)); }
 
 template <typename T> struct NegInf;
@@ -150,7 +152,15 @@ template <> struct NegInf<double> { static XT_HD double get() { return -HUGE_VAL
 
 enum class BinaryOp : int { Add, Sub, Mul, Div };
 enum class ScalarOp : int { Add, Mul, RSub, Div, RDiv, Pow };  // x+s, x*s, s-x, x/s, s/x, x^s
-enum class UnaryOp : int { Neg, Exp, Log, Sqrt, Silu, Square, Abs };
+enum class UnaryOp : int { Neg, Exp, Log, Sqrt, Silu, Square, Abs, Gelu };
+
+// GELU's tanh approximation (GPT-2; torch's approximate="tanh"): gelu(x) = x/2 (1 + tanh(u)),
+// u = sqrt(2/pi) (x + 0.044715 x^3), and gelu'(x) = (1 + tanh(u))/2 + x/2 (1 - tanh(u)^2) du/dx.
+constexpr double kGeluSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
+constexpr double kGeluCubic = 0.044715;
+template <typename C> XT_HD C gelu_tanh_u(C x) {
+  return static_cast<C>(kGeluSqrt2OverPi) * (x + static_cast<C>(kGeluCubic) * x * x * x);
+}
 
 template <typename C> XT_HD C apply_binary(BinaryOp op, C a, C b) {
   switch (op) {
@@ -183,18 +193,24 @@ template <typename C> XT_HD C apply_unary(UnaryOp op, C x) {
     case UnaryOp::Silu: return x * sigmoid(x);
     case UnaryOp::Square: return x * x;
     case UnaryOp::Abs: return xabs(x);
+    case UnaryOp::Gelu: return C(0.5) * x * (C(1) + xtanh(gelu_tanh_u(x)));
   }
   return C(0);
 }
 
 // dx = dy * op'(x), for the unary ops whose gradient is computed from x by one kernel
 // (unary_has_grad_kernel); the others are composed from binary ops by the ops layer.
-inline bool unary_has_grad_kernel(UnaryOp op) { return op == UnaryOp::Silu; }
+inline bool unary_has_grad_kernel(UnaryOp op) { return op == UnaryOp::Silu || op == UnaryOp::Gelu; }
 template <typename C> XT_HD C apply_unary_grad(UnaryOp op, C x, C dy) {
   switch (op) {
     case UnaryOp::Silu: {  // silu'(x) = s + x * s * (1 - s) with s = sigmoid(x)
       const C s = sigmoid(x);
       return dy * s * (C(1) + x * (C(1) - s));
+    }
+    case UnaryOp::Gelu: {
+      const C t = xtanh(gelu_tanh_u(x));
+      const C du = static_cast<C>(kGeluSqrt2OverPi) * (C(1) + static_cast<C>(3 * kGeluCubic) * x * x);
+      return dy * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * du);
     }
     default: return C(0);
   }

@@ -4,7 +4,7 @@
 // Gradients of broadcast inputs are reduced back to the input's shape with sum_to. Nodes save
 // only the tensors their backward reads (mul: the other input; div: b, and a when b needs grad;
 // exp/sqrt: the output; log and the activations: x). Unary ops whose gradient is a formula of x
-// (unary_has_grad_kernel: SiLU) run one unary_backward kernel; the others compose binary ops.
+// (unary_has_grad_kernel: SiLU, GELU) run one unary_backward kernel; the others compose binary ops.
 //
 // Broadcasting follows numpy: shapes align on the right, a dimension of 1 stretches. Equal
 // shapes take the fast path (no Broadcast at all). Otherwise the Broadcast handed to the
@@ -52,6 +52,7 @@ const char* unary_name(kernels::UnaryOp op) {
     case kernels::UnaryOp::Silu: return "silu";
     case kernels::UnaryOp::Square: return "square";
     case kernels::UnaryOp::Abs: return "abs";
+    case kernels::UnaryOp::Gelu: return "gelu";
   }
   return "unary op";
 }
@@ -381,6 +382,7 @@ class UnaryBackward : public NodeWithSaved<1> {
       case UnaryOp::Log: return "LogBackward";
       case UnaryOp::Sqrt: return "SqrtBackward";
       case UnaryOp::Silu: return "SiluBackward";
+      case UnaryOp::Gelu: return "GeluBackward";
       default: return "UnaryBackward";
     }
   }
@@ -444,6 +446,7 @@ Tensor exp(const Tensor& x) { return unary_fn(UnaryOp::Exp, x); }
 Tensor log(const Tensor& x) { return unary_fn(UnaryOp::Log, x); }
 Tensor sqrt(const Tensor& x) { return unary_fn(UnaryOp::Sqrt, x); }
 Tensor silu(const Tensor& x) { return unary_fn(UnaryOp::Silu, x); }
+Tensor gelu(const Tensor& x) { return unary_fn(UnaryOp::Gelu, x); }
 
 Tensor swiglu(const Tensor& gate, const Tensor& up) {
   Tensor out = swiglu_forward(gate, up);

@@ -66,6 +66,7 @@ Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
 Tensor sqrt(const Tensor& x);
 Tensor silu(const Tensor& x);
+Tensor gelu(const Tensor& x);  // tanh approximation (GPT-2's; torch's approximate="tanh")
 Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up, fused
 // raw helpers
 Shape broadcast_shape(const Shape& a, const Shape& b, const char* op);  // numpy rules

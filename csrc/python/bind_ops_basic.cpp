@@ -41,6 +41,9 @@ void init_ops_basic(py::module_& m) {
   m.def("log", &ops::log, py::arg("x"), NoGil(), "Natural logarithm");
   m.def("sqrt", &ops::sqrt, py::arg("x"), NoGil(), "Square root");
   m.def("silu", &ops::silu, py::arg("x"), NoGil(), "x * sigmoid(x)");
+  m.def("gelu", &ops::gelu, py::arg("x"), NoGil(),
+        "GELU, tanh approximation: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), as GPT-2 and "
+        "torch.nn.functional.gelu(x, approximate='tanh')");
   m.def("swiglu", &ops::swiglu, py::arg("gate"), py::arg("up"), NoGil(), "silu(gate) * up (fused)");
   m.def("cast", [](T x, const py::object& dtype) {
           const DType dt = dtype_arg(dtype, x.dtype());
