@@ -103,26 +103,27 @@ template <typename T> struct TypeTag { using type = T; };
     }(::xt::kernels::TypeTag<type_>{});               \
     break;
 
-#define XT_DISPATCH_FLOAT(dt, op, T, ...)                                 \
-  do {                                                                    \
-    switch (dt) {                                                         \
-      XT_DISPATCH_CASE_(Float32, float, T, __VA_ARGS__)                   \
-      XT_DISPATCH_CASE_(BFloat16, ::xt::kernels::bf16_t, T, __VA_ARGS__)  \
-      XT_DISPATCH_CASE_(Float64, double, T, __VA_ARGS__)                  \
-      default: ::xt::kernels::unsupported_dtype(dt, op);                  \
-    }                                                                     \
+#define XT_DISPATCH_FLOAT_CASES_(T, ...)                              \
+  XT_DISPATCH_CASE_(Float32, float, T, __VA_ARGS__)                   \
+  XT_DISPATCH_CASE_(BFloat16, ::xt::kernels::bf16_t, T, __VA_ARGS__)  \
+  XT_DISPATCH_CASE_(Float64, double, T, __VA_ARGS__)
+
+#define XT_DISPATCH_FLOAT(dt, op, T, ...)                 \
+  do {                                                    \
+    switch (dt) {                                         \
+      XT_DISPATCH_FLOAT_CASES_(T, __VA_ARGS__)            \
+      default: ::xt::kernels::unsupported_dtype(dt, op);  \
+    }                                                     \
   } while (0)
 
-#define XT_DISPATCH_ALL(dt, op, T, ...)                                   \
-  do {                                                                    \
-    switch (dt) {                                                         \
-      XT_DISPATCH_CASE_(Float32, float, T, __VA_ARGS__)                   \
-      XT_DISPATCH_CASE_(BFloat16, ::xt::kernels::bf16_t, T, __VA_ARGS__)  \
-      XT_DISPATCH_CASE_(Float64, double, T, __VA_ARGS__)                  \
-      XT_DISPATCH_CASE_(Int32, int32_t, T, __VA_ARGS__)                   \
-      XT_DISPATCH_CASE_(Int64, int64_t, T, __VA_ARGS__)                   \
-      default: ::xt::kernels::unsupported_dtype(dt, op);                  \
-    }                                                                     \
+#define XT_DISPATCH_ALL(dt, op, T, ...)                   \
+  do {                                                    \
+    switch (dt) {                                         \
+      XT_DISPATCH_FLOAT_CASES_(T, __VA_ARGS__)            \
+      XT_DISPATCH_CASE_(Int32, int32_t, T, __VA_ARGS__)   \
+      XT_DISPATCH_CASE_(Int64, int64_t, T, __VA_ARGS__)   \
+      default: ::xt::kernels::unsupported_dtype(dt, op);  \
+    }                                                     \
   } while (0)
 
 // ------------------------------------------------------------------ math in the compute type
