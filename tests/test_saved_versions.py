@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import xtrain
-import xtrain.optim  # noqa: F401  (the optimizer module binds _C.optim)
 from xtrain import ops
 
 MODIFIED = "modified by an in-place operation"
