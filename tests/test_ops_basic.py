@@ -1,4 +1,4 @@
-"""Basic ops against PyTorch: elementwise (with broadcasting), scalar and unary ops, SiLU/SwiGLU,
+"""Basic ops against PyTorch: elementwise (with broadcasting), scalar and unary ops, SiLU/GELU/SwiGLU,
 cast/to, dropout, sum/mean, reshape/transpose/permute, matmul/linear, embedding, and the fused
 optimizer kernels (AdamW, global norm, clipping). Forward and gradients through tests/ophelp.py,
 finite differences in float64, determinism, gradient accumulation and bad inputs."""
@@ -80,6 +80,8 @@ SCALAR = {
     "log": (ops.log, torch.log, positive),
     "sqrt": (ops.sqrt, torch.sqrt, positive),
     "silu": (ops.silu, torch.nn.functional.silu, lambda *s, seed=0: 4 * randn(*s, seed=seed)),
+    "gelu": (ops.gelu, lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+             lambda *s, seed=0: 4 * randn(*s, seed=seed)),
 }
 
 
@@ -89,6 +91,15 @@ SCALAR = {
 def test_scalar_and_unary(name, shape, dtype, device):
     xt_fn, torch_fn, make = SCALAR[name]
     check_op(xt_fn, torch_fn, [make(*shape, seed=5)], dtype=dtype, device=device)
+
+
+def test_gelu_float64_and_saturation_match_torch(device):
+    # float64 to 1e-10, and |x| large enough that tanh saturates (gelu(x) -> x or 0, gelu' -> 1 or 0).
+    x = np.concatenate([3 * randn(40, seed=41), [-60.0, -12.0, 0.0, 12.0, 60.0]])
+    ref = lambda t: torch.nn.functional.gelu(t, approximate="tanh")  # noqa: E731
+    check_op(ops.gelu, ref, [x], dtype="float64", device=device)
+    out = check_op(ops.gelu, ref, [x], dtype="float32", device=device)
+    assert out.grad_fn == "GeluBackward"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -279,6 +290,7 @@ FD_CASES = {
     "log": (ops.log, [positive(5, seed=17)]),
     "sqrt": (ops.sqrt, [positive(5, seed=18)]),
     "silu": (ops.silu, [randn(6, seed=19)]),
+    "gelu": (ops.gelu, [3 * randn(7, seed=22)]),
     "swiglu": (ops.swiglu, [randn(2, 3, seed=20), randn(2, 3, seed=21)]),
     "sum_all": (lambda x: ops.sum(x), [randn(3, 4, seed=23)]),
     "sum_last_keepdim": (lambda x: ops.sum(x, -1, True), [randn(3, 4, seed=24)]),
@@ -468,10 +480,11 @@ def test_bad_inputs_raise_clear_errors(device):
 
 @pytest.mark.parametrize("bad", [[0, 5, 2], [-1, 0], [7]])
 def test_embedding_ids_out_of_range(bad, device):
+    # The CPU raises in the op; CUDA checks on the device and raises at the next sync point.
     table = _t(5, 4, device=device)
     for id_dtype in (np.int64, np.int32):
         with pytest.raises(IndexError, match=r"ids must be in \[0, 5\)"):
-            ops.embedding(table, xtrain.tensor(np.array(bad, dtype=id_dtype), device=device))
+            ops.embedding(table, xtrain.tensor(np.array(bad, dtype=id_dtype), device=device)).numpy()
     with pytest.raises(TypeError, match="int32 or int64"):
         ops.embedding(table, _t(3, device=device))
     with pytest.raises(ValueError, match="2 dimensions"):

@@ -247,6 +247,28 @@ def test_load_state_dict_and_to_go_through_the_store(device):
     assert model.store.sync_grads() == []
 
 
+def test_bf16_copies_are_made_once_per_change_of_the_weights(device):
+    model = TinyTransformer(TransformerConfig(**SMALL, bf16=True), device=device, seed=0)
+    opt = AdamW(model.named_parameters(), lr=1e-2)
+    store = model.store
+    _, loss = model(*_batch())
+    casts = store.compute._version
+    with xtrain.no_grad():
+        model(*_batch(1))  # the weights did not change: no new cast
+    assert store.compute._version == casts
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    model(*_batch())  # AdamW wrote the weights: cast again
+    assert store.compute._version == casts + 1
+    w = model.layers[0].mlp.up_proj.weight
+    w.fill_(0.5)  # any in-place write counts
+    _, loss = model(*_batch())
+    assert store.compute._version == casts + 2
+    loss.backward()
+    assert w.grad is not None and w.grad.dtype == "float32"
+
+
 def test_store_errors():
     from xtrain import nn
 
@@ -506,7 +528,7 @@ def test_gathered_bf16_copies_give_the_forward_of_the_cast_weights():
         with_copies.backward()
         g_copies = [p.grad.numpy().copy() for p in model.parameters()]
         opt.zero_grad()
-        model.norm.weight.fill_(1.0)  # a write while the float32 Linear weights are sharded
+        model.norm.weight.copy_(model.norm.weight)  # a write while the float32 Linear weights are sharded
         with pytest.raises(RuntimeError, match="gather_state"):
             model(part[:, :-1], part[:, 1:])
         dp.gather_state()  # the float32 weights complete; a new write makes the forward cast them

@@ -1,10 +1,12 @@
 // Tensor: a handle to a contiguous, row-major block of typed elements on one device.
 //
-// Storage is shared by views (reshape/view/detach share it; transpose/permute copy). The
+// Storage is shared by views (reshape/view/detach share it; transpose/permute copy), and so is
+// its version counter: every in-place write through the engine bumps it. The
 // autograd fields live here as plain pointers so core knows nothing of the tape: grad_fn is
 // the tape Node that produced this tensor (null for leaves), grad is accumulated into leaves
 // with += by the engine (csrc/tape/engine.cpp).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,21 +36,16 @@ struct Storage {
   void* data() const { return block.ptr; }
   size_t nbytes() const { return block.requested; }
 
-  // The [min, max] of integer contents, known on the host when they were written (xtrain.tensor
-  // from numpy onto a GPU), so the range checks of embedding and cross_entropy need no device
-  // sync. Every in-place write and every export of the memory (DLPack) forgets it.
-  // known_min2 is the least value above known_min (INT64_MAX when there is none), so a check
-  // that allows one special value (cross_entropy's ignore_index, usually the minimum) still
-  // needs no sync.
-  bool range_known = false;
-  int64_t known_min = 0, known_max = -1, known_min2 = INT64_MAX;
-  void set_known_range(int64_t lo, int64_t hi, int64_t lo2) {
-    range_known = true;
-    known_min = lo;
-    known_max = hi;
-    known_min2 = lo2;
-  }
-  void forget_range() { range_known = false; }
+  // How many in-place writes the engine has made to these bytes (PyTorch's version counter):
+  // fill_/zero_/copy_/accumulate_, the optimizer steps, NCCL collectives and the like bump it,
+  // results written out of place do not. The tape compares it with the value a Node saw when it
+  // saved a tensor of this storage (tape/node.h, SavedTensor). Writes from outside the engine
+  // (a DLPack producer or consumer, a numpy array sharing CPU memory) are not counted.
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> version_{0};
 };
 
 struct TensorImpl {
@@ -88,6 +85,8 @@ class Tensor {
   void* data_ptr() const { return static_cast<char*>(impl_->storage->data()) + impl_->offset_bytes; }
   template <typename T> T* data() const { return static_cast<T*>(data_ptr()); }
   const std::shared_ptr<Storage>& storage() const { return impl_->storage; }
+  uint64_t version() const { return impl_->storage->version(); }  // the storage's (shared by views)
+  void bump_version() const { impl_->storage->bump_version(); }    // after an in-place write
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool same(const Tensor& o) const { return impl_ == o.impl_; }

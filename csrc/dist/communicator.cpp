@@ -326,12 +326,12 @@ void Communicator::check_tensors(const Rank& r, const std::vector<Tensor>& tenso
       XT_CHECK(t.dtype() == DType::Float32 || t.dtype() == DType::BFloat16, TypeError, op, ": tensors[", i,
                "] is ", t.describe(), "; only float32 and bfloat16 are reduced");
     }
-    t.storage()->forget_range();  // the collective writes it in place
     if (t.numel() > 0) {
       XT_CHECK(seen.insert(t.data_ptr()).second, ValueError, op, ": tensors[", i,
                "] shares its memory with an earlier tensor of the list (each may appear once)");
     }
   }
+  for (const Tensor& t : tensors) t.bump_version();  // the collective writes them in place
 }
 
 std::string Communicator::wait_host_progress(Rank& r, const char* op) {

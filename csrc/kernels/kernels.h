@@ -4,7 +4,8 @@
 // xt::kernels::cuda::NAME (kernels/cuda/*.cu), with the same arguments. Kernels know nothing
 // of tensors or the tape: the ops layer (csrc/ops/) checks shapes/dtypes/devices and picks
 // the backend. `stream` is this thread's cudaStream_t on the CUDA side and nullptr on the CPU.
-// Every kernel is deterministic: no floating-point atomics, fixed reduction orders.
+// Every kernel is deterministic: no floating-point atomics, fixed reduction orders. What both
+// backends share (dtype dispatch, loads/stores, the elementwise formulas) is kernels/common.h.
 //
 // Conventions:
 //  - `dt` is the element type of the floating tensors named x/y/dx/dy...; computations run
@@ -17,6 +18,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/common.h"  // BinaryOp, ScalarOp, UnaryOp and their formulas
 
 namespace xt {
 namespace kernels {
@@ -31,9 +33,6 @@ struct Broadcast {
   int64_t bstride[kMaxDims] = {};
 };
 
-enum class BinaryOp : int { Add, Sub, Mul, Div };
-enum class ScalarOp : int { Add, Mul, RSub, Div, RDiv, Pow };  // x+s, x*s, s-x, x/s, s/x, x^s
-enum class UnaryOp : int { Neg, Exp, Log, Sqrt, Silu, Square, Abs };
 enum class RandomKind : int { Uniform, Normal };
 
 struct AdamWParams {
@@ -57,8 +56,9 @@ struct AdamWParams {
   void accumulate(DType dt, void* a, const void* b, int64_t n, double alpha, void* stream);             \
   void scalar_op(ScalarOp op, DType dt, const void* x, void* out, int64_t n, double s, void* stream);   \
   void unary(UnaryOp op, DType dt, const void* x, void* out, int64_t n, void* stream);                  \
-  /* dx = dy * silu'(x) */                                                                              \
-  void silu_backward(DType dt, const void* x, const void* dy, void* dx, int64_t n, void* stream);       \
+  /* dx = dy * op'(x) for an op with unary_has_grad_kernel(op) (kernels/common.h) */                  \
+  void unary_backward(UnaryOp op, DType dt, const void* x, const void* dy, void* dx, int64_t n,         \
+                      void* stream);                                                                    \
   /* out = silu(gate) * up */                                                                           \
   void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64_t n, void* stream);  \
   void swiglu_backward(DType dt, const void* gate, const void* up, const void* dout, void* dgate,       \
@@ -93,14 +93,14 @@ struct AdamWParams {
   void gemm_ld(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, \
                const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, \
                int64_t batch, int64_t strideA, int64_t strideB, int64_t strideC, void* stream);         \
-  /* ---- embedding (kernels/{cpu,cuda}/embedding); ids are int32 or int64 (id_dt), checked in range by ops */ \
+  /* ---- embedding (kernels/{cpu,cuda}/embedding); ids are int32 or int64 (id_dt). An id outside */    \
+  /* [0, vocab) reads nothing: a zero output row, its dout row skipped; CUDA also reports it (Note */   \
+  /* [Device-side index checks], core/cuda/cuda_check.h); the CPU's ops check ids before the call. */   \
   void embedding_forward(DType dt, const void* table, DType id_dt, const void* ids, void* out,          \
-                         int64_t n_ids, int64_t dim, void* stream);                                     \
+                         int64_t n_ids, int64_t vocab, int64_t dim, void* stream);                      \
   /* dtable = scatter-add of dout rows, written with = (zeros where no id); deterministic order */     \
   void embedding_backward(DType dt, DType id_dt, const void* ids, const void* dout, void* dtable,       \
                           int64_t n_ids, int64_t vocab, int64_t dim, void* stream);                     \
-  /* minmax[0] = min(ids), minmax[1] = max(ids) (int64, device memory): range checks */               \
-  void index_range(DType id_dt, const void* ids, int64_t n, int64_t* minmax, void* stream);             \
   /* ---- rms_norm (kernels/{cpu,cuda}/rmsnorm): y = x * rstd * w, rstd = 1/sqrt(mean(x^2)+eps) (float32) */   \
   void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y, float* rstd,        \
                        int64_t rows, int64_t dim, float eps, void* stream);                             \
@@ -124,7 +124,8 @@ struct AdamWParams {
                              int64_t batch, int64_t seq, float scale, void* stream);                    \
   /* ---- cross entropy (kernels/{cpu,cuda}/cross_entropy): logits [rows, vocab] with row stride ld */     \
   /* (elements, ld >= vocab; columns vocab..ld-1 are never read), targets int32/int64 */              \
-  /* losses[r] = lse_r - logit[r, t_r] (0 when t_r == ignore), lse float32 [rows] */                    \
+  /* losses[r] = lse_r - logit[r, t_r] (0 when t_r == ignore; NaN, and reported on CUDA as for */       \
+  /* embedding, when t_r is outside [0, vocab)), lse float32 [rows] */                                  \
   void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void* targets,             \
                              float* losses, float* lse, int64_t rows, int64_t vocab, int64_t ld,        \
                              int64_t ignore_index, void* stream);                                       \

@@ -1,4 +1,5 @@
-// Creation and copies: empty/full/arange/random, fill, device and dtype conversion.
+// Creation and copies: empty/full/arange/random, fill_/zero_, copy_, device and dtype conversion
+// (to_forward, clone). Nothing here records history; fill_/zero_/copy_ write in place.
 #include <cmath>
 #include <cstring>
 
@@ -9,19 +10,52 @@
 namespace xt {
 namespace ops {
 
+namespace {
+
+// The writes of fill_ and copy_, without counting them as in-place writes: for tensors the
+// caller has just created (full, to_forward), or after fill_/copy_ counted them.
+void fill_into(Tensor& t, double value) {
+  if (t.numel() == 0) return;
+  XT_KERNEL(t.device(), fill, t.dtype(), t.data_ptr(), t.numel(), value, stream_for(t.device()));
+}
+
+void copy_into(Tensor& dst, const Tensor& src) {
+  if (src.numel() == 0) return;
+  if (dst.device() == src.device()) {
+    const Device d = dst.device();
+    if (dst.dtype() == src.dtype() && d.is_cpu()) {
+      std::memcpy(dst.data_ptr(), src.data_ptr(), src.nbytes());
+    } else if (dst.dtype() == src.dtype()) {
+      cuda::copy_bytes(dst.data_ptr(), d, src.data_ptr(), d, src.nbytes());
+    } else {
+      XT_KERNEL(d, cast, src.dtype(), src.data_ptr(), dst.dtype(), dst.data_ptr(), src.numel(), stream_for(d));
+    }
+    return;
+  }
+  // Across devices: move the bytes in the source dtype, then cast on the destination.
+  if (dst.dtype() == src.dtype()) {
+    cuda::copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), src.nbytes());
+  } else {
+    Tensor staged = Tensor::empty(src.shape(), src.dtype(), dst.device());
+    cuda::copy_bytes(staged.data_ptr(), dst.device(), src.data_ptr(), src.device(), src.nbytes());
+    copy_into(dst, staged);
+  }
+}
+
+}  // namespace
+
 Tensor empty(const Shape& shape, DType dtype, Device device) { return Tensor::empty(shape, dtype, device); }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   Tensor t = Tensor::empty(shape, dtype, device);
-  fill_(t, value);
+  fill_into(t, value);
   return t;
 }
 
 void fill_(Tensor& t, double value) {
   check_defined(t, "tensor");
-  t.storage()->forget_range();
-  if (t.numel() == 0) return;
-  XT_KERNEL(t.device(), fill, t.dtype(), t.data_ptr(), t.numel(), value, stream_for(t.device()));
+  t.bump_version();
+  fill_into(t, value);
 }
 
 void zero_(Tensor& t) { fill_(t, 0.0); }
@@ -55,37 +89,18 @@ void copy_(Tensor& dst, const Tensor& src) {
   check_defined(src, "src");
   XT_CHECK(dst.numel() == src.numel(), ValueError, "copy_: dst ", dst.describe(), " and src ", src.describe(),
            " have different sizes");
-  dst.storage()->forget_range();
-  if (src.numel() == 0) return;
-  if (dst.device() == src.device()) {
-    const Device d = dst.device();
-    if (dst.dtype() == src.dtype() && d.is_cpu()) {
-      std::memcpy(dst.data_ptr(), src.data_ptr(), src.nbytes());
-    } else if (dst.dtype() == src.dtype()) {
-      cuda::copy_bytes(dst.data_ptr(), d, src.data_ptr(), d, src.nbytes());
-    } else {
-      XT_KERNEL(d, cast, src.dtype(), src.data_ptr(), dst.dtype(), dst.data_ptr(), src.numel(), stream_for(d));
-    }
-    return;
-  }
-  // Across devices: move the bytes in the source dtype, then cast on the destination.
-  if (dst.dtype() == src.dtype()) {
-    cuda::copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), src.nbytes());
-  } else {
-    Tensor staged = Tensor::empty(src.shape(), src.dtype(), dst.device());
-    cuda::copy_bytes(staged.data_ptr(), dst.device(), src.data_ptr(), src.device(), src.nbytes());
-    copy_(dst, staged);
-  }
+  dst.bump_version();
+  copy_into(dst, src);
 }
 
-Tensor to(const Tensor& x, Device device, DType dtype) {
+Tensor to_forward(const Tensor& x, Device device, DType dtype) {
   check_defined(x, "x");
   Tensor out = Tensor::empty(x.shape(), dtype, device);
-  copy_(out, x);
+  copy_into(out, x);
   return out;
 }
 
-Tensor clone(const Tensor& x) { return to(x, x.device(), x.dtype()); }
+Tensor clone(const Tensor& x) { return to_forward(x, x.device(), x.dtype()); }
 
 }  // namespace ops
 }  // namespace xt

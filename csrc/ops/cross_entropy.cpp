@@ -3,11 +3,11 @@
 // for the backward, which recomputes the softmax from logits and lse.
 //
 // Targets outside [0, V) that are not ignore_index raise IndexError. On the CPU the targets are
-// scanned in place. On CUDA, targets that came from the host carry their range (core/tensor.h:
-// Storage::known_min) and usually need nothing more; otherwise index_range finds min/max on the
-// device and one 16-byte copy brings
-// them to the host: a sync point, once per forward. Only when that range is not plainly inside
-// [0, V) (a bad target, or ignore_index among them) are the targets copied over and scanned.
+// scanned before the kernels run. On CUDA the forward kernel checks each row's target as it reads
+// it (Note [Device-side index checks], core/cuda/cuda_check.h): a bad target reads nothing (a NaN
+// loss, a zero gradient row) and the IndexError is raised at the next sync point (the loss's
+// item(), numpy(), synchronize()), so no host sync is added. linear_cross_entropy reports its
+// targets the same way, as cross_entropy.
 //
 // linear_cross_entropy fuses the language-model head: logits = x @ w^T go into a buffer
 // [N, ld] with ld = logits_ld(V) (the row stride padded so every row starts 16-byte aligned and
@@ -15,17 +15,24 @@
 // then the same cross-entropy kernels run on the first V columns of rows of stride ld. Its
 // backward writes dlogits in place over that buffer (padding columns 0) and runs dx = dlogits @ w
 // and dw = dlogits^T @ x as one GEMM each with explicit leading dimensions.
+//
+// The nodes save the logits (or the buffer), the targets, lse and count; linear_cross_entropy's
+// also keeps x when w needs grad and w when x does. Its backward overwrites the buffer with
+// dlogits (the node runs once: the engine refuses a second backward through a released graph).
 #include "core/cuda_api.h"
 #include "core/error.h"
 #include "ops/dispatch.h"
+#include "tape/node.h"
 
 namespace xt {
 namespace ops {
 
 namespace {
 
-// targets: host memory.
-void scan_targets(const Tensor& targets, int64_t vocab, int64_t ignore_index) {
+// CPU targets: IndexError for the first one outside [0, vocab) that is not ignore_index. (CUDA
+// targets: the forward kernel checks them.)
+void check_cpu_targets(const Tensor& targets, int64_t vocab, int64_t ignore_index) {
+  if (!targets.device().is_cpu()) return;
   const bool i32 = targets.dtype() == DType::Int32;
   for (int64_t i = 0; i < targets.numel(); ++i) {
     const int64_t t = i32 ? static_cast<int64_t>(targets.data<int32_t>()[i]) : targets.data<int64_t>()[i];
@@ -33,24 +40,6 @@ void scan_targets(const Tensor& targets, int64_t vocab, int64_t ignore_index) {
              " is out of range for ", vocab, " classes (expected 0 <= target < ", vocab, ", or ignore_index ",
              ignore_index, ")");
   }
-}
-
-void check_targets_in_range(const Tensor& targets, int64_t vocab, int64_t ignore_index) {
-  if (targets.numel() == 0) return;
-  const Device dev = targets.device();
-  if (dev.is_cpu()) return scan_targets(targets, vocab, ignore_index);
-  const Storage& st = *targets.storage();
-  if (st.range_known) {  // written from the host (core/tensor.h): decided without a sync
-    const int64_t lo = st.known_min == ignore_index ? st.known_min2 : st.known_min;
-    if (st.known_max != ignore_index && (lo == INT64_MAX || lo >= 0) && st.known_max < vocab) return;
-  }
-  Tensor minmax = Tensor::empty({2}, DType::Int64, dev);
-  XT_KERNEL(dev, index_range, targets.dtype(), targets.data_ptr(), targets.numel(), minmax.data<int64_t>(),
-            stream_for(dev));
-  int64_t host[2] = {0, 0};
-  cuda::copy_bytes(host, Device::cpu(), minmax.data_ptr(), dev, sizeof(host));  // sync point: waits for the stream
-  if (host[0] >= 0 && host[1] < vocab) return;
-  scan_targets(to(targets, Device::cpu(), targets.dtype()), vocab, ignore_index);  // sync point (rare path)
 }
 
 void check_logits_targets(const Tensor& logits, const Tensor& targets, const char* op) {
@@ -82,14 +71,11 @@ void check_backward_stats(const Tensor& lse, const Tensor& dloss, const Tensor& 
 std::vector<Tensor> forward_rows(const Tensor& logits, int64_t N, int64_t V, int64_t ld, const Tensor& targets,
                                  int64_t ignore_index) {
   const Device dev = logits.device();
-  Tensor loss = Tensor::empty({}, DType::Float32, dev);
   Tensor lse = Tensor::empty({N}, DType::Float32, dev);
+  if (N == 0)  // the mean over no targets is 0 (the contract's max(count, 1))
+    return {zeros({}, DType::Float32, dev), lse, zeros({1}, DType::Float32, dev)};
+  Tensor loss = Tensor::empty({}, DType::Float32, dev);
   Tensor count = Tensor::empty({1}, DType::Float32, dev);
-  if (N == 0) {  // the mean over no targets is 0 (the contract's max(count, 1))
-    zero_(loss);
-    zero_(count);
-    return {loss, lse, count};
-  }
   Tensor losses = Tensor::empty({N}, DType::Float32, dev);
   void* stream = stream_for(dev);
   XT_KERNEL(dev, cross_entropy_forward, logits.dtype(), logits.data_ptr(), targets.dtype(), targets.data_ptr(),
@@ -101,10 +87,10 @@ std::vector<Tensor> forward_rows(const Tensor& logits, int64_t N, int64_t V, int
 
 }  // namespace
 
-std::vector<Tensor> cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+std::vector<Tensor> cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   check_logits_targets(logits, targets, "cross_entropy");
   const int64_t N = logits.size(0), V = logits.size(1);
-  check_targets_in_range(targets, V, ignore_index);
+  check_cpu_targets(targets, V, ignore_index);
   return forward_rows(logits, N, V, V, targets, ignore_index);
 }
 
@@ -146,11 +132,11 @@ void check_linear_ce_inputs(const Tensor& x, const Tensor& w, const Tensor& targ
 
 }  // namespace
 
-std::vector<Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
-                                         int64_t ignore_index) {
+std::vector<Tensor> linear_cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                                 int64_t ignore_index) {
   check_linear_ce_inputs(x, w, targets);
   const int64_t N = x.size(0), K = x.size(1), V = w.size(0), ld = logits_ld(V);
-  check_targets_in_range(targets, V, ignore_index);
+  check_cpu_targets(targets, V, ignore_index);
   const Device dev = x.device();
   Tensor buf = Tensor::empty({N, ld}, x.dtype(), dev);
   // On CUDA the GEMMs run over ld classes, w padded with zero rows: cuBLAS keeps its aligned
@@ -230,6 +216,7 @@ std::pair<Tensor, Tensor> linear_cross_entropy_backward(const Tensor& buf, int64
            w.describe(), " differ in K");
   void* stream = stream_for(dev);
   // dlogits over the logits, in place: the buffer holds dlogits from here on.
+  buf.bump_version();
   if (N)
     XT_KERNEL(dev, cross_entropy_backward, buf.dtype(), buf.data_ptr(), lse.data<float>(), targets.dtype(),
               targets.data_ptr(), dloss.data<float>(), count.data<float>(), buf.data_ptr(), N, V, ld, ignore_index,
@@ -250,6 +237,79 @@ std::pair<Tensor, Tensor> linear_cross_entropy_backward(const Tensor& buf, int64
                 K, 0.0f, dw.data_ptr(), K, 1, N * ld, N * K, V * K, stream);
   }
   return {dx, dw};
+}
+
+// ---- the differentiable ops
+
+namespace {
+
+class CrossEntropyBackward : public NodeWithSaved<4> {
+ public:
+  CrossEntropyBackward(const Tensor& logits, const Tensor& targets, const Tensor& lse, const Tensor& count,
+                       int64_t ignore_index)
+      : NodeWithSaved({SavedTensor("logits", logits), SavedTensor("targets", targets), SavedTensor("lse", lse),
+                       SavedTensor("count", count)}),
+        ignore_index_(ignore_index) {}
+  const char* name() const override { return "CrossEntropyBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (!grads[0].defined()) return {Tensor()};
+    const auto [logits, targets, lse, count] = unpack();
+    return {cross_entropy_backward(logits, lse, targets, grads[0], count, ignore_index_)};
+  }
+
+ private:
+  int64_t ignore_index_;
+};
+
+class LinearCrossEntropyBackward : public NodeWithSaved<6> {
+ public:
+  // x only when w needs grad, w (the weight the GEMMs used) only when x does.
+  LinearCrossEntropyBackward(const Tensor& buf, int64_t vocab, const Tensor& x, const Tensor& w,
+                             const Tensor& targets, const Tensor& lse, const Tensor& count, int64_t ignore_index)
+      : NodeWithSaved({SavedTensor("logits buffer", buf), SavedTensor("x", x), SavedTensor("w", w),
+                       SavedTensor("targets", targets), SavedTensor("lse", lse), SavedTensor("count", count)}),
+        vocab_(vocab), ignore_index_(ignore_index) {}
+  const char* name() const override { return "LinearCrossEntropyBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    std::vector<Tensor> out(2);
+    if (!grads[0].defined()) return out;
+    const auto [buf, x, w, targets, lse, count] = unpack();
+    // dlogits overwrite the saved logits buffer (in place), then dx and dw.
+    auto [dx, dw] = linear_cross_entropy_backward(buf, vocab_, wants_grad(1) ? x : Tensor(),
+                                                  wants_grad(0) ? w : Tensor(), lse, targets, grads[0], count,
+                                                  ignore_index_);
+    out[0] = std::move(dx);
+    out[1] = std::move(dw);
+    return out;
+  }
+
+ private:
+  int64_t vocab_, ignore_index_;
+};
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  std::vector<Tensor> r = cross_entropy_forward(logits, targets, ignore_index);  // loss, lse, count
+  Tensor loss = r[0];
+  if (needs_grad({&logits}))
+    set_history(loss, make_node<CrossEntropyBackward>({logits}, logits, targets, r[1], r[2], ignore_index));
+  return loss;
+}
+
+std::pair<Tensor, Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                               int64_t ignore_index, bool return_logits) {
+  // loss, lse, count, logits buffer, the weight the GEMMs used (w, or w with zero rows to ld on CUDA)
+  std::vector<Tensor> r = linear_cross_entropy_forward(x, w, targets, ignore_index);
+  Tensor loss = r[0];
+  const int64_t vocab = w.size(0);
+  // The copy is made before backward can overwrite the buffer with dlogits.
+  Tensor logits = return_logits ? logits_from_buffer(r[3], vocab) : Tensor();
+  if (needs_grad({&x, &w}))
+    set_history(loss, make_node<LinearCrossEntropyBackward>({x, w}, r[3], vocab, w.requires_grad() ? x : Tensor(),
+                                                            x.requires_grad() ? r[4] : Tensor(), targets, r[1], r[2],
+                                                            ignore_index));
+  return {loss, logits};
 }
 
 }  // namespace ops

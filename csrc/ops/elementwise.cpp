@@ -1,15 +1,20 @@
-// Elementwise ops: broadcasting binary ops, scalar and unary ops, accumulate, sum_to (the
-// gradient of a broadcast), SiLU/SwiGLU, cast, cast_many, dropout.
+// Elementwise ops: broadcasting binary ops, scalar and unary ops (activations included), SwiGLU,
+// and the raw helpers accumulate_ and sum_to (the gradient of a broadcast); forward and backward.
+//
+// Gradients of broadcast inputs are reduced back to the input's shape with sum_to. Nodes save
+// only the tensors their backward reads (mul: the other input; div: b, and a when b needs grad;
+// exp/sqrt: the output; log and the activations: x). Unary ops whose gradient is a formula of x
+// (unary_has_grad_kernel: SiLU, GELU) run one unary_backward kernel; the others compose binary ops.
 //
 // Broadcasting follows numpy: shapes align on the right, a dimension of 1 stretches. Equal
 // shapes take the fast path (no Broadcast at all). Otherwise the Broadcast handed to the
 // kernel is simplified first: size-1 dimensions are dropped and neighbours that are contiguous
 // for both operands are merged, so [B, S, D] + [D] reaches the kernel as [B*S, D].
 #include <algorithm>
-#include <limits>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
+#include "tape/node.h"
 
 namespace xt {
 namespace ops {
@@ -47,6 +52,7 @@ const char* unary_name(kernels::UnaryOp op) {
     case kernels::UnaryOp::Silu: return "silu";
     case kernels::UnaryOp::Square: return "square";
     case kernels::UnaryOp::Abs: return "abs";
+    case kernels::UnaryOp::Gelu: return "gelu";
   }
   return "unary op";
 }
@@ -163,7 +169,7 @@ void accumulate_(Tensor& a, const Tensor& b, double alpha) {
   check_binary_args(a, b, "accumulate_");
   XT_CHECK(a.shape() == b.shape(), ValueError, "accumulate_: a ", a.describe(), " and b ", b.describe(),
            " must have the same shape");
-  a.storage()->forget_range();
+  a.bump_version();
   if (a.numel())
     XT_KERNEL(a.device(), accumulate, a.dtype(), a.data_ptr(), b.data_ptr(), a.numel(), alpha,
               stream_for(a.device()));
@@ -188,18 +194,19 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   return out;
 }
 
-Tensor silu_backward(const Tensor& x, const Tensor& dy) {
-  check_binary_args(x, dy, "silu_backward");
-  XT_CHECK(x.shape() == dy.shape(), ValueError, "silu_backward: x ", x.describe(), " and dy ", dy.describe(),
-           " must have the same shape");
+Tensor unary_backward(kernels::UnaryOp op, const Tensor& x, const Tensor& dy) {
+  XT_ASSERT(kernels::unary_has_grad_kernel(op), "unary_backward: no gradient kernel for ", unary_name(op));
+  check_binary_args(x, dy, "unary_backward");
+  XT_CHECK(x.shape() == dy.shape(), ValueError, unary_name(op), " backward: x ", x.describe(), " and dy ",
+           dy.describe(), " must have the same shape");
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (dx.numel())
-    XT_KERNEL(x.device(), silu_backward, x.dtype(), x.data_ptr(), dy.data_ptr(), dx.data_ptr(), dx.numel(),
+    XT_KERNEL(x.device(), unary_backward, op, x.dtype(), x.data_ptr(), dy.data_ptr(), dx.data_ptr(), dx.numel(),
               stream_for(x.device()));
   return dx;
 }
 
-Tensor swiglu(const Tensor& gate, const Tensor& up) {
+Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
   check_floating(gate, "swiglu", "gate");
   check_floating(up, "swiglu", "up");
   check_same_device(gate, up, "swiglu", "gate", "up");
@@ -229,57 +236,221 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, 
   return {dgate, dup};
 }
 
-Tensor cast(const Tensor& x, DType dtype) {
-  check_defined(x, "x");
-  if (x.dtype() == dtype) return clone(x);
-  Tensor out = Tensor::empty(x.shape(), dtype, x.device());
-  if (out.numel())
-    XT_KERNEL(x.device(), cast, x.dtype(), x.data_ptr(), dtype, out.data_ptr(), out.numel(), stream_for(x.device()));
-  return out;
-}
+// ---------------------------------------------------------------- differentiable ops
 
-std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype) {
-  XT_CHECK(xs.size() <= static_cast<size_t>(std::numeric_limits<int>::max()), ValueError,
-           "cast_many: too many tensors (", xs.size(), ")");
-  for (size_t i = 0; i < xs.size(); ++i) {
-    XT_CHECK(xs[i].defined(), ValueError, "cast_many: tensors[", i, "] must be a tensor, got an undefined tensor");
-    XT_CHECK(xs[i].device() == xs[0].device(), ValueError, "cast_many: tensors[", i, "] is ", xs[i].describe(),
-             " but tensors[0] is on ", xs[0].device().str(), "; all tensors must be on one device");
-  }
-  std::vector<Tensor> out(xs);  // an input already of dtype stays itself
-  if (xs.empty()) return out;
-  const Device dev = xs[0].device();
-  std::vector<bool> done(xs.size(), false);
-  std::vector<const void*> src;
-  std::vector<void*> dst;
-  std::vector<int64_t> sizes;
-  for (size_t i = 0; i < xs.size(); ++i) {  // one group per source dtype, in order of first appearance
-    const DType src_dt = xs[i].dtype();
-    if (src_dt == dtype || done[i]) continue;
-    src.clear();
-    dst.clear();
-    sizes.clear();
-    for (size_t j = i; j < xs.size(); ++j) {
-      if (xs[j].dtype() != src_dt) continue;
-      done[j] = true;
-      out[j] = Tensor::empty(xs[j].shape(), dtype, dev);
-      src.push_back(xs[j].data_ptr());
-      dst.push_back(out[j].data_ptr());
-      sizes.push_back(xs[j].numel());
+namespace {
+
+using kernels::BinaryOp;
+using kernels::ScalarOp;
+using kernels::UnaryOp;
+
+Tensor neg_of(const Tensor& t) { return unary(UnaryOp::Neg, t); }
+
+class BinaryBackward : public NodeWithSaved<2> {
+ public:
+  // a and b only when the backward reads them (undefined otherwise).
+  BinaryBackward(BinaryOp op, const Tensor& a, const Tensor& b, Shape a_shape, Shape b_shape)
+      : NodeWithSaved({SavedTensor("a", a), SavedTensor("b", b)}), op_(op), a_shape_(std::move(a_shape)),
+        b_shape_(std::move(b_shape)) {}
+
+  const char* name() const override {
+    switch (op_) {
+      case BinaryOp::Add: return "AddBackward";
+      case BinaryOp::Sub: return "SubBackward";
+      case BinaryOp::Mul: return "MulBackward";
+      case BinaryOp::Div: return "DivBackward";
     }
-    XT_KERNEL(dev, cast_many, static_cast<int>(src.size()), src_dt, src.data(), dtype, dst.data(), sizes.data(),
-              stream_for(dev));
+    return "BinaryBackward";
   }
+
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    std::vector<Tensor> out(2);
+    if (!g.defined()) return out;
+    const auto [a, b] = unpack();
+    const bool da = wants_grad(0), db = wants_grad(1);
+    switch (op_) {
+      case BinaryOp::Add:
+        if (da) out[0] = sum_to(g, a_shape_);
+        if (db) out[1] = sum_to(g, b_shape_);
+        break;
+      case BinaryOp::Sub:
+        if (da) out[0] = sum_to(g, a_shape_);
+        if (db) out[1] = neg_of(sum_to(g, b_shape_));
+        break;
+      case BinaryOp::Mul:
+        if (da) out[0] = sum_to(binary(BinaryOp::Mul, g, b), a_shape_);
+        if (db) out[1] = sum_to(binary(BinaryOp::Mul, g, a), b_shape_);
+        break;
+      case BinaryOp::Div:
+        // d(a/b)/da = 1/b ; d(a/b)/db = -a / b^2
+        if (da) out[0] = sum_to(binary(BinaryOp::Div, g, b), a_shape_);
+        if (db) {
+          Tensor num = binary(BinaryOp::Mul, g, a);
+          Tensor t = binary(BinaryOp::Div, num, binary(BinaryOp::Mul, b, b));
+          out[1] = neg_of(sum_to(t, b_shape_));
+        }
+        break;
+    }
+    return out;
+  }
+
+ private:
+  BinaryOp op_;
+  Shape a_shape_, b_shape_;
+};
+
+Tensor binary_op(BinaryOp op, const Tensor& a, const Tensor& b) {
+  Tensor out = binary(op, a, b);
+  if (!needs_grad({&a, &b})) return out;
+  Tensor sa, sb;
+  const bool a_grad = a.requires_grad(), b_grad = b.requires_grad();
+  if (op == BinaryOp::Mul) {
+    if (b_grad) sa = a;
+    if (a_grad) sb = b;
+  } else if (op == BinaryOp::Div) {
+    sb = b;
+    if (b_grad) sa = a;
+  }
+  set_history(out, make_node<BinaryBackward>({a, b}, op, sa, sb, a.shape(), b.shape()));
   return out;
 }
 
-Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset) {
-  check_floating(x, "dropout", "x");
-  XT_CHECK(p >= 0.0f && p <= 1.0f, ValueError, "dropout: p must be in [0, 1], got ", p);
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (out.numel())
-    XT_KERNEL(x.device(), dropout, x.dtype(), x.data_ptr(), out.data_ptr(), out.numel(), p, seed, offset,
-              stream_for(x.device()));
+class ScalarBackward : public NodeWithSaved<1> {
+ public:
+  ScalarBackward(ScalarOp op, double s, const Tensor& x) : NodeWithSaved({SavedTensor("x", x)}), op_(op), s_(s) {}
+
+  const char* name() const override {
+    switch (op_) {
+      case ScalarOp::Add: return "AddScalarBackward";
+      case ScalarOp::Mul: return "MulScalarBackward";
+      case ScalarOp::RSub: return "RSubScalarBackward";
+      case ScalarOp::Div: return "DivScalarBackward";
+      case ScalarOp::RDiv: return "RDivScalarBackward";
+      case ScalarOp::Pow: return "PowScalarBackward";
+    }
+    return "ScalarBackward";
+  }
+
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    if (!g.defined()) return {Tensor()};
+    const auto [x] = unpack();
+    switch (op_) {
+      case ScalarOp::Add: return {g};
+      case ScalarOp::Mul: return {scalar_op(ScalarOp::Mul, g, s_)};
+      case ScalarOp::RSub: return {neg_of(g)};
+      case ScalarOp::Div: return {scalar_op(ScalarOp::Div, g, s_)};
+      case ScalarOp::RDiv: {  // d(s/x)/dx = -s / x^2
+        Tensor t = scalar_op(ScalarOp::Mul, g, -s_);
+        return {binary(BinaryOp::Div, t, binary(BinaryOp::Mul, x, x))};
+      }
+      case ScalarOp::Pow: {  // d(x^s)/dx = s * x^(s-1); zero for s == 0
+        if (s_ == 0.0) return {full(g.shape(), 0.0, g.dtype(), g.device())};
+        Tensor d = scalar_op(ScalarOp::Mul, scalar_op(ScalarOp::Pow, x, s_ - 1.0), s_);
+        return {binary(BinaryOp::Mul, g, d)};
+      }
+    }
+    return {Tensor()};
+  }
+
+ private:
+  ScalarOp op_;
+  double s_;
+};
+
+Tensor scalar_fn(ScalarOp op, const Tensor& x, double s) {
+  Tensor out = scalar_op(op, x, s);
+  if (!needs_grad({&x})) return out;
+  const bool keep_x = op == ScalarOp::RDiv || op == ScalarOp::Pow;  // the others never read x
+  set_history(out, make_node<ScalarBackward>({x}, op, s, keep_x ? x : Tensor()));
+  return out;
+}
+
+class UnaryBackward : public NodeWithSaved<1> {
+ public:
+  // `saved` is x (log and the unary_has_grad_kernel ops), the output (exp, sqrt), or nothing (neg).
+  UnaryBackward(UnaryOp op, const Tensor& saved)
+      : NodeWithSaved({SavedTensor(saves_output(op) ? "result" : "x", saved)}), op_(op) {}
+
+  static bool saves_output(UnaryOp op) { return op == UnaryOp::Exp || op == UnaryOp::Sqrt; }
+
+  const char* name() const override {
+    switch (op_) {
+      case UnaryOp::Neg: return "NegBackward";
+      case UnaryOp::Exp: return "ExpBackward";
+      case UnaryOp::Log: return "LogBackward";
+      case UnaryOp::Sqrt: return "SqrtBackward";
+      case UnaryOp::Silu: return "SiluBackward";
+      case UnaryOp::Gelu: return "GeluBackward";
+      default: return "UnaryBackward";
+    }
+  }
+
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    if (!g.defined()) return {Tensor()};
+    const auto [saved] = unpack();
+    if (kernels::unary_has_grad_kernel(op_)) return {unary_backward(op_, saved, g)};
+    switch (op_) {
+      case UnaryOp::Neg: return {neg_of(g)};
+      case UnaryOp::Exp: return {binary(BinaryOp::Mul, g, saved)};
+      case UnaryOp::Log: return {binary(BinaryOp::Div, g, saved)};
+      case UnaryOp::Sqrt: return {binary(BinaryOp::Div, g, scalar_op(ScalarOp::Mul, saved, 2.0))};
+      default: break;
+    }
+    throw RuntimeError(str("xtrain internal error: no backward for unary op ", unary_name(op_)));
+  }
+
+ private:
+  UnaryOp op_;
+};
+
+Tensor unary_fn(UnaryOp op, const Tensor& x) {
+  Tensor out = unary(op, x);
+  if (!needs_grad({&x})) return out;
+  const Tensor saved = UnaryBackward::saves_output(op) ? out : op == UnaryOp::Neg ? Tensor() : x;
+  set_history(out, make_node<UnaryBackward>({x}, op, saved));
+  return out;
+}
+
+class SwigluBackward : public NodeWithSaved<2> {
+ public:
+  SwigluBackward(const Tensor& gate, const Tensor& up)
+      : NodeWithSaved({SavedTensor("gate", gate), SavedTensor("up", up)}) {}
+  const char* name() const override { return "SwigluBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (!grads[0].defined()) return {Tensor(), Tensor()};
+    const auto [gate, up] = unpack();
+    auto [dgate, dup] = swiglu_backward(gate, up, grads[0]);
+    return {dgate, dup};
+  }
+};
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Div, a, b); }
+
+Tensor add_scalar(const Tensor& x, double s) { return scalar_fn(ScalarOp::Add, x, s); }
+Tensor mul_scalar(const Tensor& x, double s) { return scalar_fn(ScalarOp::Mul, x, s); }
+Tensor rsub_scalar(const Tensor& x, double s) { return scalar_fn(ScalarOp::RSub, x, s); }
+Tensor div_scalar(const Tensor& x, double s) { return scalar_fn(ScalarOp::Div, x, s); }
+Tensor rdiv_scalar(const Tensor& x, double s) { return scalar_fn(ScalarOp::RDiv, x, s); }
+Tensor pow_scalar(const Tensor& x, double s) { return scalar_fn(ScalarOp::Pow, x, s); }
+
+Tensor neg(const Tensor& x) { return unary_fn(UnaryOp::Neg, x); }
+Tensor exp(const Tensor& x) { return unary_fn(UnaryOp::Exp, x); }
+Tensor log(const Tensor& x) { return unary_fn(UnaryOp::Log, x); }
+Tensor sqrt(const Tensor& x) { return unary_fn(UnaryOp::Sqrt, x); }
+Tensor silu(const Tensor& x) { return unary_fn(UnaryOp::Silu, x); }
+Tensor gelu(const Tensor& x) { return unary_fn(UnaryOp::Gelu, x); }
+
+Tensor swiglu(const Tensor& gate, const Tensor& up) {
+  Tensor out = swiglu_forward(gate, up);
+  if (needs_grad({&gate, &up})) set_history(out, make_node<SwigluBackward>({gate, up}, gate, up));
   return out;
 }
 

@@ -3,10 +3,16 @@
 // Everything lands in one kernels::gemm call (batched 3-D: one call with strides). bf16 inputs
 // multiply with float32 accumulation and round once; matmul_out_dtype can write float32 (or
 // any floating dtype) directly, which the weight-gradient GEMMs of mixed precision use.
+// matmul: C = A @ B; dA = dC @ B^T, dB = A^T @ dC, each one GEMM with the transpose folded into
+// the BLAS call (no transposed copies). An [..., K] @ [K, N] product is flattened to 2-D first.
+// linear: y = x @ W^T over all leading dims as [rows, K]; dx = dy @ W, dW = dy^T @ x as one GEMM
+// over every row, written in W's dtype. Each node saves an input only when the other input needs
+// its gradient.
 #include <atomic>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
+#include "tape/node.h"
 
 namespace xt {
 
@@ -59,12 +65,12 @@ Tensor matmul_out_dtype(const Tensor& a, const Tensor& b, bool ta, bool tb, DTyp
   return out;
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   check_defined(a, "a");
   return matmul_out_dtype(a, b, ta, tb, a.dtype());
 }
 
-Tensor linear(const Tensor& x, const Tensor& w) {
+Tensor linear_forward(const Tensor& x, const Tensor& w) {
   check_floating(x, "linear", "x");
   check_floating(w, "linear", "weight");
   check_dim(w, 2, "linear", "weight");
@@ -78,6 +84,80 @@ Tensor linear(const Tensor& x, const Tensor& w) {
   Shape shape = x.shape();
   shape.back() = N;
   return y.view_as_shape(shape);
+}
+
+namespace {
+
+class MatmulBackward : public NodeWithSaved<2> {
+ public:
+  MatmulBackward(const Tensor& a, const Tensor& b) : NodeWithSaved({SavedTensor("a", a), SavedTensor("b", b)}) {}
+  const char* name() const override { return "MatmulBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    std::vector<Tensor> out(2);
+    if (!g.defined()) return out;
+    const auto [a, b] = unpack();
+    if (wants_grad(0)) out[0] = matmul_forward(g, b, false, true);
+    if (wants_grad(1)) out[1] = matmul_forward(a, g, true, false);
+    return out;
+  }
+};
+
+class LinearBackward : public NodeWithSaved<2> {
+ public:
+  LinearBackward(const Tensor& x, const Tensor& w, DType w_dtype)
+      : NodeWithSaved({SavedTensor("x", x), SavedTensor("weight", w)}), w_dtype_(w_dtype) {}
+  const char* name() const override { return "LinearBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    std::vector<Tensor> out(2);
+    if (!g.defined()) return out;
+    const auto [x, w] = unpack();
+    const int64_t N = g.shape().back();
+    const int64_t rows = N ? g.numel() / N : 0;
+    Tensor g2 = g.view_as_shape({rows, N});  // (rows, N)
+    if (wants_grad(0)) {
+      const int64_t K = w.size(1);
+      Shape xshape = g.shape();
+      xshape.back() = K;
+      out[0] = matmul_forward(g2, w, false, false).view_as_shape(xshape);  // (rows, K)
+    }
+    if (wants_grad(1)) {
+      const int64_t K = x.shape().back();
+      out[1] = matmul_out_dtype(g2, x.view_as_shape({rows, K}), true, false, w_dtype_);  // (N, K)
+    }
+    return out;
+  }
+
+ private:
+  DType w_dtype_;
+};
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_defined(a, "a");
+  check_defined(b, "b");
+  if (a.dim() > 2 && b.dim() == 2) {  // [..., K] @ [K, N]: one 2-D GEMM over all rows
+    XT_CHECK(a.shape().back() == b.size(0), ValueError, "matmul: inner dimensions differ: a ", a.describe(),
+             " has K=", a.shape().back(), " but b ", b.describe(), " has K=", b.size(0));
+    Shape out_shape = a.shape();
+    out_shape.back() = b.size(1);
+    return reshape(matmul(reshape(a, {-1, a.shape().back()}), b), out_shape);
+  }
+  Tensor out = matmul_forward(a, b);
+  if (needs_grad({&a, &b}))
+    set_history(out, make_node<MatmulBackward>({a, b}, b.requires_grad() ? a : Tensor(),
+                                               a.requires_grad() ? b : Tensor()));
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w) {
+  Tensor out = linear_forward(x, w);
+  if (needs_grad({&x, &w}))
+    set_history(out, make_node<LinearBackward>({x, w}, w.requires_grad() ? x : Tensor(),
+                                               x.requires_grad() ? w : Tensor(), w.dtype()));
+  return out;
 }
 
 }  // namespace ops

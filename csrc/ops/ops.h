@@ -1,12 +1,22 @@
-// The ops layer: argument checks + dispatch to a CPU or CUDA kernel. No autograd here.
+// The ops: every op of the engine, one file per family (ops/<family>.cpp) holding the argument
+// checks, the dispatch to a CPU or CUDA kernel (csrc/kernels/kernels.h), the backward Node and
+// the differentiable function, side by side.
 //
-// Every function validates what it is given (shape, dtype, device, index range where cheap)
-// and raises ValueError/TypeError/IndexError naming the argument and what it saw, then calls
-// kernels::cpu::* or kernels::cuda::* (csrc/kernels/kernels.h). Results are new tensors on
-// the inputs' device; functions ending in `_` write into their first argument.
-// The tape (csrc/tape/) builds the differentiable ops on top of these.
+// Naming:
+//  - ops::<name> is the differentiable op, bound as xtrain._C.ops.<name>: it computes, and when
+//    grad mode is on and an input requires grad, records a Node whose apply() is the backward.
+//  - ops::<name>_forward / ops::<name>_backward are its raw compute: checks + kernels, no tape
+//    (the backward Node calls <name>_backward). Other raw helpers (binary, unary, scalar_op,
+//    sum_all, matmul_out_dtype, creation, optimizer steps) have no differentiable twin of the
+//    same name and never record history.
+//  - A name ending in `_` writes into its first argument in place and bumps that storage's
+//    version (core/tensor.h), which the tape checks for every tensor a Node saved.
+// Every function validates what it is given (shape, dtype, device, index range where cheap) and
+// raises ValueError/TypeError/IndexError naming the argument and what it saw. Results are new
+// tensors on the inputs' device.
 #pragma once
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -25,7 +35,7 @@ void check_same_dtype(const Tensor& a, const Tensor& b, const char* op, const ch
 void check_dim(const Tensor& t, int64_t dim, const char* op, const char* name);
 void* stream_for(Device d);  // this thread's stream on d (nullptr for the CPU)
 
-// ---- creation and copies (ops/creation.cpp)
+// ---- creation and copies (ops/creation.cpp); no history
 Tensor empty(const Shape& shape, DType dtype, Device device);
 Tensor full(const Shape& shape, double value, DType dtype, Device device);
 inline Tensor zeros(const Shape& s, DType dt, Device d) { return full(s, 0.0, dt, d); }
@@ -34,84 +44,145 @@ Tensor random(const Shape& shape, kernels::RandomKind kind, DType dtype, Device 
               const std::shared_ptr<Generator>& gen /* nullptr: device default */);
 void fill_(Tensor& t, double value);
 void zero_(Tensor& t);
-// Copy with a device and/or dtype change; always a new tensor.
-Tensor to(const Tensor& x, Device device, DType dtype);
-Tensor clone(const Tensor& x);
 // dst <- src (same numel; dtype and device may differ).
 void copy_(Tensor& dst, const Tensor& src);
+// Copy with a device and/or dtype change; always a new tensor (the raw half of ops::to).
+Tensor to_forward(const Tensor& x, Device device, DType dtype);
+Tensor clone(const Tensor& x);
 
-// ---- elementwise (ops/elementwise.cpp)
+// ---- elementwise (ops/elementwise.cpp); binary ops broadcast numpy-style
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add_scalar(const Tensor& x, double s);
+Tensor mul_scalar(const Tensor& x, double s);
+Tensor rsub_scalar(const Tensor& x, double s);  // s - x
+Tensor div_scalar(const Tensor& x, double s);
+Tensor rdiv_scalar(const Tensor& x, double s);  // s / x
+Tensor pow_scalar(const Tensor& x, double s);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor silu(const Tensor& x);
+Tensor gelu(const Tensor& x);  // tanh approximation (GPT-2's; torch's approximate="tanh")
+Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up, fused
+// raw helpers
 Shape broadcast_shape(const Shape& a, const Shape& b, const char* op);  // numpy rules
 Tensor binary(kernels::BinaryOp op, const Tensor& a, const Tensor& b);
 Tensor scalar_op(kernels::ScalarOp op, const Tensor& x, double s);
 Tensor unary(kernels::UnaryOp op, const Tensor& x);
+Tensor unary_backward(kernels::UnaryOp op, const Tensor& x, const Tensor& dy);  // dy * op'(x)
 void accumulate_(Tensor& a, const Tensor& b, double alpha = 1.0);  // a += alpha*b (same shape)
 Tensor sum_to(const Tensor& g, const Shape& shape);  // undo a broadcast: sum over expanded dims
-Tensor silu_backward(const Tensor& x, const Tensor& dy);
-Tensor swiglu(const Tensor& gate, const Tensor& up);
+Tensor swiglu_forward(const Tensor& gate, const Tensor& up);
 std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout);
-Tensor cast(const Tensor& x, DType dtype);
-// cast over a list on one device, one kernel call per source dtype (CUDA: one launch for up to
-// 512 tensors). Output i has the bits ops::cast(xs[i], dtype) has; unlike cast, an input already
-// of `dtype` is returned as itself, not copied.
-std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype);
-// Dropout's mask comes from (seed, offset) and is recomputed in backward, never stored.
-Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset);
 
-// ---- reductions (ops/reduce.cpp)
+// ---- casts and device moves (ops/cast.cpp); the gradient comes back in the input's dtype/device
+Tensor cast(const Tensor& x, DType dtype);  // x itself when it already has dtype (like torch's .to)
+Tensor to(const Tensor& x, Device device, DType dtype);  // x itself when nothing changes
+// cast on each tensor of a list with one fused forward; each output that needs grad gets its own
+// CastBackward node, so each input's gradient is final on its own.
+std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype);
+// cast_many whose values are already known: out[i] has cached[i]'s values (its memory, no kernel)
+// and the history of cast(xs[i], cached[i].dtype()) (a CastBackward to xs[i]). The caller
+// guarantees cached[i] holds exactly that cast (data-parallel training gathers the bf16 copies of
+// the weights the ranks cast after their update: xtrain.distributed.DataParallelAdamW).
+std::vector<Tensor> cast_many_cached(const std::vector<Tensor>& xs, const std::vector<Tensor>& cached);
+// raw: always new tensors; cast_many_forward returns an input already of dtype as itself and runs
+// one kernel call per source dtype (CUDA: one launch for up to 512 tensors), the bits of cast.
+Tensor cast_forward(const Tensor& x, DType dtype);
+std::vector<Tensor> cast_many_forward(const std::vector<Tensor>& xs, DType dtype);
+
+// ---- dropout (ops/dropout.cpp): the mask comes from (seed, offset) and is recomputed in
+// backward, never stored. The differentiable op draws (seed, offset) from gen (nullptr: the
+// device's default generator); x itself when not training or p == 0.
+Tensor dropout(const Tensor& x, double p, bool training, const std::shared_ptr<Generator>& gen);
+Tensor dropout_forward(const Tensor& x, float p, uint64_t seed, uint64_t offset);
+
+// ---- reductions (ops/reduce.cpp): dim = -1 (last) or all dims (all = true)
+Tensor sum(const Tensor& x, bool all, bool keepdim);
+Tensor mean(const Tensor& x, bool all, bool keepdim);
+// raw
 Tensor sum_all(const Tensor& x);                     // shape []
 Tensor sum_lastdim(const Tensor& x, bool keepdim);   // [..., D] -> [...] or [..., 1]
 
 // ---- layout (ops/layout.cpp)
-Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
-Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+Tensor reshape(const Tensor& x, const Shape& shape);  // shares storage; one -1 allowed
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);  // a copy
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);  // a copy
+// raw
+Tensor permute_forward(const Tensor& x, const std::vector<int64_t>& dims);
 // The permutation that swaps dims d0 and d1 of x (negative counts from the end); IndexError if out of range.
 std::vector<int64_t> transpose_dims(const Tensor& x, int64_t d0, int64_t d1);
 
+// ---- attention's head layout (ops/heads.cpp): compositions of reshape, rms_norm, rope and
+// permute, recorded as those ops' own nodes (values and gradients bit-identical to the calls).
+// to_heads: x [B*S, H*D] -> [B, H, S, D] = permute(rope(rms_norm(reshape(x, [B, S, H, D]), norm_weight, eps),
+// theta = rope_theta), {0, 2, 1, 3}); the norm is skipped when norm_weight is undefined, rope when
+// rope_theta is nullopt (positions 0..S-1 otherwise).
+Tensor to_heads(const Tensor& x, int64_t seq, int64_t n_heads, const Tensor& norm_weight, double eps,
+                std::optional<double> rope_theta);
+// from_heads: x [B, H, S, D] -> [B*S, H*D] = reshape(permute(x, {0, 2, 1, 3}), [B*S, H*D]).
+Tensor from_heads(const Tensor& x);
+
 // ---- matmul (ops/matmul.cpp): float32 compute; bf16 inputs accumulate in fp32 and round once
-// a [M, K] @ b [K, N], or batched [Bt, M, K] @ [Bt, K, N]; ta/tb read a/b transposed.
-Tensor matmul(const Tensor& a, const Tensor& b, bool ta = false, bool tb = false);
-Tensor linear(const Tensor& x, const Tensor& w);  // x [..., K], w [N, K] -> [..., N]
+Tensor matmul(const Tensor& a, const Tensor& b);  // 2-D, batched 3-D, or [..., K] @ [K, N]
+Tensor linear(const Tensor& x, const Tensor& w);  // x [..., K] @ w[N, K]^T -> [..., N]
+// raw: a [M, K] @ b [K, N], or batched [Bt, M, K] @ [Bt, K, N]; ta/tb read a/b transposed.
+Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta = false, bool tb = false);
 // out_dtype lets weight-gradient GEMMs write float32 directly from bf16 inputs.
 Tensor matmul_out_dtype(const Tensor& a, const Tensor& b, bool ta, bool tb, DType out_dtype);
+Tensor linear_forward(const Tensor& x, const Tensor& w);
 // Use TF32 tensor cores for float32 GEMMs on CUDA (off by default: true fp32).
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
-// ---- embedding (ops/embedding.cpp): ids int32/int64 in [0, vocab), checked
+// ---- embedding (ops/embedding.cpp): ids int32/int64 in [0, vocab)
 Tensor embedding(const Tensor& table, const Tensor& ids);
+Tensor embedding_forward(const Tensor& table, const Tensor& ids);
 Tensor embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab, DType table_dtype);
 
-// ---- rms_norm (ops/rmsnorm.cpp): over the last dim; w may be x's dtype or float32
-// Returns y (x's dtype and shape) and rstd (float32, one per row).
-std::pair<Tensor, Tensor> rms_norm(const Tensor& x, const Tensor& w, double eps);
-std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                            const Tensor& dy);  // (dx, dw)
+// ---- rms_norm (ops/rmsnorm.cpp): over the last dim; w [D] in x's dtype or float32
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
+// raw: (y in x's dtype and shape, rstd float32 [rows]) and (dx, dw in w's dtype)
+std::pair<Tensor, Tensor> rms_norm_forward(const Tensor& x, const Tensor& w, double eps);
+std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy);
 
 // ---- rope (ops/rope.cpp): x [B, S, H, D], D even; positions int64 [S] (undefined: 0..S-1)
-Tensor rope(const Tensor& x, const Tensor& positions, double theta, bool inverse);
+Tensor rope(const Tensor& x, const Tensor& positions, double theta);
+// raw; inverse rotates back (the backward)
+Tensor rope_forward(const Tensor& x, const Tensor& positions, double theta, bool inverse);
 
 // ---- softmax (ops/softmax.cpp), last dim
-Tensor softmax(const Tensor& x, bool log);
+Tensor softmax(const Tensor& x);
+Tensor log_softmax(const Tensor& x);
+// raw: log selects log_softmax; the backward takes the forward's output y
+Tensor softmax_forward(const Tensor& x, bool log);
 Tensor softmax_backward(const Tensor& y, const Tensor& dy, bool log);
 
-// ---- attention (ops/attention.cpp): q, k, v [B, H, S, D]
-// Returns (out [B, H, S, D], probs [B, H, S, S]) ; probs is what backward needs.
-std::pair<Tensor, Tensor> sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
-// Returns dq, dk, dv.
+// ---- attention (ops/attention.cpp): q, k, v [B, H, S, D]; scale <= 0 selects 1/sqrt(D)
+Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
+// raw: (out [B, H, S, D], probs [B, H, S, S]); probs is what backward needs. Backward: dq, dk, dv.
+std::pair<Tensor, Tensor> sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
 std::vector<Tensor> sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
                                   const Tensor& dout, double scale);
 
-// ---- cross entropy (ops/cross_entropy.cpp): logits [N, V], targets int [N]
-// Returns (loss float32 [] mean over non-ignored, lse float32 [N], count float32 [1]).
-std::vector<Tensor> cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index);
+// ---- cross entropy (ops/cross_entropy.cpp): logits [N, V], targets int [N]; the mean loss over
+// targets that are not ignore_index, float32 []
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index);
+// cross_entropy(linear(x, w), targets) fused: x [N, K], w [V, K]; returns (loss, a detached [N, V]
+// copy of the logits when return_logits, else undefined).
+std::pair<Tensor, Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                               int64_t ignore_index, bool return_logits);
+// raw: (loss, lse float32 [N], count float32 [1])
+std::vector<Tensor> cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets,
                               const Tensor& dloss, const Tensor& count, int64_t ignore_index);
-
-// ---- fused linear + cross entropy (ops/cross_entropy.cpp): x [N, K], w [V, K] (same floating
-// dtype), targets int [N]. The logits live in a buffer [N, ld], ld = logits_ld(V): V rounded up
-// to a multiple of kLogitsLdMultiple elements, so ld * itemsize is a multiple of 16 bytes (every
-// row 16-byte aligned: cuBLAS's fast aligned/TMA GEMMs apply even for an odd vocabulary such as
+// The fused head's logits live in a buffer [N, ld], ld = logits_ld(V): V rounded up to a
+// multiple of kLogitsLdMultiple elements, so ld * itemsize is a multiple of 16 bytes (every row
+// 16-byte aligned: cuBLAS's fast aligned/TMA GEMMs apply even for an odd vocabulary such as
 // GPT-2's 50257 -> 50304). On CUDA the GEMMs also cover ld classes (w padded with zero rows, the
 // padding columns exactly 0), since cuBLAS needs the contiguous extent aligned too; on the CPU
 // they cover V, and the padding columns are only ever zeroed (by the backward).
@@ -119,10 +190,10 @@ constexpr int64_t kLogitsLdMultiple = 64;
 inline int64_t logits_ld(int64_t vocab) {
   return (vocab + kLogitsLdMultiple - 1) / kLogitsLdMultiple * kLogitsLdMultiple;
 }
-// Returns (loss float32 [], lse float32 [N], count float32 [1], logits buffer [N, ld] in x's dtype,
-// the weight the GEMMs used: w, or on CUDA w padded to [ld, K] with zero rows; the backward takes it).
-std::vector<Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
-                                         int64_t ignore_index);
+// raw: (loss, lse, count, logits buffer [N, ld] in x's dtype, the weight the GEMMs used: w, or on
+// CUDA w padded to [ld, K] with zero rows; the backward takes it).
+std::vector<Tensor> linear_cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                                 int64_t ignore_index);
 // A contiguous [N, vocab] copy of the first vocab columns of a buffer [N, ld].
 Tensor logits_from_buffer(const Tensor& buf, int64_t vocab);
 // Writes dlogits IN PLACE over buf (its logits are gone afterwards; padding columns 0), then
@@ -134,7 +205,7 @@ std::pair<Tensor, Tensor> linear_cross_entropy_backward(const Tensor& buf, int64
                                                         const Tensor& dloss, const Tensor& count,
                                                         int64_t ignore_index);
 
-// ---- optimizer (ops/optim.cpp): float32 tensors on one device
+// ---- optimizer (ops/optim.cpp): float32 tensors on one device, updated in place; no history
 void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                 const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                 double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step);

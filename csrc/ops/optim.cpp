@@ -71,6 +71,11 @@ void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gr
   hp.weight_decay = static_cast<float>(weight_decay);
   hp.bias_correction1 = static_cast<float>(1.0 - std::pow(beta1, static_cast<double>(step)));
   hp.bias_correction2 = static_cast<float>(1.0 - std::pow(beta2, static_cast<double>(step)));
+  for (size_t i = 0; i < params.size(); ++i) {  // updated in place
+    params[i].bump_version();
+    exp_avg[i].bump_version();
+    exp_avg_sq[i].bump_version();
+  }
   std::vector<const float*> gc(g.begin(), g.end());
   XT_KERNEL(dev, adamw_step, list_size(p.size(), op), p.data(), gc.data(), m.data(), v.data(), sizes.data(), hp,
             stream_for(dev));
@@ -99,6 +104,7 @@ void clip_by_norm_(const std::vector<Tensor>& tensors, const Tensor& norm, doubl
   std::vector<float*> ptrs;
   std::vector<int64_t> sizes;
   collect(tensors, op, "tensors", dev, ptrs, &sizes);
+  for (const Tensor& t : tensors) t.bump_version();  // scaled in place
   XT_KERNEL(dev, clip_by_norm, list_size(ptrs.size(), op), ptrs.data(), sizes.data(), norm.data<float>(),
             static_cast<float>(max_norm), stream_for(dev));
 }

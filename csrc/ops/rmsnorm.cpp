@@ -1,9 +1,12 @@
-// rms_norm over the last dim: checks + dispatch. y has x's dtype and shape; rstd is float32
-// [rows] (what the backward needs). w is [D], in x's dtype or float32; dw comes back in w's dtype.
+// rms_norm over the last dim: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). y has x's dtype
+// and shape; w is [D], in x's dtype or float32. The node saves x, w and the float32 rstd [rows];
+// the backward returns dx in x's dtype and dw in w's dtype, both freshly written (the engine
+// accumulates them into their leaves).
 #include <cmath>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
+#include "tape/node.h"
 
 namespace xt {
 namespace ops {
@@ -25,7 +28,7 @@ void check_weight(const Tensor& x, const Tensor& w, const char* op) {
 
 }  // namespace
 
-std::pair<Tensor, Tensor> rms_norm(const Tensor& x, const Tensor& w, double eps) {
+std::pair<Tensor, Tensor> rms_norm_forward(const Tensor& x, const Tensor& w, double eps) {
   check_weight(x, w, "rms_norm");
   XT_CHECK(std::isfinite(eps) && eps >= 0, ValueError, "rms_norm: eps must be finite and >= 0, got ", eps);
   const int64_t D = x.shape().back();
@@ -50,14 +53,34 @@ std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, co
            "rms_norm_backward: rstd must be float32 with ", rows, " elements on ", x.device().str(), ", got ",
            rstd.describe());
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (rows == 0) return {dx, zeros(w.shape(), w.dtype(), w.device())};  // dw: a sum over no rows
   Tensor dw = Tensor::empty(w.shape(), w.dtype(), w.device());
-  if (rows == 0) {
-    zero_(dw);  // a sum over no rows
-    return {dx, dw};
-  }
   XT_KERNEL(x.device(), rmsnorm_backward, x.dtype(), w.dtype(), x.data_ptr(), w.data_ptr(), rstd.data<float>(),
             dy.data_ptr(), dx.data_ptr(), dw.data_ptr(), rows, D, stream_for(x.device()));
   return {dx, dw};
+}
+
+namespace {
+
+class RmsNormBackward : public NodeWithSaved<3> {
+ public:
+  RmsNormBackward(const Tensor& x, const Tensor& w, const Tensor& rstd)
+      : NodeWithSaved({SavedTensor("x", x), SavedTensor("weight", w), SavedTensor("rstd", rstd)}) {}
+  const char* name() const override { return "RmsNormBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (!grads[0].defined()) return {Tensor(), Tensor()};
+    const auto [x, w, rstd] = unpack();
+    auto [dx, dw] = rms_norm_backward(x, w, rstd, grads[0]);
+    return {dx, dw};
+  }
+};
+
+}  // namespace
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  auto [y, rstd] = rms_norm_forward(x, w, eps);
+  if (needs_grad({&x, &w})) set_history(y, make_node<RmsNormBackward>({x, w}, x, w, rstd));
+  return y;
 }
 
 }  // namespace ops

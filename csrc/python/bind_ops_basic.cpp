@@ -5,8 +5,8 @@
 
 #include "core/error.h"
 #include "core/generator.h"
+#include "ops/ops.h"
 #include "python/bind.h"
-#include "tape/functions.h"
 
 namespace xt {
 
@@ -26,26 +26,29 @@ bool reduce_all(const Tensor& x, const std::optional<int64_t>& dim, const char* 
 void init_ops_basic(py::module_& m) {
   using T = const Tensor&;
   // ---- elementwise
-  m.def("add", &tape::add, py::arg("a"), py::arg("b"), NoGil(), "a + b (numpy broadcasting)");
-  m.def("sub", &tape::sub, py::arg("a"), py::arg("b"), NoGil(), "a - b (numpy broadcasting)");
-  m.def("mul", &tape::mul, py::arg("a"), py::arg("b"), NoGil(), "a * b (numpy broadcasting)");
-  m.def("div", &tape::div, py::arg("a"), py::arg("b"), NoGil(), "a / b (numpy broadcasting)");
-  m.def("add_scalar", &tape::add_scalar, py::arg("x"), py::arg("s"), NoGil(), "x + s");
-  m.def("mul_scalar", &tape::mul_scalar, py::arg("x"), py::arg("s"), NoGil(), "x * s");
-  m.def("rsub_scalar", &tape::rsub_scalar, py::arg("x"), py::arg("s"), NoGil(), "s - x");
-  m.def("div_scalar", &tape::div_scalar, py::arg("x"), py::arg("s"), NoGil(), "x / s");
-  m.def("rdiv_scalar", &tape::rdiv_scalar, py::arg("x"), py::arg("s"), NoGil(), "s / x");
-  m.def("pow_scalar", &tape::pow_scalar, py::arg("x"), py::arg("s"), NoGil(), "x ** s");
-  m.def("neg", &tape::neg, py::arg("x"), NoGil(), "-x");
-  m.def("exp", &tape::exp, py::arg("x"), NoGil(), "e ** x");
-  m.def("log", &tape::log, py::arg("x"), NoGil(), "Natural logarithm");
-  m.def("sqrt", &tape::sqrt, py::arg("x"), NoGil(), "Square root");
-  m.def("silu", &tape::silu, py::arg("x"), NoGil(), "x * sigmoid(x)");
-  m.def("swiglu", &tape::swiglu, py::arg("gate"), py::arg("up"), NoGil(), "silu(gate) * up (fused)");
+  m.def("add", &ops::add, py::arg("a"), py::arg("b"), NoGil(), "a + b (numpy broadcasting)");
+  m.def("sub", &ops::sub, py::arg("a"), py::arg("b"), NoGil(), "a - b (numpy broadcasting)");
+  m.def("mul", &ops::mul, py::arg("a"), py::arg("b"), NoGil(), "a * b (numpy broadcasting)");
+  m.def("div", &ops::div, py::arg("a"), py::arg("b"), NoGil(), "a / b (numpy broadcasting)");
+  m.def("add_scalar", &ops::add_scalar, py::arg("x"), py::arg("s"), NoGil(), "x + s");
+  m.def("mul_scalar", &ops::mul_scalar, py::arg("x"), py::arg("s"), NoGil(), "x * s");
+  m.def("rsub_scalar", &ops::rsub_scalar, py::arg("x"), py::arg("s"), NoGil(), "s - x");
+  m.def("div_scalar", &ops::div_scalar, py::arg("x"), py::arg("s"), NoGil(), "x / s");
+  m.def("rdiv_scalar", &ops::rdiv_scalar, py::arg("x"), py::arg("s"), NoGil(), "s / x");
+  m.def("pow_scalar", &ops::pow_scalar, py::arg("x"), py::arg("s"), NoGil(), "x ** s");
+  m.def("neg", &ops::neg, py::arg("x"), NoGil(), "-x");
+  m.def("exp", &ops::exp, py::arg("x"), NoGil(), "e ** x");
+  m.def("log", &ops::log, py::arg("x"), NoGil(), "Natural logarithm");
+  m.def("sqrt", &ops::sqrt, py::arg("x"), NoGil(), "Square root");
+  m.def("silu", &ops::silu, py::arg("x"), NoGil(), "x * sigmoid(x)");
+  m.def("gelu", &ops::gelu, py::arg("x"), NoGil(),
+        "GELU, tanh approximation: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), as GPT-2 and "
+        "torch.nn.functional.gelu(x, approximate='tanh')");
+  m.def("swiglu", &ops::swiglu, py::arg("gate"), py::arg("up"), NoGil(), "silu(gate) * up (fused)");
   m.def("cast", [](T x, const py::object& dtype) {
           const DType dt = dtype_arg(dtype, x.dtype());
           py::gil_scoped_release nogil;
-          return tape::cast(x, dt);
+          return ops::cast(x, dt);
         }, py::arg("x"), py::arg("dtype"), "x in another dtype; the gradient comes back in x's dtype");
   m.def("cast_many", [](const std::vector<Tensor>& xs, const py::object& dtype,
                         const std::optional<std::vector<Tensor>>& cached) {
@@ -55,12 +58,12 @@ void init_ops_basic(py::module_& m) {
                        "cast_many: cached[", i, "] is ", (*cached)[i].describe(), ", not of dtype ",
                        py::str(dtype).cast<std::string>());
             py::gil_scoped_release nogil;
-            return tape::cast_many_cached(xs, *cached);
+            return ops::cast_many_cached(xs, *cached);
           }
           if (dtype.is_none()) return xs;  // like cast: no dtype keeps each tensor as it is
           const DType dt = dtype_arg(dtype, DType::Float32);
           py::gil_scoped_release nogil;
-          return tape::cast_many(xs, dt);
+          return ops::cast_many(xs, dt);
         }, py::arg("tensors"), py::arg("dtype"), py::arg("cached") = py::none(),
         "[cast(x, dtype) for x in tensors] in one fused kernel; each output keeps its own CastBackward. "
         "cached: the casts' values, already computed (no kernel runs; the outputs share their memory)");
@@ -68,35 +71,35 @@ void init_ops_basic(py::module_& m) {
           const Device dev = device_arg(device, x.device());
           const DType dt = dtype_arg(dtype, x.dtype());
           py::gil_scoped_release nogil;
-          return tape::to(x, dev, dt);
+          return ops::to(x, dev, dt);
         }, py::arg("x"), py::arg("device") = py::none(), py::arg("dtype") = py::none(),
         "Differentiable copy to another device and/or dtype (x itself when nothing changes)");
   m.def("dropout", [](T x, double p, bool training, const std::shared_ptr<Generator>& gen) {
-          return tape::dropout(x, p, training, gen);
+          return ops::dropout(x, p, training, gen);
         }, py::arg("x"), py::arg("p"), py::arg("training") = true, py::arg("generator") = py::none(), NoGil(),
         "Zero elements with probability p and scale the rest by 1/(1-p); identity when not training");
   // ---- reductions
   m.def("sum", [](T x, std::optional<int64_t> dim, bool keepdim) {
-          return tape::sum(x, reduce_all(x, dim, "sum"), keepdim);
+          return ops::sum(x, reduce_all(x, dim, "sum"), keepdim);
         }, py::arg("x"), py::arg("dim") = py::none(), py::arg("keepdim") = false, NoGil(),
         "Sum over all elements (dim=None) or the last dimension (dim=-1)");
   m.def("mean", [](T x, std::optional<int64_t> dim, bool keepdim) {
-          return tape::mean(x, reduce_all(x, dim, "mean"), keepdim);
+          return ops::mean(x, reduce_all(x, dim, "mean"), keepdim);
         }, py::arg("x"), py::arg("dim") = py::none(), py::arg("keepdim") = false, NoGil(),
         "Mean over all elements (dim=None) or the last dimension (dim=-1)");
   // ---- layout
-  m.def("reshape", &tape::reshape, py::arg("x"), py::arg("shape"), NoGil(),
+  m.def("reshape", &ops::reshape, py::arg("x"), py::arg("shape"), NoGil(),
         "Same data in a new shape (shares storage; one -1 is inferred)");
-  m.def("view", &tape::reshape, py::arg("x"), py::arg("shape"), NoGil(), "Alias of reshape (shares storage)");
-  m.def("transpose", &tape::transpose, py::arg("x"), py::arg("dim0"), py::arg("dim1"), NoGil(),
+  m.def("view", &ops::reshape, py::arg("x"), py::arg("shape"), NoGil(), "Alias of reshape (shares storage)");
+  m.def("transpose", &ops::transpose, py::arg("x"), py::arg("dim0"), py::arg("dim1"), NoGil(),
         "Swap two dimensions (a copy)");
-  m.def("permute", &tape::permute, py::arg("x"), py::arg("dims"), NoGil(), "Reorder dimensions (a copy)");
+  m.def("permute", &ops::permute, py::arg("x"), py::arg("dims"), NoGil(), "Reorder dimensions (a copy)");
   // ---- matmul
-  m.def("matmul", &tape::matmul, py::arg("a"), py::arg("b"), NoGil(),
+  m.def("matmul", &ops::matmul, py::arg("a"), py::arg("b"), NoGil(),
         "a @ b: 2-D, batched 3-D, or [..., K] @ [K, N]");
-  m.def("linear", &tape::linear, py::arg("x"), py::arg("weight"), NoGil(), "x @ weight^T, weight is [out, in]");
+  m.def("linear", &ops::linear, py::arg("x"), py::arg("weight"), NoGil(), "x @ weight^T, weight is [out, in]");
   // ---- embedding
-  m.def("embedding", &tape::embedding, py::arg("weight"), py::arg("ids"), NoGil(),
+  m.def("embedding", &ops::embedding, py::arg("weight"), py::arg("ids"), NoGil(),
         "Rows of weight [vocab, dim] picked by integer ids (IndexError when out of range)");
 }
 

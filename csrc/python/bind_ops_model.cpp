@@ -1,12 +1,12 @@
 // Bindings for the model ops (xtrain.ops.*): rms_norm, rope, to_heads, from_heads, sdpa, softmax,
-// log_softmax, cross_entropy, linear_cross_entropy. Argument conversion only; the Functions live in csrc/tape/functions/.
+// log_softmax, cross_entropy, linear_cross_entropy. Argument conversion only; the ops live in csrc/ops/.
 #include <cmath>
 #include <optional>
 #include <utility>
 
 #include "core/error.h"
+#include "ops/ops.h"
 #include "python/bind.h"
-#include "tape/functions.h"
 
 namespace xt {
 
@@ -30,38 +30,38 @@ double scale_arg(const std::optional<double>& scale) {
 }  // namespace
 
 void init_ops_model(py::module_& ops) {
-  ops.def("rms_norm", &tape::rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps") = 1e-6, NoGil(),
+  ops.def("rms_norm", &ops::rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps") = 1e-6, NoGil(),
           "RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight (weight [D], x's dtype or float32)");
   ops.def("rope", [](const Tensor& x, const std::optional<Tensor>& positions, double theta) {
-            return tape::rope(x, positions ? *positions : Tensor(), theta);
+            return ops::rope(x, positions ? *positions : Tensor(), theta);
           }, py::arg("x"), py::arg("positions") = py::none(), py::arg("theta") = 10000.0, NoGil(),
           "Rotary embedding (rotate-half) on x [B, S, H, D]; positions int64 [S], default 0..S-1");
   ops.def("to_heads", [](const Tensor& x, int64_t seq, int64_t n_heads, const std::optional<Tensor>& norm_weight,
                          double eps, std::optional<double> rope_theta) {
-            return tape::to_heads(x, seq, n_heads, norm_weight ? *norm_weight : Tensor(), eps, rope_theta);
+            return ops::to_heads(x, seq, n_heads, norm_weight ? *norm_weight : Tensor(), eps, rope_theta);
           }, py::arg("x"), py::arg("seq"), py::arg("n_heads"), py::arg("norm_weight") = py::none(), py::arg("eps") = 1e-6,
           py::arg("rope_theta") = py::none(), NoGil(),
           "x [B*S, H*D] -> [B, H, S, D]: reshape, rms_norm over D (if norm_weight), rope (if rope_theta), permute");
-  ops.def("from_heads", &tape::from_heads, py::arg("x"), NoGil(),
+  ops.def("from_heads", &ops::from_heads, py::arg("x"), NoGil(),
           "x [B, H, S, D] -> [B*S, H*D]: permute to [B, S, H, D], reshape (the inverse of to_heads' layout change)");
   ops.def("sdpa", [](const Tensor& q, const Tensor& k, const Tensor& v, bool causal, std::optional<double> scale) {
-            return tape::sdpa(q, k, v, causal, scale_arg(scale));
+            return ops::sdpa(q, k, v, causal, scale_arg(scale));
           }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = true, py::arg("scale") = py::none(), NoGil(),
           "Scaled dot-product attention on q, k, v [B, H, S, D]; scale None means 1/sqrt(D)");
   ops.def("softmax", [](const Tensor& x, int64_t dim) {
             check_last_dim(x, dim, "softmax");
-            return tape::softmax(x);
+            return ops::softmax(x);
           }, py::arg("x"), py::arg("dim") = -1, NoGil(), "Softmax over the last dim (computed in float32 for bf16)");
   ops.def("log_softmax", [](const Tensor& x, int64_t dim) {
             check_last_dim(x, dim, "log_softmax");
-            return tape::log_softmax(x);
+            return ops::log_softmax(x);
           }, py::arg("x"), py::arg("dim") = -1, NoGil(), "Log-softmax over the last dim (computed in float32 for bf16)");
-  ops.def("cross_entropy", &tape::cross_entropy, py::arg("logits"), py::arg("targets"),
+  ops.def("cross_entropy", &ops::cross_entropy, py::arg("logits"), py::arg("targets"),
           py::arg("ignore_index") = -100, NoGil(),
           "Mean cross-entropy of logits [N, V] against int targets [N], skipping ignore_index; float32 scalar");
   ops.def("linear_cross_entropy", [](const Tensor& x, const Tensor& w, const Tensor& targets, int64_t ignore_index,
                                      bool return_logits) {
-            auto [loss, logits] = tape::linear_cross_entropy(x, w, targets, ignore_index, return_logits);
+            auto [loss, logits] = ops::linear_cross_entropy(x, w, targets, ignore_index, return_logits);
             return std::make_pair(loss, logits.defined() ? std::optional<Tensor>(logits) : std::nullopt);
           }, py::arg("x"), py::arg("w"), py::arg("targets"), py::arg("ignore_index") = -100,
           py::arg("return_logits") = false, NoGil(),

@@ -8,7 +8,6 @@
 #include "python/bind.h"
 #include "tape/engine.h"
 #include "tape/node.h"
-#include "tape/functions.h"
 
 namespace xt {
 
@@ -66,27 +65,7 @@ Tensor from_numpy(py::array arr, DType dtype, Device device) {
   if (host.nbytes()) std::memcpy(host.data_ptr(), c.data(), host.nbytes());
   if (stage == dtype && device.is_cpu()) return host;
   py::gil_scoped_release nogil;
-  Tensor out = ops::to(host, device, dtype);
-  // Integer data bound for a GPU: its range is known here, on the host, for free; embedding and
-  // cross_entropy then check ids without a device sync (core/tensor.h, Storage::known_min).
-  // (CPU tensors share memory with numpy through .numpy(), and their checks cost no sync anyway.)
-  if (device.is_cuda() && is_integral(dtype) && host.numel()) {
-    const bool i32 = host.dtype() == DType::Int32;
-    auto at = [&](int64_t i) { return i32 ? int64_t(host.data<int32_t>()[i]) : host.data<int64_t>()[i]; };
-    int64_t lo = INT64_MAX, hi = INT64_MIN, lo2 = INT64_MAX;
-    for (int64_t i = 0; i < host.numel(); ++i) {
-      const int64_t v = at(i);
-      if (v < lo) {
-        lo2 = lo;
-        lo = v;
-      } else if (v > lo && v < lo2) {
-        lo2 = v;
-      }
-      if (v > hi) hi = v;
-    }
-    out.storage()->set_known_range(lo, hi, lo2);
-  }
-  return out;
+  return ops::to_forward(host, device, dtype);
 }
 
 // tensor -> numpy. CPU float32/float64/int tensors share memory with the array (it keeps the
@@ -95,7 +74,7 @@ py::array to_numpy(const Tensor& t) {
   Tensor src = t;
   if (src.device().is_cuda() || src.dtype() == DType::BFloat16) {
     py::gil_scoped_release nogil;
-    src = ops::to(src, Device::cpu(), src.dtype() == DType::BFloat16 ? DType::Float32 : src.dtype());
+    src = ops::to_forward(src, Device::cpu(), src.dtype() == DType::BFloat16 ? DType::Float32 : src.dtype());
   }
   std::vector<py::ssize_t> shape(src.shape().begin(), src.shape().end());
   auto* keep = new std::shared_ptr<Storage>(src.storage());
@@ -179,6 +158,8 @@ void init_tensor(py::module_& m) {
              return t.grad_fn() ? py::object(py::str(t.grad_fn()->name())) : py::object(py::none());
            })
       .def_property_readonly("is_leaf", &Tensor::is_leaf)
+      .def_property_readonly("_version", &Tensor::version,
+                             "How many in-place writes the engine made to this tensor's storage (shared by views)")
       .def("detach", &Tensor::detach, "A tensor sharing storage, with no history")
       .def("numpy", &to_numpy, "As a numpy array (shares memory for CPU float32/float64/int; bf16 -> float32 copy)")
       .def("item", &item, "The value of a one-element tensor (a sync point on CUDA)")
@@ -191,7 +172,7 @@ void init_tensor(py::module_& m) {
              DType dt = dtype_arg(dtype, t.dtype());
              if (dev == t.device() && dt == t.dtype()) return t;
              py::gil_scoped_release nogil;
-             return tape::to(t, dev, dt);
+             return ops::to(t, dev, dt);
            }, py::arg("device") = py::none(), py::arg("dtype") = py::none(),
            "Copy to another device and/or dtype (differentiable); returns self when nothing changes")
       .def("clone", [](const Tensor& t) { return ops::clone(t); }, NoGil(), "A copy with no history")

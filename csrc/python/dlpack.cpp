@@ -90,7 +90,6 @@ void fill_dl_tensor(DLTensor& dl, ExportCtx* ctx) {
 }
 
 py::capsule export_tensor(const Tensor& t, const py::object& max_version) {
-  t.storage()->forget_range();  // the consumer may write the memory
   // The consumer may use the data on any stream: finish our work on it first (sync point).
   if (t.device().is_cuda()) {
     py::gil_scoped_release nogil;

@@ -31,27 +31,36 @@ Tensor local_leaf(const Tensor& saved, bool requires_grad) {
   return leaf;
 }
 
+// x, then the params, as saved tensors named as the segment sees them.
+std::vector<SavedTensor> save_inputs(const Tensor& x, const std::vector<Tensor>& params) {
+  std::vector<SavedTensor> saved;
+  saved.reserve(1 + params.size());
+  saved.emplace_back("x", x);
+  for (size_t i = 0; i < params.size(); ++i) saved.emplace_back(str("params[", i, "]"), params[i]);
+  return saved;
+}
+
 class CheckpointNode : public Node {
  public:
-  CheckpointNode(std::shared_ptr<SegmentFn> fn, Tensor x, std::vector<Tensor> params, GeneratorState rng,
-                 Shape out_shape, DType out_dtype)
-      : fn_(std::move(fn)), x_(std::move(x)), params_(std::move(params)), rng_(rng),
+  CheckpointNode(std::shared_ptr<SegmentFn> fn, const Tensor& x, const std::vector<Tensor>& params,
+                 GeneratorState rng, Shape out_shape, DType out_dtype)
+      : fn_(std::move(fn)), saved_(save_inputs(x, params)), device_(x.device()), rng_(rng),
         out_shape_(std::move(out_shape)), out_dtype_(out_dtype) {}
 
   const char* name() const override { return "CheckpointBackward"; }
 
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    const size_t n_in = 1 + params_.size();
-    std::vector<Tensor> result(n_in);
+    std::vector<Tensor> result(saved_.size());
     if (!grads[0].defined()) return result;
-    Tensor xl = local_leaf(x_, next_edges[0].valid());
+    // Fresh leaves from the inputs' current values (unpack raises if one was written in place).
+    Tensor xl = local_leaf(saved_[0].unpack(*this), wants_grad(0));
     std::vector<Tensor> pl;
-    pl.reserve(params_.size());
-    for (size_t i = 0; i < params_.size(); ++i) pl.push_back(local_leaf(params_[i], next_edges[1 + i].valid()));
+    pl.reserve(saved_.size() - 1);
+    for (size_t i = 1; i < saved_.size(); ++i) pl.push_back(local_leaf(saved_[i].unpack(*this), wants_grad(i)));
 
     Tensor out;
     {
-      RngStateGuard rng(default_generator(x_.device()), rng_);
+      RngStateGuard rng(default_generator(device_), rng_);
       GradModeGuard grad_on(true);
       out = (*fn_)(xl, pl);
     }
@@ -68,15 +77,14 @@ class CheckpointNode : public Node {
   }
 
   void release_saved() override {
-    x_ = Tensor();
-    params_.clear();
+    saved_.clear();
     fn_.reset();
   }
 
  private:
   std::shared_ptr<SegmentFn> fn_;
-  Tensor x_;
-  std::vector<Tensor> params_;
+  std::vector<SavedTensor> saved_;  // x, then the params
+  Device device_;                   // x's: whose default generator the segment draws from
   GeneratorState rng_;
   Shape out_shape_;
   DType out_dtype_;
@@ -102,8 +110,7 @@ Tensor checkpoint(std::shared_ptr<SegmentFn> segment, const Tensor& x, const std
   }
   XT_CHECK(out.defined(), RuntimeError, "checkpoint: the segment must return a tensor");
   out = out.detach();
-  auto node = make_node<CheckpointNode>(inputs, segment, x.detach(), std::move(detached), rng, out.shape(),
-                                        out.dtype());
+  auto node = make_node<CheckpointNode>(inputs, segment, x, params, rng, out.shape(), out.dtype());
   set_history(out, node);
   return out;
 }

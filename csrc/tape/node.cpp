@@ -103,4 +103,20 @@ void set_history(Tensor& out, const std::shared_ptr<Node>& node, uint32_t output
   out.impl()->requires_grad = true;
 }
 
+SavedTensor::SavedTensor(std::string name, const Tensor& t)
+    : name_(std::move(name)),
+      tensor_(t.defined() ? t.detach() : Tensor()),
+      version_(t.defined() ? t.version() : 0) {}
+
+Tensor SavedTensor::unpack(const Node& node) const {
+  if (!tensor_.defined()) return tensor_;
+  const uint64_t now = tensor_.version();
+  XT_CHECK(now == version_, RuntimeError,
+           "one of the tensors needed for gradient computation has been modified by an in-place operation: ",
+           node.name(), "'s saved tensor '", name_, "' (", tensor_.describe(), ") is at version ", now,
+           "; expected version ", version_, " instead. Clone it before writing to it in place (fill_, zero_, "
+           "copy_, an optimizer step, a collective), or write it after backward.");
+  return tensor_;
+}
+
 }  // namespace xt

@@ -7,9 +7,12 @@
 // engine runs them in decreasing seq_nr, which is a topological order (an input always exists
 // before the op that consumes it) and makes every backward walk deterministic.
 #pragma once
+#include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -37,6 +40,8 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual uint32_t num_outputs() const { return 1; }
   // AccumulateGrad nodes outlive a backward walk; op nodes do not.
   virtual bool reusable() const { return false; }
+  // Whether input i takes a gradient (its edge leads somewhere): backward skips the others.
+  bool wants_grad(size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
 
   std::vector<Edge> next_edges;
   const uint64_t seq_nr;
@@ -97,7 +102,7 @@ class GradModeGuard {
   bool prev_;
 };
 
-// ---- helpers every Function uses (tape/node.cpp)
+// ---- helpers every differentiable op uses (tape/node.cpp)
 // True when grad mode is on and any input requires grad.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 bool needs_grad(const std::vector<Tensor>& inputs);
@@ -113,5 +118,45 @@ std::shared_ptr<N> make_node(const std::vector<Tensor>& inputs, Args&&... args) 
 }
 // Record that `out` is output `output_nr` of `node` (marks it requires_grad).
 void set_history(Tensor& out, const std::shared_ptr<Node>& node, uint32_t output_nr = 0);
+
+// ---- saved tensors
+// A tensor a Node keeps for its backward: a detached alias (never its own output's history, so no
+// cycles) and the version of its storage when it was saved (core/tensor.h). unpack() raises
+// RuntimeError, naming the node and the tensor, when the storage has been written in place since:
+// the gradient would come from values the forward never saw.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  SavedTensor(std::string name, const Tensor& t);  // t undefined: nothing saved
+  Tensor unpack(const Node& node) const;           // undefined when nothing was saved
+  void reset() { tensor_ = Tensor(); }
+
+ private:
+  std::string name_;
+  Tensor tensor_;
+  uint64_t version_ = 0;
+};
+
+// An op Node that keeps N tensors for its backward: the one place they live. unpack() checks
+// their versions; release_saved() drops them once the node has run.
+//   class MulBackward : public NodeWithSaved<2> { ...  auto [a, b] = unpack(); ... };
+template <size_t N>
+class NodeWithSaved : public Node {
+ public:
+  void release_saved() final {
+    for (SavedTensor& s : saved_) s.reset();
+  }
+
+ protected:
+  explicit NodeWithSaved(std::array<SavedTensor, N> saved) : saved_(std::move(saved)) {}
+  std::array<Tensor, N> unpack() const {
+    std::array<Tensor, N> out;
+    for (size_t i = 0; i < N; ++i) out[i] = saved_[i].unpack(*this);
+    return out;
+  }
+
+ private:
+  std::array<SavedTensor, N> saved_;
+};
 
 }  // namespace xt

@@ -58,7 +58,8 @@ def linear_cross_entropy(x, w, targets, ignore_index=-100, return_logits=False):
     x [N, K] and w [V, K] (float32, bfloat16 or float64, one dtype), targets int32/int64 [N].
     Returns ``(loss, logits)``: loss is the float32 mean cross-entropy over the targets that are
     not ignore_index (the semantics of ``cross_entropy``: 0 when every target is ignored or N == 0,
-    IndexError for a target outside [0, V)); logits is a detached contiguous [N, V] copy of
+    IndexError for a target outside [0, V), raised on CUDA at the next sync point such as
+    ``loss.item()``); logits is a detached contiguous [N, V] copy of
     x @ w^T when ``return_logits`` is True, else None. Gradients reach x and w in their dtype, as
     ``linear`` followed by ``cross_entropy`` gives them (bit for bit in float32 on the CPU).
 

@@ -266,9 +266,8 @@ class ParamStore:
         self._compute_version = self._params_version()
         self._partial = bool(partial)
 
-    def _params_version(self):
-        # TEMPORARY until Tensor._version lands: unknown version, always re-cast
-        return getattr(self.params, "_version", object())
+    def _params_version(self) -> int:
+        return self.params._version
 
     # ---- state
 

@@ -1,6 +1,7 @@
 // CPU basic kernels against naive loops: broadcast binary, sum_to, permute, gemm (every
 // transpose combination, bf16 inputs with a float32 C and beta, K = 0, explicit leading
-// dimensions bitwise equal to packed), embedding backward, accumulate, dropout's mask.
+// dimensions bitwise equal to packed), embedding backward, out-of-range ids reading nothing,
+// accumulate, dropout's mask.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -217,10 +218,19 @@ TEST(KernelsBasic, EmbeddingBackwardSumsInOrderAndRoundsOnce) {
         if (ids[i] == v) acc += bf16_to_float(dout_bf[i * dim + j]);
       EXPECT_EQ(dtable[v * dim + j].bits, float_to_bf16(acc).bits) << v << "," << j;
     }
-  int64_t mm[2];
-  cpu::index_range(DType::Int64, ids, 6, mm, nullptr);
-  EXPECT_EQ(mm[0], 0);
-  EXPECT_EQ(mm[1], 3);
+}
+
+TEST(KernelsBasic, EmbeddingIdsOutOfRangeReadNothing) {
+  const int32_t ids[4] = {1, -1, 3, 7};  // vocab 3: -1, 3 and 7 are out of range
+  const int vocab = 3, dim = 2;
+  const std::vector<float> table = {1, 2, 3, 4, 5, 6};
+  std::vector<float> out(4 * dim, 9.0f);
+  cpu::embedding_forward(DType::Float32, table.data(), DType::Int32, ids, out.data(), 4, vocab, dim, nullptr);
+  EXPECT_EQ(out, (std::vector<float>{3, 4, 0, 0, 0, 0, 0, 0}));
+  const std::vector<float> dout = {1, 1, 2, 2, 3, 3, 4, 4};
+  std::vector<float> dtable(vocab * dim, 9.0f);
+  cpu::embedding_backward(DType::Float32, DType::Int32, ids, dout.data(), dtable.data(), 4, vocab, dim, nullptr);
+  EXPECT_EQ(dtable, (std::vector<float>{0, 0, 1, 1, 0, 0}));
 }
 
 TEST(KernelsBasic, AccumulateAndDropout) {

@@ -1,5 +1,5 @@
 // Engine mechanics: topological order on a diamond, accumulation into leaves, saved-tensor
-// release, the freed-graph error, and backward_seeded.
+// release, the freed-graph error, backward_seeded, and the saved tensors' version checks.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -16,27 +16,28 @@ namespace {
 
 std::vector<std::string> g_log;
 
-// y = scale * x (elementwise), recording when its backward runs and whether it saved something.
-class ScaleNode : public Node {
+// y = scale * x (elementwise), recording when its backward runs; saves x to show its release.
+class ScaleNode : public NodeWithSaved<1> {
  public:
-  ScaleNode(std::string tag, double s, Tensor saved) : tag_(std::move(tag)), s_(s), saved_(std::move(saved)) {}
+  ScaleNode(std::string tag, double s, const Tensor& x)
+      : NodeWithSaved({SavedTensor("x", x)}), tag_(std::move(tag)), s_(s) {}
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     g_log.push_back(tag_);
+    const auto [x] = unpack();  // read, as a backward that needs x would
+    EXPECT_TRUE(x.defined());
     return {ops::scalar_op(kernels::ScalarOp::Mul, grads[0], s_)};
   }
-  void release_saved() override { saved_ = Tensor(); }
   const char* name() const override { return "ScaleBackward"; }
-  bool has_saved() const { return saved_.defined(); }
+  bool has_saved() const { return unpack()[0].defined(); }
 
  private:
   std::string tag_;
   double s_;
-  Tensor saved_;
 };
 
 Tensor scale(const std::string& tag, const Tensor& x, double s, std::shared_ptr<ScaleNode>* node_out = nullptr) {
   Tensor y = ops::scalar_op(kernels::ScalarOp::Mul, x, s);
-  auto node = make_node<ScaleNode>({x}, tag, s, x.detach());
+  auto node = make_node<ScaleNode>({x}, tag, s, x);
   set_history(y, node);
   if (node_out) *node_out = node;
   return y;
@@ -160,4 +161,45 @@ TEST(Engine, LeafGradientIsReadyAsSoonAsItsLastConsumerRan) {
   Tensor e = add("e", x, w1);
   backward_seeded(e, ops::full({2}, 1.0, DType::Float32, Device::cpu()));
   EXPECT_FLOAT_EQ(w1.grad().data<float>()[0], 3.f);
+}
+
+TEST(SavedTensors, InPlaceWritesBumpTheStorageVersionSharedByViews) {
+  Tensor x = ops::full({2, 3}, 1.0, DType::Float32, Device::cpu());
+  Tensor view = x.view_as_shape({6});
+  EXPECT_EQ(x.version(), 0u);
+  ops::fill_(view, 2.0);
+  ops::copy_(x, ops::full({2, 3}, 3.0, DType::Float32, Device::cpu()));
+  ops::accumulate_(x, x.detach());
+  EXPECT_EQ(x.version(), 3u);
+  EXPECT_EQ(view.version(), 3u);
+  EXPECT_EQ(ops::clone(x).version(), 0u);  // a result written out of place starts at 0
+}
+
+TEST(SavedTensors, BackwardRefusesASavedTensorWrittenInPlaceSinceAndNamesIt) {
+  Tensor x = leaf({1, 2});
+  Tensor y = scale("y", x, 2.0);  // ScaleNode saves x
+  ops::zero_(x);
+  try {
+    backward_seeded(y, ops::full({2}, 1.0, DType::Float32, Device::cpu()));
+    FAIL() << "expected RuntimeError";
+  } catch (const RuntimeError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("ScaleBackward's saved tensor 'x'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("is at version 1; expected version 0"), std::string::npos) << msg;
+  }
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(SavedTensors, UnpackIsCheckedOnlyForWhatWasSaved) {
+  Tensor x = leaf({1, 2});
+  Tensor nothing;
+  SavedTensor empty("nothing", nothing);
+  SavedTensor kept("x", x);
+  std::shared_ptr<ScaleNode> node;
+  scale("y", x, 1.0, &node);
+  EXPECT_FALSE(empty.unpack(*node).defined());
+  EXPECT_EQ(kept.unpack(*node).data_ptr(), x.data_ptr());  // an alias, not a copy
+  ops::fill_(x, 5.0);
+  EXPECT_THROW(kept.unpack(*node), RuntimeError);
+  EXPECT_NO_THROW(empty.unpack(*node));
 }

@@ -11,10 +11,14 @@
 //    and a stream's destruction at thread exit. Nothing else here blocks the host: uploads of
 //    up to 16 MiB are staged through pinned buffers (a copy from pageable memory may wait for
 //    the stream), larger ones are copied from where they lie.
+//  - Each sync point but the thread-exit one also reports what the kernels found out of range
+//    (Note [Device-side index checks] in cuda_check.h): IndexError, and the record is cleared.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "core/allocator.h"
@@ -103,6 +107,27 @@ struct StageRing {
   }
 };
 thread_local StageRing tl_stage;
+
+// One IndexErrorRecord per device, in pinned host memory. Under unified addressing (every 64-bit
+// process) pinned host memory is reachable from every device at its host address, so kernels
+// and the host use the same pointer.
+std::atomic<IndexErrorRecord*> g_index_errors[kMaxDevices];
+std::mutex g_index_errors_mu;
+
+std::string index_error_message(int device, const IndexErrorRecord& r) {
+  const std::string where =
+      str(" (found on cuda:", device, " by the kernel's device-side check; raised at the first sync point after it)");
+  switch (static_cast<IndexSite>(r.site)) {
+    case IndexSite::Embedding:
+      return str("embedding: ids must be in [0, ", r.bound, "), got ", r.value, where);
+    case IndexSite::EmbeddingBackward:
+      return str("embedding backward: ids must be in [0, ", r.bound, "), got ", r.value, where);
+    case IndexSite::CrossEntropy:
+      return str("cross_entropy: target ", r.value, " is out of range for ", r.bound,
+                 " classes (expected 0 <= target < ", r.bound, ", or ignore_index ", r.ignore_index, ")", where);
+  }
+  return str("index ", r.value, " out of range [0, ", r.bound, ")", where);
+}
 
 // The backend's failures are reported by describe_failure() on the same thread, right after.
 thread_local std::string tl_last_alloc_error;
@@ -215,9 +240,44 @@ void* current_stream(int device) {
 }
 
 void synchronize(int device) {
-  if (device < 0 || device >= kMaxDevices || !tl_streams.stream[device]) return;  // nothing launched here
-  DeviceGuard guard(device);
-  XT_CUDA_CHECK(cudaStreamSynchronize(tl_streams.stream[device]));  // sync point: explicit
+  if (device < 0 || device >= kMaxDevices) return;
+  if (tl_streams.stream[device]) {  // else nothing was launched from this thread
+    DeviceGuard guard(device);
+    XT_CUDA_CHECK(cudaStreamSynchronize(tl_streams.stream[device]));  // sync point: explicit
+  }
+  check_index_errors(device);
+}
+
+IndexErrorRecord* index_error_record(int device) {
+  XT_ASSERT(device >= 0 && device < kMaxDevices, "device ", device);
+  std::atomic<IndexErrorRecord*>& slot = g_index_errors[device];
+  if (IndexErrorRecord* r = slot.load(std::memory_order_acquire)) return r;
+  std::lock_guard<std::mutex> lock(g_index_errors_mu);
+  if (!slot.load(std::memory_order_relaxed)) {  // once per device and process
+    int unified = 0;
+    XT_CUDA_CHECK(cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, device));
+    XT_CHECK(unified, RuntimeError, "cuda:", device,
+             " has no unified addressing, which the device-side index checks of embedding and cross_entropy need");
+    DeviceGuard guard(device);
+    void* host = nullptr;
+    XT_CUDA_CHECK(cudaHostAlloc(&host, sizeof(IndexErrorRecord), cudaHostAllocMapped | cudaHostAllocPortable));
+    std::memset(host, 0, sizeof(IndexErrorRecord));
+    slot.store(static_cast<IndexErrorRecord*>(host), std::memory_order_release);
+  }
+  return slot.load(std::memory_order_relaxed);
+}
+
+void check_index_errors(int device) {
+  if (device < 0 || device >= kMaxDevices) return;
+  volatile IndexErrorRecord* r = g_index_errors[device].load(std::memory_order_acquire);
+  if (!r || r->flag == 0) return;
+  IndexErrorRecord seen{};
+  seen.site = r->site;
+  seen.value = r->value;
+  seen.bound = r->bound;
+  seen.ignore_index = r->ignore_index;
+  r->flag = 0;  // reported once; the next out-of-range index is recorded afresh
+  throw IndexError(index_error_message(device, seen));
 }
 
 void synchronize_all() {
@@ -303,6 +363,7 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
     DeviceGuard guard(src_dev.index);
     XT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s));
     XT_CUDA_CHECK(cudaStreamSynchronize(s));  // sync point: the host reads the bytes next
+    check_index_errors(src_dev.index);
     return;
   }
   if (src_dev.index == dst_dev.index) {  // same device

@@ -17,7 +17,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "kernels/cpu/cpu_common.h"
+#include "kernels/common.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -27,7 +27,7 @@ namespace cpu {
 namespace {
 
 template <typename T>
-void forward_rows(const T* logits, DType t_dt, const void* targets, float* losses, float* lse, int64_t rows,
+void forward_rows(const T* logits, bool t64, const void* targets, float* losses, float* lse, int64_t rows,
                   int64_t vocab, int64_t ld, int64_t ignore_index) {
   using C = compute_t<T>;
   for (int64_t r = 0; r < rows; ++r) {
@@ -42,7 +42,7 @@ void forward_rows(const T* logits, DType t_dt, const void* targets, float* losse
     for (int64_t j = 0; j < vocab; ++j) sum += std::exp(load(xr, j) - mx);
     const C log_sum = std::log(sum);
     lse[r] = static_cast<float>(mx + log_sum);
-    const int64_t t = load_index(t_dt, targets, r);
+    const int64_t t = load_index(t64, targets, r);
     if (t == ignore_index)
       losses[r] = 0.0f;
     else if (t < 0 || t >= vocab)
@@ -53,14 +53,14 @@ void forward_rows(const T* logits, DType t_dt, const void* targets, float* losse
 }
 
 template <typename T>
-void backward_rows(const T* logits, const float* lse, DType t_dt, const void* targets, float dloss, float count,
+void backward_rows(const T* logits, const float* lse, bool t64, const void* targets, float dloss, float count,
                    T* dlogits, int64_t rows, int64_t vocab, int64_t ld, int64_t ignore_index) {
   using C = compute_t<T>;
   const C coef = static_cast<C>(dloss) / static_cast<C>(count > 1.0f ? count : 1.0f);
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = logits + r * ld;
     T* dr = dlogits + r * ld;
-    const int64_t t = load_index(t_dt, targets, r);
+    const int64_t t = load_index(t64, targets, r);
     for (int64_t j = vocab; j < ld; ++j) store(dr, j, C(0));  // row padding
     if (t == ignore_index || t < 0 || t >= vocab) {
       for (int64_t j = 0; j < vocab; ++j) store(dr, j, C(0));
@@ -78,21 +78,20 @@ void backward_rows(const T* logits, const float* lse, DType t_dt, const void* ta
 
 void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void* targets, float* losses, float* lse,
                            int64_t rows, int64_t vocab, int64_t ld, int64_t ignore_index, void*) {
-  XT_ASSERT(is_integral(t_dt), "cross_entropy_forward: targets ", dtype_name(t_dt));
+  const bool t64 = index_is_64(t_dt, "cross_entropy_forward");
   XT_ASSERT(ld >= vocab, "cross_entropy_forward: ld ", ld, " < vocab ", vocab);
-  dispatch_float(dt, "cross_entropy_forward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    forward_rows(static_cast<const T*>(logits), t_dt, targets, losses, lse, rows, vocab, ld, ignore_index);
+  XT_DISPATCH_FLOAT(dt, "cross_entropy_forward", T, {
+    forward_rows(static_cast<const T*>(logits), t64, targets, losses, lse, rows, vocab, ld, ignore_index);
   });
 }
 
 void cross_entropy_reduce(const float* losses, DType t_dt, const void* targets, float* loss, float* count,
                           int64_t rows, int64_t ignore_index, void*) {
-  XT_ASSERT(is_integral(t_dt), "cross_entropy_reduce: targets ", dtype_name(t_dt));
+  const bool t64 = index_is_64(t_dt, "cross_entropy_reduce");
   double sum = 0.0;
   int64_t n = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    if (load_index(t_dt, targets, r) == ignore_index) continue;
+    if (load_index(t64, targets, r) == ignore_index) continue;
     sum += static_cast<double>(losses[r]);
     ++n;
   }
@@ -103,11 +102,10 @@ void cross_entropy_reduce(const float* losses, DType t_dt, const void* targets, 
 void cross_entropy_backward(DType dt, const void* logits, const float* lse, DType t_dt, const void* targets,
                             const float* dloss, const float* count, void* dlogits, int64_t rows, int64_t vocab,
                             int64_t ld, int64_t ignore_index, void*) {
-  XT_ASSERT(is_integral(t_dt), "cross_entropy_backward: targets ", dtype_name(t_dt));
+  const bool t64 = index_is_64(t_dt, "cross_entropy_backward");
   XT_ASSERT(ld >= vocab, "cross_entropy_backward: ld ", ld, " < vocab ", vocab);
-  dispatch_float(dt, "cross_entropy_backward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    backward_rows(static_cast<const T*>(logits), lse, t_dt, targets, *dloss, *count, static_cast<T*>(dlogits), rows,
+  XT_DISPATCH_FLOAT(dt, "cross_entropy_backward", T, {
+    backward_rows(static_cast<const T*>(logits), lse, t64, targets, *dloss, *count, static_cast<T*>(dlogits), rows,
                   vocab, ld, ignore_index);
   });
 }

@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/cpu_common.h"
+#include "kernels/common.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -53,8 +53,7 @@ Operand<F> as_compute(DType dt, const void* src, int64_t rows, int64_t cols, int
   const bool same = std::is_same_v<F, float> ? dt == DType::Float32 : dt == DType::Float64;
   if (same) return {static_cast<const F*>(src), ld};
   buf.resize(static_cast<size_t>(rows * cols));
-  dispatch_float(dt, "gemm", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "gemm", T, {
     const T* p = static_cast<const T*>(src);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) buf[r * cols + c] = static_cast<F>(load(p, r * ld + c));
@@ -87,8 +86,7 @@ void gemm_impl(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, 
       cbuf.assign(static_cast<size_t>(M * N), F(0));
     }
     blas_gemm<F>(ta, tb, M, N, K, alpha, a.p, a.ld, bm.p, bm.ld, beta, cbuf.data(), N);
-    dispatch_float(c_dt, "gemm", [&](auto tag) {
-      using T = std::remove_pointer_t<decltype(tag)>;
+    XT_DISPATCH_FLOAT(c_dt, "gemm", T, {
       T* p = static_cast<T*>(cptr);
       for (int64_t r = 0; r < M; ++r)
         for (int64_t c = 0; c < N; ++c) store(p, r * ldc + c, static_cast<compute_t<T>>(cbuf[r * N + c]));
@@ -98,8 +96,7 @@ void gemm_impl(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, 
 
 // K == 0: op(A) @ op(B) is all zeros, so C = beta * C (BLAS would not be called with K = 0).
 void scale_c(DType c_dt, float beta, void* C, int64_t M, int64_t N, int64_t ldc, int64_t batch, int64_t strideC) {
-  dispatch_float(c_dt, "gemm", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(c_dt, "gemm", T, {
     using Cm = compute_t<T>;
     for (int64_t b = 0; b < batch; ++b) {
       T* p = static_cast<T*>(C) + b * strideC;

@@ -2,7 +2,6 @@
 //
 // Output is written with `=`. Works for every dtype: elements are moved as raw 2/4/8-byte words.
 
-#include "kernels/cpu/cpu_common.h"
 #include "kernels/kernels.h"
 
 namespace xt {

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/cpu_common.h"
 #include "kernels/kernels.h"
 
 namespace xt {

@@ -6,7 +6,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/cpu_common.h"
+#include "kernels/common.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -14,8 +14,7 @@ namespace kernels {
 namespace cpu {
 
 void sum_all(DType dt, const void* x, void* out, int64_t n, void*) {
-  dispatch_float(dt, "sum_all", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "sum_all", T, {
     using C = compute_t<T>;
     const T* px = static_cast<const T*>(x);
     double acc = 0.0;
@@ -25,8 +24,7 @@ void sum_all(DType dt, const void* x, void* out, int64_t n, void*) {
 }
 
 void sum_lastdim(DType dt, const void* x, void* out, int64_t rows, int64_t cols, void*) {
-  dispatch_float(dt, "sum_lastdim", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "sum_lastdim", T, {
     using C = compute_t<T>;
     const T* px = static_cast<const T*>(x);
     T* po = static_cast<T*>(out);
@@ -42,8 +40,7 @@ void sum_lastdim(DType dt, const void* x, void* out, int64_t rows, int64_t cols,
 // Walks `in` in row-major order; element (i0, i1, ...) adds into out[sum_d i_d * bstride[d]].
 // Every out element thus sums its inputs in increasing input order.
 void sum_to(DType dt, const void* in, void* out, int64_t out_n, const Broadcast* bc, void*) {
-  dispatch_float(dt, "sum_to", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "sum_to", T, {
     using C = compute_t<T>;
     const T* pin = static_cast<const T*>(in);
     T* po = static_cast<T*>(out);

@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/cpu_common.h"
+#include "kernels/common.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -70,8 +70,7 @@ void backward_rows(const T* x, const W* w, const float* rstd, const T* dy, T* dx
 void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y, float* rstd, int64_t rows,
                      int64_t dim, float eps, void*) {
   XT_ASSERT(w_dt == dt || w_dt == DType::Float32, "rmsnorm_forward: w dtype ", dtype_name(w_dt));
-  dispatch_float(dt, "rmsnorm_forward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "rmsnorm_forward", T, {
     if (w_dt == DType::Float32)
       forward_rows(static_cast<const T*>(x), static_cast<const float*>(w), static_cast<T*>(y), rstd, rows, dim, eps);
     else
@@ -82,8 +81,7 @@ void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y
 void rmsnorm_backward(DType dt, DType w_dt, const void* x, const void* w, const float* rstd, const void* dy,
                       void* dx, void* dw, int64_t rows, int64_t dim, void*) {
   XT_ASSERT(w_dt == dt || w_dt == DType::Float32, "rmsnorm_backward: w dtype ", dtype_name(w_dt));
-  dispatch_float(dt, "rmsnorm_backward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "rmsnorm_backward", T, {
     if (w_dt == DType::Float32)
       backward_rows(static_cast<const T*>(x), static_cast<const float*>(w), rstd, static_cast<const T*>(dy),
                     static_cast<T*>(dx), static_cast<float*>(dw), rows, dim);

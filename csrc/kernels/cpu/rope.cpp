@@ -12,7 +12,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/cpu_common.h"
+#include "kernels/common.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -62,8 +62,7 @@ void rope_rows(const T* x, T* out, const int64_t* pos, int64_t B, int64_t S, int
 void rope(DType dt, const void* x, void* out, const int64_t* pos, int64_t B, int64_t S, int64_t H, int64_t D,
           float theta, bool inverse, void*) {
   XT_ASSERT(D % 2 == 0, "rope: odd head dim ", D);
-  dispatch_float(dt, "rope", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "rope", T, {
     rope_rows(static_cast<const T*>(x), static_cast<T*>(out), pos, B, S, H, D, theta, inverse);
   });
 }

@@ -12,7 +12,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/cpu_common.h"
+#include "kernels/common.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -108,32 +108,28 @@ void attn_backward(const T* probs, const T* dprobs, T* dscores, int64_t batch, i
 }  // namespace
 
 void softmax_forward(DType dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void*) {
-  dispatch_float(dt, "softmax_forward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "softmax_forward", T, {
     forward_rows(static_cast<const T*>(x), static_cast<T*>(y), rows, cols, log);
   });
 }
 
 void softmax_backward(DType dt, const void* y, const void* dy, void* dx, int64_t rows, int64_t cols, bool log,
                       void*) {
-  dispatch_float(dt, "softmax_backward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "softmax_backward", T, {
     backward_rows(static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), rows, cols, log);
   });
 }
 
 void attn_softmax_forward(DType dt, const void* scores, void* probs, int64_t batch, int64_t seq, float scale,
                           bool causal, void*) {
-  dispatch_float(dt, "attn_softmax_forward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "attn_softmax_forward", T, {
     attn_forward(static_cast<const T*>(scores), static_cast<T*>(probs), batch, seq, scale, causal);
   });
 }
 
 void attn_softmax_backward(DType dt, const void* probs, const void* dprobs, void* dscores, int64_t batch,
                            int64_t seq, float scale, void*) {
-  dispatch_float(dt, "attn_softmax_backward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "attn_softmax_backward", T, {
     attn_backward(static_cast<const T*>(probs), static_cast<const T*>(dprobs), static_cast<T*>(dscores), batch, seq,
                   scale);
   });

@@ -1,9 +1,9 @@
-// Shared helpers for the CUDA kernels (kernels/cuda/*.cu): typed loads/stores, dtype dispatch,
-// fixed-order warp/block reductions, launch checks, scratch memory, and cuBLAS handles.
+// Helpers for the CUDA kernels only (kernels/cuda/*.cu): launch geometry and checks, aligned
+// packs, fixed-order warp/block reductions, scratch memory, and cuBLAS handles. What the CPU
+// kernels share (types, loads/stores, dtype dispatch, the elementwise formulas) is in
+// kernels/common.h, included here.
 //
 // Invariants every kernel file keeps:
-//  - Storage types float, double, __nv_bfloat16; compute type float for float/bf16, double for
-//    double. load() widens, store() rounds once (round-to-nearest-even for bf16), as on the CPU.
 //  - Reductions are deterministic: a warp reduces with a xor butterfly (every lane ends with the
 //    same bits), a block reduces its warps' results in warp order, and partial results across
 //    blocks are combined by one more fixed-order pass. No floating-point atomics.
@@ -22,6 +22,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/common.h"
 #include "kernels/kernels.h"
 
 // After every <<<...>>>: raises RuntimeError naming the CUDA error when the launch failed.
@@ -39,8 +40,6 @@
 namespace xt {
 namespace kernels {
 namespace cuda {
-
-using bf16_t = __nv_bfloat16;
 
 // ------------------------------------------------------------------ launch geometry
 
@@ -68,40 +67,7 @@ struct OnStream {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-// ------------------------------------------------------------------ types
-
-template <typename T> struct Compute { using type = float; };
-template <> struct Compute<double> { using type = double; };
-template <typename T> using compute_t = typename Compute<T>::type;
-
-__device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ double load(const double* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float load(const bf16_t* p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ void store(float* p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store(double* p, int64_t i, double v) { p[i] = v; }
-__device__ __forceinline__ void store(bf16_t* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
-
-// Any dtype through double (integers, casts), as the CPU's creation kernels do; bf16 is
-// rounded from float so a double -> bf16 conversion rounds exactly like the CPU's.
-template <typename T>
-__device__ __forceinline__ double load_any(const T* p, int64_t i) {
-  if constexpr (std::is_same_v<T, bf16_t>) return static_cast<double>(__bfloat162float(p[i]));
-  else return static_cast<double>(p[i]);
-}
-template <typename T>
-__device__ __forceinline__ void store_any(T* p, int64_t i, double v) {
-  if constexpr (std::is_same_v<T, bf16_t>) p[i] = __float2bfloat16_rn(static_cast<float>(v));
-  else p[i] = static_cast<T>(v);
-}
-
-// One element in the compute type, and back (the same conversions as load/store).
-__device__ __forceinline__ float to_compute(float v) { return v; }
-__device__ __forceinline__ double to_compute(double v) { return v; }
-__device__ __forceinline__ float to_compute(bf16_t v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T from_compute(compute_t<T> v);
-template <> __device__ __forceinline__ float from_compute<float>(float v) { return v; }
-template <> __device__ __forceinline__ double from_compute<double>(double v) { return v; }
-template <> __device__ __forceinline__ bf16_t from_compute<bf16_t>(float v) { return __float2bfloat16_rn(v); }
+// ------------------------------------------------------------------ packs
 
 // N consecutive elements moved as one aligned load/store (16 bytes for the widest type of a
 // kernel): what lets a thread saturate HBM with 2-byte bf16 elements.
@@ -111,58 +77,25 @@ struct alignas(sizeof(T) * N) Pack {
 };
 inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// Index loads (ids, targets): int32 or int64.
-__device__ __forceinline__ int64_t load_index(bool ids64, const void* ids, int64_t i) {
-  return ids64 ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
-}
+// ------------------------------------------------------------------ out-of-range indices
 
-// Math in the compute type (float overloads are the accurate, non-intrinsic versions).
-__device__ __forceinline__ float xexp(float x) { return expf(x); }
-__device__ __forceinline__ double xexp(double x) { return exp(x); }
-__device__ __forceinline__ float xlog(float x) { return logf(x); }
-__device__ __forceinline__ double xlog(double x) { return log(x); }
-__device__ __forceinline__ float xsqrt(float x) { return sqrtf(x); }
-__device__ __forceinline__ double xsqrt(double x) { return sqrt(x); }
-__device__ __forceinline__ float xpow(float x, float y) { return powf(x, y); }
-__device__ __forceinline__ double xpow(double x, double y) { return pow(x, y); }
-__device__ __forceinline__ float xabs(float x) { return fabsf(x); }
-__device__ __forceinline__ double xabs(double x) { return fabs(x); }
-__device__ __forceinline__ float xmax(float a, float b) { return fmaxf(a, b); }
-__device__ __forceinline__ double xmax(double a, double b) { return fmax(a, b); }
-template <typename C>
-__device__ __forceinline__ C xsigmoid(C x) { return C(1) / (C(1) + xexp(-x)); }
+using xt::cuda::IndexErrorRecord;
+using xt::cuda::IndexSite;
 
-template <typename T> struct NegInf;
-template <> struct NegInf<float> { static __device__ __forceinline__ float get() { return -INFINITY; } };
-template <> struct NegInf<double> { static __device__ __forceinline__ double get() { return -HUGE_VAL; } };
-
-// ------------------------------------------------------------------ dispatch
-
-// Call fn with a null pointer of the storage type for dt, like the CPU's dispatch_float:
-//   dispatch_float(dt, "op", [&](auto tag) { using T = std::remove_pointer_t<decltype(tag)>; ... });
-template <typename Fn>
-void dispatch_float(DType dt, const char* op, Fn&& fn) {
-  switch (dt) {
-    case DType::Float32: fn(static_cast<float*>(nullptr)); return;
-    case DType::BFloat16: fn(static_cast<bf16_t*>(nullptr)); return;
-    case DType::Float64: fn(static_cast<double*>(nullptr)); return;
-    default: throw TypeError(str(op, ": unsupported dtype ", dtype_name(dt), " on CUDA"));
-  }
-}
-
-template <typename Fn>
-void dispatch_all(DType dt, const char* op, Fn&& fn) {
-  switch (dt) {
-    case DType::Int32: fn(static_cast<int32_t*>(nullptr)); return;
-    case DType::Int64: fn(static_cast<int64_t*>(nullptr)); return;
-    default: dispatch_float(dt, op, fn);
-  }
-}
-
-inline bool index_is_64(DType id_dt, const char* op) {
-  XT_CHECK(id_dt == DType::Int32 || id_dt == DType::Int64, TypeError, op, ": indices must be int32 or int64, got ",
-           dtype_name(id_dt));
-  return id_dt == DType::Int64;
+// Record an index outside [0, bound) for the host's next sync point to raise (Note [Device-side
+// index checks], core/cuda/cuda_check.h). The record is host memory, written with plain stores:
+// when several threads race, the host sees one of their values (site, bound and ignore_index are
+// the same for all threads of a launch); a record not yet reported is kept.
+__device__ __forceinline__ void report_bad_index(IndexErrorRecord* record, IndexSite site, int64_t value,
+                                                 int64_t bound, int64_t ignore_index) {
+  volatile IndexErrorRecord* r = record;
+  if (r->flag != 0) return;
+  r->site = static_cast<int32_t>(site);
+  r->value = value;
+  r->bound = bound;
+  r->ignore_index = ignore_index;
+  __threadfence_system();  // the fields before the flag, as the host sees them
+  r->flag = 1;
 }
 
 // ------------------------------------------------------------------ reductions (fixed order)

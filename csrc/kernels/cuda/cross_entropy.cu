@@ -2,8 +2,10 @@
 // float64; columns vocab..ld-1 are never read, backward sets them to 0), targets int32/int64.
 //
 //  - forward: one block per row computes lse = logsumexp(logits) and loss = lse - logit[target]
-//    (0 for ignore_index; NaN for a target outside [0, vocab), never an out-of-bounds read);
-//    both float32. The softmax is never materialised.
+//    (0 for ignore_index); both float32. The softmax is never materialised. A target outside
+//    [0, vocab) that is not ignore_index reads nothing: its loss is NaN, its gradient row 0, and
+//    it is reported to the host's next sync point as IndexError (Note [Device-side index checks],
+//    core/cuda/cuda_check.h).
 //  - reduce: one block sums the non-ignored losses (in float64, fixed order) and counts them;
 //    loss = sum / max(count, 1) and count stay on the device (no host sync).
 //  - backward: one pass over the logits recomputes softmax = exp(logit - lse) and writes dlogits
@@ -27,7 +29,7 @@ inline int row_threads(int64_t vocab) { return vocab > 4096 ? 512 : 128; }
 
 template <typename T>
 __global__ void ce_forward_kernel(const T* logits, const void* targets, bool t64, float* losses, float* lse,
-                                  int64_t vocab, int64_t ld, int64_t ignore_index) {
+                                  int64_t vocab, int64_t ld, int64_t ignore_index, IndexErrorRecord* err) {
   using C = compute_t<T>;
   const int64_t r = blockIdx.x;
   const T* xr = logits + r * ld;
@@ -42,9 +44,14 @@ __global__ void ce_forward_kernel(const T* logits, const void* targets, bool t64
   const C log_sum = xlog(sum);
   lse[r] = static_cast<float>(mx + log_sum);
   const int64_t t = load_index(t64, targets, r);
-  if (t == ignore_index) losses[r] = 0.0f;
-  else if (t < 0 || t >= vocab) losses[r] = CUDART_NAN_F;
-  else losses[r] = static_cast<float>(log_sum - (load(xr, t) - mx));  // keeps digits when |logits| is large
+  if (t == ignore_index) {
+    losses[r] = 0.0f;
+  } else if (t < 0 || t >= vocab) {
+    losses[r] = CUDART_NAN_F;
+    report_bad_index(err, IndexSite::CrossEntropy, t, vocab, ignore_index);
+  } else {
+    losses[r] = static_cast<float>(log_sum - (load(xr, t) - mx));  // keeps digits when |logits| is large
+  }
 }
 
 __global__ void ce_reduce_kernel(const float* losses, const void* targets, bool t64, float* loss, float* count,
@@ -95,10 +102,10 @@ void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void*
   if (rows == 0) return;
   XT_CHECK(rows <= INT32_MAX, ValueError, "cross_entropy: too many rows for CUDA: ", rows);
   OnStream on(stream);
-  dispatch_float(dt, "cross_entropy_forward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "cross_entropy_forward", T, {
     ce_forward_kernel<T><<<static_cast<unsigned>(rows), row_threads(vocab), 0, on.s>>>(
-        static_cast<const T*>(logits), targets, t64, losses, lse, vocab, ld, ignore_index);
+        static_cast<const T*>(logits), targets, t64, losses, lse, vocab, ld, ignore_index,
+        xt::cuda::index_error_record(on.device));
     XT_LAUNCH_CHECK();
   });
 }
@@ -119,8 +126,7 @@ void cross_entropy_backward(DType dt, const void* logits, const float* lse, DTyp
   if (rows == 0 || vocab == 0) return;
   XT_CHECK(rows <= INT32_MAX, ValueError, "cross_entropy: too many rows for CUDA: ", rows);
   OnStream on(stream);
-  dispatch_float(dt, "cross_entropy_backward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "cross_entropy_backward", T, {
     ce_backward_kernel<T><<<static_cast<unsigned>(rows), row_threads(vocab), 0, on.s>>>(
         static_cast<const T*>(logits), lse, targets, t64, dloss, count, static_cast<T*>(dlogits), vocab, ld, ignore_index);
     XT_LAUNCH_CHECK();

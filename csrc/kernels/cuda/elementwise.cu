@@ -1,18 +1,18 @@
 // CUDA elementwise kernels: fill, cast, cast_many, binary (with broadcast), accumulate, scalar ops,
-// unary, SiLU backward, SwiGLU forward/backward, dropout, random_fill, arange.
+// unary and its gradients, SwiGLU forward/backward, dropout, random_fill, arange.
 //
 // Every output is written with `=`, except accumulate (`a += alpha * b`). Each element is
-// computed in float32 (float64 for float64) and rounded once, with the same formulas as
-// kernels/cpu/{elementwise,creation}.cpp. Random numbers: element i uses philox(seed, offset + i)
-// (core/philox.h), so dropout masks and uniform draws equal the CPU's bit for bit, for any
-// launch shape; normal draws use the same Box-Muller formula (equal up to libm rounding).
+// computed in float32 (float64 for float64) and rounded once, by the formulas of
+// kernels/common.h that the CPU kernels use too. Random numbers: element i uses
+// philox(seed, offset + i) (core/philox.h), so dropout masks and uniform draws equal the CPU's
+// bit for bit, for any launch shape; normal draws use the same Box-Muller formula (equal up to
+// libm rounding).
 // Same-shape elementwise work runs through one map kernel (map_kernel) that moves 16-byte packs
 // per thread; every element's value is the same as with one element per thread.
 // cast_many converts a list of tensors in one launch (up to kCastManyMaxTensors; the list rides
 // in the kernel parameters, no host sync): each tensor is cut into kCastChunk-element chunks, one
 // block per chunk, so a block's elements are contiguous and pack-aligned whenever the tensor's
 // pointers are. Each element goes through cast_one, i.e. CastF, so the bits equal cast's.
-#include "core/philox.h"
 #include "kernels/cuda/common.cuh"
 
 namespace xt {
@@ -20,44 +20,6 @@ namespace kernels {
 namespace cuda {
 
 namespace {
-
-template <typename C>
-__device__ __forceinline__ C apply_binary(BinaryOp op, C a, C b) {
-  switch (op) {
-    case BinaryOp::Add: return a + b;
-    case BinaryOp::Sub: return a - b;
-    case BinaryOp::Mul: return a * b;
-    case BinaryOp::Div: return a / b;
-  }
-  return C(0);
-}
-
-template <typename C>
-__device__ __forceinline__ C apply_scalar(ScalarOp op, C x, C s) {
-  switch (op) {
-    case ScalarOp::Add: return x + s;
-    case ScalarOp::Mul: return x * s;
-    case ScalarOp::RSub: return s - x;
-    case ScalarOp::Div: return x / s;
-    case ScalarOp::RDiv: return s / x;
-    case ScalarOp::Pow: return xpow(x, s);
-  }
-  return C(0);
-}
-
-template <typename C>
-__device__ __forceinline__ C apply_unary(UnaryOp op, C x) {
-  switch (op) {
-    case UnaryOp::Neg: return -x;
-    case UnaryOp::Exp: return xexp(x);
-    case UnaryOp::Log: return xlog(x);
-    case UnaryOp::Sqrt: return xsqrt(x);
-    case UnaryOp::Silu: return x * xsigmoid(x);
-    case UnaryOp::Square: return x * x;
-    case UnaryOp::Abs: return xabs(x);
-  }
-  return C(0);
-}
 
 // ------------------------------------------------------------------ the elementwise map
 
@@ -121,7 +83,7 @@ void launch_map(const OnStream& on, int64_t n, const MapArgs<TI, NI, TO, NO>& a,
   XT_LAUNCH_CHECK();
 }
 
-// The element functions (same formulas as kernels/cpu/elementwise.cpp).
+// The element functions: the formulas of kernels/common.h, which the CPU kernels use too.
 struct BinaryF {
   BinaryOp op;
   template <typename C> __device__ void operator()(int64_t, const C (&x)[2], C (&y)[1]) const {
@@ -132,7 +94,7 @@ struct BinaryF {
 struct AccumulateF {
   double alpha;
   template <typename C> __device__ void operator()(int64_t, const C (&x)[2], C (&y)[1]) const {
-    y[0] = alpha == 1.0 ? x[0] + x[1] : x[0] + static_cast<C>(alpha) * x[1];
+    y[0] = accumulate_value(x[0], x[1], alpha);
   }
 };
 
@@ -151,38 +113,32 @@ struct UnaryF {
   }
 };
 
-// silu'(x) = s + x * s * (1 - s) with s = sigmoid(x), written as s * (1 + x * (1 - s)).
-struct SiluBackwardF {
+// x = (x, dy) -> dx
+struct UnaryGradF {
+  UnaryOp op;
   template <typename C> __device__ void operator()(int64_t, const C (&x)[2], C (&y)[1]) const {
-    const C s = xsigmoid(x[0]);
-    y[0] = x[1] * s * (C(1) + x[0] * (C(1) - s));
+    y[0] = apply_unary_grad(op, x[0], x[1]);
   }
 };
 
 struct SwigluF {
   template <typename C> __device__ void operator()(int64_t, const C (&x)[2], C (&y)[1]) const {
-    y[0] = x[0] * xsigmoid(x[0]) * x[1];
+    y[0] = swiglu_value(x[0], x[1]);
   }
 };
 
 // x = (gate, up, dout) -> y = (dgate, dup)
 struct SwigluBackwardF {
   template <typename C> __device__ void operator()(int64_t, const C (&x)[3], C (&y)[2]) const {
-    const C g = x[0], u = x[1], d = x[2];
-    const C s = xsigmoid(g);
-    y[0] = d * u * s * (C(1) + g * (C(1) - s));
-    y[1] = d * g * s;
+    swiglu_grads(x[0], x[1], x[2], &y[0], &y[1]);
   }
 };
 
-// Element i is dropped when philox_uniform(seed, offset + i) < p (as on the CPU).
 struct DropoutF {
   float p;
   uint64_t seed, offset;
   template <typename C> __device__ void operator()(int64_t i, const C (&x)[1], C (&y)[1]) const {
-    const C scale = C(1) / (C(1) - static_cast<C>(p));
-    const bool dropped = philox_uniform(seed, offset + static_cast<uint64_t>(i)) < p;
-    y[0] = dropped ? C(0) : x[0] * scale;
+    y[0] = dropout_value(x[0], p, seed, offset + static_cast<uint64_t>(i));
   }
 };
 
@@ -319,30 +275,13 @@ __global__ void binary_broadcast_kernel(BinaryOp op, const T* a, const T* b, T* 
 template <typename T>
 __global__ void random_fill_kernel(bool normal, T* out, int64_t n, uint64_t seed, uint64_t offset) {
   XT_GRID_STRIDE(i, n) {
-    const uint64_t counter = offset + static_cast<uint64_t>(i);
-    float v;
-    if (!normal) {
-      v = philox_uniform(seed, counter);
-    } else {
-      const Philox4 r = philox4x32_10(seed, counter);
-      // u1 in (0, 1] keeps log() finite; u2 in [0, 1). Same formula as the CPU kernel.
-      const float u1 = static_cast<float>((r.v[0] >> 8) + 1) * (1.0f / 16777216.0f);
-      const float u2 = static_cast<float>(r.v[1] >> 8) * (1.0f / 16777216.0f);
-      v = sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864769f * u2);
-    }
-    store_any(out, i, static_cast<double>(v));
+    store_any(out, i, static_cast<double>(random_value(normal, seed, offset + static_cast<uint64_t>(i))));
   }
 }
 
 template <typename T>
 __global__ void arange_kernel(T* out, int64_t n, double start, double step) {
   XT_GRID_STRIDE(i, n) store_any(out, i, start + step * static_cast<double>(i));
-}
-
-template <typename T>
-T host_value(double v) {
-  if constexpr (std::is_same_v<T, bf16_t>) return __float2bfloat16_rn(static_cast<float>(v));
-  else return static_cast<T>(v);
 }
 
 }  // namespace
@@ -352,9 +291,10 @@ T host_value(double v) {
 void fill(DType dt, void* out, int64_t n, double value, void* stream) {
   if (n == 0) return;
   OnStream on(stream);
-  dispatch_all(dt, "fill", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    fill_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<T*>(out), n, host_value<T>(value));
+  XT_DISPATCH_ALL(dt, "fill", T, {
+    T v;
+    store_any(&v, 0, value);
+    fill_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<T*>(out), n, v);
     XT_LAUNCH_CHECK();
   });
 }
@@ -362,10 +302,8 @@ void fill(DType dt, void* out, int64_t n, double value, void* stream) {
 void cast(DType src_dt, const void* src, DType dst_dt, void* dst, int64_t n, void* stream) {
   if (n == 0) return;
   OnStream on(stream);
-  dispatch_all(src_dt, "cast", [&](auto stag) {
-    using S = std::remove_pointer_t<decltype(stag)>;
-    dispatch_all(dst_dt, "cast", [&](auto dtag) {
-      using D = std::remove_pointer_t<decltype(dtag)>;
+  XT_DISPATCH_ALL(src_dt, "cast", S, {
+    XT_DISPATCH_ALL(dst_dt, "cast", D, {
       if constexpr (std::is_integral_v<S> || std::is_integral_v<D>) {
         cast_kernel<S, D><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
         XT_LAUNCH_CHECK();
@@ -383,10 +321,8 @@ void cast_many(int n_tensors, DType src_dt, const void* const* src, DType dst_dt
     return;
   }
   OnStream on(stream);
-  dispatch_float(src_dt, "cast_many", [&](auto stag) {
-    using S = std::remove_pointer_t<decltype(stag)>;
-    dispatch_float(dst_dt, "cast_many", [&](auto dtag) {
-      using D = std::remove_pointer_t<decltype(dtag)>;
+  XT_DISPATCH_FLOAT(src_dt, "cast_many", S, {
+    XT_DISPATCH_FLOAT(dst_dt, "cast_many", D, {
       launch_cast_many<S, D>(on, n_tensors, src, dst, sizes);
     });
   });
@@ -396,8 +332,7 @@ void binary(BinaryOp op, DType dt, const void* a, const void* b, void* out, int6
             void* stream) {
   if (n == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "binary", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "binary", T, {
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
     T* po = static_cast<T*>(out);
@@ -413,8 +348,7 @@ void binary(BinaryOp op, DType dt, const void* a, const void* b, void* out, int6
 void accumulate(DType dt, void* a, const void* b, int64_t n, double alpha, void* stream) {
   if (n == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "accumulate", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "accumulate", T, {
     T* pa = static_cast<T*>(a);
     launch_map(on, n, MapArgs<T, 2, T, 1>{{pa, static_cast<const T*>(b)}, {pa}}, AccumulateF{alpha});
   });
@@ -423,8 +357,7 @@ void accumulate(DType dt, void* a, const void* b, int64_t n, double alpha, void*
 void scalar_op(ScalarOp op, DType dt, const void* x, void* out, int64_t n, double s, void* stream) {
   if (n == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "scalar_op", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "scalar_op", T, {
     launch_map(on, n, MapArgs<T, 1, T, 1>{{static_cast<const T*>(x)}, {static_cast<T*>(out)}}, ScalarF{op, s});
   });
 }
@@ -432,27 +365,24 @@ void scalar_op(ScalarOp op, DType dt, const void* x, void* out, int64_t n, doubl
 void unary(UnaryOp op, DType dt, const void* x, void* out, int64_t n, void* stream) {
   if (n == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "unary", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "unary", T, {
     launch_map(on, n, MapArgs<T, 1, T, 1>{{static_cast<const T*>(x)}, {static_cast<T*>(out)}}, UnaryF{op});
   });
 }
 
-void silu_backward(DType dt, const void* x, const void* dy, void* dx, int64_t n, void* stream) {
+void unary_backward(UnaryOp op, DType dt, const void* x, const void* dy, void* dx, int64_t n, void* stream) {
   if (n == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "silu_backward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "unary_backward", T, {
     launch_map(on, n, MapArgs<T, 2, T, 1>{{static_cast<const T*>(x), static_cast<const T*>(dy)}, {static_cast<T*>(dx)}},
-               SiluBackwardF{});
+               UnaryGradF{op});
   });
 }
 
 void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64_t n, void* stream) {
   if (n == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "swiglu_forward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "swiglu_forward", T, {
     launch_map(on, n,
                MapArgs<T, 2, T, 1>{{static_cast<const T*>(gate), static_cast<const T*>(up)}, {static_cast<T*>(out)}},
                SwigluF{});
@@ -463,8 +393,7 @@ void swiglu_backward(DType dt, const void* gate, const void* up, const void* dou
                      void* stream) {
   if (n == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "swiglu_backward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "swiglu_backward", T, {
     launch_map(on, n,
                MapArgs<T, 3, T, 2>{{static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dout)},
                                    {static_cast<T*>(dgate), static_cast<T*>(dup)}},
@@ -475,8 +404,7 @@ void swiglu_backward(DType dt, const void* gate, const void* up, const void* dou
 void dropout(DType dt, const void* x, void* out, int64_t n, float p, uint64_t seed, uint64_t offset, void* stream) {
   if (n == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "dropout", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "dropout", T, {
     launch_map(on, n, MapArgs<T, 1, T, 1>{{static_cast<const T*>(x)}, {static_cast<T*>(out)}},
                DropoutF{p, seed, offset});
   });
@@ -485,8 +413,7 @@ void dropout(DType dt, const void* x, void* out, int64_t n, float p, uint64_t se
 void random_fill(RandomKind kind, DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, void* stream) {
   if (n == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "random_fill", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "random_fill", T, {
     random_fill_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(kind == RandomKind::Normal, static_cast<T*>(out), n,
                                                                seed, offset);
     XT_LAUNCH_CHECK();
@@ -496,8 +423,7 @@ void random_fill(RandomKind kind, DType dt, void* out, int64_t n, uint64_t seed,
 void arange(DType dt, void* out, int64_t n, double start, double step, void* stream) {
   if (n == 0) return;
   OnStream on(stream);
-  dispatch_all(dt, "arange", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_ALL(dt, "arange", T, {
     arange_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<T*>(out), n, start, step);
     XT_LAUNCH_CHECK();
   });

@@ -144,8 +144,7 @@ constexpr int64_t kMaxChunks = 1024;
 
 void sum_all(DType dt, const void* x, void* out, int64_t n, void* stream) {
   OnStream on(stream);
-  dispatch_float(dt, "sum_all", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "sum_all", T, {
     using C = compute_t<T>;
     const int64_t want = ceil_div(n, kSumThreads * kSumPerThread);
     const int blocks = static_cast<int>(want < 1 ? 1 : (want > kSumMaxBlocks ? kSumMaxBlocks : want));
@@ -160,8 +159,7 @@ void sum_all(DType dt, const void* x, void* out, int64_t n, void* stream) {
 void sum_lastdim(DType dt, const void* x, void* out, int64_t rows, int64_t cols, void* stream) {
   if (rows == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "sum_lastdim", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "sum_lastdim", T, {
     const T* px = static_cast<const T*>(x);
     T* po = static_cast<T*>(out);
     if (cols <= 1024) {
@@ -210,8 +208,7 @@ void sum_to(DType dt, const void* in, void* out, int64_t out_n, const Broadcast*
   plan.chunk = ceil_div(plan.R, nchunks);
   nchunks = ceil_div(plan.R, plan.chunk);  // no empty chunk
   XT_CHECK(ceil_div(out_n, kThreads) <= INT32_MAX, ValueError, "sum_to: output too large for CUDA: ", out_n);
-  dispatch_float(dt, "sum_to", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "sum_to", T, {
     using C = compute_t<T>;
     const T* pin = static_cast<const T*>(in);
     T* po = static_cast<T*>(out);

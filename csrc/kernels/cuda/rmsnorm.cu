@@ -172,8 +172,7 @@ void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y
   XT_ASSERT(w_dt == dt || w_dt == DType::Float32, "rmsnorm_forward: w dtype ", dtype_name(w_dt));
   if (rows == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "rmsnorm_forward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "rmsnorm_forward", T, {
     with_lanes(dim, [&](auto g) {
       constexpr int G = decltype(g)::value;
       const unsigned blocks = static_cast<unsigned>(ceil_div(rows, rows_per_block<G>()));
@@ -197,8 +196,7 @@ void rmsnorm_backward(DType dt, DType w_dt, const void* x, const void* w, const 
     XT_CUDA_CHECK(cudaMemsetAsync(dw, 0, static_cast<size_t>(dim) * dtype_size(w_dt), on.s));
     return;
   }
-  dispatch_float(dt, "rmsnorm_backward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "rmsnorm_backward", T, {
     if (w_dt == DType::Float32)
       backward_typed(static_cast<const T*>(x), static_cast<const float*>(w), rstd, static_cast<const T*>(dy),
                      static_cast<T*>(dx), static_cast<float*>(dw), rows, dim, on);

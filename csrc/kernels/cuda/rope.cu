@@ -69,8 +69,7 @@ void rope(DType dt, const void* x, void* out, const int64_t* pos, int64_t B, int
   XT_CHECK(B * S <= INT32_MAX && S <= INT32_MAX && H * D <= INT32_MAX, ValueError, "rope: shape too large for CUDA: [",
            B, ", ", S, ", ", H, ", ", D, "]");
   OnStream on(stream);
-  dispatch_float(dt, "rope", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "rope", T, {
     const size_t smem = sizeof(compute_t<T>) * static_cast<size_t>(D);  // cos and sin, D/2 each
     rope_rows_kernel<T><<<static_cast<unsigned>(B * S), kRopeThreads, smem, on.s>>>(
         static_cast<const T*>(x), static_cast<T*>(out), pos, static_cast<int>(S), static_cast<int>(H),

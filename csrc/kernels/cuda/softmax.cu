@@ -136,8 +136,7 @@ void launch_rows(int64_t rows, int64_t cols, const OnStream& on, LaunchWarp&& wa
 void softmax_forward(DType dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream) {
   if (rows == 0 || cols == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "softmax_forward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "softmax_forward", T, {
     const T* px = static_cast<const T*>(x);
     T* py = static_cast<T*>(y);
     launch_rows(
@@ -151,8 +150,7 @@ void softmax_backward(DType dt, const void* y, const void* dy, void* dx, int64_t
                       void* stream) {
   if (rows == 0 || cols == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "softmax_backward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "softmax_backward", T, {
     const T* py = static_cast<const T*>(y);
     const T* pdy = static_cast<const T*>(dy);
     T* pdx = static_cast<T*>(dx);
@@ -172,8 +170,7 @@ void attn_softmax_forward(DType dt, const void* scores, void* probs, int64_t bat
   const int64_t rows = batch * seq;
   if (rows == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "attn_softmax_forward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "attn_softmax_forward", T, {
     using C = compute_t<T>;
     const T* ps = static_cast<const T*>(scores);
     T* pp = static_cast<T*>(probs);
@@ -190,8 +187,7 @@ void attn_softmax_backward(DType dt, const void* probs, const void* dprobs, void
   const int64_t rows = batch * seq;
   if (rows == 0) return;
   OnStream on(stream);
-  dispatch_float(dt, "attn_softmax_backward", [&](auto tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
+  XT_DISPATCH_FLOAT(dt, "attn_softmax_backward", T, {
     using C = compute_t<T>;
     const T* pp = static_cast<const T*>(probs);
     const T* pdp = static_cast<const T*>(dprobs);

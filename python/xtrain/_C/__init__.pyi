@@ -174,6 +174,11 @@ class Tensor:
     def _grad_buffer(self, arg1: typing.Any) -> None:
         ...
     @property
+    def _version(self) -> int:
+        """
+        How many in-place writes the engine made to this tensor's storage (shared by views)
+        """
+    @property
     def device(self) -> str:
         ...
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'from_heads', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'to_heads', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'from_heads', 'gelu', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'to_heads', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -49,6 +49,10 @@ def exp(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
 def from_heads(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     x [B, H, S, D] -> [B*S, H*D]: permute to [B, S, H, D], reshape (the inverse of to_heads' layout change)
+    """
+def gelu(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    GELU, tanh approximation: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), as GPT-2 and torch.nn.functional.gelu(x, approximate='tanh')
     """
 def linear(x: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """

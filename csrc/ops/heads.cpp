@@ -1,16 +1,15 @@
 // Attention's head layout as composites: to_heads ([B*S, H*D] -> [B, H, S, D], with the per-head
-// q/k RMSNorm and RoPE on the way) and from_heads (back). Each one only calls the tape Functions
-// reshape, rms_norm, rope and permute in the order the Python model did, so the graph, the kernels
-// and every value and gradient bit are theirs; what it saves is the Python-level calls (and the
-// GIL hand-overs) per op. to_heads checks what it needs to derive the shapes (x 2-D, seq and
+// q/k RMSNorm and RoPE on the way) and from_heads (back). Each one only calls the differentiable
+// ops reshape, rms_norm, rope and permute in the order the Python model did, so the graph, the
+// kernels and every value and gradient bit are theirs; what it saves is the Python-level calls
+// (and the GIL hand-overs) per op. to_heads checks what it needs to derive the shapes (x 2-D, seq and
 // n_heads positive and dividing it); the norm weight, eps and theta are checked by rms_norm and
 // rope themselves, as they would be when called one by one.
 #include "core/error.h"
 #include "ops/ops.h"
-#include "tape/functions.h"
 
 namespace xt {
-namespace tape {
+namespace ops {
 
 namespace {
 
@@ -20,7 +19,7 @@ const std::vector<int64_t> kHeadsSwap = {0, 2, 1, 3};  // [B, S, H, D] <-> [B, H
 
 Tensor to_heads(const Tensor& x, int64_t seq, int64_t n_heads, const Tensor& norm_weight, double eps,
                 std::optional<double> rope_theta) {
-  ops::check_floating(x, "to_heads", "x");
+  check_floating(x, "to_heads", "x");
   XT_CHECK(x.dim() == 2, ValueError, "to_heads: x must be [B*S, H*D] (2 dimensions), got ", x.describe());
   XT_CHECK(seq > 0, ValueError, "to_heads: seq must be > 0, got ", seq);
   XT_CHECK(n_heads > 0, ValueError, "to_heads: n_heads must be > 0, got ", n_heads);
@@ -37,11 +36,11 @@ Tensor to_heads(const Tensor& x, int64_t seq, int64_t n_heads, const Tensor& nor
 }
 
 Tensor from_heads(const Tensor& x) {
-  ops::check_floating(x, "from_heads", "x");
+  check_floating(x, "from_heads", "x");
   XT_CHECK(x.dim() == 4, ValueError, "from_heads: x must be [B, H, S, D] (4 dimensions), got ", x.describe());
   const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
   return reshape(permute(x, kHeadsSwap), {B * S, H * D});  // (B, S, H, D) -> (B*S, H*D)
 }
 
-}  // namespace tape
+}  // namespace ops
 }  // namespace xt

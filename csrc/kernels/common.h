@@ -1,0 +1,250 @@
+// What the CPU and CUDA kernels share, compiled for the host and the device alike (XT_HD, as in
+// core/philox.h): the storage and compute type of each dtype, loads and stores, the dtype
+// dispatch macros, and the elementwise op tables (binary, scalar, unary and their gradients,
+// SwiGLU, accumulate, dropout, random draws). A formula is written here once; both backends
+// evaluate it on the same compute-type values.
+//
+// Invariants:
+//  - Storage types float, double and bf16_t; compute type float for float/bf16, double for double.
+//    load() widens, store() rounds once: round to nearest even for bf16, with each backend's own
+//    conversion (core/bf16.h on the CPU, __nv_bfloat16's in CUDA files), so neither backend's
+//    bits depend on this header being shared. bf16_t is xt::bf16 in C++ files and __nv_bfloat16
+//    in CUDA files (same 16 bits).
+//  - Dispatch is one line per call site: XT_DISPATCH_FLOAT(dt, "op", T, { body using T; });
+//    a dtype outside the list raises TypeError naming the op.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#endif
+
+#include "core/bf16.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/philox.h"  // XT_HD, and the counter-based draws of dropout and random_fill
+
+namespace xt {
+namespace kernels {
+
+// ------------------------------------------------------------------ types, loads, stores
+
+#if defined(__CUDACC__)
+using bf16_t = __nv_bfloat16;
+XT_HD float bf16_load(bf16_t v) { return __bfloat162float(v); }
+XT_HD bf16_t bf16_round(float v) { return __float2bfloat16_rn(v); }
+#else
+using bf16_t = bf16;
+XT_HD float bf16_load(bf16_t v) { return bf16_to_float(v); }
+XT_HD bf16_t bf16_round(float v) { return float_to_bf16(v); }
+#endif
+
+template <typename T> struct Compute { using type = float; };
+template <> struct Compute<double> { using type = double; };
+template <typename T> using compute_t = typename Compute<T>::type;
+
+XT_HD float to_compute(float v) { return v; }
+XT_HD double to_compute(double v) { return v; }
+XT_HD float to_compute(bf16_t v) { return bf16_load(v); }
+template <typename T> XT_HD T from_compute(compute_t<T> v) {
+  if constexpr (std::is_same_v<T, bf16_t>) return bf16_round(v);
+  else return v;
+}
+
+XT_HD float load(const float* p, int64_t i) { return p[i]; }
+XT_HD double load(const double* p, int64_t i) { return p[i]; }
+XT_HD float load(const bf16_t* p, int64_t i) { return bf16_load(p[i]); }
+XT_HD void store(float* p, int64_t i, float v) { p[i] = v; }
+XT_HD void store(double* p, int64_t i, double v) { p[i] = v; }
+XT_HD void store(bf16_t* p, int64_t i, float v) { p[i] = bf16_round(v); }
+
+// Any dtype through double (integers, casts that involve one); bf16 goes through float, so a
+// double -> bf16 conversion rounds twice, the same way on both backends.
+template <typename T> XT_HD double load_any(const T* p, int64_t i) {
+  if constexpr (std::is_same_v<T, bf16_t>) return static_cast<double>(bf16_load(p[i]));
+  else return static_cast<double>(p[i]);
+}
+template <typename T> XT_HD void store_any(T* p, int64_t i, double v) {
+  if constexpr (std::is_same_v<T, bf16_t>) p[i] = bf16_round(static_cast<float>(v));
+  else p[i] = static_cast<T>(v);
+}
+
+// Index loads (ids, targets): int32 or int64.
+XT_HD int64_t load_index(bool ids64, const void* ids, int64_t i) {
+  return ids64 ? static_cast<const int64_t*>(ids)[i] : static_cast<const int32_t*>(ids)[i];
+}
+inline bool index_is_64(DType id_dt, const char* op) {
+  XT_CHECK(id_dt == DType::Int32 || id_dt == DType::Int64, TypeError, op, ": indices must be int32 or int64, got ",
+           dtype_name(id_dt));
+  return id_dt == DType::Int64;
+}
+
+// ------------------------------------------------------------------ dtype dispatch
+
+[[noreturn]] inline void unsupported_dtype(DType dt, const char* op) {
+  throw TypeError(str(op, ": unsupported dtype ", dtype_name(dt)));
+}
+
+// XT_DISPATCH_FLOAT(dt, op, T, { ... }) runs the block with `T` naming the storage type of the
+// floating dtype dt; XT_DISPATCH_ALL also takes int32 and int64. The block is the body of a
+// generic lambda capturing by reference, so `if constexpr` on T discards the branches that do
+// not apply and `return;` leaves the block. Dispatches nest with distinct names (cast: S, then
+// D); the lambda's parameter is named after T because nvcc's host-code pass resolves an outer
+// alias's decltype(parameter) against an inner lambda's parameter of the same name.
+template <typename T> struct TypeTag { using type = T; };
+
+#define XT_DISPATCH_CASE_(enumerator, type_, T, ...)  \
+  case ::xt::DType::enumerator:                       \
+    [&](auto xt_tag_##T) {                            \
+      using T = typename decltype(xt_tag_##T)::type;  \
+      __VA_ARGS__                                     \
+    }(::xt::kernels::TypeTag<type_>{});               \
+    break;
+
+#define XT_DISPATCH_FLOAT_CASES_(T, ...)                              \
+  XT_DISPATCH_CASE_(Float32, float, T, __VA_ARGS__)                   \
+  XT_DISPATCH_CASE_(BFloat16, ::xt::kernels::bf16_t, T, __VA_ARGS__)  \
+  XT_DISPATCH_CASE_(Float64, double, T, __VA_ARGS__)
+
+#define XT_DISPATCH_FLOAT(dt, op, T, ...)                 \
+  do {                                                    \
+    switch (dt) {                                         \
+      XT_DISPATCH_FLOAT_CASES_(T, __VA_ARGS__)            \
+      default: ::xt::kernels::unsupported_dtype(dt, op);  \
+    }                                                     \
+  } while (0)
+
+#define XT_DISPATCH_ALL(dt, op, T, ...)                   \
+  do {                                                    \
+    switch (dt) {                                         \
+      XT_DISPATCH_FLOAT_CASES_(T, __VA_ARGS__)            \
+      XT_DISPATCH_CASE_(Int32, int32_t, T, __VA_ARGS__)   \
+      XT_DISPATCH_CASE_(Int64, int64_t, T, __VA_ARGS__)   \
+      default: ::xt::kernels::unsupported_dtype(dt, op);  \
+    }                                                     \
+  } while (0)
+
+// ------------------------------------------------------------------ math in the compute type
+
+// The C library's functions (float overloads are the accurate, non-intrinsic versions on CUDA).
+XT_HD float xexp(float x) { return expf(x); }
+XT_HD double xexp(double x) { return exp(x); }
+XT_HD float xlog(float x) { return logf(x); }
+XT_HD double xlog(double x) { return log(x); }
+XT_HD float xsqrt(float x) { return sqrtf(x); }
+XT_HD double xsqrt(double x) { return sqrt(x); }
+XT_HD float xpow(float x, float y) { return powf(x, y); }
+XT_HD double xpow(double x, double y) { return pow(x, y); }
+XT_HD float xabs(float x) { return fabsf(x); }
+XT_HD double xabs(double x) { return fabs(x); }
+XT_HD float xmax(float a, float b) { return fmaxf(a, b); }
+XT_HD double xmax(double a, double b) { return fmax(a, b); }
+XT_HD float xtanh(float x) { return tanhf(x); }
+XT_HD double xtanh(double x) { return tanh(x); }
+template <typename C> XT_HD C sigmoid(C x) { return C(1) / (C(1) + xexp(-x)); }
+
+template <typename T> struct NegInf;
+template <> struct NegInf<float> { static XT_HD float get() { return -INFINITY; } };
+template <> struct NegInf<double> { static XT_HD double get() { return -HUGE_VAL; } };
+
+// ------------------------------------------------------------------ elementwise op tables
+
+enum class BinaryOp : int { Add, Sub, Mul, Div };
+enum class ScalarOp : int { Add, Mul, RSub, Div, RDiv, Pow };  // x+s, x*s, s-x, x/s, s/x, x^s
+enum class UnaryOp : int { Neg, Exp, Log, Sqrt, Silu, Square, Abs, Gelu };
+
+// GELU's tanh approximation (GPT-2; torch's approximate="tanh"): gelu(x) = x/2 (1 + tanh(u)),
+// u = sqrt(2/pi) (x + 0.044715 x^3), and gelu'(x) = (1 + tanh(u))/2 + x/2 (1 - tanh(u)^2) du/dx.
+constexpr double kGeluSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
+constexpr double kGeluCubic = 0.044715;
+template <typename C> XT_HD C gelu_tanh_u(C x) {
+  return static_cast<C>(kGeluSqrt2OverPi) * (x + static_cast<C>(kGeluCubic) * x * x * x);
+}
+
+template <typename C> XT_HD C apply_binary(BinaryOp op, C a, C b) {
+  switch (op) {
+    case BinaryOp::Add: return a + b;
+    case BinaryOp::Sub: return a - b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div: return a / b;
+  }
+  return C(0);
+}
+
+template <typename C> XT_HD C apply_scalar(ScalarOp op, C x, C s) {
+  switch (op) {
+    case ScalarOp::Add: return x + s;
+    case ScalarOp::Mul: return x * s;
+    case ScalarOp::RSub: return s - x;
+    case ScalarOp::Div: return x / s;
+    case ScalarOp::RDiv: return s / x;
+    case ScalarOp::Pow: return xpow(x, s);
+  }
+  return C(0);
+}
+
+template <typename C> XT_HD C apply_unary(UnaryOp op, C x) {
+  switch (op) {
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::Exp: return xexp(x);
+    case UnaryOp::Log: return xlog(x);
+    case UnaryOp::Sqrt: return xsqrt(x);
+    case UnaryOp::Silu: return x * sigmoid(x);
+    case UnaryOp::Square: return x * x;
+    case UnaryOp::Abs: return xabs(x);
+    case UnaryOp::Gelu: return C(0.5) * x * (C(1) + xtanh(gelu_tanh_u(x)));
+  }
+  return C(0);
+}
+
+// dx = dy * op'(x), for the unary ops whose gradient is computed from x by one kernel
+// (unary_has_grad_kernel); the others are composed from binary ops by the ops layer.
+inline bool unary_has_grad_kernel(UnaryOp op) { return op == UnaryOp::Silu || op == UnaryOp::Gelu; }
+template <typename C> XT_HD C apply_unary_grad(UnaryOp op, C x, C dy) {
+  switch (op) {
+    case UnaryOp::Silu: {  // silu'(x) = s + x * s * (1 - s) with s = sigmoid(x)
+      const C s = sigmoid(x);
+      return dy * s * (C(1) + x * (C(1) - s));
+    }
+    case UnaryOp::Gelu: {
+      const C t = xtanh(gelu_tanh_u(x));
+      const C du = static_cast<C>(kGeluSqrt2OverPi) * (C(1) + static_cast<C>(3 * kGeluCubic) * x * x);
+      return dy * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * du);
+    }
+    default: return C(0);
+  }
+}
+
+// a + alpha * b (a + b exactly when alpha is 1).
+template <typename C> XT_HD C accumulate_value(C a, C b, double alpha) {
+  return alpha == 1.0 ? a + b : a + static_cast<C>(alpha) * b;
+}
+
+// silu(gate) * up, and its gradients (dgate, dup).
+template <typename C> XT_HD C swiglu_value(C g, C u) { return g * sigmoid(g) * u; }
+template <typename C> XT_HD void swiglu_grads(C g, C u, C d, C* dg, C* du) {
+  const C s = sigmoid(g);
+  *dg = d * u * s * (C(1) + g * (C(1) - s));
+  *du = d * g * s;
+}
+
+// Dropout of element i: dropped (0) when philox_uniform(seed, offset + i) < p, else x / (1 - p).
+template <typename C> XT_HD C dropout_value(C x, float p, uint64_t seed, uint64_t counter) {
+  const C scale = C(1) / (C(1) - static_cast<C>(p));
+  return philox_uniform(seed, counter) < p ? C(0) : x * scale;
+}
+
+// One random_fill draw: uniform in [0, 1), or standard normal by Box-Muller on the first two
+// 32-bit words of the draw (u1 in (0, 1] keeps the log finite).
+XT_HD float random_value(bool normal, uint64_t seed, uint64_t counter) {
+  if (!normal) return philox_uniform(seed, counter);
+  const Philox4 r = philox4x32_10(seed, counter);
+  const float u1 = static_cast<float>((r.v[0] >> 8) + 1) * (1.0f / 16777216.0f);
+  const float u2 = static_cast<float>(r.v[1] >> 8) * (1.0f / 16777216.0f);
+  return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864769f * u2);
+}
+
+}  // namespace kernels
+}  // namespace xt

@@ -1,0 +1,153 @@
+// Casts and device moves: cast, cast_many (one fused forward for a list), cast_many_cached (the
+// casts' values already known), to; their raw forwards and the backward they share.
+//
+// The backward of a cast or a move brings the gradient back to the input's dtype and device
+// (CastBackward / ToBackward). A cast's backward writes a float32 weight gradient straight into
+// the leaf's grad buffer when it has one (data-parallel training: claim_grad_buffer), with the
+// same conversion kernel, so the same bits. cast_many keeps one CastBackward per output: one node
+// with many outputs would hold every weight's gradient until the last one arrived, and the
+// data-parallel gradient-ready hook needs each as soon as it is final.
+#include <limits>
+
+#include "core/error.h"
+#include "ops/dispatch.h"
+#include "tape/node.h"
+
+namespace xt {
+namespace ops {
+
+Tensor cast_forward(const Tensor& x, DType dtype) {
+  check_defined(x, "x");
+  if (x.dtype() == dtype) return clone(x);
+  Tensor out = Tensor::empty(x.shape(), dtype, x.device());
+  if (out.numel())
+    XT_KERNEL(x.device(), cast, x.dtype(), x.data_ptr(), dtype, out.data_ptr(), out.numel(), stream_for(x.device()));
+  return out;
+}
+
+std::vector<Tensor> cast_many_forward(const std::vector<Tensor>& xs, DType dtype) {
+  XT_CHECK(xs.size() <= static_cast<size_t>(std::numeric_limits<int>::max()), ValueError,
+           "cast_many: too many tensors (", xs.size(), ")");
+  for (size_t i = 0; i < xs.size(); ++i) {
+    XT_CHECK(xs[i].defined(), ValueError, "cast_many: tensors[", i, "] must be a tensor, got an undefined tensor");
+    XT_CHECK(xs[i].device() == xs[0].device(), ValueError, "cast_many: tensors[", i, "] is ", xs[i].describe(),
+             " but tensors[0] is on ", xs[0].device().str(), "; all tensors must be on one device");
+  }
+  std::vector<Tensor> out(xs);  // an input already of dtype stays itself
+  if (xs.empty()) return out;
+  const Device dev = xs[0].device();
+  std::vector<bool> done(xs.size(), false);
+  std::vector<const void*> src;
+  std::vector<void*> dst;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < xs.size(); ++i) {  // one group per source dtype, in order of first appearance
+    const DType src_dt = xs[i].dtype();
+    if (src_dt == dtype || done[i]) continue;
+    src.clear();
+    dst.clear();
+    sizes.clear();
+    for (size_t j = i; j < xs.size(); ++j) {
+      if (xs[j].dtype() != src_dt) continue;
+      done[j] = true;
+      out[j] = Tensor::empty(xs[j].shape(), dtype, dev);
+      src.push_back(xs[j].data_ptr());
+      dst.push_back(out[j].data_ptr());
+      sizes.push_back(xs[j].numel());
+    }
+    XT_KERNEL(dev, cast_many, static_cast<int>(src.size()), src_dt, src.data(), dtype, dst.data(), sizes.data(),
+              stream_for(dev));
+  }
+  return out;
+}
+
+namespace {
+
+// Backward of cast and to: bring the gradient back to the input's device and dtype.
+class ToBackward : public Node {
+ public:
+  ToBackward(Device device, DType dtype, const char* name) : device_(device), dtype_(dtype), name_(name) {}
+  const char* name() const override { return name_; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (!grads[0].defined()) return {Tensor()};
+    // Data-parallel training: the float32 gradient of a weight goes straight into its slot of
+    // the flat gradient buffer (the same conversion kernel, so the same bits; no extra copy).
+    Tensor dst = claim_grad_buffer(next_edges[0], grads[0].shape(), dtype_, device_);
+    if (dst.defined()) {
+      copy_(dst, grads[0]);
+      return {dst};
+    }
+    return {to_forward(grads[0], device_, dtype_)};
+  }
+
+ private:
+  Device device_;
+  DType dtype_;
+  const char* name_;
+};
+
+void record_cast(Tensor& out, const Tensor& x) {
+  set_history(out, make_node<ToBackward>({x}, x.device(), x.dtype(), "CastBackward"));
+}
+
+}  // namespace
+
+Tensor cast(const Tensor& x, DType dtype) {
+  check_defined(x, "x");
+  if (x.dtype() == dtype) return x;
+  Tensor out = cast_forward(x, dtype);
+  if (!needs_grad({&x})) return out;
+  XT_CHECK(is_floating(dtype), TypeError,
+           "cast: a tensor that requires grad can only be cast to a floating dtype, got ", dtype_name(dtype), " for ",
+           x.describe());
+  record_cast(out, x);
+  return out;
+}
+
+std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype) {
+  for (size_t i = 0; i < xs.size(); ++i) {  // before any conversion runs
+    const Tensor& x = xs[i];
+    XT_CHECK(x.defined(), ValueError, "cast_many: tensors[", i, "] must be a tensor, got an undefined tensor");
+    XT_CHECK(x.dtype() == dtype || is_floating(dtype) || !needs_grad({&x}), TypeError,
+             "cast_many: a tensor that requires grad can only be cast to a floating dtype, got ", dtype_name(dtype),
+             " for tensors[", i, "] ", x.describe());
+  }
+  std::vector<Tensor> out = cast_many_forward(xs, dtype);
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (xs[i].dtype() != dtype && needs_grad({&xs[i]})) record_cast(out[i], xs[i]);
+  return out;
+}
+
+std::vector<Tensor> cast_many_cached(const std::vector<Tensor>& xs, const std::vector<Tensor>& cached) {
+  XT_CHECK(xs.size() == cached.size(), ValueError, "cast_many: ", xs.size(), " tensors but ", cached.size(),
+           " cached casts");
+  for (size_t i = 0; i < xs.size(); ++i) {
+    XT_CHECK(xs[i].defined() && cached[i].defined(), ValueError, "cast_many: tensors[", i, "] and cached[", i,
+             "] must be tensors");
+    XT_CHECK(cached[i].shape() == xs[i].shape() && cached[i].device() == xs[i].device() &&
+                 is_floating(cached[i].dtype()) && cached[i].dtype() != xs[i].dtype(),
+             ValueError, "cast_many: cached[", i, "] ", cached[i].describe(), " is not a cast of tensors[", i, "] ",
+             xs[i].describe(), " (same shape and device, another floating dtype)");
+  }
+  std::vector<Tensor> out;
+  out.reserve(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    out.push_back(cached[i].detach());  // its own handle: the history goes on it, not on the cache
+    if (needs_grad({&xs[i]})) record_cast(out.back(), xs[i]);
+  }
+  return out;
+}
+
+Tensor to(const Tensor& x, Device device, DType dtype) {
+  check_defined(x, "x");
+  if (x.device() == device && x.dtype() == dtype) return x;
+  Tensor out = to_forward(x, device, dtype);
+  if (!needs_grad({&x})) return out;
+  XT_CHECK(is_floating(dtype), TypeError,
+           "to: a tensor that requires grad can only be converted to a floating dtype, got ", dtype_name(dtype),
+           " for ", x.describe());
+  set_history(out, make_node<ToBackward>({x}, x.device(), x.dtype(), "ToBackward"));
+  return out;
+}
+
+}  // namespace ops
+}  // namespace xt
