@@ -6,7 +6,8 @@
   fused launch. Parameters, gradients and both moments are float32 on one device.
 - clip_grad_norm_ computes the global L2 norm on the device and scales the gradients by
   min(1, max_norm / (norm + 1e-6)) there too: it returns the norm as a device Tensor and never
-  waits for the device (read it with .item() only when logging).
+  waits for the device (read it with .item() only when logging). A non-finite norm leaves the
+  gradients untouched; the step must then be skipped by the caller.
 - The schedule is a plain function of the step, so a resumed run needs no schedule state.
 """
 
@@ -110,13 +111,22 @@ class AdamW:
 
 def clip_grad_norm_(params, max_norm: float):
     """Scale the gradients of `params` in place so their global L2 norm is at most max_norm.
-    Returns the norm before clipping as a float32 scalar Tensor on the device (no host sync)."""
+    Returns the norm before clipping as a float32 scalar Tensor on the device (no host sync).
+
+    A non-finite norm (a gradient holding NaN or Inf, or one too large for float32) leaves every
+    gradient as it is and comes back as NaN or Inf: no scale factor repairs such a step, so its
+    caller must skip it (the training loop's non-finite guard does)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         raise ValueError("clip_grad_norm_: no parameter has a gradient")
+    if max_norm is not None and not max_norm >= 0:
+        raise ValueError(f"clip_grad_norm_: max_norm must be >= 0 (0 or None: no clipping), got {max_norm}")
     norm = _C.optim.global_norm(grads)
     if max_norm is not None and max_norm > 0:
-        _C.optim.clip_by_norm_(grads, norm, float(max_norm))
+        # The kernel scales by min(1, max_norm / (norm + 1e-6)): 1 for a NaN norm, but 0 for an
+        # infinite one, and 0 * Inf = NaN would spread to the finite gradients. norm + (norm -
+        # norm) is the norm when finite and NaN otherwise: two scalar ops on the device, no sync.
+        _C.optim.clip_by_norm_(grads, _C.ops.add(norm, _C.ops.sub(norm, norm)), float(max_norm))
     return norm
 
 
