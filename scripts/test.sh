@@ -9,8 +9,8 @@
 #   - PyTorch, the tests' reference: with no torch installed and no GPU visible, the CPU build
 #     (XT_TORCH, default torch==2.13.0) goes in first, so the test extras do not pull a
 #     multi-GB CUDA build; an installed torch is left alone.
-#   - With nvcc on PATH, the cuBLAS/NCCL wheels (extra `cuda`), so the CUDA backend is compiled
-#     too (CI has nvcc but no GPU: the CPU suite runs).
+#   - With nvcc on PATH, the cuBLAS/NCCL wheels (extra `cuda`) first, so the CUDA backend is
+#     compiled too (CI has nvcc but no GPU: the CPU suite runs).
 #   - The build tools into the environment itself (the C++ suite's CMake build runs outside pip's
 #     isolated build environment), then xtrain with its test extras.
 set -euo pipefail
@@ -36,10 +36,10 @@ fi
 if ! python3 -c 'import torch' 2>/dev/null && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
   pip_install "${XT_TORCH:-torch==2.13.0}"
 fi
-extras=test
-command -v nvcc >/dev/null && extras=test,cuda
+# The `cuda` extra's wheels go in before xtrain is built: its CMake build looks for them.
+command -v nvcc >/dev/null && pip_install nvidia-cublas nvidia-nccl-cu13
 pip_install cmake ninja pybind11 scikit-build-core scipy-openblas32
-pip_install --no-build-isolation ".[$extras]"
+pip_install --no-build-isolation ".[test]"
 
 # C++ suite: a CPU-only CMake build of the core plus tests/cpp (CUDA tests are compiled only in
 # CUDA builds; scripts/gpu_round.sh runs those on the GPU machine).
