@@ -88,7 +88,7 @@ def test_export_is_byte_identical(run):
     assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= set(names)
     for n in names:
         assert (a / n).read_bytes() == (b / n).read_bytes(), n
-    export(root / "ckpt", a, dtype="bf16")  # again into the same directory
+    export(root / "ckpt", a, dtype="bf16", overwrite=True)  # again into the same directory
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
 
 

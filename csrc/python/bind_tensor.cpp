@@ -1,4 +1,12 @@
 // Bindings: the Tensor class, creation from numpy and by value, to numpy, generators.
+//
+// Note [No uninitialised Tensors]: pybind11 gives every bound class the tp_new of its base
+// object, which makes an instance whose C++ value is never constructed; pybind11 then hands the
+// methods raw memory (Tensor.__new__(Tensor).shape read a garbage pointer and crashed). Tensor's
+// tp_new refuses instead, so a Tensor exists only when C++ made one (pybind11's own casts
+// allocate through tp_alloc, not tp_new). Numbers from Python that size or fill a tensor are
+// range-checked here, before they reach a C++ integer: a ValueError, never a wrapped value.
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -27,15 +35,37 @@ Device device_arg(const py::object& o, Device fallback) {
 
 namespace {
 
+constexpr const char* kNoDirectTensor =
+    "xtrain.Tensor cannot be created directly; use xtrain.tensor(data), xtrain.zeros(shape) or another creation "
+    "function";
+
+// A Python int as int64, or ValueError naming `what` when it does not fit.
+int64_t int64_arg(const py::handle& o, const char* what) {
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(o.ptr(), &overflow);
+  if (overflow) throw ValueError(str(what, " ", py::str(o).cast<std::string>(), " does not fit in int64"));
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return v;
+}
+
+// fill_value/start/end for an integer tensor must be finite and inside the dtype's range (a
+// double outside it has no defined conversion).
+void check_integer_value(double v, DType dt, const char* what) {
+  if (!is_integral(dt)) return;
+  const double lim = dt == DType::Int32 ? 2147483648.0 : 9223372036854775808.0;  // 2^31, 2^63
+  XT_CHECK(std::isfinite(v) && v >= -lim && v < lim, ValueError, what, " ", v, " cannot be stored in ",
+           dtype_name(dt));
+}
+
 Shape shape_arg(const py::object& o) {
   Shape s;
   if (py::isinstance<py::int_>(o)) {
-    s.push_back(o.cast<int64_t>());
+    s.push_back(int64_arg(o, "shape entry"));
   } else {
     for (auto item : py::iterable(o)) {
       XT_CHECK(py::isinstance<py::int_>(item), TypeError, "shape entries must be integers, got ",
                py::str(py::type::of(item).attr("__name__")).cast<std::string>());
-      s.push_back(item.cast<int64_t>());
+      s.push_back(int64_arg(item, "shape entry"));
     }
   }
   for (int64_t d : s) XT_CHECK(d >= 0, ValueError, "shape entries must be >= 0, got ", shape_str(s));
@@ -124,7 +154,18 @@ void init_tensor(py::module_& m) {
         py::arg("device") = py::none(), "The default generator of a device");
   m.def("manual_seed", &manual_seed_all, py::arg("seed"), "Seed the default generator of every device");
 
-  py::class_<Tensor>(m, "Tensor", "A contiguous n-dimensional array on a device, with autograd.")
+  py::class_<Tensor> tensor_class(m, "Tensor", "A contiguous n-dimensional array on a device, with autograd.");
+  tensor_class.attr("__new__") = py::cpp_function([](const py::args&, const py::kwargs&) -> py::object {
+    throw TypeError(kNoDirectTensor);
+  });
+  // After setting __new__ (which points tp_new at Python's slot wrapper): the slot itself refuses,
+  // so no base class's __new__ can make one either (Note [No uninitialised Tensors]).
+  reinterpret_cast<PyTypeObject*>(tensor_class.ptr())->tp_new = [](PyTypeObject*, PyObject*, PyObject*) -> PyObject* {
+    PyErr_SetString(PyExc_TypeError, kNoDirectTensor);
+    return nullptr;
+  };
+  PyType_Modified(reinterpret_cast<PyTypeObject*>(tensor_class.ptr()));
+  tensor_class
       .def_property_readonly("shape", [](const Tensor& t) { return py::tuple(py::cast(t.shape())); })
       .def_property_readonly("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
       .def_property_readonly("device", [](const Tensor& t) { return t.device().str(); })
@@ -133,7 +174,8 @@ void init_tensor(py::module_& m) {
       .def("numel", &Tensor::numel)
       .def("size", [](const Tensor& t, const py::object& d) -> py::object {
              if (d.is_none()) return py::tuple(py::cast(t.shape()));
-             return py::int_(t.size(d.cast<int64_t>()));
+             XT_CHECK(py::isinstance<py::int_>(d), TypeError, "size(dim): dim must be an integer");
+             return py::int_(t.size(int64_arg(d, "dim")));
            }, py::arg("dim") = py::none())
       .def_property_readonly("itemsize", &Tensor::itemsize)
       .def_property_readonly("nbytes", &Tensor::nbytes)
@@ -177,7 +219,11 @@ void init_tensor(py::module_& m) {
            "Copy to another device and/or dtype (differentiable); returns self when nothing changes")
       .def("clone", [](const Tensor& t) { return ops::clone(t); }, NoGil(), "A copy with no history")
       .def("zero_", [](Tensor& t) { ops::zero_(t); return t; }, NoGil(), "Fill with zeros in place (no autograd)")
-      .def("fill_", [](Tensor& t, double v) { ops::fill_(t, v); return t; }, py::arg("value"), NoGil(),
+      .def("fill_", [](Tensor& t, double v) {
+             check_integer_value(v, t.dtype(), "fill_: value");
+             ops::fill_(t, v);
+             return t;
+           }, py::arg("value"), NoGil(),
            "Fill with a value in place (no autograd)")
       .def("copy_", [](Tensor& t, const Tensor& src) {
              XT_CHECK(t.shape() == src.shape(), ValueError, "copy_: shapes differ: ", t.describe(), " vs ", src.describe());
@@ -196,6 +242,7 @@ void init_tensor(py::module_& m) {
           Shape s = shape_arg(shape);
           DType dt = dtype_arg(dtype, DType::Float32);
           Device dev = device_arg(device, Device::cpu());
+          check_integer_value(value, dt, "full: fill_value");
           py::gil_scoped_release nogil;
           return ops::full(s, value, dt, dev);
         }, py::arg("shape"), py::arg("fill_value"), py::arg("dtype") = py::none(), py::arg("device") = py::none(),
@@ -207,6 +254,13 @@ void init_tensor(py::module_& m) {
   m.def("arange", [](double start, double end, double step, const py::object& dtype, const py::object& device) {
           DType dt = dtype_arg(dtype, DType::Int64);
           Device dev = device_arg(device, Device::cpu());
+          // ops::arange converts the count to int64: bound it first (2^62 elements is already
+          // far past any memory); an integer dtype must also hold both ends.
+          const double count = std::ceil((end - start) / step);
+          XT_CHECK(!(std::isfinite(count) && count > 4.611686018427388e18), ValueError, "arange(", start, ", ", end,
+                   ", ", step, ") would have ", count, " elements");
+          check_integer_value(start, dt, "arange: start");
+          check_integer_value(end, dt, "arange: end");
           py::gil_scoped_release nogil;
           return ops::arange(start, end, step, dt, dev);
         }, py::arg("start"), py::arg("end"), py::arg("step") = 1.0, py::arg("dtype") = py::none(),

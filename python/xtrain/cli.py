@@ -7,8 +7,10 @@
     xtrain sample --ckpt runs/tiny/ckpt --prompt "Once upon a time" --temperature 0.8 --top-k 50
     xtrain export --ckpt runs/tiny/ckpt --out hf/tiny --dtype bf16
 
-Errors a user can fix (bad flags, missing paths, a checkpoint or dataset that does not fit) print
-one line `xtrain: error: ...` and exit with status 2; XTRAIN_DEBUG=1 shows the traceback instead.
+Errors a user can fix (bad flags, missing paths, a checkpoint or dataset that does not fit, a
+locked or occupied directory, a full disk) print one line `xtrain: error: ...` and exit with
+status 2; anything else prints one `xtrain: internal error: ...` line and exits with 1, never a
+raw traceback. XTRAIN_DEBUG=1 shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -75,8 +77,11 @@ def _positive_float(text: str) -> float:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
-        # One line, no usage block: the user asked for --help if they want it.
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        # One line, no usage block: the user asked for --help if they want it. Subcommands
+        # (prog "xtrain train") name themselves after the common prefix.
+        command = self.prog.partition(" ")[2]
+        self.exit(2, f"xtrain: error: {command + ': ' if command else ''}{message} "
+                     f"(see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint every N steps (0: only at the end)")
     t.add_argument("--resume", nargs="?", const="", default=None, metavar="CKPT",
                    help="continue from a checkpoint directory (no value: OUT/ckpt)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --out (its checkpoint, log, plot and sample)")
     t.add_argument("--memory-limit", type=parse_size, default=None, metavar="SIZE",
                    help="cap the device allocator, e.g. 32GiB or 500MB (default: no cap)")
     t.add_argument("--seed", type=_nonneg_int, default=0, help="seed for weights, data order and sampling")
@@ -160,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--ckpt", required=True, help="checkpoint directory")
     e.add_argument("--out", required=True, help="output directory (loads with transformers)")
     e.add_argument("--dtype", choices=("bf16", "f32"), default="bf16", help="weight dtype")
+    e.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty --out, replacing the files an export writes")
     return p
 
 
@@ -176,14 +185,24 @@ def main(argv: list[str] | None = None) -> int:
             raise
         import xtrain
 
-        if isinstance(e, xtrain.OutOfMemoryError):
-            print(f"xtrain: out of memory: {e}", file=sys.stderr)
+        if isinstance(e, (xtrain.OutOfMemoryError, MemoryError)):
+            print(f"xtrain: out of memory: {_first_line(e)}", file=sys.stderr)
             return 1
-        if isinstance(e, (UsageError, ValueError, FileNotFoundError, NotADirectoryError)):
-            msg = str(e).strip()
-            print(f"xtrain: error: {msg.splitlines()[0] if msg else type(e).__name__}", file=sys.stderr)
+        if isinstance(e, (UsageError, ValueError)):
+            print(f"xtrain: error: {_first_line(e)}", file=sys.stderr)
             return 2
-        raise
+        if isinstance(e, OSError):  # a missing path, a full disk, permissions
+            text = e.strerror or _first_line(e)
+            print(f"xtrain: error: {f'{e.filename}: {text}' if e.filename else text}", file=sys.stderr)
+            return 2
+        print(f"xtrain: internal error: {type(e).__name__}: {_first_line(e)} (XTRAIN_DEBUG=1 "
+              f"shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def _first_line(e: BaseException) -> str:
+    msg = str(e).strip()
+    return msg.splitlines()[0] if msg else type(e).__name__
 
 
 def cmd_train(args) -> int:
@@ -218,12 +237,18 @@ def cmd_train(args) -> int:
                       save_every=args.save_every, resume=resume, memory_limit=args.memory_limit,
                       seed=args.seed, vocab_size=args.vocab_size, sample_tokens=args.sample_tokens,
                       progress=not args.no_progress, shard_optimizer=not args.no_shard_optimizer)
-    if args.devices == 1:
-        train(cfg)
-    else:
-        from xtrain.train import train_data_parallel
+    from xtrain.rundir import claim_run
 
-        train_data_parallel(cfg, args.devices)
+    with claim_run(out, resume, args.overwrite) as lock:  # refuses a locked or occupied --out
+        if lock.took_over:
+            print(f"xtrain: note: {out} was locked by pid {lock.took_over.get('pid')}, which is no "
+                  f"longer running; taking it over", file=sys.stderr)
+        if args.devices == 1:
+            train(cfg)
+        else:
+            from xtrain.train import train_data_parallel
+
+            train_data_parallel(cfg, args.devices)
     return 0
 
 
@@ -233,10 +258,13 @@ def cmd_prepare(args) -> int:
     for src in args.source:
         if not Path(src).exists():
             raise UsageError(f"source {src}: no such file or directory")
-    out = prepare(args.source if len(args.source) > 1 else args.source[0], args.out,
-                  vocab_size=args.vocab_size, tokenizer=args.tokenizer,
-                  val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
-                  progress=not args.no_progress)
+    from xtrain.rundir import DirLock
+
+    with DirLock(args.out, "xtrain prepare"):  # a second prepare into --out refuses
+        out = prepare(args.source if len(args.source) > 1 else args.source[0], args.out,
+                      vocab_size=args.vocab_size, tokenizer=args.tokenizer,
+                      val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
+                      progress=not args.no_progress)
     print(f"prepared {out}")
     return 0
 
@@ -261,7 +289,7 @@ def cmd_sample(args) -> int:
 def cmd_export(args) -> int:
     from xtrain.export import export
 
-    out = export(args.ckpt, args.out, dtype=args.dtype)
+    out = export(args.ckpt, args.out, dtype=args.dtype, overwrite=args.overwrite)
     print(f"exported {args.ckpt} to {out} ({args.dtype})")
     return 0
 

@@ -45,7 +45,7 @@ from typing import Any, Callable, Sequence
 
 import xtrain
 from xtrain import _C
-from xtrain.optim import clip_grad_norm_
+from xtrain.optim import clip_grad_norm_, finite_or_nan
 from xtrain.store import ALIGN as FLAT_ALIGN, SHARD_MULTIPLE
 
 # A collective unfinished this long after it was queued aborts every rank (PyTorch's default).
@@ -459,7 +459,7 @@ class DataParallelAdamW:
             comm.all_reduce([sq], "sum")
             norm = xtrain.ops.sqrt(sq)
         if max_norm is not None and max_norm > 0:
-            _C.optim.clip_by_norm_(self.grad_chunks, norm, float(max_norm))
+            _C.optim.clip_by_norm_(self.grad_chunks, finite_or_nan(norm), float(max_norm))
         opt.step_count += 1
         opt._step_flat(store.params, store.grads, self._runs)
         if self._cast:

@@ -16,6 +16,10 @@ Decisions:
   bits: numpy has no bfloat16 type, so `safetensors.numpy` cannot write it). float32 -> bf16 rounds
   to nearest even, as torch does. The library orders tensors deterministically and the JSON files
   have sorted keys and no timestamps: the same checkpoint exports to the same bytes every time.
+- Safe to point anywhere: the target may not be (or lie inside) a checkpoint directory, must be
+  empty unless overwrite=True, and is written through a staging directory (rundir.staging_dir),
+  so a failed export leaves it unchanged. Only the checkpoint's listed, hash-checked tokenizer
+  file is copied, and a checkpoint with non-finite weights is refused.
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from pathlib import Path
 import numpy as np
 
 from xtrain import state as ckpt_state
+from xtrain.rundir import check_export_dir, ensure_dir, staging_dir
 
 SAFETENSORS_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f32": "float32"}
 EOT_TEXT = "<|endoftext|>"
+STAGING_DIR = ".xtrain-export.tmp"
 
 
 def hf_name(name: str) -> str:
@@ -38,41 +44,54 @@ def hf_name(name: str) -> str:
     return name if name.startswith("lm_head.") else "model." + name
 
 
-def export(ckpt_dir, out_dir, dtype: str = "bf16") -> Path:
+def export(ckpt_dir, out_dir, dtype: str = "bf16", overwrite: bool = False) -> Path:
+    """Write checkpoint `ckpt_dir` as a Hugging Face directory `out_dir`. Refuses a target inside
+    a checkpoint directory, a non-empty target unless `overwrite` (then same-named files are
+    replaced), and a checkpoint whose weights hold NaN or Inf."""
     if dtype not in SAFETENSORS_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(SAFETENSORS_DTYPES)}, got {dtype!r}")
     ckpt = ckpt_state.load(ckpt_dir)
+    out = Path(out_dir)
+    check_export_dir(ckpt.path, out, overwrite, ignore=(STAGING_DIR,))
     config = ckpt.config
-    tok_meta = ckpt.meta.get("tokenizer")
-    if tok_meta is None:
-        raise ckpt_state.CheckpointError(f"{ckpt.path} holds no tokenizer; cannot export one")
+    tok_meta = ckpt.tokenizer_meta
     if tok_meta["kind"] != "bpe":
         raise ValueError(f"export supports the byte-level BPE tokenizer only; this run used "
                          f"{tok_meta['kind']!r}")
-    tensors = ckpt.model_tensors()
-    expected = set(_expected_names(config))
-    if set(tensors) != expected:
-        raise ckpt_state.CheckpointError(
-            f"{ckpt.path}: parameter names do not match the config (missing "
-            f"{sorted(expected - set(tensors))[:4]}, unexpected {sorted(set(tensors) - expected)[:4]})")
+    tensors = ckpt.model_tensors()  # names and shapes were checked against the config by load()
+    found = ckpt_state.non_finite(tensors)
+    if found:
+        raise ckpt_state.CheckpointError(f"{ckpt.path}: weight {found[0]} holds {found[1]} non-finite "
+                                         f"values (NaN or Inf); refusing to export it")
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     hf = {hf_name(n): t for n, t in tensors.items()}
-    _write(out / "model.safetensors", safetensors_bytes(hf, dtype, {"format": "pt"}))
     eot = tok_meta["eot_id"]
-    _write_json(out / "config.json", qwen3_config(config, dtype, eot))
-    _write_json(out / "generation_config.json",
-                {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot})
-    _write(out / "tokenizer.json", (ckpt.path / tok_meta["file"]).read_bytes())
-    _write_json(out / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "pad_token": EOT_TEXT,
-        "unk_token": None,
-        "add_bos_token": False, "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": config.max_seq,
-    })
+    files = {
+        "model.safetensors": safetensors_bytes(hf, dtype, {"format": "pt"}),
+        "config.json": _json_bytes(qwen3_config(config, dtype, eot)),
+        "generation_config.json": _json_bytes({"bos_token_id": eot, "eos_token_id": eot,
+                                               "pad_token_id": eot}),
+        # The listed, hash-checked file (schema: a plain name inside the checkpoint).
+        "tokenizer.json": (ckpt.path / tok_meta["file"]).read_bytes(),
+        "tokenizer_config.json": _json_bytes({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "pad_token": EOT_TEXT,
+            "unk_token": None,
+            "add_bos_token": False, "add_eos_token": False,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": config.max_seq,
+        }),
+    }
+    ensure_dir(out)
+    # Everything is written and synced in a staging directory first, then moved into place: a
+    # failure (a full disk) leaves the target as it was, and no temporary file behind.
+    with staging_dir(out / STAGING_DIR, f"the export {out}") as tmp:
+        for name, data in files.items():
+            ckpt_state.write_synced(tmp / name, data)
+    for name in files:
+        os.replace(tmp / name, out / name)
+    tmp.rmdir()
+    ckpt_state.fsync_dir(out)
     return out
 
 
@@ -132,18 +151,5 @@ def _encode(a: np.ndarray, dtype: str) -> np.ndarray:
     return rounded
 
 
-def _expected_names(config) -> list[str]:
-    return list(config.param_shapes())
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    _write(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
-
-
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _json_bytes(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()

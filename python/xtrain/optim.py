@@ -6,7 +6,8 @@
   fused launch. Parameters, gradients and both moments are float32 on one device.
 - clip_grad_norm_ computes the global L2 norm on the device and scales the gradients by
   min(1, max_norm / (norm + 1e-6)) there too: it returns the norm as a device Tensor and never
-  waits for the device (read it with .item() only when logging).
+  waits for the device (read it with .item() only when logging). A non-finite norm leaves the
+  gradients untouched; the step must then be skipped by the caller.
 - The schedule is a plain function of the step, so a resumed run needs no schedule state.
 """
 
@@ -180,21 +181,33 @@ def clip_grad_norm_(params, max_norm: float):
     Returns the norm before clipping as a float32 scalar Tensor on the device (no host sync).
 
     When params are every parameter of one ParamStore (and each has a gradient), the norm and the
-    scaling run over the store's flat gradient buffer, one launch each."""
+    scaling run over the store's flat gradient buffer, one launch each.
+
+    A non-finite norm (a gradient holding NaN or Inf, or one too large for float32) leaves every
+    gradient as it is and comes back as NaN or Inf: no scale factor repairs such a step, so its
+    caller must skip it (the training loop's non-finite guard does)."""
+    if max_norm is not None and not max_norm >= 0:
+        raise ValueError(f"clip_grad_norm_: max_norm must be >= 0 (0 or None: no clipping), got {max_norm}")
     params = list(params)
     store = _store_of(params)
     if store is not None and not store.sync_grads():
+        grads = [store.grads]
         norm = _C.optim.global_norm(store.region_views(store.grads))
-        if max_norm is not None and max_norm > 0:
-            _C.optim.clip_by_norm_([store.grads], norm, float(max_norm))
-        return norm
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        raise ValueError("clip_grad_norm_: no parameter has a gradient")
-    norm = _C.optim.global_norm(grads)
+    else:
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            raise ValueError("clip_grad_norm_: no parameter has a gradient")
+        norm = _C.optim.global_norm(grads)
     if max_norm is not None and max_norm > 0:
-        _C.optim.clip_by_norm_(grads, norm, float(max_norm))
+        _C.optim.clip_by_norm_(grads, finite_or_nan(norm), float(max_norm))
     return norm
+
+
+def finite_or_nan(norm):
+    """The norm when finite, else NaN (norm + (norm - norm)): the clip kernel scales by
+    min(1, max_norm / (norm + 1e-6)), which is 1 for a NaN norm but 0 for an infinite one, and
+    0 * Inf = NaN would spread to the finite gradients. Two scalar ops on the device, no sync."""
+    return _C.ops.add(norm, _C.ops.sub(norm, norm))
 
 
 def cosine_lr(step: int, max_lr: float, min_lr: float, warmup: int, total: int) -> float:

@@ -15,10 +15,15 @@ Decisions:
   and the directory, then renames NAME -> NAME.old, NAME.tmp -> NAME, fsyncs the parent and
   removes NAME.old. A crash at any point leaves a loadable checkpoint: before the first rename NAME
   is untouched; between the renames only NAME.old exists and load() falls back to it; after the
-  second NAME is complete. Stale NAME.tmp directories are ignored and cleared by the next save.
+  second NAME is complete. Stale NAME.tmp directories are ignored and cleared by the next save; a
+  save that fails (a full disk included) removes its NAME.tmp at once.
+- Never a non-finite checkpoint: save() refuses weights or moments holding NaN or Inf before it
+  writes anything (NonFiniteError), so a diverged run cannot replace its last good checkpoint.
 - Integrity: state.json records the byte size and sha256 of each file, checked on load, so a
-  truncated or altered file raises CheckpointError (a ValueError) instead of loading garbage;
-  tensor names and shapes are checked against the recorded config.
+  truncated or altered file raises CheckpointError (a ValueError) instead of loading garbage.
+  Before that, the whole of state.json is checked against its schema (schema.py), and after
+  it the tensor headers against the config, so an edited state.json is refused before anything is
+  allocated. A checkpoint reads only the plain, regular files its integrity list names.
 - Resume is bit-exact because everything that decides the next step is restored exactly: float32
   weights and moments, the step (the LR schedule is a function of it), the loader's PCG64 state and
   the default generators' (seed, offset) states (in data-parallel runs every rank's, "rank_rng").
@@ -33,14 +38,17 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 
 import xtrain
+from xtrain import schema
 from xtrain.models import TinyTransformer, TransformerConfig
+from xtrain.rundir import ensure_dir, staging_dir
 
 FORMAT = "xtrain-checkpoint"
 VERSION = 1
-MODEL_FILE = "model.safetensors"
-OPTIM_FILE = "optim.safetensors"
+MODEL_FILE = schema.MODEL_FILE
+OPTIM_FILE = schema.OPTIM_FILE
 STATE_FILE = "state.json"
 TMP_SUFFIX = ".tmp"
 OLD_SUFFIX = ".old"
@@ -51,6 +59,10 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, truncated, corrupt, or does not match what it is loaded into."""
 
 
+class NonFiniteError(CheckpointError):
+    """Weights or optimizer moments hold NaN or Inf: such a checkpoint is never written."""
+
+
 # ---- save
 
 def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_state=None,
@@ -59,52 +71,72 @@ def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_
     """Write a checkpoint of the run at `step` (steps completed) to directory `path`, atomically.
 
     rank_rng: in data-parallel runs, each rank's device generator state in rank order (ranks
-    draw their own dropout masks), saved as "rank_rng" and restored per rank on resume."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    draw their own dropout masks), saved as "rank_rng" and restored per rank on resume.
 
-    files = {}
+    Refuses (NonFiniteError, before writing anything) weights or moments holding NaN or Inf. On
+    any failure the partial NAME.tmp is removed and the previous checkpoint stays as it was; a
+    full disk raises an OSError saying so."""
+    path = Path(path)
     # Sync point: parameters and moments come to the host (one copy of each flat buffer).
     params = model.store.state_arrays()
-    files[MODEL_FILE] = _write_safetensors(tmp / MODEL_FILE, params)
-    optim_meta = None
+    _refuse_non_finite(path, params, "weight")
+    moments, optim_meta = None, None
     if optimizer is not None:
         exp_avg, exp_avg_sq = optimizer.moment_arrays()
         moments = {f"exp_avg.{n}": a for n, a in exp_avg.items()}
         moments.update({f"exp_avg_sq.{n}": a for n, a in exp_avg_sq.items()})
-        files[OPTIM_FILE] = _write_safetensors(tmp / OPTIM_FILE, moments)
+        _refuse_non_finite(path, moments, "optimizer moment")
         optim_meta = {"step": optimizer.step_count, "hyper": optimizer.hyper(), "names": list(exp_avg)}
-    tok_meta = None
-    if tokenizer is not None:
-        tok_file = tokenizer.save(tmp)
-        _fsync_file(tok_file)
-        files[tok_file.name] = _file_record(tok_file)
-        tok_meta = {"kind": tokenizer.kind, "name": tokenizer.name, "file": tok_file.name,
-                    "fingerprint": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
-                    "eot_id": tokenizer.eot_id}
-    devices = sorted({"cpu", model.device})
-    state = {
-        "format": FORMAT,
-        "version": VERSION,
-        "step": int(step),
-        "config": model.config.to_dict(),
-        "optimizer": optim_meta,
-        "rng": {d: _rng_to_json(xtrain.get_rng_state(d)) for d in devices},
-        "rank_rng": None if rank_rng is None else [_rng_to_json(s) for s in rank_rng],
-        "data": loader_state,
-        "dataset": None if dataset is None else str(dataset),
-        "tokenizer": tok_meta,
-        "train_args": train_args,
-        "files": files,
-    }
-    _write_bytes(tmp / STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
-    _fsync_dir(tmp)
+    ensure_dir(path.parent)
+    previous = "the previous checkpoint is intact" if exists(path) else "no checkpoint was written"
+    with staging_dir(path.with_name(path.name + TMP_SUFFIX), f"checkpoint {path} ({previous})") as tmp:
+        files = {MODEL_FILE: _write_safetensors(tmp / MODEL_FILE, params)}
+        if moments is not None:
+            files[OPTIM_FILE] = _write_safetensors(tmp / OPTIM_FILE, moments)
+        tok_meta = None
+        if tokenizer is not None:
+            tok_file = tokenizer.save(tmp)
+            _fsync_file(tok_file)
+            files[tok_file.name] = _file_record(tok_file)
+            tok_meta = {"kind": tokenizer.kind, "name": tokenizer.name, "file": tok_file.name,
+                        "fingerprint": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
+                        "eot_id": tokenizer.eot_id}
+        devices = sorted({"cpu", model.device})
+        state = {
+            "format": FORMAT,
+            "version": VERSION,
+            "step": int(step),
+            "config": model.config.to_dict(),
+            "optimizer": optim_meta,
+            "rng": {d: _rng_to_json(xtrain.get_rng_state(d)) for d in devices},
+            "rank_rng": None if rank_rng is None else [_rng_to_json(s) for s in rank_rng],
+            "data": loader_state,
+            "dataset": None if dataset is None else str(dataset),
+            "tokenizer": tok_meta,
+            "train_args": train_args,
+            "files": files,
+        }
+        write_synced(tmp / STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+        fsync_dir(tmp)
     _promote(tmp, path)
     return path
+
+
+def non_finite(tensors: dict):
+    """(name, count) of the first array in `tensors` holding NaN or Inf, else None."""
+    for name, a in tensors.items():
+        bad = a.size - int(np.count_nonzero(np.isfinite(a)))
+        if bad:
+            return name, bad
+    return None
+
+
+def _refuse_non_finite(path: Path, tensors: dict, kind: str) -> None:
+    found = non_finite(tensors)
+    if found:
+        raise NonFiniteError(f"refusing to save checkpoint {path}: {kind} {found[0]} holds "
+                             f"{found[1]} non-finite values (NaN or Inf); "
+                             f"{'the previous checkpoint is kept' if exists(path) else 'nothing was written'}")
 
 
 def _promote(tmp: Path, path: Path) -> None:
@@ -114,9 +146,9 @@ def _promote(tmp: Path, path: Path) -> None:
         if old.exists():
             shutil.rmtree(old)
         os.rename(path, old)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     os.rename(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     if old.exists():
         shutil.rmtree(old)
 
@@ -196,12 +228,18 @@ class Checkpoint:
         if rank < len(per_rank):  # a resume on more GPUs: the extra ranks keep their seeding
             xtrain.set_rng_state(_rng_from_json(per_rank[rank]), device)
 
-    def tokenizer(self):
-        from xtrain.data.tokenizer import load_tokenizer
-
+    @property
+    def tokenizer_meta(self) -> dict:
+        """state.json's record of the run's tokenizer; CheckpointError when there is none."""
         tok_meta = self.meta.get("tokenizer")
         if tok_meta is None:
             raise CheckpointError(f"{self.path} holds no tokenizer")
+        return tok_meta
+
+    def tokenizer(self):
+        from xtrain.data.tokenizer import load_tokenizer
+
+        tok_meta = self.tokenizer_meta
         tok = load_tokenizer(self.path)
         if tok.fingerprint != tok_meta["fingerprint"]:
             raise CheckpointError(f"the tokenizer in {self.path} (fingerprint {tok.fingerprint}) "
@@ -232,35 +270,57 @@ def exists(path) -> bool:
 
 
 def load(path, verify: bool = True) -> Checkpoint:
-    """Open a checkpoint: parse state.json and (verify=True) check every file's size and sha256."""
+    """Open a checkpoint: parse state.json and check it against the schema (xtrain.schema),
+    check every listed file's size and (verify=True) sha256, then the tensor headers against the
+    config. Nothing is allocated from an unchecked number."""
     path = resolve(path)
+    state_file = path / STATE_FILE
+    _check_plain_file(state_file)
+    if state_file.stat().st_size > schema.MAX_STATE_BYTES:
+        raise CheckpointError(f"{state_file} is {state_file.stat().st_size} bytes, more than a "
+                              f"checkpoint's state ever needs ({schema.MAX_STATE_BYTES})")
     try:
-        meta = json.loads((path / STATE_FILE).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path / STATE_FILE}: invalid JSON ({e})") from None
+        meta = json.loads(state_file.read_bytes())
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, huge ints
+        raise CheckpointError(f"{state_file}: invalid JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path / STATE_FILE} is not an xtrain checkpoint")
+        raise CheckpointError(f"{state_file} is not an xtrain checkpoint")
     if meta.get("version") != VERSION:
-        raise CheckpointError(f"{path} has checkpoint version {meta.get('version')}; this xtrain "
-                              f"reads version {VERSION}")
-    for key in ("step", "config", "rng", "files"):
-        if key not in meta:
-            raise CheckpointError(f"{path / STATE_FILE} lacks {key!r}")
-    if MODEL_FILE not in meta["files"]:
-        raise CheckpointError(f"{path / STATE_FILE} records no {MODEL_FILE}")
+        raise CheckpointError(f"{path} has checkpoint version {schema._show(meta.get('version'))}; "
+                              f"this xtrain reads version {VERSION}")
+    try:
+        schema.check_state(meta)
+    except schema.SchemaError as e:
+        raise CheckpointError(f"{state_file}: {e}") from None
     for name, rec in meta["files"].items():
         f = path / name
-        if not f.is_file():
-            raise CheckpointError(f"{f} is missing")
+        _check_plain_file(f)
         size = f.stat().st_size
         if size != rec["bytes"]:
             raise CheckpointError(f"{f} is truncated or altered: {size} bytes, "
                                   f"{rec['bytes']} recorded")
         if verify and _sha256(f) != rec["sha256"]:
             raise CheckpointError(f"{f} is corrupt: its sha256 differs from the recorded one")
+    for name in schema.TOKENIZER_FILES.values():
+        if name not in meta["files"] and os.path.lexists(path / name):
+            raise CheckpointError(f"{path / name} is not listed in {STATE_FILE}; refusing to read "
+                                  f"an unverified file")
+    try:
+        schema.check_tensor_files(path, meta)
+    except schema.SchemaError as e:
+        raise CheckpointError(f"{path}: the tensors do not match the model config in {STATE_FILE}: "
+                              f"{e}") from None
     ckpt = Checkpoint(path, meta)
     ckpt.config  # noqa: B018 -- validates the recorded config now
     return ckpt
+
+
+def _check_plain_file(f: Path) -> None:
+    """A file a checkpoint reads must be a regular file in its directory: not a symlink."""
+    if f.is_symlink():
+        raise CheckpointError(f"{f} is a symbolic link; a checkpoint's files must be plain files")
+    if not f.is_file():
+        raise CheckpointError(f"{f} is missing" if not f.exists() else f"{f} is not a regular file")
 
 
 # ---- helpers
@@ -269,7 +329,7 @@ def _write_safetensors(path: Path, tensors: dict) -> dict:
     from safetensors.numpy import save
 
     data = save(tensors, metadata={"format": "np"})
-    _write_bytes(path, data)
+    write_synced(path, data)
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
@@ -282,7 +342,8 @@ def _read_safetensors(path: Path) -> dict:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
 
-def _write_bytes(path: Path, data: bytes) -> None:
+def write_synced(path: Path, data: bytes) -> None:
+    """Write `data` to a new file and fsync it (the caller publishes it with a rename)."""
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
@@ -306,7 +367,7 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -12,6 +12,7 @@ float64 = "float64"
 int32 = "int32"
 int64 = "int64"
 _DTYPES = (float32, bfloat16, float64, int32, int64)
+_INT_RANGE = {int32: (-2**31, 2**31), int64: (-2**63, 2**63)}  # [lo, hi)
 
 
 def _check_dtype(dtype):
@@ -50,18 +51,32 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
         except ValueError as e:
             raise ValueError(f"xtrain.tensor: data is ragged or not rectangular: {e}") from None
         if arr.dtype == object:
-            raise ValueError("xtrain.tensor: data is ragged or holds non-numeric values "
-                             "(nested lists must be rectangular and contain numbers)")
+            raise ValueError("xtrain.tensor: data is ragged or holds non-numeric values or integers "
+                             "beyond 64 bits (nested lists must be rectangular and contain numbers)")
         if arr.dtype.kind == "b":
             arr = arr.astype(np.int64)
         if arr.dtype.kind not in "iuf":
             raise TypeError(f"xtrain.tensor: unsupported element type {arr.dtype} (numbers only)")
         if dtype is None:
             dtype = _infer_dtype(arr, from_numpy=isinstance(data, np.ndarray))
+        _check_integer_fit(arr, dtype)
         out = _C._from_numpy(arr, dtype, device)
     if requires_grad:
         out.requires_grad = True
     return out
+
+
+def _check_integer_fit(arr, dtype):
+    """numpy wraps out-of-range integers and turns NaN into INT_MIN when it converts: an integer
+    tensor takes only values it can hold exactly (floats are truncated toward zero, as in torch)."""
+    if dtype not in _INT_RANGE or arr.size == 0:
+        return
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise ValueError(f"xtrain.tensor: NaN or Inf cannot be stored in {dtype}")
+    lo, hi = _INT_RANGE[dtype]
+    low, high = arr.min().item(), arr.max().item()
+    if low < lo or high >= hi:
+        raise ValueError(f"xtrain.tensor: values in [{low}, {high}] do not fit in {dtype}")
 
 
 def zeros(*shape, dtype=None, device=None, requires_grad=False):

@@ -331,10 +331,10 @@ def train_data_parallel(cfg: TrainConfig, devices="all", *, timeout: float = dis
 
 def check_tokenizer(ckpt, dataset) -> None:
     """A resumed run must read data made with the checkpoint's tokenizer."""
-    if ckpt is not None and ckpt.meta["tokenizer"]["fingerprint"] != dataset.tokenizer.fingerprint:
+    if ckpt is not None and ckpt.tokenizer_meta["fingerprint"] != dataset.tokenizer.fingerprint:
         raise ckpt_state.CheckpointError(
-            f"{ckpt.path} was trained with tokenizer {ckpt.meta['tokenizer']['name']} "
-            f"({ckpt.meta['tokenizer']['fingerprint']}); the data in {dataset.path} uses "
+            f"{ckpt.path} was trained with tokenizer {ckpt.tokenizer_meta['name']} "
+            f"({ckpt.tokenizer_meta['fingerprint']}); the data in {dataset.path} uses "
             f"{dataset.tokenizer.name} ({dataset.tokenizer.fingerprint})")
 
 

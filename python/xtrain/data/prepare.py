@@ -111,9 +111,23 @@ def read_meta(data_dir: str | os.PathLike) -> dict:
         raise DataError(f"{data_dir} is not a prepared dataset (no {META_FILE}); "
                         f"run `xtrain prepare` on it first")
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: invalid JSON ({e.msg})") from None
+    _check_meta(meta, path)
+    return meta
+
+
+def _check_meta(meta, path: Path) -> None:
+    """meta.json is an object of objects, and the files it names are plain names inside its
+    directory (never a path: a dataset reads nothing outside itself)."""
+    if not isinstance(meta, dict) or not all(isinstance(meta.get(k, {}), dict)
+                                             for k in ("request", "tokenizer", "counts", "files")):
+        raise DataError(f"{path}: malformed (expected a JSON object of objects)")
+    for name in meta.get("files", {}).values():
+        if not (isinstance(name, str) and name == Path(name).name and name not in ("", ".", "..")
+                and not name.startswith(".")):
+            raise DataError(f"{path}: {name!r} is not a plain file name inside {path.parent}")
 
 
 def _reusable(out_dir: Path, request: dict, overwrite: bool) -> bool:

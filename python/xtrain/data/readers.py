@@ -133,7 +133,11 @@ def read_parquet(path: Path) -> Iterator[str]:
     if TEXT_FIELD not in pf.schema_arrow.names:
         raise DataError(f"{path}: no {TEXT_FIELD!r} column (columns: {pf.schema_arrow.names})")
     for batch in pf.iter_batches(columns=[TEXT_FIELD]):
-        yield from _nonempty(t for t in batch.column(0).to_pylist() if t is not None)
+        texts = [t for t in batch.column(0).to_pylist() if t is not None]
+        if not all(isinstance(t, str) for t in texts):
+            raise DataError(f"{path}: the {TEXT_FIELD!r} column holds "
+                            f"{pf.schema_arrow.field(TEXT_FIELD).type}, not strings")
+        yield from _nonempty(texts)
 
 
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:

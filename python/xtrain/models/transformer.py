@@ -104,23 +104,32 @@ class TransformerConfig:
         norms = 2 * self.dim + 2 * self.head_dim
         return self.n_layers * (qkvo + mlp + norms)
 
+    def block_param_shapes(self) -> dict:
+        """name (relative to a block) -> shape of every parameter of one Block."""
+        inner, d = self.n_heads * self.head_dim, self.dim
+        return {"input_layernorm.weight": (d,),
+                "self_attn.q_proj.weight": (inner, d), "self_attn.k_proj.weight": (inner, d),
+                "self_attn.v_proj.weight": (inner, d), "self_attn.o_proj.weight": (d, inner),
+                "self_attn.q_norm.weight": (self.head_dim,), "self_attn.k_norm.weight": (self.head_dim,),
+                "post_attention_layernorm.weight": (d,),
+                "mlp.gate_proj.weight": (self.ffn_dim, d), "mlp.up_proj.weight": (self.ffn_dim, d),
+                "mlp.down_proj.weight": (d, self.ffn_dim)}
+
     def param_shapes(self) -> dict:
         """name -> shape of every parameter of TinyTransformer(self), in named_parameters() order,
         without building the model (checkpoint and export validation use it; a test keeps it equal
-        to the model's)."""
-        inner, d = self.n_heads * self.head_dim, self.dim
-        block = {"input_layernorm.weight": (d,),
-                 "self_attn.q_proj.weight": (inner, d), "self_attn.k_proj.weight": (inner, d),
-                 "self_attn.v_proj.weight": (inner, d), "self_attn.o_proj.weight": (d, inner),
-                 "self_attn.q_norm.weight": (self.head_dim,), "self_attn.k_norm.weight": (self.head_dim,),
-                 "post_attention_layernorm.weight": (d,),
-                 "mlp.gate_proj.weight": (self.ffn_dim, d), "mlp.up_proj.weight": (self.ffn_dim, d),
-                 "mlp.down_proj.weight": (d, self.ffn_dim)}
-        shapes = {"embed_tokens.weight": (self.vocab_size, d)}
+        to the model's). param_count() first when the config is untrusted: this dict has
+        11 * n_layers + 3 entries."""
+        block = self.block_param_shapes()
+        shapes = {"embed_tokens.weight": (self.vocab_size, self.dim)}
         for i in range(self.n_layers):
             shapes.update({f"layers.{i}.{n}": s for n, s in block.items()})
-        shapes.update({"norm.weight": (d,), "lm_head.weight": (self.vocab_size, d)})
+        shapes.update({"norm.weight": (self.dim,), "lm_head.weight": (self.vocab_size, self.dim)})
         return shapes
+
+    def param_count(self) -> int:
+        """len(param_shapes()), without building it."""
+        return 3 + len(self.block_param_shapes()) * self.n_layers
 
     def flops_per_token(self, seq: int) -> float:
         """Training FLOPs per token: 6 per weight of every GEMM (forward + backward) plus the

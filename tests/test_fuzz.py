@@ -1,0 +1,320 @@
+"""Property-based fuzzing (hypothesis) of what a user can type: op and tensor-creation arguments,
+`xtrain` command lines, and edited checkpoints (state.json mutations, swapped files).
+
+The property: a case either succeeds or fails with an expected exception type carrying a message
+(the CLI: one `xtrain: error:` line, exit 2), never a native crash (cases run in a worker
+process, tests/fuzzhelp.py), never a raw traceback or an internal error from the CLI, and never
+a changed file outside the directory the command was told to write. Every test runs a fixed,
+derandomized number of examples so the suite takes a couple of minutes on two cores;
+XTRAIN_FUZZ_SCALE=10 XTRAIN_FUZZ_RANDOM=1 runs a longer, exploring session.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fuzzhelp import Worker, check_cli_outcome, check_raised_cleanly, fuzz_settings, snapshot
+from modelhelp import prepared_stories, run_cli
+
+DTYPES = ["float32", "bfloat16", "float64", "int32", "int64"]
+ODD_DTYPES = DTYPES + ["float16", "uint8", "", "cuda", 3, None]
+METHODS = ["backward", "backward_seeded", "bfloat16", "clone", "copy_", "detach", "dim", "double",
+           "exp", "fill_", "float", "item", "log", "log_softmax", "mean", "numel", "numpy",
+           "permute", "reshape", "same_storage", "silu", "size", "softmax", "sqrt", "sum", "to",
+           "transpose", "view", "zero_", "__add__", "__mul__", "__truediv__", "__pow__",
+           "__matmul__", "__neg__"]
+CREATORS = ["tensor", "zeros", "ones", "full", "empty", "arange", "rand", "randn"]
+
+
+# ---------------------------------------------------------------- argument strategies
+
+def tensors(dtypes=DTYPES, fills=("randn", "randn", "randn", "ids", "nan", "inf", "-inf", "huge"), max_dims=4):
+    # Sides drawn from a few small values, so two tensors often fit together and the kernels
+    # run, and sometimes do not, so the checks run.
+    return st.fixed_dictionaries({
+        "shape": st.lists(st.sampled_from([1, 2, 3, 3, 4, 0]), max_size=max_dims),
+        "dtype": st.sampled_from(dtypes),
+        "fill": st.sampled_from(fills),
+        "grad": st.booleans(),
+    }).map(lambda t: {"tensor": t})
+
+
+odd_ints = st.sampled_from([0, 1, 2, 3, -1, -2, 7, 2**31, -2**31 - 1, 2**62, 2**63, -2**63 - 1, 10**30])
+odd_floats = st.sampled_from(["nan", "inf", "-inf", 0.0, -0.0, 0.5, -1.5, 1e-30, 1e308]).map(
+    lambda v: {"float": v})
+odd_shapes = st.lists(st.one_of(st.integers(-1, 6), odd_ints), max_size=4).map(lambda xs: {"list": xs})
+odd_values = st.one_of(
+    tensors(), odd_ints, odd_floats, odd_shapes, st.none(), st.booleans(),
+    st.sampled_from(["float32", "int64", "cpu", "cuda:0", "tpu", "", "x" * 300]),
+    st.lists(tensors(), max_size=3).map(lambda xs: {"list": xs}))
+# What each kind of parameter gets: mostly plausible values, some odd ones.
+KINDS = {
+    "T": tensors(("float32", "float32", "bfloat16", "float64", "int64")),
+    "ids": tensors(("int64", "int32", "float32"), fills=("ids", "ids", "ids", "randn", "huge")),
+    "scalar": st.one_of(odd_floats, odd_ints, st.sampled_from([0.5, 2.0, -1.0])),
+    "dim": st.one_of(st.integers(-4, 4), odd_ints, st.none()),
+    "shape": odd_shapes,
+    "dtype": st.sampled_from(ODD_DTYPES),
+    "device": st.sampled_from(["cpu", "cuda", "cuda:0", "tpu", "", None]),
+    "bool": st.one_of(st.booleans(), st.sampled_from([0, 2, None, "yes"])),
+    "Tlist": st.lists(tensors(("float32", "bfloat16", "int64")), max_size=3).map(lambda xs: {"list": xs}),
+    "Topt": st.one_of(st.none(), tensors(("float32", "int64", "int32"))),
+}
+SIGNATURES = {
+    "add": "T T", "sub": "T T", "mul": "T T", "div": "T T", "matmul": "T T", "linear": "T T",
+    "swiglu": "T T", "add_scalar": "T scalar", "mul_scalar": "T scalar", "div_scalar": "T scalar",
+    "rdiv_scalar": "T scalar", "rsub_scalar": "T scalar", "pow_scalar": "T scalar", "scale": "T scalar",
+    "exp": "T", "log": "T", "neg": "T", "silu": "T", "gelu": "T", "sqrt": "T", "from_heads": "T",
+    "cast": "T dtype", "cast_many": "Tlist dtype", "to": "T device dtype",
+    "sum": "T dim bool", "mean": "T dim bool", "softmax": "T dim", "log_softmax": "T dim",
+    "transpose": "T dim dim", "permute": "T shape", "reshape": "T shape", "view": "T shape",
+    "embedding": "T ids", "cross_entropy": "T ids scalar", "dropout": "T scalar bool",
+    "rms_norm": "T T scalar", "rope": "T Topt scalar", "sdpa": "T T T bool scalar",
+    "to_heads": "T dim dim Topt scalar scalar", "linear_cross_entropy": "T T ids scalar bool",
+}
+OPS = sorted(SIGNATURES)
+
+
+@st.composite
+def op_args(draw, signature):
+    """Arguments for a signature: each of its kinds, then now and then one replaced by any odd
+    value, one dropped, or one too many."""
+    args = [draw(KINDS[k]) for k in signature.split()]
+    twist = draw(st.sampled_from(["none"] * 6 + ["replace", "drop", "extra"]))
+    if twist == "replace" and args:
+        args[draw(st.integers(0, len(args) - 1))] = draw(odd_values)
+    elif twist == "drop" and args:
+        args.pop()
+    elif twist == "extra":
+        args.append(draw(odd_values))
+    return args
+
+
+# ---------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def worker():
+    w = Worker()
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    """A directory of everything the CLI fuzz may point at: prepared data, a trained checkpoint,
+    a finished run, a raw corpus, a parquet file with an integer text column, a secret file."""
+    root = tmp_path_factory.mktemp("fuzz")
+    data = prepared_stories(root)
+    run = root / "run"
+    r = run_cli("train", "--preset", "tiny", "--steps", "2", "--data", data, "--out", run,
+                "--batch", "2", "--seq", "16", "--eval-every", "0", "--sample-tokens", "2",
+                "--no-progress", "--device", "cpu", cwd=root)
+    assert r.returncode == 0, r.stderr
+    shutil.copytree(run / "ckpt", root / "ckpt")
+    (root / "corpus.txt").write_text("Once upon a time.\n\nThe end.\n" * 50)
+    (root / "secret.txt").write_text("the secret\n")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": list(range(100))}), root / "ints.parquet")
+    (root / "outs").mkdir()
+    return root
+
+
+# ---------------------------------------------------------------- ops and tensors
+
+def test_every_op_is_fuzzed():
+    import xtrain
+
+    assert set(OPS) == {n for n in dir(xtrain.ops) if not n.startswith("_")}
+
+
+@fuzz_settings(150)
+@given(data=st.data())
+def test_ops_never_crash(worker, data):
+    op = data.draw(st.sampled_from(OPS), label="op")
+    case = {"kind": "call", "fn": f"ops.{op}", "args": data.draw(op_args(SIGNATURES[op]), label="args")}
+    check_raised_cleanly(case, worker.run(case))
+
+
+@fuzz_settings(80)
+@given(method=st.sampled_from(METHODS), target=tensors(), args=st.lists(odd_values, max_size=2))
+def test_tensor_methods_never_crash(worker, method, target, args):
+    case = {"kind": "call", "fn": f"Tensor.{method}", "args": [target, *args]}
+    check_raised_cleanly(case, worker.run(case))
+
+
+data_values = st.one_of(
+    st.recursive(st.one_of(odd_ints, odd_floats, st.booleans(), st.sampled_from(["a", None])),
+                 lambda inner: st.lists(inner, max_size=3).map(lambda xs: {"list": xs}), max_leaves=8),
+    tensors())
+
+
+@fuzz_settings(80)
+@given(fn=st.sampled_from(CREATORS), first=st.one_of(odd_shapes, odd_ints, data_values),
+       more=st.lists(st.one_of(odd_ints, odd_floats), max_size=2),
+       kwargs=st.fixed_dictionaries({}, optional={
+           "dtype": st.sampled_from(ODD_DTYPES),
+           "device": st.sampled_from(["cpu", "cuda", "cuda:0", "tpu", None, 0])}))
+def test_tensor_creation_never_crashes(worker, fn, first, more, kwargs):
+    case = {"kind": "call", "fn": fn, "args": [first, *more], "kwargs": kwargs}
+    check_raised_cleanly(case, worker.run(case))
+
+
+# ---------------------------------------------------------------- the command line
+
+def _paths(root: Path):
+    """Values for path flags: good ones, and every kind of wrong one."""
+    return {
+        "data": ["stories-data", "corpus.txt", "ints.parquet", "missing", "secret.txt/x", ""],
+        "out": ["outs/new", "run", "corpus.txt", "outs/new/deeper", "corpus.txt/x", ""],
+        "ckpt": ["ckpt", "run/ckpt", "missing", "corpus.txt", "stories-data", ""],
+        "export_out": ["outs/hf", "ckpt", "ckpt/inner", "run", "corpus.txt", "outs"],
+    }
+
+
+INTS = ["1", "2", "0", "-1", "abc", "1.5", "", "99999999999999999999999"]
+FLOATS = ["0.1", "1e-3", "nan", "inf", "-1", "abc", "1e309", "0"]
+
+
+def _flag(name, values):
+    return st.sampled_from(values).map(lambda v: [name, v])
+
+
+def _argv(root: Path):
+    p = _paths(root)
+    train = st.lists(st.one_of(
+        _flag("--data", p["data"]), _flag("--out", p["out"]), _flag("--steps", ["1", "2", "0", "-3", "x"]),
+        _flag("--batch", INTS), _flag("--seq", INTS), _flag("--lr", FLOATS), _flag("--dropout", FLOATS),
+        _flag("--grad-clip", FLOATS), _flag("--warmup", INTS), _flag("--eval-every", ["0", "1", "x"]),
+        _flag("--device", ["cpu", "auto", "cuda", "tpu", ""]), _flag("--memory-limit", ["1", "1KB", "64MB", "12XB", ""]),
+        _flag("--preset", ["tiny", "huge"]), _flag("--resume", p["ckpt"]), _flag("--seed", INTS),
+        _flag("--min-lr", FLOATS), _flag("--weight-decay", FLOATS), _flag("--decay-steps", INTS),
+        st.sampled_from([["--overwrite"], ["--resume"], ["--bf16"], ["--recompute"], ["--bogus"]]),
+    ), max_size=5).map(lambda fl: ["train", "--no-progress", "--eval-batches", "1", "--sample-tokens", "2",
+                                   "--batch", "2", "--seq", "16", "--steps", "2", "--data", "stories-data",
+                                   *[x for f in fl for x in f]])
+    prepare = st.tuples(st.sampled_from(["corpus.txt", "ints.parquet", "missing", "stories-data", "secret.txt"]),
+                        st.lists(st.one_of(_flag("--out", p["out"]), _flag("--vocab-size", INTS),
+                                           _flag("--val-fraction", FLOATS), _flag("--tokenizer", ["bpe", "gpt2", "x"]),
+                                           st.just(["--overwrite"])), max_size=4)).map(
+        lambda t: ["prepare", t[0], "--no-progress", *[x for f in t[1] for x in f]])
+    sample = st.lists(st.one_of(_flag("--ckpt", p["ckpt"]), _flag("--temperature", FLOATS), _flag("--top-k", INTS),
+                                _flag("--max-new-tokens", ["0", "3", "-1", "x"]), _flag("--prompt", ["", "Once", "\x00\udcff"]),
+                                st.just(["--greedy"])), max_size=4).map(
+        lambda fl: ["sample", "--max-new-tokens", "3", *[x for f in fl for x in f]])
+    export = st.lists(st.one_of(_flag("--ckpt", p["ckpt"]), _flag("--out", p["export_out"]),
+                                _flag("--dtype", ["bf16", "f32", "f16"]), st.just(["--overwrite"])), max_size=4).map(
+        lambda fl: ["export", *[x for f in fl for x in f]])
+    return st.one_of(train, prepare, sample, export, st.lists(st.sampled_from(["", "bogus", "--help", "-x"]), max_size=2))
+
+
+def _written_dirs(argv, cwd: Path):
+    """Where a command may write: its cwd, and its --out (resolved from the cwd) unless that is
+    a checkpoint, which export must refuse."""
+    dirs = [cwd]
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--out" and value and not (argv[0] == "export" and value.startswith("ckpt")):
+            dirs.append(cwd / value)
+    return dirs
+
+
+@fuzz_settings(40)
+@given(data=st.data())
+def test_cli_fails_cleanly_and_touches_only_its_out(worker, sandbox, data):
+    argv = data.draw(_argv(sandbox))
+    # Paths are relative to the sandbox: run each case from a fresh directory beside it, with
+    # the sandbox's entries reachable under the same names.
+    cwd = sandbox / "outs" / f"case{len(list((sandbox / 'outs').iterdir()))}"
+    cwd.mkdir()
+    for entry in ("stories-data", "corpus.txt", "ints.parquet", "secret.txt", "ckpt", "run"):
+        (cwd / entry).symlink_to(sandbox / entry)
+    (cwd / "outs").mkdir()
+    written = _written_dirs(argv, cwd)
+    before = snapshot(sandbox, skip=written)
+    case = {"kind": "cli", "argv": argv, "cwd": str(cwd)}
+    check_cli_outcome(case, worker.run(case))
+    assert snapshot(sandbox, skip=written) == before, f"files outside {written} changed by {argv}"
+
+
+# ---------------------------------------------------------------- edited checkpoints
+
+def _json_paths(value, prefix=()):
+    yield prefix
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _json_paths(v, prefix + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _json_paths(v, prefix + (i,))
+
+
+MUTANTS = [None, 0, -1, 1.5, True, "x", "", [], {}, 10**12, 2**64, -2**63 - 1, 10**100,
+           float("nan"), float("inf"), "../../secret.txt", "/etc/passwd", "tokenizer.json",
+           "model.safetensors", ".", "..", [[[[[[1]]]]]], {"nested": {"deeper": [None]}}]
+
+
+def _mutate(meta, path, action, value):
+    if not path:
+        return value if action == "set" else meta
+    parent = meta
+    for key in path[:-1]:
+        parent = parent[key]
+    last = path[-1]
+    if action == "delete":
+        if isinstance(parent, dict):
+            del parent[last]
+        else:
+            parent.pop(last)
+    elif action == "set":
+        parent[last] = value
+    elif action == "wrap":
+        parent[last] = [parent[last]]
+    return meta
+
+
+@fuzz_settings(80)
+@given(data=st.data())
+def test_edited_checkpoints_are_refused_or_load(worker, sandbox, tmp_path, data):
+    meta = json.loads((sandbox / "ckpt" / "state.json").read_text())
+    paths = sorted(set(_json_paths(meta)), key=lambda p: (len(p), str(p)))
+    path = data.draw(st.sampled_from(paths), label="path")
+    action = data.draw(st.sampled_from(["set", "set", "delete", "wrap"]), label="action")
+    value = data.draw(st.sampled_from(MUTANTS), label="value")
+    ckpt = tmp_path / f"ckpt{len(list(tmp_path.iterdir()))}"
+    shutil.copytree(sandbox / "ckpt", ckpt)
+    (ckpt / "state.json").write_text(json.dumps(_mutate(meta, path, action, value)))
+    if data.draw(st.booleans(), label="swap the tokenizer for a link to a secret"):
+        (ckpt / "tokenizer.json").unlink()
+        (ckpt / "tokenizer.json").symlink_to(sandbox / "secret.txt")
+    before = snapshot(sandbox)
+    export_to = tmp_path / (ckpt.name + "-hf")
+    case = {"kind": "checkpoint", "path": str(ckpt), "export_to": str(export_to)}
+    check_raised_cleanly(case, worker.run(case), expected=("ValueError",))  # CheckpointError
+    assert snapshot(sandbox) == before
+    if (export_to / "tokenizer.json").exists():
+        assert (export_to / "tokenizer.json").read_text() != "the secret\n"
+    shutil.rmtree(ckpt)
+    shutil.rmtree(export_to, ignore_errors=True)
+
+
+@fuzz_settings(12)
+@given(data=st.data())
+def test_resuming_edited_checkpoints_fails_cleanly(worker, sandbox, tmp_path, data):
+    """The same mutations through `xtrain train --resume`, which also reads the loader state."""
+    meta = json.loads((sandbox / "ckpt" / "state.json").read_text())
+    paths = [p for p in _json_paths(meta) if p and p[0] in ("data", "step", "optimizer", "rng", "train_args")]
+    path = data.draw(st.sampled_from(sorted(paths, key=str)), label="path")
+    meta = _mutate(meta, path, data.draw(st.sampled_from(["set", "delete"])), data.draw(st.sampled_from(MUTANTS)))
+    ckpt = tmp_path / f"ckpt{len(list(tmp_path.iterdir()))}"
+    shutil.copytree(sandbox / "ckpt", ckpt)
+    (ckpt / "state.json").write_text(json.dumps(meta))
+    out = tmp_path / (ckpt.name + "-run")
+    case = {"kind": "cli", "cwd": str(tmp_path), "argv": [
+        "train", "--resume", str(ckpt), "--data", str(sandbox / "stories-data"), "--out", str(out), "--steps", "3",
+        "--batch", "2", "--seq", "16", "--eval-every", "0", "--sample-tokens", "2", "--no-progress"]}
+    check_cli_outcome(case, worker.run(case))
