@@ -1,9 +1,12 @@
 """The `xtrain` command: train, prepare, sample, export.
 
-    xtrain train                                  # tiny model on the built-in stories, a few minutes
+    xtrain train                                  # built-in stories: tiny on a CPU, dim768 bf16 on a GPU
     xtrain train --preset dim384 --data corpus.jsonl --bf16 --steps 5000 --out runs/d384
     xtrain train --out runs/d384 --resume         # continue runs/d384/ckpt
     xtrain prepare corpus.jsonl --out data/corpus --vocab-size 8192
+    xtrain prepare tinystories                    # from the Hugging Face hub into data/tinystories
+    xtrain prepare hf:ORG/NAME --text-column text --split train --tokenizer gpt2
+    xtrain prepare stories --tokens 25000000      # a finite copy of the built-in stream
     xtrain sample --ckpt runs/tiny/ckpt --prompt "Once upon a time" --temperature 0.8 --top-k 50
     xtrain export --ckpt runs/tiny/ckpt --out hf/tiny --dtype bf16
 
@@ -136,14 +139,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("prepare", help="tokenize a corpus into train/val shards", formatter_class=fmt,
                         description="Train a byte-level BPE (or use GPT-2's) on SOURCE and write "
-                        "tokenizer, train.bin, val.bin and meta.json into --out.")
-    pr.add_argument("source", nargs="+", help=".txt/.jsonl/.parquet files or directories")
-    pr.add_argument("--out", required=True, help="output directory")
+                        "tokenizer, train.bin, val.bin and meta.json into --out. SOURCE is files "
+                        "or directories, or one name: `tinystories` or `hf:ORG/NAME` (a Hugging "
+                        "Face hub dataset, downloaded once into its cache; needs `datasets`), or "
+                        "`stories` (a finite copy of the built-in stream).")
+    pr.add_argument("source", nargs="+",
+                    help=".txt/.jsonl/.parquet files or directories, tinystories, hf:ORG/NAME or stories")
+    pr.add_argument("--out", default=None,
+                    help="output directory (required for files; default data/NAME for a name)")
     pr.add_argument("--vocab-size", type=_positive_int, default=4096, help="BPE vocabulary size")
     pr.add_argument("--tokenizer", choices=("bpe", "gpt2"), default="bpe", help="tokenizer kind")
     pr.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents for validation")
     pr.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the train/val split")
     pr.add_argument("--overwrite", action="store_true", help="replace a directory prepared differently")
+    pr.add_argument("--text-column", default=None, help="hub datasets: the text column (default: text)")
+    pr.add_argument("--split", default=None, help="hub datasets: the training split (default: train)")
+    pr.add_argument("--val-split", default=None,
+                    help="hub datasets: a held-out split to validate on (tinystories: validation; "
+                         "default: --val-fraction of the training split)")
+    pr.add_argument("--tokens", type=_positive_int, default=None,
+                    help="stories: training tokens in the copy (default: 1200000)")
     pr.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     s = sub.add_parser("sample", help="generate text from a checkpoint", formatter_class=fmt)
@@ -229,14 +244,38 @@ def cmd_train(args) -> int:
 
 def cmd_prepare(args) -> int:
     from xtrain.data import prepare
+    from xtrain.data.hub import default_out_dir, hub_source, prepare_hub
 
-    for src in args.source:
-        if not Path(src).exists():
-            raise UsageError(f"source {src}: no such file or directory")
-    out = prepare(args.source if len(args.source) > 1 else args.source[0], args.out,
-                  vocab_size=args.vocab_size, tokenizer=args.tokenizer,
-                  val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
-                  progress=not args.no_progress)
+    name = args.source[0] if len(args.source) == 1 else None
+    hub = hub_source(name, args.text_column, args.split, args.val_split) if name else None
+    named = hub is not None or name == "stories"
+    if not named:
+        given = [f for f, v in (("--text-column", args.text_column), ("--split", args.split),
+                                ("--val-split", args.val_split), ("--tokens", args.tokens)) if v]
+        if given:
+            raise UsageError(f"{given[0]} applies to tinystories, hf:ORG/NAME or stories only")
+        for src in args.source:
+            if not Path(src).exists():
+                raise UsageError(f"source {src}: no such file or directory")
+        if args.out is None:
+            raise UsageError("--out is required when preparing files")
+    out = args.out if args.out is not None or not named else default_out_dir(name)
+    progress = not args.no_progress
+    if name == "stories":
+        from xtrain.data import open_stream, write_stream_copy
+        from xtrain.data.stream import DEFAULT_COPY_TOKENS
+
+        out = write_stream_copy(open_stream(progress=progress), out,
+                                args.tokens or DEFAULT_COPY_TOKENS, progress=progress)
+    elif hub is not None:
+        out = prepare_hub(hub, out, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
+                          val_fraction=args.val_fraction, seed=args.seed,
+                          overwrite=args.overwrite, progress=progress)
+    else:
+        out = prepare(args.source if len(args.source) > 1 else args.source[0], out,
+                      vocab_size=args.vocab_size, tokenizer=args.tokenizer,
+                      val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
+                      progress=progress)
     print(f"prepared {out}")
     return 0
 
