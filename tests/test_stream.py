@@ -171,3 +171,45 @@ def test_default_dataset_is_a_copy_of_the_stream(tmp_path, monkeypatch):
     stamp = (path / "train.bin").stat().st_mtime_ns
     assert default_dataset(progress=False) == path
     assert (path / "train.bin").stat().st_mtime_ns == stamp
+
+
+def test_training_on_the_stream_resumes_bit_exactly(stream, tmp_path):
+    from xtrain.train import TrainConfig, train
+
+    def run(out, steps, **kw):
+        cfg = TrainConfig(preset="tiny", data=str(stream.path), out=str(out), device="cpu",
+                          batch=2, seq=32, steps=steps, decay_steps=6, lr=3e-3, warmup=1,
+                          eval_every=3, eval_batches=2, save_every=0, sample_tokens=4,
+                          progress=False, **kw)
+        return train(cfg)
+
+    def losses(out):
+        records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        return [(r["step"], r.get("loss"), r.get("val_loss")) for r in records]
+
+    run(tmp_path / "straight", 6)
+    run(tmp_path / "split", 3)
+    summary = run(tmp_path / "split", 6, resume=str(tmp_path / "split" / "ckpt"))
+    assert summary["steps"] == 6 and losses(tmp_path / "split") == losses(tmp_path / "straight")
+    state = json.loads((tmp_path / "split" / "ckpt" / "state.json").read_text())
+    assert state["data"]["kind"] == "stream" and state["data"]["step"] == 6
+
+
+def test_cli_trains_the_machine_default(monkeypatch):
+    import xtrain.train
+    from xtrain import cli
+
+    seen = []
+    monkeypatch.setattr(xtrain.train, "train", seen.append)
+    for device, preset, bf16, batch in (("cpu", "tiny", False, 16), ("cuda:0", "dim768", True, 32)):
+        monkeypatch.setattr(xtrain.train, "resolve_device", lambda d, device=device: device)
+        assert cli.main(["train"]) == 0
+        cfg = seen.pop()
+        assert (cfg.preset, cfg.bf16, cfg.batch, cfg.data, cfg.out) == \
+            (preset, bf16, batch, None, f"runs/{preset}")
+        assert (cfg.seq, cfg.steps, cfg.eval_every) == tuple(
+            xtrain.train.MACHINE_DEFAULTS["cuda" if bf16 else "cpu"][k]
+            for k in ("seq", "steps", "eval_every"))
+    assert cli.main(["train", "--fp32", "--batch", "4", "--preset", "dim384"]) == 0  # on "cuda"
+    cfg = seen.pop()
+    assert (cfg.preset, cfg.bf16, cfg.batch, cfg.seq) == ("dim384", False, 4, 256)
