@@ -11,9 +11,10 @@ A stream directory (made once by `open_stream`, under a lock):
 
 Note [Lanes and blocks]: how the training stream is laid out.
 - The global batch has G = world_size * batch rows, the lanes. Steps are grouped in blocks of
-  BLOCK_STEPS. In block e, lane g reads the stories keyed "SEED:tLOADERSEED:e:g:m" for m = 0, 1, ...,
-  each preceded by the end-of-text id, until it holds BLOCK_STEPS * seq + 1 tokens; the rest of
-  its last story is dropped (about half a story per block and lane, under 1% at seq 256).
+  BLOCK_STEPS. In block e, lane g reads the stories keyed "SEED:tLOADERSEED:e:g:m" for
+  m = 0, 1, ..., each preceded by the end-of-text id, until it holds BLOCK_STEPS * seq + 1 tokens;
+  the rest of its last story is dropped (about half a story per block and lane, under 1% at seq
+  256).
 - Step k (block e = k // BLOCK_STEPS, j = k % BLOCK_STEPS) gives lane g the window
   [j*seq, j*seq + seq + 1) of its block: inputs and targets shifted by one, every token a target
   once, and no story key is used twice, so training never sees a story again.
@@ -57,11 +58,12 @@ from .tokenizer import BPE_FILE, Tokenizer, load_tokenizer, train_bpe
 STREAM_DIR = "stream"
 DIGESTS_FILE = "val.digests"
 STATE_VERSION = 1
-# The tokenizer: an upper bound (the stories use about 2,800 ids), trained on ~1.6M tokens of text.
+# The tokenizer: an upper bound; the stories fill 2794 ids (about one per word). Trained on ~1.1M
+# tokens of text, in which every word of the tables occurs (more only costs time on first use).
 DEFAULT_VOCAB_SIZE = 4096
-BPE_STORIES = 6000
-# Held-out tokens: 20 eval batches of 32 x 256 need 164K; this leaves room for batch 64.
-VAL_TOKENS = 1 << 19
+BPE_STORIES = 4000
+# Held-out tokens: 20 eval batches of 32 x 256 take 164K; larger batches get fewer eval batches.
+VAL_TOKENS = 1 << 18
 # Steps per block: larger wastes less of each lane's last story, smaller makes a block (what a
 # resume recomputes, and the first step waits for) cheaper. At seq 256 a lane-block is 16K tokens.
 BLOCK_STEPS = 64
@@ -371,11 +373,17 @@ def _main_script_hidden():
 
 
 def resolve_workers(workers: int | str, world_size: int = 1) -> int:
-    """A worker count: `workers` itself, or for "auto" one per two of this rank's cores, minus
-    one for the training thread, at most MAX_AUTO_WORKERS (0 on a two-core machine)."""
+    """A worker count: `workers` itself, or for "auto" $XTRAIN_DATA_WORKERS when set, else one
+    per two of this rank's cores minus one for the training thread, at most MAX_AUTO_WORKERS
+    (so 0, stories made in the training process, on a two-core machine)."""
     _check_workers(workers)
     if workers != "auto":
         return int(workers)
+    if os.environ.get("XTRAIN_DATA_WORKERS"):
+        env = os.environ["XTRAIN_DATA_WORKERS"]
+        if not env.isdigit():
+            raise DataError(f"XTRAIN_DATA_WORKERS must be an integer >= 0, got {env!r}")
+        return int(env)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(0, min(MAX_AUTO_WORKERS, (cores or 1) // (2 * world_size) - 1))
 
