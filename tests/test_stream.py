@@ -167,7 +167,8 @@ def test_default_dataset_is_a_copy_of_the_stream(tmp_path, monkeypatch):
     ds = open_dataset(path)
     assert ds.meta["counts"]["train_tokens"] >= 8000
     assert is_stream_dir(path / "stream")
-    assert ds.tokenizer.fingerprint == open_stream(path / "stream", progress=False).tokenizer.fingerprint
+    stream = open_stream(path / "stream", progress=False)
+    assert ds.tokenizer.fingerprint == stream.tokenizer.fingerprint
     stamp = (path / "train.bin").stat().st_mtime_ns
     assert default_dataset(progress=False) == path
     assert (path / "train.bin").stat().st_mtime_ns == stamp

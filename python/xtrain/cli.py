@@ -1,6 +1,6 @@
 """The `xtrain` command: train, prepare, sample, export.
 
-    xtrain train                                  # built-in stories: tiny on a CPU, dim768 bf16 on a GPU
+    xtrain train                                  # built-in stories: tiny (CPU), dim768 bf16 (GPU)
     xtrain train --preset dim384 --data corpus.jsonl --bf16 --steps 5000 --out runs/d384
     xtrain train --out runs/d384 --resume         # continue runs/d384/ckpt
     xtrain prepare corpus.jsonl --out data/corpus --vocab-size 8192
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model size (default: machine, or the checkpoint's model with --resume)")
     t.add_argument("--data", default=None,
                    help="a prepared data directory, or a .txt/.jsonl/.parquet file or directory to "
-                        "prepare into OUT/data (default: the built-in stories, generated on the fly)")
+                        "prepare into OUT/data (default: the built-in stories, made on the fly)")
     t.add_argument("--out", default=None,
                    help="run directory: log, checkpoint, plot, sample (default: runs/PRESET)")
     t.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
@@ -112,9 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--recompute", action="store_true",
                    help="activation recompute: checkpoint every block (bitwise-identical results)")
     t.add_argument("--dropout", type=float, default=0.0, help="dropout on embeddings and residual branches")
-    t.add_argument("--batch", type=_positive_int, default=None, help="sequences per step (default: machine)")
-    t.add_argument("--seq", type=_positive_int, default=None, help="tokens per sequence (default: machine)")
-    t.add_argument("--steps", type=_positive_int, default=None, help="total optimizer steps (default: machine)")
+    t.add_argument("--batch", type=_positive_int, default=None,
+                   help="sequences per step (default: machine)")
+    t.add_argument("--seq", type=_positive_int, default=None,
+                   help="tokens per sequence (default: machine)")
+    t.add_argument("--steps", type=_positive_int, default=None,
+                   help="total optimizer steps (default: machine)")
     t.add_argument("--decay-steps", type=_positive_int, default=None,
                    help="length of the cosine LR schedule (default: --steps)")
     t.add_argument("--lr", type=_positive_float, default=None,
@@ -151,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "Face hub dataset, downloaded once into its cache; needs `datasets`), or "
                         "`stories` (a finite copy of the built-in stream).")
     pr.add_argument("source", nargs="+",
-                    help=".txt/.jsonl/.parquet files or directories, tinystories, hf:ORG/NAME or stories")
+                    help=".txt/.jsonl/.parquet files or directories; or tinystories, "
+                         "hf:ORG/NAME or stories")
     pr.add_argument("--out", default=None,
                     help="output directory (required for files; default data/NAME for a name)")
     pr.add_argument("--vocab-size", type=_positive_int, default=4096, help="BPE vocabulary size")
@@ -159,8 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents for validation")
     pr.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the train/val split")
     pr.add_argument("--overwrite", action="store_true", help="replace a directory prepared differently")
-    pr.add_argument("--text-column", default=None, help="hub datasets: the text column (default: text)")
-    pr.add_argument("--split", default=None, help="hub datasets: the training split (default: train)")
+    pr.add_argument("--text-column", default=None,
+                    help="hub datasets: the text column (default: text)")
+    pr.add_argument("--split", default=None,
+                    help="hub datasets: the training split (default: train)")
     pr.add_argument("--val-split", default=None,
                     help="hub datasets: a held-out split to validate on (tinystories: validation; "
                          "default: --val-fraction of the training split)")
