@@ -40,6 +40,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import types
 import weakref
 from dataclasses import dataclass
@@ -360,16 +361,21 @@ def _stop_workers(procs: list, tasks, stop) -> None:
             proc.join()
 
 
+# Rank threads of one process may start their loaders' workers at the same time.
+_MAIN_SWAP = threading.Lock()
+
+
 @contextlib.contextmanager
 def _main_script_hidden():
     """While processes start: spawn re-imports the parent's `__main__` in each child (to find
     functions defined there); ours run only xtrain.data functions, so show it an empty one."""
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
+    with _MAIN_SWAP:
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main
 
 
 def resolve_workers(workers: int | str, world_size: int = 1) -> int:
