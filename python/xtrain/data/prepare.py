@@ -19,6 +19,8 @@ Decisions:
 - Idempotent: when meta.json records the same request (source files by name, size and mtime;
   tokenizer; vocab size; split) and the files validate, the directory is reused untouched. A
   directory prepared with a different request is an error unless overwrite=True.
+- Everything after the request is write_prepared(), which takes (split, text) pairs: prepare()
+  feeds it files split by hash, hub.py the tables of a Hugging Face dataset.
 """
 
 from __future__ import annotations
