@@ -62,9 +62,9 @@ def prepared_stories(root: Path) -> Path:
     return data
 
 
-def run_cli(*args, cwd=None, timeout=300):
-    """`python -m xtrain ARGS` in a subprocess with this process's PYTHONPATH."""
-    env = dict(os.environ)
+def run_cli(*args, cwd=None, timeout=300, env=None):
+    """`python -m xtrain ARGS` in a subprocess with this process's PYTHONPATH (and `env` added)."""
+    env = {**os.environ, **(env or {})}
     # The xtrain this process imported first, then the caller's PYTHONPATH made absolute.
     paths = [str(Path(xtrain.__file__).parent.parent)]
     paths += [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

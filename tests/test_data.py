@@ -7,11 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from xtrain.data import (DataError, TokenLoader, default_dataset, dtype_for_vocab,
+from xtrain.data import (DataError, TokenLoader, dtype_for_vocab,
                          generate_stories, gpt2_tokenizer, iter_documents, load_tokenizer,
                          open_dataset, open_shard, prepare, read_header, read_meta, train_bpe,
                          write_corpus, write_shard)
-from xtrain.data import readers, shards, stories
+from xtrain.data import readers, shards
 
 FP = "0123456789abcdef0123456789abcdef"
 
@@ -57,6 +57,53 @@ def test_stories_varied_and_grammatical():
         assert s[0].isupper() and s[-1] in '.!"'
         assert s.count('"') % 2 == 0  # dialogue quotes are balanced
     assert sum('"' in s for s in batch) > 0.9 * len(batch)
+
+
+def test_stories_recall_what_they_set_up():
+    from xtrain.data.stories import tell
+
+    tales = [tell(f"9:{i}") for i in range(600)]
+    texts = [t.text() for t in tales]
+    assert all(t.isascii() for t in texts)
+    # The wearable the opening names comes back in the last sentence.
+    wear = [(m.group(1), t) for t in texts
+            if (m := re.search(r"(?:wore|without|wear was) (?:his|her) ([a-z]+ [a-z]+)\.", t))]
+    assert len(wear) > 100 and sum(t.endswith(f"{w} close by.") or f" {w} " in t.split(".")[-2]
+                                   for w, t in wear) > 0.6 * len(wear)
+    # Two-episode stories end by recalling both episodes.
+    assert sum(t.count("\n\n") > 6 and ("about" in t.split("\n\n")[-1]) for t in texts) > 60
+    # A day trip packs a list and unpacks it in the same order.
+    trips = [t for t in texts if "back in" in t and "packed" in t]
+    assert trips
+    for t in trips:
+        packed = re.search(r"(?:bag with|went|put) ((?:an? [a-z ]+?)(?:, an? [a-z ]+?)* and "
+                           r"an? [a-z ]+?)(?: in (?:his|her) bag)?\.", t)
+        back = re.search(r"packed (the [a-z ,]+) back in|put (the [a-z ,]+) back in", t)
+        assert packed and back, t
+        names = [w.split(" ", 1)[1] for w in re.split(r", | and ", packed.group(1))]
+        assert [w.split(" ", 1)[1] for w in re.split(r", | and ", back.group(1) or back.group(2))] \
+            == names, t
+    # Counting stories add up: had - lost + given = total.
+    numbers = {w: i for i, w in enumerate(("zero one two three four five six seven eight nine "
+                                           "ten eleven twelve").split())}
+    sums = 0
+    for t in texts:
+        m = re.search(r"only ([a-z]+) [a-z]+.*?gave [A-Z]\w+ ([a-z]+) more [a-z]+.*?"
+                      r"(?:Now [A-Z]\w+ had|Now there were) ([a-z]+) ", t, re.S)
+        if m:
+            left, given, total = (numbers[g] for g in m.groups())
+            assert left + given == total, t
+            sums += 1
+    assert sums > 10
+
+
+def test_story_entropy_is_counted():
+    from xtrain.data.stories import tell
+
+    a, b = tell("0:1"), tell("0:1")
+    assert a.text() == b.text() and a.nats == b.nats > 20  # every choice costs nats
+    one_plot = tell("0:2")
+    assert 0 < one_plot.nats < 1000
 
 
 def test_write_corpus_is_tinystories_format(tmp_path):
@@ -304,19 +351,6 @@ def test_mismatched_tokenizer_is_detected(corpus, dataset, tmp_path):
         open_dataset(copy)
     with pytest.raises(DataError, match="not a prepared dataset"):
         open_dataset(tmp_path / "nothing")
-
-
-def test_default_dataset_small(tmp_path, monkeypatch):
-    monkeypatch.setattr(stories, "DEFAULT_CORPUS_BYTES", 60_000)
-    monkeypatch.setattr(stories, "DEFAULT_VOCAB_SIZE", 512)
-    monkeypatch.setenv("XTRAIN_CACHE", str(tmp_path / "cache"))
-    path = default_dataset(progress=False)
-    assert path == tmp_path / "cache"
-    ds = open_dataset(path)
-    assert ds.meta["request"]["vocab_size"] == 512
-    stamp = (path / "train.bin").stat().st_mtime_ns
-    assert default_dataset(progress=False) == path
-    assert (path / "train.bin").stat().st_mtime_ns == stamp
 
 
 # ---------------------------------------------------------------- loader

@@ -1,9 +1,12 @@
 """The `xtrain` command: train, prepare, sample, export.
 
-    xtrain train                                  # tiny model on the built-in stories, a few minutes
+    xtrain train                                  # built-in stories: tiny (CPU), dim768 bf16 (GPU)
     xtrain train --preset dim384 --data corpus.jsonl --bf16 --steps 5000 --out runs/d384
     xtrain train --out runs/d384 --resume         # continue runs/d384/ckpt
     xtrain prepare corpus.jsonl --out data/corpus --vocab-size 8192
+    xtrain prepare tinystories                    # from the Hugging Face hub into data/tinystories
+    xtrain prepare hf:ORG/NAME --text-column text --split train --tokenizer gpt2
+    xtrain prepare stories --tokens 25000000      # a finite copy of the built-in stream
     xtrain sample --ckpt runs/tiny/ckpt --prompt "Once upon a time" --temperature 0.8 --top-k 50
     xtrain export --ckpt runs/tiny/ckpt --out hf/tiny --dtype bf16
 
@@ -92,25 +95,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     fmt = argparse.ArgumentDefaultsHelpFormatter
 
-    t = sub.add_parser("train", help="train a model (default: tiny on the built-in stories)",
+    t = sub.add_parser("train", help="train a model (default: on the built-in stories)",
                        formatter_class=fmt, description="Train a TinyTransformer. With no options, "
-                       "trains the `tiny` preset on the built-in story corpus (a few minutes on "
-                       "two CPU cores) and prints a sample.")
+                       "trains on the built-in stories, an endless stream, and prints a sample: "
+                       "on a CPU the `tiny` preset (a few minutes on two cores), on a GPU `dim768` "
+                       "in bf16 (3000 steps of 32 x 256 tokens, a few minutes on an H200). Flags "
+                       "marked 'machine' default to those settings.")
     t.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="model size (default: tiny, or the checkpoint's model with --resume)")
+                   help="model size (default: machine, or the checkpoint's model with --resume)")
     t.add_argument("--data", default=None,
                    help="a prepared data directory, or a .txt/.jsonl/.parquet file or directory to "
-                        "prepare into OUT/data (default: the built-in story corpus)")
+                        "prepare into OUT/data (default: the built-in stories, made on the fly)")
     t.add_argument("--out", default=None,
                    help="run directory: log, checkpoint, plot, sample (default: runs/PRESET)")
     t.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
-    t.add_argument("--bf16", action="store_true", help="mixed precision: bf16 compute, fp32 master weights")
+    prec = t.add_mutually_exclusive_group()
+    prec.add_argument("--bf16", dest="bf16", action="store_const", const=True, default=None,
+                      help="mixed precision: bf16 compute, fp32 master weights (default: machine)")
+    prec.add_argument("--fp32", dest="bf16", action="store_const", const=False,
+                      help="float32 throughout")
     t.add_argument("--recompute", action="store_true",
                    help="activation recompute: checkpoint every block (bitwise-identical results)")
     t.add_argument("--dropout", type=float, default=0.0, help="dropout on embeddings and residual branches")
-    t.add_argument("--batch", type=_positive_int, default=16, help="sequences per step")
-    t.add_argument("--seq", type=_positive_int, default=128, help="tokens per sequence")
-    t.add_argument("--steps", type=_positive_int, default=800, help="total optimizer steps")
+    t.add_argument("--batch", type=_positive_int, default=None,
+                   help="sequences per step (default: machine)")
+    t.add_argument("--seq", type=_positive_int, default=None,
+                   help="tokens per sequence (default: machine)")
+    t.add_argument("--steps", type=_positive_int, default=None,
+                   help="total optimizer steps (default: machine)")
     t.add_argument("--decay-steps", type=_positive_int, default=None,
                    help="length of the cosine LR schedule (default: --steps)")
     t.add_argument("--lr", type=_positive_float, default=None,
@@ -120,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--warmup", type=_nonneg_int, default=50, help="linear warm-up steps")
     t.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (2-D weights)")
     t.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip (0: off)")
-    t.add_argument("--eval-every", type=_nonneg_int, default=200, help="validation every N steps (0: off)")
+    t.add_argument("--eval-every", type=_nonneg_int, default=None,
+                   help="validation every N steps (0: off; default: machine)")
     t.add_argument("--eval-batches", type=_positive_int, default=20, help="validation batches per eval")
     t.add_argument("--save-every", type=_nonneg_int, default=1000,
                    help="checkpoint every N steps (0: only at the end)")
@@ -143,14 +156,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("prepare", help="tokenize a corpus into train/val shards", formatter_class=fmt,
                         description="Train a byte-level BPE (or use GPT-2's) on SOURCE and write "
-                        "tokenizer, train.bin, val.bin and meta.json into --out.")
-    pr.add_argument("source", nargs="+", help=".txt/.jsonl/.parquet files or directories")
-    pr.add_argument("--out", required=True, help="output directory")
+                        "tokenizer, train.bin, val.bin and meta.json into --out. SOURCE is files "
+                        "or directories, or one name: `tinystories` or `hf:ORG/NAME` (a Hugging "
+                        "Face hub dataset, downloaded once into its cache; needs `datasets`), or "
+                        "`stories` (a finite copy of the built-in stream).")
+    pr.add_argument("source", nargs="+",
+                    help=".txt/.jsonl/.parquet files or directories; or tinystories, "
+                         "hf:ORG/NAME or stories")
+    pr.add_argument("--out", default=None,
+                    help="output directory (required for files; default data/NAME for a name)")
     pr.add_argument("--vocab-size", type=_positive_int, default=4096, help="BPE vocabulary size")
     pr.add_argument("--tokenizer", choices=("bpe", "gpt2"), default="bpe", help="tokenizer kind")
     pr.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents for validation")
     pr.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the train/val split")
     pr.add_argument("--overwrite", action="store_true", help="replace a directory prepared differently")
+    pr.add_argument("--text-column", default=None,
+                    help="hub datasets: the text column (default: text)")
+    pr.add_argument("--split", default=None,
+                    help="hub datasets: the training split (default: train)")
+    pr.add_argument("--val-split", default=None,
+                    help="hub datasets: a held-out split to validate on (tinystories: validation; "
+                         "default: --val-fraction of the training split)")
+    pr.add_argument("--tokens", type=_positive_int, default=None,
+                    help="stories: training tokens in the copy (default: 1200000)")
     pr.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     s = sub.add_parser("sample", help="generate text from a checkpoint", formatter_class=fmt)
@@ -206,7 +234,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def cmd_train(args) -> int:
-    from xtrain.train import CKPT_DIR, TrainConfig, train
+    from xtrain.train import CKPT_DIR, TrainConfig, machine_defaults, resolve_device, train
 
     if args.devices != 1:
         from xtrain import distributed
@@ -220,15 +248,21 @@ def cmd_train(args) -> int:
         raise UsageError(f"--data {args.data}: no such file or directory")
     if not 0.0 <= args.dropout < 1.0:
         raise UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
-    out = args.out or f"runs/{args.preset or 'tiny'}"
+    _check_device(args.device)
+    # Flags not given take the defaults of the machine the run trains on (GPU or CPU).
+    machine = machine_defaults(resolve_device(args.device) if args.devices == 1 else "cuda")
+    for name in ("bf16", "batch", "seq", "steps", "eval_every"):
+        if getattr(args, name) is None:
+            setattr(args, name, machine[name])
+    preset = args.preset if args.preset or args.resume is not None else machine["preset"]
+    out = args.out or f"runs/{preset or machine['preset']}"
     resume = None
     if args.resume is not None:
         resume = args.resume or str(Path(out) / CKPT_DIR)
         from xtrain import state
 
         state.resolve(resume)  # a clear error now rather than after the data is prepared
-    _check_device(args.device)
-    cfg = TrainConfig(preset=args.preset, data=args.data, out=out, device=args.device,
+    cfg = TrainConfig(preset=preset, data=args.data, out=out, device=args.device,
                       bf16=args.bf16, recompute=args.recompute, dropout=args.dropout,
                       batch=args.batch, seq=args.seq, steps=args.steps, decay_steps=args.decay_steps,
                       lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
@@ -253,20 +287,49 @@ def cmd_train(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    from xtrain.data import prepare
-
-    for src in args.source:
-        if not Path(src).exists():
-            raise UsageError(f"source {src}: no such file or directory")
+    from xtrain.data.hub import default_out_dir, hub_source
     from xtrain.rundir import DirLock
 
-    with DirLock(args.out, "xtrain prepare"):  # a second prepare into --out refuses
-        out = prepare(args.source if len(args.source) > 1 else args.source[0], args.out,
-                      vocab_size=args.vocab_size, tokenizer=args.tokenizer,
-                      val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
-                      progress=not args.no_progress)
+    name = args.source[0] if len(args.source) == 1 else None
+    hub = hub_source(name, args.text_column, args.split, args.val_split) if name else None
+    named = hub is not None or name == "stories"
+    if not named:
+        given = [f for f, v in (("--text-column", args.text_column), ("--split", args.split),
+                                ("--val-split", args.val_split), ("--tokens", args.tokens)) if v]
+        if given:
+            raise UsageError(f"{given[0]} applies to tinystories, hf:ORG/NAME or stories only")
+        for src in args.source:
+            if not Path(src).exists():
+                raise UsageError(f"source {src}: no such file or directory")
+        if args.out is None:
+            raise UsageError("--out is required when preparing files")
+    out = args.out if args.out is not None or not named else default_out_dir(name)
+    progress = not args.no_progress
+    with DirLock(out, "xtrain prepare"):  # a second prepare into the same directory refuses
+        out = _prepare_into(args, name, hub, out, progress)
     print(f"prepared {out}")
     return 0
+
+
+def _prepare_into(args, name, hub, out, progress: bool):
+    if name == "stories":
+        from xtrain.data import open_stream, write_stream_copy
+        from xtrain.data.stream import DEFAULT_COPY_TOKENS
+
+        return write_stream_copy(open_stream(progress=progress), out,
+                                 args.tokens or DEFAULT_COPY_TOKENS, progress=progress)
+    if hub is not None:
+        from xtrain.data.hub import prepare_hub
+
+        return prepare_hub(hub, out, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
+                          val_fraction=args.val_fraction, seed=args.seed,
+                          overwrite=args.overwrite, progress=progress)
+    from xtrain.data import prepare
+
+    return prepare(args.source if len(args.source) > 1 else args.source[0], out,
+                   vocab_size=args.vocab_size, tokenizer=args.tokenizer,
+                   val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
+                   progress=progress)
 
 
 def cmd_sample(args) -> int:

@@ -49,15 +49,15 @@ class LockedError(RunDirError):
 
 
 class DirLock:
-    """`with DirLock(path, "train run"):` -- hold path's exclusive lock (creating path, and
-    removing it again on release if it was created here and is still empty)."""
+    """`with DirLock(path, "train run"):` -- hold path's exclusive lock (creating path and its
+    missing parents, and removing those again on release if they are still empty)."""
 
     def __init__(self, path, what: str = "xtrain"):
         self.path = Path(path)
         self.what = what
         self.took_over: dict | None = None  # the record of a dead holder whose lock was taken
         self._fd: int | None = None
-        self._created = False
+        self._created: list[Path] = []  # directories acquire() made, deepest first
 
     def __enter__(self) -> "DirLock":
         self.acquire()
@@ -67,7 +67,11 @@ class DirLock:
         self.release()
 
     def acquire(self) -> None:
-        self._created = not self.path.exists()
+        missing = self.path.absolute()
+        self._created = []
+        while not missing.exists():
+            self._created.append(missing)
+            missing = missing.parent
         ensure_dir(self.path)
         lock = self.path / LOCK_FILE
         while True:
@@ -103,9 +107,11 @@ class DirLock:
         self._drop_created()
 
     def _drop_created(self) -> None:
-        if self._created:
-            with contextlib.suppress(OSError):
-                self.path.rmdir()  # only if still empty
+        for d in self._created:
+            try:
+                d.rmdir()  # only if still empty
+            except OSError:
+                break
 
 
 def ensure_dir(path) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import DataError
 from .loader import TokenLoader, check_shard_tokenizer
-from .prepare import TRAIN_FILE, VAL_FILE, read_meta
+from .layout import TRAIN_FILE, VAL_FILE, read_meta
 from .shards import ShardHeader, read_header
 from .tokenizer import Tokenizer, load_tokenizer
 

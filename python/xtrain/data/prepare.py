@@ -19,6 +19,8 @@ Decisions:
 - Idempotent: when meta.json records the same request (source files by name, size and mtime;
   tokenizer; vocab size; split) and the files validate, the directory is reused untouched. A
   directory prepared with a different request is an error unless overwrite=True.
+- Everything after the request is write_prepared(), which takes (split, text) pairs: prepare()
+  feeds it files split by hash, hub.py the tables of a Hugging Face dataset.
 """
 
 from __future__ import annotations
@@ -28,19 +30,17 @@ import json
 import os
 from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from .dataset import open_dataset
 from .errors import DataError
+from .layout import FORMAT_VERSION, META_FILE, TRAIN_FILE, VAL_FILE, read_meta
 from .readers import Source, iter_documents, list_source_files
 from .shards import ShardWriter
 from .tokenizer import Tokenizer, gpt2_tokenizer, train_bpe
 
-META_FILE = "meta.json"
-TRAIN_FILE = "train.bin"
-VAL_FILE = "val.bin"
-FORMAT_VERSION = 1
 TOKENIZER_KINDS = ("bpe", "gpt2")
 # BPE merge statistics settle long before this; training on a whole multi-GB corpus only
 # costs time.
@@ -57,12 +57,7 @@ def prepare(source: Source, out_dir: str | os.PathLike, vocab_size: int = 4096,
     `vocab_size` is the BPE's upper bound (ignored for gpt2, whose vocabulary is fixed).
     """
     out_dir = Path(out_dir)
-    if tokenizer not in TOKENIZER_KINDS:
-        raise DataError(f"tokenizer must be one of {TOKENIZER_KINDS}, got {tokenizer!r}")
-    if not 0.0 < val_fraction < 1.0:
-        raise DataError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    if not isinstance(seed, int) or seed < 0:
-        raise DataError(f"seed must be a non-negative integer, got {seed!r}")
+    check_request(tokenizer, val_fraction, seed)
     files = list_source_files(source)
     request = {
         "format_version": FORMAT_VERSION,
@@ -72,25 +67,54 @@ def prepare(source: Source, out_dir: str | os.PathLike, vocab_size: int = 4096,
         "seed": seed,
         "source_fingerprint": _source_fingerprint(files),
     }
-    if _reusable(out_dir, request, overwrite):
+    if reusable(out_dir, request, overwrite):
         return out_dir
 
+    def documents() -> Iterator[tuple[str, str]]:
+        for doc in iter_documents(source):
+            yield ("val" if is_val_document(doc, seed, val_fraction) else "train"), doc
+
+    n_bytes = sum(p.stat().st_size for p in files)
+    return write_prepared(out_dir, request, tokenizer, vocab_size, documents,
+                          {"files": [str(p.resolve()) for p in files], "bytes": n_bytes},
+                          progress, total=n_bytes, unit="B",
+                          empty_hint=f"the source is too small for val_fraction={val_fraction}")
+
+
+def check_request(tokenizer: str, val_fraction: float, seed: int) -> None:
+    """DataError for a tokenizer kind, validation fraction or seed that prepare cannot use."""
+    if tokenizer not in TOKENIZER_KINDS:
+        raise DataError(f"tokenizer must be one of {TOKENIZER_KINDS}, got {tokenizer!r}")
+    if not 0.0 < val_fraction < 1.0:
+        raise DataError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    if not isinstance(seed, int) or seed < 0:
+        raise DataError(f"seed must be a non-negative integer, got {seed!r}")
+
+
+def write_prepared(out_dir: Path, request: dict, tokenizer: str, vocab_size: int,
+                   documents: Callable[[], Iterable[tuple[str, str]]], source: dict,
+                   progress: bool, total: int, unit: str = "B", empty_hint: str = "") -> Path:
+    """Everything after the request is known: the tokenizer, both shards and, last, meta.json.
+
+    `documents()` yields (split, text) pairs, split "train" or "val"; it is called twice (the BPE
+    trains on the first BPE_TRAIN_BYTES of training text, then every document is tokenized).
+    The progress bar counts `total` bytes of text (unit "B") or documents (unit "doc").
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     # Meta goes first so an interrupted rebuild never leaves an old meta beside new shards.
     (out_dir / META_FILE).unlink(missing_ok=True)
     if tokenizer == "gpt2":
         tok: Tokenizer = gpt2_tokenizer()
     else:
-        tok = train_bpe(_bpe_training_texts(source, seed, val_fraction), vocab_size)
-    counts = _write_shards(source, files, out_dir, tok, seed, val_fraction, progress)
+        tok = train_bpe(_bpe_training_texts(documents), vocab_size)
+    counts = _write_shards(documents, out_dir, tok, progress, total, unit, empty_hint)
     tok.save(out_dir)
     meta = {
         "request": request,
         "tokenizer": {"kind": tok.kind, "name": tok.name, "fingerprint": tok.fingerprint,
                       "vocab_size": tok.vocab_size, "eot_id": tok.eot_id},
         "counts": counts,
-        "source": {"files": [str(p.resolve()) for p in files],
-                   "bytes": sum(p.stat().st_size for p in files)},
+        "source": source,
         "files": {"train": TRAIN_FILE, "val": VAL_FILE},
     }
     tmp = out_dir / (META_FILE + ".tmp")
@@ -105,34 +129,7 @@ def is_val_document(text: str, seed: int, val_fraction: float) -> bool:
     return int.from_bytes(digest.digest(), "little") < val_fraction * 2**64
 
 
-def read_meta(data_dir: str | os.PathLike) -> dict:
-    path = Path(data_dir) / META_FILE
-    if not path.is_file():
-        raise DataError(f"{data_dir} is not a prepared dataset (no {META_FILE}); "
-                        f"run `xtrain prepare` on it first")
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: invalid JSON ({e.msg})") from None
-    _check_meta(meta, path)
-    return meta
-
-
-def _check_meta(meta, path: Path) -> None:
-    """meta.json is an object of objects, and the files it names are plain names inside its
-    directory (never a path: a dataset reads nothing outside itself)."""
-    if not isinstance(meta, dict) or not all(isinstance(meta.get(k, {}), dict)
-                                             for k in ("request", "tokenizer", "counts", "files")):
-        raise DataError(f"{path}: malformed (expected a JSON object of objects)")
-    for name in meta.get("files", {}).values():
-        if not (isinstance(name, str) and name == Path(name).name and name not in ("", ".", "..")
-                and not name.startswith(".")):
-            raise DataError(f"{path}: {name!r} is not a plain file name inside {path.parent}")
-
-
-def _reusable(out_dir: Path, request: dict, overwrite: bool) -> bool:
-    from .dataset import open_dataset  # dataset imports this module
-
+def reusable(out_dir: Path, request: dict, overwrite: bool) -> bool:
     if not (out_dir / META_FILE).is_file():
         return False
     meta = read_meta(out_dir)
@@ -160,10 +157,10 @@ def _source_fingerprint(files: list[Path]) -> str:
     return h.hexdigest()[:32]
 
 
-def _bpe_training_texts(source: Source, seed: int, val_fraction: float) -> Iterator[str]:
+def _bpe_training_texts(documents: Callable[[], Iterable[tuple[str, str]]]) -> Iterator[str]:
     seen = 0
-    for doc in iter_documents(source):
-        if is_val_document(doc, seed, val_fraction):
+    for split, doc in documents():
+        if split != "train":
             continue
         yield doc
         seen += len(doc)
@@ -171,23 +168,22 @@ def _bpe_training_texts(source: Source, seed: int, val_fraction: float) -> Itera
             return
 
 
-def _write_shards(source: Source, files: list[Path], out_dir: Path, tok: Tokenizer, seed: int,
-                  val_fraction: float, progress: bool) -> dict:
+def _write_shards(documents: Callable[[], Iterable[tuple[str, str]]], out_dir: Path,
+                  tok: Tokenizer, progress: bool, total: int, unit: str, empty_hint: str) -> dict:
     from tqdm import tqdm
 
     counts = {"train_docs": 0, "val_docs": 0, "train_tokens": 0, "val_tokens": 0}
-    total_bytes = sum(p.stat().st_size for p in files)
     writers = {split: ShardWriter(out_dir / name, tok.vocab_size, tok.eot_id, tok.fingerprint)
                for split, name in (("train", TRAIN_FILE), ("val", VAL_FILE))}
     try:
-        with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenizing",
+        with tqdm(total=total, unit=unit, unit_scale=True, desc="tokenizing",
                   disable=not progress) as bar:
-            for docs in _chunks(iter_documents(source), CHUNK_DOCS):
+            for chunk in _chunks(documents(), CHUNK_DOCS):
                 # One array per split per chunk: per-document numpy calls would dominate on
                 # millions of short stories.
                 parts: dict[str, list[int]] = {"train": [], "val": []}
-                for doc, ids in zip(docs, tok.encode_batch(docs)):
-                    split = "val" if is_val_document(doc, seed, val_fraction) else "train"
+                docs = [doc for _, doc in chunk]
+                for (split, _), ids in zip(chunk, tok.encode_batch(docs)):
                     parts[split].append(tok.eot_id)
                     parts[split].extend(ids)
                     counts[f"{split}_docs"] += 1
@@ -195,13 +191,13 @@ def _write_shards(source: Source, files: list[Path], out_dir: Path, tok: Tokeniz
                     writers[split].write(np.array(ids, dtype=np.int64))
                     counts[f"{split}_tokens"] += len(ids)
                 # Progress counts characters as bytes: exact for ASCII, close enough otherwise.
-                bar.update(min(sum(len(d) for d in docs), total_bytes - bar.n))
-            bar.update(total_bytes - bar.n)
+                done = sum(len(d) for d in docs) if unit == "B" else len(docs)
+                bar.update(min(done, total - bar.n))
+            bar.update(total - bar.n)
         for split in ("train", "val"):
             if counts[f"{split}_docs"] == 0:
                 raise DataError(f"the {split} split is empty ({counts['train_docs']} train, "
-                                f"{counts['val_docs']} val documents); the source is too small "
-                                f"for val_fraction={val_fraction}")
+                                f"{counts['val_docs']} val documents); {empty_hint}")
     except BaseException:
         for w in writers.values():
             w.abort()
@@ -211,7 +207,7 @@ def _write_shards(source: Source, files: list[Path], out_dir: Path, tok: Tokeniz
     return counts
 
 
-def _chunks(items: Iterable[str], n: int) -> Iterator[list[str]]:
+def _chunks(items: Iterable, n: int) -> Iterator[list]:
     it = iter(items)
     while chunk := list(islice(it, n)):
         yield chunk

@@ -1,40 +1,48 @@
-"""The built-in corpus: a deterministic generator of simple children's stories, and its cache.
+"""The built-in corpus: a deterministic generator of children's stories.
 
-Each story is one of a dozen plots (a lost toy, a kite stuck in a tree, sharing, a fear, building
-something that falls, a broken vase, a new friend, a rainy picnic, a hurt bird, a race, a gift, a
-new food), each told as setting -> problem -> attempt -> resolution -> moral. Every step picks among
-several sentence templates filled from the word tables in story_words.py, so the corpus is varied
-but every sentence is one a person wrote: grammatical by construction (a/an, pronouns and verb
-agreement are handled where the slots are filled).
+Each story is one or two episodes, each one of fourteen plots (a lost toy, a kite stuck in a tree,
+sharing, a fear, building something that falls, a broken vase, a new friend, a rainy picnic, a hurt
+bird, a race, a gift, a new food, a day trip, counting things) told as setting -> problem ->
+attempt -> resolution -> moral. Every step picks among sentence templates filled from the word
+tables in story_words.py, so every sentence is one a person wrote: grammatical by construction
+(a/an, pronouns, plural and number agreement are handled where the slots are filled).
+
+Long-range structure, so that a model with more capacity and context has more to learn: a story
+opens with details it recalls at its end (the hero's favourite wearable and its colour, a hobby),
+a day trip unpacks in order the list it packed, counting stories keep a running total, and a
+two-episode story ends by recalling the first episode's people and things.
 
 Output is the TinyStories text format: stories separated by a line `<|endoftext|>`.
 
-Determinism: story i of seed s comes from `random.Random("xtrain-stories:s:i")` (string seeds are
-hashed with SHA-512, stable across Python versions and platforms), so any prefix of the corpus is
-the same whatever its length, and bumping STORY_VERSION names a new cache file when the text
-changes.
+Determinism: a story is a pure function of its key. Story i of seed s (the flat corpus) has key
+"s:i"; the stream (stream.py) and its held-out set use their own keys. The random choices come from
+`random.Random("xtrain-stories:" + key)` (string seeds are hashed with SHA-512, stable across Python
+versions and platforms), so any prefix of a corpus is the same whatever its length. Bump
+STORY_VERSION whenever the text a key gives changes: it names the cache files.
+
+A Tale also adds up the log-probability of its own random choices (`Tale.nats`): the entropy of
+the generator, an upper bound on the best loss any model can reach on its text (two choice
+sequences that print the same text only lower the true value).
 """
 
 from __future__ import annotations
 
-import fcntl
+import math
 import os
 import random
+import re
 from pathlib import Path
 from typing import Iterator
 
 from . import story_words as W
-from .prepare import prepare
 
-STORY_VERSION = 1
+STORY_VERSION = 2
 EOT_LINE = "\n<|endoftext|>\n"
-# The default dataset: ~5 MB of text prepares in seconds on two cores and is enough for a
-# few-million-parameter model to learn to tell these stories.
-DEFAULT_CORPUS_BYTES = 5_000_000
-DEFAULT_VOCAB_SIZE = 4096
-# ~3% of 5 MB is a few tens of thousands of tokens: several eval batches at tiny-model sizes.
-DEFAULT_VAL_FRACTION = 0.03
 DEFAULT_SEED = 0
+# Share of stories told as two episodes with one hero (their ends recall the first episode).
+TWO_EPISODES = 0.35
+# Share of single-episode stories that still end by telling a parent what happened.
+RECAP_ONE = 0.3
 
 
 def generate_stories(n_stories: int, seed: int = DEFAULT_SEED) -> list[str]:
@@ -50,10 +58,29 @@ def iter_stories(seed: int = DEFAULT_SEED) -> Iterator[str]:
 
 
 def make_story(seed: int, index: int) -> str:
-    rng = random.Random(f"xtrain-stories:{seed}:{index}")
-    tale = Tale(rng)
-    rng.choice(PLOTS)(tale)
-    return tale.text()
+    """Story `index` of the flat corpus for `seed`."""
+    return tell(f"{seed}:{index}").text()
+
+
+def tell(key: str) -> "Tale":
+    """The story whose every random choice comes from the generator keyed by `key`."""
+    tale = Tale(random.Random(f"xtrain-stories:{key}"))
+    first = tale.pick(PLOTS)
+    first(tale)
+    tale.recaps.append(tale.fill(RECAPS[first]))
+    if tale.chance(TWO_EPISODES):
+        second = tale.pick([p for p in PLOTS if p is not first])
+        second(tale)
+        tale.recaps.append(tale.fill(RECAPS[second]))
+        tale.paragraph()
+        tale.slots.update(recap1=tale.recaps[0], recap2=tale.recaps[1])
+        tale.say("That night, {H} told {his} {mom} all about {recap1}, and about {recap2}.",
+                 "Before bed, {H} thought about {recap1}. Then {he} thought about {recap2}.")
+    elif tale.chance(RECAP_ONE):
+        tale.slots["recap1"] = tale.recaps[0]
+        tale.say("That night, {H} told {his} {mom} all about {recap1}.")
+    closing(tale)
+    return tale
 
 
 def write_corpus(path: str | os.PathLike, n_bytes: int, seed: int = DEFAULT_SEED) -> Path:
@@ -74,32 +101,6 @@ def write_corpus(path: str | os.PathLike, n_bytes: int, seed: int = DEFAULT_SEED
     return path
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("XTRAIN_CACHE") or Path.home() / ".cache" / "xtrain" / "default")
-
-
-def default_dataset(cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
-    """Generate and prepare the built-in story corpus once; return its data directory.
-
-    The directory is `cache_dir`, else `$XTRAIN_CACHE`, else `~/.cache/xtrain/default`. Later calls
-    find it prepared and return at once. Concurrent callers (several processes of one run) are
-    serialised by a lock file so only one of them does the work.
-    """
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    corpus = cache_dir / f"stories-v{STORY_VERSION}-seed{DEFAULT_SEED}-{DEFAULT_CORPUS_BYTES}.txt"
-    with open(cache_dir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not corpus.is_file():
-            for stale in cache_dir.glob("stories-v*.txt"):
-                stale.unlink()
-            write_corpus(corpus, DEFAULT_CORPUS_BYTES, DEFAULT_SEED)
-        # overwrite: the cache is ours, so a dataset from an older corpus version is replaced.
-        return prepare(corpus, cache_dir, vocab_size=DEFAULT_VOCAB_SIZE, tokenizer="bpe",
-                       val_fraction=DEFAULT_VAL_FRACTION, seed=DEFAULT_SEED, overwrite=True,
-                       progress=progress)
-
-
 # ---------------------------------------------------------------------------------------------
 # Story machinery: a Tale holds the random generator, the slot values and the paragraphs so far.
 
@@ -113,21 +114,57 @@ def with_article(phrase: str) -> str:
     return f"{article(phrase)} {phrase}"
 
 
+# `[a|b|c]` in a template: one of the options, picked like any other choice. Parsed once per
+# template (the templates are constants, so the cache stays small).
+_ALTERNATIVE = re.compile(r"(\[[^\]]*\])")
+_ALTERNATIVES: dict[str, list] = {}
+
+
 class Tale:
+    """One story being told: its generator, slot values, paragraphs so far, and `nats`, the
+    negative log-probability of the choices made (every random draw goes through pick, chance
+    or sample, which add it up)."""
+
     def __init__(self, rng: random.Random):
         self.rng = rng
         self.slots: dict[str, str] = {}
         self.paragraphs: list[list[str]] = [[]]
+        self.recaps: list[str] = []
+        self.names: set[str] = set()  # every character's name, so no two share one
+        self.nats = 0.0
 
     def pick(self, options):
+        self.nats += math.log(len(options))
         return self.rng.choice(options)
 
     def chance(self, p: float) -> bool:
-        return self.rng.random() < p
+        hit = self.rng.random() < p
+        self.nats -= math.log(p if hit else 1.0 - p)
+        return hit
+
+    def sample(self, options, k: int) -> list:
+        """k distinct options in random order."""
+        self.nats += math.log(math.perm(len(options), k))
+        return self.rng.sample(options, k)
+
+    def fill(self, template: str) -> str:
+        """The template with each `[a|b|c]` resolved to one of its options, then the slots."""
+        pieces = _ALTERNATIVES.get(template)
+        if pieces is None:
+            pieces = _ALTERNATIVES[template] = [
+                tuple(p[1:-1].split("|")) if p.startswith("[") else p
+                for p in _ALTERNATIVE.split(template) if p]
+        text = "".join(p if isinstance(p, str) else self.pick(p) for p in pieces)
+        return text.format_map(self.slots)
 
     def say(self, *options: str) -> None:
         """Append one of the templates, filled from the slots."""
-        self.paragraphs[-1].append(self.pick(options).format_map(self.slots))
+        self.paragraphs[-1].append(self.fill(self.pick(options)))
+
+    def maybe_do(self, p: float, part) -> None:
+        """Tell `part(self)` with probability p."""
+        if self.chance(p):
+            part(self)
 
     def maybe(self, p: float, *options: str) -> None:
         if self.chance(p):
@@ -140,18 +177,19 @@ class Tale:
     def text(self) -> str:
         return "\n\n".join(" ".join(p) for p in self.paragraphs if p)
 
-    def cast(self, role: str, human: bool, need: str | None = None, avoid: str = "") -> None:
+    def cast(self, role: str, human: bool, need: str | None = None) -> None:
         """Create a character and fill its slots; `role` is "" (hero), "f" (friend)."""
         if human:
             kind = self.pick(W.HUMANS)
-            name = self.pick([n for n in (W.GIRL_NAMES if kind.noun == "girl" else W.BOY_NAMES)
-                              if n != avoid])
+            names = W.GIRL_NAMES if kind.noun == "girl" else W.BOY_NAMES
             female = kind.noun == "girl"
         else:
             kinds = [k for k in W.ANIMALS if need is None or need in k.abilities]
             kind = self.pick(kinds)
-            name = self.pick([n for n in W.PET_NAMES if n != avoid])
+            names = W.PET_NAMES
             female = self.chance(0.5)
+        name = self.pick([n for n in names if n not in self.names])
+        self.names.add(name)
         adj = self.pick(kind.adjs)
         word = self.pick(("named", "named", "called"))
         he, him, his = ("she", "her", "her") if female else ("he", "him", "his")
@@ -176,7 +214,7 @@ class Tale:
 
     def cast_friend(self, need: str | None = None, human_share: float = 0.7) -> None:
         human = bool(self.slots["human"]) and self.chance(human_share) and need in (None, "reach")
-        self.cast("f", human, need=need, avoid=self.slots["H"])
+        self.cast("f", human, need=need)
         s = self.slots
         s["friend"] = f"{s['his']} friend {s['F']}" + ("" if human else f" the {s['fkind']}")
 
@@ -188,7 +226,7 @@ class Tale:
 
     def set_place(self, tag: str | None = None) -> None:
         place = self.pick([p for p in W.PLACES if tag is None or tag in p.tags])
-        spots = self.rng.sample(place.spots, 3)
+        spots = self.sample(place.spots, 3)
         self.slots.update(place=place.name, Place=place.name.capitalize(), at_place=place.at,
                           spot1=spots[0], spot2=spots[1], spot3=spots[2],
                           act=self.pick(place.activities), sight=self.pick(place.sights))
@@ -202,11 +240,19 @@ class Tale:
 
 
 def intro(t: Tale, human: bool | None = None) -> None:
-    """Cast the hero and a parent, and open the story."""
+    """Cast the hero and a parent and open the story; in a second episode, move on in time."""
+    s = t.slots
+    weather, time = t.pick(W.WEATHERS), t.pick(W.TIMES)
+    s["when"], s["When"] = f"one {weather} {time}", f"One {weather} {time}"
+    if "H" in s:
+        t.paragraph()
+        t.say("The next day, {H} woke up early.", "A few days later, {H} had another adventure.",
+              "Some time later, something new happened to {H}.",
+              "The next week was a busy one for {H}.")
+        return
     human = t.chance(0.6) if human is None else human
     t.cast("", human)
     t.cast_parent()
-    s = t.slots
     s["home"] = t.pick(W.HUMAN_HOMES if human else W.ANIMAL_HOMES)
     s["hobby"] = t.pick(W.HOBBIES + (W.HUMAN_HOBBIES if human else ()))
     t.say("Once upon a time, there was {intro}.",
@@ -218,8 +264,47 @@ def intro(t: Tale, human: bool | None = None) -> None:
     t.say("{He} loved to {hobby}.", "{He} liked to {hobby} more than anything.",
           "Every day, {he} liked to {hobby}.", "{H} loved to {hobby} with {his} {mom}.",
           "More than anything, {H} loved to {hobby}.")
-    t.maybe(0.3, "{He} had a big smile and a kind heart.", "{He} was always happy.",
+    if t.chance(0.5):
+        looks = W.HUMAN_LOOKS if human else W.ANIMAL_LOOKS
+        s["looks"] = f"{t.pick(looks[0])} {t.pick(looks[1])} and {t.pick(looks[2])} eyes"
+        t.say("{He} had {looks}.", "{H} had {looks}.")
+    if t.chance(0.6):  # the detail the story's last sentence recalls
+        wearables = W.HUMAN_WEARABLES if human else W.ANIMAL_WEARABLES
+        s["sig"] = f"{t.pick(W.COLORS)} {t.pick(wearables)}"
+        t.say("{He} always wore {his} {sig}.", "{He} never went anywhere without {his} {sig}.",
+              "{His} favorite thing to wear was {his} {sig}.")
+    t.maybe(0.3, "{He} had a [big|wide] smile and a kind heart.", "{He} was always happy.",
             "{He} was very curious about everything.", "Everyone who knew {him} liked {him}.")
+
+
+def scenery(t: Tale) -> None:
+    """One sentence of what else was going on around the hero: a few critters doing something."""
+    one, many, adjs, acts = t.pick(W.CRITTERS)
+    n = t.pick((0, 1, 1, 2, 3, 4, 5))
+    adj = t.pick(adjs)
+    if n == 1:
+        scene = f"{article(adj) if t.chance(0.5) else 'one'} {adj} {one}"
+    else:
+        scene = f"{W.NUMBER_WORDS[n] if n else t.pick(('some', 'many', 'lots of'))} {adj} {many}"
+    t.slots.update(scene=scene, Scene=scene[0].upper() + scene[1:], scene_act=t.pick(acts))
+    t.say("{Scene} {scene_act}.", "Not far away, {scene} {scene_act}.",
+          "[Just then|At that moment|Nearby], {scene} {scene_act}.")
+
+
+def sights(t: Tale, p: float) -> None:
+    """Maybe what the place looked like, maybe what else was going on there."""
+    t.maybe(p, "{sight}")
+    t.maybe_do(p, scenery)
+
+
+def closing(t: Tale) -> None:
+    """The last sentence: recall the opening's detail (what the hero wears, what it loves)."""
+    if "sig" in t.slots and t.chance(0.8):
+        t.say("Then {H} ran off with {his} {sig} to {hobby} again.",
+              "That night, {H} went to sleep with {his} {sig} close by.",
+              "The next day, {H} put on {his} {sig} and went out to {hobby}.")
+    elif t.chance(0.3):
+        t.say("And the next day, {H} went out to {hobby} again.", "The end.")
 
 
 MORALS = {
@@ -248,6 +333,10 @@ MORALS = {
              "the best gifts come from the heart"),
     "new": ("you should try new things before you say you do not like them",
             "new things can be good things"),
+    "ready": ("it is good to be ready", "a little planning makes a day more fun",
+              "a good plan makes a good day"),
+    "count": ("sharing and helping make everything better", "friends make the numbers add up",
+              "it is fun to count things with a friend"),
 }
 
 
@@ -268,16 +357,17 @@ def lost_toy(t: Tale) -> None:
     t.set_thing("lose")
     t.set_place()
     t.cast_friend()
-    t.say("{He} had {a_thing} that {he} loved very much.",
+    t.say("{He} had {a_thing} that {he} loved [very much|so much|more than anything].",
           "{His} favorite toy was {a_thing}.",
           "{H} had {a_thing}. It was {his} favorite thing in the whole world.")
     t.maybe(0.5, "{He} took the {thing} everywhere {he} went.",
             "{He} played with the {thing} every day.")
     t.paragraph()
-    t.say("One day, {H} went to {place} with {his} {thing}.",
-          "One sunny morning, {H} took {his} {thing} to {place}.",
-          "One day, {H} and {his} {mom} went to {place}. {H} brought {his} {thing}.")
-    t.maybe(0.6, "{sight}")
+    t.say("[One day|One time|Once], {H} went to {place} with {his} {thing}.",
+          "{When}, {H} took {his} {thing} to {place}.",
+          "[One day|One time|Once], {H} and {his} {mom} went to {place}. {H} brought {his} "
+          "{thing}.")
+    sights(t, 0.6)
     t.say("{H} put the {thing} down to {act}.",
           "{He} wanted to {act}, so {he} left the {thing} on the grass.",
           "{He} put the {thing} on the ground and ran off to {act}.")
@@ -291,10 +381,11 @@ def lost_toy(t: Tale) -> None:
     t.say("{H} looked {spot1}, but the {thing} was not there. {He} looked {spot2}, "
           "but it was not there either.",
           "{He} looked {spot1}. No {thing}. {He} looked {spot2}. Still no {thing}.")
-    t.say("{He} felt very sad and started to cry.", "{H} sat down and felt very sad.",
+    t.say("{He} felt [very|so|really] sad and started to cry.",
+          "{H} sat down and felt [very|so|really] sad.",
           "Tears came to {his} eyes.")
-    t.say("Just then, {fintro} came by.", "Then {fintro} walked over.",
-          "Just then, {his} friend {F} came to play.")
+    t.say("[Just then|At that moment], {fintro} came by.", "Then {fintro} walked over.",
+          "[Just then|At that moment], {his} friend {F} came to play.")
     t.say('"Why are you sad, {H}?" asked {F}.', '"What is wrong?" {F} asked.',
           '"{H}, why are you crying?" asked {F}.')
     t.say('"I lost my {thing}," said {H}.', '"I cannot find my {thing}," {H} said.',
@@ -310,8 +401,9 @@ def lost_toy(t: Tale) -> None:
         t.say('At last, {F} shouted, "Look! There it is!" The {thing} was {spot3}!',
               "Then {H} saw something {spot3}. It was the {adj_thing}!")
     t.paragraph()
-    t.say("{H} was so happy. {He} hugged the {thing}, and then {he} hugged {F}.",
-          "{H} jumped up and down with joy.", "{H} picked up the {thing} and smiled a big smile.")
+    t.say("{H} was so [happy|glad]. {He} hugged the {thing}, and then {he} hugged {F}.",
+          "{H} jumped up and down with joy.",
+          "{H} picked up the {thing} and smiled a [big|wide] smile.")
     t.say('"Thank you, {F}! You are a good friend," said {H}.',
           '"Thank you for helping me," {H} said to {F}.')
     moral(t, t.pick(("help", "careful")))
@@ -326,12 +418,13 @@ def stuck_in_tree(t: Tale) -> None:
     t.paragraph()
     t.slots["weather"] = t.pick(("sunny", "windy", "bright", "warm"))
     t.say("One {weather} day, {H} went to {place} with {friend}.",
-          "One day, {H} and {friend} went to {place} to play.")
+          "[One day|One time|Once], {H} and {friend} went to {place} to play.")
     t.say("{H} brought {his} {adj_thing}.", "{H} had {a_thing} with {him}.")
-    t.maybe(0.5, "{sight}")
+    sights(t, 0.5)
     thing = t.slots["thing"]
     if any(thing == x.noun for x in W.THINGS if "wind" in x.tags):
-        t.say("Suddenly, a big wind came. It pulled the {thing} up, up, up and into a tall tree!",
+        t.say("[Suddenly|All of a sudden], a big wind came. It pulled the {thing} up, up, up and "
+              "into a tall tree!",
               "The wind blew hard, and the {thing} flew away. It got stuck in the top of a "
               "tall tree!")
     else:
@@ -383,11 +476,12 @@ def sharing(t: Tale) -> None:
     t.set_place()
     t.cast_friend()
     t.paragraph()
-    t.say("One day, {H}'s {mom} gave {him} {a_food}.",
+    t.say("[One day|One time|Once], {H}'s {mom} gave {him} {a_food}.",
+          "{When}, {H}'s {mom} gave {him} {a_food}.",
           "One morning, {H} found {a_food} on the kitchen table. {His} {mom} said {he} "
           "could have them.")
     t.say("{H} went to {place} to eat the {food}.", "{He} took the {food} to {place}.")
-    t.maybe(0.5, "{sight}")
+    sights(t, 0.5)
     t.say("There {he} saw {fintro}.", "Soon {he} met {fintro}.")
     t.say("{F} had no {food}. {fHe} looked hungry.",
           "{F} looked at the {food}. {fHe} did not have any food.")
@@ -406,12 +500,12 @@ def sharing(t: Tale) -> None:
         t.say('{H} ran after {F}. "Wait!" {he} called. "Do you want to share my {food}?"',
               '{H} went to {F} and said, "I am sorry. Let\'s share the {food}."')
         t.say('{F} smiled. "Yes, please!" {fhe} said.',
-              "{F}'s face lit up with a big smile.")
+              "{F}'s face lit up with a [big|wide] smile.")
     else:
         t.say("{H} thought for a moment. Then {he} gave {F} half of the {food}.",
               '"Of course!" said {H}. "We can share them."')
         t.say('"Thank you!" said {F}. "You are very kind."',
-              "{F} was very happy. {fHe} thanked {H} again and again.")
+              "{F} was [very|so|really] happy. {fHe} thanked {H} again and again.")
         t.paragraph()
         t.say("The next day, {F} came back with a surprise. {fHe} had a big, sweet pie, and "
               "{fhe} shared it with {H}.",
@@ -441,8 +535,8 @@ def fear(t: Tale) -> None:
           "{He} did not tell anyone, because {he} felt silly.",
           "Whenever {he} thought about {feared}, {his} tummy felt funny.")
     t.paragraph()
-    t.say("One day, {helper_ref} saw that {H} looked worried.",
-          "One day, {H} told {helper_ref} about {his} fear.")
+    t.say("[One day|One time|Once], {helper_ref} saw that {H} looked worried.",
+          "[One day|One time|Once], {H} told {helper_ref} about {his} fear.")
     t.say('"I am scared of {feared}," said {H} in a small voice.',
           '"I don\'t like {feared}," {H} whispered. "It scares me."')
     t.say('"It is okay to be scared," said {helper}. "But you are braver than you think."',
@@ -465,21 +559,22 @@ def build_again(t: Tale) -> None:
     t.cast_friend()
     t.paragraph()
     if where == "sand":
-        t.say("One day, {H} went to the beach with {friend}.")
+        t.say("[One day|One time|Once], {H} went to the beach with {friend}.")
     elif where == "home":
         t.say("One rainy day, {H} and {friend} were playing at home.")
     elif where == "snow":
         t.say("One winter morning, the whole yard was white with snow. {H} went outside with "
               "{friend}.")
     elif where == "water":
-        t.say("One day, {H} and {friend} went to play by a little stream.")
+        t.say("[One day|One time|Once], {H} and {friend} went to play by a little stream.")
     else:
         t.set_place("tree")
-        t.say("One day, {H} went to {place} with {friend}.")
+        t.say("[One day|One time|Once], {H} went to {place} with {friend}.")
     t.say("{H} wanted to make {build}.", '"Let\'s make {build}!" said {H}.')
+    t.maybe_do(0.5, scenery)
     t.say("{He} worked very hard. It was getting bigger and bigger.",
-          "{H} worked for a long time. {He} was very proud of it.")
-    t.say("But then {the_build} {falls}!", "Suddenly, {the_build} {falls}.")
+          "{H} worked for a long time. {He} was [very|so] proud of it.")
+    t.say("But then {the_build} {falls}!", "[Suddenly|All of a sudden], {the_build} {falls}.")
     t.paragraph()
     t.say('{H} was very sad. "I give up," {he} said.',
           '{H} sat down and frowned. "I will never make it," {he} said.',
@@ -490,7 +585,7 @@ def build_again(t: Tale) -> None:
     t.say("This time, they worked slowly and carefully.",
           "This time, they put the big pieces at the bottom and the small pieces at the top.",
           "This time, {H} and {F} helped each other with every part.")
-    t.say("At last, {the_build} was done. It was bigger and stronger than before!",
+    t.say("[At last|Finally], {the_build} was done. It was bigger and stronger than before!",
           "When they were done, {the_build} stood tall and strong.")
     t.say('"We did it!" shouted {H} and {F}.', "{H} clapped {his} hands with joy.")
     moral(t, "patience")
@@ -500,12 +595,12 @@ def broken_vase(t: Tale) -> None:
     intro(t)
     t.set_thing("break")
     t.slots["hide"] = t.pick(W.HOME_SPOTS)
-    t.say("{H}'s {mom} had {a_thing}. {pHe} loved it very much.",
+    t.say("{H}'s {mom} had {a_thing}. {pHe} loved it [very much|so much|more than anything].",
           "In {H}'s house, there was {a_thing}. It was very special to {his} {mom}.")
     t.paragraph()
     t.say('One day, {H} was playing with a ball in the house. {His} {mom} always said, "No '
           'ball games in the house!" But {H} forgot.',
-          "One day, {H} was running and jumping in the house.")
+          "[One day|One time|Once], {H} was running and jumping in the house.")
     t.say("Crash! {He} bumped into the {thing}, and it fell to the floor. It broke into many "
           "pieces.",
           "Oops! The {thing} fell down and broke into little pieces.")
@@ -517,7 +612,7 @@ def broken_vase(t: Tale) -> None:
     t.say("{H} did not say anything. {He} felt a big knot in {his} tummy.",
           '"I don\'t know," said {H}. But {he} did not feel good inside.')
     t.say("That night, {H} could not sleep. {He} knew {he} had to tell the truth.",
-          "{H} felt worse and worse. At last, {he} knew what {he} had to do.")
+          "{H} felt worse and worse. [At last|Finally], {he} knew what {he} had to do.")
     t.paragraph()
     t.say('{H} went to {his} {mom}. "{Mom}, I broke your {thing}," {he} said. "I am sorry."',
           '"{Mom}," said {H} softly, "I have to tell you something. I broke the {thing}. I am '
@@ -535,8 +630,8 @@ def new_friend(t: Tale) -> None:
     t.set_place()
     t.cast_friend(human_share=0.8)
     t.paragraph()
-    t.say("One day, {H} was playing {at_place}.", "One morning, {H} went to {place}.")
-    t.maybe(0.5, "{sight}")
+    t.say("[One day|One time|Once], {H} was playing {at_place}.", "{When}, {H} went to {place}.")
+    sights(t, 0.5)
     t.say("{He} saw {fintro} sitting all alone.",
           "Under a tree, {he} saw {fintro} sitting by {fhimself}.")
     t.say("{F} was new, and {fhe} did not know anyone.",
@@ -550,7 +645,8 @@ def new_friend(t: Tale) -> None:
           '"Would you like to play with me?" asked {H}. "We can {act}."')
     t.say('{F} smiled a big smile. "Yes, I would love to!"',
           "{F}'s eyes lit up. {fHe} nodded and jumped up.")
-    t.say("They played together all day long.", "They laughed and played until it was "
+    t.say("They played together [all day long|until the sun went down].",
+          "They laughed and played until it was "
           "time to go home.")
     t.paragraph()
     t.say('When it was time to go home, {F} said, "Thank you for being my friend."',
@@ -567,7 +663,7 @@ def rainy_picnic(t: Tale) -> None:
     t.cast_friend()
     t.slots["game"] = t.pick(W.HOME_GAMES)
     t.paragraph()
-    t.say("One day, {H} and {friend} wanted to have a picnic {at_place}.",
+    t.say("[One day|One time|Once], {H} and {friend} wanted to have a picnic {at_place}.",
           "{H} and {friend} planned a big picnic {at_place}.")
     t.say("{H}'s {mom} packed {a_food} for them.",
           "They packed a blanket and {a_food}.")
@@ -596,10 +692,12 @@ def hurt_bird(t: Tale) -> None:
                             ("butterfly", "wing")))
     t.slots.update(critter=critter, hurt=hurt)
     t.paragraph()
-    t.say("One day, {H} was walking {at_place} when {he} heard a soft sound.",
-          "One morning, {H} went for a walk {at_place}. Suddenly, {he} heard a little cry.")
+    t.say("[One day|One time|Once], {H} was walking {at_place} when {he} heard a soft sound.",
+          "{When}, {H} went for a walk {at_place}. [Suddenly|All of a sudden], {he} heard a "
+          "little cry.")
     t.say("It was a little {critter} with a hurt {hurt}.",
           "{He} looked down and saw a tiny {critter}. Its {hurt} was hurt.")
+    t.maybe_do(0.3, scenery)
     t.say('"Poor little {critter}," said {H}. "I will help you."',
           '"Don\'t be scared," {H} said softly. "I will take care of you."')
     t.paragraph()
@@ -627,13 +725,15 @@ def race(t: Tale) -> None:
     t.cast_friend()
     t.paragraph()
     t.say("{H} and {friend} both loved to run.", "{H} liked to run fast, and so did {friend}.")
-    t.say("One day, they had a race {at_place}.",
+    t.say("[One day|One time|Once], they had a race {at_place}.",
+          "{When}, they had a race {at_place}.",
           'One day, {F} said, "Let\'s have a race {at_place}!"')
     t.say('"Ready, set, go!" shouted {H}\'s {mom}.', '"One, two, three, go!" they shouted.')
+    t.maybe_do(0.4, scenery)
     t.say("They ran as fast as they could. {H} was in front.",
           "Off they went! Soon {H} was a little ahead.")
     t.say("But then {F} tripped over a rock and fell down.",
-          "Suddenly, {F} slipped and fell on the ground.")
+          "[Suddenly|All of a sudden], {F} slipped and fell on the ground.")
     t.paragraph()
     t.say("{H} heard {F} cry. {He} stopped running.",
           "{H} could see the finish line. {He} could win the race!")
@@ -660,7 +760,7 @@ def gift(t: Tale) -> None:
     t.say("{He} worked on it all day. It was not perfect, but {he} did {his} best.",
           "It was hard work. Some parts came out a little crooked, but {H} kept going.")
     t.say("When it was done, {he} hid it under {his} bed.",
-          "At last, it was ready. {H} wrapped it in pretty paper.")
+          "[At last|Finally], it was ready. {H} wrapped it in pretty paper.")
     t.paragraph()
     t.say("The next morning, {H} gave {his} {mom} the gift.",
           '"Happy birthday!" said {H}, and {he} gave {his} {mom} the present.')
@@ -695,9 +795,113 @@ def new_food(t: Tale) -> None:
     t.say('"The {veg} {was} yummy!" said {H}. "Can I have more?"',
           '"Mmm! I like {veg}!" said {H}, and {he} ate everything on {his} plate.')
     t.say("{His} {mom} laughed and gave {him} some more.",
-          "{His} {mom} was very happy.")
+          "{His} {mom} was [very|so|really] happy.")
     moral(t, "new")
 
 
+def day_trip(t: Tale) -> None:
+    intro(t)
+    t.set_place()
+    items = t.sample(W.TRIP_ITEMS, t.pick((2, 3, 3, 4)))
+    packed = [item for item, _ in items]
+    t.slots.update(packed=and_list(packed),
+                   packed_back=and_list(["the " + item.split(" ", 1)[1] for item in packed]))
+    t.paragraph()
+    t.say("{When}, {H} and {his} {mom} went on a trip to {place}.",
+          "{H} was going to spend the whole day {at_place}.",
+          "[One day|One time|Once], {H}'s {mom} said, \"Today we will go to {place}!\"")
+    t.say("{H} packed {his} bag with {packed}.", "Into {his} bag went {packed}.",
+          "{H} put {packed} in {his} bag.")
+    t.maybe(0.5, "{His} bag was heavy, but {he} did not mind.",
+            '"Do you have everything?" asked {his} {mom}. "Yes!" said {H}.')
+    t.paragraph()
+    t.say("When they got to {place}, {H} opened {his} bag.", "Soon they were {at_place}.")
+    sights(t, 0.6)
+    for i, (_, use) in enumerate(items):
+        first, last = i == 0, i == len(items) - 1
+        t.slots["use"] = use
+        if first:
+            t.say("First, {he} {use}.", "The first thing {H} did was this: {he} {use}.")
+        elif last:
+            t.say("[At last|Finally], {he} {use}.", "Last of all, {he} {use}.")
+        else:
+            t.say("Then {he} {use}.", "After that, {he} {use}.", "Next, {he} {use}.")
+    t.paragraph()
+    t.say("When the sun went down, {H} packed {packed_back} back in {his} bag.",
+          "Before they went home, {H} put {packed_back} back in {his} bag.")
+    t.say("It had been a perfect day.", '"This was the best trip ever," said {H}.')
+    moral(t, "ready")
+
+
+def counting(t: Tale) -> None:
+    intro(t)
+    one, many = t.pick(W.COUNTABLES)
+    have = t.pick(range(3, 10))
+    lost = t.pick(range(1, min(3, have - 1) + 1))
+    given = t.pick(range(1, 5))
+    left, total = have - lost, have - lost + given
+    t.cast_friend()
+    lost_word = W.NUMBER_WORDS[lost]
+    t.slots.update(one=one, many=many, have=count(have, one, many), lost=lost_word,
+                   Lost=lost_word.capitalize(), left=count(left, one, many),
+                   given_more=f"{W.NUMBER_WORDS[given]} more {one if given == 1 else many}",
+                   total=count(total, one, many), counted=count_out(have),
+                   Counted=count_out(have).capitalize(), counted_total=count_out(total))
+    t.paragraph()
+    t.say("{When}, {H} found {have}.", "[One day|One time|Once], {H}'s {mom} gave {him} {have}.",
+          "{H} had {have}. {He} kept them in a little basket.")
+    t.maybe(0.7, "{He} counted them: {counted}.", '"{Counted}!" counted {H}.')
+    t.say("{He} put them in a basket and went outside.",
+          "{He} carried them carefully in a basket.")
+    t.maybe_do(0.5, scenery)
+    t.paragraph()
+    if lost == 1:
+        t.say("But on the way, one of the {many} fell out of the basket and rolled away.",
+              "Oh no! One {one} fell out and rolled under a bush.")
+    else:
+        t.say("But on the way, {lost} of the {many} fell out of the basket and rolled away.",
+              "Oh no! {Lost} {many} fell out and rolled under a bush.")
+    t.say("Now {H} had only {left}.", "{H} looked in the basket. There were only {left} left.")
+    t.say("{He} felt a little sad.", '"Oh dear," said {H}.')
+    t.say("[Just then|At that moment], {fintro} came by.", "Then {his} friend {F} came to play.")
+    t.say("{F} gave {H} {given_more}.", '"Here," said {F}, and {fhe} gave {H} {given_more}.')
+    t.say("Now {H} had {total}!", "{H} counted again. Now there were {total}!")
+    t.maybe(0.5, "{He} counted them: {counted_total}.")
+    moral(t, "count")
+
+
+def and_list(items: list[str]) -> str:
+    """'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def count(n: int, one: str, many: str) -> str:
+    """'one apple', 'three apples'."""
+    return f"{W.NUMBER_WORDS[n]} {one if n == 1 else many}"
+
+
+def count_out(n: int) -> str:
+    """'one, two and three'."""
+    return and_list(list(W.NUMBER_WORDS[1:n + 1]))
+
+
 PLOTS = (lost_toy, stuck_in_tree, sharing, fear, build_again, broken_vase, new_friend,
-         rainy_picnic, hurt_bird, race, gift, new_food)
+         rainy_picnic, hurt_bird, race, gift, new_food, day_trip, counting)
+# What the hero tells of an episode afterwards, filled when the episode ends (its slots change
+# in the next one).
+RECAPS = {
+    lost_toy: "the day {he} lost {his} {thing} {at_place}",
+    stuck_in_tree: "the {thing} that got stuck in the tall tree",
+    sharing: "the {food} {he} shared with {F}",
+    fear: "how {he} stopped being afraid of {feared}",
+    build_again: "how {he} and {F} made {build} twice",
+    broken_vase: "the broken {thing}",
+    new_friend: "{his} new friend {F}",
+    rainy_picnic: "the picnic on the rainy day",
+    hurt_bird: "the little {critter} with the hurt {hurt}",
+    race: "the race with {F}",
+    gift: "the present for {his} {mom}",
+    new_food: "the first time {he} ate {veg}",
+    day_trip: "the trip to {place}",
+    counting: "the {many} {he} counted",
+}
