@@ -77,13 +77,14 @@ def plan(batch, grad_accum, batch_tokens, seq: int, world_size: int, recompute, 
     `batch_tokens` (None or the global batch in tokens) and `recompute` (bool or "auto").
     fits(micro_batch, recompute) -> bool runs a probe; None where nothing can be probed (the CPU
     without a memory limit). `memory` says what the probes ran under, for the messages."""
-    per_rank = None
+    per_rank = None  # sequences each rank takes per optimizer step
     if batch_tokens is not None:
-        unit = seq * world_size
+        micro = "" if batch == "auto" else f"--batch {batch} x "
+        unit = (1 if batch == "auto" else batch) * seq * world_size
         if batch_tokens % unit:
-            raise ConfigError(f"--batch-tokens {batch_tokens} is not a multiple of --seq {seq} x {_gpus(world_size)} "
-                              f"= {unit} tokens (nearest: {_nearest(batch_tokens, unit)})")
-        per_rank = batch_tokens // unit
+            raise ConfigError(f"--batch-tokens {batch_tokens} is not a multiple of {micro}--seq {seq} x "
+                              f"{_gpus(world_size)} = {unit} tokens (nearest: {_nearest(batch_tokens, unit)})")
+        per_rank = batch_tokens // (seq * world_size)
     if batch != "auto":
         accum = _accum_for(batch, grad_accum, batch_tokens, per_rank, seq, world_size)
         if recompute != "auto":
@@ -222,10 +223,6 @@ def explain_oom(run):
 def _accum_for(batch: int, grad_accum, batch_tokens, per_rank, seq: int, world_size: int) -> int:
     if per_rank is None:
         return grad_accum or 1
-    unit = batch * seq * world_size
-    if per_rank % batch:
-        raise ConfigError(f"--batch-tokens {batch_tokens} is not a multiple of --batch {batch} x --seq {seq} x "
-                          f"{_gpus(world_size)} = {unit} tokens (nearest: {_nearest(batch_tokens, unit)})")
     accum = per_rank // batch
     if grad_accum is not None and grad_accum != accum:
         raise ConfigError(f"--grad-accum {grad_accum} disagrees with --batch-tokens {batch_tokens}, which gives "

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_train(args) -> int:
     from xtrain import runconfig
-    from xtrain.train import CKPT_DIR, TrainConfig, train
+    from xtrain.train import TrainConfig, train
 
     values = _train_values(args)
     if values["devices"] != 1:
@@ -272,10 +272,7 @@ def cmd_train(args) -> int:
         raise UsageError(f"--data {values['data']}: no such file or directory")
     _check_device(values["device"])
     cfg = TrainConfig(**runconfig.train_config_kwargs(values))
-    runconfig.validate(cfg)
-    from xtrain import trackers
-
-    trackers.check_available(cfg.trackers)
+    _check_train_config(cfg, values["devices"])
     if values["devices"] == 1:
         train(cfg)
     else:
@@ -283,6 +280,25 @@ def cmd_train(args) -> int:
 
         train_data_parallel(cfg, values["devices"])
     return 0
+
+
+def _check_train_config(cfg, devices) -> None:
+    """The configuration errors that need no data or model, now: values, trackers, and the batch
+    arithmetic (the whole plan where nothing is probed; else whether probing is possible)."""
+    import xtrain
+    from xtrain import batching, runconfig, trackers
+
+    runconfig.validate(cfg)
+    trackers.check_available(cfg.trackers)
+    world = 1
+    if devices != 1:
+        from xtrain import distributed
+
+        world = len(distributed.resolve_devices(devices))
+    on_gpu = devices != 1 or cfg.device.startswith("cuda") or (cfg.device == "auto" and xtrain.cuda.is_available())
+    searching = cfg.batch == "auto" or cfg.recompute == "auto"
+    if not searching or (cfg.memory_limit is None and not on_gpu):
+        batching.plan(cfg.batch, cfg.grad_accum, cfg.batch_tokens, cfg.seq, world, cfg.recompute)
 
 
 def _train_values(args) -> dict:

@@ -215,7 +215,12 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     # training loader is this rank's share of a global batch, all its micro-batches
     plan = plan_batch(cfg, ctx, model)
     train_loader = dataset.loader("train", plan.rank_batch, cfg.seq, cfg.seed, ctx.rank, ctx.world_size)
-    ev = plan_eval(dataset, plan.micro_batch, cfg.seq, cfg.eval_batches, ctx.world_size) if cfg.eval_every > 0 else None
+    ev = None
+    if cfg.eval_every > 0:
+        from xtrain.data import read_header
+
+        ev = plan_eval(read_header(dataset.shard_path("val")).n_tokens, plan.micro_batch, cfg.seq,
+                       cfg.eval_batches, ctx.world_size, dataset.path)
     val_loader = None if ev is None else dataset.loader("val", ev.batch, ev.seq, cfg.seed, ctx.rank, ctx.world_size)
 
     # ---- the resumed step, loader position and generators
@@ -308,14 +313,11 @@ def plan_batch(cfg: TrainConfig, ctx, model) -> batching.BatchPlan:
     return plan
 
 
-def plan_eval(dataset, batch: int, seq: int, eval_batches: int, world_size: int) -> EvalPlan:
+def plan_eval(n: int, batch: int, seq: int, eval_batches: int, world_size: int, data="the data") -> EvalPlan:
     """Validation batches that the validation split can fill: --eval-batches batches of the
     micro-batch at --seq where it can; fewer batches, fewer windows or (last) shorter windows
     where it is small, with a note saying so; a ConfigError naming the flags when it is too small
-    for even one window of MIN_EVAL_SEQ tokens per rank."""
-    from xtrain.data import read_header
-
-    n = read_header(dataset.shard_path("val")).n_tokens
+    for even one window of MIN_EVAL_SEQ tokens per rank. `n`: tokens in the validation split."""
     per_rank = (n - 1) // seq // world_size  # windows of seq + 1 tokens at stride seq, per rank
     asked = f"--eval-batches {eval_batches} x {batch} windows of {seq} tokens"
     if per_rank >= batch:
@@ -328,7 +330,7 @@ def plan_eval(dataset, batch: int, seq: int, eval_batches: int, world_size: int)
                                           f"{per_rank} windows of {seq} tokens instead of {asked}")
     short = (n - 1) // world_size
     if short < MIN_EVAL_SEQ:
-        raise ConfigError(f"the validation split of {dataset.path} has {n} tokens, too few to evaluate "
+        raise ConfigError(f"the validation split of {data} has {n} tokens, too few to evaluate "
                           f"(at least {MIN_EVAL_SEQ * world_size + 1}): prepare the data with a larger "
                           f"--val-fraction, or train with --eval-every 0")
     return EvalPlan(1, short, 1, f"the validation split has {n:,} tokens: evaluating one window of {short} "
