@@ -9,9 +9,13 @@ import numpy as np
 import pytest
 
 import xtrain
-from modelhelp import batch, bits_equal, grads_numpy, make_model, prepared_stories, small_config
+from modelhelp import batch, bits_equal, grads_numpy, make_model, prepared_stories, run_cli, small_config
+from test_distributed import two_gpus
 from test_train import _OneRankContext
 from xtrain.train import TrainConfig, accumulate_gradients, train
+
+
+cuda = pytest.mark.skipif(not xtrain.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +106,50 @@ def test_resume_with_accumulation_is_bit_exact(tmp_path, data):
     for name in ("model.safetensors", "optim.safetensors"):
         assert (tmp_path / "straight" / "ckpt" / name).read_bytes() == \
             (tmp_path / "split" / "ckpt" / name).read_bytes(), name
+
+
+# ---------------------------------------------------------------- GPUs (skipped without them)
+
+def _cli_losses(out):
+    return [r["loss"] for r in _log(out) if "loss" in r]
+
+
+@two_gpus
+@pytest.mark.parametrize("flags", [(), ("--bf16",), ("--no-shard-optimizer",)])
+def test_cli_two_devices_with_accumulation_matches_one_device_and_resumes(tmp_path, flags):
+    """2 GPUs x micro-batch 2 x 2 accumulation steps = one GPU's batch of 8: the same losses; 3 + 3
+    resumed steps are the 6-step run bit for bit."""
+    data = prepared_stories(tmp_path)
+    common = ("train", "--preset", "tiny", "--data", data, "--seq", "64", "--lr", "3e-3", "--warmup", "2",
+              "--decay-steps", "6", "--eval-every", "0", "--sample-tokens", "4", "--no-progress", *flags)
+    one = run_cli(*common, "--devices", "1", "--device", "cuda", "--batch", "8", "--steps", "6", "--out", tmp_path / "one")
+    assert one.returncode == 0, one.stderr
+    acc = ("--devices", "2", "--batch", "2", "--batch-tokens", str(8 * 64))
+    full = run_cli(*common, *acc, "--steps", "6", "--out", tmp_path / "full")
+    assert full.returncode == 0, full.stderr
+    assert "micro-batch 2 x 2 accumulation steps x 2 GPUs = 8 sequences" in full.stdout
+    np.testing.assert_allclose(_cli_losses(tmp_path / "full"), _cli_losses(tmp_path / "one"),
+                               rtol=1e-2 if "--bf16" in flags else 1e-5)
+    r = run_cli(*common, *acc, "--steps", "3", "--out", tmp_path / "part")
+    assert r.returncode == 0, r.stderr
+    r = run_cli("train", "--out", tmp_path / "part", "--resume", "--steps", "6", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert _cli_losses(tmp_path / "part") == _cli_losses(tmp_path / "full")
+
+
+@cuda
+def test_cli_batch_auto_on_the_gpu_and_oom_is_an_error(tmp_path):
+    data = prepared_stories(tmp_path)
+    common = ("train", "--preset", "dim384", "--data", data, "--seq", "256", "--steps", "2", "--eval-every", "0",
+              "--sample-tokens", "2", "--no-progress", "--device", "cuda", "--bf16")
+    r = run_cli(*common, "--batch", "auto", "--batch-tokens", str(256 * 256), "--recompute", "auto",
+                "--memory-limit", "3GiB", "--out", tmp_path / "auto")
+    assert r.returncode == 0, r.stderr
+    assert "--batch auto: micro-batch" in r.stdout and "recompute" in r.stdout
+    rec = (tmp_path / "auto" / "config.toml").read_text()
+    assert "batch-tokens = 65536" in rec
+    assert all("mfu" in x for x in _log(tmp_path / "auto") if "loss" in x)
+    r = run_cli(*common, "--batch", "512", "--memory-limit", "2GiB", "--out", tmp_path / "oom")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "out of memory" in err[0] and "--batch auto" in err[0], err

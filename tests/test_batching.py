@@ -114,8 +114,9 @@ def test_real_search_under_a_cpu_memory_limit():
 
 def test_oom_during_training_names_the_flags(tmp_path):
     data = prepared_stories(tmp_path)
+    limit = xtrain.memory_stats("cpu")["reserved_bytes.current"] + 48 * 2**20  # the model fits, batch 64 not
     cfg = TrainConfig(preset="tiny", data=str(data), out=str(tmp_path / "run"), device="cpu", batch=64,
-                      seq=128, steps=2, eval_every=0, progress=False, memory_limit=48 * 2**20)
+                      seq=128, steps=2, eval_every=0, progress=False, memory_limit=limit)
     try:
         with pytest.raises(xtrain.OutOfMemoryError) as e:
             train(cfg)

@@ -271,7 +271,7 @@ def cmd_train(args) -> int:
     if values["data"] is not None and not Path(values["data"]).exists():
         raise UsageError(f"--data {values['data']}: no such file or directory")
     _check_device(values["device"])
-    cfg = TrainConfig(**runconfig.train_config_kwargs(values))
+    cfg = TrainConfig(**runconfig.train_config_kwargs(values, TrainConfig.__dataclass_fields__))
     _check_train_config(cfg, values["devices"])
     if values["devices"] == 1:
         train(cfg)
@@ -336,6 +336,8 @@ def _coerce(parser, values: dict, where: str) -> dict:
     out = {}
     for key, value in values.items():
         action = actions.get(key)
+        if value is None and action is not None:  # an older checkpoint's record: the default
+            continue
         if action is None or key in runconfig.NOT_RECORDED:
             raise UsageError(f"{where}: unknown key {key!r} (the keys are the flags of xtrain train, "
                              f"e.g. steps = 800, grad-accum = 4)")

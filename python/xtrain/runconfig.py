@@ -129,28 +129,15 @@ def record_of(cfg, **resolved) -> dict:
     return out
 
 
-def train_config_kwargs(values: dict) -> dict:
-    """TrainConfig keyword arguments from flag dest -> value (the CLI's merged values)."""
-    from xtrain.train import TrainConfig
-
-    fields = set(TrainConfig.__dataclass_fields__)
+def train_config_kwargs(values: dict, fields) -> dict:
+    """TrainConfig keyword arguments (`fields`: its field names) from flag dest -> value (the CLI's
+    merged values)."""
     kw = {k: v for k, v in values.items() if k in fields}
     kw["progress"] = not values.get("no_progress", False)
     kw["shard_optimizer"] = not values.get("no_shard_optimizer", False)
-    kw["trackers"] = parse_trackers(values.get("tracker"))
+    text = values.get("tracker")
+    kw["trackers"] = tuple(dict.fromkeys(n.strip().lower() for n in str(text).split(",") if n.strip())) if text else ()
     return kw
-
-
-def parse_trackers(text) -> tuple:
-    from xtrain.trackers import TRACKERS
-
-    if not text:
-        return ()
-    names = tuple(dict.fromkeys(n.strip().lower() for n in str(text).split(",") if n.strip()))
-    for n in names:
-        if n not in TRACKERS:
-            raise ConfigError(f"--tracker {n!r}: choose from {', '.join(TRACKERS)}")
-    return names
 
 
 # ---- checks
