@@ -17,7 +17,8 @@ def trained(tmp_path_factory):
     out = root / "run"
     r = run_cli("train", "--preset", "tiny", "--steps", "30", "--data", data, "--out", out,
                 "--batch", "8", "--seq", "64", "--lr", "3e-3", "--warmup", "5", "--eval-every", "15",
-                "--eval-batches", "2", "--sample-tokens", "20", "--no-progress", "--device", "cpu")
+                "--eval-batches", "2", "--sample-tokens", "20", "--no-progress", "--device", "cpu",
+                "--sample-prompt", "Once upon a time")
     return root, out, r
 
 
@@ -71,7 +72,8 @@ def test_help():
     assert r.returncode == 0
     for flag in ("--preset", "--data", "--device", "--bf16", "--recompute", "--batch", "--seq",
                  "--steps", "--lr", "--warmup", "--eval-every", "--save-every", "--out",
-                 "--resume", "--memory-limit", "--seed", "--devices"):
+                 "--resume", "--memory-limit", "--seed", "--devices", "--grad-accum", "--batch-tokens",
+                 "--schedule", "--decay-frac", "--min-lr", "--config", "--tracker", "--sample-prompt"):
         assert flag in r.stdout, flag
 
 

@@ -2,7 +2,9 @@
 
     xtrain train                                  # built-in stories: tiny (CPU), dim768 bf16 (GPU)
     xtrain train --preset dim384 --data corpus.jsonl --bf16 --steps 5000 --out runs/d384
-    xtrain train --out runs/d384 --resume         # continue runs/d384/ckpt
+    xtrain train --out runs/d384 --resume         # continue runs/d384/ckpt with its config.toml
+    xtrain train --config run.toml --steps 2000   # a config file; flags override it
+    xtrain train --preset dim768 --bf16 --batch auto --batch-tokens 0.5M --recompute auto
     xtrain prepare corpus.jsonl --out data/corpus --vocab-size 8192
     xtrain prepare tinystories                    # from the Hugging Face hub into data/tinystories
     xtrain prepare hf:ORG/NAME --text-column text --split train --tokenizer gpt2
@@ -25,6 +27,7 @@ import sys
 from pathlib import Path
 
 from xtrain.models.transformer import PRESETS
+from xtrain.schedule import DEFAULT_DECAY_FRAC, SCHEDULES
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -66,6 +69,44 @@ def _nonneg_int(text: str) -> int:
 
 def _devices_arg(text: str):
     return "all" if text.strip().lower() == "all" else _positive_int(text)
+
+
+def _batch_arg(text: str):
+    return "auto" if text.strip().lower() == "auto" else _positive_int(text)
+
+
+def _recompute_arg(text: str):
+    value = {"on": True, "true": True, "off": False, "false": False, "auto": "auto"}.get(text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected on, off or auto, got {text!r}")
+    return value
+
+
+def _token_count(text: str) -> int:
+    """'524288', '512K' or '0.5M' (K and M are powers of 1024 here too)."""
+    v = parse_size(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of tokens, got {text!r}")
+    return v
+
+
+class _Default:
+    """A train flag's default, marked so cmd_train can tell a flag given on the command line
+    (which overrides a config file and the resumed run's record) from one left at its default;
+    --help prints the value."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __str__(self):
+        return str(self.value)
+
+
+def _mark_defaults(parser) -> None:
+    for action in parser._actions:
+        if action.dest != "help":
+            action.default = _Default(action.default)
+    parser.set_defaults(_parser=parser)
 
 
 def _positive_float(text: str) -> float:
@@ -110,27 +151,41 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run directory: log, checkpoint, plot, sample (default: runs/PRESET)")
     t.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
     prec = t.add_mutually_exclusive_group()
-    prec.add_argument("--bf16", dest="bf16", action="store_const", const=True, default=None,
-                      help="mixed precision: bf16 compute, fp32 master weights (default: machine)")
+    prec.add_argument("--bf16", dest="bf16", action="store_const", const=True, default=False,
+                      help="mixed precision: bf16 compute, fp32 master weights (the default on a GPU)")
     prec.add_argument("--fp32", dest="bf16", action="store_const", const=False,
-                      help="float32 throughout")
-    t.add_argument("--recompute", action="store_true",
-                   help="activation recompute: checkpoint every block (bitwise-identical results)")
+                      help="float32 throughout (the default on a CPU)")
+    t.add_argument("--recompute", nargs="?", const=True, default=False, type=_recompute_arg, metavar="on|off|auto",
+                   help="activation recompute: checkpoint every block (bitwise-identical results); auto: "
+                        "only if the micro-batch does not fit without it")
     t.add_argument("--dropout", type=float, default=0.0, help="dropout on embeddings and residual branches")
-    t.add_argument("--batch", type=_positive_int, default=None,
-                   help="sequences per step (default: machine)")
-    t.add_argument("--seq", type=_positive_int, default=None,
-                   help="tokens per sequence (default: machine)")
-    t.add_argument("--steps", type=_positive_int, default=None,
-                   help="total optimizer steps (default: machine)")
+    t.add_argument("--batch", type=_batch_arg, default=16, metavar="N|auto",
+                   help="sequences per micro-batch on each device; auto: the largest that fits "
+                        "(--memory-limit, or the GPU's memory)")
+    t.add_argument("--grad-accum", type=_positive_int, default=None, metavar="N",
+                   help="micro-batches per optimizer step (default: 1, or from --batch-tokens)")
+    t.add_argument("--batch-tokens", type=_token_count, default=None, metavar="T",
+                   help="global batch in tokens per optimizer step, e.g. 0.5M (= 524288); gives "
+                        "--grad-accum = T / (batch x seq x GPUs)")
+    t.add_argument("--seq", type=_positive_int, default=128, help="tokens per sequence")
+    t.add_argument("--steps", type=_positive_int, default=800,
+                   help="total optimizer steps (with --resume: the new total)")
+    t.add_argument("--schedule", choices=SCHEDULES, default="cosine",
+                   help="LR schedule after the warm-up: cosine or linear decay to --min-lr, constant, or "
+                        "wsd (stable, then a linear decay over the last --decay-frac)")
     t.add_argument("--decay-steps", type=_positive_int, default=None,
-                   help="length of the cosine LR schedule (default: --steps)")
+                   help="length of the LR schedule (default: --steps; with --resume the run's own, so "
+                        "steps added by a larger --steps run at --min-lr)")
+    t.add_argument("--decay-frac", type=float, default=DEFAULT_DECAY_FRAC,
+                   help="wsd: share of the schedule spent decaying")
     t.add_argument("--lr", type=_positive_float, default=None,
                    help="peak learning rate (default: per preset, tiny 2e-3 ... dim1024 5e-4; "
                         "the checkpoint's with --resume)")
     t.add_argument("--min-lr", type=float, default=None, help="final learning rate (default: lr/10)")
     t.add_argument("--warmup", type=_nonneg_int, default=50, help="linear warm-up steps")
     t.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (2-D weights)")
+    t.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
+    t.add_argument("--beta2", type=float, default=0.95, help="AdamW beta2")
     t.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip (0: off)")
     t.add_argument("--eval-every", type=_nonneg_int, default=None,
                    help="validation every N steps (0: off; default: machine)")
@@ -152,7 +207,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vocab-size", type=_positive_int, default=4096,
                    help="BPE vocabulary when --data is a raw source")
     t.add_argument("--sample-tokens", type=_nonneg_int, default=200, help="length of the final sample")
+    t.add_argument("--sample-prompt", default=None,
+                   help="prompt of the final sample (default: 'Once upon a time' on the built-in stories, "
+                        "else the start of a validation document)")
+    t.add_argument("--tracker", default=None, metavar="NAMES",
+                   help="metric sinks beside log.jsonl, comma-separated: tensorboard, wandb (offline); "
+                        "pip install 'xtrain[tensorboard]' / 'xtrain[wandb]'")
+    t.add_argument("--config", default=None, metavar="TOML",
+                   help="read flags from a TOML file (keys as the flags: steps = 800, grad-accum = 4); "
+                        "flags given here override it")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _mark_defaults(t)
 
     pr = sub.add_parser("prepare", help="tokenize a corpus into train/val shards", formatter_class=fmt,
                         description="Train a byte-level BPE (or use GPT-2's) on SOURCE and write "
@@ -183,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sample", help="generate text from a checkpoint", formatter_class=fmt)
     s.add_argument("--ckpt", required=True, help="checkpoint directory (e.g. runs/tiny/ckpt)")
-    s.add_argument("--prompt", default="Once upon a time", help="text to continue")
+    s.add_argument("--prompt", default=None,
+                   help="text to continue (default: the run's sample prompt, e.g. 'Once upon a time')")
     s.add_argument("--greedy", action="store_true", help="always take the most likely token")
     s.add_argument("--temperature", type=_positive_float, default=None, help="sampling temperature (default 0.8)")
     s.add_argument("--top-k", type=_positive_int, default=None, help="sample among the K most likely (default 50)")
@@ -234,56 +300,123 @@ def _first_line(e: BaseException) -> str:
 
 
 def cmd_train(args) -> int:
-    from xtrain.train import CKPT_DIR, TrainConfig, machine_defaults, resolve_device, train
-
-    if args.devices != 1:
-        from xtrain import distributed
-
-        try:
-            distributed.require_available()
-            distributed.resolve_devices(args.devices)
-        except (RuntimeError, ValueError) as e:
-            raise UsageError(f"--devices {args.devices}: {e}") from None
-    if args.data is not None and not Path(args.data).exists():
-        raise UsageError(f"--data {args.data}: no such file or directory")
-    if not 0.0 <= args.dropout < 1.0:
-        raise UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
-    _check_device(args.device)
-    # Flags not given take the defaults of the machine the run trains on (GPU or CPU).
-    machine = machine_defaults(resolve_device(args.device) if args.devices == 1 else "cuda")
-    for name in ("bf16", "batch", "seq", "steps", "eval_every"):
-        if getattr(args, name) is None:
-            setattr(args, name, machine[name])
-    preset = args.preset if args.preset or args.resume is not None else machine["preset"]
-    out = args.out or f"runs/{preset or machine['preset']}"
-    resume = None
-    if args.resume is not None:
-        resume = args.resume or str(Path(out) / CKPT_DIR)
-        from xtrain import state
-
-        state.resolve(resume)  # a clear error now rather than after the data is prepared
-    cfg = TrainConfig(preset=preset, data=args.data, out=out, device=args.device,
-                      bf16=args.bf16, recompute=args.recompute, dropout=args.dropout,
-                      batch=args.batch, seq=args.seq, steps=args.steps, decay_steps=args.decay_steps,
-                      lr=args.lr, min_lr=args.min_lr, warmup=args.warmup,
-                      weight_decay=args.weight_decay, grad_clip=args.grad_clip,
-                      eval_every=args.eval_every, eval_batches=args.eval_batches,
-                      save_every=args.save_every, resume=resume, memory_limit=args.memory_limit,
-                      seed=args.seed, vocab_size=args.vocab_size, sample_tokens=args.sample_tokens,
-                      progress=not args.no_progress, shard_optimizer=not args.no_shard_optimizer)
+    from xtrain import runconfig
     from xtrain.rundir import claim_run
+    from xtrain.train import TrainConfig, train
 
-    with claim_run(out, resume, args.overwrite) as lock:  # refuses a locked or occupied --out
+    values = _train_values(args)
+    if values["data"] is not None and not Path(values["data"]).exists():
+        raise UsageError(f"--data {values['data']}: no such file or directory")
+    cfg = TrainConfig(**runconfig.train_config_kwargs(values, TrainConfig.__dataclass_fields__))
+    _check_train_config(cfg, values["devices"])
+    with claim_run(cfg.out, cfg.resume, values["overwrite"]) as lock:  # refuses a locked or occupied --out
         if lock.took_over:
-            print(f"xtrain: note: {out} was locked by pid {lock.took_over.get('pid')}, which is no "
+            print(f"xtrain: note: {cfg.out} was locked by pid {lock.took_over.get('pid')}, which is no "
                   f"longer running; taking it over", file=sys.stderr)
-        if args.devices == 1:
+        if values["devices"] == 1:
             train(cfg)
         else:
             from xtrain.train import train_data_parallel
 
-            train_data_parallel(cfg, args.devices)
+            train_data_parallel(cfg, values["devices"])
     return 0
+
+
+def _check_train_config(cfg, devices) -> None:
+    """The configuration errors that need no data or model, now: values, trackers, and the batch
+    arithmetic (the whole plan where nothing is probed; else whether probing is possible)."""
+    import xtrain
+    from xtrain import batching, runconfig, trackers
+
+    runconfig.validate(cfg)
+    trackers.check_available(cfg.trackers)
+    world = 1
+    if devices != 1:
+        from xtrain import distributed
+
+        world = len(distributed.resolve_devices(devices))
+    on_gpu = devices != 1 or cfg.device.startswith("cuda") or (cfg.device == "auto" and xtrain.cuda.is_available())
+    searching = cfg.batch == "auto" or cfg.recompute == "auto"
+    if not searching or (cfg.memory_limit is None and not on_gpu):
+        batching.plan(cfg.batch, cfg.grad_accum, cfg.batch_tokens, cfg.seq, world, cfg.recompute)
+
+
+def _train_values(args) -> dict:
+    """The train flags' values: their defaults, then the machine's defaults (xtrain.train.
+    MACHINE_DEFAULTS: a GPU trains dim768 in bf16, a CPU the tiny model), then the resumed run's
+    record (OUT/config.toml), then the --config file, then the flags given on the command line
+    (xtrain.runconfig)."""
+    from xtrain import runconfig, state
+    from xtrain.train import CKPT_DIR, machine_defaults, resolve_device
+
+    parser = args._parser
+    given = {k: v for k, v in vars(args).items() if not isinstance(v, _Default) and k not in ("command", "_parser")}
+    values = {k: v.value for k, v in vars(args).items() if isinstance(v, _Default)}
+    layers = {}
+    if given.get("config") is not None:
+        layers["file"] = _coerce(parser, runconfig.read_toml(given["config"]), f"--config {given['config']}")
+    chosen = {**values, **layers.get("file", {}), **given}
+    devices = chosen["devices"]
+    if devices != 1:
+        from xtrain import distributed
+
+        try:
+            distributed.require_available()
+            distributed.resolve_devices(devices)
+        except (RuntimeError, ValueError) as e:
+            raise UsageError(f"--devices {devices}: {e}") from None
+    _check_device(chosen["device"])
+    machine = machine_defaults(resolve_device(chosen["device"]) if devices == 1 else "cuda")
+    if chosen.get("resume") is not None:
+        machine.pop("preset")  # a resumed run keeps its model
+    values.update(machine)
+    if given.get("resume") is not None or layers.get("file", {}).get("resume") is not None:
+        first = {**values, **layers.get("file", {}), **given}
+        out = first["out"] or f"runs/{first['preset'] or 'tiny'}"
+        resume = first["resume"] or str(Path(out) / CKPT_DIR)
+        state.resolve(resume)  # a clear error now rather than after the data is prepared
+        record = _coerce(parser, runconfig.read_record(resume), f"the record of {resume}")
+        values.update(record)
+        given["resume"] = resume
+    for layer in layers.values():
+        values.update(layer)
+    values.update(given)
+    values["out"] = values["out"] or f"runs/{values['preset'] or 'tiny'}"
+    return values
+
+
+def _coerce(parser, values: dict, where: str) -> dict:
+    """Config-file or record values (TOML types) as the flags' own parsing would give them."""
+    from xtrain import runconfig
+
+    actions = {}
+    for a in parser._actions:  # the first flag of a dest names it (--bf16, not --fp32)
+        if a.dest != "help":
+            actions.setdefault(a.dest, a)
+    out = {}
+    for key, value in values.items():
+        action = actions.get(key)
+        if value is None and action is not None:  # an older checkpoint's record: the default
+            continue
+        if action is None or key in runconfig.NOT_RECORDED:
+            raise UsageError(f"{where}: unknown key {key!r} (the keys are the flags of xtrain train, "
+                             f"e.g. steps = 800, grad-accum = 4)")
+        flag = action.option_strings[0]
+        if action.nargs == 0 or isinstance(value, bool):  # store_true flags, --recompute true/false
+            if not isinstance(value, bool) or (action.nargs != 0 and action.const is not True):
+                raise UsageError(f"{where}: {flag} = {value!r}: expected true or false"
+                                 if action.nargs == 0 else f"{where}: {flag} = {value!r}: expected a value")
+            out[key] = value
+            continue
+        text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        try:
+            parsed = action.type(text) if action.type else text
+        except (argparse.ArgumentTypeError, ValueError) as e:
+            raise UsageError(f"{where}: {flag} = {value!r}: {e}") from None
+        if action.choices is not None and parsed not in action.choices:
+            raise UsageError(f"{where}: {flag} = {value!r}: choose from {', '.join(map(str, action.choices))}")
+        out[key] = parsed
+    return out
 
 
 def cmd_prepare(args) -> int:
@@ -334,7 +467,7 @@ def _prepare_into(args, name, hub, out, progress: bool):
 
 def cmd_sample(args) -> int:
     from xtrain import state
-    from xtrain.train import resolve_device, sample_text
+    from xtrain.train import SAMPLE_PROMPT, resolve_device, sample_text
 
     if args.greedy and (args.temperature is not None or args.top_k is not None):
         raise UsageError("--greedy cannot be combined with --temperature or --top-k")
@@ -342,7 +475,10 @@ def cmd_sample(args) -> int:
     ckpt = state.load(args.ckpt)
     model = ckpt.build_model(resolve_device(args.device))
     model.eval()
-    text = sample_text(model, ckpt.tokenizer(), args.prompt, args.max_new_tokens, seed=args.seed,
+    prompt = args.prompt
+    if prompt is None:  # the prompt of the run's own sample (the start of a validation document)
+        prompt = (ckpt.meta.get("train_args") or {}).get("sample_prompt") or SAMPLE_PROMPT
+    text = sample_text(model, ckpt.tokenizer(), prompt, args.max_new_tokens, seed=args.seed,
                        temperature=args.temperature or 0.8,
                        top_k=args.top_k if args.top_k is not None else 50, greedy=args.greedy)
     print(text)

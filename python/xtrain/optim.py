@@ -1,4 +1,5 @@
-"""AdamW on the fused C++ step, global-norm gradient clipping, and the LR schedule.
+"""AdamW on the fused C++ step and global-norm gradient clipping (the LR schedules live in
+xtrain.schedule; cosine_lr is re-exported here).
 
 - AdamW follows torch.optim.AdamW (decoupled weight decay, bias correction) and nanoGPT's grouping:
   tensors with 2 or more dims (linear and embedding weights) decay, the rest (norm weights) do not.
@@ -8,18 +9,17 @@
   min(1, max_norm / (norm + 1e-6)) there too: it returns the norm as a device Tensor and never
   waits for the device (read it with .item() only when logging). A non-finite norm leaves the
   gradients untouched; the step must then be skipped by the caller.
-- The schedule is a plain function of the step, so a resumed run needs no schedule state.
 """
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 
 import numpy as np
 
 import xtrain
 from xtrain import _C
+from xtrain.schedule import cosine_lr  # noqa: F401  (re-exported)
 from xtrain.store import ParamStore
 
 
@@ -208,17 +208,6 @@ def finite_or_nan(norm):
     min(1, max_norm / (norm + 1e-6)), which is 1 for a NaN norm but 0 for an infinite one, and
     0 * Inf = NaN would spread to the finite gradients. Two scalar ops on the device, no sync."""
     return _C.ops.add(norm, _C.ops.sub(norm, norm))
-
-
-def cosine_lr(step: int, max_lr: float, min_lr: float, warmup: int, total: int) -> float:
-    """LR for `step` (0-based): linear warm-up over `warmup` steps, then cosine decay to min_lr at
-    step `total`, min_lr afterwards (nanoGPT's get_lr)."""
-    if step < warmup:
-        return max_lr * (step + 1) / warmup
-    if step >= total:
-        return min_lr
-    ratio = (step - warmup) / max(1, total - warmup)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
 
 
 def _check_hyper(lr, betas, eps, weight_decay) -> None:

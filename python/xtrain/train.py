@@ -3,11 +3,18 @@ config -> data -> model -> optimizer -> one while loop (LR, forward, backward, c
 eval, save) -> loss curve and a sample.
 
 Outputs in `out`:
-    log.jsonl    one record per step: step, loss, lr, grad_norm, tok_s, ms, mem_mb (+ val_loss
-                 records at eval steps)
+    log.jsonl    one record per step: step, loss, lr, grad_norm, tok_s, ms, mem_mb (+ mfu on a
+                 GPU); val_loss and val_ppl records at eval steps
+    config.toml  the resolved configuration (xtrain.runconfig): what `--resume` continues with
     ckpt/        the checkpoint (xtrain.state), every save_every steps and at the end
     loss.png     train (and val) loss against step
     sample.txt   a sample from the final model
+    tensorboard/, wandb/   with --tracker (xtrain.trackers): the log's scalars
+
+A step is one optimizer step over the global batch: micro_batch x accum x ranks sequences
+(xtrain.batching.BatchPlan). Each rank's share of it comes from one loader draw and runs as
+`accum` forward/backward passes whose gradients sum in the parameter store's slots
+(accumulate_gradients); then one clip and one AdamW step (with ranks: one collective).
 
 The loop is train(): setup(), then per step train_step() (with evaluate() and save() when due),
 then finish(). One loop serves one device and data-parallel ranks alike: on one device the
@@ -25,21 +32,35 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 import xtrain
-from xtrain import distributed, ops
+from xtrain import batching, distributed, ops, runconfig, trackers
 from xtrain import state as ckpt_state
 from xtrain.models import TinyTransformer, TransformerConfig, config_for
-from xtrain.optim import AdamW, clip_grad_norm_, cosine_lr
+from xtrain.optim import AdamW, clip_grad_norm_
+from xtrain.runconfig import ConfigError
+from xtrain.schedule import DEFAULT_DECAY_FRAC, Schedule
 
 CKPT_DIR = "ckpt"
 LOG_FILE = "log.jsonl"
 SAMPLE_PROMPT = "Once upon a time"
+# Own data: the sample prompt is the first PROMPT_WORDS words of the first validation document,
+# found within its first PROMPT_SCAN_TOKENS tokens.
+PROMPT_WORDS = 4
+PROMPT_SCAN_TOKENS = 256
 # Peak learning rates that train each preset stably at batch*seq of 2k-16k tokens (smaller models
 # take larger steps; dim768 is GPT-2 small's 6e-4).
 PRESET_LR = {"tiny": 2e-3, "dim384": 1e-3, "dim768": 6e-4, "dim1024": 5e-4}
+# Peak bf16 throughput of the H200: an 8192^3 bf16 matmul through PyTorch, 790 TFLOP/s (GPU.md,
+# bench/common.py). MFU = model FLOPs per token (TransformerConfig.flops_per_token) x tokens/s
+# over this peak x GPUs; fp32 runs are measured against it too (as nanoGPT does).
+H200_BF16_PEAK_FLOPS = 790e12
+# Validation windows shorter than this say too little about the model: below it, an error.
+MIN_EVAL_SEQ = 16
 
 
 # What `xtrain train` runs when a flag is not given, by the kind of device it trains on. CPU: the
@@ -64,14 +85,18 @@ class TrainConfig:
     out: str = "runs/tiny"
     device: str = "auto"               # auto: cuda if available else cpu
     bf16: bool = False
-    recompute: bool = False
+    recompute: bool | str = False      # or "auto": on only where the micro-batch needs it (batching)
     dropout: float = 0.0
-    batch: int = 16
+    batch: int | str = 16              # sequences per micro-batch on one device, or "auto"
+    grad_accum: int | None = None      # micro-batches per optimizer step (None: 1, or from batch_tokens)
+    batch_tokens: int | None = None    # the global batch in tokens (gives grad_accum)
     seq: int = 128
     steps: int = 800                   # train until this many steps are done (in total)
-    decay_steps: int | None = None     # LR schedule length (None: steps)
+    schedule: str = "cosine"           # cosine, linear, constant, wsd (xtrain.schedule)
+    decay_steps: int | None = None     # LR schedule length (None: the resumed run's, else steps)
+    decay_frac: float = DEFAULT_DECAY_FRAC  # wsd: the share of decay_steps spent decaying
     lr: float | None = None            # peak LR; None: the preset's (PRESET_LR), or the resumed run's
-    min_lr: float | None = None        # None: lr / 10
+    min_lr: float | None = None        # None: the resumed run's, else lr / 10
     warmup: int = 50
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -85,9 +110,20 @@ class TrainConfig:
     seed: int = 0
     vocab_size: int = 4096             # BPE size when `data` is a raw source
     sample_tokens: int = 200
-    sample_prompt: str = SAMPLE_PROMPT
+    sample_prompt: str | None = None   # None: SAMPLE_PROMPT on the built-in stories, else the start
+                                       # of a validation document
     progress: bool = True
     shard_optimizer: bool = True       # several GPUs: ZeRO-1 step (distributed.DataParallelAdamW)
+    trackers: tuple = ()               # metric sinks beside log.jsonl: "tensorboard", "wandb"
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """Validation batches: `batches` global batches of `batch` windows of `seq` tokens per rank."""
+    batch: int
+    seq: int
+    batches: int
+    note: str | None = None            # how it differs from --eval-batches x --batch x --seq
 
 
 @dataclass
@@ -103,14 +139,17 @@ class Run:
     model: TinyTransformer
     optimizer: AdamW
     dp: object                         # distributed.DataParallelAdamW on several GPUs, else None
-    max_lr: float
-    min_lr: float
-    decay_steps: int
+    plan: batching.BatchPlan           # micro-batch, accumulation, recompute
+    eval: EvalPlan | None              # None: no evaluation (eval_every 0)
+    schedule: Schedule
     step: int
-    tokens_per_step: int
-    log: object                        # the open log.jsonl (rank 0), else None
-    history: list
-    bar: object                        # the progress bar (rank 0), else None
+    record: dict                       # the resolved configuration (config.toml, train_args)
+    sample_prompt: str
+    peak_flops: float | None           # for MFU: on GPUs, H200_BF16_PEAK_FLOPS x ranks
+    log: object = None                 # the open log.jsonl (rank 0), else None
+    history: list = None
+    bar: object = None                 # the progress bar (rank 0), else None
+    trackers: list = ()                # open xtrain.trackers sinks (rank 0)
     t_last: float = 0.0
     val_loss: float | None = None
 
@@ -125,21 +164,24 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
     rank 0 logs, saves, plots and samples."""
     t_start = time.time()
     run = setup(cfg, ctx, prepared)
-    while run.step < cfg.steps:
-        run.ctx.check()  # another rank failed: stop here
-        if cfg.eval_every > 0 and run.step % cfg.eval_every == 0:
+    with batching.explain_oom(run):  # an OOM names the flags that change it
+        while run.step < cfg.steps:
+            run.ctx.check()  # another rank failed: stop here
+            if cfg.eval_every > 0 and run.step % cfg.eval_every == 0:
+                log_eval(run, evaluate(run))
+            train_step(run)
+            if cfg.save_every > 0 and run.step % cfg.save_every == 0 and run.step < cfg.steps:
+                save(run)
+        if cfg.eval_every > 0:
             log_eval(run, evaluate(run))
-        train_step(run)
-        if cfg.save_every > 0 and run.step % cfg.save_every == 0 and run.step < cfg.steps:
-            save(run)
-    if cfg.eval_every > 0:
-        log_eval(run, evaluate(run))
     save(run)
     return finish(run, t_start)
 
 
 def setup(cfg: TrainConfig, ctx, prepared) -> Run:
-    """Data, model, optimizer, the resumed state and the log: everything before the first step."""
+    """Data, model, optimizer, batch plan, the resumed state and the log: everything before the
+    first step."""
+    runconfig.validate(cfg)
     ranked = ctx is not None  # a rank of a data-parallel launch (even of one rank)
     ctx = ctx if ranked else distributed.LocalContext(resolve_device(cfg.device))
     out = Path(cfg.out)
@@ -147,19 +189,20 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     device = ctx.device
     if cfg.memory_limit is not None:
         xtrain.set_memory_limit(int(cfg.memory_limit), device)
+    if ctx.is_main:
+        trackers.check_available(cfg.trackers)
 
-    # ---- data: each rank takes its disjoint slice of every global batch (xtrain.data.loader)
+    # ---- data (each rank takes its disjoint slice of every global batch: xtrain.data.loader)
     if prepared is None:
         ckpt = ckpt_state.load(cfg.resume) if cfg.resume else None
         dataset = open_data(cfg.data, out, cfg.vocab_size, cfg.progress)
         check_tokenizer(ckpt, dataset)
     else:
         dataset, ckpt = prepared
-    train_loader = dataset.loader("train", cfg.batch, cfg.seq, cfg.seed, ctx.rank, ctx.world_size)
-    val_loader = dataset.loader("val", cfg.batch, cfg.seq, cfg.seed, ctx.rank, ctx.world_size)
+    recorded = (ckpt.meta.get("train_args") or {}) if ckpt is not None else {}
 
     # ---- model: fresh from the preset, or the checkpoint's
-    run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute, dropout=cfg.dropout)
+    run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute is True, dropout=cfg.dropout)
     if ckpt is None:
         if prepared is None:
             xtrain.manual_seed(cfg.seed)  # process-wide; train_data_parallel seeds once for all ranks
@@ -174,18 +217,28 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         model = ckpt.build_model(device, **run_flags)
     dataset.check_vocab(model.config.vocab_size)
     if cfg.seq > model.config.max_seq:
-        raise ValueError(f"seq {cfg.seq} exceeds the model's max_seq {model.config.max_seq}")
+        raise ConfigError(f"--seq {cfg.seq} exceeds the model's max_seq {model.config.max_seq}")
     ctx.broadcast([model.store.params])  # every rank starts from rank 0's weights
     model.train()
 
-    # ---- optimizer (and the resumed step, loader position and generators)
-    max_lr = cfg.lr
-    if max_lr is None and ckpt is not None:
-        max_lr = (ckpt.meta.get("train_args") or {}).get("lr")
-    if max_lr is None:
-        max_lr = PRESET_LR[cfg.preset or "tiny"]
-    optimizer = AdamW(model.named_parameters(), lr=max_lr, betas=(cfg.beta1, cfg.beta2),
+    # ---- optimizer and LR schedule
+    schedule = make_schedule(cfg, recorded)
+    optimizer = AdamW(model.named_parameters(), lr=schedule.max_lr, betas=(cfg.beta1, cfg.beta2),
                       weight_decay=cfg.weight_decay)
+
+    # ---- batch plan (may probe micro-batches on the model), then the loaders: one draw of the
+    # training loader is this rank's share of a global batch, all its micro-batches
+    plan = plan_batch(cfg, ctx, model)
+    train_loader = dataset.loader("train", plan.rank_batch, cfg.seq, cfg.seed, ctx.rank, ctx.world_size)
+    ev = None
+    if cfg.eval_every > 0:
+        from xtrain.data import read_header
+
+        ev = plan_eval(read_header(dataset.shard_path("val")).n_tokens, plan.micro_batch, cfg.seq,
+                       cfg.eval_batches, ctx.world_size, dataset.path)
+    val_loader = None if ev is None else dataset.loader("val", ev.batch, ev.seq, cfg.seed, ctx.rank, ctx.world_size)
+
+    # ---- the resumed step, loader position and generators
     step = 0
     if ckpt is not None:
         ckpt.load_optimizer(optimizer)
@@ -199,51 +252,155 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     # updates its share of the weights): the same updates as one device.
     dp = distributed.DataParallelAdamW(optimizer, ctx, shard=cfg.shard_optimizer) if ranked else None
 
-    # ---- the log (rank 0)
+    # ---- the record of the run, the log, the trackers (rank 0)
+    prompt = cfg.sample_prompt if cfg.sample_prompt is not None else default_prompt(cfg.data, dataset)
+    record = runconfig.record_of(
+        cfg, preset=cfg.preset or recorded.get("preset") or (None if ckpt else "tiny"),
+        data=None if cfg.data is None else str(Path(cfg.data).resolve()), out=str(out),
+        lr=schedule.max_lr, min_lr=schedule.min_lr, decay_steps=schedule.decay_steps,
+        batch=plan.micro_batch, grad_accum=None, batch_tokens=plan.tokens, recompute=plan.recompute,
+        memory_limit=cfg.memory_limit, sample_prompt=prompt, devices=ctx.world_size)
     run = Run(cfg=cfg, ctx=ctx, out=out, device=device, dataset=dataset, train_loader=train_loader,
-              val_loader=val_loader, model=model, optimizer=optimizer, dp=dp, max_lr=max_lr,
-              min_lr=cfg.min_lr if cfg.min_lr is not None else max_lr / 10,
-              decay_steps=cfg.decay_steps or cfg.steps, step=step,
-              tokens_per_step=cfg.batch * cfg.seq * ctx.world_size, log=None, history=[], bar=None)
+              val_loader=val_loader, model=model, optimizer=optimizer, dp=dp, plan=plan, eval=ev,
+              schedule=schedule, step=step, record=record, sample_prompt=prompt,
+              peak_flops=H200_BF16_PEAK_FLOPS * ctx.world_size if device.startswith("cuda") else None)
     if ctx.is_main:
+        runconfig.write_record(out / runconfig.CONFIG_FILE, record,
+                               [f"grad-accum = {plan.accum} follows from batch-tokens / (batch x seq x devices)"]
+                               + ([plan.why] if plan.why != "as given" else []))
         run.history = _restart_log(out / LOG_FILE, step)
         run.log = open(out / LOG_FILE, "a")
+        run.trackers = trackers.open_trackers(cfg.trackers, out, record, step)
         run.bar = _progress(cfg, step)
         c = model.config
         print(f"xtrain: {model.num_parameters() / 1e6:.2f}M parameters ({c.core_params() / 1e6:.2f}M in blocks), "
-              f"{ctx.describe()}, {'bf16' if cfg.bf16 else 'fp32'}{', recompute' if cfg.recompute else ''}, "
-              f"{run.tokens_per_step} tokens/step, steps {step} -> {cfg.steps}", flush=True)
+              f"{ctx.describe()}, {'bf16' if cfg.bf16 else 'fp32'}{', recompute' if plan.recompute else ''}, "
+              f"steps {step} -> {cfg.steps}", flush=True)
+        notes = [plan.describe()] + ([plan.why] if plan.why != "as given" else [])
+        notes += [schedule.describe()] + schedule.notes(step, cfg.steps, recorded_schedule(recorded, schedule))
+        notes += [ev.note] if ev is not None and ev.note else []
+        notes += [f"outputs in {out}: {_outputs(run)}"]
+        for n in notes:
+            print(f"xtrain: {n}", flush=True)
     run.t_last = time.time()
     return run
 
 
+def make_schedule(cfg: TrainConfig, recorded: dict) -> Schedule:
+    """The LR schedule: peak LR from --lr, else the resumed run's, else the preset's; min LR and
+    the schedule's length likewise from the flags, else the resumed run's record, else lr / 10 and
+    --steps. A resumed run thus keeps its schedule when --steps grows (see xtrain.schedule)."""
+    max_lr = cfg.lr if cfg.lr is not None else recorded.get("lr")
+    if max_lr is None:
+        max_lr = PRESET_LR[cfg.preset or "tiny"]
+    min_lr = cfg.min_lr
+    if min_lr is None:
+        min_lr = recorded.get("min_lr") if cfg.lr is None and recorded.get("min_lr") is not None else max_lr / 10
+    if min_lr > max_lr:
+        raise ConfigError(f"--min-lr {min_lr:g} must be <= the peak lr {max_lr:g}")
+    decay_steps = cfg.decay_steps or recorded.get("decay_steps") or cfg.steps
+    return Schedule(cfg.schedule, max_lr, min_lr, cfg.warmup, decay_steps, cfg.decay_frac)
+
+
+def recorded_schedule(recorded: dict, current: Schedule) -> Schedule | None:
+    """The schedule a resumed run was trained with, from its record (None for a fresh run)."""
+    if not recorded or recorded.get("lr") is None:
+        return None
+    return Schedule(recorded.get("schedule", "cosine"), recorded["lr"], recorded.get("min_lr", current.min_lr),
+                    recorded.get("warmup", current.warmup), recorded.get("decay_steps") or current.decay_steps,
+                    recorded.get("decay_frac", DEFAULT_DECAY_FRAC))
+
+
+def plan_batch(cfg: TrainConfig, ctx, model) -> batching.BatchPlan:
+    """The batch plan (xtrain.batching). `--batch auto` and `--recompute auto` probe micro-batches
+    on the model under --memory-limit (or the GPU's memory); with ranks, every rank probes and the
+    smallest micro-batch wins. Sets the model's recompute as planned."""
+    searching = cfg.batch == "auto" or cfg.recompute == "auto"
+    fits, memory = None, ""
+    if searching and (cfg.memory_limit is not None or ctx.device.startswith("cuda")):
+        fits, memory = batching.probe(model, cfg.seq, ctx.device), batching.memory_note(cfg.memory_limit)
+    with batching.search_limit(ctx.device, cfg.memory_limit if fits else None):
+        plan = batching.plan(cfg.batch, cfg.grad_accum, cfg.batch_tokens, cfg.seq, ctx.world_size,
+                             cfg.recompute, fits, memory)
+    if searching:
+        plan = min(ctx.exchange("batch_plan", plan), key=lambda p: (not p.recompute, p.micro_batch))
+    batching.set_recompute(model, plan.recompute)
+    return plan
+
+
+def plan_eval(n: int, batch: int, seq: int, eval_batches: int, world_size: int, data="the data") -> EvalPlan:
+    """Validation batches that the validation split can fill: --eval-batches batches of the
+    micro-batch at --seq where it can; fewer batches, fewer windows or (last) shorter windows
+    where it is small, with a note saying so; a ConfigError naming the flags when it is too small
+    for even one window of MIN_EVAL_SEQ tokens per rank. `n`: tokens in the validation split."""
+    per_rank = (n - 1) // seq // world_size  # windows of seq + 1 tokens at stride seq, per rank
+    asked = f"--eval-batches {eval_batches} x {batch} windows of {seq} tokens"
+    if per_rank >= batch:
+        got = min(eval_batches, per_rank // batch)
+        note = None if got == eval_batches else \
+            f"the validation split has {n:,} tokens: evaluating {got} batches instead of {asked}"
+        return EvalPlan(batch, seq, got, note)
+    if per_rank >= 1:
+        return EvalPlan(per_rank, seq, 1, f"the validation split has {n:,} tokens: evaluating one batch of "
+                                          f"{per_rank} windows of {seq} tokens instead of {asked}")
+    short = (n - 1) // world_size
+    if short < MIN_EVAL_SEQ:
+        raise ConfigError(f"the validation split of {data} has {n} tokens, too few to evaluate "
+                          f"(at least {MIN_EVAL_SEQ * world_size + 1}): prepare the data with a larger "
+                          f"--val-fraction, or train with --eval-every 0")
+    return EvalPlan(1, short, 1, f"the validation split has {n:,} tokens: evaluating one window of {short} "
+                                 f"tokens per rank, shorter than --seq {seq}")
+
+
+def accumulate_gradients(model, x, y, accum: int):
+    """Forward and backward over `accum` equal micro-batches of the rows of x, y (int64
+    (accum x B, S)); the gradients sum in the parameter store's slots: the first backward writes
+    them (they are None after the last step's zero_grad), the next ones add. Each backward is
+    seeded with 1/accum, so the slots end holding the gradient of the mean loss over all the rows
+    (every row has S targets, so the mean of the micro-batch means is the batch mean): one batch of
+    accum x B rows gives the same up to float rounding (the 1/accum scaling itself is exact for
+    powers of two). Returns the mean loss, detached, on the device (no host sync)."""
+    if accum == 1:
+        _, loss = model(x, y)
+        loss.backward()
+        return loss.detach()
+    seed = xtrain.tensor(np.float32(1.0 / accum), device=model.device)
+    total = None
+    for xs, ys in zip(np.split(x, accum), np.split(y, accum)):
+        _, loss = model(xs, ys)
+        loss.backward_seeded(seed)
+        total = loss.detach() if total is None else ops.add(total, loss.detach())
+    return ops.scale(total, 1.0 / accum)
+
+
 def train_step(run: Run) -> None:
-    """One optimizer step: LR, batch, forward, backward, clip + AdamW (+ the gradient average), log."""
+    """One optimizer step: LR, this rank's share of the global batch, forward + backward per
+    micro-batch (gradients accumulating), clip + AdamW (+ the gradient average: one collective per
+    step, not per micro-batch), log."""
     cfg, opt = run.cfg, run.optimizer
-    lr = cosine_lr(run.step, run.max_lr, run.min_lr, cfg.warmup, run.decay_steps)
+    lr = run.schedule(run.step)
     opt.lr = lr
-    x, y = run.train_loader.next_batch()              # int64 (B, S) each, on the host
-    _, loss = run.model(x, y)
-    loss.backward()
+    x, y = run.train_loader.next_batch()              # int64 (accum x B, S) each, on the host
+    loss = accumulate_gradients(run.model, x, y, run.plan.accum)
     if run.dp is None:
         grad_norm = clip_grad_norm_(opt.params, cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    else:
-        loss = loss.detach()                          # grads and loss: the global-batch mean
+    else:                                             # grads and loss: the global-batch mean
         grad_norm = run.dp.step(cfg.grad_clip, extra=[loss])
     log_step(run, loss, grad_norm, lr)
     run.step += 1
 
 
 def evaluate(run: Run) -> float:
-    """Mean validation loss over cfg.eval_batches global batches. With ranks, each evaluates its
-    slice of every global batch and the mean over ranks is the one-device value."""
-    cfg, model = run.cfg, run.model
+    """Mean validation loss over the eval plan's global batches (--eval-batches of the micro-batch
+    where the split is large enough: plan_eval). With ranks, each evaluates its slice of every
+    global batch and the mean over ranks is the one-device value."""
+    model, ev = run.model, run.eval
     model.eval()
     total, n = None, 0
     with xtrain.no_grad():
-        for x, y in run.val_loader.iter_eval(cfg.batch, cfg.seq, cfg.eval_batches):
+        for x, y in run.val_loader.iter_eval(ev.batch, ev.seq, ev.batches):
             _, loss = model(x, y)
             total = loss if total is None else ops.add(total, loss)
             n += 1
@@ -262,7 +419,7 @@ def save(run: Run) -> None:
     if run.ctx.is_main:
         ckpt_state.save(run.out / CKPT_DIR, run.model, run.optimizer, run.step,
                         loader_state=run.train_loader.state_dict(), tokenizer=run.dataset.tokenizer,
-                        dataset=str(run.dataset.path), train_args={**asdict(run.cfg), "lr": run.max_lr},
+                        dataset=str(run.dataset.path), train_args=run.record,
                         rank_rng=states)
     run.t_last = time.time()
 
@@ -276,10 +433,17 @@ def log_step(run: Run, loss, grad_norm, lr: float) -> None:
         return
     now = time.time()
     dt, run.t_last = now - run.t_last, now
-    mem_mb = memory_mb(run.device)
-    _emit(run, {"step": run.step, "loss": loss_f, "lr": lr, "grad_norm": norm_f,
-                "tok_s": run.tokens_per_step / dt, "ms": 1000 * dt, "mem_mb": mem_mb})
-    run.bar.set_postfix_str(f"loss {loss_f:.4f} | {run.tokens_per_step / dt:,.0f} tok/s | {mem_mb:,.0f} MB",
+    mem_mb, tok_s = memory_mb(run.device), run.plan.tokens / dt
+    record = {"step": run.step, "loss": loss_f, "lr": lr, "grad_norm": norm_f, "tok_s": tok_s,
+              "ms": 1000 * dt, "mem_mb": mem_mb}
+    mfu = ""
+    if run.peak_flops:
+        record["mfu"] = run.model.config.flops_per_token(run.plan.seq) * tok_s / run.peak_flops
+        mfu = f" | MFU {100 * record['mfu']:.1f}%"
+    _emit(run, record)
+    # Warm-up longer than the run: say on every step that the LR never reaches its peak.
+    peak = "" if run.schedule.reaches_peak(run.cfg.steps) else f" (warm-up: peak {run.schedule.max_lr:.2g} not reached)"
+    run.bar.set_postfix_str(f"loss {loss_f:.4f} | lr {lr:.2e}{peak} | {tok_s:,.0f} tok/s{mfu} | {mem_mb:,.0f} MB",
                             refresh=False)
     run.bar.update(1)
 
@@ -287,8 +451,9 @@ def log_step(run: Run, loss, grad_norm, lr: float) -> None:
 def log_eval(run: Run, val_loss: float) -> None:
     run.val_loss = val_loss
     if run.ctx.is_main:
-        _emit(run, {"step": run.step, "val_loss": val_loss})
-        run.bar.write(f"step {run.step}: val loss {val_loss:.4f}")
+        ppl = math.exp(min(val_loss, 700.0))  # perplexity; exp overflows a float past ~709
+        _emit(run, {"step": run.step, "val_loss": val_loss, "val_ppl": ppl})
+        run.bar.write(f"step {run.step}: val loss {val_loss:.4f}, perplexity {ppl:.2f}")
     run.t_last = time.time()
 
 
@@ -298,8 +463,10 @@ def finish(run: Run, t_start: float) -> dict | None:
         return None
     run.bar.close()
     run.log.close()
+    for t in run.trackers:
+        t.close()
     plot_losses(run.history, run.out / "loss.png")
-    sample = sample_text(run.model, run.dataset.tokenizer, run.cfg.sample_prompt, run.cfg.sample_tokens,
+    sample = sample_text(run.model, run.dataset.tokenizer, run.sample_prompt, run.cfg.sample_tokens,
                          seed=run.cfg.seed)
     (run.out / "sample.txt").write_text(sample + "\n")
     train_losses = [r["loss"] for r in run.history if "loss" in r]
@@ -309,7 +476,8 @@ def finish(run: Run, t_start: float) -> dict | None:
     if run.dp is not None:
         summary["devices"] = list(run.ctx.devices)
     print(f"done: {run.step} steps in {summary['time_s']:.0f}s, train loss {_fmt(summary['final_loss'])}, "
-          f"val loss {_fmt(run.val_loss)}; checkpoint {run.out / CKPT_DIR}")
+          f"val loss {_fmt(run.val_loss)}")
+    print(f"outputs in {run.out}: {_outputs(run)}")
     print(f"sample:\n{sample}", flush=True)
     return summary
 
@@ -318,14 +486,26 @@ def _emit(run: Run, record: dict) -> None:
     run.log.write(json.dumps(record) + "\n")
     run.log.flush()
     run.history.append(record)
+    for t in run.trackers:
+        t.log(record)
+
+
+def _outputs(run: Run) -> str:
+    """Where the run's files are, for the messages at the start and the end."""
+    paths = {"log": LOG_FILE, "plot": "loss.png", "checkpoint": CKPT_DIR, "sample": "sample.txt",
+             "config": runconfig.CONFIG_FILE}
+    paths.update({name: getattr(trackers, f"{name.upper()}_DIR") for name in run.cfg.trackers})
+    return ", ".join(f"{k} {v}{'/' if k in ('checkpoint', *trackers.TRACKERS) else ''}" for k, v in paths.items())
 
 
 def train_data_parallel(cfg: TrainConfig, devices="all", *, timeout: float = distributed.DEFAULT_TIMEOUT) -> dict:
     """train(cfg) on several GPUs of this machine, one thread each, with the same global-batch
-    semantics as one GPU: each rank takes cfg.batch sequences of every global step (global batch =
-    batch x GPUs), gradients are averaged before clipping and AdamW, so every rank holds the same
-    model. The data are prepared, the checkpoint read and the generators seeded once, on the calling
-    thread, before the rank threads start."""
+    semantics as one GPU: each rank takes its share of every global batch (micro-batch x accum
+    sequences; global batch = that x GPUs), gradients are averaged before clipping and AdamW, so
+    every rank holds the same model. The data are prepared, the checkpoint read and the generators
+    seeded once, on the calling thread, before the rank threads start."""
+    runconfig.validate(cfg)
+    trackers.check_available(cfg.trackers)
     devs = distributed.resolve_devices(devices)
     if cfg.device not in ("auto", "cuda"):
         raise ValueError(f"--device {cfg.device} picks one device; with --devices the GPUs are "
@@ -374,6 +554,22 @@ def open_data(data, out: Path, vocab_size: int, progress: bool):
     if path.is_dir() and (path / "meta.json").is_file():
         return open_dataset(path)
     return open_dataset(prepare(path, out / "data", vocab_size=vocab_size, progress=progress))
+
+
+def default_prompt(data, dataset) -> str:
+    """The sample prompt when none is given: SAMPLE_PROMPT for the built-in stories, else the first
+    words of the first validation document (a prompt in the data's own language and style)."""
+    if data is None:
+        return SAMPLE_PROMPT
+    from xtrain.data import open_shard
+
+    _, tokens = open_shard(dataset.shard_path("val"))
+    ids = [int(t) for t in tokens[:PROMPT_SCAN_TOKENS]]
+    eot = dataset.tokenizer.eot_id
+    start = ids.index(eot) + 1 if eot in ids else 0
+    end = ids.index(eot, start) if eot in ids[start:] else len(ids)
+    words = dataset.tokenizer.decode(ids[start:end]).split()[:PROMPT_WORDS]
+    return " ".join(words) or SAMPLE_PROMPT
 
 
 def memory_mb(device: str) -> float:
