@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import xtrain
+from xtrain import ops
 from modelhelp import prepared_stories
 from xtrain import runconfig
 from xtrain.optim import AdamW, clip_grad_norm_, cosine_lr
@@ -217,3 +218,60 @@ def test_data_parallel_resume_with_dropout_is_bit_exact(tmp_path, data, device):
     xtrain.manual_seed(12345)  # whatever the generators hold now, resume must put them back
     run(tmp_path / "part", 6, resume=True)
     assert _losses(tmp_path / "part") == _losses(tmp_path / "full")
+
+
+def test_a_non_finite_step_updates_nothing(device):
+    """AdamW's guard (the step's norm + 0 * loss): NaN or Inf anywhere skips the update on the
+    device, weights and moments alike; a finite guard changes nothing about the step."""
+    from xtrain.models import TinyTransformer, TransformerConfig
+    from xtrain.optim import step_guard
+
+    cfg = TransformerConfig(vocab_size=64, dim=32, n_layers=1, n_heads=2, head_dim=16, ffn_dim=64, max_seq=8)
+    ids = np.random.default_rng(0).integers(0, 64, (2, 8))
+    runs = []
+    for poison in (None, "grad", "loss"):
+        model = TinyTransformer(cfg, device=device, seed=0)
+        opt = AdamW(model.named_parameters(), lr=1e-2)
+        for step in range(2):
+            _, loss = model(ids, ids)
+            loss.backward()
+            if step == 1 and poison == "grad":
+                model.layers[0].mlp.up_proj.weight.grad.fill_(float("inf"))
+            if step == 1 and poison == "loss":
+                loss = ops.mul(loss, float("nan"))
+            if step == 1:
+                before = {n: p.numpy().copy() for n, p in model.named_parameters()}
+                moments = {n: a.copy() for n, a in opt.moment_arrays()[0].items()}
+            norm = clip_grad_norm_(opt.params, 1.0)
+            opt.step(guard=step_guard(norm, loss))
+            opt.zero_grad()
+        runs.append({n: p.numpy().copy() for n, p in model.named_parameters()})
+        if poison is not None:
+            for n, p in model.named_parameters():
+                np.testing.assert_array_equal(p.numpy(), before[n], err_msg=n)
+                np.testing.assert_array_equal(opt.moment_arrays()[0][n], moments[n], err_msg=n)
+    assert any(not np.array_equal(runs[0][n], runs[1][n]) for n in runs[0])  # the clean run did step
+
+
+def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, data, device):
+    from xtrain.cli import main
+    from xtrain.train import NonFiniteStepsError
+
+    # lr 1e6 ruins the weights within a few steps; the loss then stays NaN, and the run stops.
+    cfg = _cfg(tmp_path / "run", data, 40, device, lr=1e6, warmup=1, save_every=2, nonfinite_limit=3)
+    with pytest.raises(NonFiniteStepsError, match="3 steps in a row"):
+        train(cfg)
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    skipped = [r for r in records if r.get("skipped")]
+    assert len(skipped) == 3 and all(not np.isfinite(r["loss"]) for r in skipped)
+    assert [r["step"] for r in skipped] == list(range(skipped[0]["step"], skipped[0]["step"] + 3))
+    from xtrain import state as ckpt_state
+
+    # the checkpoints written meanwhile hold the last finite weights (skipped steps change nothing)
+    ckpt = ckpt_state.load(tmp_path / "run" / "ckpt")
+    assert all(np.isfinite(a).all() for a in ckpt.model_tensors().values())
+    # the command line: one line, exit status 1
+    code = main(["train", "--data", str(data), "--out", str(tmp_path / "cli"), "--preset", "tiny", "--fp32",
+                 "--batch", "4", "--seq", "32", "--steps", "40", "--lr", "1e6", "--warmup", "1",
+                 "--eval-every", "0", "--nonfinite-limit", "2", "--no-progress", "--device", device])
+    assert code == 1

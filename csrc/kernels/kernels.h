@@ -140,8 +140,11 @@ struct AdamWParams {
                               void* dlogits, int64_t rows, int64_t vocab, int64_t ld,                   \
                               int64_t ignore_index, void* stream);                                      \
   /* ---- optimizer (kernels/{cpu,cuda}/optim): float32, fused over many tensors */                            \
+  /* guard (nullable, one float on the device): when it is not finite, nothing is written (a */        \
+  /* training step with a NaN/Inf loss or gradient norm is skipped without a host sync) */            \
   void adamw_step(int n_tensors, float* const* params, const float* const* grads, float* const* m,      \
-                  float* const* v, const int64_t* sizes, AdamWParams hp, void* stream);                 \
+                  float* const* v, const int64_t* sizes, AdamWParams hp, const float* guard,            \
+                  void* stream);                                                                        \
   /* out (float32, 1 element) = sqrt(sum of squares over all tensors), fixed order */                  \
   void global_norm(int n_tensors, const float* const* tensors, const int64_t* sizes, float* out,        \
                    void* stream);                                                                       \

@@ -37,7 +37,7 @@ int list_size(size_t n, const char* op) {
 
 void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                 const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq, double lr, double beta1,
-                double beta2, double eps, double weight_decay, int64_t step) {
+                double beta2, double eps, double weight_decay, int64_t step, const Tensor& guard) {
   const char* op = "adamw_step";
   XT_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
            ValueError, op, ": params, grads, exp_avg and exp_avg_sq must have the same length, got ", params.size(),
@@ -51,6 +51,9 @@ void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gr
   if (params.empty()) return;
   check_defined(params[0], "params[0]");
   const Device dev = params[0].device();
+  XT_CHECK(!guard.defined() || (guard.dtype() == DType::Float32 && guard.numel() == 1 && guard.device() == dev),
+           TypeError, op, ": guard must be a one-element float32 tensor on ", dev.str(), ", got ",
+           guard.defined() ? guard.describe() : std::string());
   std::vector<float*> p, g, m, v;
   std::vector<int64_t> sizes;
   collect(params, op, "params", dev, p, &sizes);
@@ -78,7 +81,7 @@ void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gr
   }
   std::vector<const float*> gc(g.begin(), g.end());
   XT_KERNEL(dev, adamw_step, list_size(p.size(), op), p.data(), gc.data(), m.data(), v.data(), sizes.data(), hp,
-            stream_for(dev));
+            guard.defined() ? guard.data<float>() : nullptr, stream_for(dev));
 }
 
 Tensor global_norm(const std::vector<Tensor>& tensors) {

@@ -1,4 +1,6 @@
 // Bindings for the fused optimizer ops (xtrain._C.optim): AdamW step, global norm, clipping.
+#include <optional>
+
 #include "ops/ops.h"
 #include "python/bind.h"
 
@@ -6,10 +8,17 @@ namespace xt {
 
 void init_optim(py::module_& m) {
   py::module_ o = m.def_submodule("optim", "Fused optimizer kernels on float32 tensors of one device");
-  o.def("adamw_step", &ops::adamw_step, py::arg("params"), py::arg("grads"), py::arg("exp_avg"),
+  o.def("adamw_step",
+        [](const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& m,
+           const std::vector<Tensor>& v, double lr, double beta1, double beta2, double eps, double wd, int64_t step,
+           const std::optional<Tensor>& guard) {
+          ops::adamw_step(params, grads, m, v, lr, beta1, beta2, eps, wd, step, guard ? *guard : Tensor());
+        },
+        py::arg("params"), py::arg("grads"), py::arg("exp_avg"),
         py::arg("exp_avg_sq"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
-        py::arg("weight_decay"), py::arg("step"), NoGil(),
-        "One AdamW step (torch.optim.AdamW math) over every tensor, in place; step counts from 1");
+        py::arg("weight_decay"), py::arg("step"), py::arg("guard") = py::none(), NoGil(),
+        "One AdamW step (torch.optim.AdamW math) over every tensor, in place; step counts from 1. guard: a "
+        "one-element float32 tensor on the device; when it is not finite nothing is written (no host sync)");
   o.def("global_norm", &ops::global_norm, py::arg("tensors"), NoGil(),
         "sqrt of the sum of squares over all tensors, as a float32 [] tensor on their device");
   o.def("clip_by_norm_", &ops::clip_by_norm_, py::arg("tensors"), py::arg("norm"), py::arg("max_norm"), NoGil(),

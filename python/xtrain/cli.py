@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--beta1", type=float, default=0.9, help="AdamW beta1")
     t.add_argument("--beta2", type=float, default=0.95, help="AdamW beta2")
     t.add_argument("--grad-clip", type=float, default=1.0, help="global grad-norm clip (0: off)")
+    t.add_argument("--nonfinite-limit", type=_positive_int, default=3, metavar="K",
+                   help="a step whose loss or gradient norm is NaN/Inf is skipped (no update); stop after "
+                        "K such steps in a row")
     t.add_argument("--eval-every", type=_nonneg_int, default=None,
                    help="validation every N steps (0: off; default: machine)")
     t.add_argument("--eval-batches", type=_positive_int, default=20, help="validation batches per eval")
@@ -278,7 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("XTRAIN_DEBUG"):
             raise
         import xtrain
+        from xtrain.train import NonFiniteStepsError
 
+        if isinstance(e, NonFiniteStepsError):
+            print(f"xtrain: training stopped: {_first_line(e)}", file=sys.stderr)
+            return 1
         if isinstance(e, (xtrain.OutOfMemoryError, MemoryError)):
             print(f"xtrain: out of memory: {_first_line(e)}", file=sys.stderr)
             return 1

@@ -45,7 +45,7 @@ from typing import Any, Callable, Sequence
 
 import xtrain
 from xtrain import _C
-from xtrain.optim import clip_grad_norm_, finite_or_nan
+from xtrain.optim import clip_grad_norm_, finite_or_nan, step_guard
 from xtrain.store import ALIGN as FLAT_ALIGN, SHARD_MULTIPLE
 
 # A collective unfinished this long after it was queued aborts every rank (PyTorch's default).
@@ -435,11 +435,13 @@ class DataParallelAdamW:
                 self._runs[decays] += spans
         self._cast = bool(store.compute is not None and self.shard and store.regions[0].used)
 
-    def step(self, max_norm: float | None, extra=()):
+    def step(self, max_norm: float | None, extra=(), guard=None):
         """Average the gradients over the ranks, clip them to `max_norm` (None or <= 0: no clip),
         update the parameters and clear the gradients. `extra`: float32/bf16 tensors (the step's
-        detached loss) averaged in the same launch. Returns the global gradient norm before
-        clipping (a device scalar; no host sync)."""
+        detached loss) averaged in the same launch. guard: a scalar tensor (the loss, once averaged
+        as one of `extra`): the update is skipped on every rank when it or the global norm is not
+        finite (AdamW.step's guard). Returns the global gradient norm before clipping (a device
+        scalar; no host sync)."""
         opt, store, comm = self.opt, self.store, self.ctx.comm
         missing = store.sync_grads()
         if missing:
@@ -449,7 +451,7 @@ class DataParallelAdamW:
         if not self.shard:
             comm.all_reduce([store.grads, *extra], "avg")
             norm = clip_grad_norm_(opt.params, max_norm)
-            opt.step()
+            opt.step(guard=step_guard(norm, guard))
             opt.zero_grad(set_to_none=True)
             return norm
         comm.reduce_scatter(self._region_grads, "avg", extra)
@@ -461,7 +463,7 @@ class DataParallelAdamW:
         if max_norm is not None and max_norm > 0:
             _C.optim.clip_by_norm_(self.grad_chunks, finite_or_nan(norm), float(max_norm))
         opt.step_count += 1
-        opt._step_flat(store.params, store.grads, self._runs)
+        opt._step_flat(store.params, store.grads, self._runs, step_guard(norm, guard))
         if self._cast:
             lo, hi = self.chunks[0]  # region 0: the Linear weights, gathered as their bf16 copies
             store.compute_region_chunk(lo, hi).copy_(store.params._storage_view(lo, (hi - lo,)))

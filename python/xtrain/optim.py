@@ -89,11 +89,15 @@ class AdamW:
             last = group
         return out
 
-    def step(self) -> None:
-        """One update of every parameter that has a gradient (asynchronous on the device)."""
+    def step(self, guard=None) -> None:
+        """One update of every parameter that has a gradient (asynchronous on the device).
+        guard: a one-element float32 tensor on the device (the training loop passes the step's
+        gradient norm + 0 * loss); when it is not finite the kernels write nothing, with no host
+        sync. step_count still advances: the caller learns of the skip at its next sync point and
+        takes the count back."""
         self.step_count += 1
         if self.store is not None and not self.store.sync_grads():
-            self._step_flat(self.store.params, self.store.grads, self.runs())
+            self._step_flat(self.store.params, self.store.grads, self.runs(), guard)
             return
         params, m, v = self.params, self.exp_avg, self.exp_avg_sq
         for group, wd in ((self.decay, self.weight_decay), (self.no_decay, 0.0)):
@@ -101,9 +105,9 @@ class AdamW:
             if idx:
                 _C.optim.adamw_step([params[i] for i in idx], [params[i].grad for i in idx],
                                     [m[i] for i in idx], [v[i] for i in idx],
-                                    self.lr, self.betas[0], self.betas[1], self.eps, wd, self.step_count)
+                                    self.lr, self.betas[0], self.betas[1], self.eps, wd, self.step_count, guard)
 
-    def _step_flat(self, params, grads, runs: dict) -> None:
+    def _step_flat(self, params, grads, runs: dict, guard=None) -> None:
         """AdamW over element ranges of the flats: one launch per weight-decay group."""
         b1, b2 = self.betas
         for decays, spans in runs.items():
@@ -112,7 +116,7 @@ class AdamW:
             views = lambda flat: [flat._storage_view(a, (b - a,)) for a, b in spans]  # noqa: E731
             _C.optim.adamw_step(views(params), views(grads), views(self.flat_m), views(self.flat_v),
                                 self.lr, b1, b2, self.eps, self.weight_decay if decays else 0.0,
-                                self.step_count)
+                                self.step_count, guard)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.store is not None:
@@ -201,6 +205,12 @@ def clip_grad_norm_(params, max_norm: float):
     if max_norm is not None and max_norm > 0:
         _C.optim.clip_by_norm_(grads, finite_or_nan(norm), float(max_norm))
     return norm
+
+
+def step_guard(norm, loss=None):
+    """norm + 0 * loss on the device: finite exactly when both are (0 * Inf is NaN); the norm
+    alone without a loss. AdamW.step(guard=...) skips its update when this is not finite."""
+    return norm if loss is None else _C.ops.add(norm, _C.ops.mul_scalar(loss.detach(), 0.0))
 
 
 def finite_or_nan(norm):

@@ -178,6 +178,8 @@ def validate(cfg) -> None:
          f"--decay-frac must be in (0, 1], got {cfg.decay_frac}")
     need(finite(cfg.grad_clip) and cfg.grad_clip >= 0,
          f"--grad-clip must be a finite number >= 0 (0: off), got {cfg.grad_clip}")
+    need(isinstance(cfg.nonfinite_limit, int) and cfg.nonfinite_limit >= 1,
+         f"--nonfinite-limit must be a positive integer, got {cfg.nonfinite_limit}")
     need(finite(cfg.weight_decay) and cfg.weight_decay >= 0,
          f"--weight-decay must be a finite number >= 0, got {cfg.weight_decay}")
     need(finite(cfg.dropout) and 0 <= cfg.dropout < 1, f"--dropout must be in [0, 1), got {cfg.dropout}")

@@ -41,7 +41,7 @@ import xtrain
 from xtrain import batching, distributed, ops, runconfig, trackers
 from xtrain import state as ckpt_state
 from xtrain.models import TinyTransformer, TransformerConfig, config_for
-from xtrain.optim import AdamW, clip_grad_norm_
+from xtrain.optim import AdamW, clip_grad_norm_, step_guard
 from xtrain.runconfig import ConfigError
 from xtrain.schedule import DEFAULT_DECAY_FRAC, Schedule
 
@@ -102,6 +102,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
+    nonfinite_limit: int = 3           # stop after this many skipped (NaN/Inf) steps in a row
     eval_every: int = 200
     eval_batches: int = 20
     save_every: int = 1000
@@ -152,6 +153,8 @@ class Run:
     trackers: list = ()                # open xtrain.trackers sinks (rank 0)
     t_last: float = 0.0
     val_loss: float | None = None
+    bad_steps: int = 0                 # non-finite steps in a row (their updates skipped)
+    skipped_steps: int = 0             # all of them
 
 
 def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
@@ -382,12 +385,14 @@ def train_step(run: Run) -> None:
     opt.lr = lr
     x, y = run.train_loader.next_batch()              # int64 (accum x B, S) each, on the host
     loss = accumulate_gradients(run.model, x, y, run.plan.accum)
+    # A NaN/Inf loss or gradient norm skips the update on the device (AdamW's guard); log_step
+    # sees it at the step's one sync point.
     if run.dp is None:
         grad_norm = clip_grad_norm_(opt.params, cfg.grad_clip)
-        opt.step()
+        opt.step(guard=step_guard(grad_norm, loss))
         opt.zero_grad(set_to_none=True)
     else:                                             # grads and loss: the global-batch mean
-        grad_norm = run.dp.step(cfg.grad_clip, extra=[loss])
+        grad_norm = run.dp.step(cfg.grad_clip, extra=[loss], guard=loss)
     log_step(run, loss, grad_norm, lr)
     run.step += 1
 
@@ -429,13 +434,23 @@ def log_step(run: Run, loss, grad_norm, lr: float) -> None:
     # read waits for the whole step, so the time since the last read is the step's time. Every
     # rank reads, which keeps the ranks' hosts in step.
     loss_f, norm_f = loss.item(), grad_norm.item()
-    if not run.ctx.is_main:
-        return
+    skipped = not (math.isfinite(loss_f) and math.isfinite(norm_f))
+    if run.ctx.is_main:
+        _log_step_record(run, loss_f, norm_f, lr, skipped)
+    if skipped:
+        note_skipped_step(run, loss_f, norm_f)
+    else:
+        run.bad_steps = 0
+
+
+def _log_step_record(run: Run, loss_f: float, norm_f: float, lr: float, skipped: bool) -> None:
     now = time.time()
     dt, run.t_last = now - run.t_last, now
     mem_mb, tok_s = memory_mb(run.device), run.plan.tokens / dt
     record = {"step": run.step, "loss": loss_f, "lr": lr, "grad_norm": norm_f, "tok_s": tok_s,
               "ms": 1000 * dt, "mem_mb": mem_mb}
+    if skipped:
+        record["skipped"] = True
     mfu = ""
     if run.peak_flops:
         record["mfu"] = run.model.config.flops_per_token(run.plan.seq) * tok_s / run.peak_flops
@@ -446,6 +461,28 @@ def log_step(run: Run, loss, grad_norm, lr: float) -> None:
     run.bar.set_postfix_str(f"loss {loss_f:.4f} | lr {lr:.2e}{peak} | {tok_s:,.0f} tok/s{mfu} | {mem_mb:,.0f} MB",
                             refresh=False)
     run.bar.update(1)
+
+
+class NonFiniteStepsError(RuntimeError):
+    """Training stopped: too many steps in a row had a NaN/Inf loss or gradient norm."""
+
+
+def note_skipped_step(run: Run, loss_f: float, norm_f: float) -> None:
+    """The step's update was skipped on the device: undo its count in the optimizer (the bias
+    correction stays that of the steps taken), count it, and stop after cfg.nonfinite_limit in a
+    row. Every rank sees the same (averaged) values, so every rank stops alike."""
+    run.optimizer.step_count -= 1
+    run.bad_steps += 1
+    run.skipped_steps += 1
+    if run.ctx.is_main:
+        run.bar.write(f"step {run.step}: loss {loss_f}, gradient norm {norm_f}: not finite, update skipped "
+                      f"({run.bad_steps} in a row)")
+    if run.bad_steps >= run.cfg.nonfinite_limit:
+        raise NonFiniteStepsError(
+            f"step {run.step}: {run.bad_steps} steps in a row had a non-finite loss or gradient norm "
+            f"(loss {loss_f}, norm {norm_f}); training stopped, the last checkpoint is kept. Lower --lr or "
+            f"--grad-clip, raise --warmup, or check the data (--nonfinite-limit sets how many such steps "
+            f"in a row are tolerated)")
 
 
 def log_eval(run: Run, val_loss: float) -> None:
@@ -472,7 +509,8 @@ def finish(run: Run, t_start: float) -> dict | None:
     train_losses = [r["loss"] for r in run.history if "loss" in r]
     summary = {"steps": run.step, "final_loss": train_losses[-1] if train_losses else None,
                "first_loss": train_losses[0] if train_losses else None, "val_loss": run.val_loss,
-               "time_s": time.time() - t_start, "out": str(run.out), "sample": sample}
+               "time_s": time.time() - t_start, "out": str(run.out), "sample": sample,
+               "skipped_steps": run.skipped_steps}
     if run.dp is not None:
         summary["devices"] = list(run.ctx.devices)
     print(f"done: {run.step} steps in {summary['time_s']:.0f}s, train loss {_fmt(summary['final_loss'])}, "

@@ -5,6 +5,7 @@
 //   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
 // global_norm sums squares tensor by tensor, element by element (fixed order) in float64.
 // clip_by_norm scales in place by min(1, max_norm / (norm + 1e-6)).
+// A non-finite guard value (the step's loss or gradient norm) makes adamw_step write nothing.
 #include <algorithm>
 #include <cmath>
 
@@ -15,7 +16,8 @@ namespace kernels {
 namespace cpu {
 
 void adamw_step(int n_tensors, float* const* params, const float* const* grads, float* const* m, float* const* v,
-                const int64_t* sizes, AdamWParams hp, void*) {
+                const int64_t* sizes, AdamWParams hp, const float* guard, void*) {
+  if (guard && !std::isfinite(guard[0])) return;  // a non-finite step: no update
   const float decay = 1.0f - hp.lr * hp.weight_decay;
   const float step_size = hp.lr / hp.bias_correction1;
   const float bc2_sqrt = std::sqrt(hp.bias_correction2);

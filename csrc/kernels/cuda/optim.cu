@@ -10,6 +10,7 @@
 //  - global_norm: each block sums the squares of its chunk in float64 (fixed order), then one
 //    block adds the block partials in order and writes sqrt as float32: deterministic, on device.
 //  - clip_by_norm reads the norm on the device: coef = min(1, max_norm / (norm + 1e-6)).
+//  - adamw_step's guard (the step's loss or norm, on the device) skips the update when not finite.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -57,7 +58,8 @@ struct AdamWConsts {
   float beta1, beta2, eps, decay, step_size, bc2_sqrt;
 };
 
-__global__ void adamw_kernel(TensorList L, AdamWConsts k) {
+__global__ void adamw_kernel(TensorList L, AdamWConsts k, const float* guard) {
+  if (guard && !isfinite(*guard)) return;  // a non-finite step: no update (the same for every thread)
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t c1 = min(L.start[L.n], c0 + kChunk);
   int t = find_tensor(L, c0);
@@ -130,7 +132,7 @@ void for_each_list(int n_tensors, const int64_t* sizes, Fill&& fill, Fn&& fn) {
 }  // namespace
 
 void adamw_step(int n_tensors, float* const* params, const float* const* grads, float* const* m, float* const* v,
-                const int64_t* sizes, AdamWParams hp, void* stream) {
+                const int64_t* sizes, AdamWParams hp, const float* guard, void* stream) {
   OnStream on(stream);
   AdamWConsts k;
   k.beta1 = hp.beta1;
@@ -148,7 +150,7 @@ void adamw_step(int n_tensors, float* const* params, const float* const* grads, 
         L.v[slot] = v[i];
       },
       [&](const TensorList& L, unsigned blocks) {
-        adamw_kernel<<<blocks, kOptThreads, 0, on.s>>>(L, k);
+        adamw_kernel<<<blocks, kOptThreads, 0, on.s>>>(L, k, guard);
         XT_LAUNCH_CHECK();
       });
 }
