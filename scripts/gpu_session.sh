@@ -10,7 +10,7 @@
 #             is built at the same time into /tmp/xt-base, for the before/after comparison
 #   gtest     ctest of the C++ suite (CUDA tests included)
 #   pytest    the Python suite on CUDA ($PYTEST_ARGS added; default: the whole tests/ directory)
-#   ab        bench/train_throughput.py, xtrain only, dim768 bf16 batch 32 seq 256 vocabulary 50257:
+#   ab        ($BASE_COMMIT names the base) bench/train_throughput.py, xtrain only, dim768 bf16 batch 32 seq 256 vocabulary 50257:
 #             base, new, base, new (interleaved, so drift hits both alike); needs the base build
 #   throughput  bench/train_throughput.py with its PyTorch peers ($THROUGHPUT_ARGS)
 #   ops       bench/ops.py
@@ -71,11 +71,12 @@ build_base() {
 export -f build_new build_base
 export py
 
-throughput() {  # LABEL PYTHONPATH-prefix ARGS...
-  local label=$1 pp=$2
+throughput() {  # LABEL PYTHONPATH-prefix ARGS... (base runs record $BASE_COMMIT as their commit)
+  local label=$1 pp=$2 commit=${XTRAIN_COMMIT:-}
   shift 2
+  [ "$label" = base ] && commit=${BASE_COMMIT:-base}
   echo "--- $label"
-  PYTHONPATH=$pp${PYTHONPATH:+:$PYTHONPATH} "$py" bench/train_throughput.py "$@" 2>&1 | tail -12
+  XTRAIN_COMMIT=$commit PYTHONPATH=$pp${PYTHONPATH:+:$PYTHONPATH} "$py" bench/train_throughput.py "$@" 2>&1 | tail -12
 }
 export -f throughput
 

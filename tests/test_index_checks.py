@@ -92,7 +92,7 @@ def test_cuda_embedding_backward_skips_bad_ids_and_keeps_the_good_rows_exact():
     vocab, dim = 6, 8
     bad = np.array([2, 5, 9, 2, 0, -1, 5, 2])
     good = np.where((bad >= 0) & (bad < vocab), bad, -1)
-    w = xtrain.tensor(randn(vocab, dim), device=CUDA, requires_grad=True)
+    w = xtrain.tensor(randn(vocab, dim), dtype="float32", device=CUDA, requires_grad=True)
     dout = randn(len(bad), dim, seed=1)
     ops.embedding(w, ids(bad, CUDA)).backward_seeded(xtrain.tensor(dout, dtype="float32", device=CUDA))
     msg = pending_index_error()

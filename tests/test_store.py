@@ -127,6 +127,7 @@ def test_parameters_are_aligned_views_of_one_buffer(device):
     model = TinyTransformer(TransformerConfig(**SMALL), device=device, seed=0)
     store = model.store
     cpu = TinyTransformer(TransformerConfig(**SMALL), device="cpu", seed=0)
+    assert model.device == model.parameters()[0].device == store.params.device  # canonical ("cuda:0")
     assert [s.name for s in store.slots] == [n for n, _ in model.named_parameters()]
     for s, (name, p) in zip(store.slots, model.named_parameters()):
         assert s.offset % store_mod.ALIGN == 0

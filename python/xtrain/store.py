@@ -155,6 +155,7 @@ class ParamStore:
         with xtrain.no_grad():
             self.params = xtrain.tensor(host, dtype=self.dtype, device=self.device)
             self.grads = xtrain.zeros((self.numel,), dtype=self.dtype, device=self.device)
+        self.device = self.params.device  # canonical: "cuda" -> "cuda:0"
         self.leaves = []
         for s in self.slots:
             leaf = self.params._storage_view(s.offset, s.shape)
