@@ -276,3 +276,13 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, data, d
                  "--batch", "4", "--seq", "32", "--steps", "40", "--lr", "1e6", "--warmup", "1",
                  "--eval-every", "0", "--nonfinite-limit", "2", "--no-progress", "--device", device])
     assert code == 1
+
+
+def test_read_async_gives_the_values(device):
+    """xtrain.cuda.read_async: the training loop's one-step-late read of loss and norm."""
+    a = xtrain.tensor(np.float32(2.5), device=device)
+    b = xtrain.tensor(np.array([7], np.int64), device=device)
+    pending = xtrain.cuda.read_async([ops.mul(a, 2.0), b, a.to("bfloat16")])
+    assert pending.wait() == [5.0, 7, 2.5] and pending.ready()
+    with pytest.raises(ValueError, match="one-element"):
+        xtrain.cuda.read_async([xtrain.zeros((2,), device=device)])

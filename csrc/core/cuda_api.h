@@ -35,5 +35,25 @@ std::string runtime_info();        // driver/runtime/cuBLAS versions, for logs
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes);
 void memset_zero(void* dst, Device dev, size_t nbytes);  // async on the current stream
 
+// An asynchronous read of a few device bytes (the training loop's per-step loss and norm): the
+// copy into pinned host memory is queued on this thread's stream with an event after it, so the
+// host does not wait when it asks. wait() is the sync point: it blocks until the event (not the
+// whole stream: work queued later keeps the GPU busy), raises what the device-side index checks
+// found, and returns the bytes.
+constexpr size_t kHostReadMax = 64;  // bytes per HostRead: a few scalars
+class HostRead {
+ public:
+  HostRead(const void* src, int device, size_t nbytes);
+  ~HostRead();
+  HostRead(const HostRead&) = delete;
+  HostRead& operator=(const HostRead&) = delete;
+  bool ready() const;   // the copy has landed (never blocks)
+  const void* wait();   // sync point
+ private:
+  void* host_ = nullptr;
+  void* event_ = nullptr;
+  int device_ = 0;
+};
+
 }  // namespace cuda
 }  // namespace xt

@@ -1,5 +1,9 @@
 // Bindings: allocator stats and limits, CUDA runtime queries.
+#include <memory>
+#include <vector>
+
 #include "core/allocator.h"
+#include "core/bf16.h"
 #include "core/cuda_api.h"
 #include "core/error.h"
 #include "ops/ops.h"
@@ -8,6 +12,59 @@
 namespace xt {
 
 namespace {
+
+// One-element tensors read without waiting for the stream (cuda::HostRead): a CPU tensor's value
+// is taken at once, a CUDA tensor's copy is queued; wait() gives the values as Python numbers.
+class PendingValues {
+ public:
+  explicit PendingValues(const std::vector<Tensor>& tensors) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const Tensor& t = tensors[i];
+      XT_CHECK(t.defined() && t.numel() == 1, ValueError, "read_async: tensors[", i,
+               "] must be a one-element tensor, got ", t.defined() ? t.describe() : std::string("an undefined one"));
+      dtypes_.push_back(t.dtype());
+      if (t.device().is_cuda()) {
+        reads_.push_back(std::make_unique<cuda::HostRead>(t.data_ptr(), t.device().index, t.itemsize()));
+        cpu_.emplace_back();
+      } else {
+        reads_.push_back(nullptr);
+        cpu_.emplace_back(static_cast<const char*>(t.data_ptr()), static_cast<const char*>(t.data_ptr()) + t.itemsize());
+      }
+    }
+  }
+  PendingValues(const PendingValues&) = delete;
+  PendingValues& operator=(const PendingValues&) = delete;
+  bool ready() const {
+    for (const auto& r : reads_)
+      if (r && !r->ready()) return false;
+    return true;
+  }
+  py::list wait() {
+    std::vector<const void*> bytes(reads_.size());
+    {
+      py::gil_scoped_release nogil;
+      for (size_t i = 0; i < reads_.size(); ++i) bytes[i] = reads_[i] ? reads_[i]->wait() : cpu_[i].data();
+    }
+    py::list out;
+    for (size_t i = 0; i < bytes.size(); ++i) out.append(scalar(dtypes_[i], bytes[i]));
+    return out;
+  }
+
+ private:
+  static py::object scalar(DType dt, const void* p) {
+    switch (dt) {
+      case DType::Float32: return py::float_(*static_cast<const float*>(p));
+      case DType::Float64: return py::float_(*static_cast<const double*>(p));
+      case DType::BFloat16: return py::float_(bf16_to_float(*static_cast<const bf16*>(p)));
+      case DType::Int32: return py::int_(*static_cast<const int32_t*>(p));
+      default: return py::int_(*static_cast<const int64_t*>(p));
+    }
+  }
+  std::vector<DType> dtypes_;
+  std::vector<std::unique_ptr<cuda::HostRead>> reads_;
+  std::vector<std::vector<char>> cpu_;
+};
+
 py::dict stats_dict(const MemoryStats& s) {
   py::dict d;
   d["allocated_bytes.current"] = s.allocated_bytes;
@@ -57,6 +114,14 @@ void init_memory(py::module_& m) {
           else cuda::synchronize(device_arg(device, Device::cuda(0)).index);
         }, py::arg("device") = py::none(), NoGil(), "Wait for this thread's work on a device (all when None)");
   c.def("device_name", &cuda::device_name, py::arg("device") = 0);
+  py::class_<PendingValues>(c, "PendingValues",
+                            "Values of one-element tensors on their way to the host (read_async)")
+      .def("ready", &PendingValues::ready, "True once every value has landed (never waits)")
+      .def("wait", &PendingValues::wait, "The values as Python numbers; waits for them (a sync point)");
+  c.def("read_async", [](const std::vector<Tensor>& tensors) { return new PendingValues(tensors); },
+        py::arg("tensors"),
+        "Queue copies of one-element tensors to the host without waiting for the stream; "
+        ".wait() returns their values (and waits only for the work queued before this call)");
   c.def("runtime_info", &cuda::runtime_info, "Driver, runtime and cuBLAS versions");
   c.def("set_allow_tf32", &ops::set_allow_tf32, py::arg("allow"),
         "Let float32 GEMMs use TF32 tensor cores (off by default: true float32)");

@@ -11,6 +11,10 @@ device_name = _C.cuda.device_name
 runtime_info = _C.cuda.runtime_info
 set_allow_tf32 = _C.cuda.set_allow_tf32
 allow_tf32 = _C.cuda.allow_tf32
+# read_async([loss, norm]).wait() -> [float, float]: the values of one-element tensors, copied to
+# the host without waiting for the stream (waits, at .wait(), only for the work queued before).
+read_async = _C.cuda.read_async
+PendingValues = _C.cuda.PendingValues
 
 
 def _dev(device):

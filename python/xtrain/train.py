@@ -153,6 +153,7 @@ class Run:
     trackers: list = ()                # open xtrain.trackers sinks (rank 0)
     t_last: float = 0.0
     val_loss: float | None = None
+    pending: tuple | None = None       # (step, lr, xtrain.cuda.PendingValues of its loss and norm)
     bad_steps: int = 0                 # non-finite steps in a row (their updates skipped)
     skipped_steps: int = 0             # all of them
 
@@ -175,6 +176,7 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
             train_step(run)
             if cfg.save_every > 0 and run.step % cfg.save_every == 0 and run.step < cfg.steps:
                 save(run)
+        settle(run)
         if cfg.eval_every > 0:
             log_eval(run, evaluate(run))
     save(run)
@@ -385,22 +387,35 @@ def train_step(run: Run) -> None:
     opt.lr = lr
     x, y = run.train_loader.next_batch()              # int64 (accum x B, S) each, on the host
     loss = accumulate_gradients(run.model, x, y, run.plan.accum)
-    # A NaN/Inf loss or gradient norm skips the update on the device (AdamW's guard); log_step
-    # sees it at the step's one sync point.
+    # The previous step's loss and norm reach the host now, while this step's forward and backward
+    # keep the GPU busy; a NaN/Inf there was already skipped on the device and is counted here,
+    # before this step's update.
+    settle(run)
+    # A NaN/Inf loss or gradient norm skips the update on the device (AdamW's guard).
     if run.dp is None:
         grad_norm = clip_grad_norm_(opt.params, cfg.grad_clip)
         opt.step(guard=step_guard(grad_norm, loss))
         opt.zero_grad(set_to_none=True)
     else:                                             # grads and loss: the global-batch mean
         grad_norm = run.dp.step(cfg.grad_clip, extra=[loss], guard=loss)
-    log_step(run, loss, grad_norm, lr)
+    run.pending = (run.step, lr, xtrain.cuda.read_async([loss, grad_norm]))
     run.step += 1
+
+
+def settle(run: Run) -> None:
+    """Log the step whose loss and norm are on their way to the host (train_step queued their copy)."""
+    if run.pending is None:
+        return
+    step, lr, values = run.pending
+    run.pending = None
+    log_step(run, step, values, lr)
 
 
 def evaluate(run: Run) -> float:
     """Mean validation loss over the eval plan's global batches (--eval-batches of the micro-batch
     where the split is large enough: plan_eval). With ranks, each evaluates its slice of every
     global batch and the mean over ranks is the one-device value."""
+    settle(run)
     model, ev = run.model, run.eval
     model.eval()
     total, n = None, 0
@@ -429,25 +444,25 @@ def save(run: Run) -> None:
     run.t_last = time.time()
 
 
-def log_step(run: Run, loss, grad_norm, lr: float) -> None:
-    # Sync point (the only one per step): loss and grad norm come to the host for the log. The
-    # read waits for the whole step, so the time since the last read is the step's time. Every
-    # rank reads, which keeps the ranks' hosts in step.
-    loss_f, norm_f = loss.item(), grad_norm.item()
+def log_step(run: Run, step: int, values, lr: float) -> None:
+    # Sync point (the only one per step, one step late): the loss and grad norm of `step` come to
+    # the host for the log; waiting for them waits for that step only, not for the one queued
+    # since. Every rank reads, which keeps the ranks' hosts in step.
+    loss_f, norm_f = values.wait()
     skipped = not (math.isfinite(loss_f) and math.isfinite(norm_f))
     if run.ctx.is_main:
-        _log_step_record(run, loss_f, norm_f, lr, skipped)
+        _log_step_record(run, step, loss_f, norm_f, lr, skipped)
     if skipped:
-        note_skipped_step(run, loss_f, norm_f)
+        note_skipped_step(run, step, loss_f, norm_f)
     else:
         run.bad_steps = 0
 
 
-def _log_step_record(run: Run, loss_f: float, norm_f: float, lr: float, skipped: bool) -> None:
+def _log_step_record(run: Run, step: int, loss_f: float, norm_f: float, lr: float, skipped: bool) -> None:
     now = time.time()
     dt, run.t_last = now - run.t_last, now
     mem_mb, tok_s = memory_mb(run.device), run.plan.tokens / dt
-    record = {"step": run.step, "loss": loss_f, "lr": lr, "grad_norm": norm_f, "tok_s": tok_s,
+    record = {"step": step, "loss": loss_f, "lr": lr, "grad_norm": norm_f, "tok_s": tok_s,
               "ms": 1000 * dt, "mem_mb": mem_mb}
     if skipped:
         record["skipped"] = True
@@ -467,7 +482,7 @@ class NonFiniteStepsError(RuntimeError):
     """Training stopped: too many steps in a row had a NaN/Inf loss or gradient norm."""
 
 
-def note_skipped_step(run: Run, loss_f: float, norm_f: float) -> None:
+def note_skipped_step(run: Run, step: int, loss_f: float, norm_f: float) -> None:
     """The step's update was skipped on the device: undo its count in the optimizer (the bias
     correction stays that of the steps taken), count it, and stop after cfg.nonfinite_limit in a
     row. Every rank sees the same (averaged) values, so every rank stops alike."""
@@ -475,11 +490,11 @@ def note_skipped_step(run: Run, loss_f: float, norm_f: float) -> None:
     run.bad_steps += 1
     run.skipped_steps += 1
     if run.ctx.is_main:
-        run.bar.write(f"step {run.step}: loss {loss_f}, gradient norm {norm_f}: not finite, update skipped "
+        run.bar.write(f"step {step}: loss {loss_f}, gradient norm {norm_f}: not finite, update skipped "
                       f"({run.bad_steps} in a row)")
     if run.bad_steps >= run.cfg.nonfinite_limit:
         raise NonFiniteStepsError(
-            f"step {run.step}: {run.bad_steps} steps in a row had a non-finite loss or gradient norm "
+            f"step {step}: {run.bad_steps} steps in a row had a non-finite loss or gradient norm "
             f"(loss {loss_f}, norm {norm_f}); training stopped, the last checkpoint is kept. Lower --lr or "
             f"--grad-clip, raise --warmup, or check the data (--nonfinite-limit sets how many such steps "
             f"in a row are tolerated)")

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/cuda/cuda_check.h"
@@ -320,6 +321,49 @@ std::string runtime_info() {
                format_bytes(static_cast<int64_t>(prop.totalGlobalMem)), ", ", prop.multiProcessorCount, " SMs)");
   }
   return out;
+}
+
+// HostRead slots: pinned buffers with their events, reused per (thread, device) so a read per step
+// allocates nothing (cudaFreeHost could wait for the device).
+namespace {
+struct ReadSlot {
+  void* host = nullptr;
+  cudaEvent_t event = nullptr;
+};
+thread_local std::vector<ReadSlot> tl_read_slots[kMaxDevices];
+}  // namespace
+
+HostRead::HostRead(const void* src, int device, size_t nbytes) : device_(device) {
+  XT_CHECK(nbytes <= kHostReadMax, ValueError, "HostRead: at most ", kHostReadMax, " bytes, got ", nbytes);
+  DeviceGuard guard(device);
+  cudaStream_t s = static_cast<cudaStream_t>(current_stream(device));
+  std::vector<ReadSlot>& free_slots = tl_read_slots[device];
+  ReadSlot slot;
+  if (!free_slots.empty()) {
+    slot = free_slots.back();
+    free_slots.pop_back();
+  } else {
+    XT_CUDA_CHECK(cudaHostAlloc(&slot.host, kHostReadMax, cudaHostAllocDefault));
+    XT_CUDA_CHECK(cudaEventCreateWithFlags(&slot.event, cudaEventDisableTiming));
+  }
+  host_ = slot.host;
+  event_ = slot.event;
+  if (nbytes) XT_CUDA_CHECK(cudaMemcpyAsync(host_, src, nbytes, cudaMemcpyDeviceToHost, s));
+  XT_CUDA_CHECK(cudaEventRecord(slot.event, s));
+}
+
+HostRead::~HostRead() {
+  if (!host_) return;
+  cudaEventSynchronize(static_cast<cudaEvent_t>(event_));  // the copy must land before the slot is reused
+  tl_read_slots[device_].push_back(ReadSlot{host_, static_cast<cudaEvent_t>(event_)});
+}
+
+bool HostRead::ready() const { return cudaEventQuery(static_cast<cudaEvent_t>(event_)) == cudaSuccess; }
+
+const void* HostRead::wait() {
+  XT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));  // sync point
+  check_index_errors(device_);
+  return host_;
 }
 
 // Copies run on this thread's stream of the CUDA side. H2D from pageable host memory returns
