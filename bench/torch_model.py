@@ -14,8 +14,9 @@ order, and swaps in the kernels a PyTorch user would run:
 - the same activation dtype policy as xtrain: the residual stream is bf16 from the embedding on,
   norms and RoPE compute in float32 and round once, cross-entropy in float32.
 
-compile=True compiles one block function and the head with torch.compile ("regional
-compilation": every block shares one compiled graph, so compile time does not grow with depth).
+compile=MODE compiles the whole model, `torch.compile(model, mode=MODE)`, as nanoGPT does and as
+the users we compete for run it (mode "default" or "max-autotune-no-cudagraphs"; the optimizer
+is torch's fused AdamW, uncompiled, as in nanoGPT).
 recompute=True runs each block as xtrain's selective recompute does: the attention part and the
 MLP up to the down projection under torch.utils.checkpoint (non-reentrant), the down projection
 outside with its input kept.
@@ -92,13 +93,11 @@ def head(x, norm_w, lm_w, targets, *, eps: float):
 
 
 class BenchTorchTransformer(TorchTransformer):
-    def __init__(self, cfg, weights, dtype, device, compile: bool = False, recompute: bool = False):
+    def __init__(self, cfg, weights, dtype, device, recompute: bool = False):
         super().__init__(cfg, weights, dtype)
         self.to(device)
         self.index = {n: i for i, n in enumerate(self.names)}  # the parent's p() searches a list
         self.recompute = recompute
-        self.block_fn = torch.compile(block, dynamic=False) if compile else block
-        self.head_fn = torch.compile(head, dynamic=False) if compile else head
         self._rope = {}
 
     def p(self, name):
@@ -129,19 +128,20 @@ class BenchTorchTransformer(TorchTransformer):
                 if self.recompute and torch.is_grad_enabled():
                     x = block_recompute(x, cos, sin, *params, **kw)
                 else:
-                    x = self.block_fn(x, cos, sin, *params, **kw)
-            return self.head_fn(x, self.p("norm.weight"), self.p("lm_head.weight"), targets,
-                                eps=c.norm_eps)
+                    x = block(x, cos, sin, *params, **kw)
+            return head(x, self.p("norm.weight"), self.p("lm_head.weight"), targets, eps=c.norm_eps)
 
 
-def build(xt_model_or_weights, cfg, device, compile=False, recompute=False):
+def build(xt_model_or_weights, cfg, device, compile=None, recompute=False):
     """The peer of an xtrain model: same config, same weights (a dict name -> float32 array, or
-    the xtrain model to read them from), on `device`."""
+    the xtrain model to read them from), on `device`. compile: None (eager) or a torch.compile
+    mode for the whole model."""
     weights = xt_model_or_weights
     if not isinstance(weights, dict):
         weights = {n: p.numpy().copy() for n, p in xt_model_or_weights.named_parameters()}
     dtype = torch.bfloat16 if cfg.bf16 else torch.float32
-    return BenchTorchTransformer(cfg, weights, dtype, device, compile=compile, recompute=recompute)
+    model = BenchTorchTransformer(cfg, weights, dtype, device, recompute=recompute)
+    return model if compile is None else torch.compile(model, mode=compile, dynamic=False)
 
 
 def adamw(model, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
