@@ -542,3 +542,37 @@ def test_gathered_bf16_copies_give_the_forward_of_the_cast_weights():
         return True
 
     assert _run_ranks(2, fn) == [True, True]
+
+
+@pytest.mark.parametrize("in_store", [True, False], ids=["store", "tensors"])
+def test_clip_and_step_equals_clip_then_step(in_store, device):
+    """The fused step reads each gradient times the clip factor; clip_grad_norm_ writes that
+    product and the plain step reads it back: the same bits, with clipping active."""
+    def run(fused):
+        model = TinyTransformer(TransformerConfig(**SMALL, bf16=True), device=device, seed=0)
+        named = list(model.named_parameters())
+        params = named if in_store else [(n, xtrain.tensor(p.numpy(), device=device, requires_grad=True))
+                                         for n, p in named]
+        opt = AdamW(params, lr=1e-2, weight_decay=0.1)
+        norms = []
+        for step in range(3):
+            _, loss = model(*_batch(step))
+            loss.backward()
+            if not in_store:
+                for (_, p), (_, q) in zip(named, params):
+                    q.grad = xtrain.tensor(p.grad.numpy(), device=device)
+                model.store.zero_grad()
+            if fused:
+                norms.append(opt.clip_and_step(0.05, loss).item())
+            else:
+                norms.append(clip_grad_norm_(opt.params, 0.05).item())
+                opt.step()
+            opt.zero_grad()
+            if not in_store:
+                model.load_state_dict({n: q.numpy() for n, q in params})
+        return norms, [q.numpy().copy() for _, q in params]
+
+    (n1, w1), (n2, w2) = run(True), run(False)
+    assert n1 == n2 and min(n1) > 0.05  # clipping acts on every step
+    for a, b in zip(w1, w2):
+        np.testing.assert_array_equal(a, b)

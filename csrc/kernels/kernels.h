@@ -141,10 +141,12 @@ struct AdamWParams {
                               int64_t ignore_index, void* stream);                                      \
   /* ---- optimizer (kernels/{cpu,cuda}/optim): float32, fused over many tensors */                            \
   /* guard (nullable, one float on the device): when it is not finite, nothing is written (a */        \
-  /* training step with a NaN/Inf loss or gradient norm is skipped without a host sync) */            \
+  /* training step with a NaN/Inf loss or gradient norm is skipped without a host sync). */           \
+  /* clip_norm (nullable, on the device): every gradient is read as g * min(1, max_norm /     */      \
+  /* (clip_norm[0] + 1e-6)), clip_by_norm's factor, so clipping needs no pass of its own */          \
   void adamw_step(int n_tensors, float* const* params, const float* const* grads, float* const* m,      \
                   float* const* v, const int64_t* sizes, AdamWParams hp, const float* guard,            \
-                  void* stream);                                                                        \
+                  const float* clip_norm, float max_norm, void* stream);                                \
   /* out (float32, 1 element) = sqrt(sum of squares over all tensors), fixed order */                  \
   void global_norm(int n_tensors, const float* const* tensors, const int64_t* sizes, float* out,        \
                    void* stream);                                                                       \

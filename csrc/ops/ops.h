@@ -209,7 +209,9 @@ std::pair<Tensor, Tensor> linear_cross_entropy_backward(const Tensor& buf, int64
 void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                 const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                 double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                const Tensor& guard = Tensor());  // one float32 on the device: not finite -> no update
+                const Tensor& guard = Tensor(),      // one float32 on the device: not finite -> no update
+                const Tensor& clip_norm = Tensor(),  // one float32 on the device: gradients read clipped
+                double max_norm = 0.0);
 Tensor global_norm(const std::vector<Tensor>& tensors);  // float32 [] on the tensors' device
 void clip_by_norm_(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm);
 

@@ -37,7 +37,8 @@ int list_size(size_t n, const char* op) {
 
 void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                 const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq, double lr, double beta1,
-                double beta2, double eps, double weight_decay, int64_t step, const Tensor& guard) {
+                double beta2, double eps, double weight_decay, int64_t step, const Tensor& guard,
+                const Tensor& clip_norm, double max_norm) {
   const char* op = "adamw_step";
   XT_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
            ValueError, op, ": params, grads, exp_avg and exp_avg_sq must have the same length, got ", params.size(),
@@ -54,6 +55,12 @@ void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gr
   XT_CHECK(!guard.defined() || (guard.dtype() == DType::Float32 && guard.numel() == 1 && guard.device() == dev),
            TypeError, op, ": guard must be a one-element float32 tensor on ", dev.str(), ", got ",
            guard.defined() ? guard.describe() : std::string());
+  XT_CHECK(!clip_norm.defined() ||
+               (clip_norm.dtype() == DType::Float32 && clip_norm.numel() == 1 && clip_norm.device() == dev),
+           TypeError, op, ": clip_norm must be a one-element float32 tensor on ", dev.str(), ", got ",
+           clip_norm.defined() ? clip_norm.describe() : std::string());
+  XT_CHECK(!clip_norm.defined() || (max_norm > 0.0 && std::isfinite(max_norm)), ValueError, op,
+           ": max_norm must be a finite value > 0 with clip_norm, got ", max_norm);
   std::vector<float*> p, g, m, v;
   std::vector<int64_t> sizes;
   collect(params, op, "params", dev, p, &sizes);
@@ -81,7 +88,8 @@ void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gr
   }
   std::vector<const float*> gc(g.begin(), g.end());
   XT_KERNEL(dev, adamw_step, list_size(p.size(), op), p.data(), gc.data(), m.data(), v.data(), sizes.data(), hp,
-            guard.defined() ? guard.data<float>() : nullptr, stream_for(dev));
+            guard.defined() ? guard.data<float>() : nullptr, clip_norm.defined() ? clip_norm.data<float>() : nullptr,
+            static_cast<float>(max_norm), stream_for(dev));
 }
 
 Tensor global_norm(const std::vector<Tensor>& tensors) {

@@ -45,7 +45,7 @@ from typing import Any, Callable, Sequence
 
 import xtrain
 from xtrain import _C
-from xtrain.optim import clip_grad_norm_, finite_or_nan, step_guard
+from xtrain.optim import step_guard
 from xtrain.store import ALIGN as FLAT_ALIGN, SHARD_MULTIPLE
 
 # A collective unfinished this long after it was queued aborts every rank (PyTorch's default).
@@ -450,8 +450,7 @@ class DataParallelAdamW:
         extra = _as_list(extra)
         if not self.shard:
             comm.all_reduce([store.grads, *extra], "avg")
-            norm = clip_grad_norm_(opt.params, max_norm)
-            opt.step(guard=step_guard(norm, guard))
+            norm = opt.clip_and_step(max_norm, guard)
             opt.zero_grad(set_to_none=True)
             return norm
         comm.reduce_scatter(self._region_grads, "avg", extra)
@@ -460,10 +459,9 @@ class DataParallelAdamW:
             sq = xtrain.ops.mul(norm, norm)
             comm.all_reduce([sq], "sum")
             norm = xtrain.ops.sqrt(sq)
-        if max_norm is not None and max_norm > 0:
-            _C.optim.clip_by_norm_(self.grad_chunks, finite_or_nan(norm), float(max_norm))
-        opt.step_count += 1
-        opt._step_flat(store.params, store.grads, self._runs, step_guard(norm, guard))
+        clip = (norm, float(max_norm)) if max_norm is not None and max_norm > 0 else (None, 0.0)
+        opt.step_count += 1  # AdamW reads the chunk's gradients clipped (one pass: no clip kernel)
+        opt._step_flat(store.params, store.grads, self._runs, step_guard(norm, guard), clip)
         if self._cast:
             lo, hi = self.chunks[0]  # region 0: the Linear weights, gathered as their bf16 copies
             store.compute_region_chunk(lo, hi).copy_(store.params._storage_view(lo, (hi - lo,)))

@@ -89,15 +89,19 @@ class AdamW:
             last = group
         return out
 
-    def step(self, guard=None) -> None:
+    def step(self, guard=None, clip_norm=None, max_norm: float | None = None) -> None:
         """One update of every parameter that has a gradient (asynchronous on the device).
+
         guard: a one-element float32 tensor on the device (the training loop passes the step's
         gradient norm + 0 * loss); when it is not finite the kernels write nothing, with no host
         sync. step_count still advances: the caller learns of the skip at its next sync point and
-        takes the count back."""
+        takes the count back. clip_norm, max_norm: the gradients are read scaled by
+        min(1, max_norm / (clip_norm + 1e-6)), the factor clip_by_norm_ applies, with no pass of
+        their own (clip_and_step)."""
         self.step_count += 1
+        clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
         if self.store is not None and not self.store.sync_grads():
-            self._step_flat(self.store.params, self.store.grads, self.runs(), guard)
+            self._step_flat(self.store.params, self.store.grads, self.runs(), guard, clip)
             return
         params, m, v = self.params, self.exp_avg, self.exp_avg_sq
         for group, wd in ((self.decay, self.weight_decay), (self.no_decay, 0.0)):
@@ -105,9 +109,29 @@ class AdamW:
             if idx:
                 _C.optim.adamw_step([params[i] for i in idx], [params[i].grad for i in idx],
                                     [m[i] for i in idx], [v[i] for i in idx],
-                                    self.lr, self.betas[0], self.betas[1], self.eps, wd, self.step_count, guard)
+                                    self.lr, self.betas[0], self.betas[1], self.eps, wd, self.step_count, guard,
+                                    *clip)
 
-    def _step_flat(self, params, grads, runs: dict, guard=None) -> None:
+    def clip_and_step(self, max_norm: float | None, loss=None):
+        """Global-norm clipping and the update in one pass over the gradients: the norm (returned,
+        a device scalar, before clipping), then AdamW reading each gradient clipped. With `loss`,
+        a step whose loss or norm is not finite updates nothing (step_guard). The gradients
+        themselves are left unscaled."""
+        norm = _C.optim.global_norm(self._grads_for_norm())
+        self.step(guard=step_guard(norm, loss), clip_norm=norm if max_norm else None, max_norm=max_norm)
+        return norm
+
+    def _grads_for_norm(self) -> list:
+        """What the global norm sums: the store's gradient regions (every trained parameter has
+        a gradient), else each gradient."""
+        if self.store is not None and not self.store.sync_grads():
+            return self.store.region_views(self.store.grads)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            raise ValueError("AdamW.clip_and_step: no parameter has a gradient")
+        return grads
+
+    def _step_flat(self, params, grads, runs: dict, guard=None, clip=(None, 0.0)) -> None:
         """AdamW over element ranges of the flats: one launch per weight-decay group."""
         b1, b2 = self.betas
         for decays, spans in runs.items():
@@ -116,7 +140,7 @@ class AdamW:
             views = lambda flat: [flat._storage_view(a, (b - a,)) for a, b in spans]  # noqa: E731
             _C.optim.adamw_step(views(params), views(grads), views(self.flat_m), views(self.flat_v),
                                 self.lr, b1, b2, self.eps, self.weight_decay if decays else 0.0,
-                                self.step_count, guard)
+                                self.step_count, guard, *clip)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.store is not None:

@@ -41,7 +41,7 @@ import xtrain
 from xtrain import batching, distributed, ops, runconfig, trackers
 from xtrain import state as ckpt_state
 from xtrain.models import TinyTransformer, TransformerConfig, config_for
-from xtrain.optim import AdamW, clip_grad_norm_, step_guard
+from xtrain.optim import AdamW
 from xtrain.runconfig import ConfigError
 from xtrain.schedule import DEFAULT_DECAY_FRAC, Schedule
 
@@ -393,8 +393,7 @@ def train_step(run: Run) -> None:
     settle(run)
     # A NaN/Inf loss or gradient norm skips the update on the device (AdamW's guard).
     if run.dp is None:
-        grad_norm = clip_grad_norm_(opt.params, cfg.grad_clip)
-        opt.step(guard=step_guard(grad_norm, loss))
+        grad_norm = opt.clip_and_step(cfg.grad_clip, loss)   # norm, clipping and AdamW in one pass
         opt.zero_grad(set_to_none=True)
     else:                                             # grads and loss: the global-batch mean
         grad_norm = run.dp.step(cfg.grad_clip, extra=[loss], guard=loss)

@@ -5,7 +5,8 @@
 //   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
 // global_norm sums squares tensor by tensor, element by element (fixed order) in float64.
 // clip_by_norm scales in place by min(1, max_norm / (norm + 1e-6)).
-// A non-finite guard value (the step's loss or gradient norm) makes adamw_step write nothing.
+// A non-finite guard value (the step's loss or gradient norm) makes adamw_step write nothing; a
+// clip norm makes it read each gradient scaled by clip_by_norm's factor (the same float product).
 #include <algorithm>
 #include <cmath>
 
@@ -16,8 +17,10 @@ namespace kernels {
 namespace cpu {
 
 void adamw_step(int n_tensors, float* const* params, const float* const* grads, float* const* m, float* const* v,
-                const int64_t* sizes, AdamWParams hp, const float* guard, void*) {
+                const int64_t* sizes, AdamWParams hp, const float* guard, const float* clip_norm, float max_norm,
+                void*) {
   if (guard && !std::isfinite(guard[0])) return;  // a non-finite step: no update
+  const float coef = clip_norm ? std::min(1.0f, max_norm / (clip_norm[0] + 1e-6f)) : 1.0f;
   const float decay = 1.0f - hp.lr * hp.weight_decay;
   const float step_size = hp.lr / hp.bias_correction1;
   const float bc2_sqrt = std::sqrt(hp.bias_correction2);
@@ -27,7 +30,7 @@ void adamw_step(int n_tensors, float* const* params, const float* const* grads, 
     float* mt = m[t];
     float* vt = v[t];
     for (int64_t i = 0; i < sizes[t]; ++i) {
-      const float gi = g[i];
+      const float gi = clip_norm ? g[i] * coef : g[i];
       const float mi = hp.beta1 * mt[i] + (1.0f - hp.beta1) * gi;
       const float vi = hp.beta2 * vt[i] + (1.0f - hp.beta2) * gi * gi;
       mt[i] = mi;

@@ -10,7 +10,8 @@
 //  - global_norm: each block sums the squares of its chunk in float64 (fixed order), then one
 //    block adds the block partials in order and writes sqrt as float32: deterministic, on device.
 //  - clip_by_norm reads the norm on the device: coef = min(1, max_norm / (norm + 1e-6)).
-//  - adamw_step's guard (the step's loss or norm, on the device) skips the update when not finite.
+//  - adamw_step's guard (the step's loss or norm, on the device) skips the update when not finite;
+//    its clip norm scales each gradient as it is read, by clip_by_norm's factor (no clip pass).
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -58,15 +59,17 @@ struct AdamWConsts {
   float beta1, beta2, eps, decay, step_size, bc2_sqrt;
 };
 
-__global__ void adamw_kernel(TensorList L, AdamWConsts k, const float* guard) {
+__global__ void adamw_kernel(TensorList L, AdamWConsts k, const float* guard, const float* clip_norm,
+                             float max_norm) {
   if (guard && !isfinite(*guard)) return;  // a non-finite step: no update (the same for every thread)
+  const float coef = clip_norm ? fminf(1.0f, max_norm / (*clip_norm + 1e-6f)) : 1.0f;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t c1 = min(L.start[L.n], c0 + kChunk);
   int t = find_tensor(L, c0);
   for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
     t = advance(L, t, i);
     const int64_t j = i - L.start[t];
-    const float gi = L.g[t][j];
+    const float gi = clip_norm ? L.g[t][j] * coef : L.g[t][j];
     const float mi = k.beta1 * L.m[t][j] + (1.0f - k.beta1) * gi;
     const float vi = k.beta2 * L.v[t][j] + (1.0f - k.beta2) * gi * gi;
     L.m[t][j] = mi;
@@ -132,7 +135,8 @@ void for_each_list(int n_tensors, const int64_t* sizes, Fill&& fill, Fn&& fn) {
 }  // namespace
 
 void adamw_step(int n_tensors, float* const* params, const float* const* grads, float* const* m, float* const* v,
-                const int64_t* sizes, AdamWParams hp, const float* guard, void* stream) {
+                const int64_t* sizes, AdamWParams hp, const float* guard, const float* clip_norm, float max_norm,
+                void* stream) {
   OnStream on(stream);
   AdamWConsts k;
   k.beta1 = hp.beta1;
@@ -150,7 +154,7 @@ void adamw_step(int n_tensors, float* const* params, const float* const* grads, 
         L.v[slot] = v[i];
       },
       [&](const TensorList& L, unsigned blocks) {
-        adamw_kernel<<<blocks, kOptThreads, 0, on.s>>>(L, k, guard);
+        adamw_kernel<<<blocks, kOptThreads, 0, on.s>>>(L, k, guard, clip_norm, max_norm);
         XT_LAUNCH_CHECK();
       });
 }
