@@ -12,6 +12,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <set>
@@ -105,8 +106,16 @@ std::string nccl_version() {
 
 // ---------------------------------------------------------------- creation and teardown
 
+std::string unique_id() {
+  ncclUniqueId id;
+  const ncclResult_t res = ncclGetUniqueId(&id);
+  XT_CHECK(res == ncclSuccess, RuntimeError, "ncclGetUniqueId failed: ", ncclGetErrorString(res), ": ",
+           ncclGetLastError(nullptr));
+  return std::string(id.internal, sizeof(id.internal));
+}
+
 Communicator::Communicator(const std::vector<int>& devices, double timeout_s)
-    : devices_(devices), timeout_s_(timeout_s) {
+    : devices_(devices), world_size_(static_cast<int>(devices.size())), timeout_s_(timeout_s) {
   XT_CHECK(!devices.empty(), ValueError, "Communicator: devices is empty");
   XT_CHECK(timeout_s > 0, ValueError, "Communicator: timeout must be > 0 seconds, got ", timeout_s);
   std::set<int> seen;
@@ -115,59 +124,94 @@ Communicator::Communicator(const std::vector<int>& devices, double timeout_s)
     XT_CHECK(seen.insert(d).second, ValueError, "Communicator: cuda:", d,
              " appears twice in devices; NCCL takes one rank per device");
   }
-  const int n = world_size();
-  for (int i = 0; i < n; ++i) {
-    ranks_.push_back(std::make_unique<Rank>());
-    ranks_.back()->index = i;
-    ranks_.back()->device = devices[i];
-  }
-
   ncclUniqueId id;
   const ncclResult_t id_res = ncclGetUniqueId(&id);
   XT_CHECK(id_res == ncclSuccess, RuntimeError, "ncclGetUniqueId failed: ", ncclGetErrorString(id_res), ": ",
            ncclGetLastError(nullptr));
+  start(&id);
+  wait_ready();
+}
+
+Communicator::Communicator(int device, int world_size, int rank, const std::string& unique_id, double timeout_s)
+    : devices_{device}, world_size_(world_size), first_rank_(rank), timeout_s_(timeout_s) {
+  XT_CHECK(world_size >= 1, ValueError, "Communicator: world_size must be >= 1, got ", world_size);
+  XT_CHECK(rank >= 0 && rank < world_size, ValueError, "Communicator: rank ", rank, " is out of range for ",
+           world_size, " rank(s)");
+  XT_CHECK(timeout_s > 0, ValueError, "Communicator: timeout must be > 0 seconds, got ", timeout_s);
+  ncclUniqueId id;
+  XT_CHECK(unique_id.size() == sizeof(id.internal), ValueError, "Communicator: unique_id has ", unique_id.size(),
+           " bytes; an NCCL unique id has ", sizeof(id.internal), " (xtrain._C.dist.unique_id() on rank 0)");
+  cuda::check_device(device);
+  std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
+  start(&id);
+}
+
+void Communicator::start(const void* nccl_id) {
+  const ncclUniqueId& id = *static_cast<const ncclUniqueId*>(nccl_id);
+  const int n = local_size();
+  for (int i = 0; i < n; ++i) {
+    ranks_.push_back(std::make_unique<Rank>());
+    ranks_.back()->index = first_rank_ + i;
+    ranks_.back()->device = devices_[i];
+  }
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   std::vector<ncclComm_t> comms(n, nullptr);
-  // Every rank is initialised from this thread, so the inits must share one group; each binds
-  // its rank to the device current at the call.
+  // The local ranks are initialised from this thread, so the inits must share one group; each
+  // binds its rank to the device current at the call.
   ncclResult_t res = ncclGroupStart();
   for (int i = 0; i < n && !is_error(res); ++i) {
-    cuda::DeviceGuard guard(devices[i]);
-    res = ncclCommInitRankConfig(&comms[i], n, id, i, &config);
+    cuda::DeviceGuard guard(devices_[i]);
+    res = ncclCommInitRankConfig(&comms[i], world_size_, id, first_rank_ + i, &config);
   }
   const ncclResult_t end = ncclGroupEnd();
-  std::string err;
   if (is_error(res) || is_error(end)) {
-    err = str("NCCL communicator creation failed: ", ncclGetErrorString(is_error(res) ? res : end), ": ",
-              ncclGetLastError(nullptr));
+    const std::string err = str("NCCL communicator creation failed: ", ncclGetErrorString(is_error(res) ? res : end),
+                                ": ", ncclGetLastError(nullptr));
+    for (ncclComm_t c : comms)
+      if (c) ncclCommAbort(c);
+    throw RuntimeError(err);
   }
-  // Non-blocking: the ranks connect in the background; poll until each one is ready.
+  for (int i = 0; i < n; ++i) ranks_[i]->comm = comms[i];
+}
+
+void Communicator::wait_ready() {
+  if (ready_.load()) return;
+  // Non-blocking: the ranks connect in the background; poll until each one is ready. The rank's
+  // lock is held per poll only, so abort() (another thread) gets in between and ends the wait.
   const auto start = Clock::now();
-  for (int i = 0; i < n && err.empty(); ++i) {
+  std::string err;
+  for (size_t i = 0; i < ranks_.size() && err.empty(); ++i) {
+    Rank& r = *ranks_[i];
     for (;;) {
-      ncclResult_t st = ncclInProgress;
-      const ncclResult_t q = comms[i] ? ncclCommGetAsyncError(comms[i], &st) : ncclInternalError;
-      if (is_error(q) || is_error(st)) {
-        err = str("NCCL communicator creation failed on rank ", i, " (cuda:", devices[i], "): ",
-                  ncclGetErrorString(is_error(q) ? q : st), ": ", ncclGetLastError(comms[i]));
-        break;
+      {
+        std::lock_guard<std::mutex> lock(r.mu);
+        if (aborted_.load() || !r.comm) {
+          err = str("NCCL communicator creation on rank ", r.index, " (cuda:", r.device, ") was aborted: ", error());
+          break;
+        }
+        ncclResult_t st = ncclInProgress;
+        const ncclResult_t q = ncclCommGetAsyncError(r.comm, &st);
+        if (is_error(q) || is_error(st)) {
+          err = str("NCCL communicator creation failed on rank ", r.index, " (cuda:", r.device, "): ",
+                    ncclGetErrorString(is_error(q) ? q : st), ": ", ncclGetLastError(r.comm));
+          break;
+        }
+        if (st == ncclSuccess) break;
       }
-      if (st == ncclSuccess) break;
       if (seconds_since(start) > timeout_s_) {
-        err = str("NCCL communicator creation did not finish within ", timeout_s_, " s (rank ", i,
-                  ", cuda:", devices[i], ")");
+        err = str("NCCL communicator creation did not finish within ", timeout_s_, " s (rank ", r.index,
+                  ", cuda:", r.device, " of ", world_size_, ")");
         break;
       }
       std::this_thread::sleep_for(kPollSleep);
     }
   }
   if (!err.empty()) {
-    for (ncclComm_t c : comms)
-      if (c) ncclCommAbort(c);
+    abort(err);  // keeps the first reason when it was an abort
     throw RuntimeError(err);
   }
-  for (int i = 0; i < n; ++i) ranks_[i]->comm = comms[i];
+  ready_.store(true);
   watchdog_ = std::thread(&Communicator::watchdog, this);
 }
 
@@ -188,6 +232,11 @@ void Communicator::close() {
   watchdog_cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
 
+  if (!ready_.load()) {  // never connected (creation failed or was given up): nothing to flush
+    abort("closed before the communicator was ready");
+    destroy_events();
+    return;
+  }
   std::string err;
   if (!aborted_.load()) {
     // Sync point: outstanding collectives first (they end in time or the timeout names them).
@@ -310,7 +359,11 @@ std::string Communicator::check_usable(const Rank& r, const char* op) const {
 Communicator::Rank& Communicator::rank_at(int rank, const char* op) {
   XT_CHECK(rank >= 0 && rank < world_size(), IndexError, op, ": rank ", rank, " is out of range for ",
            world_size(), " rank(s)");
-  return *ranks_[rank];
+  XT_CHECK(is_local(rank), IndexError, op, ": rank ", rank, " belongs to another process (this one drives rank",
+           local_size() > 1 ? "s " : " ", first_rank_, local_size() > 1 ? str("-", first_rank_ + local_size() - 1) : "",
+           ")");
+  XT_CHECK(ready_.load(), RuntimeError, op, ": the communicator is not ready (call wait_ready() first)");
+  return *ranks_[static_cast<size_t>(rank - first_rank_)];
 }
 
 void Communicator::check_tensors(const Rank& r, const std::vector<Tensor>& tensors, const char* op,

@@ -1,17 +1,26 @@
-// NCCL communicator for data-parallel training: N GPUs of one process, one host thread per GPU.
-//
-//  - One NCCL rank per device, all created by the constructor (ncclCommInitRankConfig for every
-//    device inside one ncclGroupStart/End). Rank r's collectives are called from rank r's thread
-//    and run on that thread's current stream of its device (xt::cuda::current_stream), so they are
-//    ordered with the rank's own kernels and the host never waits for them (barrier() excepted).
+// NCCL communicator for data-parallel training: the ranks this process drives, one host thread per
+// rank. Two ways to make one:
+//  - Thread per GPU: every rank in this process (Communicator(devices, timeout)); the constructor
+//    creates all of them from one thread (ncclCommInitRankConfig for every device inside one
+//    ncclGroupStart/End) and returns when they are connected.
+//  - Process per GPU: one rank of a group spread over processes and machines
+//    (Communicator(device, world_size, rank, unique_id, timeout)); rank 0 made `unique_id`
+//    (unique_id()) and sent it to every process (the Python rendezvous, xtrain.rendezvous). The
+//    constructor only starts the connection; wait_ready() waits for it, and abort() from another
+//    thread (a peer process died) ends that wait.
+// Either way, rank r's collectives are called from rank r's thread with r its global rank, and run
+// on that thread's current stream of its device (xt::cuda::current_stream), so they are ordered
+// with the rank's own kernels and the host never waits for them (barrier() excepted).
 //  - Communicators are non-blocking (ncclConfig_t.blocking = 0): no NCCL call blocks the host;
 //    host-side progress (ncclInProgress) is polled against the timeout.
-//  - Failure never hangs. A watchdog thread follows each rank's outstanding collectives (a CUDA
-//    event recorded after each) and NCCL's asynchronous error state; a collective still running
-//    after `timeout_s`, or an NCCL error, aborts the communicator. abort() does the same from any
-//    thread (the Python launcher calls it when one rank raises). Abort runs ncclCommAbort on every
-//    rank, which makes NCCL kernels still waiting for a peer exit, so a thread blocked on its
-//    stream returns; every later call on any rank raises RuntimeError carrying the first reason.
+//  - Failure never hangs. A watchdog thread follows each local rank's outstanding collectives (a
+//    CUDA event recorded after each) and NCCL's asynchronous error state; a collective still
+//    running after `timeout_s`, or an NCCL error, aborts the communicator. abort() does the same
+//    from any thread (the Python launcher calls it when one rank raises, the process rendezvous
+//    when another process failed). Abort runs ncclCommAbort on every local rank, which makes NCCL
+//    kernels still waiting for a peer exit, so a thread blocked on its stream returns; every later
+//    call raises RuntimeError carrying the first reason. Ranks in other processes are not reached
+//    by it: their own process aborts when its rendezvous connection reports the failure.
 //  - all_reduce over a list is one NCCL launch: tensors of kInPlaceBytes or more are reduced in
 //    place, smaller ones are packed into one flat buffer per dtype (from the caching allocator,
 //    on the rank's stream) and reduced there, all inside one ncclGroupStart/End.
@@ -40,18 +49,35 @@ ReduceOp parse_reduce_op(const std::string& name);  // "sum" | "avg"; ValueError
 constexpr size_t kInPlaceBytes = size_t(1) << 20;
 
 std::string nccl_version();  // "2.27.3": the NCCL the process runs with
+// A new NCCL unique id (ncclGetUniqueId), as its raw bytes: rank 0 of a process group makes it and
+// every process passes it to its Communicator. Making it starts NCCL's bootstrap listener here.
+std::string unique_id();
 
 class Communicator {
  public:
   // One rank per entry of `devices` (rank i drives cuda:devices[i]); distinct, visible devices.
   // A collective that has not completed `timeout_s` seconds after it was queued aborts everything.
   Communicator(const std::vector<int>& devices, double timeout_s);
+  // Rank `rank` of `world_size`, the only one of this process, on cuda:device; `unique_id` is rank
+  // 0's unique_id(). Returns once the connection has started: call wait_ready() before anything
+  // else.
+  Communicator(int device, int world_size, int rank, const std::string& unique_id, double timeout_s);
   ~Communicator();  // close()
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int world_size() const { return static_cast<int>(devices_.size()); }
+  // Sync point: waits until every local rank is connected to its peers; raises RuntimeError when
+  // creation fails, takes longer than the timeout, or abort() is called meanwhile. The
+  // thread-per-GPU constructor calls it itself; idempotent.
+  void wait_ready();
+  bool ready() const { return ready_.load(); }
+
+  int world_size() const { return world_size_; }
+  // The devices of this process's ranks, in rank order (every rank with threads; one with processes).
   const std::vector<int>& devices() const { return devices_; }
+  int first_rank() const { return first_rank_; }  // global rank of devices()[0]
+  bool is_local(int rank) const { return rank >= first_rank_ && rank < first_rank_ + local_size(); }
+  int device_of(int rank) const { return devices_.at(static_cast<size_t>(rank - first_rank_)); }
   double timeout() const { return timeout_s_; }
 
   // Collectives of rank `rank`, called from that rank's thread; every rank must make the same
@@ -91,6 +117,9 @@ class Communicator {
 
  private:
   struct Rank;
+  int local_size() const { return static_cast<int>(devices_.size()); }
+  // Creates ranks_ for devices_ and starts ncclCommInitRankConfig for each inside one group.
+  void start(const void* nccl_id);
   Rank& rank_at(int rank, const char* op);
   void check_tensors(const Rank& r, const std::vector<Tensor>& tensors, const char* op, bool floating);
   std::string check_usable(const Rank& r, const char* op) const;  // "" when usable (r.mu held)
@@ -112,8 +141,11 @@ class Communicator {
   void destroy_events();
 
   std::vector<int> devices_;
+  int world_size_ = 0;
+  int first_rank_ = 0;
   double timeout_s_;
   std::vector<std::unique_ptr<Rank>> ranks_;
+  std::atomic<bool> ready_{false};
   std::atomic<bool> aborted_{false};
   std::atomic<bool> closed_{false};
   mutable std::mutex error_mu_;

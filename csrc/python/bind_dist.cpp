@@ -1,4 +1,5 @@
-// Bindings for csrc/dist (xtrain._C.dist): the NCCL communicator and each rank's handle.
+// Bindings for csrc/dist (xtrain._C.dist): the NCCL communicator (thread-per-GPU or one rank of a
+// process group), each rank's handle, and the unique id a process group starts from.
 // Every call that can wait (creation, collectives, barrier, abort, close) releases the GIL, so
 // rank threads and the launcher never wait on each other through it. Builds without NCCL keep
 // the same names: is_available() is False and creating a Communicator raises RuntimeError.
@@ -43,17 +44,33 @@ void init_dist(py::module_& m) {
   using dist::Communicator;
   d.def("is_available", [] { return true; }, "True when xtrain was built with NCCL");
   d.def("nccl_version", &dist::nccl_version, "Version of the NCCL library in use");
+  d.def("unique_id", [] { return py::bytes(dist::unique_id()); },
+        "A new NCCL unique id (bytes) for a process group: rank 0 makes it, every process passes it to "
+        "Communicator.join");
 
   // Declared first so that Communicator.rank's signature names the Python type.
   py::class_<RankHandle> rank_comm(d, "RankComm", "One rank's view of a Communicator; use it from that rank's thread");
   py::class_<Communicator, std::shared_ptr<Communicator>>(
-      d, "Communicator", "NCCL ranks for GPUs of this process: one per device, one host thread per rank")
+      d, "Communicator",
+      "NCCL ranks this process drives: one per GPU with a host thread each (the constructor), or its one rank "
+      "of a process group (join)")
       .def(py::init([](const std::vector<int>& devices, double timeout) {
              py::gil_scoped_release nogil;
              return std::make_shared<Communicator>(devices, timeout);
            }),
            py::arg("devices"), py::arg("timeout") = 600.0,
            "Create rank i on cuda:devices[i]; a collective unfinished after `timeout` s aborts all ranks")
+      .def_static("join", [](int device, int world_size, int rank, const py::bytes& unique_id, double timeout) {
+             std::string id = unique_id;
+             py::gil_scoped_release nogil;
+             return std::make_shared<Communicator>(device, world_size, rank, id, timeout);
+           }, py::arg("device"), py::arg("world_size"), py::arg("rank"), py::arg("unique_id"), py::arg("timeout") = 600.0,
+           "Rank `rank` of a process group on cuda:device, from rank 0's unique_id(); starts connecting and returns: "
+           "call wait_ready() next (abort() from another thread ends that wait)")
+      .def("wait_ready", &Communicator::wait_ready, NoGil(),
+           "Sync point: wait until the ranks are connected (raises on failure, timeout or abort)")
+      .def_property_readonly("ready", &Communicator::ready)
+      .def_property_readonly("first_rank", &Communicator::first_rank, "Global rank of devices[0]")
       .def_property_readonly("world_size", &Communicator::world_size)
       .def_property_readonly("devices", &Communicator::devices)
       .def_property_readonly("timeout", &Communicator::timeout)
@@ -65,6 +82,7 @@ void init_dist(py::module_& m) {
       .def("rank", [](const std::shared_ptr<Communicator>& c, int rank) {
              XT_CHECK(rank >= 0 && rank < c->world_size(), IndexError, "rank ", rank, " is out of range for ",
                       c->world_size(), " rank(s)");
+             XT_CHECK(c->is_local(rank), IndexError, "rank ", rank, " is driven by another process");
              return RankHandle{c, rank};
            }, py::arg("rank"), "The handle rank `rank`'s thread uses")
       .def("abort", &Communicator::abort, py::arg("reason") = "aborted by the caller", NoGil(),
@@ -74,7 +92,7 @@ void init_dist(py::module_& m) {
 
   rank_comm.def_property_readonly("rank", [](const RankHandle& h) { return h.rank; })
       .def_property_readonly("world_size", [](const RankHandle& h) { return h.comm->world_size(); })
-      .def_property_readonly("device", [](const RankHandle& h) { return h.comm->devices()[h.rank]; },
+      .def_property_readonly("device", [](const RankHandle& h) { return h.comm->device_of(h.rank); },
                              "The CUDA device index this rank drives")
       .def_property_readonly("communicator", [](const RankHandle& h) { return h.comm; })
       .def("all_reduce", [](const RankHandle& h, const std::vector<Tensor>& tensors, const std::string& op) {
@@ -139,10 +157,14 @@ void init_dist(py::module_& m) {
 #else
   d.def("is_available", [] { return false; }, "True when xtrain was built with NCCL");
   d.def("nccl_version", []() -> py::object { return py::none(); }, "None: built without NCCL");
+  d.def("unique_id", []() -> py::bytes { throw RuntimeError(kNoNccl); }, "Unavailable: built without NCCL");
   struct NoCommunicator {};
   py::class_<NoCommunicator>(d, "Communicator", "Unavailable: xtrain was built without NCCL")
       .def(py::init([](const py::object&, double) -> NoCommunicator { throw RuntimeError(kNoNccl); }),
-           py::arg("devices"), py::arg("timeout") = 600.0);
+           py::arg("devices"), py::arg("timeout") = 600.0)
+      .def_static("join", [](int, int, int, const py::bytes&, double) -> NoCommunicator { throw RuntimeError(kNoNccl); },
+                  py::arg("device"), py::arg("world_size"), py::arg("rank"), py::arg("unique_id"),
+                  py::arg("timeout") = 600.0);
   d.attr("UNAVAILABLE_REASON") = kNoNccl;
 #endif
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['Communicator', 'GradReducer', 'RankComm', 'UNAVAILABLE_REASON', 'is_available', 'nccl_version']
+__all__: list[str] = ['Communicator', 'GradReducer', 'RankComm', 'UNAVAILABLE_REASON', 'is_available', 'nccl_version', 'unique_id']
 class RankComm:
     """
     One rank's view of a Communicator; use it from that rank's thread
@@ -50,8 +50,13 @@ class RankComm:
         ...
 class Communicator:
     """
-    NCCL ranks for GPUs of this process: one per device, one host thread per rank
+    NCCL ranks this process drives: one per GPU with a host thread each (the constructor), or its one rank of a process group (join)
     """
+    @staticmethod
+    def join(device: typing.SupportsInt | typing.SupportsIndex, world_size: typing.SupportsInt | typing.SupportsIndex, rank: typing.SupportsInt | typing.SupportsIndex, unique_id: bytes, timeout: typing.SupportsFloat | typing.SupportsIndex = 600.0) -> Communicator:
+        """
+        Rank `rank` of a process group on cuda:device, from rank 0's unique_id(); starts connecting and returns: call wait_ready() next (abort() from another thread ends that wait)
+        """
     def __init__(self, devices: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], timeout: typing.SupportsFloat | typing.SupportsIndex = 600.0) -> None:
         """
         Create rank i on cuda:devices[i]; a collective unfinished after `timeout` s aborts all ranks
@@ -68,6 +73,10 @@ class Communicator:
         """
         The handle rank `rank`'s thread uses
         """
+    def wait_ready(self) -> None:
+        """
+        Sync point: wait until the ranks are connected (raises on failure, timeout or abort)
+        """
     @property
     def aborted(self) -> bool:
         ...
@@ -79,6 +88,14 @@ class Communicator:
         """
         Why the communicator was aborted (None while healthy)
         """
+    @property
+    def first_rank(self) -> int:
+        """
+        Global rank of devices[0]
+        """
+    @property
+    def ready(self) -> bool:
+        ...
     @property
     def timeout(self) -> float:
         ...
@@ -118,5 +135,9 @@ def is_available() -> bool:
 def nccl_version() -> str:
     """
     Version of the NCCL library in use
+    """
+def unique_id() -> bytes:
+    """
+    A new NCCL unique id (bytes) for a process group: rank 0 makes it, every process passes it to Communicator.join
     """
 UNAVAILABLE_REASON = None
