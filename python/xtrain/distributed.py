@@ -1,4 +1,5 @@
-"""Data-parallel training on the GPUs of one machine: one Python process, one thread per GPU.
+"""Data-parallel training: one Python process with a thread per GPU (launch), or one process per
+GPU started by torchrun, srun or mpirun (run_process); both give fn the same context.
 
     def work(ctx):                                    # runs once per GPU, each in its own thread
         model = TinyTransformer(config, device=ctx.device)
@@ -30,22 +31,32 @@ Design (docs/distributed.md has the why):
 - Each rank synchronises its device before its thread ends, so tensors fn returns are complete
   when launch() returns them.
 
+Process per GPU (run_process, docs/distributed.md "Process per GPU"): the launcher's environment
+(xtrain.launch_env) gives the rank; the ranks meet through xtrain.rendezvous (TCP at MASTER_ADDR,
+a shared file, or MPI), which brings rank 0's NCCL unique id to every process and then watches
+them: each process builds a one-rank communicator (_C.dist.Communicator.join) and fn gets a
+ProcessContext, with RankContext's interface. A rank that dies, hangs or raises makes every other
+process abort its communicator and stop, with a message naming it.
+
 `xtrain train --devices N` runs xtrain.train's one training loop on every rank
-(xtrain.train.train_data_parallel), with rank-disjoint data, averaged gradients and rank 0 alone
+(xtrain.train.train_data_parallel), `torchrun ... -m xtrain train` on every process
+(xtrain.train.train_processes), with rank-disjoint data, averaged gradients and rank 0 alone
 writing logs, checkpoints, the plot and the sample.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import xtrain
-from xtrain import _C
+from xtrain import _C, rendezvous
 from xtrain.optim import step_guard
+from xtrain.rendezvous import RankStopped
 from xtrain.store import ALIGN as FLAT_ALIGN, SHARD_MULTIPLE
 
 # A collective unfinished this long after it was queued aborts every rank (PyTorch's default).
@@ -55,10 +66,9 @@ DEFAULT_TIMEOUT = 600.0
 # After a rank failed, how long launch() waits for the others to stop before it gives up on them.
 # They stop at their next ctx.check() or NCCL call, which the abort makes fail at once.
 DEFAULT_STOP_TIMEOUT = 30.0
-
-
-class RankStopped(RuntimeError):
-    """Raised in a rank by ctx.check() when another rank failed and the run is stopping."""
+# Process per GPU: when this rank's communicator fails, how long to wait for the rendezvous to
+# name a peer that failed first (its death reaches NCCL and the connection at about the same time).
+PEER_GRACE = 2.0
 
 
 @dataclass
@@ -127,6 +137,7 @@ class LocalContext:
     rank = 0
     world_size = 1
     is_main = True
+    owns_process = True
 
     def __init__(self, device: str):
         self.device = device
@@ -145,6 +156,142 @@ class LocalContext:
 
     def exchange(self, key: str, value) -> list:
         return [value]
+
+
+class ProcessContext:
+    """RankContext's interface for one process of a process group (torchrun, srun, mpirun): this
+    process is rank `rank` and drives one GPU; the collectives go through its one-rank NCCL
+    communicator, exchange() and the failure watch through its rendezvous channel."""
+    owns_process = True     # the process's generators are this rank's alone (resume restores them)
+
+    def __init__(self, env, device: str, comm, channel, hosts: list | None = None):
+        self.env, self.device, self.comm, self.channel = env, device, comm, channel
+        self.rank, self.world_size = env.rank, env.world_size
+        self.hosts = hosts or []   # "host cuda:N" of every rank, in rank order
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def devices(self) -> list:
+        """Where every rank runs, in rank order ("host cuda:N")."""
+        return list(self.hosts)
+
+    def describe(self) -> str:
+        nodes = len({h.rsplit(" ", 1)[0] for h in self.hosts}) or 1
+        return (f"{self.world_size} processes ({self.env.launcher}, {nodes} machine{'s' * (nodes > 1)}; "
+                f"rank {self.rank} on {self.device})")
+
+    def should_stop(self) -> bool:
+        return self.channel.failure is not None
+
+    def check(self) -> None:
+        """Raise RankStopped when another rank has failed (call it between steps)."""
+        self.channel.check()
+
+    def all_reduce(self, tensors, op: str = "avg") -> None:
+        self.comm.all_reduce(_as_list(tensors), op)
+
+    def broadcast(self, tensors, root: int = 0) -> None:
+        self.comm.broadcast(_as_list(tensors), root)
+
+    def barrier(self) -> None:
+        self.comm.barrier()
+
+    def exchange(self, key: str, value) -> list:
+        """Every rank's `value` under `key`, in rank order, through the rendezvous connection (a
+        collective). Values travel as JSON: numbers, strings, lists, dicts; tuples come back as
+        lists."""
+        return self.channel.exchange(key, value)
+
+
+def run_process(fn: Callable[[ProcessContext], Any], env=None, *, rendezvous_method: str | None = None,
+                timeout: float = DEFAULT_TIMEOUT, device: str | None = None, communicator=None,
+                unique_id: Callable[[], bytes] | None = None):
+    """Run fn(ctx) as this process's rank of a process group; returns what fn returns.
+
+    env: the launch (xtrain.launch_env.detect() by default); rendezvous_method: tcp, tcp:HOST:PORT,
+    file:PATH or mpi (default: the launcher's, LaunchEnv.default_rendezvous). timeout: seconds a
+    collective may stay unfinished (and the communicator take to connect, and exchange() wait).
+    device, communicator and unique_id replace the GPU, the NCCL communicator and its id (tests run
+    the rendezvous on the CPU with stand-ins): communicator(device, env, id, timeout) returns an
+    object with rank(r), wait_ready(), abort(reason), close() and `aborted`; rank 0's unique_id()
+    is the id every rank receives.
+
+    If fn raises, the other ranks are told (and stop, raising RankStopped that names this rank),
+    this process's communicator is aborted and the exception propagates. If another rank fails
+    first, this rank's communicator is aborted at once and RankStopped is raised here."""
+    from xtrain import launch_env
+
+    env = env if env is not None else launch_env.detect()
+    if env is None:
+        raise RuntimeError("run_process: no launcher environment (torchrun, srun or mpirun) is set")
+    method = rendezvous_method or env.default_rendezvous()
+    if communicator is None:
+        require_available("xtrain.distributed.run_process")
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # GPU.md: NVLink multicast stays off
+        index = pick_device(env)
+        xtrain.cuda.set_device(index)
+        device = f"cuda:{index}"
+        communicator, unique_id = _nccl_communicator, _C.dist.unique_id
+    channel, uid = rendezvous.join(env, method, payload=(unique_id or bytes)() if env.rank == 0 else None)
+    channel.wait_timeout = float(timeout)
+    comm = None
+    try:
+        comm = communicator(device, env, uid, float(timeout))
+        channel.on_failure(lambda origin, reason: comm.abort(f"rank {origin} failed: {reason}"))
+        comm.wait_ready()
+        hosts = channel.exchange("hosts", f"{socket.gethostname()} {device}")
+        ctx = ProcessContext(env, device, comm.rank(env.rank), channel, hosts)
+        result = fn(ctx)
+        if device.startswith("cuda"):
+            xtrain.cuda.synchronize(device)  # sync point: what fn returns is complete
+        comm.close()
+        channel.finish()  # every rank done (or RankStopped: one failed at the end)
+        return result
+    except BaseException as e:
+        if channel.failure is None and getattr(comm, "aborted", False):
+            # The communicator failed, perhaps because a peer died: let the watch say who, first.
+            deadline = time.monotonic() + PEER_GRACE
+            while channel.failure is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        failure = channel.failure
+        if failure is None or failure.origin == env.rank:
+            channel.report_failure(f"{type(e).__name__}: {_first_line(e)}")
+        if comm is not None:
+            comm.abort(f"rank {env.rank} failed: {type(e).__name__}: {_first_line(e)}")
+        failure = channel.failure
+        if failure.origin != env.rank and not isinstance(e, RankStopped):
+            raise RankStopped(f"rank {env.rank} stopped because rank {failure.origin} failed: "
+                              f"{failure.reason}") from e
+        raise
+    finally:
+        channel.close()
+
+
+def pick_device(env, available: int | None = None) -> int:
+    """The GPU of this process: the only one it sees (a launcher that gives each rank one, e.g.
+    srun --gpus-per-task or CUDA_VISIBLE_DEVICES), else the one at its local rank."""
+    available = xtrain.cuda.device_count() if available is None else available
+    if available == 0:
+        raise RuntimeError(f"rank {env.rank}: no CUDA device is visible to this process")
+    if available == 1:
+        return 0
+    if env.local_rank >= available:
+        raise RuntimeError(f"rank {env.rank} is local rank {env.local_rank} on its machine, but this process "
+                           f"sees {available} GPUs (cuda:0..{available - 1}): start at most {available} ranks "
+                           f"per machine")
+    return env.local_rank
+
+
+def _nccl_communicator(device: str, env, unique_id: bytes, timeout: float):
+    return _C.dist.Communicator.join(int(device.split(":")[1]), env.world_size, env.rank, unique_id, timeout)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 # ---- launching
@@ -206,12 +353,13 @@ def launch(fn: Callable[[RankContext], Any], devices="all", *, timeout: float = 
     return _Launch(comm, devs, stop_timeout).run(fn)
 
 
-def require_available() -> None:
-    """RuntimeError saying why launch() cannot run here (no NCCL in this build, or no GPU)."""
+def require_available(what: str = "xtrain.distributed.launch") -> None:
+    """RuntimeError saying why `what` (launch(), run_process()) cannot run here (no NCCL in this
+    build, or no GPU)."""
     if not _C.dist.is_available():
-        raise RuntimeError(f"xtrain.distributed.launch: {_C.dist.UNAVAILABLE_REASON}")
+        raise RuntimeError(f"{what}: {_C.dist.UNAVAILABLE_REASON}")
     if not xtrain.cuda.is_available():
-        raise RuntimeError("xtrain.distributed.launch needs CUDA GPUs, but none is usable here "
+        raise RuntimeError(f"{what} needs CUDA GPUs, but none is usable here "
                            f"(xtrain.cuda.is_available() is False: {xtrain.cuda.runtime_info()})")
 
 

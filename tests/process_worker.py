@@ -1,0 +1,94 @@
+"""One process of the CPU process-group tests (tests/test_process_group.py):
+xtrain.distributed.run_process with stand-in communicator and unique id (this build has no NCCL).
+The launcher's variables come from the environment; argv[1] is the scenario, JSON:
+
+    {"exchanges": 2,                                      # exchange() calls before the failure point
+     "fail": {"rank": 1, "how": "raise" | "exit" | "stop", "after": 0.3},   # optional
+     "key": {"rank": 1, "name": "other"}}                 # optional: this rank exchanges another key
+
+The ranks that do not fail wait "in a collective" (the stand-in blocks until its abort) or poll
+ctx.check(), as a training step does. Prints `RESULT <json>` when fn returns; errors print one
+line and exit as the CLI does: the failing rank with 1, the ranks it stopped with EXIT_STOPPED.
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from xtrain import distributed
+from xtrain.rendezvous import EXIT_STOPPED, RankStopped
+
+
+class StandInComm:
+    """The communicator's failure surface: wait() blocks like a rank inside NCCL until abort()."""
+
+    def __init__(self, device, env, unique_id, timeout):
+        self.unique_id, self.reason = unique_id, None
+        self._aborted = threading.Event()
+
+    @property
+    def aborted(self):
+        return self._aborted.is_set()
+
+    def wait_ready(self):
+        pass
+
+    def rank(self, r):
+        return self
+
+    def abort(self, reason):
+        if self.reason is None:
+            self.reason = reason
+        self._aborted.set()
+
+    def close(self):
+        pass
+
+    def wait(self, seconds=60.0):
+        if self._aborted.wait(seconds):
+            raise RuntimeError(f"all_reduce: the communicator was aborted: {self.reason}")
+
+
+def main() -> int:
+    scenario = json.loads(sys.argv[1])
+    rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+
+    def fn(ctx):
+        key = scenario.get("key", {})
+        name = key["name"] if key.get("rank") == ctx.rank else "value"
+        values = [ctx.exchange(name, {"rank": ctx.rank, "id": ctx.comm.unique_id.decode()})
+                  for _ in range(scenario.get("exchanges", 1))]
+        fail = scenario.get("fail")
+        if fail is None:
+            return {"values": values, "hosts": ctx.devices, "main": ctx.is_main}
+        if ctx.rank == fail["rank"]:
+            time.sleep(fail.get("after", 0.0))
+            if fail["how"] == "raise":
+                raise ValueError(f"rank {ctx.rank} broke on purpose")
+            if fail["how"] == "exit":
+                os._exit(7)  # dies without a word, as a killed process
+            os.kill(os.getpid(), signal.SIGSTOP)  # hangs, heartbeat thread included
+        if ctx.rank % 2:
+            ctx.comm.wait()  # "blocked in NCCL" until the abort
+        while True:
+            ctx.check()  # between steps
+            time.sleep(0.02)
+
+    try:
+        result = distributed.run_process(fn, rendezvous_method=scenario.get("rendezvous"), device="cpu",
+                                         communicator=StandInComm, unique_id=lambda: b"id-from-rank-0")
+    except RankStopped as e:
+        print(f"xtrain: rank {rank}: stopped: {str(e).split(' stopped because ', 1)[-1]}", file=sys.stderr, flush=True)
+        return EXIT_STOPPED
+    except Exception as e:  # noqa: BLE001 - the CLI's one line
+        print(f"xtrain: rank {rank}: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
