@@ -12,15 +12,25 @@
     xtrain sample --ckpt runs/tiny/ckpt --prompt "Once upon a time" --temperature 0.8 --top-k 50
     xtrain export --ckpt runs/tiny/ckpt --out hf/tiny --dtype bf16
 
+Several GPUs: `--devices N` runs one process with a thread per GPU; under a launcher each process
+drives one GPU (docs/distributed.md):
+    torchrun --nproc-per-node 8 -m xtrain train --preset dim768 --bf16
+    srun --ntasks-per-node 8 --gpus-per-node 8 python -m xtrain train ...
+    mpirun -np 8 python -m xtrain train ... [--rendezvous mpi|tcp|file:PATH]
+
 Errors a user can fix (bad flags, missing paths, a checkpoint or dataset that does not fit, a
-locked or occupied directory, a full disk) print one line `xtrain: error: ...` and exit with
-status 2; anything else prints one `xtrain: internal error: ...` line and exits with 1, never a
-raw traceback. XTRAIN_DEBUG=1 shows the traceback instead.
+locked or occupied directory, a full disk, a launcher environment that does not add up) print
+one line `xtrain: error: ...` and exit with status 2; anything else prints one
+`xtrain: internal error: ...` line and exits with 1, never a raw traceback. XTRAIN_DEBUG=1 shows
+the traceback instead. With several processes every line names the rank (`xtrain: rank 3: ...`);
+the rank that failed exits with its error's status, and every other rank exits with status 3
+after printing `xtrain: rank R: stopped: rank 3 failed: ...`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -69,6 +79,14 @@ def _nonneg_int(text: str) -> int:
 
 def _devices_arg(text: str):
     return "all" if text.strip().lower() == "all" else _positive_int(text)
+
+
+def _rendezvous_arg(text: str) -> str:
+    kind, _, arg = text.partition(":")
+    if text in ("tcp", "mpi") or (kind == "file" and arg) or (kind == "tcp" and arg.rpartition(":")[2].isdigit()
+                                                             and arg.rpartition(":")[0]):
+        return text
+    raise argparse.ArgumentTypeError(f"expected tcp, tcp:HOST:PORT, file:PATH or mpi, got {text!r}")
 
 
 def _batch_arg(text: str):
@@ -204,6 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=_nonneg_int, default=0, help="seed for weights, data order and sampling")
     t.add_argument("--devices", type=_devices_arg, default=1,
                    help="GPUs for data parallelism: N (the first N) or all; --batch is per GPU")
+    t.add_argument("--rendezvous", type=_rendezvous_arg, default=None, metavar="tcp|file:PATH|mpi",
+                   help="under torchrun, srun or mpirun: how the processes meet (tcp: at MASTER_ADDR:MASTER_PORT, "
+                        "+1 under torchrun, or tcp:HOST:PORT; file:PATH: a file on a shared filesystem; mpi: "
+                        "mpi4py's broadcast). Default: mpi under mpirun when mpi4py is installed, else tcp")
     t.add_argument("--no-shard-optimizer", action="store_true",
                    help="with --devices: all-reduce the gradients and run AdamW on every GPU, instead of "
                         "reduce-scatter, AdamW on each GPU's share and all-gather (the default; same results)")
@@ -275,30 +297,52 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _COMMANDS[args.command](args)
     except KeyboardInterrupt:
-        print("xtrain: interrupted", file=sys.stderr)
+        print(f"{_who(args)}interrupted", file=sys.stderr)
         return 130
     except Exception as e:
         if os.environ.get("XTRAIN_DEBUG"):
             raise
         import xtrain
+        from xtrain.rendezvous import EXIT_STOPPED, RankStopped, RendezvousError
         from xtrain.train import NonFiniteStepsError
 
+        who = _who(args)
+        if isinstance(e, RankStopped):  # another rank failed; its own message says why
+            print(f"{who}stopped: {_first_line(e).split(' stopped because ', 1)[-1]}", file=sys.stderr)
+            return EXIT_STOPPED
         if isinstance(e, NonFiniteStepsError):
-            print(f"xtrain: training stopped: {_first_line(e)}", file=sys.stderr)
+            print(f"{who}training stopped: {_first_line(e)}", file=sys.stderr)
             return 1
         if isinstance(e, (xtrain.OutOfMemoryError, MemoryError)):
-            print(f"xtrain: out of memory: {_first_line(e)}", file=sys.stderr)
+            print(f"{who}out of memory: {_first_line(e)}", file=sys.stderr)
             return 1
         if isinstance(e, (UsageError, ValueError)):
-            print(f"xtrain: error: {_first_line(e)}", file=sys.stderr)
+            print(f"{who}error: {_first_line(e)}", file=sys.stderr)
             return 2
+        if isinstance(e, RendezvousError):
+            print(f"{who}error: {_first_line(e)}", file=sys.stderr)
+            return 1
         if isinstance(e, OSError):  # a missing path, a full disk, permissions
             text = e.strerror or _first_line(e)
-            print(f"xtrain: error: {f'{e.filename}: {text}' if e.filename else text}", file=sys.stderr)
+            print(f"{who}error: {f'{e.filename}: {text}' if e.filename else text}", file=sys.stderr)
             return 2
-        print(f"xtrain: internal error: {type(e).__name__}: {_first_line(e)} (XTRAIN_DEBUG=1 "
+        print(f"{who}internal error: {type(e).__name__}: {_first_line(e)} (XTRAIN_DEBUG=1 "
               f"shows the traceback)", file=sys.stderr)
         return 1
+
+
+def _who(args) -> str:
+    """The message prefix: "xtrain: ", or "xtrain: rank R: " in a process of a process group."""
+    if getattr(args, "command", None) == "train":
+        from xtrain import launch_env
+
+        try:
+            env = launch_env.detect()
+        except ValueError:
+            env = None
+        if env is not None and env.world_size > 1:
+            return f"xtrain: rank {env.rank}: "
+    return "xtrain: "
 
 
 def _first_line(e: BaseException) -> str:
@@ -311,15 +355,29 @@ def cmd_train(args) -> int:
     from xtrain.rundir import claim_run
     from xtrain.train import TrainConfig, train
 
-    values = _train_values(args)
+    group = _process_group()
+    values = _train_values(args, group)
     if values["data"] is not None and not Path(values["data"]).exists():
         raise UsageError(f"--data {values['data']}: no such file or directory")
     cfg = TrainConfig(**runconfig.train_config_kwargs(values, TrainConfig.__dataclass_fields__))
-    _check_train_config(cfg, values["devices"])
-    with claim_run(cfg.out, cfg.resume, values["overwrite"]) as lock:  # refuses a locked or occupied --out
-        if lock.took_over:
-            print(f"xtrain: note: {cfg.out} was locked by pid {lock.took_over.get('pid')}, which is no "
-                  f"longer running; taking it over", file=sys.stderr)
+    _check_train_config(cfg, values["devices"], group)
+
+    @contextlib.contextmanager
+    def claimed():
+        with claim_run(cfg.out, cfg.resume, values["overwrite"]) as lock:  # refuses a locked or occupied --out
+            if lock.took_over:
+                print(f"xtrain: note: {cfg.out} was locked by pid {lock.took_over.get('pid')}, which is no "
+                      f"longer running; taking it over", file=sys.stderr)
+            yield lock
+
+    if group is not None:  # one process per GPU: rank 0 holds the run directory
+        from xtrain.train import train_processes
+
+        train_processes(cfg, group, rendezvous=values["rendezvous"], claim=claimed)
+        return 0
+    if values["rendezvous"] is not None:
+        raise UsageError("--rendezvous applies when torchrun, srun or mpirun starts several processes")
+    with claimed():
         if values["devices"] == 1:
             train(cfg)
         else:
@@ -329,7 +387,19 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _check_train_config(cfg, devices) -> None:
+def _process_group():
+    """The launch this process is one rank of (xtrain.launch_env.LaunchEnv), or None: no launcher,
+    or a world of one process (which trains as a plain single-GPU run)."""
+    from xtrain import launch_env
+
+    try:
+        env = launch_env.detect()
+    except launch_env.LaunchError as e:
+        raise UsageError(f"launcher environment: {e}") from None
+    return env if env is not None and env.world_size > 1 else None
+
+
+def _check_train_config(cfg, devices, group=None) -> None:
     """The configuration errors that need no data or model, now: values, trackers, and the batch
     arithmetic (the whole plan where nothing is probed; else whether probing is possible)."""
     import xtrain
@@ -338,7 +408,9 @@ def _check_train_config(cfg, devices) -> None:
     runconfig.validate(cfg)
     trackers.check_available(cfg.trackers)
     world = 1
-    if devices != 1:
+    if group is not None:
+        world, devices = group.world_size, group.world_size
+    elif devices != 1:
         from xtrain import distributed
 
         world = len(distributed.resolve_devices(devices))
@@ -348,11 +420,12 @@ def _check_train_config(cfg, devices) -> None:
         batching.plan(cfg.batch, cfg.grad_accum, cfg.batch_tokens, cfg.seq, world, cfg.recompute)
 
 
-def _train_values(args) -> dict:
+def _train_values(args, group=None) -> dict:
     """The train flags' values: their defaults, then the machine's defaults (xtrain.train.
     MACHINE_DEFAULTS: a GPU trains dim768 in bf16, a CPU the tiny model), then the resumed run's
     record (OUT/config.toml), then the --config file, then the flags given on the command line
-    (xtrain.runconfig)."""
+    (xtrain.runconfig). `group`: the process group this process is a rank of (its GPU count
+    replaces --devices, which picks threads)."""
     from xtrain import runconfig, state
     from xtrain.train import CKPT_DIR, machine_defaults, resolve_device
 
@@ -364,7 +437,18 @@ def _train_values(args) -> dict:
         layers["file"] = _coerce(parser, runconfig.read_toml(given["config"]), f"--config {given['config']}")
     chosen = {**values, **layers.get("file", {}), **given}
     devices = chosen["devices"]
-    if devices != 1:
+    if group is not None:
+        if devices != 1:
+            raise UsageError(f"--devices {devices} runs one process with a thread per GPU; under {group.launcher} "
+                             f"(world size {group.world_size}) each process drives one GPU: drop --devices")
+        devices = group.world_size
+        from xtrain import distributed
+
+        try:
+            distributed.require_available("one process per GPU")
+        except RuntimeError as e:
+            raise UsageError(f"{group.launcher} started {group.world_size} processes: {e}") from None
+    elif devices != 1:
         from xtrain import distributed
 
         try:
@@ -389,6 +473,8 @@ def _train_values(args) -> dict:
         values.update(layer)
     values.update(given)
     values["out"] = values["out"] or f"runs/{values['preset'] or 'tiny'}"
+    if group is not None:
+        values["devices"] = group.world_size  # the record's GPU count, whatever it was
     return values
 
 

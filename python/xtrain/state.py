@@ -209,13 +209,14 @@ class Checkpoint:
             raise CheckpointError(f"{self.path / OPTIM_FILE} does not match the optimizer: "
                                   f"{_msg(e)}") from None
 
-    def restore_rng(self, rank: int | None = None, device: str | None = None) -> None:
+    def restore_rng(self, rank: int | None = None, device: str | None = None, cpu: bool | None = None) -> None:
         """Put xtrain's default generators back where they were at save time.
 
         Without `rank`: every generator saved in "rng" (the CPU's and the device's). With `rank`
         (a data-parallel rank on `device`): that rank's own device generator from "rank_rng",
-        and rank 0 also the CPU's. A checkpoint without "rank_rng" (single-device, or older)
-        restores "rng" on rank 0 only."""
+        and the CPU's where `cpu` (default: on rank 0; thread ranks share one CPU generator, each
+        process of a process group has its own). A checkpoint without "rank_rng" (single-device,
+        or older) restores "rng" on rank 0 only."""
         per_rank = self.meta.get("rank_rng")
         if rank is None or not per_rank:
             if rank is None or rank == 0:
@@ -223,7 +224,7 @@ class Checkpoint:
                     if dev == "cpu" or xtrain.cuda.is_available():
                         xtrain.set_rng_state(_rng_from_json(s), dev)
             return
-        if rank == 0 and "cpu" in self.meta["rng"]:
+        if (rank == 0 if cpu is None else cpu) and "cpu" in self.meta["rng"]:
             xtrain.set_rng_state(_rng_from_json(self.meta["rng"]["cpu"]), "cpu")
         if rank < len(per_rank):  # a resume on more GPUs: the extra ranks keep their seeding
             xtrain.set_rng_state(_rng_from_json(per_rank[rank]), device)

@@ -28,6 +28,8 @@ kernel); (2) one read per evaluation; (3) checkpoint saves; (4) sampling.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -251,7 +253,8 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
             raise ckpt_state.CheckpointError(f"{ckpt.path} holds no data-loader state to resume")
         train_loader.load_state_dict(ckpt.loader_state)  # the global stream: the same on every rank
         # each rank its own device generator (its dropout masks); rank 0 also the CPU's
-        ckpt.restore_rng(rank=ctx.rank if ranked else None, device=device)
+        ckpt.restore_rng(rank=ctx.rank if ranked else None, device=device,
+                         cpu=ctx.rank == 0 or getattr(ctx, "owns_process", False))
         step = ckpt.step
     # Several GPUs: one collective per step over the flat gradients (and with sharding each rank
     # updates its share of the weights): the same updates as one device.
@@ -327,8 +330,9 @@ def plan_batch(cfg: TrainConfig, ctx, model) -> batching.BatchPlan:
     with batching.search_limit(ctx.device, cfg.memory_limit if fits else None):
         plan = batching.plan(cfg.batch, cfg.grad_accum, cfg.batch_tokens, cfg.seq, ctx.world_size,
                              cfg.recompute, fits, memory)
-    if searching:
-        plan = min(ctx.exchange("batch_plan", plan), key=lambda p: (not p.recompute, p.micro_batch))
+    if searching:  # exchanged as JSON (processes exchange through their rendezvous connection)
+        plans = [batching.BatchPlan(**p) for p in ctx.exchange("batch_plan", dataclasses.asdict(plan))]
+        plan = min(plans, key=lambda p: (not p.recompute, p.micro_batch))
     batching.set_recompute(model, plan.recompute)
     return plan
 
@@ -563,15 +567,51 @@ def train_data_parallel(cfg: TrainConfig, devices="all", *, timeout: float = dis
         raise ValueError(f"--device {cfg.device} picks one device; with --devices the GPUs are "
                          f"cuda:{', cuda:'.join(map(str, devs))}")
     distributed.require_available()
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt = ckpt_state.load(cfg.resume) if cfg.resume else None
-    dataset = open_data(cfg.data, out, cfg.vocab_size, cfg.progress)
-    check_tokenizer(ckpt, dataset)
+    dataset, ckpt = open_inputs(cfg, cfg.progress)
     if ckpt is None:
         xtrain.manual_seed(cfg.seed)  # process-wide: once, before the rank threads start
     results = distributed.launch(lambda ctx: train(cfg, ctx=ctx, prepared=(dataset, ckpt)), devs, timeout=timeout)
     return results[0]
+
+
+def train_processes(cfg: TrainConfig, env, *, rendezvous: str | None = None, claim=None,
+                    timeout: float = distributed.DEFAULT_TIMEOUT) -> dict | None:
+    """train(cfg) as this process's rank of a process group started by torchrun, srun or mpirun
+    (`env`: xtrain.launch_env.LaunchEnv), one GPU per process; the same loop, global batch and
+    checkpoints as train_data_parallel's threads. `rendezvous`: how the ranks meet (tcp,
+    tcp:HOST:PORT, file:PATH, mpi; default: the launcher's). `claim`: a context manager factory
+    rank 0 holds around the run (the CLI's lock on --out). Rank 0 opens (or prepares) the data
+    first, then the others open it. Returns the summary on rank 0, None elsewhere."""
+    runconfig.validate(cfg)
+    if cfg.device not in ("auto", "cuda"):
+        raise ConfigError(f"--device {cfg.device} picks one device; under {env.launcher} each process drives the "
+                          f"GPU of its local rank")
+    distributed.require_available()
+
+    def rank_main(ctx):
+        with claim() if claim is not None and ctx.is_main else contextlib.nullcontext():
+            if ctx.is_main:
+                trackers.check_available(cfg.trackers)
+                prepared = open_inputs(cfg, cfg.progress)
+            ctx.exchange("inputs_ready", True)  # rank 0 has prepared the data (if it had to)
+            if not ctx.is_main:
+                prepared = open_inputs(cfg, False)
+            if prepared[1] is None:
+                xtrain.manual_seed(cfg.seed)  # as the threads' launch: every rank's generators alike
+            return train(cfg, ctx=ctx, prepared=prepared)
+
+    return distributed.run_process(rank_main, env, rendezvous_method=rendezvous, timeout=timeout)
+
+
+def open_inputs(cfg: TrainConfig, progress: bool):
+    """(dataset, checkpoint or None): the run's data, opened (or prepared into OUT/data), and the
+    checkpoint it resumes, checked against each other."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = ckpt_state.load(cfg.resume) if cfg.resume else None
+    dataset = open_data(cfg.data, out, cfg.vocab_size, progress)
+    check_tokenizer(ckpt, dataset)
+    return dataset, ckpt
 
 
 # ---- helpers
