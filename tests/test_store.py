@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import xtrain
-from xtrain import _C, ops, store as store_mod
+from xtrain import _C, ops, state as state_mod, store as store_mod
 from xtrain.distributed import DataParallelAdamW, RankContext
 from xtrain.models import TinyTransformer, TransformerConfig
 from xtrain.optim import AdamW, clip_grad_norm_
@@ -368,15 +368,25 @@ def _run_ranks(world, fn):
     return results
 
 
-def _train_dp(world, shard, clip, bf16=False):
+def _model_and_adamw(config, resume):
+    model = resume.build_model("cpu", bf16=config.bf16) if resume else TinyTransformer(config, device="cpu", seed=0)
+    return model, AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)
+
+
+def _train_dp(world, shard, clip, bf16=False, steps=slice(None), resume=None, save=None):
+    """`world` rank threads with the stand-in collectives over _batches(world)[steps]; `resume`: a
+    checkpoint to start from (loaded after DataParallelAdamW: a sharded optimizer takes its
+    chunks); `save`: rank 0 writes a checkpoint there at the end (the moments gathered on rank 0
+    only, whose results alone then hold them)."""
     config = TransformerConfig(**SMALL, bf16=bf16)
-    batches = _batches(world)
+    batches = _batches(world)[steps]
 
     def fn(ctx):
-        model = TinyTransformer(config, device="cpu", seed=0)
-        opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)
+        model, opt = _model_and_adamw(config, resume)
         dp = DataParallelAdamW(opt, ctx, shard=shard)
         assert dp._cast == (shard and bf16)  # bf16 copies gathered instead of the float32 weights
+        if resume:
+            resume.load_optimizer(opt)
         losses, norms = [], []
         for w in batches:
             w = w[ctx.rank * B:(ctx.rank + 1) * B]
@@ -385,24 +395,29 @@ def _train_dp(world, shard, clip, bf16=False):
             loss = loss.detach()
             norms.append(dp.step(clip, extra=[loss]).item())
             losses.append(loss.item())
-        dp.gather_state()
-        state = opt.state_dict()
+        dp.gather_state(root=0 if save else None)
+        moments = None
+        if ctx.rank == 0 or not save:
+            state = opt.state_dict()
+            moments = {k: {n: t.numpy().copy() for n, t in state[k].items()} for k in ("exp_avg", "exp_avg_sq")}
+        if save and ctx.rank == 0:
+            state_mod.save(save, model, opt, step=opt.step_count)
         return (np.array(losses), np.array(norms), {n: p.numpy().copy() for n, p in model.named_parameters()},
-                {k: {n: t.numpy().copy() for n, t in state[k].items()} for k in ("exp_avg", "exp_avg_sq")},
-                ctx.comm.calls)
+                moments, ctx.comm.calls)
 
     return _run_ranks(world, fn)
 
 
-def _train_reference(world, clip, bf16=False):
+def _train_reference(world, clip, bf16=False, steps=slice(None), resume=None):
     """One model; each step the ranks' gradients are computed one after another and averaged in
     numpy the way the stand-in collectives do, then the usual clip and AdamW."""
     config = TransformerConfig(**SMALL, bf16=bf16)
-    model = TinyTransformer(config, device="cpu", seed=0)
+    model, opt = _model_and_adamw(config, resume)
+    if resume:
+        resume.load_optimizer(opt)
     params = model.parameters()
-    opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)
     losses, norms = [], []
-    for w in _batches(world):
+    for w in _batches(world)[steps]:
         grads, step_losses = [], []
         for r in range(world):
             part = w[r * B:(r + 1) * B]
@@ -438,8 +453,9 @@ def test_data_parallel_adamw_matches_adamw_on_the_averaged_gradients(shard, bf16
         for key in state:
             for name, want in ref_state[key].items():
                 np.testing.assert_array_equal(state[key][name], want, err_msg=f"{key} {name}")
-        if shard:  # one reduce-scatter, one scalar all-reduce, one all-gather per step (+ 1 at the end)
-            assert calls == ["reduce_scatter", "all_reduce", "all_gather"] * STEPS + ["all_gather"]
+        if shard:  # one reduce-scatter, one scalar all-reduce, one all-gather per step; at the end one
+            # all-gather per moment (into a temporary full buffer) and, bf16, one of the float32 weights
+            assert calls == ["reduce_scatter", "all_reduce", "all_gather"] * STEPS + ["all_gather"] * (2 + bf16)
         else:
             assert calls == ["all_reduce"] * STEPS
 
@@ -456,13 +472,68 @@ def test_sharded_step_with_active_clipping_stays_within_rounding():
 
 
 def test_three_ranks_with_uneven_chunks():
-    """Chunk edges fall inside parameters; the padded flat length divides by the ranks."""
-    ref_losses, _, ref_params, _ = _train_reference(3, clip=1e6)
+    """Chunk edges fall inside parameters; the padded flat length divides by the ranks; each rank's
+    moments cover its chunks only, and gathered they are the reference's, bit for bit."""
+    ref_losses, _, ref_params, ref_state = _train_reference(3, clip=1e6)
     results = _train_dp(3, shard=True, clip=1e6)
-    for losses, _, params, _, _ in results:
+    for losses, _, params, state, _ in results:
         np.testing.assert_array_equal(losses, ref_losses)
         for name, want in ref_params.items():
             np.testing.assert_array_equal(params[name], want, err_msg=name)
+        for key in state:
+            for name, want in ref_state[key].items():
+                np.testing.assert_array_equal(state[key][name], want, err_msg=f"{key} {name}")
+
+
+def test_sharded_moments_live_on_their_rank_only():
+    """ZeRO-1's memory half: each rank allocates the moments of its chunks (1/N of the layout) and
+    nothing else; reading them needs a gather, and a gather to rank 0 leaves the others without."""
+    def fn(ctx):
+        model = TinyTransformer(TransformerConfig(**SMALL, bf16=True), device="cpu", seed=0)
+        opt = AdamW(model.named_parameters(), lr=1e-2)
+        full = opt.flat_m.numel()
+        dp = DataParallelAdamW(opt, ctx)
+        assert opt.sharded and opt.exp_avg is None
+        assert opt.flat_m.numel() == opt.flat_v.numel() == full // ctx.world_size
+        assert [(lo, hi) for lo, hi, _ in opt.moment_chunks] == dp.chunks
+        with pytest.raises(RuntimeError, match="gather_state"):
+            opt.moment_arrays()
+        with pytest.raises(RuntimeError, match="DataParallelAdamW.step"):
+            opt.step()
+        x = np.arange(B * S).reshape(B, S) % SMALL["vocab_size"]
+        _, loss = model(x, x)
+        loss.backward()
+        dp.step(1.0)
+        dp.gather_state(root=0)
+        if ctx.rank == 0:
+            m, v = opt.moment_arrays()
+            assert set(m) == set(dict(model.named_parameters())) and any(a.any() for a in v.values())
+        else:
+            with pytest.raises(RuntimeError, match="gather_state"):
+                opt.state_dict()
+        return True
+
+    assert _run_ranks(2, fn) == [True, True]
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16"])
+def test_a_sharded_checkpoint_is_gathered_on_save_and_scattered_on_resume(tmp_path, bf16):
+    """2 steps on 2 ranks, a checkpoint (rank 0 writes the moments gathered there), 2 more steps
+    from it, is the 4-step run bit for bit: resumed on 2 sharded ranks (each takes its chunks of
+    the loaded moments) and on one process with plain AdamW (the same file format)."""
+    full_losses, _, full_params, full_state, _ = _train_dp(2, True, clip=1e6, bf16=bf16)[0]
+    _train_dp(2, True, clip=1e6, bf16=bf16, steps=slice(0, 2), save=tmp_path / "ckpt")
+    ckpt = state_mod.load(tmp_path / "ckpt")
+    assert ckpt.step == 2
+    resumed = [r[:4] for r in _train_dp(2, True, clip=1e6, bf16=bf16, steps=slice(2, None), resume=ckpt)]
+    resumed.append(_train_reference(2, clip=1e6, bf16=bf16, steps=slice(2, None), resume=ckpt))
+    for losses, _, params, state in resumed:
+        np.testing.assert_array_equal(losses, full_losses[2:])
+        for name, want in full_params.items():
+            np.testing.assert_array_equal(params[name], want, err_msg=name)
+        for key in state:
+            for name, want in full_state[key].items():
+                np.testing.assert_array_equal(state[key][name], want, err_msg=f"{key} {name}")
 
 
 def test_layout_and_errors():
@@ -487,13 +558,13 @@ def test_layout_and_errors():
 
 
 def test_optimizer_state_loaded_after_construction_is_used():
-    """load_state_dict writes into the flat moment buffers the sharded step works on."""
+    """load_state_dict writes into the flat moment buffers the sharded step works on (each rank
+    its chunks of the state)."""
     def fn(ctx):
         model = TinyTransformer(TransformerConfig(**SMALL), device="cpu", seed=0)
         opt = AdamW(model.named_parameters(), lr=1e-2)
         dp = DataParallelAdamW(opt, ctx)
-        state = opt.state_dict()
-        loaded = {k: {n: np.full(t.shape, 0.5, np.float32) for n, t in state[k].items()}
+        loaded = {k: {n: np.full(p.shape, 0.5, np.float32) for n, p in model.named_parameters()}
                   for k in ("exp_avg", "exp_avg_sq")}
         opt.load_state_dict({**loaded, "step": 3, "hyper": opt.hyper()})
         x = np.ones((B, S), np.int64)

@@ -188,10 +188,10 @@ def test_data_parallel_path_of_train_matches_one_device(tmp_path, data, device):
     assert ctx.calls.count("broadcast") == 1 and ctx.calls.count("check") == 5
     reduces = [c for c in ctx.calls if isinstance(c, tuple) and c[0] == "all_reduce"]
     assert len(reduces) == 3  # one per evaluation (steps 0, 3, 5); one rank needs no norm reduction
-    # Per step one reduce-scatter (gradients + loss) and one all-gather (the weights); one more
-    # (the moments) before the final save.
+    # Per step one reduce-scatter (gradients + loss) and one all-gather (the weights); one more per
+    # moment (gathered in turn for rank 0 to save) before the final save.
     assert ctx.calls.count(("reduce_scatter", 1, "avg")) == 5
-    assert ctx.calls.count("all_gather") == 5 + 1
+    assert ctx.calls.count("all_gather") == 5 + 2
     assert ctx.calls.count(("exchange", "rank_rng")) == 1  # every rank's generator, final checkpoint
     assert (tmp_path / "single" / "ckpt" / "model.safetensors").read_bytes() == \
         (tmp_path / "rank" / "ckpt" / "model.safetensors").read_bytes()

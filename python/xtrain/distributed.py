@@ -53,6 +53,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 import xtrain
 from xtrain import _C, rendezvous
 from xtrain.optim import step_guard
@@ -553,8 +555,9 @@ class DataParallelAdamW:
     kernel the store's own cast runs, so the same bits) and the all-gather moves half the bytes;
     the store marks the copies current, and its float32 Linear weights are then current only in
     this rank's chunk until gather_state() (the store refuses to re-cast from them meanwhile).
-    The AdamW moments are full-size on every rank but current only in its chunk until
-    gather_state().
+    Each rank keeps the AdamW moments of its chunks only (AdamW.keep_moments: 1/N of the moments'
+    memory); gather_state() gathers a full copy to the host for a checkpoint, and a loaded state
+    (AdamW.load_state_dict) gives each rank its chunks.
 
     shard=False: one all-reduce of the whole gradient buffer, then clipping and AdamW over all of
     it on every rank (the optimizer's own step)."""
@@ -572,7 +575,6 @@ class DataParallelAdamW:
                              f"{SHARD_MULTIPLE} (got {world}); use shard=False (--no-shard-optimizer)")
         self._region_grads = store.region_views(store.grads)
         self._region_params = store.region_views(store.params)
-        self._region_moments = store.region_views(optimizer.flat_m) + store.region_views(optimizer.flat_v)
         # This rank's chunk of each region, the gradient views over them, and the AdamW ranges in them.
         self.chunks = [(r.start + rank * (r.length // world), r.start + (rank + 1) * (r.length // world))
                        for r in regions]
@@ -582,6 +584,8 @@ class DataParallelAdamW:
             for decays, spans in optimizer.runs(lo, hi).items():
                 self._runs[decays] += spans
         self._cast = bool(store.compute is not None and self.shard and store.regions[0].used)
+        if self.shard:
+            optimizer.keep_moments(self.chunks)  # ZeRO-1: this rank's moments only
 
     def step(self, max_norm: float | None, extra=(), guard=None):
         """Average the gradients over the ranks, clip them to `max_norm` (None or <= 0: no clip),
@@ -620,18 +624,27 @@ class DataParallelAdamW:
         opt.zero_grad(set_to_none=True)
         return norm
 
-    def gather_state(self) -> None:
-        """Make the weights and the moments complete on every rank (each rank's chunks to all); a
-        collective: call it on every rank before reading the weights (a checkpoint, a comparison)
-        or the optimizer's moments. No-op when unsharded."""
+    def gather_state(self, root: int | None = None) -> None:
+        """Make the weights complete on every rank and bring a full copy of the moments to the host
+        of rank `root` (None: of every rank), where the optimizer's moment_arrays() and state_dict()
+        read it until the next step. A collective: call it on every rank before reading the weights
+        (a checkpoint, a comparison) or the moments. No-op when unsharded.
+
+        Sync point (the moments come to the host). Each moment is gathered in turn into a
+        temporary full-size buffer, so a checkpoint needs one moment's worth of memory for a moment."""
         if not self.shard:
             return
-        flats = list(self._region_moments)
+        comm, opt = self.ctx.comm, self.opt
         if self._cast:
-            flats.append(self._region_params[0])  # the float32 Linear weights
-        self.ctx.comm.all_gather(flats)
-        if self._cast:
+            comm.all_gather([self._region_params[0]])  # the float32 Linear weights
             self.store.mark_compute_current(partial=False)
+        hosts = []
+        for which in ("exp_avg", "exp_avg_sq"):
+            full = opt.full_moment(which)
+            comm.all_gather(self.store.region_views(full))
+            hosts.append(np.array(full.numpy(), dtype=np.float32) if root in (None, self.ctx.rank) else None)
+            del full
+        opt.set_gathered(*hosts)
 
 
 def _as_list(tensors) -> list:

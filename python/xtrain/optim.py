@@ -5,6 +5,11 @@ xtrain.schedule; cosine_lr is re-exported here).
   tensors with 2 or more dims (linear and embedding weights) decay, the rest (norm weights) do not.
   Each group is one call of `_C.optim.adamw_step`, which updates every tensor of the group in one
   fused launch. Parameters, gradients and both moments are float32 on one device.
+- Sharded moments (ZeRO-1's memory half): keep_moments(chunks), which the sharded data-parallel step
+  calls, keeps the moments of this rank's chunks of the store's layout only (1/N of them); the step
+  reads them at their place in the chunk buffers, with the same arithmetic. A full copy exists only
+  when DataParallelAdamW.gather_state() gathers one for a checkpoint (host arrays, until the next
+  step); load_state_dict() takes this rank's chunks of a full state (the scatter of a resume).
 - clip_grad_norm_ computes the global L2 norm on the device and scales the gradients by
   min(1, max_norm / (norm + 1e-6)) there too: it returns the norm as a device Tensor and never
   waits for the device (read it with .item() only when logging). A non-finite norm leaves the
@@ -68,6 +73,67 @@ class AdamW:
         self.exp_avg = [self.flat_m._storage_view(o, tuple(p.shape)) for o, p in zip(offsets, self.params)]
         self.exp_avg_sq = [self.flat_v._storage_view(o, tuple(p.shape)) for o, p in zip(offsets, self.params)]
         self.step_count = 0
+        # Sharded moments: [(lo, hi, base)]: store elements [lo, hi) sit at flat_m[base:base + hi - lo].
+        self.moment_chunks: list | None = None
+        self._gathered = None      # (exp_avg, exp_avg_sq) host arrays of the full layout, until a step
+
+    @property
+    def sharded(self) -> bool:
+        return self.moment_chunks is not None
+
+    def keep_moments(self, chunks) -> None:
+        """Keep only the moments of `chunks` ((lo, hi) element ranges of the store's layout, this
+        rank's share in the sharded data-parallel step), with their current values; the full-size
+        buffers go. Afterwards the optimizer steps through DataParallelAdamW only."""
+        if self.store is None:
+            raise ValueError("AdamW.keep_moments needs the moments in a ParamStore's layout")
+        chunks = [(int(lo), int(hi)) for lo, hi in chunks]
+        if any(not 0 <= lo < hi <= self.store.numel for lo, hi in chunks) or \
+                any(a[1] > b[0] for a, b in zip(chunks, chunks[1:])):
+            raise ValueError(f"AdamW.keep_moments: chunks {chunks} are not ordered, disjoint ranges of the "
+                             f"{self.store.numel} elements")
+        if self.sharded:
+            if [(lo, hi) for lo, hi, _ in self.moment_chunks] == chunks:
+                return
+            raise ValueError("AdamW.keep_moments: the moments are already sharded into other chunks")
+        device, layout, base = self.flat_m.device, [], 0
+        for lo, hi in chunks:
+            layout.append((lo, hi, base))
+            base += hi - lo
+        kept = []
+        for full in (self.flat_m, self.flat_v):
+            mine = xtrain.zeros((base,), dtype="float32", device=device)
+            with xtrain.no_grad():
+                for lo, hi, b in layout:
+                    mine._storage_view(b, (hi - lo,)).copy_(full._storage_view(lo, (hi - lo,)))
+            kept.append(mine)
+        self.flat_m, self.flat_v = kept
+        self.moment_chunks = layout
+        self.exp_avg = self.exp_avg_sq = None  # per-parameter views of moments that are not here
+
+    def _moment_view(self, flat, a: int, b: int):
+        """Elements [a, b) of the store's layout in moment buffer `flat` (full, or this rank's chunks)."""
+        if self.moment_chunks is None:
+            return flat._storage_view(a, (b - a,))
+        for lo, hi, base in self.moment_chunks:
+            if lo <= a and b <= hi:
+                return flat._storage_view(base + a - lo, (b - a,))
+        raise ValueError(f"AdamW: elements [{a}, {b}) are outside this rank's moment chunks")
+
+    def full_moment(self, which: str):
+        """A full-size device buffer of the store's layout holding this rank's chunks of the moment
+        ("exp_avg" or "exp_avg_sq") and zeros elsewhere: what a gather fills in."""
+        flat = self.flat_m if which == "exp_avg" else self.flat_v
+        full = xtrain.zeros((self.store.numel,), dtype="float32", device=flat.device)
+        with xtrain.no_grad():
+            for lo, hi, base in self.moment_chunks:
+                full._storage_view(lo, (hi - lo,)).copy_(flat._storage_view(base, (hi - lo,)))
+        return full
+
+    def set_gathered(self, exp_avg, exp_avg_sq) -> None:
+        """The full moments (float32 host arrays of the store's layout) that a gather brought here,
+        read by moment_arrays() and state_dict() until the next step; None, None: none here."""
+        self._gathered = None if exp_avg is None else (exp_avg, exp_avg_sq)
 
     def runs(self, lo: int = 0, hi: int | None = None) -> dict:
         """{decays: [(start, end), ...]}: the element ranges of the store's flats that hold the
@@ -98,6 +164,9 @@ class AdamW:
         takes the count back. clip_norm, max_norm: the gradients are read scaled by
         min(1, max_norm / (clip_norm + 1e-6)), the factor clip_by_norm_ applies, with no pass of
         their own (clip_and_step)."""
+        if self.sharded:
+            raise RuntimeError("AdamW.step: the moments are sharded over the data-parallel ranks "
+                               "(keep_moments); step with DataParallelAdamW.step")
         self.step_count += 1
         clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
         if self.store is not None and not self.store.sync_grads():
@@ -134,11 +203,13 @@ class AdamW:
     def _step_flat(self, params, grads, runs: dict, guard=None, clip=(None, 0.0)) -> None:
         """AdamW over element ranges of the flats: one launch per weight-decay group."""
         b1, b2 = self.betas
+        self._gathered = None  # a gathered copy of the moments goes stale now
         for decays, spans in runs.items():
             if not spans:
                 continue
             views = lambda flat: [flat._storage_view(a, (b - a,)) for a, b in spans]  # noqa: E731
-            _C.optim.adamw_step(views(params), views(grads), views(self.flat_m), views(self.flat_v),
+            moments = lambda flat: [self._moment_view(flat, a, b) for a, b in spans]  # noqa: E731
+            _C.optim.adamw_step(views(params), views(grads), moments(self.flat_m), moments(self.flat_v),
                                 self.lr, b1, b2, self.eps, self.weight_decay if decays else 0.0,
                                 self.step_count, guard, *clip)
 
@@ -157,19 +228,30 @@ class AdamW:
                 "weight_decay": self.weight_decay}
 
     def state_dict(self) -> dict:
+        """step, hyper-parameters and the moments by name: views of the device buffers, or with
+        sharded moments CPU tensors of the gathered copy (DataParallelAdamW.gather_state())."""
+        if self.sharded:
+            m, v = self.moment_arrays()
+            return {"step": self.step_count, "hyper": self.hyper(),
+                    "exp_avg": OrderedDict((n, xtrain.tensor(a)) for n, a in m.items()),
+                    "exp_avg_sq": OrderedDict((n, xtrain.tensor(a)) for n, a in v.items())}
         return {"step": self.step_count, "hyper": self.hyper(),
                 "exp_avg": OrderedDict(zip(self.names, self.exp_avg)),
                 "exp_avg_sq": OrderedDict(zip(self.names, self.exp_avg_sq))}
 
     def moment_arrays(self) -> tuple[dict, dict]:
         """(exp_avg, exp_avg_sq) as name -> float32 numpy arrays, from one device-to-host copy of
-        each flat buffer (a sync point)."""
-        out = []
-        for flat in (self.flat_m, self.flat_v):
-            host = np.asarray(flat.numpy(), dtype=np.float32)
-            out.append(OrderedDict((n, host[o:o + p.numel()].reshape(tuple(p.shape)))
-                                   for n, o, p in zip(self.names, self.offsets, self.params)))
-        return out[0], out[1]
+        each flat buffer (a sync point); with sharded moments, from the gathered copy."""
+        if self.sharded:
+            if self._gathered is None:
+                raise RuntimeError("AdamW: the moments are sharded over the data-parallel ranks; "
+                                   "DataParallelAdamW.gather_state() gathers a full copy (on every rank, or "
+                                   "on its root) before they can be read")
+            hosts = self._gathered
+        else:
+            hosts = [np.asarray(flat.numpy(), dtype=np.float32) for flat in (self.flat_m, self.flat_v)]
+        return tuple(OrderedDict((n, host[o:o + p.numel()].reshape(tuple(p.shape)))
+                                 for n, o, p in zip(self.names, self.offsets, self.params)) for host in hosts)
 
     def load_state_dict(self, state: dict) -> None:
         """Restore step, hyper-parameters and moments (xtrain Tensors or numpy arrays, by name),
@@ -191,14 +273,18 @@ class AdamW:
             raise ValueError(f"AdamW.load_state_dict: step must be a non-negative int, got {step!r}")
         hyper = state.get("hyper", self.hyper())
         _check_hyper(hyper["lr"], hyper["betas"], hyper["eps"], hyper["weight_decay"])
+        size = self.store.numel if self.sharded else self.flat_m.shape[0]
         for key, flat in (("exp_avg", self.flat_m), ("exp_avg_sq", self.flat_v)):
-            host = np.zeros(flat.shape, dtype=np.float32)
+            host = np.zeros(size, dtype=np.float32)
             for n, o, p in zip(self.names, self.offsets, self.params):
                 value = state[key][n]
                 arr = value.numpy() if isinstance(value, xtrain.Tensor) else np.asarray(value)
                 host[o:o + p.numel()] = np.asarray(arr, dtype=np.float32).reshape(-1)
+            if self.sharded:  # this rank's chunks only (a resume scatters the full state)
+                host = np.concatenate([host[lo:hi] for lo, hi, _ in self.moment_chunks])
             with xtrain.no_grad():
                 flat.copy_(xtrain.tensor(host, dtype="float32", device="cpu"))
+        self._gathered = None
         self.step_count = step
         self.lr, self.betas = float(hyper["lr"]), tuple(map(float, hyper["betas"]))
         self.eps, self.weight_decay = float(hyper["eps"]), float(hyper["weight_decay"])

@@ -245,7 +245,12 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
                        cfg.eval_batches, ctx.world_size, dataset.path)
     val_loader = None if ev is None else dataset.loader("val", ev.batch, ev.seq, cfg.seed, ctx.rank, ctx.world_size)
 
-    # ---- the resumed step, loader position and generators
+    # Several GPUs: one collective per step over the flat gradients (and with sharding each rank
+    # updates its share of the weights, and keeps the moments of that share only): the same
+    # updates as one device.
+    dp = distributed.DataParallelAdamW(optimizer, ctx, shard=cfg.shard_optimizer) if ranked else None
+
+    # ---- the resumed step, loader position and generators (sharded moments: this rank's chunks)
     step = 0
     if ckpt is not None:
         ckpt.load_optimizer(optimizer)
@@ -256,9 +261,6 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         ckpt.restore_rng(rank=ctx.rank if ranked else None, device=device,
                          cpu=ctx.rank == 0 or getattr(ctx, "owns_process", False))
         step = ckpt.step
-    # Several GPUs: one collective per step over the flat gradients (and with sharding each rank
-    # updates its share of the weights): the same updates as one device.
-    dp = distributed.DataParallelAdamW(optimizer, ctx, shard=cfg.shard_optimizer) if ranked else None
 
     # ---- the record of the run, the log, the trackers (rank 0)
     prompt = cfg.sample_prompt if cfg.sample_prompt is not None else default_prompt(cfg.data, dataset)
@@ -437,7 +439,7 @@ def save(run: Run) -> None:
     sharded state is gathered and every rank's generator state is collected first)."""
     states = None
     if run.dp is not None:
-        run.dp.gather_state()  # the weights and moments complete before rank 0 saves them
+        run.dp.gather_state(root=0)  # the weights complete, a full copy of the moments on rank 0
         states = run.ctx.exchange("rank_rng", xtrain.get_rng_state(run.device))
     if run.ctx.is_main:
         ckpt_state.save(run.out / CKPT_DIR, run.model, run.optimizer, run.step,
