@@ -5,6 +5,8 @@ The launcher's variables come from the environment; argv[1] is the scenario, JSO
     {"exchanges": 2,                                      # exchange() calls before the failure point
      "fail": {"rank": 1, "how": "raise" | "exit" | "stop", "after": 0.3},   # optional
      "key": {"rank": 1, "name": "other"}}                 # optional: this rank exchanges another key
+    {"train": {TrainConfig fields}, "collectives": DIR}   # xtrain.train.train_processes on the CPU,
+                                                          # collectives through files in DIR
 
 The ranks that do not fail wait "in a collective" (the stand-in blocks until its abort) or poll
 ctx.check(), as a training step does. Prints `RESULT <json>` when fn returns; errors print one
@@ -78,8 +80,20 @@ def main() -> int:
             time.sleep(0.02)
 
     try:
-        result = distributed.run_process(fn, rendezvous_method=scenario.get("rendezvous"), device="cpu",
-                                         communicator=StandInComm, unique_id=lambda: b"id-from-rank-0")
+        if "train" in scenario:
+            from cpu_collectives import FileCollectives
+            from xtrain import launch_env
+            from xtrain.train import TrainConfig, train_processes
+
+            from xtrain.rundir import claim_run
+
+            cfg = TrainConfig(**scenario["train"])
+            summary = train_processes(cfg, launch_env.detect(), claim=lambda: claim_run(cfg.out, cfg.resume),
+                                      device="cpu", communicator=FileCollectives.factory(scenario["collectives"]))
+            result = None if summary is None else {k: summary[k] for k in ("steps", "final_loss", "devices")}
+        else:
+            result = distributed.run_process(fn, rendezvous_method=scenario.get("rendezvous"), device="cpu",
+                                             communicator=StandInComm, unique_id=lambda: b"id-from-rank-0")
     except RankStopped as e:
         print(f"xtrain: rank {rank}: stopped: {str(e).split(' stopped because ', 1)[-1]}", file=sys.stderr, flush=True)
         return EXIT_STOPPED

@@ -8,37 +8,23 @@ Timeouts are generous for a loaded two-core machine but bounded: a process-group
 in a few seconds, or the test fails after WAIT_S."""
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from modelhelp import run_cli
-from xtrain import launch_env, rendezvous
+from procgroup import WAIT_S, Group, clean_environ, free_port, torchrun_env
+from xtrain import rendezvous
 from xtrain.distributed import pick_device
 from xtrain.launch_env import LaunchEnv, LaunchError, detect, first_host
 from xtrain.rendezvous import EXIT_STOPPED, RankStopped, RendezvousError
 
-WORKER = Path(__file__).with_name("process_worker.py")
-WAIT_S = 60                # no scenario may take longer than this (a hang fails the test here)
 STOP_S = 10                # after a rank fails, every other rank has ended within this
-LAUNCHER_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID")
 
 
 # ---------------------------------------------------------------- the environment
-
-def torchrun_env(rank=0, world=2, port=29500, **extra):
-    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    return {**env, **{k: str(v) for k, v in extra.items()}}
-
 
 def test_no_launcher_is_none():
     assert detect({}) is None
@@ -130,57 +116,6 @@ def test_pick_device():
 
 
 # ---------------------------------------------------------------- processes
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-def clean_environ(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in LAUNCHER_KEYS and not k.startswith(("SLURM_", "OMPI_", "PMI_"))}
-    paths = [str(Path(rendezvous.__file__).parent.parent)] + env.get("PYTHONPATH", "").split(os.pathsep)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    env.update({"XTRAIN_RENDEZVOUS_TIMEOUT": "30", "OPENBLAS_NUM_THREADS": "1"})
-    return {**env, **{k: str(v) for k, v in extra.items()}}
-
-
-class Group:
-    """`world` worker processes under a torchrun-style environment on 127.0.0.1."""
-
-    def __init__(self, world, scenario, port=None, per_rank=None, **extra):
-        self.port = port or free_port()
-        self.t0 = time.monotonic()
-        self.procs = []
-        for r in range(world):
-            env = clean_environ(**{**torchrun_env(r, world, self.port), **extra, **(per_rank or {}).get(r, {})})
-            self.procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(scenario)], env=env,
-                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        self.ended = [None] * world
-
-    def wait(self, skip=()):
-        """Wait for every process but `skip`; returns [(returncode, stdout, stderr, seconds)]."""
-        deadline = self.t0 + WAIT_S
-        try:
-            while any(self.ended[r] is None for r in range(len(self.procs)) if r not in skip):
-                for r, p in enumerate(self.procs):
-                    if self.ended[r] is None and p.poll() is not None:
-                        self.ended[r] = time.monotonic() - self.t0
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"ranks still running after {WAIT_S} s: "
-                                         f"{[r for r, t in enumerate(self.ended) if t is None]}")
-                time.sleep(0.02)
-        finally:
-            for p in self.procs:
-                if p.poll() is None:
-                    p.kill()
-        out = []
-        for r, p in enumerate(self.procs):
-            stdout, stderr = p.communicate(timeout=10)
-            out.append((p.returncode, stdout, stderr, self.ended[r]))
-        return out
-
 
 def _result(stdout):
     lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import xtrain
+from cpu_collectives import ThreadCollectives
 from xtrain import _C, ops, state as state_mod, store as store_mod
 from xtrain.distributed import DataParallelAdamW, RankContext
 from xtrain.models import TinyTransformer, TransformerConfig
@@ -284,70 +285,13 @@ def test_store_errors():
 
 # ---------------------------------------------------------------- DataParallelAdamW on stand-ins
 
-class _Collectives:
-    """NCCL's in-place collectives for CPU tensors, between threads (average: sum / ranks)."""
-
-    def __init__(self, world):
-        self.world, self.barrier, self.slots = world, threading.Barrier(world, timeout=30), {}
-
-    def _gather(self, rank, key, value):
-        self.slots[(key, rank)] = value
-        self.barrier.wait()
-        out = [self.slots[(key, r)] for r in range(self.world)]
-        self.barrier.wait()
-        return out
-
-    def rank(self, r):
-        return _RankCollectives(self, r)
-
-
-class _RankCollectives:
-    def __init__(self, shared, rank):
-        self.shared, self.rank, self.calls = shared, rank, []
-
-    def _reduce(self, arrays, op):
-        total = np.sum(np.stack(arrays), axis=0, dtype=np.float32)
-        return total / np.float32(len(arrays)) if op == "avg" else total
-
-    def all_reduce(self, tensors, op="avg"):
-        self.calls.append("all_reduce")
-        for i, t in enumerate(tensors):
-            t.numpy()[...] = self._reduce(self.shared._gather(self.rank, ("ar", i), t.numpy().copy()), op)
-
-    def reduce_scatter(self, flats, op="avg", extra=()):
-        self.calls.append("reduce_scatter")
-        for k, flat in enumerate(_listed(flats)):
-            n = flat.numel() // self.shared.world
-            mine = slice(self.rank * n, (self.rank + 1) * n)
-            parts = self.shared._gather(self.rank, ("rs", k), flat.numpy().copy())
-            flat.numpy()[mine] = self._reduce([p[mine] for p in parts], op)
-        for i, t in enumerate(extra):
-            t.numpy()[...] = self._reduce(self.shared._gather(self.rank, ("rsx", i), t.numpy().copy()), op)
-
-    def all_gather(self, flats):
-        self.calls.append("all_gather")
-        for k, flat in enumerate(_listed(flats)):
-            n = flat.numel() // self.shared.world
-            host = flat.numpy()  # float32: the memory itself; bf16: a float32 copy (exact)
-            parts = self.shared._gather(self.rank, ("ag", k), host.copy())
-            for r, p in enumerate(parts):
-                host[r * n:(r + 1) * n] = p[r * n:(r + 1) * n]
-            if flat.dtype == "bfloat16":  # no shared numpy view of bf16: write back through a cast
-                flat.copy_(xtrain.tensor(host, dtype="bfloat16"))
-
-
-def _listed(flats):
-    return [flats] if isinstance(flats, xtrain.Tensor) else list(flats)
-
-
-
 def _batches(world, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.integers(0, SMALL["vocab_size"], size=(world * B, S + 1)) for _ in range(STEPS)]
 
 
 def _run_ranks(world, fn):
-    shared = _Collectives(world)
+    shared = ThreadCollectives(world)
     results, errors = [None] * world, []
 
     def main(rank):

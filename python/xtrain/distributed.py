@@ -401,7 +401,7 @@ class _Launch:
         return self.results
 
     def _rank_main(self, fn, rank: int) -> None:
-        device = f"cuda:{self.devices[rank]}"
+        device = self.device_name(self.devices[rank])
         try:
             self.enter_device(self.devices[rank])
             ctx = RankContext(rank, len(self.devices), device, self.comm.rank(rank), self)
@@ -414,6 +414,9 @@ class _Launch:
                 self.leave_device(self.devices[rank])  # after the abort this returns promptly
             except Exception:
                 pass
+
+    def device_name(self, index: int) -> str:
+        return f"cuda:{index}"
 
     def enter_device(self, index: int) -> None:
         xtrain.cuda.set_device(index)

@@ -23,6 +23,7 @@ that is not a port) raises LaunchError, a ValueError naming the variables.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from dataclasses import dataclass
@@ -60,12 +61,8 @@ class LaunchEnv:
 
     def default_rendezvous(self) -> str:
         """tcp, except under mpirun with mpi4py installed: mpi."""
-        if self.launcher == "mpi":
-            try:
-                import mpi4py  # noqa: F401
-                return "mpi"
-            except ImportError:
-                pass
+        if self.launcher == "mpi" and importlib.util.find_spec("mpi4py") is not None:
+            return "mpi"
         return "tcp"
 
     def describe(self) -> str:

@@ -577,18 +577,20 @@ def train_data_parallel(cfg: TrainConfig, devices="all", *, timeout: float = dis
 
 
 def train_processes(cfg: TrainConfig, env, *, rendezvous: str | None = None, claim=None,
-                    timeout: float = distributed.DEFAULT_TIMEOUT) -> dict | None:
+                    timeout: float = distributed.DEFAULT_TIMEOUT, **stand_ins) -> dict | None:
     """train(cfg) as this process's rank of a process group started by torchrun, srun or mpirun
     (`env`: xtrain.launch_env.LaunchEnv), one GPU per process; the same loop, global batch and
     checkpoints as train_data_parallel's threads. `rendezvous`: how the ranks meet (tcp,
     tcp:HOST:PORT, file:PATH, mpi; default: the launcher's). `claim`: a context manager factory
     rank 0 holds around the run (the CLI's lock on --out). Rank 0 opens (or prepares) the data
-    first, then the others open it. Returns the summary on rank 0, None elsewhere."""
+    first, then the others open it. Returns the summary on rank 0, None elsewhere. `stand_ins`:
+    run_process's device, communicator and unique_id, for tests without GPUs."""
     runconfig.validate(cfg)
     if cfg.device not in ("auto", "cuda"):
         raise ConfigError(f"--device {cfg.device} picks one device; under {env.launcher} each process drives the "
                           f"GPU of its local rank")
-    distributed.require_available()
+    if not stand_ins:
+        distributed.require_available("xtrain.train.train_processes")
 
     def rank_main(ctx):
         with claim() if claim is not None and ctx.is_main else contextlib.nullcontext():
@@ -602,7 +604,7 @@ def train_processes(cfg: TrainConfig, env, *, rendezvous: str | None = None, cla
                 xtrain.manual_seed(cfg.seed)  # as the threads' launch: every rank's generators alike
             return train(cfg, ctx=ctx, prepared=prepared)
 
-    return distributed.run_process(rank_main, env, rendezvous_method=rendezvous, timeout=timeout)
+    return distributed.run_process(rank_main, env, rendezvous_method=rendezvous, timeout=timeout, **stand_ins)
 
 
 def open_inputs(cfg: TrainConfig, progress: bool):
