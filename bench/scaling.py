@@ -2,6 +2,13 @@
 
     python bench/scaling.py                     # dim768, bf16, batch 32 per GPU, seq 256, 1 and 2 GPUs
     python bench/scaling.py --gpus 1 2 4 --steps 50
+    python bench/scaling.py --launch threads processes --cli    # both modes, and `xtrain train` itself
+
+`--launch`: how xtrain's ranks run on several GPUs: threads (one process, xtrain.distributed.launch)
+and/or processes (one per GPU under a torchrun-style environment: xtrain.distributed.run_process,
+the rendezvous and a one-rank NCCL communicator each). `--cli` adds rows for the `xtrain train`
+command itself (the built-in stories, the same model and batch) on one GPU and on each launch mode:
+tok/s from its log (the median step time after `--cli-warmup` steps), peak memory from its log.
 
 Both sides train the same architecture from the same initial weights (xtrain's TinyTransformer;
 PyTorch's bench/torch_model.py peer, the one bench/train_throughput.py uses: bf16 autocast,
@@ -146,6 +153,12 @@ def xtrain_worker(args) -> None:
 
     if args.n == 1:
         results = [run(None, "cuda:0")]
+    elif args.launch == "processes":  # this process is one rank; rank 0 reports for all
+        from xtrain.distributed import run_process
+
+        results = run_process(lambda ctx: ctx.exchange("result", list(run(ctx, ctx.device))))
+        if int(os.environ["RANK"]) != 0:
+            return
     else:
         results = launch(lambda ctx: run(ctx, ctx.device), devices=list(range(args.n)))
     engine = "xtrain-overlap" if args.n > 1 and args.overlap else "xtrain"
@@ -157,7 +170,8 @@ def xtrain_worker(args) -> None:
     if ctas and args.n > 1:
         engine += f"-ctas{ctas}" + ("fixed" if os.environ.get("NCCL_MIN_CTAS") else "")
     report(args, engine, [r[:3] for r in results],
-           extra={"nccl": xtrain._C.dist.nccl_version(), "buckets": results[0][4],
+           extra={"launch": args.launch if args.n > 1 else "one GPU",
+                  "nccl": xtrain._C.dist.nccl_version(), "buckets": results[0][4],
                   "bucket_mb": args.bucket_mb if args.overlap else None, "nccl_max_ctas": ctas,
                   "nccl_min_ctas": os.environ.get("NCCL_MIN_CTAS"),
                   "buckets_launched_during_backward": results[0][3]})
@@ -207,7 +221,8 @@ def torch_worker(args) -> None:
     else:
         gathered = [mine]
     if rank == 0:
-        report(args, "pytorch-ddp", gathered, extra={"torch": torch.__version__,
+        report(args, "pytorch-ddp", gathered, extra={"launch": "torchrun" if world > 1 else "one GPU",
+                                                     "torch": torch.__version__,
                                                      "nccl": ".".join(map(str, torch.cuda.nccl.version()))})
 
 
@@ -242,6 +257,74 @@ def run_worker(cmd: list[str], env: dict, timeout: float) -> dict:
     return json.loads(lines[-1][len(RESULT):])
 
 
+def run_group(cmd: list[str], env: dict, n: int, timeout: float) -> list:
+    """`cmd` as n processes under a torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT) on this machine; returns each rank's (returncode, stdout, stderr)."""
+    port = _free_port()
+    procs = []
+    for r in range(n):
+        env_r = dict(env, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(cmd, env=env_r, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        out.append((p.returncode, stdout, stderr))
+    if any(code != 0 for code, _, _ in out):
+        raise RuntimeError(f"{' '.join(cmd)} as {n} processes failed: " +
+                           " | ".join(f"rank {r}: {code} {stderr[-1500:]}" for r, (code, _, stderr) in enumerate(out)))
+    return out
+
+
+def run_group_worker(cmd: list[str], env: dict, n: int, timeout: float) -> dict:
+    stdout = run_group(cmd, env, n, timeout)[0][1]
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT)]
+    return json.loads(lines[-1][len(RESULT):])
+
+
+def cli_row(args, env: dict, n: int, launch_mode: str, out_dir: Path) -> dict:
+    """`xtrain train` on the built-in stories, dim768 bf16 at --batch per GPU: tok/s from the
+    median logged step time after --cli-warmup steps, the peak from the log."""
+    out = out_dir / f"cli-{n}-{launch_mode}"
+    cmd = [sys.executable, "-m", "xtrain", "train", "--preset", PRESET, "--bf16", "--batch", str(args.batch),
+           "--seq", str(args.seq), "--steps", str(args.cli_warmup + args.cli_steps), "--eval-every", "0",
+           "--save-every", "0", "--sample-tokens", "0", "--no-progress", "--overwrite", "--out", str(out)]
+    if launch_mode == "threads":
+        run_worker_cli(cmd + ["--devices", str(n)], env)
+    elif launch_mode == "processes":
+        run_group(cmd, env, n, timeout=900)
+    else:
+        run_worker_cli(cmd, env)
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "ms" in r and r["step"] >= args.cli_warmup]
+    ms = float(np.median([r["ms"] for r in steps]))
+    cfg = model_config()
+    tok_s = n * args.batch * args.seq / (ms / 1000)
+    return {"engine": "xtrain-train", "launch": launch_mode, "gpus": n, "tok_s": tok_s, "tok_s_per_gpu": tok_s / n,
+            "ms_per_step": ms, "mfu": tok_s / n * cfg.flops_per_token(args.seq) / PEAK_BF16_FLOPS,
+            "final_loss": steps[-1]["loss"], "peak_mem_gib": max(r["mem_mb"] for r in steps) / 1024,
+            "timed_steps": len(steps)}
+
+
+def run_worker_cli(cmd: list[str], env: dict) -> None:
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="GPU counts to measure")
@@ -273,12 +356,21 @@ def main(argv=None) -> int:
                          "loop's: reduce-scatter, AdamW on each GPU's chunk, all-gather; row 'xtrain'), flat "
                          "(one all-reduce of the flat gradient buffer), all-reduce (all_reduce_gradients "
                          "on the per-tensor gradients, the loop before DataParallelAdamW)")
+    ap.add_argument("--launch", nargs="+", choices=["threads", "processes"], default=["threads", "processes"],
+                    help="xtrain on several GPUs: one process with a thread per GPU, and/or one process per GPU "
+                         "(a torchrun-style environment)")
+    ap.add_argument("--cli", action="store_true",
+                    help="also time the `xtrain train` command (1 GPU, and each --launch mode on the others)")
+    ap.add_argument("--cli-steps", type=int, default=40, help="timed steps of each `xtrain train` run (--cli)")
+    ap.add_argument("--cli-warmup", type=int, default=10, help="untimed first steps of each --cli run")
     ap.add_argument("--step", choices=["shard", "flat", "all-reduce"], default="shard", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=["train", "no-reduce", "reduce-only", "reduce-flat"], default="train",
                     help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["xtrain", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.worker == "xtrain":  # one worker measures one launch mode (threads unless told)
+        args.launch = args.launch[0] if len(args.launch) == 1 else "threads"
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # GPU.md; inherited by every worker
     if args.worker == "xtrain":
         xtrain_worker(args)
@@ -303,8 +395,19 @@ def main(argv=None) -> int:
         if "xtrain" in args.engines:
             for st in (args.steps_dp if n > 1 else ["shard"]):
                 rows.append(run_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
-                                        "--step", st, *common], env, timeout=900))
+                                        "--step", st, "--launch", "threads", *common], env, timeout=900))
                 print(_fmt_row(rows[-1]), flush=True)
+            if n > 1 and "processes" in args.launch:
+                rows.append(run_group_worker([sys.executable, __file__, "--worker", "xtrain", "--n", str(n),
+                                              "--launch", "processes", *common], env, n, timeout=900))
+                print(_fmt_row(rows[-1]), flush=True)
+            if args.cli:
+                import tempfile
+
+                with tempfile.TemporaryDirectory(prefix="xtrain-scaling-") as tmp:
+                    for mode in (args.launch if n > 1 else ["one GPU"]):
+                        rows.append(cli_row(args, env, n, mode, Path(tmp)))
+                        print(_fmt_row(rows[-1]), flush=True)
             if n > 1:
                 for ctas in [None, *args.max_ctas]:
                     env_n = env if ctas is None else dict(env, NCCL_MAX_CTAS=str(ctas))
@@ -348,20 +451,23 @@ def main(argv=None) -> int:
 def print_table(rows: list[dict]) -> None:
     base = {r["engine"]: r["tok_s"] for r in rows if r["gpus"] == 1}
     peer = {(r["engine"], r["gpus"]): r["tok_s"] for r in rows}
-    print(f"\n{'engine':<24} {'GPUs':>4} {'global tok/s':>13} {'tok/s/GPU':>10} {'ms/step':>8} "
+    print(f"\n{'engine':<24} {'launch':<9} {'GPUs':>4} {'global tok/s':>13} {'tok/s/GPU':>10} {'ms/step':>8} "
           f"{'MFU':>6} {'scaling':>8} {'xtrain/torch':>12} {'peak GiB':>9}")
     for r in rows:
         one = base.get(r["engine"]) or base.get(r["engine"].split("-")[0])
         eff = r["tok_s"] / (one * r["gpus"]) if one else float("nan")
         torch_tok = peer.get(("pytorch-ddp", r["gpus"]))
         ratio = r["tok_s"] / torch_tok if r["engine"].startswith("xtrain") and torch_tok else float("nan")
-        print(f"{r['engine']:<24} {r['gpus']:>4} {r['tok_s']:>13,.0f} {r['tok_s_per_gpu']:>10,.0f} "
-              f"{r['ms_per_step']:>8.1f} {r['mfu']:>6.1%} {eff:>8.1%} {ratio:>12.2f} {r['peak_mem_gib']:>9.1f}")
-    print("scaling: global tok/s / (GPUs x the same engine's 1-GPU tok/s)")
+        print(f"{r['engine']:<24} {r.get('launch', ''):<9} {r['gpus']:>4} {r['tok_s']:>13,.0f} "
+              f"{r['tok_s_per_gpu']:>10,.0f} {r['ms_per_step']:>8.1f} {r['mfu']:>6.1%} {eff:>8.1%} {ratio:>12.2f} "
+              f"{r['peak_mem_gib']:>9.2f}")
+    print("scaling: global tok/s / (GPUs x the same engine's 1-GPU tok/s); xtrain-train: the `xtrain train` "
+          "command, timed from its log")
 
 
 def _fmt_row(r: dict) -> str:
-    return f"  {r['engine']} on {r['gpus']} GPU(s): {r['tok_s']:,.0f} tok/s, {r['ms_per_step']:.1f} ms/step"
+    return (f"  {r['engine']} ({r.get('launch', '')}) on {r['gpus']} GPU(s): {r['tok_s']:,.0f} tok/s, "
+            f"{r['ms_per_step']:.1f} ms/step, peak {r['peak_mem_gib']:.2f} GiB")
 
 
 def _num_params(cfg) -> int:

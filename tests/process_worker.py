@@ -7,6 +7,9 @@ The launcher's variables come from the environment; argv[1] is the scenario, JSO
      "key": {"rank": 1, "name": "other"}}                 # optional: this rank exchanges another key
     {"train": {TrainConfig fields}, "collectives": DIR}   # xtrain.train.train_processes on the CPU,
                                                           # collectives through files in DIR
+    {"gpu": {"steps": 20, "flags": {...}, "step": "shard"}, "fail": {"rank": 1, "at": 3}}
+        # two GPUs, real NCCL: test_distributed's training run (its CONFIG and batches), or with
+        # "fail" a run in which that rank raises before its reduce-scatter at step "at"
 
 The ranks that do not fail wait "in a collective" (the stand-in blocks until its abort) or poll
 ctx.check(), as a training step does. Prints `RESULT <json>` when fn returns; errors print one
@@ -54,6 +57,42 @@ class StandInComm:
             raise RuntimeError(f"all_reduce: the communicator was aborted: {self.reason}")
 
 
+def gpu_run(ctx, scenario):
+    """This rank of test_distributed's training run on its GPU: losses, a hash of every weight, and
+    the peak allocated memory."""
+    import hashlib
+
+    import xtrain
+    import test_distributed as td
+    from xtrain.distributed import DataParallelAdamW
+    from xtrain.models import TinyTransformer, TransformerConfig
+    from xtrain.optim import AdamW
+
+    g = scenario["gpu"]
+    config = TransformerConfig(**getattr(td, g.get("config", "CONFIG")), **g.get("flags", {}))
+    batches = td._global_batches(config.vocab_size, steps=g.get("steps", td.STEPS))
+    fail = scenario.get("fail")
+    xtrain.reset_peak_memory_stats(ctx.device)
+    if fail is None:
+        losses, params, _ = td._train(config, batches, ctx.device, ctx, step=g.get("step", "shard"))
+    else:
+        model = TinyTransformer(config, device=ctx.device, seed=0)
+        dp = DataParallelAdamW(AdamW(model.named_parameters(), lr=td.LR), ctx)
+        losses = []
+        for step, (x, y) in enumerate(batches):
+            ctx.check()
+            _, loss = model(x[ctx.rank * td.B:(ctx.rank + 1) * td.B], y[ctx.rank * td.B:(ctx.rank + 1) * td.B])
+            loss.backward()
+            if ctx.rank == fail["rank"] and step == fail["at"]:
+                raise ArithmeticError(f"rank {ctx.rank} failed at step {step}")  # the others wait in NCCL
+            dp.step(1.0, extra=[loss.detach()])
+            losses.append(loss.detach().item())
+        params = {n: p.numpy() for n, p in model.named_parameters()}
+    return {"losses": [float(v) for v in losses],
+            "params": {n: hashlib.sha256(a.tobytes()).hexdigest() for n, a in params.items()},
+            "peak": xtrain.memory_stats(ctx.device)["allocated_bytes.peak"]}
+
+
 def main() -> int:
     scenario = json.loads(sys.argv[1])
     rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
@@ -91,6 +130,9 @@ def main() -> int:
             summary = train_processes(cfg, launch_env.detect(), claim=lambda: claim_run(cfg.out, cfg.resume),
                                       device="cpu", communicator=FileCollectives.factory(scenario["collectives"]))
             result = None if summary is None else {k: summary[k] for k in ("steps", "final_loss", "devices")}
+        elif "gpu" in scenario:
+            result = distributed.run_process(lambda ctx: gpu_run(ctx, scenario),
+                                             rendezvous_method=scenario.get("rendezvous"))
         else:
             result = distributed.run_process(fn, rendezvous_method=scenario.get("rendezvous"), device="cpu",
                                              communicator=StandInComm, unique_id=lambda: b"id-from-rank-0")

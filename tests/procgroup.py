@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,28 +41,31 @@ def clean_environ(**extra) -> dict:
 
 
 class Group:
-    """`world` worker processes under a torchrun-style environment on 127.0.0.1."""
+    """`world` processes under a torchrun-style environment on 127.0.0.1: the worker with
+    `scenario`, or `cmd` (e.g. [python, -m, xtrain, train, ...]). Output goes to files, so a chatty
+    rank never blocks on a full pipe."""
 
-    def __init__(self, world, scenario, port=None, per_rank=None, **extra):
+    def __init__(self, world, scenario=None, port=None, per_rank=None, cmd=None, wait_s=WAIT_S, cwd=None, **extra):
         self.port = port or free_port()
+        self.wait_s = wait_s
         self.t0 = time.monotonic()
-        self.procs = []
+        self.procs, self.files = [], []
+        cmd = cmd or [sys.executable, str(WORKER), json.dumps(scenario)]
         for r in range(world):
             env = clean_environ(**{**torchrun_env(r, world, self.port), **extra, **(per_rank or {}).get(r, {})})
-            self.procs.append(subprocess.Popen([sys.executable, str(WORKER), json.dumps(scenario)], env=env,
-                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            self.files.append((out, err))
+            self.procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True, cwd=cwd))
         self.ended = [None] * world
 
     def wait(self, skip=()):
         """Wait for every process but `skip`; returns [(returncode, stdout, stderr, seconds)]."""
-        deadline = self.t0 + WAIT_S
+        deadline = self.t0 + self.wait_s
         try:
             while any(self.ended[r] is None for r in range(len(self.procs)) if r not in skip):
-                for r, p in enumerate(self.procs):
-                    if self.ended[r] is None and p.poll() is not None:
-                        self.ended[r] = time.monotonic() - self.t0
+                self.poll()
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"ranks still running after {WAIT_S} s: "
+                    raise AssertionError(f"ranks still running after {self.wait_s} s: "
                                          f"{[r for r, t in enumerate(self.ended) if t is None]}")
                 time.sleep(0.02)
         finally:
@@ -70,6 +74,16 @@ class Group:
                     p.kill()
         out = []
         for r, p in enumerate(self.procs):
-            stdout, stderr = p.communicate(timeout=10)
-            out.append((p.returncode, stdout, stderr, self.ended[r]))
+            p.wait(10)
+            texts = []
+            for f in self.files[r]:
+                f.seek(0)
+                texts.append(f.read())
+                f.close()
+            out.append((p.returncode, texts[0], texts[1], self.ended[r]))
         return out
+
+    def poll(self) -> None:
+        for r, p in enumerate(self.procs):
+            if self.ended[r] is None and p.poll() is not None:
+                self.ended[r] = time.monotonic() - self.t0

@@ -4,7 +4,11 @@ CPU (always): device resolution, the launcher's failure handling against a fake 
 (original exception re-raised, peers stopped, bounded joins), and clear errors where NCCL or GPUs
 are missing. Two GPUs (skipped otherwise): collectives against numpy, one-GPU equivalence of the
 training step (2 ranks x batch B == 1 GPU x batch 2B, float32 / bf16 / recompute), a failing
-rank, a collective that never completes, and `xtrain train --devices 2` with resume.
+rank, a collective that never completes, and `xtrain train --devices 2` with resume; one process
+per GPU (a torchrun-style environment, tests/procgroup.py): the same run as two threads, a
+raising or killed process ending the other within seconds, `xtrain train` resumed across the
+modes and under the real torchrun; ZeRO-1's peak memory against the all-reduce step's. (The
+process-group machinery without GPUs: tests/test_process_group.py, test_process_training.py.)
 
 Tolerances of the equivalence tests (per-step loss, relative): the two runs differ only in how
 sums are split (each rank's GEMMs and loss mean cover B sequences instead of 2B, then NCCL
@@ -16,6 +20,8 @@ both ranks apply the same averaged gradients to the same weights.
 """
 
 import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -610,3 +616,171 @@ def test_cli_two_devices_bf16_sharded_resume_is_bit_exact(tmp_path):
     flat = run_cli(*common, "--steps", "8", "--out", tmp_path / "flat", "--no-shard-optimizer")
     assert flat.returncode == 0, flat.stderr
     np.testing.assert_allclose(_losses(tmp_path / "flat")[0], _losses(tmp_path / "full")[0], rtol=1e-4)
+
+
+# ---------------------------------------------------------------- two GPUs: one process per GPU
+
+def _processes(scenario=None, cmd=None, wait_s=300, **env):
+    """Two processes under a torchrun-style environment (tests/procgroup.py), waited for."""
+    from procgroup import Group
+
+    return Group(2, scenario, cmd=cmd, wait_s=wait_s, **env).wait()
+
+
+def _worker_results(runs):
+    for code, _, stderr, _ in runs:
+        assert code == 0, stderr
+    return [json.loads(out.splitlines()[-1].split("RESULT ", 1)[1]) for _, out, _, _ in runs]
+
+
+@two_gpus
+@pytest.mark.parametrize("flags", [{}, {"bf16": True}], ids=["float32", "bf16"])
+def test_two_processes_match_two_threads_and_one_gpu(flags):
+    """The same DataParallelAdamW and step in two processes (a one-rank communicator each, rank 0's
+    unique id through the TCP rendezvous) as in two threads: with two ranks every reduction is one
+    commutative add, so the runs agree bit for bit; against one GPU with the twice larger batch,
+    float32 losses stay within LOSS_RTOL_F32. Weights are identical across the processes."""
+    config = TransformerConfig(**CONFIG, **flags)
+    batches = _global_batches(config.vocab_size)
+    procs = _worker_results(_processes({"gpu": {"flags": flags}}))
+    threads = launch(lambda ctx: _train(config, batches, ctx.device, ctx, step="shard"), devices=[0, 1])
+    ref_losses, _, _ = _train(config, batches, "cuda:0")
+    assert procs[0]["params"] == procs[1]["params"]  # every weight, bit for bit, on both ranks
+    assert procs[0]["losses"] == procs[1]["losses"]
+    np.testing.assert_array_equal(np.array(procs[0]["losses"]), threads[0][0])
+    import hashlib
+    want = {n: hashlib.sha256(a.tobytes()).hexdigest() for n, a in threads[0][1].items()}
+    assert procs[0]["params"] == want
+    if not flags:
+        rel = np.abs(np.array(procs[0]["losses"]) - ref_losses) / np.abs(ref_losses)
+        assert rel.max() <= LOSS_RTOL_F32, (rel.max(), procs[0]["losses"], ref_losses)
+
+
+@two_gpus
+def test_a_raising_process_stops_the_other_within_seconds():
+    """Rank 1 raises before its reduce-scatter; rank 0 is left waiting inside NCCL for it. The
+    rendezvous tells rank 0, which aborts its communicator and exits with EXIT_STOPPED, naming rank 1."""
+    from xtrain.rendezvous import EXIT_STOPPED
+
+    runs = _processes({"gpu": {"steps": 50}, "fail": {"rank": 1, "at": 3}}, wait_s=120)
+    code1, _, err1, t1 = runs[1]
+    code0, _, err0, t0 = runs[0]
+    assert code1 == 1 and "ArithmeticError: rank 1 failed at step 3" in err1, err1
+    assert code0 == EXIT_STOPPED and "stopped: rank 1 failed: ArithmeticError" in err0, err0
+    assert t0 - t1 < 10, (t0, t1)
+
+
+def _cli_cmd(*args):
+    return [sys.executable, "-m", "xtrain", *map(str, args)]
+
+
+@two_gpus
+def test_cli_two_processes_train_as_two_threads_and_resume_across_modes(tmp_path):
+    """`xtrain train` as two processes (RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT set as
+    torchrun sets them) logs the losses of `--devices 2` bit for bit and writes the same checkpoint;
+    a run saved by processes resumes on threads and one saved by threads resumes on processes,
+    dropout included (each rank's generator, rank_rng), to the uninterrupted run's bits."""
+    data = prepared_stories(tmp_path)
+    common = ("train", "--preset", "tiny", "--data", data, "--seq", "64", "--lr", "3e-3", "--warmup", "2",
+              "--decay-steps", "8", "--eval-every", "4", "--eval-batches", "2", "--sample-tokens", "4",
+              "--no-progress", "--batch", "4", "--dropout", "0.1")
+    full = run_cli(*common, "--devices", "2", "--steps", "8", "--out", tmp_path / "threads")
+    assert full.returncode == 0, full.stderr
+    procs = _processes(cmd=_cli_cmd(*common, "--steps", "8", "--out", tmp_path / "procs"))
+    for code, _, stderr, _ in procs:
+        assert code == 0, stderr
+    assert "2 processes (torchrun" in procs[0][1]
+    assert _losses(tmp_path / "procs") == _losses(tmp_path / "threads")
+    for name in ("model.safetensors", "optim.safetensors"):
+        assert (tmp_path / "procs" / "ckpt" / name).read_bytes() == (tmp_path / "threads" / "ckpt" / name).read_bytes()
+    def threads(*args):
+        r = run_cli(*common, "--devices", "2", *args)
+        assert r.returncode == 0, r.stderr
+
+    def processes(*args):
+        for code, _, stderr, _ in _processes(cmd=_cli_cmd(*common, *args)):
+            assert code == 0, stderr
+
+    # 4 steps by processes, resumed by threads; 4 by threads, resumed by processes
+    for first, second, out in ((processes, threads, "p2t"), (threads, processes, "t2p")):
+        first("--steps", "4", "--out", tmp_path / out)
+        second("--steps", "8", "--out", tmp_path / out, "--resume")
+        assert _losses(tmp_path / out) == _losses(tmp_path / "threads"), out
+
+
+@two_gpus
+@pytest.mark.parametrize("victim", [1, 0])
+def test_cli_a_killed_process_ends_the_run_within_10_s(tmp_path, victim):
+    """SIGKILL one rank of `xtrain train` mid-run: the other sees its connection close, aborts its
+    communicator (it is likely waiting inside NCCL for the dead rank) and exits with status 3,
+    naming the rank, within 10 s."""
+    import signal
+
+    from procgroup import Group
+    from xtrain.rendezvous import EXIT_STOPPED
+
+    data = prepared_stories(tmp_path)
+    out = tmp_path / "run"
+    group = Group(2, cmd=_cli_cmd("train", "--preset", "tiny", "--data", data, "--seq", "64", "--batch", "4",
+                                  "--steps", "100000", "--eval-every", "0", "--no-progress", "--out", out),
+                  wait_s=300)
+    deadline = time.monotonic() + 240
+    while not (out / "log.jsonl").exists() or len((out / "log.jsonl").read_text().splitlines()) < 5:
+        group.poll()
+        assert all(t is None for t in group.ended), group.wait()
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.05)
+    group.procs[victim].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic() - group.t0
+    runs = group.wait()
+    survivor = 1 - victim
+    code, _, stderr, ended = runs[survivor]
+    assert code == EXIT_STOPPED, stderr
+    assert f"xtrain: rank {survivor}: stopped: rank {victim} failed: its process exited or was killed" in stderr, stderr
+    assert ended - killed_at < 10, (ended, killed_at)
+
+
+@two_gpus
+def test_cli_under_torchrun(tmp_path):
+    """The real torchrun: its agent serves a store at MASTER_PORT, xtrain's rendezvous takes the port
+    after it; the run is the hand-made environment's run."""
+    pytest.importorskip("torch.distributed.run")
+    data = prepared_stories(tmp_path)
+    common = ("train", "--preset", "tiny", "--data", data, "--seq", "64", "--batch", "4", "--steps", "4",
+              "--eval-every", "0", "--sample-tokens", "4", "--no-progress")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        "-m", "xtrain", *map(str, common), "--out", str(tmp_path / "torchrun")],
+                       capture_output=True, text=True, timeout=300, env=_cli_env())
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    runs = _processes(cmd=_cli_cmd(*common, "--out", tmp_path / "env"))
+    assert all(code == 0 for code, *_ in runs), runs
+    assert _losses(tmp_path / "torchrun") == _losses(tmp_path / "env")
+
+
+def _cli_env():
+    from procgroup import clean_environ
+
+    return clean_environ()
+
+
+@two_gpus
+def test_zero1_peak_memory_is_below_the_all_reduce_steps():
+    """ZeRO-1's memory half: with the sharded step each GPU holds the AdamW moments of its half of
+    the weights only, so its peak is below the flat all-reduce step's by about half the moments
+    (2 x 4 bytes x numel / 2)."""
+    config = TransformerConfig(**BIG, bf16=True)
+    batches = _global_batches(config.vocab_size, steps=4)
+
+    def peak(step):
+        def fn(ctx):
+            xtrain.empty_cache(ctx.device)
+            xtrain.reset_peak_memory_stats(ctx.device)
+            _train(config, batches, ctx.device, ctx, step=step)
+            return xtrain.memory_stats(ctx.device)["allocated_bytes.peak"]
+        return launch(fn, devices=[0, 1])
+
+    numel = TinyTransformer(config, device="cpu", seed=0).store.numel
+    shard, flat = peak("shard"), peak("flat")
+    saved = 4 * numel  # two float32 moments, half of them on each of 2 GPUs
+    for s, f in zip(shard, flat):
+        assert s < f - saved // 2, (s, f, saved)
