@@ -16,6 +16,8 @@
 #   ops       bench/ops.py
 #   attention scripts/check_attention_gpu.sh (the fused attention's CUDA tests and bench rows)
 #   data      bench/data_run.py ($DATA_ARGS)
+#   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
+#             `xtrain train` rows, the shard/flat/all-reduce steps, PyTorch DDP)
 # OUT receives at most 8 files: summary.txt, install.log, gtest.log, pytest.log, bench.log,
 # results.tgz (every bench/results file written during the call), and the step logs' tails.
 # The GPU machine has no package registry: carry .whl/ (scipy-openblas32) and .gpu/.
@@ -122,6 +124,11 @@ for step in $steps; do
       ;;
     data)
       run_step data 420 "$out/bench.log" "$py" bench/data_run.py ${DATA_ARGS:-}
+      ;;
+    scaling)
+      run_step scaling 540 "$out/bench.log" "$py" bench/scaling.py \
+        ${SCALING_ARGS:---launch threads processes --cli --steps-dp shard flat all-reduce}
+      grep -A20 "^engine" "$out/bench.log" | tail -20 | tee -a "$summary"
       ;;
     *)
       note "unknown step $step"
