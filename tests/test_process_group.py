@@ -363,3 +363,20 @@ def test_the_end_barrier_waits_for_every_rank_and_a_failure_callback_runs_once()
     ch1.finish()
     t.join(10)
     assert finished.is_set() and seen == []
+
+
+def test_a_rank_that_never_arrives_fails_the_exchange_after_its_timeout():
+    """A rank alive (heartbeats) but stuck elsewhere: rank 0 gives up after wait_timeout, names it,
+    and tells it too."""
+    results = _join_all(_envs(2, free_port()), "tcp", stop_timeout=0)
+    ch0, ch1 = results[0][0], results[1][0]
+    try:
+        ch0.wait_timeout = 0.5
+        with pytest.raises(RankStopped, match=r"rank 1 did not reach exchange\('k'\) within 0.5 s"):
+            ch0.exchange("k", 0)
+        deadline = time.monotonic() + 10
+        while ch1.failure is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ch1.failure is not None and ch1.failure.origin == 1
+    finally:
+        _close(results)

@@ -73,8 +73,24 @@ DEFAULT_STOP_TIMEOUT = 30.0
 PEER_GRACE = 2.0
 
 
+class _Collectives:
+    """A rank context's collectives, on its communicator handle `self.comm` (asynchronous, on the
+    rank's stream)."""
+
+    def all_reduce(self, tensors, op: str = "avg") -> None:
+        """In-place all-reduce of float32/bf16 tensors on this rank's device (asynchronous)."""
+        self.comm.all_reduce(_as_list(tensors), op)
+
+    def broadcast(self, tensors, root: int = 0) -> None:
+        self.comm.broadcast(_as_list(tensors), root)
+
+    def barrier(self) -> None:
+        """Sync point: returns once every rank got here."""
+        self.comm.barrier()
+
+
 @dataclass
-class RankContext:
+class RankContext(_Collectives):
     """What fn(ctx) gets on each rank's thread."""
     rank: int
     world_size: int
@@ -104,17 +120,6 @@ class RankContext:
             origin = self._launch.origin
             raise RankStopped(f"rank {self.rank} stopped because rank {origin} failed"
                               if origin is not None else f"rank {self.rank} stopped")
-
-    def all_reduce(self, tensors, op: str = "avg") -> None:
-        """In-place all-reduce of float32/bf16 tensors on this rank's device (asynchronous)."""
-        self.comm.all_reduce(_as_list(tensors), op)
-
-    def broadcast(self, tensors, root: int = 0) -> None:
-        self.comm.broadcast(_as_list(tensors), root)
-
-    def barrier(self) -> None:
-        """Sync point: returns once every rank got here."""
-        self.comm.barrier()
 
     def exchange(self, key: str, value) -> list:
         """Every rank passes its `value` under `key`; returns all ranks' values in rank order, once
@@ -160,7 +165,7 @@ class LocalContext:
         return [value]
 
 
-class ProcessContext:
+class ProcessContext(_Collectives):
     """RankContext's interface for one process of a process group (torchrun, srun, mpirun): this
     process is rank `rank` and drives one GPU; the collectives go through its one-rank NCCL
     communicator, exchange() and the failure watch through its rendezvous channel."""
@@ -192,20 +197,12 @@ class ProcessContext:
         """Raise RankStopped when another rank has failed (call it between steps)."""
         self.channel.check()
 
-    def all_reduce(self, tensors, op: str = "avg") -> None:
-        self.comm.all_reduce(_as_list(tensors), op)
-
-    def broadcast(self, tensors, root: int = 0) -> None:
-        self.comm.broadcast(_as_list(tensors), root)
-
-    def barrier(self) -> None:
-        self.comm.barrier()
-
-    def exchange(self, key: str, value) -> list:
+    def exchange(self, key: str, value, timeout: float | None = None) -> list:
         """Every rank's `value` under `key`, in rank order, through the rendezvous connection (a
         collective). Values travel as JSON: numbers, strings, lists, dicts; tuples come back as
-        lists."""
-        return self.channel.exchange(key, value)
+        lists. timeout: how long to wait for the slowest rank (default: the collective timeout;
+        math.inf to wait as long as every rank is alive)."""
+        return self.channel.exchange(key, value, timeout)
 
 
 def run_process(fn: Callable[[ProcessContext], Any], env=None, *, rendezvous_method: str | None = None,

@@ -601,9 +601,11 @@ class Channel:
 
     # ---- collectives over the connection
 
-    def exchange(self, key: str, value) -> list:
+    def exchange(self, key: str, value, timeout: float | None = None) -> list:
         """Every rank's `value` for `key` in rank order, once every rank has called it (a
-        collective: every rank calls exchange in the same order)."""
+        collective: every rank calls exchange in the same order). timeout: how long to wait for
+        the slowest rank (default wait_timeout; math.inf where a rank may legitimately take
+        long, its heartbeat proving it alive)."""
         try:
             json.dumps(value)
         except (TypeError, ValueError) as e:
@@ -620,14 +622,15 @@ class Channel:
             except OSError as e:
                 self._fail(0, f"the connection to rank 0 broke ({e})")
         self._wait(lambda: seq in self._results, f"exchange({key!r})",
-                   lambda: sorted(set(range(self.world_size)) - set(self._rounds.get(seq, {}))))
+                   lambda: sorted(set(range(self.world_size)) - set(self._rounds.get(seq, {}))), timeout)
         with self._cond:
             return self._results.pop(seq)
 
-    def _wait(self, ready, what: str, missing) -> None:
-        """Wait (main thread) until ready(); raise when a rank failed, fail the run after wait_timeout.
-        missing(): rank 0's list of the ranks it still waits for."""
-        deadline = time.monotonic() + self.wait_timeout
+    def _wait(self, ready, what: str, missing, timeout: float | None = None) -> None:
+        """Wait (main thread) until ready(); raise when a rank failed, fail the run after `timeout`
+        (default wait_timeout). missing(): rank 0's list of the ranks it still waits for."""
+        timeout = self.wait_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         with self._cond:
             while not ready():
                 self._raise_if_failed()
@@ -635,8 +638,7 @@ class Channel:
                     late = missing() if self.rank == 0 else [0]
                     origin = late[0] if late else 0
                     reason = (f"rank{'s' * (len(late) > 1)} {_ranks(late)} did not reach {what} within "
-                              f"{self.wait_timeout:g} s" if self.rank == 0 else
-                              f"{what} did not complete within {self.wait_timeout:g} s")
+                              f"{timeout:g} s" if self.rank == 0 else f"{what} did not complete within {timeout:g} s")
                     self._cond.release()
                     try:
                         self._fail(origin, reason)

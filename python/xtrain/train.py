@@ -597,7 +597,8 @@ def train_processes(cfg: TrainConfig, env, *, rendezvous: str | None = None, cla
             if ctx.is_main:
                 trackers.check_available(cfg.trackers)
                 prepared = open_inputs(cfg, cfg.progress)
-            ctx.exchange("inputs_ready", True)  # rank 0 has prepared the data (if it had to)
+            # Rank 0 has prepared the data (if it had to: maybe for long; its heartbeat says it is alive).
+            ctx.exchange("inputs_ready", True, timeout=math.inf)
             if not ctx.is_main:
                 prepared = open_inputs(cfg, False)
             if prepared[1] is None:
