@@ -100,9 +100,11 @@ def xtrain_worker(args) -> None:
         params = model.parameters()
         if ctx:
             broadcast_parameters(params, ctx)
-        opt = AdamW(model.named_parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-        batches = host_batches(rank, args.batch, args.seq)
         reducer = GradientReducer(params, ctx, bucket_mb=args.bucket_mb) if ctx and args.overlap else None
+        sharded = bool(ctx and not reducer and args.mode == "train" and args.step == "shard")
+        opt = AdamW(model.named_parameters(), lr=LR, weight_decay=WEIGHT_DECAY,
+                    shard=(ctx.rank, ctx.world_size) if sharded else None)  # ZeRO-1: the rank's moments only
+        batches = host_batches(rank, args.batch, args.seq)
         dp = None
         if ctx and not reducer and args.mode == "train" and args.step != "all-reduce":
             dp = DataParallelAdamW(opt, ctx, shard=args.step == "shard")

@@ -345,7 +345,8 @@ def _train(config, batches, device, ctx=None, step="all_reduce", clip=1.0):
     params = model.parameters()
     if ctx is not None:
         broadcast_parameters(params, ctx)
-    opt = AdamW(model.named_parameters(), lr=LR, weight_decay=0.1)
+    shard = (ctx.rank, ctx.world_size) if ctx is not None and step == "shard" else None  # moments: the rank's only
+    opt = AdamW(model.named_parameters(), lr=LR, weight_decay=0.1, shard=shard)
     dp = None
     if ctx is not None and step != "all_reduce":  # with bf16 the sharded step gathers bf16 weight copies
         dp = DataParallelAdamW(opt, ctx, shard=step == "shard")

@@ -312,21 +312,22 @@ def _run_ranks(world, fn):
     return results
 
 
-def _model_and_adamw(config, resume):
+def _model_and_adamw(config, resume, shard=None):
     model = resume.build_model("cpu", bf16=config.bf16) if resume else TinyTransformer(config, device="cpu", seed=0)
-    return model, AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)
+    return model, AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1, shard=shard)
 
 
-def _train_dp(world, shard, clip, bf16=False, steps=slice(None), resume=None, save=None):
+def _train_dp(world, shard, clip, bf16=False, steps=slice(None), resume=None, save=None, born_sharded=False):
     """`world` rank threads with the stand-in collectives over _batches(world)[steps]; `resume`: a
     checkpoint to start from (loaded after DataParallelAdamW: a sharded optimizer takes its
     chunks); `save`: rank 0 writes a checkpoint there at the end (the moments gathered on rank 0
-    only, whose results alone then hold them)."""
+    only, whose results alone then hold them); born_sharded: AdamW(shard=(rank, world)) instead of
+    DataParallelAdamW dropping the full moments."""
     config = TransformerConfig(**SMALL, bf16=bf16)
     batches = _batches(world)[steps]
 
     def fn(ctx):
-        model, opt = _model_and_adamw(config, resume)
+        model, opt = _model_and_adamw(config, resume, (ctx.rank, world) if born_sharded else None)
         dp = DataParallelAdamW(opt, ctx, shard=shard)
         assert dp._cast == (shard and bf16)  # bf16 copies gathered instead of the float32 weights
         if resume:
@@ -419,7 +420,7 @@ def test_three_ranks_with_uneven_chunks():
     """Chunk edges fall inside parameters; the padded flat length divides by the ranks; each rank's
     moments cover its chunks only, and gathered they are the reference's, bit for bit."""
     ref_losses, _, ref_params, ref_state = _train_reference(3, clip=1e6)
-    results = _train_dp(3, shard=True, clip=1e6)
+    results = _train_dp(3, shard=True, clip=1e6, born_sharded=True)
     for losses, _, params, state, _ in results:
         np.testing.assert_array_equal(losses, ref_losses)
         for name, want in ref_params.items():
@@ -440,6 +441,10 @@ def test_sharded_moments_live_on_their_rank_only():
         assert opt.sharded and opt.exp_avg is None
         assert opt.flat_m.numel() == opt.flat_v.numel() == full // ctx.world_size
         assert [(lo, hi) for lo, hi, _ in opt.moment_chunks] == dp.chunks
+        born = AdamW(model.named_parameters(), shard=(ctx.rank, ctx.world_size))  # never holds the full moments
+        assert born.moment_chunks == opt.moment_chunks and born.flat_v.numel() == full // ctx.world_size
+        with pytest.raises(ValueError, match="divides 6720"):
+            AdamW(model.named_parameters(), shard=(0, 11))
         with pytest.raises(RuntimeError, match="gather_state"):
             opt.moment_arrays()
         with pytest.raises(RuntimeError, match="DataParallelAdamW.step"):

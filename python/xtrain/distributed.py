@@ -59,7 +59,6 @@ import xtrain
 from xtrain import _C, rendezvous
 from xtrain.optim import step_guard
 from xtrain.rendezvous import RankStopped
-from xtrain.store import ALIGN as FLAT_ALIGN, SHARD_MULTIPLE
 
 # A collective unfinished this long after it was queued aborts every rank (PyTorch's default).
 # Longer than anything a healthy run waits for: rank 0 writing a checkpoint while the other ranks
@@ -568,24 +567,23 @@ class DataParallelAdamW:
             raise ValueError("DataParallelAdamW needs an AdamW over every parameter of one ParamStore, in its "
                              "order (e.g. AdamW(model.named_parameters()) of a TinyTransformer)")
         self.opt, self.ctx, self.shard, self.store = optimizer, ctx, bool(shard), store
-        world, rank = ctx.world_size, ctx.rank
-        regions = [r for r in store.regions if r.used]
-        if self.shard and any((r.length // FLAT_ALIGN) % world for r in regions):
-            raise ValueError(f"DataParallelAdamW: the sharded step needs a number of ranks that divides "
-                             f"{SHARD_MULTIPLE} (got {world}); use shard=False (--no-shard-optimizer)")
         self._region_grads = store.region_views(store.grads)
         self._region_params = store.region_views(store.params)
         # This rank's chunk of each region, the gradient views over them, and the AdamW ranges in them.
-        self.chunks = [(r.start + rank * (r.length // world), r.start + (rank + 1) * (r.length // world))
-                       for r in regions]
+        self.chunks = []
+        if self.shard:
+            try:
+                self.chunks = store.chunks(ctx.rank, ctx.world_size)
+            except ValueError as e:
+                raise ValueError(f"DataParallelAdamW: {e}") from None
         self.grad_chunks = [store.grads._storage_view(lo, (hi - lo,)) for lo, hi in self.chunks]
         self._runs = {True: [], False: []}
         for lo, hi in self.chunks:
             for decays, spans in optimizer.runs(lo, hi).items():
                 self._runs[decays] += spans
         self._cast = bool(store.compute is not None and self.shard and store.regions[0].used)
-        if self.shard:
-            optimizer.keep_moments(self.chunks)  # ZeRO-1: this rank's moments only
+        if self.shard:  # ZeRO-1: this rank's moments only (already so for AdamW(..., shard=(rank, world)))
+            optimizer.keep_moments(self.chunks)
 
     def step(self, max_norm: float | None, extra=(), guard=None):
         """Average the gradients over the ranks, clip them to `max_norm` (None or <= 0: no clip),

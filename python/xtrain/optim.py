@@ -5,9 +5,10 @@ xtrain.schedule; cosine_lr is re-exported here).
   tensors with 2 or more dims (linear and embedding weights) decay, the rest (norm weights) do not.
   Each group is one call of `_C.optim.adamw_step`, which updates every tensor of the group in one
   fused launch. Parameters, gradients and both moments are float32 on one device.
-- Sharded moments (ZeRO-1's memory half): keep_moments(chunks), which the sharded data-parallel step
-  calls, keeps the moments of this rank's chunks of the store's layout only (1/N of them); the step
-  reads them at their place in the chunk buffers, with the same arithmetic. A full copy exists only
+- Sharded moments (ZeRO-1's memory half): AdamW(..., shard=(rank, world_size)), or keep_moments()
+  afterwards (the sharded data-parallel step calls it), keeps the moments of this rank's chunks of
+  the store's layout only (1/N of them); the step reads them at their place in the chunk buffers,
+  with the same arithmetic. A full copy exists only
   when DataParallelAdamW.gather_state() gathers one for a checkpoint (host arrays, until the next
   step); load_state_dict() takes this rank's chunks of a full state (the scatter of a resume).
 - clip_grad_norm_ computes the global L2 norm on the device and scales the gradients by
@@ -30,14 +31,18 @@ from xtrain.store import ParamStore
 
 class AdamW:
     def __init__(self, params, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.95),
-                 eps: float = 1e-8, weight_decay: float = 0.1):
+                 eps: float = 1e-8, weight_decay: float = 0.1, shard: tuple[int, int] | None = None):
         """params: tensors, or (name, tensor) pairs such as model.named_parameters() (names key
         the moments in state_dict; plain tensors are named "0", "1", ...).
 
         When params are every parameter of one ParamStore, in its order (a TinyTransformer's
         named_parameters()), the moments take the store's layout and a step runs over whole
         regions of the flats; otherwise they live in flat buffers of their own and a step runs
-        over the tensors one by one (the same arithmetic per element)."""
+        over the tensors one by one (the same arithmetic per element).
+
+        shard=(rank, world_size): allocate only the moments of that rank's chunks of the store's
+        layout, for DataParallelAdamW's sharded step with those ranks (keep_moments, without
+        ever holding the full moments)."""
         named = [(str(i), p) if isinstance(p, xtrain.Tensor) else (str(p[0]), p[1])
                  for i, p in enumerate(params)]
         if not named:
@@ -68,14 +73,19 @@ class AdamW:
                 offsets.append(total)
                 total += -(-p.numel() // _ALIGN) * _ALIGN
         self.offsets = offsets
-        self.flat_m = xtrain.zeros((max(total, 1),), dtype="float32", device=device)
-        self.flat_v = xtrain.zeros((max(total, 1),), dtype="float32", device=device)
-        self.exp_avg = [self.flat_m._storage_view(o, tuple(p.shape)) for o, p in zip(offsets, self.params)]
-        self.exp_avg_sq = [self.flat_v._storage_view(o, tuple(p.shape)) for o, p in zip(offsets, self.params)]
         self.step_count = 0
         # Sharded moments: [(lo, hi, base)]: store elements [lo, hi) sit at flat_m[base:base + hi - lo].
         self.moment_chunks: list | None = None
         self._gathered = None      # (exp_avg, exp_avg_sq) host arrays of the full layout, until a step
+        if shard is not None:
+            if self.store is None:
+                raise ValueError("AdamW(shard=...) needs every parameter of one ParamStore, in its order")
+            self._shard_layout(self.store.chunks(*shard), device)
+            return
+        self.flat_m = xtrain.zeros((max(total, 1),), dtype="float32", device=device)
+        self.flat_v = xtrain.zeros((max(total, 1),), dtype="float32", device=device)
+        self.exp_avg = [self.flat_m._storage_view(o, tuple(p.shape)) for o, p in zip(offsets, self.params)]
+        self.exp_avg_sq = [self.flat_v._storage_view(o, tuple(p.shape)) for o, p in zip(offsets, self.params)]
 
     @property
     def sharded(self) -> bool:
@@ -96,18 +106,21 @@ class AdamW:
             if [(lo, hi) for lo, hi, _ in self.moment_chunks] == chunks:
                 return
             raise ValueError("AdamW.keep_moments: the moments are already sharded into other chunks")
-        device, layout, base = self.flat_m.device, [], 0
+        full = (self.flat_m, self.flat_v)
+        self._shard_layout(chunks, self.flat_m.device)
+        with xtrain.no_grad():
+            for flat, old in zip((self.flat_m, self.flat_v), full):
+                for lo, hi, base in self.moment_chunks:
+                    flat._storage_view(base, (hi - lo,)).copy_(old._storage_view(lo, (hi - lo,)))
+
+    def _shard_layout(self, chunks, device) -> None:
+        """Zero moment buffers for `chunks` of the store's layout, one after the other."""
+        layout, base = [], 0
         for lo, hi in chunks:
             layout.append((lo, hi, base))
             base += hi - lo
-        kept = []
-        for full in (self.flat_m, self.flat_v):
-            mine = xtrain.zeros((base,), dtype="float32", device=device)
-            with xtrain.no_grad():
-                for lo, hi, b in layout:
-                    mine._storage_view(b, (hi - lo,)).copy_(full._storage_view(lo, (hi - lo,)))
-            kept.append(mine)
-        self.flat_m, self.flat_v = kept
+        self.flat_m = xtrain.zeros((base,), dtype="float32", device=device)
+        self.flat_v = xtrain.zeros((base,), dtype="float32", device=device)
         self.moment_chunks = layout
         self.exp_avg = self.exp_avg_sq = None  # per-parameter views of moments that are not here
 

@@ -210,6 +210,17 @@ class ParamStore:
         """One 1-D view per non-empty region of `flat` (used=True: up to its last tensor)."""
         return [flat._storage_view(r.start, (r.used if used else r.length,)) for r in self.regions if r.used]
 
+    def chunks(self, rank: int, world_size: int) -> list:
+        """Rank `rank`'s (start, end) element range of each non-empty region, of `world_size` equal
+        chunks (the sharded data-parallel step); ValueError when world_size does not divide
+        SHARD_MULTIPLE."""
+        regions = [r for r in self.regions if r.used]
+        if any((r.length // ALIGN) % world_size for r in regions):
+            raise ValueError(f"the sharded data-parallel step needs a number of ranks that divides "
+                             f"{SHARD_MULTIPLE} (got {world_size}); use shard=False (--no-shard-optimizer)")
+        return [(r.start + rank * (r.length // world_size), r.start + (rank + 1) * (r.length // world_size))
+                for r in regions]
+
     def named_views(self, flat) -> dict:
         return {s.name: v for s, v in zip(self.slots, self.views(flat))}
 

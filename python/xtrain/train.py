@@ -230,8 +230,9 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
 
     # ---- optimizer and LR schedule
     schedule = make_schedule(cfg, recorded)
+    sharded = ranked and cfg.shard_optimizer  # ZeRO-1: this rank's moments only, from the start
     optimizer = AdamW(model.named_parameters(), lr=schedule.max_lr, betas=(cfg.beta1, cfg.beta2),
-                      weight_decay=cfg.weight_decay)
+                      weight_decay=cfg.weight_decay, shard=(ctx.rank, ctx.world_size) if sharded else None)
 
     # ---- batch plan (may probe micro-batches on the model), then the loaders: one draw of the
     # training loader is this rank's share of a global batch, all its micro-batches
