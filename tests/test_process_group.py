@@ -7,15 +7,19 @@ not. Ports come free from the OS. The NCCL side runs in tests/test_distributed.p
 Timeouts are generous for a loaded two-core machine but bounded: a process-group scenario ends
 in a few seconds, or the test fails after WAIT_S."""
 
+import importlib.util
 import json
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
 from modelhelp import run_cli
-from procgroup import WAIT_S, Group, clean_environ, free_port, torchrun_env
+from procgroup import WAIT_S, WORKER, Group, clean_environ, free_port, torchrun_env
 from xtrain import rendezvous
 from xtrain.distributed import pick_device
 from xtrain.launch_env import LaunchEnv, LaunchError, detect, first_host
@@ -380,3 +384,27 @@ def test_a_rank_that_never_arrives_fails_the_exchange_after_its_timeout():
         assert ch1.failure is not None and ch1.failure.origin == 1
     finally:
         _close(results)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None,
+                    reason="needs mpirun and mpi4py (apt-get install openmpi-bin; pip install mpi4py)")
+@pytest.mark.parametrize("method", ["mpi", "tcp"])
+def test_under_mpirun(method):
+    """mpirun's environment (OMPI_COMM_WORLD_*): the ranks meet through an MPI broadcast of rank 0's
+    address (the default with mpi4py) or at MASTER_ADDR:MASTER_PORT; a raising rank stops the
+    others, which name it (mpirun may kill the raising rank before it prints)."""
+    env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
+    extra = ["-x", f"MASTER_PORT={free_port()}"] if method == "tcp" else []
+    mpirun = ["mpirun", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH", "-x", "OPENBLAS_NUM_THREADS", *extra,
+              sys.executable, str(WORKER)]
+    r = subprocess.run([*mpirun, json.dumps({"rendezvous": method})], env=env, capture_output=True, text=True,
+                       timeout=WAIT_S)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    results = [json.loads(line[len("RESULT "):]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(results) == 2 and all(res["values"][0][1] == {"rank": 1, "id": "id-from-rank-0"} for res in results)
+    if method == "tcp":
+        return  # the failure path is the rendezvous connection's, whichever way the ranks met
+    r = subprocess.run([*mpirun, json.dumps({"rendezvous": method, "fail": {"rank": 1, "how": "raise", "after": 0.2}})],
+                       env=env, capture_output=True, text=True, timeout=WAIT_S)
+    assert r.returncode != 0
+    assert "xtrain: rank 0: stopped: rank 1 failed: ValueError: rank 1 broke on purpose" in r.stderr, r.stderr

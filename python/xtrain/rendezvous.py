@@ -166,13 +166,15 @@ def _join_by_record(env, payload, deadline, hb, stop, record) -> tuple["Channel"
                 last = (f"{record.describe()} is for another run (world size {rec.get('world_size')}, job "
                         f"{rec.get('job')!r}; this rank: {env.world_size}, {env.job_id!r})")
             else:
+                window = deadline if record.retry is None else min(deadline, time.monotonic() + record.retry)
                 try:
                     sock, boot = _connect(env, rec["host"], int(rec["port"]), f"{env.job_id}|{rec['nonce']}",
-                                          deadline, record.describe(),
-                                          connect_deadline=min(deadline, time.monotonic() + 0.5))
+                                          deadline, record.describe(), connect_deadline=window)
                     return Channel(env.rank, env.world_size, {0: sock}, hb, stop).started(None), boot
-                except RendezvousError as e:  # a stale record: rank 0 of an earlier run
+                except RendezvousError as e:  # a stale record (rank 0 of an earlier run): read again
                     last = str(e)
+            if record.retry is None:  # one record only: it did not work
+                raise RendezvousError(last)
         if time.monotonic() > deadline:
             raise RendezvousError(f"rank {env.rank}: no rank 0 found through {record.describe()} within the "
                                   f"rendezvous timeout" + (f" (last: {last})" if last else ""))
@@ -187,6 +189,8 @@ def _advertised_host(env) -> str:
 
 
 class _FileRecord:
+    retry = 0.5  # seconds to reach the address read before reading the file again (it may be stale)
+
     def __init__(self, path: Path):
         self.path = path
 
@@ -218,17 +222,17 @@ class _FileRecord:
 
 class _MpiRecord:
     """The record broadcast with mpi4py from rank 0 (as bytes: no pickle)."""
+    retry = None  # one broadcast: the address it gives is rank 0's of this run
 
     def __init__(self, env):
         try:
             from mpi4py import MPI
         except ImportError:
             raise ValueError("rendezvous mpi needs mpi4py (pip install mpi4py); or use tcp or file:PATH") from None
-        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        self.comm = MPI.COMM_WORLD
         if (self.comm.Get_rank(), self.comm.Get_size()) != (env.rank, env.world_size):
             raise RendezvousError(f"MPI's COMM_WORLD is rank {self.comm.Get_rank()} of {self.comm.Get_size()}, "
                                   f"the environment says rank {env.rank} of {env.world_size}")
-        self.done = False
 
     def describe(self) -> str:
         return "MPI broadcast"
@@ -240,9 +244,6 @@ class _MpiRecord:
         pass
 
     def read(self, deadline: float) -> dict | None:
-        if self.done:  # one broadcast per run: a second read means the record did not work
-            raise RendezvousError("rank 0's address from the MPI broadcast could not be reached")
-        self.done = True
         return json.loads(self._bcast(None).decode())
 
     def _bcast(self, data: bytes | None) -> bytes:
