@@ -4,7 +4,8 @@ The launcher's variables come from the environment; argv[1] is the scenario, JSO
 
     {"exchanges": 2,                                      # exchange() calls before the failure point
      "fail": {"rank": 1, "how": "raise" | "exit" | "stop", "after": 0.3},   # optional
-     "key": {"rank": 1, "name": "other"}}                 # optional: this rank exchanges another key
+     "key": {"rank": 1, "name": "other"},                 # optional: this rank exchanges another key
+     "out": DIR}                                          # optional: the result also in DIR/RANK.json
     {"train": {TrainConfig fields}, "collectives": DIR}   # xtrain.train.train_processes on the CPU,
                                                           # collectives through files in DIR
     {"gpu": {"steps": 20, "flags": {...}, "step": "shard"}, "fail": {"rank": 1, "at": 3}}
@@ -143,6 +144,9 @@ def main() -> int:
         print(f"xtrain: rank {rank}: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1
     print("RESULT " + json.dumps(result), flush=True)
+    if "out" in scenario:  # where the ranks' stdout is merged (mpirun), lines may interleave
+        with open(os.path.join(scenario["out"], f"{rank}.json"), "w") as f:
+            json.dump(result, f)
     return 0
 
 
