@@ -149,6 +149,71 @@ template <typename T> struct NegInf;
 template <> struct NegInf<float> { static XT_HD float get() { return -INFINITY; } };
 template <> struct NegInf<double> { static XT_HD double get() { return -HUGE_VAL; } };
 
+// ------------------------------------------------------------------ RMSNorm and RoPE row math
+
+// What rms_norm, rope and the fused q/k head preparation (flash_attention) compute per element,
+// written once so the fused op is bitwise the composition on each backend. The sums of squares
+// are each backend's own (the CPU in index order, CUDA in lane groups: kernels/cuda/common.cuh).
+
+// rstd = 1/sqrt(mean(x^2) + eps) from the row's sum of squares ss over dim elements.
+template <typename C> XT_HD C rms_rstd(C ss, int64_t dim, float eps) {
+  return C(1) / xsqrt(ss / static_cast<C>(dim) + static_cast<C>(eps));
+}
+
+// rstd of a row summed in index order: the CPU kernels' (CUDA sums in lane groups).
+template <typename T> XT_HD compute_t<T> rms_rstd_in_order(const T* x, int64_t dim, float eps) {
+  compute_t<T> ss = 0;
+  for (int64_t j = 0; j < dim; ++j) {
+    const compute_t<T> v = load(x, j);
+    ss += v * v;
+  }
+  return rms_rstd(ss, dim, eps);
+}
+
+// RMSNorm's output element j, x_j * rstd * w_j, in the compute type before its rounding to T.
+template <typename T, typename W> XT_HD compute_t<T> rms_scaled(const T* x, const W* w, int64_t j, compute_t<T> inv) {
+  using C = compute_t<T>;
+  return static_cast<C>(load(x, j) * inv * static_cast<C>(load(w, j)));
+}
+
+// v as a store to T and a load back give it: the value the next op of a composition reads.
+template <typename T> XT_HD compute_t<T> rounded(compute_t<T> v) { return to_compute(from_compute<T>(v)); }
+
+// RoPE's frequency i of D/2 (rotate-half): 1 / theta^(2i/D), the power in double rounded once to
+// float32 (Hugging Face's float32 inv_freq, up to that one rounding). I: the caller's index type.
+template <typename I> XT_HD float rope_inv_freq(float theta, I i, I D) {
+  const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
+  const float p = static_cast<float>(pow(static_cast<double>(theta), static_cast<double>(expo)));
+  return 1.0f / p;
+}
+
+// cos and sin of a RoPE angle (float32) in the compute type: the C library's on the host, CUDA's
+// sincos on the device.
+template <typename C> XT_HD void rope_cos_sin(float angle, C* cs, C* sn) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<C, float>) sincosf(angle, sn, cs);
+  else sincos(static_cast<double>(angle), sn, cs);
+#else
+  *cs = std::cos(static_cast<C>(angle));
+  *sn = std::sin(static_cast<C>(angle));
+#endif
+}
+
+// RoPE's rotation of the pair (x1, x2) = (x[i], x[i + D/2]) by the angle with cosine cs and sine
+// sn:  y1 = x1 cs - x2 sn,  y2 = x2 cs + x1 sn. On CUDA the fused multiply-adds are spelled out
+// as nvcc 13 contracts rope's plain expressions (sm_90 SASS of rope_rows_kernel, every dtype), so
+// every kernel that rotates a pair rounds alike whatever the compiler would do in its context; the
+// host build (x86-64, no FMA) evaluates the expressions as written.
+template <typename C> XT_HD void rope_rotate(C x1, C x2, C cs, C sn, C* y1, C* y2) {
+#if defined(__CUDA_ARCH__)
+  *y1 = fma(x1, cs, -(x2 * sn));
+  *y2 = fma(sn, x1, cs * x2);
+#else
+  *y1 = x1 * cs - x2 * sn;
+  *y2 = x2 * cs + x1 * sn;
+#endif
+}
+
 // ------------------------------------------------------------------ elementwise op tables
 
 enum class BinaryOp : int { Add, Sub, Mul, Div };
