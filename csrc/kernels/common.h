@@ -9,7 +9,7 @@
 //    load() widens, store() rounds once: round to nearest even for bf16, with each backend's own
 //    conversion (core/bf16.h on the CPU, __nv_bfloat16's in CUDA files), so neither backend's
 //    bits depend on this header being shared. bf16_t is xt::bf16 in C++ files and __nv_bfloat16
-//    in CUDA files (same 16 bits).
+//    in CUDA files and the kernel emulator (tests/emu) (same 16 bits).
 //  - Dispatch is one line per call site: XT_DISPATCH_FLOAT(dt, "op", T, { body using T; });
 //    a dtype outside the list raises TypeError naming the op.
 #pragma once
@@ -17,7 +17,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__CUDACC__)
+// tests/emu compiles the CUDA kernels with a host compiler (XT_CUDA_EMULATION): bf16_t is CUDA's
+// type there too, converted by cuda_bf16.h's host functions (the same round to nearest even).
+#if defined(__CUDACC__) || defined(XT_CUDA_EMULATION)
+#define XT_CUDA_BF16 1
 #include <cuda_bf16.h>
 #endif
 
@@ -31,7 +34,7 @@ namespace kernels {
 
 // ------------------------------------------------------------------ types, loads, stores
 
-#if defined(__CUDACC__)
+#if defined(XT_CUDA_BF16)
 using bf16_t = __nv_bfloat16;
 XT_HD float bf16_load(bf16_t v) { return __bfloat162float(v); }
 XT_HD bf16_t bf16_round(float v) { return __float2bfloat16_rn(v); }
@@ -125,6 +128,17 @@ template <typename T> struct TypeTag { using type = T; };
       default: ::xt::kernels::unsupported_dtype(dt, op);  \
     }                                                     \
   } while (0)
+
+// Calls fn(TypeTag<T>{}, TypeTag<W>{}) with T the storage type of the floating dtype dt and W that
+// of a weight whose dtype w_dt is dt or float32 (the norm weights of a bf16 model stay float32).
+template <typename Fn>
+void dispatch_float_weight(DType dt, DType w_dt, const char* op, Fn&& fn) {
+  XT_ASSERT(w_dt == dt || w_dt == DType::Float32, op, ": w dtype ", dtype_name(w_dt));
+  XT_DISPATCH_FLOAT(dt, op, T, {
+    if (w_dt == DType::Float32) fn(TypeTag<T>{}, TypeTag<float>{});
+    else fn(TypeTag<T>{}, TypeTag<T>{});
+  });
+}
 
 // ------------------------------------------------------------------ math in the compute type
 
