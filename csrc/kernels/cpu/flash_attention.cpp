@@ -8,9 +8,9 @@
 //    dS_ij = p_ij (dO_i . v_j - delta_i):  dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,
 //    dv_j = sum_i p_ij dO_i. dk/dv accumulate over (query head of the group, i) in increasing order
 //    in the compute type and are rounded once; every gradient is written with `=`.
-//  - qk_norm_rope_*: rmsnorm_forward then rope (and their backwards) with the row math of
-//    kernels/common.h that kernels/cpu/rmsnorm.cpp and kernels/cpu/rope.cpp use and their rounding
-//    points, so the fused op is bitwise equal to the composition (tests/test_flash_attention.py).
+//  - qk_norm_rope_*: the CPU's rmsnorm_forward then rope (backward: rope's inverse rotation, then
+//    rmsnorm_backward) through a temporary: the composition itself, so the fused op is bitwise
+//    equal to it (tests/test_flash_attention.py checks it); the CUDA kernels fuse it for real.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -109,92 +109,6 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
   }
 }
 
-// ------------------------------------------------------------------ q/k head preparation
-
-// cos/sin of position s (0..S-1) for the D/2 frequencies, as kernels/cpu/rope.cpp computes them;
-// sin carries the sign (-1 for the inverse rotation, the backward).
-template <typename C>
-struct RopeTable {
-  int64_t half;
-  std::vector<C> cs, sn;  // [S][half]
-  RopeTable(int64_t S, int64_t D, float theta, bool inverse) : half(D / 2) {
-    std::vector<float> inv_freq(static_cast<size_t>(half));
-    for (int64_t i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(theta, i, D);
-    cs.resize(static_cast<size_t>(S * half));
-    sn.resize(static_cast<size_t>(S * half));
-    const C sign = inverse ? C(-1) : C(1);
-    for (int64_t s = 0; s < S; ++s) {
-      const float ps = static_cast<float>(s);
-      for (int64_t i = 0; i < half; ++i) {
-        rope_cos_sin(ps * inv_freq[i], &cs[s * half + i], &sn[s * half + i]);
-        sn[s * half + i] *= sign;
-      }
-    }
-  }
-};
-
-// rows of x [B, S, heads, D]: y = rope(rmsnorm(x, w)), rstd per row (float32).
-template <typename T, typename W>
-void norm_rope_forward(const T* x, const W* w, T* y, float* rstd, int64_t BS, int64_t S, int64_t heads, int64_t D,
-                       float eps, const RopeTable<compute_t<T>>& tab) {
-  using C = compute_t<T>;
-  const int64_t half = D / 2;
-  for (int64_t r = 0; r < BS * heads; ++r) {
-    const int64_t s = (r / heads) % S;
-    const T* xr = x + r * D;
-    T* yr = y + r * D;
-    const C inv = rms_rstd_in_order(xr, D, eps);
-    rstd[r] = static_cast<float>(inv);
-    const C* cs = &tab.cs[s * half];
-    const C* sn = &tab.sn[s * half];
-    for (int64_t i = 0; i < half; ++i) {
-      C y1, y2;  // rope of the normed tensor as rope reads it: rounded to T
-      rope_rotate(rounded<T>(rms_scaled(xr, w, i, inv)), rounded<T>(rms_scaled(xr, w, i + half, inv)), cs[i], sn[i],
-                  &y1, &y2);
-      store(yr, i, y1);
-      store(yr, i + half, y2);
-    }
-  }
-}
-
-// dx = rmsnorm_backward(x, w, rstd, g) with g = rope^-1(dy) rounded to T (the composition's dy of
-// the norm); dw = sum over rows in increasing order, rounded once.
-template <typename T, typename W>
-void norm_rope_backward(const T* x, const W* w, const float* rstd, const T* dy, T* dx, W* dw, int64_t BS, int64_t S,
-                        int64_t heads, int64_t D, const RopeTable<compute_t<T>>& inv_tab) {
-  using C = compute_t<T>;
-  const int64_t half = D / 2;
-  std::vector<C> dw_acc(static_cast<size_t>(D), C(0)), g(static_cast<size_t>(D));
-  for (int64_t r = 0; r < BS * heads; ++r) {
-    const int64_t s = (r / heads) % S;
-    const T* xr = x + r * D;
-    const T* dyr = dy + r * D;
-    T* dxr = dx + r * D;
-    const C* cs = &inv_tab.cs[s * half];
-    const C* sn = &inv_tab.sn[s * half];
-    for (int64_t i = 0; i < half; ++i) {
-      rope_rotate(load(dyr, i), load(dyr, i + half), cs[i], sn[i], &g[i], &g[i + half]);
-      g[i] = rounded<T>(g[i]);
-      g[i + half] = rounded<T>(g[i + half]);
-    }
-    const C inv = static_cast<C>(rstd[r]);
-    C dot = 0;
-    for (int64_t j = 0; j < D; ++j) {
-      const C xhat = load(xr, j) * inv;
-      const C d = g[j];
-      dot += d * static_cast<C>(load(w, j)) * xhat;
-      dw_acc[j] += d * xhat;
-    }
-    const C mean_dot = dot / static_cast<C>(D);
-    for (int64_t j = 0; j < D; ++j) {
-      const C xhat = load(xr, j) * inv;
-      const C gw = g[j] * static_cast<C>(load(w, j));
-      store(dxr, j, static_cast<C>(inv * (gw - xhat * mean_dot)));
-    }
-  }
-  for (int64_t j = 0; j < D; ++j) store(dw, j, static_cast<compute_t<W>>(dw_acc[j]));
-}
-
 }  // namespace
 
 void flash_attention_forward(DType dt, const void* q, const void* k, const void* v, void* out, void* lse, int64_t B,
@@ -220,37 +134,48 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
   });
 }
 
+namespace {
+
+// The head preparation of one side (q, or k) in the CPU kernels of the composition, through a
+// temporary of x's shape and dtype: the very arithmetic and rounding of rms_norm followed by rope.
+struct PrepSide {
+  int64_t B, S, heads, D;
+  std::vector<int64_t> positions;  // 0..S-1
+  std::vector<unsigned char> tmp;
+  PrepSide(DType dt, int64_t B_, int64_t S_, int64_t heads_, int64_t D_)
+      : B(B_), S(S_), heads(heads_), D(D_), positions(static_cast<size_t>(S_)),
+        tmp(static_cast<size_t>(B_ * S_ * heads_ * D_) * dtype_size(dt)) {
+    for (int64_t s = 0; s < S; ++s) positions[s] = s;
+  }
+  int64_t rows() const { return B * S * heads; }
+};
+
+}  // namespace
+
 void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, const void* wq, const void* wk,
                           void* q_out, void* k_out, float* rstd_q, float* rstd_k, int64_t B, int64_t S, int64_t H,
-                          int64_t Hkv, int64_t D, float eps, float theta, void*) {
-  XT_ASSERT(D % 2 == 0, "qk_norm_rope_forward: odd head dim ", D);
-  dispatch_float_weight(dt, w_dt, "qk_norm_rope_forward", [&](auto xtag, auto wtag) {
-    using T = typename decltype(xtag)::type;
-    using W = typename decltype(wtag)::type;
-    const RopeTable<compute_t<T>> tab(S, D, theta, /*inverse=*/false);
-    norm_rope_forward(static_cast<const T*>(q), static_cast<const W*>(wq), static_cast<T*>(q_out), rstd_q, B * S, S,
-                      H, D, eps, tab);
-    norm_rope_forward(static_cast<const T*>(k), static_cast<const W*>(wk), static_cast<T*>(k_out), rstd_k, B * S, S,
-                      Hkv, D, eps, tab);
-  });
+                          int64_t Hkv, int64_t D, float eps, float theta, void* stream) {
+  const auto side = [&](const void* x, const void* w, void* y, float* rstd, int64_t heads) {
+    PrepSide p(dt, B, S, heads, D);
+    rmsnorm_forward(dt, w_dt, x, w, p.tmp.data(), rstd, p.rows(), D, eps, stream);
+    rope(dt, p.tmp.data(), y, p.positions.data(), B, S, heads, D, theta, /*inverse=*/false, stream);
+  };
+  if (H > 0) side(q, wq, q_out, rstd_q, H);
+  if (Hkv > 0) side(k, wk, k_out, rstd_k, Hkv);
 }
 
 void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, const void* wq, const void* wk,
                            const float* rstd_q, const float* rstd_k, const void* dq_out, const void* dk_out, void* dq,
                            void* dk, void* dwq, void* dwk, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
-                           float theta, void*) {
-  XT_ASSERT(D % 2 == 0, "qk_norm_rope_backward: odd head dim ", D);
-  dispatch_float_weight(dt, w_dt, "qk_norm_rope_backward", [&](auto xtag, auto wtag) {
-    using T = typename decltype(xtag)::type;
-    using W = typename decltype(wtag)::type;
-    const RopeTable<compute_t<T>> tab(S, D, theta, /*inverse=*/true);
-    if (H > 0)
-      norm_rope_backward(static_cast<const T*>(q), static_cast<const W*>(wq), rstd_q, static_cast<const T*>(dq_out),
-                         static_cast<T*>(dq), static_cast<W*>(dwq), B * S, S, H, D, tab);
-    if (Hkv > 0)
-      norm_rope_backward(static_cast<const T*>(k), static_cast<const W*>(wk), rstd_k, static_cast<const T*>(dk_out),
-                         static_cast<T*>(dk), static_cast<W*>(dwk), B * S, S, Hkv, D, tab);
-  });
+                           float theta, void* stream) {
+  const auto side = [&](const void* x, const void* w, const float* rstd, const void* dy, void* dx, void* dw,
+                        int64_t heads) {
+    PrepSide p(dt, B, S, heads, D);
+    rope(dt, dy, p.tmp.data(), p.positions.data(), B, S, heads, D, theta, /*inverse=*/true, stream);
+    rmsnorm_backward(dt, w_dt, x, w, rstd, p.tmp.data(), dx, dw, p.rows(), D, stream);
+  };
+  if (H > 0) side(q, wq, rstd_q, dq_out, dq, dwq, H);
+  if (Hkv > 0) side(k, wk, rstd_k, dk_out, dk, dwk, Hkv);
 }
 
 }  // namespace cpu

@@ -150,10 +150,18 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
 
 namespace {
 
-void check_prep_sizes(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D) {
-  XT_ASSERT(D % 2 == 0, "qk_norm_rope: odd head dim ", D);
+// A head-preparation launcher's common part: nothing to do for an empty problem, the size checks,
+// then fn(TypeTag<T>, TypeTag<W>, on, head rows) on the stream's device.
+template <typename Fn>
+void with_prep(const char* op, DType dt, DType w_dt, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
+               void* stream, Fn&& fn) {
+  if (B * S * (H + Hkv) * D == 0) return;
+  XT_ASSERT(D % 2 == 0, op, ": odd head dim ", D);
   XT_CHECK(B * S <= INT32_MAX && S <= INT32_MAX && (H + Hkv) * D <= INT32_MAX, ValueError,
            "qk_norm_rope: shape too large for CUDA: B=", B, ", S=", S, ", H=", H, ", H_kv=", Hkv, ", D=", D);
+  OnStream on(stream);
+  const flash::HeadRows hr{static_cast<int>(H), static_cast<int>(Hkv)};
+  dispatch_float_weight(dt, w_dt, op, [&](auto xtag, auto wtag) { fn(xtag, wtag, on, hr); });
 }
 
 }  // namespace
@@ -161,11 +169,8 @@ void check_prep_sizes(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D) {
 void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, const void* wq, const void* wk,
                           void* q_out, void* k_out, float* rstd_q, float* rstd_k, int64_t B, int64_t S, int64_t H,
                           int64_t Hkv, int64_t D, float eps, float theta, void* stream) {
-  if (B * S * (H + Hkv) * D == 0) return;
-  check_prep_sizes(B, S, H, Hkv, D);
-  OnStream on(stream);
-  const flash::HeadRows hr{static_cast<int>(H), static_cast<int>(Hkv)};
-  dispatch_float_weight(dt, w_dt, "qk_norm_rope_forward", [&](auto xtag, auto wtag) {
+  with_prep("qk_norm_rope_forward", dt, w_dt, B, S, H, Hkv, D, stream,
+            [&](auto xtag, auto wtag, const OnStream& on, const flash::HeadRows& hr) {
     using T = typename decltype(xtag)::type;
     using W = typename decltype(wtag)::type;
     with_lanes(D, [&](auto g) {
@@ -184,11 +189,8 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
                            const float* rstd_q, const float* rstd_k, const void* dq_out, const void* dk_out, void* dq,
                            void* dk, void* dwq, void* dwk, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
                            float theta, void* stream) {
-  if (B * S * (H + Hkv) * D == 0) return;
-  check_prep_sizes(B, S, H, Hkv, D);
-  OnStream on(stream);
-  const flash::HeadRows hr{static_cast<int>(H), static_cast<int>(Hkv)};
-  dispatch_float_weight(dt, w_dt, "qk_norm_rope_backward", [&](auto xtag, auto wtag) {
+  with_prep("qk_norm_rope_backward", dt, w_dt, B, S, H, Hkv, D, stream,
+            [&](auto xtag, auto wtag, const OnStream& on, const flash::HeadRows& hr) {
     using T = typename decltype(xtag)::type;
     using W = typename decltype(wtag)::type;
     using C = compute_t<T>;
