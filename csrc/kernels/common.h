@@ -174,16 +174,6 @@ template <typename C> XT_HD C rms_rstd(C ss, int64_t dim, float eps) {
   return C(1) / xsqrt(ss / static_cast<C>(dim) + static_cast<C>(eps));
 }
 
-// rstd of a row summed in index order: the CPU kernels' (CUDA sums in lane groups).
-template <typename T> XT_HD compute_t<T> rms_rstd_in_order(const T* x, int64_t dim, float eps) {
-  compute_t<T> ss = 0;
-  for (int64_t j = 0; j < dim; ++j) {
-    const compute_t<T> v = load(x, j);
-    ss += v * v;
-  }
-  return rms_rstd(ss, dim, eps);
-}
-
 // RMSNorm's output element j, x_j * rstd * w_j, in the compute type before its rounding to T.
 template <typename T, typename W> XT_HD compute_t<T> rms_scaled(const T* x, const W* w, int64_t j, compute_t<T> inv) {
   using C = compute_t<T>;

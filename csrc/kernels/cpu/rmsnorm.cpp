@@ -26,7 +26,12 @@ void forward_rows(const T* x, const W* w, T* y, float* rstd, int64_t rows, int64
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * dim;
     T* yr = y + r * dim;
-    const C inv = rms_rstd_in_order(xr, dim, eps);
+    C ss = 0;
+    for (int64_t j = 0; j < dim; ++j) {
+      const C v = load(xr, j);
+      ss += v * v;
+    }
+    const C inv = rms_rstd(ss, dim, eps);
     rstd[r] = static_cast<float>(inv);
     for (int64_t j = 0; j < dim; ++j) store(yr, j, rms_scaled(xr, w, j, inv));
   }
