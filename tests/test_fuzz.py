@@ -75,6 +75,7 @@ SIGNATURES = {
     "embedding": "T ids", "cross_entropy": "T ids scalar", "dropout": "T scalar bool",
     "rms_norm": "T T scalar", "rope": "T Topt scalar", "sdpa": "T T T bool scalar",
     "to_heads": "T dim dim Topt scalar scalar", "linear_cross_entropy": "T T ids scalar bool",
+    "flash_attention": "T T T bool scalar bool", "qk_norm_rope": "T T T T scalar scalar",
 }
 OPS = sorted(SIGNATURES)
 

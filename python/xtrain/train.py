@@ -216,6 +216,9 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     else:
         if cfg.preset is not None:
             wanted = config_for(cfg.preset, dataset.tokenizer.vocab_size, **run_flags)
+            # max_seq sizes no weight: the preset's holds, so a checkpoint saved under a preset's
+            # earlier, lower max_seq resumes at the longer --seq the preset allows now
+            run_flags["max_seq"] = wanted.max_seq
             if wanted != TransformerConfig.from_dict({**ckpt.config.to_dict(), **run_flags}):
                 raise ckpt_state.CheckpointError(
                     f"--preset {cfg.preset} does not match the checkpoint's model {ckpt.config.to_dict()}")
