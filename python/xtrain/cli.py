@@ -70,6 +70,14 @@ def _nonneg_int(text: str) -> int:
     return v
 
 
+def _seed(text: str) -> int:
+    """A generator seed: 0 <= seed < 2**64 (what the engine's generators take)."""
+    v = _nonneg_int(text)
+    if v >= 2**64:
+        raise argparse.ArgumentTypeError(f"must be below 2**64, got {v}")
+    return v
+
+
 def _devices_arg(text: str):
     return "all" if text.strip().lower() == "all" else _positive_int(text)
 
@@ -206,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace the run already in --out (its checkpoint, log, plot and sample)")
     t.add_argument("--memory-limit", type=parse_size, default=None, metavar="SIZE",
                    help="cap the device allocator, e.g. 32GiB or 500MB (default: no cap)")
-    t.add_argument("--seed", type=_nonneg_int, default=0, help="seed for weights, data order and sampling")
+    t.add_argument("--seed", type=_seed, default=0, help="seed for weights, data order and sampling")
     t.add_argument("--devices", type=_devices_arg, default=1,
                    help="GPUs for data parallelism: N (the first N) or all; --batch is per GPU")
     t.add_argument("--no-shard-optimizer", action="store_true",
@@ -253,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "eos_token of a tokenizer_config.json beside it, the model's eos piece, or "
                          "the first of <|endoftext|>, <|end_of_text|>, </s>, <eos> it has)")
     pr.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents for validation")
-    pr.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the train/val split")
+    pr.add_argument("--seed", type=_seed, default=0, help="seed of the train/val split")
     pr.add_argument("--overwrite", action="store_true", help="replace a directory prepared differently")
     pr.add_argument("--text-column", default=None,
                     help="hub and saved datasets: the text column (default: text; a saved dataset's "
@@ -276,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--temperature", type=_positive_float, default=None, help="sampling temperature (default 0.8)")
     s.add_argument("--top-k", type=_positive_int, default=None, help="sample among the K most likely (default 50)")
     s.add_argument("--max-new-tokens", type=_nonneg_int, default=200, help="tokens to generate")
-    s.add_argument("--seed", type=_nonneg_int, default=0, help="sampling seed")
+    s.add_argument("--seed", type=_seed, default=0, help="sampling seed")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
 
     e = sub.add_parser("export", help="export a checkpoint in the Hugging Face Qwen3 layout", formatter_class=fmt)

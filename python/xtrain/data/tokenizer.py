@@ -86,7 +86,12 @@ class Tokenizer:
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids`; ids outside the vocabulary (a model's vocabulary may be larger,
+        rounded up) decode to nothing."""
         raise NotImplementedError
+
+    def _known(self, ids: Iterable[int]) -> list[int]:
+        return [int(i) for i in ids if 0 <= int(i) < self.vocab_size]
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Write `self.files` into `directory` (each atomically); return the main file's path."""
@@ -144,7 +149,7 @@ class _RustTokenizer(Tokenizer):
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+        return self._tok.decode(self._known(ids), skip_special_tokens=False)
 
     @property
     def eot_text(self) -> str:
@@ -240,7 +245,7 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.encode(list(texts), num_threads=min(8, os.cpu_count() or 1))
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self._sp.decode([int(i) for i in ids])
+        return self._sp.decode(self._known(ids))
 
     @property
     def eot_text(self) -> str:
@@ -282,7 +287,7 @@ class GPT2Tokenizer(Tokenizer):
         return self._enc.encode_ordinary_batch(list(texts))
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self._enc.decode([int(i) for i in ids])
+        return self._enc.decode(self._known(ids))
 
     def _file_bytes(self) -> dict[str, bytes]:
         record = {"kind": "gpt2", "encoding": "gpt2", "vocab_size": self.vocab_size,
