@@ -4,14 +4,15 @@ formats. Read in place (directly, or after `xtrain prepare DIR` recorded a token
 shards, trained on, and every bad file one clear error."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
 
-from tokhelp import (documents, fake_gpt2, hf_tokenizer, token_stream, word_level_tokenizer,
-                     write_llmc_shard, write_nanogpt)
-from xtrain import cli, state
-from xtrain.data import DataError, TokenLoader, open_dataset, open_tokenizer, prepare, read_header
+from tokhelp import (cli_run, documents, fake_gpt2, hf_tokenizer, one_error_line, token_stream,
+                     word_level_tokenizer, write_llmc_shard, write_nanogpt)
+from xtrain import state
+from xtrain.data import DataError, open_dataset, open_tokenizer, prepare, read_header
 from xtrain.data.formats import ConcatTokens
 
 TRAIN_ARGS = ("--preset", "tiny", "--steps", "2", "--batch", "2", "--seq", "16", "--eval-every", "0",
@@ -38,19 +39,6 @@ def _listing(directory):
     return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir())
 
 
-def _cli(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    return code, capsys.readouterr().err
-
-
-def _one_error_line(code, err, *needles):
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("xtrain: error:"), err
-    for needle in needles:
-        assert needle in lines[0], err
-
-
 # ---------------------------------------------------------------- nanoGPT
 
 def test_nanogpt_directory_is_trained_on_directly(gpt2, tmp_path, capsys):
@@ -62,12 +50,12 @@ def test_nanogpt_directory_is_trained_on_directly(gpt2, tmp_path, capsys):
     assert ds.format == "nanogpt" and ds.tokenizer.kind == "gpt2"
     assert np.array_equal(np.asarray(ds.split("train").tokens), train)  # the file, not re-tokenised
     assert ds.meta["counts"]["val_tokens"] == len(val) and ds.meta["counts"]["val_eot"] == 8
-    code, err = _cli(capsys, "train", "--data", data, "--out", tmp_path / "run", *TRAIN_ARGS)
+    code, err = cli_run(capsys, "train", "--data", data, "--out", tmp_path / "run", *TRAIN_ARGS)
     assert code == 0, err
     assert _listing(data) == before, "reading in place writes nothing beside the token files"
     ckpt = state.load(tmp_path / "run" / "ckpt")
     assert ckpt.tokenizer_meta["kind"] == "gpt2" and ckpt.loader_state["n_tokens"] == len(train)
-    code, err = _cli(capsys, "train", "--data", data, "--out", tmp_path / "run", *TRAIN_ARGS, "--resume",
+    code, err = cli_run(capsys, "train", "--data", data, "--out", tmp_path / "run", *TRAIN_ARGS, "--resume",
                      "--steps", "3")
     assert code == 0, err
     assert state.load(tmp_path / "run" / "ckpt").step == 3
@@ -79,7 +67,7 @@ def test_nanogpt_prepared_in_place_with_another_tokenizer(hf_file, tmp_path, cap
     val = token_stream(tok.encode, documents(8, seed=1), tok.eot_id, eot_first=False)
     data = write_nanogpt(tmp_path / "shakespeare", train, val)
     bins = {n: (data / n).read_bytes() for n in ("train.bin", "val.bin")}
-    code, err = _cli(capsys, "prepare", data, "--tokenizer", hf_file, "--no-progress")
+    code, err = cli_run(capsys, "prepare", data, "--tokenizer", hf_file, "--no-progress")
     assert code == 0, err
     assert sorted(p.name for p in data.iterdir()) == ["meta.json", "tokenizer.json", "tokenizer_config.json",
                                                      "train.bin", "val.bin"]
@@ -90,9 +78,9 @@ def test_nanogpt_prepared_in_place_with_another_tokenizer(hf_file, tmp_path, cap
     ds = open_dataset(data)
     assert ds.tokenizer.fingerprint == tok.fingerprint
     assert np.array_equal(np.asarray(ds.split("val").tokens), val)
-    code, err = _cli(capsys, "prepare", data, "--tokenizer", hf_file, "--no-progress")  # reused
+    code, err = cli_run(capsys, "prepare", data, "--tokenizer", hf_file, "--no-progress")  # reused
     assert code == 0, err
-    code, err = _cli(capsys, "train", "--data", data, "--out", tmp_path / "run", *TRAIN_ARGS)
+    code, err = cli_run(capsys, "train", "--data", data, "--out", tmp_path / "run", *TRAIN_ARGS)
     assert code == 0, err
     assert state.load(tmp_path / "run" / "ckpt").tokenizer().fingerprint == tok.fingerprint
     # A token file that changed since: refused until prepared again.
@@ -100,6 +88,17 @@ def test_nanogpt_prepared_in_place_with_another_tokenizer(hf_file, tmp_path, cap
         f.write(b"\0\0")
     with pytest.raises(DataError, match="has changed since it was prepared"):
         open_dataset(data)
+
+
+def test_gpt2_unavailable_says_what_the_files_need(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # import tiktoken -> ImportError
+    data = write_nanogpt(tmp_path / "nano", np.arange(100), np.arange(50))
+    for command in (("train", "--data", data, "--out", tmp_path / "run", *TRAIN_ARGS),
+                    ("prepare", data, "--no-progress")):
+        code, err = cli_run(capsys, *command)
+        one_error_line(code, err, "hold GPT-2 ids, and GPT-2's tokenizer is unavailable: tiktoken is not "
+                       "installed", "--tokenizer PATH")
+    assert sorted(p.name for p in data.iterdir()) == ["train.bin", "val.bin"]
 
 
 def test_token_directory_copied_into_shards(hf_file, tmp_path):
@@ -116,8 +115,8 @@ def test_token_directory_copied_into_shards(hf_file, tmp_path):
 def test_in_place_prepare_never_replaces_the_users_files(hf_file, tmp_path, capsys):
     data = write_nanogpt(tmp_path / "nano", np.arange(100), np.arange(50))
     (data / "tokenizer_config.json").write_text('{"chat_template": "mine"}')
-    code, err = _cli(capsys, "prepare", data, "--tokenizer", hf_file, "--no-progress")
-    _one_error_line(code, err, "tokenizer_config.json exists and was not written by xtrain", "--out")
+    code, err = cli_run(capsys, "prepare", data, "--tokenizer", hf_file, "--no-progress")
+    one_error_line(code, err, "tokenizer_config.json exists and was not written by xtrain", "--out")
     assert (data / "tokenizer_config.json").read_text() == '{"chat_template": "mine"}'
     assert not (data / "meta.json").exists()
 
@@ -144,7 +143,7 @@ def test_llmc_shards_are_one_stream_per_split(gpt2, tmp_path, capsys):
     resumed = ds.loader("train", 4, 32, seed=9)
     resumed.load_state_dict(json.loads(json.dumps(loader.state_dict())))
     assert all(np.array_equal(a, b) for a, b in zip(loader.next_batch(), resumed.next_batch()))
-    code, err = _cli(capsys, "train", "--data", data, "--out", tmp_path / "run", *TRAIN_ARGS)
+    code, err = cli_run(capsys, "train", "--data", data, "--out", tmp_path / "run", *TRAIN_ARGS)
     assert code == 0, err
     assert not (data / "meta.json").exists()
 
@@ -157,9 +156,11 @@ def test_llmc_uint32_shards_need_a_tokenizer(hf_file, tmp_path, capsys):
     write_llmc_shard(data / "tiny_val.bin", ids[:200], magic=20240801, version=7, dtype=np.uint32)
     with pytest.raises(DataError, match="do not say which tokenizer.*xtrain prepare .* --tokenizer PATH"):
         open_dataset(data)
-    code, err = _cli(capsys, "prepare", data, "--no-progress")
-    _one_error_line(code, err, "name the tokenizer that made them")
-    code, err = _cli(capsys, "prepare", data, "--tokenizer", hf_file, "--no-progress")
+    code, err = cli_run(capsys, "prepare", data, "--no-progress")
+    one_error_line(code, err, "do not say which tokenizer made them")
+    code, err = cli_run(capsys, "prepare", data, "--tokenizer", "bpe", "--no-progress")
+    one_error_line(code, err, "name the tokenizer that made them", "a BPE cannot be trained on ids")
+    code, err = cli_run(capsys, "prepare", data, "--tokenizer", hf_file, "--no-progress")
     assert code == 0, err
     ds = open_dataset(data)
     assert ds.split("train").header.dtype == np.uint32 and np.array_equal(np.asarray(ds.split("train").tokens), ids)
@@ -201,13 +202,13 @@ def test_bad_token_files_are_one_clear_error(gpt2, hf_file, tmp_path, capsys):
         with pytest.raises(DataError, match=None) as info:
             open_dataset(directory)
         assert needle in str(info.value), (directory.name, str(info.value))
-        code, err = _cli(capsys, "train", "--data", directory, "--out", tmp_path / "runs" / directory.name, *TRAIN_ARGS)
-        _one_error_line(code, err, needle)
+        code, err = cli_run(capsys, "train", "--data", directory, "--out", tmp_path / "runs" / directory.name, *TRAIN_ARGS)
+        one_error_line(code, err, needle)
     # A vocabulary larger than uint16 files can hold.
     big = word_level_tokenizer(tmp_path / "big" / "tokenizer.json", 70_000, eot="<|endoftext|>")
     d = write_nanogpt(tmp_path / "wide", good, good)
-    code, err = _cli(capsys, "prepare", d, "--tokenizer", big, "--no-progress")
-    _one_error_line(code, err, "stores uint16 ids, which hold at most 65536, but tokenizer hf-70002 has 70002")
+    code, err = cli_run(capsys, "prepare", d, "--tokenizer", big, "--no-progress")
+    one_error_line(code, err, "stores uint16 ids, which hold at most 65536, but tokenizer hf-70002 has 70002")
     assert not (d / "meta.json").exists()
 
 
@@ -220,7 +221,7 @@ def test_saved_dataset_text_and_ids(hf_file, tmp_path, capsys):
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts[:70]}),
                           "validation": datasets.Dataset.from_dict({"text": texts[70:]})}
                          ).save_to_disk(str(tmp_path / "text_dd"))
-    code, err = _cli(capsys, "prepare", tmp_path / "text_dd", "--out", tmp_path / "a", "--tokenizer", hf_file,
+    code, err = cli_run(capsys, "prepare", tmp_path / "text_dd", "--out", tmp_path / "a", "--tokenizer", hf_file,
                      "--no-progress")
     assert code == 0, err
     ds = open_dataset(tmp_path / "a")
@@ -236,16 +237,16 @@ def test_saved_dataset_text_and_ids(hf_file, tmp_path, capsys):
     both = np.concatenate([np.asarray(ds.split(s).tokens) for s in ("train", "val")])
     assert len(both) == sum(len(r) for r in rows) + len(rows) - 1  # not re-tokenised
     assert ds.meta["request"]["column"] == "input_ids"
-    code, err = _cli(capsys, "train", "--data", tmp_path / "ids", "--out", tmp_path / "run", *TRAIN_ARGS)
-    _one_error_line(code, err, "holds token ids (input_ids): name the tokenizer")
-    code, err = _cli(capsys, "prepare", tmp_path / "ids", "--out", tmp_path / "c", "--tokenizer", hf_file,
+    code, err = cli_run(capsys, "train", "--data", tmp_path / "ids", "--out", tmp_path / "run", *TRAIN_ARGS)
+    one_error_line(code, err, "holds token ids (input_ids): name the tokenizer")
+    code, err = cli_run(capsys, "prepare", tmp_path / "ids", "--out", tmp_path / "c", "--tokenizer", hf_file,
                      "--split", "train", "--no-progress")
-    _one_error_line(code, err, "saved without splits")
+    one_error_line(code, err, "saved without splits")
     datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4, 5000, 6]] * 5}).save_to_disk(str(tmp_path / "far"))
-    code, err = _cli(capsys, "prepare", tmp_path / "far", "--out", tmp_path / "d", "--tokenizer", hf_file,
+    code, err = cli_run(capsys, "prepare", tmp_path / "far", "--out", tmp_path / "d", "--tokenizer", hf_file,
                      "--no-progress")
-    _one_error_line(code, err, "row 1 of 'input_ids' holds id 5000, outside the vocabulary")
+    one_error_line(code, err, "row 1 of 'input_ids' holds id 5000, outside the vocabulary")
     # A text-column dataset trains directly (prepared into OUT/data with the BPE).
-    code, err = _cli(capsys, "train", "--data", tmp_path / "text_dd", "--out", tmp_path / "run2", *TRAIN_ARGS)
+    code, err = cli_run(capsys, "train", "--data", tmp_path / "text_dd", "--out", tmp_path / "run2", *TRAIN_ARGS)
     assert code == 0, err
     assert open_dataset(tmp_path / "run2" / "data").tokenizer.kind == "bpe"

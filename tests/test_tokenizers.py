@@ -8,7 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tokhelp import hf_tokenizer, spm_model, word_level_tokenizer, write_corpus
+from tokhelp import (cli_run, hf_tokenizer, one_error_line, spm_model, word_level_tokenizer,
+                     write_corpus)
 from xtrain import cli, state
 from xtrain.data import (DataError, HFTokenizer, SentencePieceTokenizer, load_tokenizer,
                          open_dataset, open_tokenizer, prepare)
@@ -24,19 +25,6 @@ def hf_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def spm_file(tmp_path_factory):
     return spm_model(tmp_path_factory.mktemp("spm"))
-
-
-def _cli(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    return code, capsys.readouterr().err
-
-
-def _one_error_line(code, err, *needles):
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("xtrain: error:"), err
-    for needle in needles:
-        assert needle in lines[0], err
 
 
 # ---------------------------------------------------------------- the end-of-text rule
@@ -109,11 +97,11 @@ def test_bad_tokenizer_files_are_one_clear_error(hf_file, tmp_path, capsys):
     (tmp_path / "corpus.txt").write_text("One document.\n\nAnother one.\n")
     for tokenizer, needle in ((corrupt, "not a valid tokenizer.json"), (tmp_path / "missing.json", "no such file"),
                               (tmp_path / "bad.model", "not a SentencePiece model")):
-        code, err = _cli(capsys, "prepare", tmp_path / "corpus.txt", "--out", tmp_path / "out",
+        code, err = cli_run(capsys, "prepare", tmp_path / "corpus.txt", "--out", tmp_path / "out",
                          "--tokenizer", tokenizer, "--no-progress")
-        _one_error_line(code, err, needle)
-    code, err = _cli(capsys, "prepare", tmp_path / "corpus.txt", "--out", tmp_path / "out", "--eot", "</s>")
-    _one_error_line(code, err, "eot applies to a tokenizer file")
+        one_error_line(code, err, needle)
+    code, err = cli_run(capsys, "prepare", tmp_path / "corpus.txt", "--out", tmp_path / "out", "--eot", "</s>")
+    one_error_line(code, err, "eot applies to a tokenizer file")
     assert not (tmp_path / "out" / "meta.json").exists()
 
 
@@ -152,7 +140,7 @@ def test_round_trip_to_transformers(kind, hf_file, spm_file, tmp_path, capsys):
     source = hf_file if kind == "hf" else spm_file
     corpus = write_corpus(tmp_path / "corpus.txt")
     data, run = tmp_path / "data", tmp_path / "run"
-    code, err = _cli(capsys, "prepare", corpus, "--out", data, "--tokenizer", source, "--val-fraction", "0.1",
+    code, err = cli_run(capsys, "prepare", corpus, "--out", data, "--tokenizer", source, "--val-fraction", "0.1",
                      "--no-progress")
     assert code == 0, err
     tok = open_tokenizer(source)
@@ -169,7 +157,7 @@ def test_round_trip_to_transformers(kind, hf_file, spm_file, tmp_path, capsys):
     with pytest.raises(DataError, match="other settings"):
         prepare(corpus, data, tokenizer=source, eot="<unk>", val_fraction=0.1, progress=False)
 
-    code, err = _cli(capsys, "train", "--data", data, "--out", run, "--preset", "tiny", "--steps", "2",
+    code, err = cli_run(capsys, "train", "--data", data, "--out", run, "--preset", "tiny", "--steps", "2",
                      "--batch", "2", "--seq", "16", "--eval-every", "0", "--sample-tokens", "4",
                      "--no-progress", "--device", "cpu")
     assert code == 0, err
@@ -181,7 +169,7 @@ def test_round_trip_to_transformers(kind, hf_file, spm_file, tmp_path, capsys):
                      "--greedy"])
     printed = capsys.readouterr().out
     assert code == 0 and printed.startswith("Once upon") and len(printed.strip()) > len("Once upon")
-    code, err = _cli(capsys, "export", "--ckpt", run / "ckpt", "--out", tmp_path / "hf", "--dtype", "f32")
+    code, err = cli_run(capsys, "export", "--ckpt", run / "ckpt", "--out", tmp_path / "hf", "--dtype", "f32")
     assert code == 0, err
     exported = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
     assert exported["eos_token"] == tok.eot_text and exported["model_max_length"] == ckpt.config.max_seq

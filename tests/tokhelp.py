@@ -129,3 +129,20 @@ def write_llmc_shard(path: Path, tokens: np.ndarray, magic=20240520, version=1, 
         f.write(header.astype("<i4").tobytes())
         f.write(tokens.astype(np.dtype(dtype).newbyteorder("<")).tobytes())
     return path
+
+
+def cli_run(capsys, *argv) -> tuple[int, str]:
+    """`xtrain ARGV` in this process: (exit status, stderr)."""
+    from xtrain import cli
+
+    code = cli.main([str(a) for a in argv])
+    return code, capsys.readouterr().err
+
+
+def one_error_line(code: int, err: str, *needles: str) -> None:
+    """The command failed with exit 2 and one `xtrain: error:` line holding every needle."""
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xtrain: error:"), err
+    for needle in needles:
+        assert needle in lines[0], err

@@ -20,7 +20,7 @@ from .errors import DataError
 from .layout import META_FILE, TRAIN_FILE, VAL_FILE, read_meta
 from .loader import TokenLoader, check_shard_tokenizer
 from .shards import ShardHeader, TokenSplit, open_shard, read_header
-from .tokenizer import Tokenizer, load_tokenizer, open_tokenizer
+from .tokenizer import Tokenizer, gpt2_unavailable_reason, load_tokenizer, open_tokenizer
 
 SPLITS = {"train": TRAIN_FILE, "val": VAL_FILE}
 
@@ -107,15 +107,26 @@ def open_token_dir(path: Path, tokenizer: Tokenizer | None = None) -> Dataset:
     fmt = formats.detect_format(path)
     files = formats.token_files(path, fmt)
     if tokenizer is None:
-        hint = formats.tokenizer_hint(files)
-        if hint is None:
-            raise DataError(f"the {fmt} token files in {path} do not say which tokenizer made "
-                            f"them; run `xtrain prepare {path} --tokenizer PATH` first")
-        tokenizer = open_tokenizer(hint)
+        tokenizer = format_tokenizer(path, fmt, files)
     formats.check_tokenizer_fits(path, files, tokenizer)
     scanned = formats.scan(path, files, tokenizer)
     meta = token_dir_meta(fmt, files, tokenizer, scanned, request={}, source={"dir": str(path)})
     return Dataset(path, meta, tokenizer)
+
+
+def format_tokenizer(path: Path, fmt: str, files: dict) -> Tokenizer:
+    """The tokenizer a token directory's format implies (GPT-2), or a DataError saying how to
+    name one."""
+    hint = formats.tokenizer_hint(files)
+    if hint is None:
+        raise DataError(f"the {fmt} token files in {path} do not say which tokenizer made them; "
+                        f"run `xtrain prepare {path} --tokenizer PATH` first")
+    reason = gpt2_unavailable_reason() if hint == "gpt2" else None
+    if reason is not None:
+        raise DataError(f"the {fmt} token files in {path} hold GPT-2 ids, and GPT-2's tokenizer "
+                        f"is unavailable: {reason}; or name a tokenizer file with the same ids: "
+                        f"`xtrain prepare {path} --tokenizer PATH`")
+    return open_tokenizer(hint)
 
 
 def token_dir_meta(fmt: str, files: dict, tokenizer: Tokenizer, scanned: dict, request: dict,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator
 
 from . import formats
-from .dataset import SPLITS, token_dir_meta, tokenizer_record
+from .dataset import SPLITS, format_tokenizer, token_dir_meta, tokenizer_record
 from .errors import DataError
 from .layout import FORMAT_VERSION, META_FILE, read_meta
 from .readers import Source, iter_documents, list_source_files
@@ -89,13 +89,12 @@ def prepare_token_dir(source: Path, out_dir: Path, tokenizer=None, eot: str | No
     xtrain shards in out_dir; either way with `tokenizer` (default: the format's, GPT-2)."""
     fmt = formats.detect_format(source)
     files = formats.token_files(source, fmt)
-    if tokenizer is None or (isinstance(tokenizer, str) and tokenizer == "bpe"):
-        hint = formats.tokenizer_hint(files)
-        if tokenizer is not None or hint is None:
-            raise DataError(f"{source} holds {fmt} token ids: name the tokenizer that made them "
-                            f"(gpt2, a tokenizer.json or a SentencePiece .model); a BPE cannot "
-                            f"be trained on ids")
-        tokenizer = hint
+    if isinstance(tokenizer, str) and tokenizer == "bpe":
+        raise DataError(f"{source} holds {fmt} token ids: name the tokenizer that made them "
+                        f"(gpt2, a tokenizer.json or a SentencePiece .model); a BPE cannot be "
+                        f"trained on ids")
+    if tokenizer is None:
+        tokenizer = format_tokenizer(source, fmt, files)
     record, tok = resolve_tokenizer(tokenizer, eot)
     formats.check_tokenizer_fits(source, files, tok)
     in_place = out_dir.resolve() == source.resolve()
