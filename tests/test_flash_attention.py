@@ -94,9 +94,10 @@ def attention_case(device, dtype, D, shape):
     return got, want
 
 
-def errors(got, want, floor=1e-2):
+def errors(got, want, floor=1e-1):
     """(max error / max |want|, ||error|| / ||want||), the references floored at `floor` per element:
-    at S = 1 the exact dq and dk are 0 and the computed ones rounding noise (the inputs are O(1))."""
+    at S = 1 the exact dq and dk are 0 and the computed ones rounding noise (the inputs are O(1);
+    on CUDA the float32 noise reached 6e-7 absolute)."""
     diff = got - want
     return (np.abs(diff).max() / max(np.abs(want).max(), floor),
             np.linalg.norm(diff) / max(np.linalg.norm(want), floor * np.sqrt(want.size)))

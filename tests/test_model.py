@@ -55,6 +55,12 @@ def test_matches_torch_reference(device, dtype, head_dim):
     assert logits.dtype == dtype and tuple(logits.shape) == (16, model.config.vocab_size)
     assert loss.dtype == "float32" and tuple(loss.shape) == ()
     rtol, atol = TOLERANCE[dtype]
+    l2 = rtol
+    if device == "cuda" and dtype == "bfloat16" and head_dim >= 32:
+        # The tensor-core flash kernels round the probabilities to bf16 for the P @ V product (as
+        # FlashAttention and torch's flash SDPA do); the reference keeps them in float32 and rounds
+        # the output once. Measured: 1% of the logits differ by up to 3.5% of their value.
+        rtol = atol = 5e-2
     np.testing.assert_allclose(np.asarray(logits.numpy(), np.float64),
                                ref_logits.detach().double().numpy(), rtol=rtol, atol=atol)
     np.testing.assert_allclose(loss.item(), ref_loss.item(), rtol=rtol, atol=atol)
@@ -68,7 +74,7 @@ def test_matches_torch_reference(device, dtype, head_dim):
         # weight and embedding gradients differ by orders of magnitude), and in norm.
         scale = float(np.abs(want).max())
         np.testing.assert_allclose(g, want, rtol=rtol, atol=atol * scale, err_msg=name)
-        assert _rel_err(g, want) < rtol, name
+        assert _rel_err(g, want) < l2, name
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
