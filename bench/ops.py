@@ -17,6 +17,13 @@ Ops (N = batch * seq tokens, dim, ffn, H heads of D, vocab V from the preset):
   sdpa       causal attention on q, k, v [B, H, S, D]; torch's flash and math backends as peers.
              FLOPs: 2*B*H*S^2*D forward (the causal half of QK^T and PV), x3 with backward
              (the model-FLOPs convention; flash's recomputation of P is not counted)
+  flash      flash_attention (causal, bf16, q/k/v in [B, S, H, D]) against torch's flash SDPA
+             (tensors in [B, H, S, D] as it wants them) at the issue-14 shapes [B, H, S, D] =
+             [32, 24, 256, 32], [8, 24, 1024, 32], [4, 12, 2048, 64] (--flash-shapes; not the
+             preset's); FLOPs counted as for sdpa
+  qk_prep    qk_norm_rope (q/k RMSNorm + RoPE in one kernel) against xtrain's rms_norm + rope and
+             torch eager on q, k [B, S, H, D]; backward from q's output only; bytes 4 (fwd: q, k
+             read and written), 7 (fwd+bwd) x size of q
   rms_norm   [N, dim] and the per-head q/k norm [B, S, H, D]; bytes 2 (fwd), 5 (fwd+bwd) x size
   rope       [B, S, H, D]; bytes 2 / 4 x size
   swiglu     silu(gate) * up on [N, ffn]; bytes 3 / 8 x size
@@ -41,6 +48,7 @@ import numpy as np
 import common
 
 BF16_BYTES = 2
+FLASH_SHAPES = "32x24x256x32,8x24x1024x32,4x12x2048x64"  # B x H x S x D, the issue-14 gates
 
 
 def parse_args(argv=None):
@@ -52,6 +60,7 @@ def parse_args(argv=None):
     p.add_argument("--fp32", action="store_true", help="activations in float32 instead of bf16")
     p.add_argument("--gemm-size", type=int, default=8192, help="n of the n^3 matmul ceilings")
     p.add_argument("--only", default="", help="comma-separated op names (default: all)")
+    p.add_argument("--flash-shapes", default=FLASH_SHAPES, help="BxHxSxD,... of the flash case")
     p.add_argument("--target-ms", type=float, default=50.0, help="length of one timing window")
     common.add_common_args(p, steps=5, warmup=3)
     return p.parse_args(argv)
@@ -223,6 +232,76 @@ def case_sdpa(b: Bench, cfg, B: int, S: int):
                  work, "TFLOP/s", ctx=lambda backend=backend: sdpa_kernel(backend))
 
 
+def case_flash(b: Bench):
+    """xtrain flash_attention on (B, S, H, D) against torch's flash SDPA on (B, H, S, D), same values."""
+    xt, torch = b.xt, b.torch
+    F = torch.nn.functional
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for B, H, S, D in ([int(n) for n in shape.split("x")] for shape in b.args.flash_shapes.split(",")):
+        arrays = [b.rng.standard_normal((B, S, H, D)).astype(np.float32) for _ in range(4)]
+        xq, xk, xv = (b.xt.tensor(a, dtype="bfloat16", device=b.device, requires_grad=True) for a in arrays[:3])
+        xg = b.xt.tensor(arrays[3], dtype="bfloat16", device=b.device)
+        tq, tk, tv, tg = (torch.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 1, 3))).to(b.device, torch.bfloat16)
+                          for a in arrays)
+        for t in (tq, tk, tv):
+            t.requires_grad_(True)
+        fwd = 2.0 * B * H * S * S * D
+        work = {"fwd": fwd, "fwd+bwd": 3 * fwd}
+        shape = [B, H, S, D]
+        b.record("flash_attention causal", shape, "xtrain",
+                 b.xt_modes(lambda: xt.ops.flash_attention(xq, xk, xv, causal=True), [xq, xk, xv], xg),
+                 work, "TFLOP/s")
+        b.record("flash_attention causal", shape, "torch flash",
+                 b.torch_modes(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True),
+                               [tq, tk, tv], tg),
+                 work, "TFLOP/s", ctx=lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION))
+        del xq, xk, xv, xg, tq, tk, tv, tg
+        common.free_xtrain(b.device)
+        common.free_torch(b.device)
+
+
+def case_qk_prep(b: Bench, cfg, B: int, S: int):
+    """The fused q/k head preparation against its unfused composition and torch eager. Forward
+    prepares q and k; forward + backward then seeds q's output only (one root, no extra loss ops:
+    the k side has no gradient in any of the three)."""
+    import torch_model
+    import torch_reference
+
+    xt, torch = b.xt, b.torch
+    es = 4 if b.args.fp32 else BF16_BYTES
+    H, D, eps, theta = cfg.n_heads, cfg.head_dim, cfg.norm_eps, cfg.rope_theta
+    shape = [B, S, H, D]
+    q, tq = b.pair(shape, grad=True)
+    k, tk = b.pair(shape, grad=True)
+    g, tg = b.pair(shape)
+    w_arr = (1 + 0.1 * b.rng.standard_normal(D)).astype(np.float32)
+    wq, twq = b.pair((D,), dtype="float32", grad=True, array=w_arr)
+    wk, twk = b.pair((D,), dtype="float32", grad=True, array=w_arr)
+    cos, sin = rope_tables(torch, theta, S, D, b.device)
+    size = math.prod(shape) * es  # one of q, k
+    work = {"fwd": 4.0 * size, "fwd+bwd": 7.0 * size}  # fwd: q, k read + written; bwd: q, dy read, dq written
+    xt_leaves, t_leaves = [q, k, wq, wk], [tq, tk, twq, twk]
+
+    def xt_fused():
+        return xt.ops.qk_norm_rope(q, k, wq, wk, eps, theta)
+
+    def xt_unfused():
+        return (xt.ops.rope(xt.ops.rms_norm(q, wq, eps), theta=theta),
+                xt.ops.rope(xt.ops.rms_norm(k, wk, eps), theta=theta))
+
+    def torch_eager():
+        return (torch_model.rope(torch_reference.rms_norm(tq, twq, eps), cos, sin),
+                torch_model.rope(torch_reference.rms_norm(tk, twk, eps), cos, sin))
+
+    # fwd: both outputs; fwd+bwd: both forward, backward seeded at q's output
+    b.record("qk_norm_rope", shape, "xtrain", b.xt_modes(lambda: xt_fused()[0], xt_leaves, g), work, "GB/s")
+    b.record("qk_norm_rope", shape, "xtrain rms_norm + rope", b.xt_modes(lambda: xt_unfused()[0], xt_leaves, g),
+             work, "GB/s")
+    b.record("qk_norm_rope", shape, "torch eager", b.torch_modes(lambda: torch_eager()[0], t_leaves, tg), work,
+             "GB/s")
+
+
 def case_rms_norm(b: Bench, cfg, B: int, S: int):
     import torch_reference
 
@@ -250,6 +329,14 @@ def case_rms_norm(b: Bench, cfg, B: int, S: int):
     one("rms_norm q/k", [B, S, cfg.n_heads, cfg.head_dim])
 
 
+def rope_tables(torch, theta, S, D, device):
+    """cos, sin (1, S, 1, D) of positions 0..S-1 for torch_model.rope."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=device) / D))
+    ang = torch.outer(torch.arange(S, dtype=torch.float32, device=device), inv_freq)
+    return (torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :],
+            torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :])
+
+
 def case_rope(b: Bench, cfg, B: int, S: int):
     import torch_model
 
@@ -259,10 +346,7 @@ def case_rope(b: Bench, cfg, B: int, S: int):
     shape = [B, S, H, D]
     x, tx = b.pair(shape, grad=True)
     g, tg = b.pair(shape)
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32, device=b.device) / D))
-    ang = torch.outer(torch.arange(S, dtype=torch.float32, device=b.device), inv_freq)
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :]
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :]
+    cos, sin = rope_tables(torch, cfg.rope_theta, S, D, b.device)
     size = math.prod(shape) * es
     work = {"fwd": 2.0 * size, "fwd+bwd": 4.0 * size}
     b.record("rope", shape, "xtrain",
@@ -364,8 +448,8 @@ def case_optim(b: Bench, cfg):
     return n_params
 
 
-CASES = ("matmul", "linear", "sdpa", "rms_norm", "rope", "swiglu", "cross_entropy", "embedding",
-         "optim")
+CASES = ("matmul", "linear", "sdpa", "flash", "qk_prep", "rms_norm", "rope", "swiglu", "cross_entropy",
+         "embedding", "optim")
 
 
 def main(argv=None):
@@ -393,6 +477,10 @@ def main(argv=None):
             case_linear(b, cfg, N)
         elif name == "sdpa":
             case_sdpa(b, cfg, B, S)
+        elif name == "flash":
+            case_flash(b)
+        elif name == "qk_prep":
+            case_qk_prep(b, cfg, B, S)
         elif name == "rms_norm":
             case_rms_norm(b, cfg, B, S)
         elif name == "rope":

@@ -1,6 +1,8 @@
 """Training throughput of xtrain against PyTorch on one config, same GPU, same invocation.
 
     python bench/train_throughput.py --preset dim768 --batch 32 --seq 256 --bf16
+    python bench/train_throughput.py --preset dim768 --batch 8 --seq 1024 --bf16    # issue 14's gates
+    python bench/train_throughput.py --preset dim768 --batch 2 --seq 4096 --bf16
     python bench/train_throughput.py --device cpu --preset tiny --steps 3 --no-compile   # smoke
 
 One training step is what train.py runs: forward, cross-entropy, backward, clip_grad_norm_(1.0),

@@ -12,9 +12,10 @@
 #   pytest    the Python suite on CUDA ($PYTEST_ARGS added; default: the whole tests/ directory)
 #   ab        ($BASE_COMMIT names the base) bench/train_throughput.py, xtrain only, dim768 bf16 batch 32 seq 256 vocabulary 50257:
 #             base, new, base, new (interleaved, so drift hits both alike); needs the base build
-#   throughput  bench/train_throughput.py with its PyTorch peers ($THROUGHPUT_ARGS)
+#   throughput  bench/train_throughput.py with its PyTorch peers ($THROUGHPUT_ARGS: configurations
+#             separated by ';')
 #   ops       bench/ops.py
-#   attention scripts/check_attention_gpu.sh (the fused attention's CUDA tests and bench rows)
+#   attention bench/ops.py rows of the fused attention and head preparation against torch's flash SDPA
 #   data      bench/data_run.py ($DATA_ARGS)
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
 #             `xtrain train` rows, the shard/flat/all-reduce steps, PyTorch DDP)
@@ -113,14 +114,19 @@ for step in $steps; do
       run_step ab 300 "$out/bench.log" bash -c "for i in 1 2; do throughput base /tmp/xt-base $args; throughput new '' $args; done"
       grep -E "^--- |xtrain .*tok/s|^xtrain" "$out/bench.log" | tail -20 | tee -a "$summary"
       ;;
-    throughput)
-      run_step throughput 420 "$out/bench.log" bash -c "throughput new '' ${THROUGHPUT_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257}"
+    throughput)  # THROUGHPUT_ARGS: configurations separated by ';'
+      IFS=';' read -ra configs <<<"${THROUGHPUT_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257}"
+      for c in "${configs[@]}"; do
+        run_step throughput "${THROUGHPUT_TIMEOUT:-240}" "$out/bench.log" bash -c "throughput new '' $c"
+        grep -E "^xtrain /|^xtrain |^torch" "$out/bench.log" | tail -6 | tee -a "$summary"
+      done
       ;;
     ops)
       run_step ops 240 "$out/bench.log" "$py" bench/ops.py
       ;;
-    attention)
-      run_step attention 300 "$out/bench.log" bash scripts/check_attention_gpu.sh
+    attention)  # the tests run in the pytest step; here the kernels against torch's flash SDPA
+      run_step attention 240 "$out/bench.log" "$py" bench/ops.py --only ${ATTENTION_OPS:-flash,qk_prep,sdpa}
+      grep -iE "flash|qk_prep|sdpa" "$out/bench.log" | tail -20 | tee -a "$summary"
       ;;
     data)
       run_step data 420 "$out/bench.log" "$py" bench/data_run.py ${DATA_ARGS:-}

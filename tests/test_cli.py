@@ -65,6 +65,24 @@ def test_resume_continues_the_run(trained, tmp_path):
     assert steps == list(range(32))
 
 
+def test_resume_with_the_preset_takes_its_max_seq(trained, tmp_path):
+    """max_seq sizes no weight: a checkpoint saved when the preset's max_seq was lower (tiny had 256
+    before flash attention) resumes under --preset with the preset's max_seq."""
+    import shutil
+
+    root, out, _ = trained
+    run = tmp_path / "run"
+    shutil.copytree(out / "ckpt", run / "ckpt")
+    state = json.loads((run / "ckpt" / "state.json").read_text())
+    state["config"]["max_seq"] = 256
+    (run / "ckpt" / "state.json").write_text(json.dumps(state))
+    r = run_cli("train", "--preset", "tiny", "--steps", "31", "--data", prepared_stories(root), "--out", run,
+                "--batch", "8", "--seq", "64", "--eval-every", "0", "--sample-tokens", "0", "--no-progress",
+                "--resume", run / "ckpt", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((run / "ckpt" / "state.json").read_text())["config"]["max_seq"] == 2048
+
+
 def test_help():
     r = run_cli("--help")
     assert r.returncode == 0 and all(c in r.stdout for c in ("train", "prepare", "sample", "export"))

@@ -12,6 +12,7 @@ from xtrain.data import (DataError, TokenLoader, dtype_for_vocab,
                          open_dataset, open_shard, prepare, read_header, read_meta, train_bpe,
                          write_corpus, write_shard)
 from xtrain.data import readers, shards
+from tokhelp import ByteEncoding
 
 FP = "0123456789abcdef0123456789abcdef"
 
@@ -272,7 +273,7 @@ def test_prepare_is_idempotent(corpus, tmp_path):
 def test_prepare_bad_requests(corpus, tmp_path):
     with pytest.raises(DataError, match="val_fraction"):
         prepare(corpus, tmp_path, val_fraction=0.0, progress=False)
-    with pytest.raises(DataError, match="tokenizer must be"):
+    with pytest.raises(DataError, match="tokenizer sentencepiece: no such file.*expected bpe, gpt2"):
         prepare(corpus, tmp_path, tokenizer="sentencepiece", progress=False)
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("just one document")
@@ -289,24 +290,6 @@ def test_gpt2_unavailable_is_a_clear_error(corpus, tmp_path, monkeypatch):
         prepare(corpus, tmp_path, tokenizer="gpt2", progress=False)
 
 
-class _ByteEncoding:
-    """Stands in for tiktoken's gpt2 Encoding (not installed here): ids are bytes, eot is 256."""
-
-    n_vocab, eot_token = 257, 256
-
-    def encode_ordinary(self, text):
-        return list(text.encode())
-
-    def encode_ordinary_batch(self, texts):
-        return [self.encode_ordinary(t) for t in texts]
-
-    def decode_single_token_bytes(self, i):
-        return b"<|endoftext|>" if i == 256 else bytes([i])
-
-    def decode(self, ids):
-        return b"".join(self.decode_single_token_bytes(i) for i in ids).decode()
-
-
 def test_gpt2_path_with_a_stand_in_tiktoken(corpus, tmp_path, monkeypatch):
     import hashlib
     import types
@@ -314,7 +297,7 @@ def test_gpt2_path_with_a_stand_in_tiktoken(corpus, tmp_path, monkeypatch):
     from xtrain.data import tokenizer as tokenizer_module
 
     fake = types.ModuleType("tiktoken")
-    fake.get_encoding = lambda name: _ByteEncoding()
+    fake.get_encoding = lambda name: ByteEncoding()
     monkeypatch.setitem(sys.modules, "tiktoken", fake)
     cache = tmp_path / "tiktoken-cache"
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from fuzzhelp import Worker, check_cli_outcome, check_raised_cleanly, fuzz_settings, snapshot
 from modelhelp import prepared_stories, run_cli
+from tokhelp import documents, hf_tokenizer, spm_model, token_stream, write_llmc_shard, write_nanogpt
 
 DTYPES = ["float32", "bfloat16", "float64", "int32", "int64"]
 ODD_DTYPES = DTYPES + ["float16", "uint8", "", "cuda", 3, None]
@@ -75,6 +76,7 @@ SIGNATURES = {
     "embedding": "T ids", "cross_entropy": "T ids scalar", "dropout": "T scalar bool",
     "rms_norm": "T T scalar", "rope": "T Topt scalar", "sdpa": "T T T bool scalar",
     "to_heads": "T dim dim Topt scalar scalar", "linear_cross_entropy": "T T ids scalar bool",
+    "flash_attention": "T T T bool scalar bool", "qk_norm_rope": "T T T T scalar scalar",
 }
 OPS = sorted(SIGNATURES)
 
@@ -122,7 +124,43 @@ def sandbox(tmp_path_factory):
 
     pq.write_table(pa.table({"text": list(range(100))}), root / "ints.parquet")
     (root / "outs").mkdir()
+    _foreign_tokenizers(root)
     return root
+
+
+def _foreign_tokenizers(root: Path) -> None:
+    """Tokenizer files (a tokenizer.json, a corrupt one, a SentencePiece model when the package is
+    there), the sandbox checkpoint re-saved with each foreign kind, and token directories: a
+    nanoGPT one as nanoGPT leaves it, one prepared in place, an llm.c one with a bad magic."""
+    from xtrain import state
+    from xtrain.data import open_tokenizer, prepare
+    from xtrain.optim import AdamW
+
+    hf = hf_tokenizer(root, "hf-tok")
+    (root / "corrupt.json").write_text(hf.read_text()[:300])
+    kinds = {"ckpt-hf": open_tokenizer(hf)}
+    try:
+        kinds["ckpt-spm"] = open_tokenizer(spm_model(root, "m.model"))
+    except pytest.skip.Exception:
+        pass  # sentencepiece missing: the other kinds are fuzzed
+    ckpt = state.load(root / "ckpt")
+    model = ckpt.build_model("cpu")
+    opt = AdamW(model.named_parameters())
+    ckpt.load_optimizer(opt)
+    for name, tok in kinds.items():
+        state.save(root / name, model, opt, ckpt.step, loader_state=ckpt.loader_state, tokenizer=tok,
+                   dataset=ckpt.meta["dataset"], train_args=ckpt.meta["train_args"])
+    tok = kinds["ckpt-hf"]
+    ids = token_stream(tok.encode, documents(80), tok.eot_id, eot_first=False)
+    write_nanogpt(root / "nano-data", ids, ids[:400])
+    prepare(write_nanogpt(root / "nano-hf", ids, ids[:400]), root / "nano-hf", tokenizer=hf, progress=False)
+    write_llmc_shard(root / "llmc-bad" / "x_train.bin", ids)
+    write_llmc_shard(root / "llmc-bad" / "x_val.bin", ids, magic=1234)
+
+
+SANDBOX = ("stories-data", "corpus.txt", "ints.parquet", "secret.txt", "ckpt", "run", "hf-tok", "corrupt.json",
+           "m.model", "ckpt-hf", "ckpt-spm", "nano-data", "nano-hf", "llmc-bad")
+TOKEN_DIRS = ("nano-data", "nano-hf", "llmc-bad")  # `prepare DIR` without --out writes into DIR
 
 
 # ---------------------------------------------------------------- ops and tensors
@@ -170,9 +208,10 @@ def test_tensor_creation_never_crashes(worker, fn, first, more, kwargs):
 def _paths(root: Path):
     """Values for path flags: good ones, and every kind of wrong one."""
     return {
-        "data": ["stories-data", "corpus.txt", "ints.parquet", "missing", "secret.txt/x", ""],
+        "data": ["stories-data", "corpus.txt", "ints.parquet", "missing", "secret.txt/x", "", "nano-data", "nano-hf",
+                 "llmc-bad"],
         "out": ["outs/new", "run", "corpus.txt", "outs/new/deeper", "corpus.txt/x", ""],
-        "ckpt": ["ckpt", "run/ckpt", "missing", "corpus.txt", "stories-data", ""],
+        "ckpt": ["ckpt", "run/ckpt", "missing", "corpus.txt", "stories-data", "", "ckpt-hf", "ckpt-spm"],
         "export_out": ["outs/hf", "ckpt", "ckpt/inner", "run", "corpus.txt", "outs"],
     }
 
@@ -198,9 +237,13 @@ def _argv(root: Path):
     ), max_size=5).map(lambda fl: ["train", "--no-progress", "--eval-batches", "1", "--sample-tokens", "2",
                                    "--batch", "2", "--seq", "16", "--steps", "2", "--data", "stories-data",
                                    *[x for f in fl for x in f]])
-    prepare = st.tuples(st.sampled_from(["corpus.txt", "ints.parquet", "missing", "stories-data", "secret.txt"]),
+    tokenizers = ["bpe", "gpt2", "x", "hf-tok", "hf-tok/tokenizer.json", "corrupt.json", "m.model", "secret.txt",
+                  "missing.model"]
+    prepare = st.tuples(st.sampled_from(["corpus.txt", "ints.parquet", "missing", "stories-data", "secret.txt",
+                                         *TOKEN_DIRS]),
                         st.lists(st.one_of(_flag("--out", p["out"]), _flag("--vocab-size", INTS),
-                                           _flag("--val-fraction", FLOATS), _flag("--tokenizer", ["bpe", "gpt2", "x"]),
+                                           _flag("--val-fraction", FLOATS), _flag("--tokenizer", tokenizers),
+                                           _flag("--eot", ["</s>", "<s>", "<nope>", ""]),
                                            st.just(["--overwrite"])), max_size=4)).map(
         lambda t: ["prepare", t[0], "--no-progress", *[x for f in t[1] for x in f]])
     sample = st.lists(st.one_of(_flag("--ckpt", p["ckpt"]), _flag("--temperature", FLOATS), _flag("--top-k", INTS),
@@ -220,6 +263,8 @@ def _written_dirs(argv, cwd: Path):
     for flag, value in zip(argv, argv[1:]):
         if flag == "--out" and value and not (argv[0] == "export" and value.startswith("ckpt")):
             dirs.append(cwd / value)
+    if argv[:1] == ["prepare"] and argv[1] in TOKEN_DIRS and "--out" not in argv:
+        dirs.append(cwd / argv[1])  # prepared in place
     return dirs
 
 
@@ -231,8 +276,9 @@ def test_cli_fails_cleanly_and_touches_only_its_out(worker, sandbox, data):
     # the sandbox's entries reachable under the same names.
     cwd = sandbox / "outs" / f"case{len(list((sandbox / 'outs').iterdir()))}"
     cwd.mkdir()
-    for entry in ("stories-data", "corpus.txt", "ints.parquet", "secret.txt", "ckpt", "run"):
-        (cwd / entry).symlink_to(sandbox / entry)
+    for entry in SANDBOX:
+        if (sandbox / entry).exists():
+            (cwd / entry).symlink_to(sandbox / entry)
     (cwd / "outs").mkdir()
     written = _written_dirs(argv, cwd)
     before = snapshot(sandbox, skip=written)
@@ -255,7 +301,11 @@ def _json_paths(value, prefix=()):
 
 MUTANTS = [None, 0, -1, 1.5, True, "x", "", [], {}, 10**12, 2**64, -2**63 - 1, 10**100,
            float("nan"), float("inf"), "../../secret.txt", "/etc/passwd", "tokenizer.json",
-           "model.safetensors", ".", "..", [[[[[[1]]]]]], {"nested": {"deeper": [None]}}]
+           "model.safetensors", ".", "..", [[[[[[1]]]]]], {"nested": {"deeper": [None]}},
+           "tokenizer_config.json", "tokenizer.model", "tiktoken.json", "hf", "sentencepiece", "gpt2", "bpe"]
+# The sandbox's checkpoints, one per tokenizer kind, and the files their tokenizers saved.
+CHECKPOINTS = {"ckpt": ("tokenizer.json",), "ckpt-hf": ("tokenizer.json", "tokenizer_config.json"),
+               "ckpt-spm": ("tokenizer.model", "tokenizer_config.json")}
 
 
 def _mutate(meta, path, action, value):
@@ -280,24 +330,27 @@ def _mutate(meta, path, action, value):
 @fuzz_settings(80)
 @given(data=st.data())
 def test_edited_checkpoints_are_refused_or_load(worker, sandbox, tmp_path, data):
-    meta = json.loads((sandbox / "ckpt" / "state.json").read_text())
+    source = data.draw(st.sampled_from([c for c in CHECKPOINTS if (sandbox / c).exists()]), label="checkpoint")
+    meta = json.loads((sandbox / source / "state.json").read_text())
     paths = sorted(set(_json_paths(meta)), key=lambda p: (len(p), str(p)))
     path = data.draw(st.sampled_from(paths), label="path")
     action = data.draw(st.sampled_from(["set", "set", "delete", "wrap"]), label="action")
     value = data.draw(st.sampled_from(MUTANTS), label="value")
     ckpt = tmp_path / f"ckpt{len(list(tmp_path.iterdir()))}"
-    shutil.copytree(sandbox / "ckpt", ckpt)
+    shutil.copytree(sandbox / source, ckpt)
     (ckpt / "state.json").write_text(json.dumps(_mutate(meta, path, action, value)))
-    if data.draw(st.booleans(), label="swap the tokenizer for a link to a secret"):
-        (ckpt / "tokenizer.json").unlink()
-        (ckpt / "tokenizer.json").symlink_to(sandbox / "secret.txt")
+    if data.draw(st.booleans(), label="swap a tokenizer file for a link to a secret"):
+        swapped = data.draw(st.sampled_from(CHECKPOINTS[source]), label="swapped file")
+        (ckpt / swapped).unlink()
+        (ckpt / swapped).symlink_to(sandbox / "secret.txt")
     before = snapshot(sandbox)
     export_to = tmp_path / (ckpt.name + "-hf")
     case = {"kind": "checkpoint", "path": str(ckpt), "export_to": str(export_to)}
-    check_raised_cleanly(case, worker.run(case), expected=("ValueError",))  # CheckpointError
+    check_raised_cleanly(case, worker.run(case), expected=("ValueError",))  # CheckpointError, DataError
     assert snapshot(sandbox) == before
-    if (export_to / "tokenizer.json").exists():
-        assert (export_to / "tokenizer.json").read_text() != "the secret\n"
+    for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"):
+        if (export_to / name).exists():
+            assert (export_to / name).read_bytes() != b"the secret\n"
     shutil.rmtree(ckpt)
     shutil.rmtree(export_to, ignore_errors=True)
 

@@ -23,8 +23,8 @@ def _rel_err(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def _run_xtrain(device, dtype, recompute=False, B=2, S=8):
-    cfg = small_config(bf16=dtype == "bfloat16", recompute=recompute)
+def _run_xtrain(device, dtype, recompute=False, B=2, S=8, head_dim=16):
+    cfg = small_config(bf16=dtype == "bfloat16", recompute=recompute, head_dim=head_dim)
     model = make_model(cfg, device, weights_seed=1)
     ids, targets = batch(cfg, B, S)
     logits, loss = model(ids, targets, return_logits=True)
@@ -42,13 +42,25 @@ def _run_torch(model, dtype, B=2, S=8):
     return ref, logits, loss
 
 
+# head_dim 16 and 32: on CUDA, bf16 attention runs the fallback kernels at 16 and the tensor-core
+# kernels at 32 (docs/attention.md).
+HEAD_DIMS = [16, 32]
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_matches_torch_reference(device, dtype):
-    model, logits, loss = _run_xtrain(device, dtype)
+def test_matches_torch_reference(device, dtype, head_dim):
+    model, logits, loss = _run_xtrain(device, dtype, head_dim=head_dim)
     ref, ref_logits, ref_loss = _run_torch(model, dtype)
     assert logits.dtype == dtype and tuple(logits.shape) == (16, model.config.vocab_size)
     assert loss.dtype == "float32" and tuple(loss.shape) == ()
     rtol, atol = TOLERANCE[dtype]
+    l2 = rtol
+    if device == "cuda" and dtype == "bfloat16" and head_dim >= 32:
+        # The tensor-core flash kernels round the probabilities to bf16 for the P @ V product (as
+        # FlashAttention and torch's flash SDPA do); the reference keeps them in float32 and rounds
+        # the output once. Measured: 1% of the logits differ by up to 3.5% of their value.
+        rtol = atol = 5e-2
     np.testing.assert_allclose(np.asarray(logits.numpy(), np.float64),
                                ref_logits.detach().double().numpy(), rtol=rtol, atol=atol)
     np.testing.assert_allclose(loss.item(), ref_loss.item(), rtol=rtol, atol=atol)
@@ -62,13 +74,14 @@ def test_matches_torch_reference(device, dtype):
         # weight and embedding gradients differ by orders of magnitude), and in norm.
         scale = float(np.abs(want).max())
         np.testing.assert_allclose(g, want, rtol=rtol, atol=atol * scale, err_msg=name)
-        assert _rel_err(g, want) < rtol, name
+        assert _rel_err(g, want) < l2, name
 
 
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_recompute_is_bitwise_exact(device, dtype):
-    plain, logits_a, loss_a = _run_xtrain(device, dtype, recompute=False)
-    ckpt, logits_b, loss_b = _run_xtrain(device, dtype, recompute=True)
+def test_recompute_is_bitwise_exact(device, dtype, head_dim):
+    plain, logits_a, loss_a = _run_xtrain(device, dtype, recompute=False, head_dim=head_dim)
+    ckpt, logits_b, loss_b = _run_xtrain(device, dtype, recompute=True, head_dim=head_dim)
     assert bits_equal(loss_a.numpy(), loss_b.numpy())
     assert bits_equal(logits_a.numpy(), logits_b.numpy())
     for (name, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
@@ -184,6 +197,9 @@ def test_presets_have_the_documented_sizes():
     for name in PRESETS:
         c = config_for(name, 4096)
         assert all(d % 8 == 0 for d in (c.dim, c.ffn_dim, c.n_heads * c.head_dim)), name
+    # flash attention: memory linear in S, so the presets train at long sequences (issue 14)
+    assert all(config_for(name, 4096).max_seq >= 2048 for name in PRESETS)
+    assert config_for("dim768", 4096).max_seq >= 4096
     tiny = config_for("tiny", 4096)
     assert (tiny.dim, tiny.n_layers, tiny.n_heads, tiny.head_dim, tiny.ffn_dim) == (128, 4, 4, 32, 384)
     model = TinyTransformer(small_config())

@@ -5,11 +5,10 @@ weights and compare logits, loss and every parameter gradient.
 Precision follows xtrain's mixed-precision contract so a bf16 comparison measures implementation
 differences, not the policy: every op reads its inputs in the activation dtype, computes in float32
 and rounds its output once to the activation dtype; linear weights are float32 masters cast to the
-activation dtype on use; norm weights stay float32; cross-entropy runs in float32. In float32 every
-rounding is a no-op and this is a plain float32 model.
+activation dtype on use; norm weights stay float32; attention is one fused op (softmax(q k^T) v in
+float32, output rounded once); cross-entropy runs in float32. In float32 every rounding is a no-op
+and this is a plain float32 model.
 """
-
-import math
 
 import numpy as np
 import torch
@@ -50,14 +49,13 @@ def linear(x, w):
 
 
 def attention(q, k, v):
-    """Causal softmax attention on (B, H, S, D), as the unfused "math" attention runs it: two
-    GEMMs and a softmax, each rounding its output to the activation dtype (the S x S scores and
-    probabilities are bf16 under mixed precision; the softmax computes in float32)."""
-    S, D = q.shape[2], q.shape[3]
-    scores = (q.float() @ k.float().transpose(-1, -2)).to(q.dtype)
-    mask = torch.ones(S, S, dtype=torch.bool).tril()
-    probs = (scores.float() / math.sqrt(D)).masked_fill(~mask, float("-inf")).softmax(-1)
-    return (probs.to(q.dtype).float() @ v.float()).to(q.dtype)
+    """Causal softmax attention on (B, H, S, D) as a fused attention runs it: scores, softmax and
+    the product with v in float32 from the activation-dtype q, k, v (F.scaled_dot_product_attention
+    on float32 copies, scale 1/sqrt(D)), the output rounded once to the activation dtype. (A flash
+    kernel on the GPU also rounds P to bf16 for its second product; tests/test_flash_attention.py
+    bounds that op by op, this reference leaves it out.)"""
+    out = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    return out.to(q.dtype)
 
 
 class TorchTransformer(torch.nn.Module):

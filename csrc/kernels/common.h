@@ -9,7 +9,7 @@
 //    load() widens, store() rounds once: round to nearest even for bf16, with each backend's own
 //    conversion (core/bf16.h on the CPU, __nv_bfloat16's in CUDA files), so neither backend's
 //    bits depend on this header being shared. bf16_t is xt::bf16 in C++ files and __nv_bfloat16
-//    in CUDA files (same 16 bits).
+//    in CUDA files and the kernel emulator (tests/emu) (same 16 bits).
 //  - Dispatch is one line per call site: XT_DISPATCH_FLOAT(dt, "op", T, { body using T; });
 //    a dtype outside the list raises TypeError naming the op.
 #pragma once
@@ -17,7 +17,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__CUDACC__)
+// tests/emu compiles the CUDA kernels with a host compiler (XT_CUDA_EMULATION): bf16_t is CUDA's
+// type there too, converted by cuda_bf16.h's host functions (the same round to nearest even).
+#if defined(__CUDACC__) || defined(XT_CUDA_EMULATION)
+#define XT_CUDA_BF16 1
 #include <cuda_bf16.h>
 #endif
 
@@ -31,7 +34,7 @@ namespace kernels {
 
 // ------------------------------------------------------------------ types, loads, stores
 
-#if defined(__CUDACC__)
+#if defined(XT_CUDA_BF16)
 using bf16_t = __nv_bfloat16;
 XT_HD float bf16_load(bf16_t v) { return __bfloat162float(v); }
 XT_HD bf16_t bf16_round(float v) { return __float2bfloat16_rn(v); }
@@ -126,6 +129,17 @@ template <typename T> struct TypeTag { using type = T; };
     }                                                     \
   } while (0)
 
+// Calls fn(TypeTag<T>{}, TypeTag<W>{}) with T the storage type of the floating dtype dt and W that
+// of a weight whose dtype w_dt is dt or float32 (the norm weights of a bf16 model stay float32).
+template <typename Fn>
+void dispatch_float_weight(DType dt, DType w_dt, const char* op, Fn&& fn) {
+  XT_ASSERT(w_dt == dt || w_dt == DType::Float32, op, ": w dtype ", dtype_name(w_dt));
+  XT_DISPATCH_FLOAT(dt, op, T, {
+    if (w_dt == DType::Float32) fn(TypeTag<T>{}, TypeTag<float>{});
+    else fn(TypeTag<T>{}, TypeTag<T>{});
+  });
+}
+
 // ------------------------------------------------------------------ math in the compute type
 
 // The C library's functions (float overloads are the accurate, non-intrinsic versions on CUDA).
@@ -148,6 +162,61 @@ template <typename C> XT_HD C sigmoid(C x) { return C(1) / (C(1) + xexp(-x)); }
 template <typename T> struct NegInf;
 template <> struct NegInf<float> { static XT_HD float get() { return -INFINITY; } };
 template <> struct NegInf<double> { static XT_HD double get() { return -HUGE_VAL; } };
+
+// ------------------------------------------------------------------ RMSNorm and RoPE row math
+
+// What rms_norm, rope and the fused q/k head preparation (flash_attention) compute per element,
+// written once so the fused op is bitwise the composition on each backend. The sums of squares
+// are each backend's own (the CPU in index order, CUDA in lane groups: kernels/cuda/common.cuh).
+
+// rstd = 1/sqrt(mean(x^2) + eps) from the row's sum of squares ss over dim elements.
+template <typename C> XT_HD C rms_rstd(C ss, int64_t dim, float eps) {
+  return C(1) / xsqrt(ss / static_cast<C>(dim) + static_cast<C>(eps));
+}
+
+// RMSNorm's output element j, x_j * rstd * w_j, in the compute type before its rounding to T.
+template <typename T, typename W> XT_HD compute_t<T> rms_scaled(const T* x, const W* w, int64_t j, compute_t<T> inv) {
+  using C = compute_t<T>;
+  return static_cast<C>(load(x, j) * inv * static_cast<C>(load(w, j)));
+}
+
+// v as a store to T and a load back give it: the value the next op of a composition reads.
+template <typename T> XT_HD compute_t<T> rounded(compute_t<T> v) { return to_compute(from_compute<T>(v)); }
+
+// RoPE's frequency i of D/2 (rotate-half): 1 / theta^(2i/D), the power in double rounded once to
+// float32 (Hugging Face's float32 inv_freq, up to that one rounding). I: the caller's index type.
+template <typename I> XT_HD float rope_inv_freq(float theta, I i, I D) {
+  const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
+  const float p = static_cast<float>(pow(static_cast<double>(theta), static_cast<double>(expo)));
+  return 1.0f / p;
+}
+
+// cos and sin of a RoPE angle (float32) in the compute type: the C library's on the host, CUDA's
+// sincos on the device.
+template <typename C> XT_HD void rope_cos_sin(float angle, C* cs, C* sn) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<C, float>) sincosf(angle, sn, cs);
+  else sincos(static_cast<double>(angle), sn, cs);
+#else
+  *cs = std::cos(static_cast<C>(angle));
+  *sn = std::sin(static_cast<C>(angle));
+#endif
+}
+
+// RoPE's rotation of the pair (x1, x2) = (x[i], x[i + D/2]) by the angle with cosine cs and sine
+// sn:  y1 = x1 cs - x2 sn,  y2 = x2 cs + x1 sn. On CUDA the fused multiply-adds are spelled out
+// as nvcc 13 contracts rope's plain expressions (sm_90 SASS of rope_rows_kernel, every dtype), so
+// every kernel that rotates a pair rounds alike whatever the compiler would do in its context; the
+// host build (x86-64, no FMA) evaluates the expressions as written.
+template <typename C> XT_HD void rope_rotate(C x1, C x2, C cs, C sn, C* y1, C* y2) {
+#if defined(__CUDA_ARCH__)
+  *y1 = fma(x1, cs, -(x2 * sn));
+  *y2 = fma(sn, x1, cs * x2);
+#else
+  *y1 = x1 * cs - x2 * sn;
+  *y2 = x2 * cs + x1 * sn;
+#endif
+}
 
 // ------------------------------------------------------------------ elementwise op tables
 

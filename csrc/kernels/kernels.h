@@ -122,6 +122,34 @@ struct AdamWParams {
   /* dS = scale * P * (dP - rowsum(dP * P)) */                                                        \
   void attn_softmax_backward(DType dt, const void* probs, const void* dprobs, void* dscores,            \
                              int64_t batch, int64_t seq, float scale, void* stream);                    \
+  /* ---- flash attention (kernels/{cpu,cuda}/flash_attention): out = softmax(scale q k^T [+ causal */  \
+  /* mask]) v per (b, query head h), on q, out [B, S, H, D] and k, v [B, S, Hkv, D] (H % Hkv == 0; */   \
+  /* query head h reads kv head h / (H / Hkv)). lse [B, H, S] = the rows' log-sum-exp of the scaled */ \
+  /* scores (natural log) in the compute type (float32; float64 for float64). Backward recomputes */   \
+  /* P from lse and writes dq, dk, dv with `=`, deterministic (a kv head sums its query heads in */     \
+  /* head order). 1 <= D <= 256. */                                                                     \
+  void flash_attention_forward(DType dt, const void* q, const void* k, const void* v, void* out,        \
+                               void* lse, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,      \
+                               double scale, bool causal, void* stream);                                \
+  void flash_attention_backward(DType dt, const void* q, const void* k, const void* v, const void* out, \
+                                const void* dout, const void* lse, void* dq, void* dk, void* dv,        \
+                                int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale,  \
+                                bool causal, void* stream);                                             \
+  /* ---- fused q/k head preparation (kernels/{cpu,cuda}/flash_attention): rms_norm over D (weights */ \
+  /* wq, wk [D] of w_dt = dt or float32, eps) then rope (positions 0..S-1) on q [B, S, H, D] and */     \
+  /* k [B, S, Hkv, D], with the arithmetic and rounding points of rmsnorm_forward + rope (bitwise */    \
+  /* equal on the same backend). rstd_q [B*S*H], rstd_k [B*S*Hkv] float32. H or Hkv may be 0 (that */   \
+  /* side skipped, its pointers unused). Backward: dq, dk written (dt); dwq, dwk written (w_dt), the */ \
+  /* sums over rows in rmsnorm_backward's order. */                                                     \
+  void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, const void* wq,          \
+                            const void* wk, void* q_out, void* k_out, float* rstd_q, float* rstd_k,     \
+                            int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float eps,         \
+                            float theta, void* stream);                                                 \
+  void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, const void* wq,        \
+                             const void* wk, const float* rstd_q, const float* rstd_k,                  \
+                             const void* dq_out, const void* dk_out, void* dq, void* dk, void* dwq,     \
+                             void* dwk, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,        \
+                             float theta, void* stream);                                                \
   /* ---- cross entropy (kernels/{cpu,cuda}/cross_entropy): logits [rows, vocab] with row stride ld */     \
   /* (elements, ld >= vocab; columns vocab..ld-1 are never read), targets int32/int64 */              \
   /* losses[r] = lse_r - logit[r, t_r] (0 when t_r == ignore; NaN, and reported on CUDA as for */       \

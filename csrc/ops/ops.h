@@ -169,6 +169,31 @@ std::pair<Tensor, Tensor> sdpa_forward(const Tensor& q, const Tensor& k, const T
 std::vector<Tensor> sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
                                   const Tensor& dout, double scale);
 
+// ---- flash attention and the fused q/k head preparation (ops/flash_attention.cpp), on tensors in
+// the (B, S, heads, D) layout the projection GEMMs write (a [B*S, heads*D] matrix reshaped).
+// flash_attention: q [B, S, H, D], k and v [B, S, Hkv, D] with H % Hkv == 0 (query head h reads kv
+// head h / (H / Hkv)), one floating dtype, 1 <= D <= 256; scale <= 0 selects 1/sqrt(D). Returns
+// (out [B, S, H, D], lse [B, H, S]: float32, float64 for float64 inputs; lse is not differentiable).
+std::pair<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                          double scale);
+// raw: the same pair; the backward returns (dq, dk, dv) from the forward's out and lse.
+std::pair<Tensor, Tensor> flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                                  double scale);
+std::vector<Tensor> flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                             const Tensor& lse, const Tensor& dout, bool causal, double scale);
+// qk_norm_rope: rope(rms_norm(x, w, eps), theta) over D for x = q [B, S, H, D] and k [B, S, Hkv, D]
+// (D even; the weights [D] in x's dtype or float32, one dtype for both), positions 0..S-1, bitwise
+// equal to ops::rms_norm followed by ops::rope on the same device. Returns (q_out, k_out).
+std::pair<Tensor, Tensor> qk_norm_rope(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
+                                       double eps, double theta);
+// raw: (q_out, k_out, rstd_q [B*S*H], rstd_k [B*S*Hkv]) and (dq, dk, dwq, dwk); an undefined dq_out
+// (dk_out) leaves dq and dwq (dk and dwk) undefined.
+std::vector<Tensor> qk_norm_rope_forward(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
+                                         double eps, double theta);
+std::vector<Tensor> qk_norm_rope_backward(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
+                                          const Tensor& rstd_q, const Tensor& rstd_k, const Tensor& dq_out,
+                                          const Tensor& dk_out, double theta);
+
 // ---- cross entropy (ops/cross_entropy.cpp): logits [N, V], targets int [N]; the mean loss over
 // targets that are not ignore_index, float32 []
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index);

@@ -1,5 +1,6 @@
-// Bindings for the model ops (xtrain.ops.*): rms_norm, rope, to_heads, from_heads, sdpa, softmax,
-// log_softmax, cross_entropy, linear_cross_entropy. Argument conversion only; the ops live in csrc/ops/.
+// Bindings for the model ops (xtrain.ops.*): rms_norm, rope, to_heads, from_heads, sdpa,
+// flash_attention, qk_norm_rope, softmax, log_softmax, cross_entropy, linear_cross_entropy. Argument
+// conversion only; the ops live in csrc/ops/.
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -48,6 +49,24 @@ void init_ops_model(py::module_& ops) {
             return ops::sdpa(q, k, v, causal, scale_arg(scale));
           }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = true, py::arg("scale") = py::none(), NoGil(),
           "Scaled dot-product attention on q, k, v [B, H, S, D]; scale None means 1/sqrt(D)");
+  ops.def("flash_attention", [](const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                std::optional<double> scale, bool return_lse) -> py::object {
+            XT_CHECK(!scale || (std::isfinite(*scale) && *scale > 0), ValueError,
+                     "flash_attention: scale must be a positive finite number or None, got ", *scale);
+            std::pair<Tensor, Tensor> r;
+            {
+              py::gil_scoped_release nogil;
+              r = ops::flash_attention(q, k, v, causal, scale ? *scale : 0.0);
+            }
+            return return_lse ? py::object(py::make_tuple(r.first, r.second)) : py::cast(r.first);
+          }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = true, py::arg("scale") = py::none(),
+          py::arg("return_lse") = false,
+          "Fused (flash) attention on q [B, S, H, D], k and v [B, S, H_kv, D] (H a multiple of H_kv), output "
+          "[B, S, H, D]; scale None means 1/sqrt(D); return_lse adds the row log-sum-exp [B, H, S]");
+  ops.def("qk_norm_rope", &ops::qk_norm_rope, py::arg("q"), py::arg("k"), py::arg("q_norm_weight"),
+          py::arg("k_norm_weight"), py::arg("eps") = 1e-6, py::arg("theta") = 10000.0, NoGil(),
+          "rope(rms_norm(x, weight, eps), theta) over D for q [B, S, H, D] and k [B, S, H_kv, D] in one kernel "
+          "(positions 0..S-1); returns (q, k), bitwise equal to rms_norm followed by rope");
   ops.def("softmax", [](const Tensor& x, int64_t dim) {
             check_last_dim(x, dim, "softmax");
             return ops::softmax(x);

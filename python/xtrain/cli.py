@@ -9,6 +9,9 @@
     xtrain prepare tinystories                    # from the Hugging Face hub into data/tinystories
     xtrain prepare hf:ORG/NAME --text-column text --split train --tokenizer gpt2
     xtrain prepare stories --tokens 25000000      # a finite copy of the built-in stream
+    xtrain prepare corpus.txt --out data/c --tokenizer llama/tokenizer.json   # or a .model
+    xtrain prepare data/openwebtext               # nanoGPT/llm.c token files: read in place (gpt2)
+    xtrain prepare saved_ds --out data/s --tokenizer gpt2   # a datasets.save_to_disk directory
     xtrain sample --ckpt runs/tiny/ckpt --prompt "Once upon a time" --temperature 0.8 --top-k 50
     xtrain export --ckpt runs/tiny/ckpt --out hf/tiny --dtype bf16
 
@@ -74,6 +77,14 @@ def _nonneg_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid non-negative integer {text!r}") from None
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _seed(text: str) -> int:
+    """A generator seed: 0 <= seed < 2**64 (what the engine's generators take)."""
+    v = _nonneg_int(text)
+    if v >= 2**64:
+        raise argparse.ArgumentTypeError(f"must be below 2**64, got {v}")
     return v
 
 
@@ -163,8 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="model size (default: machine, or the checkpoint's model with --resume)")
     t.add_argument("--data", default=None,
-                   help="a prepared data directory, or a .txt/.jsonl/.parquet file or directory to "
-                        "prepare into OUT/data (default: the built-in stories, made on the fly)")
+                   help="a prepared data directory, a nanoGPT/llm.c token directory (read in place, "
+                        "GPT-2 unless `xtrain prepare DIR --tokenizer` named another), or a "
+                        ".txt/.jsonl/.parquet file or directory or a save_to_disk dataset to prepare "
+                        "into OUT/data (default: the built-in stories, made on the fly)")
     t.add_argument("--out", default=None,
                    help="run directory: log, checkpoint, plot, sample (default: runs/PRESET)")
     t.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N")
@@ -219,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace the run already in --out (its checkpoint, log, plot and sample)")
     t.add_argument("--memory-limit", type=parse_size, default=None, metavar="SIZE",
                    help="cap the device allocator, e.g. 32GiB or 500MB (default: no cap)")
-    t.add_argument("--seed", type=_nonneg_int, default=0, help="seed for weights, data order and sampling")
+    t.add_argument("--seed", type=_seed, default=0, help="seed for weights, data order and sampling")
     t.add_argument("--devices", type=_devices_arg, default=1,
                    help="GPUs for data parallelism: N (the first N) or all; --batch is per GPU")
     t.add_argument("--rendezvous", type=_rendezvous_arg, default=None, metavar="tcp|file:PATH|mpi",
@@ -245,28 +258,42 @@ def build_parser() -> argparse.ArgumentParser:
     _mark_defaults(t)
 
     pr = sub.add_parser("prepare", help="tokenize a corpus into train/val shards", formatter_class=fmt,
-                        description="Train a byte-level BPE (or use GPT-2's) on SOURCE and write "
-                        "tokenizer, train.bin, val.bin and meta.json into --out. SOURCE is files "
-                        "or directories, or one name: `tinystories` or `hf:ORG/NAME` (a Hugging "
-                        "Face hub dataset, downloaded once into its cache; needs `datasets`), or "
-                        "`stories` (a finite copy of the built-in stream).")
+                        description="Train a byte-level BPE (or use GPT-2's, or a tokenizer file) on "
+                        "SOURCE and write tokenizer, train.bin, val.bin and meta.json into --out. "
+                        "SOURCE is files or directories, or one name: `tinystories` or `hf:ORG/NAME` "
+                        "(a Hugging Face hub dataset, downloaded once into its cache; needs "
+                        "`datasets`), or `stories` (a finite copy of the built-in stream). A nanoGPT "
+                        "or llm.c token directory is not re-tokenised: without --out, meta.json and "
+                        "the tokenizer are written beside its files, which are read in place; with "
+                        "--out, its tokens are copied into shards. A `datasets` save_to_disk "
+                        "directory: its text column is tokenized, its input_ids used as they are.")
     pr.add_argument("source", nargs="+",
-                    help=".txt/.jsonl/.parquet files or directories; or tinystories, "
-                         "hf:ORG/NAME or stories")
+                    help=".txt/.jsonl/.parquet files or directories, a nanoGPT/llm.c token "
+                         "directory, a save_to_disk directory; or tinystories, hf:ORG/NAME or stories")
     pr.add_argument("--out", default=None,
-                    help="output directory (required for files; default data/NAME for a name)")
+                    help="output directory (required for files; default data/NAME for a name, the "
+                         "directory itself for token files)")
     pr.add_argument("--vocab-size", type=_positive_int, default=4096, help="BPE vocabulary size")
-    pr.add_argument("--tokenizer", choices=("bpe", "gpt2"), default="bpe", help="tokenizer kind")
+    pr.add_argument("--tokenizer", default=None, metavar="bpe|gpt2|PATH",
+                    help="bpe (trained on the text), gpt2 (tiktoken), or a tokenizer file: a Hugging "
+                         "Face tokenizer.json, a SentencePiece .model, or a directory holding one "
+                         "(default: bpe; gpt2 for nanoGPT/llm.c token files)")
+    pr.add_argument("--eot", default=None, metavar="TOKEN",
+                    help="the end-of-text token of a tokenizer file, e.g. '</s>' (default: the "
+                         "eos_token of a tokenizer_config.json beside it, the model's eos piece, or "
+                         "the first of <|endoftext|>, <|end_of_text|>, </s>, <eos> it has)")
     pr.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents for validation")
-    pr.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the train/val split")
+    pr.add_argument("--seed", type=_seed, default=0, help="seed of the train/val split")
     pr.add_argument("--overwrite", action="store_true", help="replace a directory prepared differently")
     pr.add_argument("--text-column", default=None,
-                    help="hub datasets: the text column (default: text)")
+                    help="hub and saved datasets: the text column (default: text; a saved dataset's "
+                         "input_ids column, when it has one, is used as it is)")
     pr.add_argument("--split", default=None,
-                    help="hub datasets: the training split (default: train)")
+                    help="hub and saved datasets: the training split (default: train)")
     pr.add_argument("--val-split", default=None,
-                    help="hub datasets: a held-out split to validate on (tinystories: validation; "
-                         "default: --val-fraction of the training split)")
+                    help="hub and saved datasets: a held-out split to validate on (tinystories and "
+                         "saved datasets: validation when there; default: --val-fraction of the "
+                         "training split)")
     pr.add_argument("--tokens", type=_positive_int, default=None,
                     help="stories: training tokens in the copy (default: 1200000)")
     pr.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -279,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--temperature", type=_positive_float, default=None, help="sampling temperature (default 0.8)")
     s.add_argument("--top-k", type=_positive_int, default=None, help="sample among the K most likely (default 50)")
     s.add_argument("--max-new-tokens", type=_nonneg_int, default=200, help="tokens to generate")
-    s.add_argument("--seed", type=_nonneg_int, default=0, help="sampling seed")
+    s.add_argument("--seed", type=_seed, default=0, help="sampling seed")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
 
     e = sub.add_parser("export", help="export a checkpoint in the Hugging Face Qwen3 layout", formatter_class=fmt)
@@ -513,23 +540,33 @@ def _coerce(parser, values: dict, where: str) -> dict:
 
 
 def cmd_prepare(args) -> int:
+    from xtrain.data import detect_format
     from xtrain.data.hub import default_out_dir, hub_source
+    from xtrain.data.saved import is_saved_dataset
     from xtrain.rundir import DirLock
 
     name = args.source[0] if len(args.source) == 1 else None
     hub = hub_source(name, args.text_column, args.split, args.val_split) if name else None
     named = hub is not None or name == "stories"
+    token_dir = not named and name is not None and detect_format(name) is not None
+    saved = not named and name is not None and is_saved_dataset(name)
+    if name == "stories" and (args.tokenizer is not None or args.eot is not None):
+        raise UsageError("stories are tokenized with the built-in stream's own BPE: --tokenizer and "
+                         "--eot do not apply")
     if not named:
-        given = [f for f, v in (("--text-column", args.text_column), ("--split", args.split),
-                                ("--val-split", args.val_split), ("--tokens", args.tokens)) if v]
-        if given:
-            raise UsageError(f"{given[0]} applies to tinystories, hf:ORG/NAME or stories only")
+        table = [(f, v) for f, v in (("--text-column", args.text_column), ("--split", args.split),
+                                     ("--val-split", args.val_split)) if v]
+        if table and not saved:
+            raise UsageError(f"{table[0][0]} applies to tinystories, hf:ORG/NAME or a saved "
+                             f"dataset only")
+        if args.tokens:
+            raise UsageError("--tokens applies to stories only")
         for src in args.source:
             if not Path(src).exists():
                 raise UsageError(f"source {src}: no such file or directory")
-        if args.out is None:
+        if args.out is None and not token_dir:
             raise UsageError("--out is required when preparing files")
-    out = args.out if args.out is not None or not named else default_out_dir(name)
+    out = args.out if args.out is not None else (name if token_dir else default_out_dir(name))
     progress = not args.no_progress
     with DirLock(out, "xtrain prepare"):  # a second prepare into the same directory refuses
         out = _prepare_into(args, name, hub, out, progress)
@@ -549,13 +586,15 @@ def _prepare_into(args, name, hub, out, progress: bool):
 
         return prepare_hub(hub, out, vocab_size=args.vocab_size, tokenizer=args.tokenizer,
                           val_fraction=args.val_fraction, seed=args.seed,
-                          overwrite=args.overwrite, progress=progress)
+                          overwrite=args.overwrite, progress=progress, eot=args.eot)
     from xtrain.data import prepare
 
+    table = {k: v for k, v in (("text_column", args.text_column), ("split", args.split),
+                               ("val_split", args.val_split)) if v is not None}
     return prepare(args.source if len(args.source) > 1 else args.source[0], out,
                    vocab_size=args.vocab_size, tokenizer=args.tokenizer,
                    val_fraction=args.val_fraction, seed=args.seed, overwrite=args.overwrite,
-                   progress=progress)
+                   progress=progress, eot=args.eot, **table)
 
 
 def cmd_sample(args) -> int:

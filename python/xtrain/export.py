@@ -6,8 +6,11 @@
                                  model.norm.weight, lm_head.weight (bf16 or f32)
     out/config.json              Qwen3Config (architectures Qwen3ForCausalLM)
     out/generation_config.json   bos/eos ids
-    out/tokenizer.json           the run's byte-level BPE, unchanged
-    out/tokenizer_config.json    PreTrainedTokenizerFast with <|endoftext|> as bos/eos/pad
+    out/tokenizer.json           the run's tokenizer.json (bpe and hf kinds), unchanged, or
+    out/tokenizer.model          its SentencePiece model (sentencepiece kind), unchanged
+    out/tokenizer_config.json    PreTrainedTokenizerFast (SentencePieceBackend for a .model) with
+                                 the end-of-text token as bos/eos/pad, nothing added to encoded
+                                 text (Tokenizer.hf_files)
 
 Decisions:
 - The model's parameter names already mirror Qwen3 (models/transformer.py), so the mapping is a
@@ -18,8 +21,9 @@ Decisions:
   have sorted keys and no timestamps: the same checkpoint exports to the same bytes every time.
 - Safe to point anywhere: the target may not be (or lie inside) a checkpoint directory, must be
   empty unless overwrite=True, and is written through a staging directory (rundir.staging_dir),
-  so a failed export leaves it unchanged. Only the checkpoint's listed, hash-checked tokenizer
-  file is copied, and a checkpoint with non-finite weights is refused.
+  so a failed export leaves it unchanged. The tokenizer is the one loaded from the checkpoint's
+  listed, hash-checked files; a GPT-2 (tiktoken) run has no Hugging Face tokenizer files and is
+  refused, as is a checkpoint with non-finite weights.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from xtrain.rundir import check_export_dir, ensure_dir, staging_dir
 
 SAFETENSORS_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f32": "float32"}
-EOT_TEXT = "<|endoftext|>"
 STAGING_DIR = ".xtrain-export.tmp"
 
 
@@ -54,10 +57,8 @@ def export(ckpt_dir, out_dir, dtype: str = "bf16", overwrite: bool = False) -> P
     out = Path(out_dir)
     check_export_dir(ckpt.path, out, overwrite, ignore=(STAGING_DIR,))
     config = ckpt.config
-    tok_meta = ckpt.tokenizer_meta
-    if tok_meta["kind"] != "bpe":
-        raise ValueError(f"export supports the byte-level BPE tokenizer only; this run used "
-                         f"{tok_meta['kind']!r}")
+    # The listed, hash-checked files (load() verified them), as AutoTokenizer reads them.
+    tok_files = ckpt.tokenizer().hf_files(model_max_length=config.max_seq)
     tensors = ckpt.model_tensors()  # names and shapes were checked against the config by load()
     found = ckpt_state.non_finite(tensors)
     if found:
@@ -65,22 +66,13 @@ def export(ckpt_dir, out_dir, dtype: str = "bf16", overwrite: bool = False) -> P
                                          f"values (NaN or Inf); refusing to export it")
 
     hf = {hf_name(n): t for n, t in tensors.items()}
-    eot = tok_meta["eot_id"]
+    eot = ckpt.tokenizer_meta["eot_id"]
     files = {
         "model.safetensors": safetensors_bytes(hf, dtype, {"format": "pt"}),
         "config.json": _json_bytes(qwen3_config(config, dtype, eot)),
         "generation_config.json": _json_bytes({"bos_token_id": eot, "eos_token_id": eot,
                                                "pad_token_id": eot}),
-        # The listed, hash-checked file (schema: a plain name inside the checkpoint).
-        "tokenizer.json": (ckpt.path / tok_meta["file"]).read_bytes(),
-        "tokenizer_config.json": _json_bytes({
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "pad_token": EOT_TEXT,
-            "unk_token": None,
-            "add_bos_token": False, "add_eos_token": False,
-            "clean_up_tokenization_spaces": False,
-            "model_max_length": config.max_seq,
-        }),
+        **tok_files,
     }
     ensure_dir(out)
     # Everything is written and synced in a staging directory first, then moved into place: a

@@ -22,12 +22,14 @@ import math
 import re
 from pathlib import Path
 
+from xtrain.data.tokenizer import TOKENIZER_FILES
 from xtrain.models import TransformerConfig
 
 MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optim.safetensors"
-TOKENIZER_FILES = {"bpe": "tokenizer.json", "gpt2": "tiktoken.json"}
-KNOWN_FILES = (MODEL_FILE, OPTIM_FILE, *TOKENIZER_FILES.values())
+# Every file a tokenizer kind saves (TOKENIZER_FILES: kind -> its files, the main one first).
+TOKENIZER_FILE_NAMES = tuple(sorted({n for names in TOKENIZER_FILES.values() for n in names}))
+KNOWN_FILES = (MODEL_FILE, OPTIM_FILE, *TOKENIZER_FILE_NAMES)
 # Far above any real checkpoint's (a few KB of JSON; headers of ~100 bytes per tensor), far below
 # what would hurt to read.
 MAX_STATE_BYTES = 16 << 20
@@ -170,8 +172,8 @@ def _check_tokenizer(tok) -> None:
         _require(key in tok, f"tokenizer.{key} is missing")
     _require(isinstance(tok["kind"], str) and tok["kind"] in TOKENIZER_FILES,
              f"tokenizer.kind must be one of {sorted(TOKENIZER_FILES)}")
-    _require(tok["file"] == TOKENIZER_FILES[tok["kind"]],
-             f"tokenizer.file must be {TOKENIZER_FILES[tok['kind']]!r} for a {tok['kind']} tokenizer")
+    main = TOKENIZER_FILES[tok["kind"]][0]
+    _require(tok["file"] == main, f"tokenizer.file must be {main!r} for a {tok['kind']} tokenizer")
     _require(isinstance(tok["name"], str), "tokenizer.name must be a string")
     _require(isinstance(tok["fingerprint"], str) and _HEX32.fullmatch(tok["fingerprint"]) is not None,
              "tokenizer.fingerprint must be 32 hex digits")
@@ -194,7 +196,7 @@ def _check_files(meta) -> None:
     if meta.get("optimizer") is not None:
         wanted.add(OPTIM_FILE)
     if meta.get("tokenizer") is not None:
-        wanted.add(meta["tokenizer"]["file"])
+        wanted.update(TOKENIZER_FILES[meta["tokenizer"]["kind"]])
     _require(set(files) == wanted, f"files must list exactly {sorted(wanted)}, got {sorted(files)}")
 
 

@@ -3,7 +3,8 @@
 A checkpoint is a directory:
     model.safetensors   parameters by name, float32 (the master weights)
     optim.safetensors   AdamW moments, "exp_avg.<param>" and "exp_avg_sq.<param>", float32
-    tokenizer.json      the run's tokenizer (or tiktoken.json), so sample/export need nothing else
+    tokenizer.json      the run's tokenizer: the files its kind saves (tokenizer.json, tiktoken.json,
+                        tokenizer.model, tokenizer_config.json), so sample/export need nothing else
     state.json          written last: format version, model config, step, optimizer step and
                         hyper-parameters, RNG states of xtrain's default generators, the data
                         loader state, tokenizer fingerprint, the dataset path, the run's arguments,
@@ -95,10 +96,11 @@ def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_
             files[OPTIM_FILE] = _write_safetensors(tmp / OPTIM_FILE, moments)
         tok_meta = None
         if tokenizer is not None:
-            tok_file = tokenizer.save(tmp)
-            _fsync_file(tok_file)
-            files[tok_file.name] = _file_record(tok_file)
-            tok_meta = {"kind": tokenizer.kind, "name": tokenizer.name, "file": tok_file.name,
+            main = tokenizer.save(tmp)
+            for name in tokenizer.files:
+                _fsync_file(tmp / name)
+                files[name] = _file_record(tmp / name)
+            tok_meta = {"kind": tokenizer.kind, "name": tokenizer.name, "file": main.name,
                         "fingerprint": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
                         "eot_id": tokenizer.eot_id}
         devices = sorted({"cpu", model.device})
@@ -241,7 +243,7 @@ class Checkpoint:
         from xtrain.data.tokenizer import load_tokenizer
 
         tok_meta = self.tokenizer_meta
-        tok = load_tokenizer(self.path)
+        tok = load_tokenizer(self.path, tok_meta["kind"])
         if tok.fingerprint != tok_meta["fingerprint"]:
             raise CheckpointError(f"the tokenizer in {self.path} (fingerprint {tok.fingerprint}) "
                                   f"is not the one recorded ({tok_meta['fingerprint']})")
@@ -302,7 +304,7 @@ def load(path, verify: bool = True) -> Checkpoint:
                                   f"{rec['bytes']} recorded")
         if verify and _sha256(f) != rec["sha256"]:
             raise CheckpointError(f"{f} is corrupt: its sha256 differs from the recorded one")
-    for name in schema.TOKENIZER_FILES.values():
+    for name in schema.TOKENIZER_FILE_NAMES:
         if name not in meta["files"] and os.path.lexists(path / name):
             raise CheckpointError(f"{path / name} is not listed in {STATE_FILE}; refusing to read "
                                   f"an unverified file")

@@ -218,6 +218,9 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     else:
         if cfg.preset is not None:
             wanted = config_for(cfg.preset, dataset.tokenizer.vocab_size, **run_flags)
+            # max_seq sizes no weight: the preset's holds, so a checkpoint saved under a preset's
+            # earlier, lower max_seq resumes at the longer --seq the preset allows now
+            run_flags["max_seq"] = wanted.max_seq
             if wanted != TransformerConfig.from_dict({**ckpt.config.to_dict(), **run_flags}):
                 raise ckpt_state.CheckpointError(
                     f"--preset {cfg.preset} does not match the checkpoint's model {ckpt.config.to_dict()}")
@@ -240,9 +243,7 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     train_loader = dataset.loader("train", plan.rank_batch, cfg.seq, cfg.seed, ctx.rank, ctx.world_size)
     ev = None
     if cfg.eval_every > 0:
-        from xtrain.data import read_header
-
-        ev = plan_eval(read_header(dataset.shard_path("val")).n_tokens, plan.micro_batch, cfg.seq,
+        ev = plan_eval(dataset.split("val").header.n_tokens, plan.micro_batch, cfg.seq,
                        cfg.eval_batches, ctx.world_size, dataset.path)
     val_loader = None if ev is None else dataset.loader("val", ev.batch, ev.seq, cfg.seed, ctx.rank, ctx.world_size)
 
@@ -640,16 +641,17 @@ def resolve_device(device: str) -> str:
 
 
 def open_data(data, out: Path, vocab_size: int, progress: bool):
-    """None means the built-in stories as an endless stream (xtrain.data.stream); a stream or
-    prepared directory is opened; a raw source is prepared into out/data first."""
-    from xtrain.data import is_stream_dir, open_dataset, open_stream, prepare
+    """None means the built-in stories as an endless stream (xtrain.data.stream); a stream,
+    prepared directory or nanoGPT/llm.c token directory is opened (the token files are read in
+    place); a raw source is prepared into out/data first."""
+    from xtrain.data import is_dataset_dir, is_stream_dir, open_dataset, open_stream, prepare
 
     if data is None:
         return open_stream(progress=progress)
     path = Path(data)
     if is_stream_dir(path):
         return open_stream(path, progress=progress)
-    if path.is_dir() and (path / "meta.json").is_file():
+    if is_dataset_dir(path):
         return open_dataset(path)
     return open_dataset(prepare(path, out / "data", vocab_size=vocab_size, progress=progress))
 
@@ -659,9 +661,7 @@ def default_prompt(data, dataset) -> str:
     words of the first validation document (a prompt in the data's own language and style)."""
     if data is None:
         return SAMPLE_PROMPT
-    from xtrain.data import open_shard
-
-    _, tokens = open_shard(dataset.shard_path("val"))
+    tokens = dataset.split("val").tokens
     ids = [int(t) for t in tokens[:PROMPT_SCAN_TOKENS]]
     eot = dataset.tokenizer.eot_id
     start = ids.index(eot) + 1 if eot in ids else 0
@@ -683,7 +683,9 @@ def sample_text(model, tokenizer, prompt: str, max_new_tokens: int, seed: int = 
     new = [int(t) for t in out[0, len(ids):]]
     if tokenizer.eot_id in new:
         new = new[:new.index(tokenizer.eot_id)]
-    return prompt + tokenizer.decode(new)
+    # Decoded with the prompt's ids: a SentencePiece continuation's leading space is part of its
+    # first piece, which decodes without it on its own.
+    return tokenizer.decode(ids[1:] + new)
 
 
 def plot_losses(history: list[dict], path: Path) -> None:

@@ -31,9 +31,9 @@ void forward_rows(const T* x, const W* w, T* y, float* rstd, int64_t rows, int64
       const C v = load(xr, j);
       ss += v * v;
     }
-    const C inv = C(1) / std::sqrt(ss / static_cast<C>(dim) + static_cast<C>(eps));
+    const C inv = rms_rstd(ss, dim, eps);
     rstd[r] = static_cast<float>(inv);
-    for (int64_t j = 0; j < dim; ++j) store(yr, j, static_cast<C>(load(xr, j) * inv * static_cast<C>(load(w, j))));
+    for (int64_t j = 0; j < dim; ++j) store(yr, j, rms_scaled(xr, w, j, inv));
   }
 }
 

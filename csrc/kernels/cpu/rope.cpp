@@ -27,19 +27,14 @@ void rope_rows(const T* x, T* out, const int64_t* pos, int64_t B, int64_t S, int
   using C = compute_t<T>;
   const int64_t half = D / 2;
   std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) {
-    const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
-    const float p = static_cast<float>(std::pow(static_cast<double>(theta), static_cast<double>(expo)));
-    inv_freq[i] = 1.0f / p;
-  }
+  for (int64_t i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(theta, i, D);
   std::vector<C> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
   const C sign = inverse ? C(-1) : C(1);
   for (int64_t s = 0; s < S; ++s) {
     const float ps = static_cast<float>(pos[s]);
     for (int64_t i = 0; i < half; ++i) {
-      const float angle = ps * inv_freq[i];
-      cs[i] = std::cos(static_cast<C>(angle));
-      sn[i] = sign * std::sin(static_cast<C>(angle));
+      rope_cos_sin(ps * inv_freq[i], &cs[i], &sn[i]);
+      sn[i] *= sign;
     }
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
@@ -47,10 +42,10 @@ void rope_rows(const T* x, T* out, const int64_t* pos, int64_t B, int64_t S, int
         const T* xr = x + base;
         T* orow = out + base;
         for (int64_t i = 0; i < half; ++i) {
-          const C x1 = load(xr, i);
-          const C x2 = load(xr, i + half);
-          store(orow, i, static_cast<C>(x1 * cs[i] - x2 * sn[i]));
-          store(orow, i + half, static_cast<C>(x2 * cs[i] + x1 * sn[i]));
+          C y1, y2;
+          rope_rotate(load(xr, i), load(xr, i + half), cs[i], sn[i], &y1, &y2);
+          store(orow, i, y1);
+          store(orow, i + half, y2);
         }
       }
     }

@@ -137,6 +137,90 @@ __device__ C block_max(C v) {
   return warp_max(r);
 }
 
+// ------------------------------------------------------------------ row groups
+
+// G lanes per row (G in 2..32, a power of two): a warp handles 32/G rows at once, so short rows
+// (the per-head q/k norm has dim 32) keep more bytes in flight per warp. G depends only on the row
+// length, so a row's sum order (lane-strided partial sums, then group_sum) does too: rmsnorm.cu and
+// the fused head preparation (flash_attention.cuh) share these helpers and hence their bits.
+template <int G, typename C>
+__device__ __forceinline__ C group_sum(C v) {
+  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The row of this thread's group in a kThreads-wide block of rows_per_block<G>() rows.
+template <int G>
+__device__ __forceinline__ int64_t group_row() {
+  return (static_cast<int64_t>(blockIdx.x) * (kThreads / kWarp) + threadIdx.x / kWarp) * (kWarp / G) +
+         (threadIdx.x % kWarp) / G;
+}
+
+template <int G>
+constexpr int64_t rows_per_block() { return (kThreads / kWarp) * (kWarp / G); }
+
+// Lanes per row for a row length: about four elements per lane, at most a warp.
+inline int lanes_for(int64_t dim) {
+  if (dim >= 128) return 32;
+  if (dim >= 64) return 16;
+  if (dim >= 32) return 8;
+  if (dim >= 16) return 4;
+  return 2;
+}
+
+// Calls fn(std::integral_constant<int, G>{}) for the G that lanes_for(dim) picks.
+template <typename Fn>
+void with_lanes(int64_t dim, Fn&& fn) {
+  switch (lanes_for(dim)) {
+    case 32: fn(std::integral_constant<int, 32>{}); break;
+    case 16: fn(std::integral_constant<int, 16>{}); break;
+    case 8: fn(std::integral_constant<int, 8>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    default: fn(std::integral_constant<int, 2>{}); break;
+  }
+}
+
+// The sum of squares of a row x of `dim` elements by the G lanes of a group (lane-strided partial
+// sums, then group_sum): RMSNorm's, for kernels/common.h's rms_rstd. Every lane of the group calls
+// it, `valid` or not (the shuffles); a lane of a row that is not valid adds nothing.
+template <int G, typename T>
+__device__ __forceinline__ compute_t<T> group_sum_sq(const T* x, int64_t dim, int lane, bool valid) {
+  using C = compute_t<T>;
+  C ss = 0;
+  if (valid)
+    for (int64_t j = lane; j < dim; j += G) {
+      const C v = load(x, j);
+      ss += v * v;
+    }
+  return group_sum<G>(ss);
+}
+
+// Deterministic column sums over the rows of a [rows, dim] matrix (weight gradients): one thread
+// per column (a block no wider than the row: dim 32 -> 32 threads, not 256), row chunks each
+// summed in increasing row order (one chunk writes the result directly, several write partial
+// rows), then the partial rows added in chunk order. The plan depends only on (rows, dim): enough
+// column blocks x chunks to fill the GPU, >= 16 rows per chunk. rmsnorm's dw and the fused head
+// preparation's (flash_attention.cu) use it, so their sums are the same bits.
+struct ColumnSumPlan {
+  int threads;
+  int64_t col_blocks, nchunks, rows_per_chunk;
+};
+constexpr int64_t kColumnSumTargetBlocks = 1024;
+constexpr int64_t kColumnSumMinRows = 16;
+inline ColumnSumPlan column_sum_plan(int64_t rows, int64_t dim) {
+  ColumnSumPlan p;
+  p.threads = static_cast<int>(dim >= kThreads ? kThreads : ceil_div(dim, kWarp) * kWarp);
+  p.col_blocks = ceil_div(dim, p.threads);
+  int64_t nchunks = ceil_div(kColumnSumTargetBlocks, p.col_blocks);
+  const int64_t by_rows = ceil_div(rows, kColumnSumMinRows);
+  if (nchunks > by_rows) nchunks = by_rows;
+  if (nchunks > 65535) nchunks = 65535;
+  if (nchunks < 1) nchunks = 1;
+  p.rows_per_chunk = ceil_div(rows, nchunks);
+  p.nchunks = ceil_div(rows, p.rows_per_chunk);
+  return p;
+}
+
 // ------------------------------------------------------------------ scratch memory
 
 // Temporary device memory from the caching allocator, bound to the launch stream. Freed at

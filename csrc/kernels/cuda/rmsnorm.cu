@@ -16,23 +16,6 @@ namespace cuda {
 
 namespace {
 
-// G lanes per row (G in 2..32, a power of two): a warp handles 32/G rows at once, so short rows
-// (the per-head q/k norm has dim 32) keep more bytes in flight per warp. G depends only on dim.
-template <int G, typename C>
-__device__ __forceinline__ C group_sum(C v) {
-  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-template <int G>
-__device__ __forceinline__ int64_t group_row() {
-  return (static_cast<int64_t>(blockIdx.x) * (kThreads / kWarp) + threadIdx.x / kWarp) * (kWarp / G) +
-         (threadIdx.x % kWarp) / G;
-}
-
-template <int G>
-constexpr int64_t rows_per_block() { return (kThreads / kWarp) * (kWarp / G); }
-
 template <int G, typename T, typename W>
 __global__ void rmsnorm_forward_kernel(const T* x, const W* w, T* y, float* rstd, int64_t rows, int64_t dim,
                                        float eps) {
@@ -41,18 +24,12 @@ __global__ void rmsnorm_forward_kernel(const T* x, const W* w, T* y, float* rstd
   const bool valid = r < rows;  // every lane takes part in the shuffles
   const int lane = threadIdx.x % G;
   const T* xr = x + (valid ? r : 0) * dim;
-  C ss = 0;
-  if (valid)
-    for (int64_t j = lane; j < dim; j += G) {
-      const C v = load(xr, j);
-      ss += v * v;
-    }
-  ss = group_sum<G>(ss);
+  const C ss = group_sum_sq<G>(xr, dim, lane, valid);
   if (!valid) return;
   T* yr = y + r * dim;
-  const C inv = C(1) / xsqrt(ss / static_cast<C>(dim) + static_cast<C>(eps));
+  const C inv = rms_rstd(ss, dim, eps);
   if (lane == 0) rstd[r] = static_cast<float>(inv);
-  for (int64_t j = lane; j < dim; j += G) store(yr, j, static_cast<C>(load(xr, j) * inv * static_cast<C>(load(w, j))));
+  for (int64_t j = lane; j < dim; j += G) store(yr, j, rms_scaled(xr, w, j, inv));
 }
 
 // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)).
@@ -81,27 +58,6 @@ __global__ void rmsnorm_dx_kernel(const T* x, const W* w, const float* rstd, con
   }
 }
 
-// Lanes per row for a row length: about four elements per lane, at most a warp.
-inline int lanes_for(int64_t dim) {
-  if (dim >= 128) return 32;
-  if (dim >= 64) return 16;
-  if (dim >= 32) return 8;
-  if (dim >= 16) return 4;
-  return 2;
-}
-
-// Calls fn(std::integral_constant<int, G>{}) for the G that lanes_for(dim) picks.
-template <typename Fn>
-void with_lanes(int64_t dim, Fn&& fn) {
-  switch (lanes_for(dim)) {
-    case 32: fn(std::integral_constant<int, 32>{}); break;
-    case 16: fn(std::integral_constant<int, 16>{}); break;
-    case 8: fn(std::integral_constant<int, 8>{}); break;
-    case 4: fn(std::integral_constant<int, 4>{}); break;
-    default: fn(std::integral_constant<int, 2>{}); break;
-  }
-}
-
 // Thread = column j, blockIdx.y = row chunk: sums dy * xhat over the chunk's rows in order.
 // With one chunk it writes dw directly; otherwise a partial row at [chunk, j].
 template <typename T, typename W>
@@ -127,10 +83,6 @@ __global__ void rmsnorm_dw_final_kernel(const C* partial, int nchunks, W* dw, in
   store(dw, j, static_cast<compute_t<W>>(acc));
 }
 
-// Row chunks for dw: enough (column blocks x chunks) to fill the GPU, >= 16 rows per chunk.
-constexpr int64_t kDwTargetBlocks = 1024;
-constexpr int64_t kDwMinRows = 16;
-
 template <typename T, typename W>
 void backward_typed(const T* x, const W* w, const float* rstd, const T* dy, T* dx, W* dw, int64_t rows, int64_t dim,
                     const OnStream& on) {
@@ -141,17 +93,11 @@ void backward_typed(const T* x, const W* w, const float* rstd, const T* dy, T* d
         x, w, rstd, dy, dx, rows, dim);
     XT_LAUNCH_CHECK();
   });
-  // dw: one thread per column; a block no wider than the row (dim 32 -> 32 threads, not 256).
-  const int dw_threads = static_cast<int>(dim >= kThreads ? kThreads : ceil_div(dim, kWarp) * kWarp);
-  const int64_t col_blocks = ceil_div(dim, dw_threads);
-  int64_t nchunks = ceil_div(kDwTargetBlocks, col_blocks);
-  const int64_t by_rows = ceil_div(rows, kDwMinRows);
-  if (nchunks > by_rows) nchunks = by_rows;
-  if (nchunks > 65535) nchunks = 65535;
-  if (nchunks < 1) nchunks = 1;
-  const int64_t rows_per_chunk = ceil_div(rows, nchunks);
-  nchunks = ceil_div(rows, rows_per_chunk);
-  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(nchunks));
+  // dw: one thread per column; row chunks summed in order, then the chunks in order.
+  const ColumnSumPlan plan = column_sum_plan(rows, dim);
+  const int64_t nchunks = plan.nchunks, rows_per_chunk = plan.rows_per_chunk;
+  const int dw_threads = plan.threads;
+  const dim3 grid(static_cast<unsigned>(plan.col_blocks), static_cast<unsigned>(nchunks));
   if (nchunks == 1) {
     rmsnorm_dw_partial_kernel<T, W><<<grid, dw_threads, 0, on.s>>>(x, rstd, dy, dw, nullptr, rows, dim, rows_per_chunk);
     XT_LAUNCH_CHECK();

@@ -16,13 +16,10 @@ namespace cuda {
 
 namespace {
 
-__device__ __forceinline__ void xsincos(float a, float* s, float* c) { sincosf(a, s, c); }
-__device__ __forceinline__ void xsincos(double a, double* s, double* c) { sincos(a, s, c); }
-
 // One block per (b, s) row of [H, D]. The block first tabulates cos/sin of its position for the
 // D/2 frequencies in shared memory (H times fewer sincos and pow than one per element, and no
-// 64-bit index division per element), then rotates the row's H*D/2 pairs. The per-frequency
-// arithmetic is the same expression as before, so results are unchanged bit for bit.
+// 64-bit index division per element), then rotates the row's H*D/2 pairs. The frequency, angle and
+// rotation are kernels/common.h's rope_* (the fused head preparation uses them too).
 template <typename T>
 __global__ void rope_rows_kernel(const T* x, T* out, const int64_t* pos, int S, int H, int D, float theta,
                                  bool inverse) {
@@ -34,12 +31,8 @@ __global__ void rope_rows_kernel(const T* x, T* out, const int64_t* pos, int S, 
   const int64_t row = blockIdx.x;  // b * S + s
   const int s = static_cast<int>(row % S);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
-    const float p = static_cast<float>(pow(static_cast<double>(theta), static_cast<double>(expo)));
-    const float inv_freq = 1.0f / p;
-    const float angle = static_cast<float>(pos[s]) * inv_freq;
     C sn, cs;
-    xsincos(static_cast<C>(angle), &sn, &cs);
+    rope_cos_sin(static_cast<float>(pos[s]) * rope_inv_freq(theta, i, D), &cs, &sn);
     tab_cos[i] = cs;
     tab_sin[i] = inverse ? -sn : sn;
   }
@@ -51,10 +44,10 @@ __global__ void rope_rows_kernel(const T* x, T* out, const int64_t* pos, int S, 
     const int i = j - h * half;
     const int64_t base = row_base + static_cast<int64_t>(h) * D;
     const C cs = tab_cos[i], sn = tab_sin[i];
-    const C x1 = load(x, base + i);
-    const C x2 = load(x, base + i + half);
-    store(out, base + i, static_cast<C>(x1 * cs - x2 * sn));
-    store(out, base + i + half, static_cast<C>(x2 * cs + x1 * sn));
+    C y1, y2;
+    rope_rotate(load(x, base + i), load(x, base + i + half), cs, sn, &y1, &y2);
+    store(out, base + i, y1);
+    store(out, base + i + half, y2);
   }
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'from_heads', 'gelu', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'to_heads', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'flash_attention', 'from_heads', 'gelu', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'to_heads', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -46,6 +46,13 @@ def exp(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     e ** x
     """
+@typing.overload
+def flash_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, causal: bool = True, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, return_lse: typing.Literal[False] = False) -> xtrain._C.Tensor:
+    """
+    Fused (flash) attention on q [B, S, H, D], k and v [B, S, H_kv, D] (H a multiple of H_kv), output [B, S, H, D]; scale None means 1/sqrt(D); return_lse adds the row log-sum-exp [B, H, S]
+    """
+@typing.overload
+def flash_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, causal: bool = True, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, *, return_lse: typing.Literal[True]) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor]: ...
 def from_heads(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     x [B, H, S, D] -> [B*S, H*D]: permute to [B, S, H, D], reshape (the inverse of to_heads' layout change)
@@ -97,6 +104,10 @@ def permute(x: xtrain._C.Tensor, dims: collections.abc.Sequence[typing.SupportsI
 def pow_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
     """
     x ** s
+    """
+def qk_norm_rope(q: xtrain._C.Tensor, k: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor, k_norm_weight: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor]:
+    """
+    rope(rms_norm(x, weight, eps), theta) over D for q [B, S, H, D] and k [B, S, H_kv, D] in one kernel (positions 0..S-1); returns (q, k), bitwise equal to rms_norm followed by rope
     """
 def rdiv_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
     """

@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 from .errors import DataError
 from .layout import FORMAT_VERSION
-from .prepare import check_request, is_val_document, reusable, write_prepared
+from .write import check_request, is_val_document, resolve_tokenizer, reusable, write_prepared
 
 HUB_PREFIX = "hf:"
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -82,22 +82,24 @@ def default_out_dir(name: str) -> Path:
 
 
 def prepare_hub(src: HubSource, out_dir: str | os.PathLike, vocab_size: int = 4096,
-                tokenizer: str = "bpe", val_fraction: float = 0.01, seed: int = 0,
-                overwrite: bool = False, progress: bool = True) -> Path:
-    """Load `src` (downloading it once into the Hugging Face cache) and prepare it into out_dir."""
+                tokenizer=None, val_fraction: float = 0.01, seed: int = 0,
+                overwrite: bool = False, progress: bool = True, eot: str | None = None) -> Path:
+    """Load `src` (downloading it once into the Hugging Face cache) and prepare it into out_dir.
+    `tokenizer` and `eot` as for prepare() (default: the BPE trained on the text)."""
     out_dir = Path(out_dir)
-    check_request(tokenizer, val_fraction, seed)
+    check_request(val_fraction, seed)
     online = src.is_local or _hub_reachable()
     datasets = _import_datasets(src, online, progress)
     if tokenizer == "gpt2" and online:
         _fetch_gpt2_files()
+    record, tok = resolve_tokenizer(tokenizer, eot)
     train = _load_split(datasets, src, src.split, online)
     val = _load_split(datasets, src, src.val_split, online) if src.val_split else None
     request = {
         "format_version": FORMAT_VERSION,
         "hub": src.repo if not src.is_local else str(Path(src.repo).resolve()),
         "split": src.split, "val_split": src.val_split, "text_column": src.text_column,
-        "tokenizer": tokenizer, "vocab_size": vocab_size if tokenizer == "bpe" else None,
+        "tokenizer": record, "vocab_size": vocab_size if tok is None else None,
         "val_fraction": None if val is not None else val_fraction, "seed": seed,
         "data_fingerprint": [getattr(d, "_fingerprint", None) for d in (train, val) if d],
     }
@@ -119,7 +121,7 @@ def prepare_hub(src: HubSource, out_dir: str | os.PathLike, vocab_size: int = 40
                                                 **({src.val_split: val.num_rows} if val else {})}}
     hint = (f"the {src.val_split!r} split has no text" if val is not None else
             f"the dataset is too small for val_fraction={val_fraction}")
-    return write_prepared(out_dir, request, tokenizer, vocab_size, documents, source, progress,
+    return write_prepared(out_dir, request, tok, vocab_size, documents, source, progress,
                           total=rows, unit="doc", empty_hint=hint)
 
 

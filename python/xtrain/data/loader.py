@@ -26,19 +26,23 @@ from typing import Iterator
 import numpy as np
 
 from .errors import DataError
-from .shards import open_shard
+from .shards import TokenSplit, open_shard
 
 STATE_VERSION = 1
 
 
 class TokenLoader:
-    def __init__(self, path: str | os.PathLike, batch: int, seq: int, seed: int,
+    """Windows over one split: an xtrain shard given by its path, or a TokenSplit (Dataset.split:
+    a shard, or another project's token files read in place)."""
+
+    def __init__(self, source: str | os.PathLike | TokenSplit, batch: int, seq: int, seed: int,
                  rank: int = 0, world_size: int = 1, tokenizer=None):
         _check_positive(batch=batch, seq=seq, world_size=world_size)
         if not 0 <= rank < world_size:
             raise DataError(f"rank must be in [0, {world_size}), got {rank}")
-        self.path = os.fspath(path)
-        self.header, self.tokens = open_shard(path)
+        if not isinstance(source, TokenSplit):
+            source = TokenSplit(os.fspath(source), *open_shard(source))
+        self.path, self.header, self.tokens = source.name, source.header, source.tokens
         if tokenizer is not None:
             check_shard_tokenizer(self.path, self.header, tokenizer)
         self.batch, self.seq, self.seed = batch, seq, seed

@@ -25,6 +25,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +53,17 @@ class ShardHeader:
     vocab_size: int
     eot_id: int
     fingerprint: str
+
+
+@dataclass(frozen=True)
+class TokenSplit:
+    """The tokens of one split however they are stored: an xtrain shard, or token files of another
+    project read in place (formats.py). `tokens` is a memory-mapped array, or an object slicing
+    like one; `header` describes them (count, dtype, tokenizer vocab size, eot id, fingerprint)."""
+
+    name: str  # for messages: the shard's path, or the directory and its files
+    header: ShardHeader
+    tokens: Any
 
 
 class ShardWriter:

@@ -10,8 +10,10 @@ This is the file to edit: each module's forward reads top to bottom, over its na
 
 Decisions:
 - The residual stream is (B*S, dim) from the embedding to the logits, so every linear is one GEMM
-  over all tokens. Only attention needs the (B, S, H, D) view (per-head q/k RMSNorm over head_dim,
-  RoPE) and the (B, H, S, D) layout (sdpa): ops.to_heads / ops.from_heads do those changes.
+  over all tokens. Attention reads the projections as (B, S, H, D), a reshape of (B*S, H*D) that
+  copies nothing: ops.qk_norm_rope (per-head q/k RMSNorm and RoPE in one kernel) and
+  ops.flash_attention (causal, memory linear in S, deterministic backward) work in that layout,
+  and the attention output reshapes back to (B*S, H*D) for o_proj. No permute in a training step.
 - The parameters live in a ParamStore (xtrain.store), built at the end of __init__: flat float32
   buffers for the weights, their gradients and (with the optimizer) the AdamW moments, each
   parameter a view.
@@ -139,14 +141,16 @@ class TransformerConfig:
         return 6.0 * n_matmul + 12.0 * self.n_layers * self.n_heads * self.head_dim * seq
 
 
-# Architecture presets; vocab_size comes from the tokenizer (config_for fills it in).
+# Architecture presets; vocab_size comes from the tokenizer (config_for fills it in). max_seq only
+# bounds --seq (RoPE has no learned positions and flash attention's memory is linear in S): it
+# sizes no weight, so raising it leaves checkpoints loadable.
 PRESETS = {
-    "tiny": dict(dim=128, n_layers=4, n_heads=4, head_dim=32, ffn_dim=384, max_seq=256),
-    "dim384": dict(dim=384, n_layers=12, n_heads=12, head_dim=32, ffn_dim=1024, max_seq=1024),
-    "dim768": dict(dim=768, n_layers=18, n_heads=24, head_dim=32, ffn_dim=2048, max_seq=1024),
+    "tiny": dict(dim=128, n_layers=4, n_heads=4, head_dim=32, ffn_dim=384, max_seq=2048),
+    "dim384": dict(dim=384, n_layers=12, n_heads=12, head_dim=32, ffn_dim=1024, max_seq=8192),
+    "dim768": dict(dim=768, n_layers=18, n_heads=24, head_dim=32, ffn_dim=2048, max_seq=8192),
     # ffn 2736, not 8/3 * 1024 = 2730: a multiple of 8, so the MLP GEMMs' bf16 rows are 16-byte
     # aligned and cuBLAS uses its Hopper kernels (at 2730 they ran in align2 kernels, 2.6x slower).
-    "dim1024": dict(dim=1024, n_layers=18, n_heads=32, head_dim=32, ffn_dim=2736, max_seq=1024),
+    "dim1024": dict(dim=1024, n_layers=18, n_heads=32, head_dim=32, ffn_dim=2736, max_seq=8192),
 }
 
 
@@ -175,13 +179,13 @@ class Attention(nn.Module):
 
     def forward(self, x, seq: int):
         """x (B*S, dim), already normed -> (B*S, dim)."""
-        H = self.n_heads
-        # to_heads: (B*S, H*D) -> (B, S, H, D) -> [rms_norm over D -> RoPE] -> (B, H, S, D)
-        q = ops.to_heads(self.q_proj(x), seq, H, self.q_norm.weight, self.eps, self.rope_theta)
-        k = ops.to_heads(self.k_proj(x), seq, H, self.k_norm.weight, self.eps, self.rope_theta)
-        v = ops.to_heads(self.v_proj(x), seq, H)
-        a = ops.sdpa(q, k, v, causal=True, scale=1.0 / math.sqrt(self.head_dim))  # (B, H, S, D)
-        return self.dropout(self.o_proj(ops.from_heads(a)))                      # (B*S, dim)
+        B, H, D = x.shape[0] // seq, self.n_heads, self.head_dim
+        q = self.q_proj(x).reshape(B, seq, H, D)                       # (B, S, H, D), no copy
+        k = self.k_proj(x).reshape(B, seq, H, D)
+        v = self.v_proj(x).reshape(B, seq, H, D)
+        q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta)
+        a = ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))  # (B, S, H, D)
+        return self.dropout(self.o_proj(a.reshape(B * seq, H * D)))            # (B*S, dim)
 
 
 class MLP(nn.Module):

@@ -1,0 +1,807 @@
+// Device code of flash attention and of the fused q/k head preparation; the launchers are in
+// flash_attention.cu. Kept in a header so that tests/emu can compile the same kernels with a host
+// compiler and run them on the CPU (a warp/block emulator: docs/attention.md, "How it is verified").
+//
+// Layout: q, out, dq [B, S, H, D] and k, v, dk, dv [B, S, Hkv, D], i.e. rows of [B*S, heads*D]
+// matrices as the projection GEMMs write them; row s of head h of batch b starts at element
+// ((b*S + s)*heads + h)*D. Query head h reads kv head h / (H / Hkv). lse and delta are [B, H, S].
+//
+// Tensor-core path (bf16, D in {32, 64, 128}): 4 warps per block, each owning 16 rows of the
+// block's tile; mma.sync m16n8k16 with float32 accumulators, operands from padded shared-memory
+// tiles (row stride D + 8 elements: the 8 rows an ldmatrix phase reads fall in distinct banks)
+// filled by cp.async, double-buffered.
+//  - forward: block = 64 queries of one (b, h); loops over 64-key tiles (causal: up to the
+//    diagonal) with the online softmax in log2 units; keeps o (16 x D per warp) in registers,
+//    writes out and lse = m + log(l) (natural log, float32).
+//  - backward, deterministic (no atomics, every output element summed by one thread in a fixed
+//    order): delta = rowsum(dO * O) first; dq: block = 64 queries of one (b, h), loops over the
+//    key tiles recomputing P = exp2(s scale log2e - lse log2e) and dS = P (dP - delta); dk, dv:
+//    block = 64 keys of one (b, kv head), loops over the query heads of the group (in order) and
+//    their query tiles (BR rows), accumulating dv += P^T dO and dk += dS^T Q in registers.
+//    P and dS are rounded to bf16 as the operands of the second products (as FlashAttention-2).
+// Fallback path (float32, float64, other D, or unaligned pointers): one warp per row, plain FMA
+// loops in the compute type, the same recompute-from-lse scheme; correct and deterministic, slow.
+//
+// Head preparation: one block per token (b, s) with the position's cos/sin tabulated in shared
+// memory, G lanes per head row (common.cuh's lanes_for), rms_norm then rope with rmsnorm.cu's sum
+// order (group_sum_sq) and rounding points and kernels/common.h's row math (rms_rstd, rms_scaled,
+// rope_inv_freq, rope_cos_sin, rope_rotate) that rmsnorm.cu and rope.cu use: bitwise the composition.
+#pragma once
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+
+namespace xt {
+namespace kernels {
+namespace cuda {
+namespace flash {
+
+constexpr int kWarps = 4;
+constexpr int kBlockThreads = kWarps * kWarp;
+constexpr int kPad = 8;          // bf16 elements of padding per shared-memory row (16 bytes)
+constexpr int kTile = 64;        // rows of a forward tile, of the dq/dkdv blocks, keys of a kv tile
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Queries per step of the dk/dv kernel: 64, or 32 for D = 128 (dk and dv take 128 registers).
+template <int D> constexpr int dkdv_rows() { return D == 128 ? 32 : 64; }
+
+// Shared memory (bytes) of each kernel for head dim D.
+template <int D> constexpr int fwd_smem() { return (kTile + 4 * kTile) * (D + kPad) * 2; }
+template <int D> constexpr int dq_smem() { return (2 * kTile + 4 * kTile) * (D + kPad) * 2; }
+template <int D> constexpr int dkdv_smem() {
+  return (2 * kTile + 4 * dkdv_rows<D>()) * (D + kPad) * 2 + 4 * dkdv_rows<D>() * 4;
+}
+
+struct Dims {
+  int B, S, H, Hkv;
+  float scale;       // softmax scale
+  float scale_log2;  // scale * log2(e)
+  bool causal;
+};
+
+inline Dims make_dims(int64_t B, int64_t S, int64_t H, int64_t Hkv, double scale, bool causal) {
+  const float sc = static_cast<float>(scale);
+  return Dims{static_cast<int>(B), static_cast<int>(S), static_cast<int>(H), static_cast<int>(Hkv), sc,
+              sc * kLog2e, causal};
+}
+
+// Launch geometry (the launchers and tests/emu use these): x = (b, head), y = tile.
+inline dim3 forward_grid(const Dims& n) {  // and the dq kernel's
+  return dim3(static_cast<unsigned>(n.B * n.H), static_cast<unsigned>((n.S + kTile - 1) / kTile));
+}
+inline dim3 dkdv_grid(const Dims& n) {
+  return dim3(static_cast<unsigned>(n.B * n.Hkv), static_cast<unsigned>((n.S + kTile - 1) / kTile));
+}
+
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+// Element offset of the first row (s = 0) of head `head` of batch b in a [B, S, heads, D] tensor;
+// row s is at + s * heads * D.
+__device__ __forceinline__ int64_t head_offset(int b, int S, int head, int heads, int D) {
+  return (static_cast<int64_t>(b) * S * heads + head) * D;
+}
+
+__device__ __forceinline__ void store_pair(bf16_t* p, float lo, float hi) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(lo, hi);
+}
+
+// ------------------------------------------------------------------ tiles and warp products
+
+// cp.async rows [row0, row0 + R) of one head (row r at g + r * ld) into a shared tile [R][D + kPad];
+// rows at or past S are zero-filled. The whole block calls it; no commit here.
+template <int R, int D>
+__device__ __forceinline__ void load_rows(bf16_t* sm, const bf16_t* g, int64_t ld, int row0, int S) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static_assert(R * kChunks % kBlockThreads == 0, "a tile copy splits evenly over the block");
+#pragma unroll
+  for (int it = 0; it < R * kChunks / kBlockThreads; ++it) {
+    const int c = it * kBlockThreads + static_cast<int>(threadIdx.x);
+    const int r = c / kChunks, col = c % kChunks * 8;
+    const bool valid = row0 + r < S;
+    cp_async16(sm + r * (D + kPad) + col, valid ? g + (row0 + r) * ld + col : g, valid);
+  }
+}
+
+// cp.async the R statistics g[row0 .. row0 + R) (zeros past S) into sm.
+template <int R>
+__device__ __forceinline__ void load_stats(float* sm, const float* g, int row0, int S) {
+  static_assert(R <= kBlockThreads, "one statistic per thread");
+  const int i = threadIdx.x;
+  if (i < R) cp_async4(sm + i, row0 + i < S ? g + row0 + i : g, row0 + i < S);
+}
+
+// acc[N/8][4] += A B^T for this warp: A = 16 rows of sa, B = N rows of sb (both [rows][D + kPad]),
+// reduced over D. acc[nb][e] is (row lane/4 + 8(e/2), column 8 nb + 2(lane%4) + e%2).
+template <int D, int N>
+__device__ __forceinline__ void warp_gemm_nt(float (&acc)[N / 8][4], const bf16_t* sa, const bf16_t* sb, int lane) {
+  constexpr int kLd = D + kPad;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4];  // matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) of the 16x16 block kk
+    ldsm_x4(a, sa + (lane % 16) * kLd + kk * 16 + lane / 16 * 8);
+#pragma unroll
+    for (int np = 0; np < N / 16; ++np) {
+      uint32_t b[4];  // rows 16np + (0-7 | 8-15) of sb, each at d = 16kk + (0-7 | 8-15)
+      ldsm_x4(b, sb + (np * 16 + lane % 8 + lane / 16 * 8) * kLd + kk * 16 + lane / 8 % 2 * 8);
+      mma_bf16(acc[2 * np], a, b[0], b[1]);
+      mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc[D/8][4] += A B for this warp: A = 16 x K given as bf16 fragments a[K/16][4] (to_a_frags),
+// B = K rows of sb ([K][D + kPad], the k index along rows).
+template <int K, int D>
+__device__ __forceinline__ void warp_gemm_nn(float (&acc)[D / 8][4], const uint32_t (&a)[K / 16][4],
+                                             const bf16_t* sb, int lane) {
+  constexpr int kLd = D + kPad;
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ++ks) {
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b[4];  // transposed 8x8 blocks: rows 16ks + (0-7 | 8-15), columns 16dp + (0-7 | 8-15)
+      ldsm_x4_trans(b, sb + (ks * 16 + lane % 8 + lane / 8 % 2 * 8) * kLd + dp * 16 + lane / 16 * 8);
+      mma_bf16(acc[2 * dp], a[ks], b[0], b[1]);
+      mma_bf16(acc[2 * dp + 1], a[ks], b[2], b[3]);
+    }
+  }
+}
+
+// The accumulator of a 16 x N product as the bf16 A operand of the next one (its columns become
+// the k index): block ks of 16 columns is accumulator blocks 2ks (columns 0-7) and 2ks+1 (8-15).
+template <int N>
+__device__ __forceinline__ void to_a_frags(uint32_t (&a)[N / 16][4], const float (&acc)[N / 8][4]) {
+#pragma unroll
+  for (int ks = 0; ks < N / 16; ++ks) {
+    a[ks][0] = pack_bf16(acc[2 * ks][0], acc[2 * ks][1]);
+    a[ks][1] = pack_bf16(acc[2 * ks][2], acc[2 * ks][3]);
+    a[ks][2] = pack_bf16(acc[2 * ks + 1][0], acc[2 * ks + 1][1]);
+    a[ks][3] = pack_bf16(acc[2 * ks + 1][2], acc[2 * ks + 1][3]);
+  }
+}
+
+// Whether key kj is visible from query qi.
+__device__ __forceinline__ bool visible(int qi, int kj, int S, bool causal) {
+  return qi < S && kj < S && (!causal || kj <= qi);
+}
+
+// K and V rows [k0, k0 + kTile) of one kv head into buffer `buf` of sK and sV.
+template <int D>
+__device__ __forceinline__ void load_kv_tile(bf16_t* sK, bf16_t* sV, int buf, const bf16_t* kh, const bf16_t* vh,
+                                             int64_t ldkv, int k0, int S) {
+  load_rows<kTile, D>(sK + buf * kTile * (D + kPad), kh, ldkv, k0, S);
+  load_rows<kTile, D>(sV + buf * kTile * (D + kPad), vh, ldkv, k0, S);
+}
+
+// Starts step t of a double-buffered loop of n steps: issues step t + 1's copies (prefetch(), into
+// the buffer of step t - 1, which the barrier ending that step freed), waits for this thread's
+// copies of step t, then a barrier makes every thread's copies visible.
+template <typename Prefetch>
+__device__ __forceinline__ void begin_step(int t, int n, Prefetch&& prefetch) {
+  if (t + 1 < n) {
+    prefetch();
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
+// The 64 queries of one (b, h) that a forward or dq block owns: grid (B*H, query tiles), tiles in
+// reverse order (under the causal mask the last tiles see the most keys: they start first).
+struct QueryTile {
+  int b, h, q0;
+  int n_kv_tiles;       // key tiles with a visible key
+  int64_t qoff, kvoff;  // element offsets of row 0 of the query head and of its kv head
+  int64_t ldq, ldkv;    // row strides (elements)
+};
+
+template <int D>
+__device__ __forceinline__ QueryTile query_tile(const Dims& n) {
+  QueryTile t;
+  t.b = blockIdx.x / n.H;
+  t.h = blockIdx.x % n.H;
+  t.q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
+  const int kv_end = n.causal ? imin(t.q0 + kTile, n.S) : n.S;  // keys [0, kv_end) are visible
+  t.n_kv_tiles = (kv_end + kTile - 1) / kTile;
+  t.qoff = head_offset(t.b, n.S, t.h, n.H, D);
+  t.kvoff = head_offset(t.b, n.S, t.h / (n.H / n.Hkv), n.Hkv, D);
+  t.ldq = static_cast<int64_t>(n.H) * D;
+  t.ldkv = static_cast<int64_t>(n.Hkv) * D;
+  return t;
+}
+
+// Writes this thread's part of a warp's 16 x D accumulator, row r (rows row0 + 8r) times mul[r],
+// as bf16 into rows of dst (stride ld); rows at or past S are skipped.
+template <int D>
+__device__ __forceinline__ void store_tile(bf16_t* dst, int64_t ld, int row0, int col, int S,
+                                           const float (&acc)[D / 8][4], const float (&mul)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    if (row >= S) continue;
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb)
+      store_pair(dst + row * ld + 8 * nb + col, acc[nb][2 * r] * mul[r], acc[nb][2 * r + 1] * mul[r]);
+  }
+}
+
+// ------------------------------------------------------------------ forward
+
+// One tile of raw scores s (16 x N per warp, masked entries -inf) for this thread's two rows:
+// s becomes P = exp2(s scale_log2 - m), m (running max, log2 units) and l (this thread's share
+// of the row sums) are updated and o is rescaled.
+template <int N, int D>
+__device__ __forceinline__ void online_softmax(float (&s)[N / 8][4], float (&o)[D / 8][4], float (&m)[2],
+                                               float (&l)[2], float scale_log2) {
+  float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nb = 0; nb < N / 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) mt[e / 2] = fmaxf(mt[e / 2], s[nb][e]);
+  float base[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 1));  // the row's 4 lanes
+    mt[r] = fmaxf(mt[r], __shfl_xor_sync(0xffffffffu, mt[r], 2));
+    const float m_new = fmaxf(m[r], mt[r] * scale_log2);
+    base[r] = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: keep exp2's argument finite
+    const float alpha = exp2f(m[r] - base[r]);
+    m[r] = m_new;
+    l[r] *= alpha;
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb) {
+      o[nb][2 * r] *= alpha;
+      o[nb][2 * r + 1] *= alpha;
+    }
+  }
+#pragma unroll
+  for (int nb = 0; nb < N / 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[nb][e] = exp2f(fmaf(s[nb][e], scale_log2, -base[e / 2]));
+      l[e / 2] += s[nb][e];
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kBlockThreads)
+    flash_forward_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                         bf16_t* __restrict__ out, float* __restrict__ lse, Dims n) {
+  constexpr int kLd = D + kPad;
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(dynamic_smem());
+  bf16_t* sK = sQ + kTile * kLd;  // 2 buffers
+  bf16_t* sV = sK + 2 * kTile * kLd;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const QueryTile qt = query_tile<D>(n);
+  const bf16_t* kh = k + qt.kvoff;
+  const bf16_t* vh = v + qt.kvoff;
+  load_rows<kTile, D>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
+  load_kv_tile<D>(sK, sV, 0, kh, vh, qt.ldkv, 0, n.S);
+  cp_async_commit();
+
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int row = qt.q0 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
+  const int col = 2 * (lane % 4);                // and columns col + 8 nb + (0, 1) of a tile
+  for (int j = 0; j < qt.n_kv_tiles; ++j) {
+    begin_step(j, qt.n_kv_tiles,
+               [&] { load_kv_tile<D>(sK, sV, (j + 1) % 2, kh, vh, qt.ldkv, (j + 1) * kTile, n.S); });
+    const bf16_t* sKj = sK + j % 2 * kTile * kLd;
+    const bf16_t* sVj = sV + j % 2 * kTile * kLd;
+    const int k0 = j * kTile;
+    float s[kTile / 8][4] = {};
+    warp_gemm_nt<D, kTile>(s, sQ + warp * 16 * kLd, sKj, lane);
+    if (k0 + kTile > n.S || (n.causal && k0 + kTile > qt.q0)) {
+#pragma unroll
+      for (int nb = 0; nb < kTile / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!visible(row + 8 * (e / 2), k0 + col + 8 * nb + e % 2, n.S, n.causal)) s[nb][e] = -INFINITY;
+    }
+    online_softmax<kTile, D>(s, o, m, l, n.scale_log2);
+    uint32_t p[kTile / 16][4];
+    to_a_frags<kTile>(p, s);
+    warp_gemm_nn<kTile, D>(o, p, sVj, lane);
+    __syncthreads();  // before the next prefetch overwrites this tile's buffer
+  }
+
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);  // the same bits on the row's 4 lanes
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = 1.f / l[r];
+    const int qi = row + 8 * r;
+    if (qi < n.S && lane % 4 == 0)
+      lse[(static_cast<int64_t>(qt.b) * n.H + qt.h) * n.S + qi] = (m[r] + log2f(l[r])) * kLn2;
+  }
+  store_tile<D>(out + qt.qoff, qt.ldq, row, col, n.S, o, inv);
+}
+
+// ------------------------------------------------------------------ backward
+
+// dq for 64 queries of one (b, h): loops over the visible key tiles.
+template <int D>
+__global__ void __launch_bounds__(kBlockThreads)
+    flash_backward_dq_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                             const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
+                             const float* __restrict__ lse, const float* __restrict__ delta, bf16_t* __restrict__ dq,
+                             Dims n) {
+  constexpr int kLd = D + kPad;
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(dynamic_smem());
+  bf16_t* sdO = sQ + kTile * kLd;
+  bf16_t* sK = sdO + kTile * kLd;  // 2 buffers
+  bf16_t* sV = sK + 2 * kTile * kLd;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const QueryTile qt = query_tile<D>(n);
+  const bf16_t* kh = k + qt.kvoff;
+  const bf16_t* vh = v + qt.kvoff;
+  load_rows<kTile, D>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
+  load_rows<kTile, D>(sdO, dout + qt.qoff, qt.ldq, qt.q0, n.S);
+  load_kv_tile<D>(sK, sV, 0, kh, vh, qt.ldkv, 0, n.S);
+  cp_async_commit();
+
+  const int row = qt.q0 + warp * 16 + lane / 4;
+  const int col = 2 * (lane % 4);
+  const int64_t stat = (static_cast<int64_t>(qt.b) * n.H + qt.h) * n.S;
+  float lse2[2], dl[2];  // this thread's rows' lse (log2 units) and delta
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qi = row + 8 * r;
+    lse2[r] = qi < n.S ? lse[stat + qi] * kLog2e : 0.f;
+    dl[r] = qi < n.S ? delta[stat + qi] : 0.f;
+  }
+  float acc[D / 8][4] = {};
+  for (int j = 0; j < qt.n_kv_tiles; ++j) {
+    begin_step(j, qt.n_kv_tiles,
+               [&] { load_kv_tile<D>(sK, sV, (j + 1) % 2, kh, vh, qt.ldkv, (j + 1) * kTile, n.S); });
+    const bf16_t* sKj = sK + j % 2 * kTile * kLd;
+    const bf16_t* sVj = sV + j % 2 * kTile * kLd;
+    const int k0 = j * kTile;
+    float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
+    warp_gemm_nt<D, kTile>(s, sQ + warp * 16 * kLd, sKj, lane);
+    warp_gemm_nt<D, kTile>(dp, sdO + warp * 16 * kLd, sVj, lane);
+    const bool masked = k0 + kTile > n.S || qt.q0 + kTile > n.S || (n.causal && k0 + kTile > qt.q0);
+#pragma unroll
+    for (int nb = 0; nb < kTile / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        float ds = 0.f;
+        if (!masked || visible(row + 8 * r, k0 + col + 8 * nb + e % 2, n.S, n.causal)) {
+          const float p = exp2f(fmaf(s[nb][e], n.scale_log2, -lse2[r]));
+          ds = p * (dp[nb][e] - dl[r]);
+        }
+        s[nb][e] = ds;
+      }
+    uint32_t a[kTile / 16][4];
+    to_a_frags<kTile>(a, s);
+    warp_gemm_nn<kTile, D>(acc, a, sKj, lane);
+    __syncthreads();
+  }
+  const float mul[2] = {n.scale, n.scale};
+  store_tile<D>(dq + qt.qoff, qt.ldq, row, col, n.S, acc, mul);
+}
+
+// dk, dv for 64 keys of one (b, kv head): loops over the group's query heads in order and, for
+// each, over the query tiles of BR rows that see these keys.
+template <int D, int BR>
+__global__ void __launch_bounds__(kBlockThreads)
+    flash_backward_dkdv_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                               const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
+                               const float* __restrict__ lse, const float* __restrict__ delta,
+                               bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, Dims n) {
+  constexpr int kLd = D + kPad;
+  bf16_t* sK = reinterpret_cast<bf16_t*>(dynamic_smem());
+  bf16_t* sV = sK + kTile * kLd;
+  bf16_t* sQ = sV + kTile * kLd;   // 2 buffers of BR rows
+  bf16_t* sdO = sQ + 2 * BR * kLd;  // 2 buffers
+  float* sL = reinterpret_cast<float*>(sdO + 2 * BR * kLd);  // lse, 2 buffers of BR
+  float* sDl = sL + 2 * BR;                                   // delta, 2 buffers
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int b = blockIdx.x / n.Hkv, hk = blockIdx.x % n.Hkv;
+  const int k0 = blockIdx.y * kTile;  // causal: the first key tiles see the most queries; they start first
+  const int rep = n.H / n.Hkv;
+  const int64_t ldq = static_cast<int64_t>(n.H) * D, ldkv = static_cast<int64_t>(n.Hkv) * D;
+  const int64_t kvoff = head_offset(b, n.S, hk, n.Hkv, D);
+  const int first = n.causal ? k0 / BR : 0;  // query tiles before it see none of these keys
+  const int per_head = (n.S + BR - 1) / BR - first;
+  const int n_steps = rep * per_head;
+
+  // Step t: query head hk * rep + t / per_head, query tile first + t % per_head, into buffer buf.
+  const auto load_step = [&](int t, int buf) {
+    const int h = hk * rep + t / per_head, q0 = (first + t % per_head) * BR;
+    const int64_t qoff = head_offset(b, n.S, h, n.H, D);
+    const int64_t stat = (static_cast<int64_t>(b) * n.H + h) * n.S;
+    load_rows<BR, D>(sQ + buf * BR * kLd, q + qoff, ldq, q0, n.S);
+    load_rows<BR, D>(sdO + buf * BR * kLd, dout + qoff, ldq, q0, n.S);
+    load_stats<BR>(sL + buf * BR, lse + stat, q0, n.S);
+    load_stats<BR>(sDl + buf * BR, delta + stat, q0, n.S);
+  };
+  load_kv_tile<D>(sK, sV, 0, k + kvoff, v + kvoff, ldkv, k0, n.S);
+  load_step(0, 0);
+  cp_async_commit();
+
+  const int key = k0 + warp * 16 + lane / 4;  // this thread's keys: key, key + 8
+  const int col = 2 * (lane % 4);             // and queries q0 + col + 8 nb + (0, 1) of a step
+  float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+  for (int t = 0; t < n_steps; ++t) {
+    begin_step(t, n_steps, [&] { load_step(t + 1, (t + 1) % 2); });
+    const int buf = t % 2, q0 = (first + t % per_head) * BR;
+    const bf16_t* sQt = sQ + buf * BR * kLd;
+    const bf16_t* sdOt = sdO + buf * BR * kLd;
+    const float* sLt = sL + buf * BR;
+    const float* sDlt = sDl + buf * BR;
+    // P^T (16 keys x BR queries per warp), recomputed from lse.
+    float pt[BR / 8][4] = {};
+    warp_gemm_nt<D, BR>(pt, sK + warp * 16 * kLd, sQt, lane);
+    const bool masked = q0 + BR > n.S || (n.causal && q0 < k0 + kTile);
+#pragma unroll
+    for (int nb = 0; nb < BR / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qc = col + 8 * nb + e % 2;  // query within the step
+        float p = 0.f;
+        if (!masked || visible(q0 + qc, key + 8 * (e / 2), n.S, n.causal))
+          p = exp2f(fmaf(pt[nb][e], n.scale_log2, -sLt[qc] * kLog2e));
+        pt[nb][e] = p;
+      }
+    uint32_t a[BR / 16][4];
+    to_a_frags<BR>(a, pt);
+    warp_gemm_nn<BR, D>(dv_acc, a, sdOt, lane);  // dv += P^T dO
+    // dS^T = P^T (dP^T - delta), dP^T = V dO^T.
+    float dst[BR / 8][4] = {};
+    warp_gemm_nt<D, BR>(dst, sV + warp * 16 * kLd, sdOt, lane);
+#pragma unroll
+    for (int nb = 0; nb < BR / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dst[nb][e] = pt[nb][e] * (dst[nb][e] - sDlt[col + 8 * nb + e % 2]);
+    to_a_frags<BR>(a, dst);
+    warp_gemm_nn<BR, D>(dk_acc, a, sQt, lane);  // dk += dS^T Q
+    __syncthreads();
+  }
+
+  const float dk_mul[2] = {n.scale, n.scale}, dv_mul[2] = {1.f, 1.f};
+  store_tile<D>(dk + kvoff, ldkv, key, col, n.S, dk_acc, dk_mul);
+  store_tile<D>(dv + kvoff, ldkv, key, col, n.S, dv_acc, dv_mul);
+}
+
+// delta[b, h, s] = sum_d dO * O over each row of [B*S*H, D] (G lanes per row, rmsnorm's grouping).
+template <int G, typename T>
+__global__ void delta_kernel(const T* __restrict__ out, const T* __restrict__ dout, compute_t<T>* __restrict__ delta,
+                             int64_t rows, int S, int H, int D) {
+  using C = compute_t<T>;
+  const int64_t r = group_row<G>();
+  const bool valid = r < rows;  // every lane takes part in the shuffles
+  const int lane = threadIdx.x % G;
+  C acc = 0;
+  if (valid)
+    for (int d = lane; d < D; d += G) acc += load(out, r * D + d) * load(dout, r * D + d);
+  acc = group_sum<G>(acc);
+  if (!valid || lane != 0) return;
+  const int64_t bs = r / H;  // b * S + s
+  const int64_t h = r % H, b = bs / S, s = bs % S;
+  delta[(b * H + h) * S + s] = acc;
+}
+
+// ------------------------------------------------------------------ fallback (one warp per row)
+
+constexpr int kRowWarps = 4;                     // rows (warps) per block
+constexpr int kMaxRowD = 256;                    // the largest head dim of the fallback
+constexpr int kPerLane = kMaxRowD / kWarp;       // elements of a row per lane: d = lane + 32 m
+
+struct RowDims {
+  int B, S, H, Hkv, D;
+  double scale;
+  bool causal;
+};
+
+// One warp per row of `heads` heads: B * heads * S warps.
+inline unsigned row_grid(const RowDims& n, int heads) {
+  return static_cast<unsigned>((static_cast<int64_t>(n.B) * heads * n.S + kRowWarps - 1) / kRowWarps);
+}
+
+template <typename T>
+__device__ __forceinline__ void load_row(compute_t<T> (&x)[kPerLane], const T* p, int D, int lane) {
+#pragma unroll
+  for (int m = 0; m < kPerLane; ++m) {
+    const int d = lane + kWarp * m;
+    x[m] = d < D ? load(p, d) : compute_t<T>(0);
+  }
+}
+
+// x . p over the row, the same bits on every lane.
+template <typename T>
+__device__ __forceinline__ compute_t<T> row_dot(const compute_t<T> (&x)[kPerLane], const T* p, int D, int lane) {
+  compute_t<T> acc = 0;
+#pragma unroll
+  for (int m = 0; m < kPerLane; ++m) {
+    const int d = lane + kWarp * m;
+    if (d < D) acc += x[m] * load(p, d);
+  }
+  return warp_sum(acc);
+}
+
+// acc += c * p over the row.
+template <typename T>
+__device__ __forceinline__ void row_axpy(compute_t<T> (&acc)[kPerLane], compute_t<T> c, const T* p, int D, int lane) {
+#pragma unroll
+  for (int m = 0; m < kPerLane; ++m) {
+    const int d = lane + kWarp * m;
+    if (d < D) acc[m] += c * load(p, d);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_row(T* p, const compute_t<T> (&x)[kPerLane], compute_t<T> c, int D, int lane) {
+#pragma unroll
+  for (int m = 0; m < kPerLane; ++m) {
+    const int d = lane + kWarp * m;
+    if (d < D) store(p, d, static_cast<compute_t<T>>(x[m] * c));
+  }
+}
+
+// Warp w of the grid handles query row (b, h, i), w = (b H + h) S + i; false when past the end.
+__device__ __forceinline__ bool row_of_warp(const RowDims& n, int heads, int* b, int* h, int* i) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
+  if (w >= static_cast<int64_t>(n.B) * heads * n.S) return false;
+  *i = static_cast<int>(w % n.S);
+  const int64_t bh = w / n.S;
+  *h = static_cast<int>(bh % heads);
+  *b = static_cast<int>(bh / heads);
+  return true;
+}
+
+__device__ __forceinline__ int64_t row_offset(const RowDims& n, int b, int s, int head, int heads) {
+  return ((static_cast<int64_t>(b) * n.S + s) * heads + head) * n.D;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRowWarps * kWarp)
+    row_forward_kernel(const T* q, const T* k, const T* v, T* out, compute_t<T>* lse, RowDims n) {
+  using C = compute_t<T>;
+  int b, h, i;
+  if (!row_of_warp(n, n.H, &b, &h, &i)) return;  // the whole warp leaves together
+  const int lane = threadIdx.x % kWarp, hk = h / (n.H / n.Hkv);
+  const int64_t qo = row_offset(n, b, i, h, n.H);
+  C qr[kPerLane], acc[kPerLane] = {};
+  load_row(qr, q + qo, n.D, lane);
+  C mx = NegInf<C>::get(), l = 0;
+  const int jend = n.causal ? i + 1 : n.S;
+  for (int j = 0; j < jend; ++j) {
+    const int64_t kv = row_offset(n, b, j, hk, n.Hkv);
+    const C s = row_dot(qr, k + kv, n.D, lane) * static_cast<C>(n.scale);
+    const C m_new = xmax(mx, s);
+    const C corr = xexp(mx - m_new), p = xexp(s - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int m = 0; m < kPerLane; ++m) acc[m] *= corr;
+    row_axpy(acc, p, v + kv, n.D, lane);
+    mx = m_new;
+  }
+  store_row(out + qo, acc, C(1) / l, n.D, lane);
+  if (lane == 0) lse[(static_cast<int64_t>(b) * n.H + h) * n.S + i] = mx + xlog(l);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRowWarps * kWarp)
+    row_backward_dq_kernel(const T* q, const T* k, const T* v, const T* dout, const compute_t<T>* lse,
+                           const compute_t<T>* delta, T* dq, RowDims n) {
+  using C = compute_t<T>;
+  int b, h, i;
+  if (!row_of_warp(n, n.H, &b, &h, &i)) return;
+  const int lane = threadIdx.x % kWarp, hk = h / (n.H / n.Hkv);
+  const int64_t qo = row_offset(n, b, i, h, n.H);
+  const int64_t stat = (static_cast<int64_t>(b) * n.H + h) * n.S + i;
+  C qr[kPerLane], dor[kPerLane], acc[kPerLane] = {};
+  load_row(qr, q + qo, n.D, lane);
+  load_row(dor, dout + qo, n.D, lane);
+  const C L = lse[stat], dl = delta[stat], scale = static_cast<C>(n.scale);
+  const int jend = n.causal ? i + 1 : n.S;
+  for (int j = 0; j < jend; ++j) {
+    const int64_t kv = row_offset(n, b, j, hk, n.Hkv);
+    const C p = xexp(row_dot(qr, k + kv, n.D, lane) * scale - L);
+    const C ds = p * (row_dot(dor, v + kv, n.D, lane) - dl);
+    row_axpy(acc, ds, k + kv, n.D, lane);
+  }
+  store_row(dq + qo, acc, scale, n.D, lane);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRowWarps * kWarp)
+    row_backward_dkdv_kernel(const T* q, const T* k, const T* v, const T* dout, const compute_t<T>* lse,
+                             const compute_t<T>* delta, T* dk, T* dv, RowDims n) {
+  using C = compute_t<T>;
+  int b, hk, j;
+  if (!row_of_warp(n, n.Hkv, &b, &hk, &j)) return;
+  const int lane = threadIdx.x % kWarp, rep = n.H / n.Hkv;
+  const int64_t kv = row_offset(n, b, j, hk, n.Hkv);
+  C kr[kPerLane], vr[kPerLane], dk_acc[kPerLane] = {}, dv_acc[kPerLane] = {};
+  load_row(kr, k + kv, n.D, lane);
+  load_row(vr, v + kv, n.D, lane);
+  const C scale = static_cast<C>(n.scale);
+  for (int h = hk * rep; h < (hk + 1) * rep; ++h) {
+    const int64_t stat = (static_cast<int64_t>(b) * n.H + h) * n.S;
+    for (int i = n.causal ? j : 0; i < n.S; ++i) {
+      const int64_t qo = row_offset(n, b, i, h, n.H);
+      const C p = xexp(row_dot(kr, q + qo, n.D, lane) * scale - lse[stat + i]);
+      const C ds = p * (row_dot(vr, dout + qo, n.D, lane) - delta[stat + i]);
+      row_axpy(dv_acc, p, dout + qo, n.D, lane);
+      row_axpy(dk_acc, ds, q + qo, n.D, lane);
+    }
+  }
+  store_row(dk + kv, dk_acc, scale, n.D, lane);
+  store_row(dv + kv, dv_acc, C(1), n.D, lane);
+}
+
+// ------------------------------------------------------------------ q/k head preparation
+
+// Element j of rope applied to row x (cos/sin of frequency j mod D/2 in the tables).
+template <typename T>
+__device__ __forceinline__ compute_t<T> rope_at(compute_t<T> x1, compute_t<T> x2, compute_t<T> cs, compute_t<T> sn,
+                                               bool second) {
+  compute_t<T> y1, y2;
+  rope_rotate(x1, x2, cs, sn, &y1, &y2);
+  return second ? y2 : y1;
+}
+
+// Fills this block's tables with cos and sin (negated when inverse) of position s.
+template <typename C>
+__device__ __forceinline__ void rope_table(C* tab_cos, C* tab_sin, int s, int D, float theta, bool inverse) {
+  for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
+    C sn, cs;
+    rope_cos_sin(static_cast<float>(s) * rope_inv_freq(theta, i, D), &cs, &sn);
+    tab_cos[i] = cs;
+    tab_sin[i] = inverse ? -sn : sn;
+  }
+  __syncthreads();
+}
+
+// The head rows of one token: q heads 0..H-1 then k heads; a row r of the token is
+// x + (token * heads + head) * D for its tensor.
+struct HeadRows {
+  int H, Hkv;
+  __device__ bool is_q(int r) const { return r < H; }
+  __device__ int64_t row(int64_t token, int r) const { return r < H ? token * H + r : token * Hkv + (r - H); }
+};
+
+// Calls row_fn(is_q, row, valid) for each head row of this block's token (b, s) = blockIdx.x: the
+// q heads, then the k heads, a group of G lanes per row. Every lane takes part in every call (valid
+// is false past the last row) since the rows' sums shuffle within the warp.
+template <int G, typename Fn>
+__device__ __forceinline__ void for_token_rows(const HeadRows& hr, Fn&& row_fn) {
+  const int group = threadIdx.x / G, groups = blockDim.x / G;
+  for (int r0 = 0; r0 < hr.H + hr.Hkv; r0 += groups) {
+    const int r = r0 + group;
+    const bool valid = r < hr.H + hr.Hkv;
+    row_fn(valid && hr.is_q(r), valid ? hr.row(blockIdx.x, r) : 0, valid);
+  }
+}
+
+// One block per token: rms_norm (rmsnorm_forward_kernel's sums and rounding) then rope.
+template <int G, typename T, typename W>
+__global__ void qk_norm_rope_forward_kernel(const T* q, const T* k, const W* wq, const W* wk, T* q_out, T* k_out,
+                                            float* rstd_q, float* rstd_k, int S, HeadRows hr, int D, float eps,
+                                            float theta) {
+  using C = compute_t<T>;
+  C* tab_cos = reinterpret_cast<C*>(dynamic_smem());
+  C* tab_sin = tab_cos + D / 2;
+  rope_table(tab_cos, tab_sin, static_cast<int>(blockIdx.x % S), D, theta, /*inverse=*/false);
+  const int lane = threadIdx.x % G, half = D / 2;
+  for_token_rows<G>(hr, [&](bool is_q, int64_t row, bool valid) {
+    const T* x = (is_q ? q : k) + row * D;
+    const C ss = group_sum_sq<G>(x, D, lane, valid);
+    if (!valid) return;
+    const C inv = rms_rstd(ss, D, eps);
+    const W* w = is_q ? wq : wk;
+    T* y = (is_q ? q_out : k_out) + row * D;
+    if (lane == 0) (is_q ? rstd_q : rstd_k)[row] = static_cast<float>(inv);
+    for (int j = lane; j < D; j += G) {
+      const int i = j < half ? j : j - half;
+      const C x1 = rounded<T>(rms_scaled(x, w, i, inv));  // the normed tensor rope reads
+      const C x2 = rounded<T>(rms_scaled(x, w, i + half, inv));
+      store(y, j, rope_at<T>(x1, x2, tab_cos[i], tab_sin[i], j >= half));
+    }
+  });
+}
+
+// dx of rms_norm at the rope-inverted upstream gradient g = round(rope^-1(dy)) (rmsnorm_dx_kernel's
+// sums and rounding), one block per token.
+template <int G, typename T, typename W>
+__global__ void qk_norm_rope_dx_kernel(const T* q, const T* k, const W* wq, const W* wk, const float* rstd_q,
+                                       const float* rstd_k, const T* dq_out, const T* dk_out, T* dq, T* dk, int S,
+                                       HeadRows hr, int D, float theta) {
+  using C = compute_t<T>;
+  C* tab_cos = reinterpret_cast<C*>(dynamic_smem());
+  C* tab_sin = tab_cos + D / 2;
+  rope_table(tab_cos, tab_sin, static_cast<int>(blockIdx.x % S), D, theta, /*inverse=*/true);
+  const int lane = threadIdx.x % G, half = D / 2;
+  for_token_rows<G>(hr, [&](bool is_q, int64_t row, bool valid) {
+    const T* x = (is_q ? q : k) + row * D;
+    const T* dy = (is_q ? dq_out : dk_out) + row * D;
+    const W* w = is_q ? wq : wk;
+    const C inv = valid ? static_cast<C>((is_q ? rstd_q : rstd_k)[row]) : C(0);
+    const auto g_at = [&](int j) {  // the norm's upstream gradient, as the composition stores it
+      const int i = j < half ? j : j - half;
+      return rounded<T>(rope_at<T>(load(dy, i), load(dy, i + half), tab_cos[i], tab_sin[i], j >= half));
+    };
+    C dot = 0;
+    if (valid)
+      for (int j = lane; j < D; j += G) dot += g_at(j) * static_cast<C>(load(w, j)) * (load(x, j) * inv);
+    dot = group_sum<G>(dot);
+    if (!valid) return;
+    T* dx = (is_q ? dq : dk) + row * D;
+    const C mean_dot = dot / static_cast<C>(D);
+    for (int j = lane; j < D; j += G) {
+      const C xhat = load(x, j) * inv;
+      const C gw = g_at(j) * static_cast<C>(load(w, j));
+      store(dx, j, static_cast<C>(inv * (gw - xhat * mean_dot)));
+    }
+  });
+}
+
+// dw of one side (blockIdx.z: 0 = q, 1 = k) as rmsnorm_dw_partial_kernel sums it (column_sum_plan):
+// thread = column j, blockIdx.y = row chunk; with one chunk it writes dw, else a partial row.
+struct DwSide {
+  const void* x;
+  const float* rstd;
+  const void* dy;
+  void* dw;
+  void* partial;
+  int heads;
+  int64_t rows, rows_per_chunk;
+  int nchunks;  // 0: side skipped
+};
+
+template <typename T, typename W>
+__device__ __forceinline__ void dw_partial(const DwSide& sd, int S, int D, float theta) {
+  using C = compute_t<T>;
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (static_cast<int>(blockIdx.y) >= sd.nchunks || j >= D) return;
+  const T* x = static_cast<const T*>(sd.x);
+  const T* dy = static_cast<const T*>(sd.dy);
+  const int half = D / 2, i = j < half ? j : j - half;
+  const float inv_freq = rope_inv_freq(theta, i, D);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * sd.rows_per_chunk;
+  const int64_t r1 = r0 + sd.rows_per_chunk < sd.rows ? r0 + sd.rows_per_chunk : sd.rows;
+  C acc = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    C sn, cs;
+    rope_cos_sin(static_cast<float>((r / sd.heads) % S) * inv_freq, &cs, &sn);
+    const C g = rounded<T>(rope_at<T>(load(dy, r * D + i), load(dy, r * D + i + half), cs, -sn, j >= half));
+    acc += g * (load(x, r * D + j) * static_cast<C>(sd.rstd[r]));
+  }
+  if (sd.nchunks == 1) store(static_cast<W*>(sd.dw), j, static_cast<compute_t<W>>(acc));
+  else static_cast<C*>(sd.partial)[static_cast<int64_t>(blockIdx.y) * D + j] = acc;
+}
+
+template <typename T, typename W>
+__global__ void qk_norm_rope_dw_partial_kernel(DwSide q_side, DwSide k_side, int S, int D, float theta) {
+  if (blockIdx.z == 0) dw_partial<T, W>(q_side, S, D, theta);
+  else dw_partial<T, W>(k_side, S, D, theta);
+}
+
+// dw = the partial rows added in chunk order (rmsnorm_dw_final_kernel), sides with > 1 chunk.
+template <typename T, typename W>
+__device__ __forceinline__ void dw_final(const DwSide& sd, int D) {
+  using C = compute_t<T>;
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (sd.nchunks <= 1 || j >= D) return;
+  const C* partial = static_cast<const C*>(sd.partial);
+  C acc = 0;
+  for (int c = 0; c < sd.nchunks; ++c) acc += partial[static_cast<int64_t>(c) * D + j];
+  store(static_cast<W*>(sd.dw), j, static_cast<compute_t<W>>(acc));
+}
+
+template <typename T, typename W>
+__global__ void qk_norm_rope_dw_final_kernel(DwSide q_side, DwSide k_side, int D) {
+  if (blockIdx.z == 0) dw_final<T, W>(q_side, D);
+  else dw_final<T, W>(k_side, D);
+}
+
+}  // namespace flash
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace xt

@@ -1,0 +1,288 @@
+// The CUDA flash attention and head-preparation kernels (csrc/kernels/cuda/flash_attention.cuh),
+// run on the CPU under the warp/block emulator (cuda_emu.h) and compared with the CPU reference
+// kernels (csrc/kernels/cpu/flash_attention.cpp). What it checks before any GPU run: fragment and
+// tile indexing, masking of partial and causal tiles, GQA head mapping, the cp.async pipeline
+// (copies land only at their wait), barriers (three schedules of the threads give the same bits),
+// and the backward's recompute scheme. What it cannot check: the hardware's rounding, speed.
+//   tests/emu/run.sh [--quick | --schedules]   (builds with g++ against build-cpu/libxtrain_core.a)
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/bf16.h"
+#include "kernels/cuda/flash_attention.cuh"
+#include "kernels/kernels.h"
+
+namespace {
+
+using xt::DType;
+namespace cu = xt::kernels::cuda;
+namespace fl = xt::kernels::cuda::flash;
+namespace cpu = xt::kernels::cpu;
+using bf16_t = xt::kernels::bf16_t;  // __nv_bfloat16 under the emulation (kernels/common.h)
+
+int g_failures = 0;
+
+// Values held as float; stored as T for the kernels.
+template <typename T>
+struct Buf {
+  std::vector<T> v;
+  explicit Buf(size_t n) : v(n) {}
+  Buf(const std::vector<float>& x) : v(x.size()) {
+    for (size_t i = 0; i < x.size(); ++i) set(i, x[i]);
+  }
+  void set(size_t i, float f) {
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      const uint16_t bits = xt::float_to_bf16(f).bits;
+      std::memcpy(static_cast<void*>(&v[i]), &bits, 2);
+    } else {
+      v[i] = f;
+    }
+  }
+  float get(size_t i) const {
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      uint16_t bits;
+      std::memcpy(&bits, &v[i], 2);
+      return xt::bf16_to_float(xt::bf16{bits});
+    } else {
+      return static_cast<float>(v[i]);
+    }
+  }
+  std::vector<float> floats() const {
+    std::vector<float> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = get(i);
+    return r;
+  }
+  T* p() { return v.data(); }
+};
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.f) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> r(n);
+  for (float& x : r) x = d(gen);
+  return r;
+}
+
+// max |got - want| / max(max |want|, 0.01), reported and checked against tol. (The floor: at S = 1
+// the exact dq, dk are 0 and the kernels' are rounding noise of the inputs' O(1) scale.)
+void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<float>& want, double tol) {
+  double err = 0, ref = 0.01;
+  bool finite = true;
+  for (size_t i = 0; i < want.size(); ++i) {
+    finite = finite && std::isfinite(got[i]);
+    err = std::max(err, std::fabs(static_cast<double>(got[i]) - want[i]));
+    ref = std::max(ref, std::fabs(static_cast<double>(want[i])));
+  }
+  const bool ok = finite && err / ref <= tol;
+  std::printf("  %-52s rel err %.2e (tol %.0e) %s\n", what.c_str(), err / ref, tol, ok ? "ok" : "FAIL");
+  if (!ok) ++g_failures;
+}
+
+void expect(const std::string& what, bool ok) {
+  std::printf("  %-52s %s\n", what.c_str(), ok ? "ok" : "FAIL");
+  if (!ok) ++g_failures;
+}
+
+struct Case {
+  int B, S, H, Hkv, D;
+  bool causal;
+  std::string str() const {
+    return "B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(H) + "/" + std::to_string(Hkv) +
+           " D" + std::to_string(D) + (causal ? " causal" : " full");
+  }
+  size_t q_size() const { return size_t(B) * S * H * D; }
+  size_t kv_size() const { return size_t(B) * S * Hkv * D; }
+  size_t stat_size() const { return size_t(B) * H * S; }
+  double scale() const { return 1.0 / std::sqrt(double(D)); }
+};
+
+// ------------------------------------------------------------------ tensor-core path (bf16)
+
+struct AttnResult {
+  std::vector<float> out, lse, dq, dk, dv;
+  bool operator==(const AttnResult& o) const {  // bitwise (no NaN expected)
+    return out == o.out && lse == o.lse && dq == o.dq && dk == o.dk && dv == o.dv;
+  }
+};
+
+template <int D>
+AttnResult run_tensor_core(const Case& c, Buf<bf16_t>& q, Buf<bf16_t>& k, Buf<bf16_t>& v, Buf<bf16_t>& dout) {
+  Buf<bf16_t> out(c.q_size()), dq(c.q_size()), dk(c.kv_size()), dv(c.kv_size());
+  std::vector<float> lse(c.stat_size()), delta(c.stat_size());
+  const fl::Dims n = fl::make_dims(c.B, c.S, c.H, c.Hkv, c.scale(), c.causal);
+  emu::launch(fl::forward_grid(n), dim3(fl::kBlockThreads), fl::fwd_smem<D>(),
+              [&] { fl::flash_forward_kernel<D>(q.p(), k.p(), v.p(), out.p(), lse.data(), n); });
+  const int64_t rows = int64_t(c.B) * c.S * c.H;
+  cu::with_lanes(D, [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    emu::launch(dim3(unsigned(cu::ceil_div(rows, cu::rows_per_block<G>()))), dim3(cu::kThreads), 0,
+                [&] { fl::delta_kernel<G, bf16_t>(out.p(), dout.p(), delta.data(), rows, c.S, c.H, D); });
+  });
+  emu::launch(fl::forward_grid(n), dim3(fl::kBlockThreads), fl::dq_smem<D>(), [&] {
+    fl::flash_backward_dq_kernel<D>(q.p(), k.p(), v.p(), dout.p(), lse.data(), delta.data(), dq.p(), n);
+  });
+  emu::launch(fl::dkdv_grid(n), dim3(fl::kBlockThreads), fl::dkdv_smem<D>(), [&] {
+    fl::flash_backward_dkdv_kernel<D, fl::dkdv_rows<D>()>(q.p(), k.p(), v.p(), dout.p(), lse.data(), delta.data(),
+                                                         dk.p(), dv.p(), n);
+  });
+  return {out.floats(), lse, dq.floats(), dk.floats(), dv.floats()};
+}
+
+// The CPU reference on the same values; T is the storage type of both.
+template <typename T>
+AttnResult reference(const Case& c, Buf<T>& q, Buf<T>& k, Buf<T>& v, Buf<T>& dout, DType dt) {
+  Buf<T> out(c.q_size()), dq(c.q_size()), dk(c.kv_size()), dv(c.kv_size());
+  std::vector<float> lse(c.stat_size());
+  cpu::flash_attention_forward(dt, q.p(), k.p(), v.p(), out.p(), lse.data(), c.B, c.S, c.H, c.Hkv, c.D, c.scale(),
+                               c.causal, nullptr);
+  cpu::flash_attention_backward(dt, q.p(), k.p(), v.p(), out.p(), dout.p(), lse.data(), dq.p(), dk.p(), dv.p(), c.B,
+                                c.S, c.H, c.Hkv, c.D, c.scale(), c.causal, nullptr);
+  return {out.floats(), lse, dq.floats(), dk.floats(), dv.floats()};
+}
+
+void compare(const std::string& tag, const AttnResult& got, const AttnResult& want, double tol_out, double tol_grad) {
+  expect_close(tag + " out", got.out, want.out, tol_out);
+  expect_close(tag + " lse", got.lse, want.lse, 1e-5);
+  expect_close(tag + " dq", got.dq, want.dq, tol_grad);
+  expect_close(tag + " dk", got.dk, want.dk, tol_grad);
+  expect_close(tag + " dv", got.dv, want.dv, tol_grad);
+}
+
+template <int D>
+void tensor_core_case(Case c, bool race_check) {
+  c.D = D;
+  std::printf("tensor cores, %s\n", c.str().c_str());
+  Buf<bf16_t> q(randn(c.q_size(), 1)), k(randn(c.kv_size(), 2)), v(randn(c.kv_size(), 3)), dout(randn(c.q_size(), 4));
+  const AttnResult got = run_tensor_core<D>(c, q, k, v, dout);
+  compare("tc", got, reference(c, q, k, v, dout, DType::BFloat16), 1e-2, 2e-2);
+  if (!race_check) return;
+  const auto rerun = [&](emu::Schedule schedule) {
+    emu::set_schedule(schedule);
+    const AttnResult r = run_tensor_core<D>(c, q, k, v, dout);
+    emu::set_schedule(emu::Schedule::Lockstep);
+    return r;
+  };
+  expect("tc: same bits with threads in reverse order", got == rerun(emu::Schedule::LockstepReversed));
+  expect("tc: same bits with warps one at a time, lazy copies", got == rerun(emu::Schedule::WarpSerialLazy));
+  expect("tc: same bits with warps one at a time, eager copies", got == rerun(emu::Schedule::WarpSerialEager));
+}
+
+// ------------------------------------------------------------------ fallback path (one warp per row)
+
+template <typename T>
+void row_case(Case c, DType dt, double tol) {
+  std::printf("row kernels (%s), %s\n", std::is_same_v<T, float> ? "float32" : "bf16", c.str().c_str());
+  Buf<T> q(randn(c.q_size(), 5)), k(randn(c.kv_size(), 6)), v(randn(c.kv_size(), 7)), dout(randn(c.q_size(), 8));
+  const fl::RowDims n{c.B, c.S, c.H, c.Hkv, c.D, c.scale(), c.causal};
+  Buf<T> out(c.q_size()), dq(c.q_size()), dk(c.kv_size()), dv(c.kv_size());
+  std::vector<float> lse(c.stat_size()), delta(c.stat_size());
+  const dim3 block(fl::kRowWarps * 32);
+  emu::launch(dim3(fl::row_grid(n, c.H)), block, 0,
+              [&] { fl::row_forward_kernel<T>(q.p(), k.p(), v.p(), out.p(), lse.data(), n); });
+  const int64_t rows = int64_t(c.B) * c.S * c.H;
+  cu::with_lanes(c.D, [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    emu::launch(dim3(unsigned(cu::ceil_div(rows, cu::rows_per_block<G>()))), dim3(cu::kThreads), 0,
+                [&] { fl::delta_kernel<G, T>(out.p(), dout.p(), delta.data(), rows, c.S, c.H, c.D); });
+  });
+  emu::launch(dim3(fl::row_grid(n, c.H)), block, 0, [&] {
+    fl::row_backward_dq_kernel<T>(q.p(), k.p(), v.p(), dout.p(), lse.data(), delta.data(), dq.p(), n);
+  });
+  emu::launch(dim3(fl::row_grid(n, c.Hkv)), block, 0, [&] {
+    fl::row_backward_dkdv_kernel<T>(q.p(), k.p(), v.p(), dout.p(), lse.data(), delta.data(), dk.p(), dv.p(), n);
+  });
+  compare("row", {out.floats(), lse, dq.floats(), dk.floats(), dv.floats()}, reference(c, q, k, v, dout, dt), tol, tol);
+}
+
+// ------------------------------------------------------------------ head preparation
+
+template <typename T>
+void prep_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
+  using C = xt::kernels::compute_t<T>;
+  std::printf("qk_norm_rope (%s), B%d S%d H%d/%d D%d\n", std::is_same_v<T, float> ? "float32" : "bf16", B, S, H, Hkv,
+              D);
+  const size_t nq = size_t(B) * S * H * D, nk = size_t(B) * S * Hkv * D;
+  Buf<T> q(randn(nq, 9)), k(randn(nk, 10)), dq_out(randn(nq, 11)), dk_out(randn(nk, 12));
+  std::vector<float> wq = randn(D, 13, 0.3f), wk = randn(D, 14, 0.3f);
+  for (float& w : wq) w += 1.f;
+  for (float& w : wk) w += 1.f;
+  const float eps = 1e-5f, theta = 10000.f;
+  // CPU reference
+  Buf<T> rq(nq), rk(nk), rdq(nq), rdk(nk);
+  std::vector<float> rrq(nq / D), rrk(nk / D), rdwq(D), rdwk(D);
+  cpu::qk_norm_rope_forward(dt, DType::Float32, q.p(), k.p(), wq.data(), wk.data(), rq.p(), rk.p(), rrq.data(),
+                            rrk.data(), B, S, H, Hkv, D, eps, theta, nullptr);
+  cpu::qk_norm_rope_backward(dt, DType::Float32, q.p(), k.p(), wq.data(), wk.data(), rrq.data(), rrk.data(),
+                             dq_out.p(), dk_out.p(), rdq.p(), rdk.p(), rdwq.data(), rdwk.data(), B, S, H, Hkv, D,
+                             theta, nullptr);
+  // emulated CUDA kernels, launched as flash_attention.cu does
+  Buf<T> yq(nq), yk(nk), dq(nq), dk(nk);
+  std::vector<float> rsq(nq / D), rsk(nk / D), dwq(D), dwk(D);
+  const fl::HeadRows hr{H, Hkv};
+  cu::with_lanes(D, [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    emu::launch(dim3(B * S), dim3(128), sizeof(C) * D, [&] {
+      fl::qk_norm_rope_forward_kernel<G, T, float>(q.p(), k.p(), wq.data(), wk.data(), yq.p(), yk.p(), rsq.data(),
+                                                   rsk.data(), S, hr, D, eps, theta);
+    });
+    emu::launch(dim3(B * S), dim3(128), sizeof(C) * D, [&] {
+      fl::qk_norm_rope_dx_kernel<G, T, float>(q.p(), k.p(), wq.data(), wk.data(), rsq.data(), rsk.data(),
+                                              dq_out.p(), dk_out.p(), dq.p(), dk.p(), S, hr, D, theta);
+    });
+  });
+  const auto side = [&](const void* x, const float* rstd, const void* dy, float* dw, int heads, C* partial) {
+    const cu::ColumnSumPlan plan = cu::column_sum_plan(int64_t(B) * S * heads, D);
+    return fl::DwSide{x, rstd, dy, dw, partial, heads, int64_t(B) * S * heads, plan.rows_per_chunk, int(plan.nchunks)};
+  };
+  std::vector<C> part(size_t(2) * 1024 * D);
+  const fl::DwSide qs = side(q.p(), rsq.data(), dq_out.p(), dwq.data(), H, part.data());
+  const fl::DwSide ks = side(k.p(), rsk.data(), dk_out.p(), dwk.data(), Hkv, part.data() + size_t(1024) * D);
+  const cu::ColumnSumPlan plan = cu::column_sum_plan(1, D);
+  const int max_chunks = std::max(qs.nchunks, ks.nchunks);
+  emu::launch(dim3(unsigned(plan.col_blocks), unsigned(max_chunks), 2), dim3(plan.threads), 0,
+              [&] { fl::qk_norm_rope_dw_partial_kernel<T, float>(qs, ks, S, D, theta); });
+  if (max_chunks > 1)
+    emu::launch(dim3(unsigned(plan.col_blocks), 1, 2), dim3(plan.threads), 0,
+                [&] { fl::qk_norm_rope_dw_final_kernel<T, float>(qs, ks, D); });
+  std::printf("  (dw row chunks: q %d, k %d)\n", qs.nchunks, ks.nchunks);
+  expect_close("prep q", yq.floats(), rq.floats(), tol);
+  expect_close("prep k", yk.floats(), rk.floats(), tol);
+  expect_close("prep rstd_q", rsq, rrq, 1e-6);
+  expect_close("prep rstd_k", rsk, rrk, 1e-6);
+  expect_close("prep dq", dq.floats(), rdq.floats(), tol);
+  expect_close("prep dk", dk.floats(), rdk.floats(), tol);
+  expect_close("prep dwq", dwq, rdwq, 1e-5);
+  expect_close("prep dwk", dwk, rdwk, 1e-5);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  // B, S, H, Hkv, (D), causal: single row, partial tiles, exact tiles, GQA 2 and 3, full attention.
+  const std::vector<Case> cases = {{1, 1, 1, 1, 0, true},    {1, 7, 2, 1, 0, true},  {1, 64, 1, 1, 0, true},
+                                   {2, 100, 2, 2, 0, false}, {1, 150, 3, 1, 0, true}};
+  if (mode == "--schedules") {  // the schedule checks only, head_dim 32 (quick)
+    tensor_core_case<32>(cases.back(), true);
+  } else {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (mode == "--quick" && i > 2) break;
+      const bool last = i + 1 == cases.size();  // 3 key tiles: the double buffers are reused
+      tensor_core_case<32>(cases[i], last);
+      tensor_core_case<64>(cases[i], last);
+      tensor_core_case<128>(cases[i], last);
+    }
+    row_case<float>({1, 9, 2, 1, 32, true}, DType::Float32, 1e-5);
+    row_case<float>({2, 70, 4, 2, 40, false}, DType::Float32, 1e-5);
+    row_case<bf16_t>({1, 33, 3, 3, 48, true}, DType::BFloat16, 1e-2);
+    prep_case<float>(1, 3, 2, 1, 16, DType::Float32, 1e-5);
+    prep_case<float>(2, 5, 4, 2, 32, DType::Float32, 1e-5);
+    prep_case<bf16_t>(2, 9, 3, 1, 64, DType::BFloat16, 1e-2);
+    prep_case<float>(3, 40, 8, 8, 128, DType::Float32, 1e-5);
+  }
+  std::printf("%s: %d failure(s), %llu fiber switches\n", g_failures ? "FAILED" : "passed", g_failures,
+              static_cast<unsigned long long>(emu::st().switches));
+  return g_failures ? 1 : 0;
+}
