@@ -140,6 +140,28 @@ def test_workers_report_failures(stream):
         S.resolve_workers(-1)
 
 
+def test_results_are_received_before_they_are_asked_for(stream):
+    """A thread takes the workers' results off the pipe as they come: a block's lanes wait in the
+    inbox (no receive and unpickle between two training steps), forgotten ones are dropped."""
+    import time
+
+    workers = S.StoryWorkers(2)
+    try:
+        wanted = [workers.submit(S.lane_block, str(stream.path), f"k:{i}", 500) for i in range(4)]
+        dropped = workers.submit(S.lane_block, str(stream.path), "k:x", 500)
+        dropped.cancel()
+        deadline = time.monotonic() + 60
+        while len(workers._inbox.done) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with workers._inbox.ready:
+            assert sorted(workers._inbox.done) == [w._id for w in wanted]
+        for i, w in enumerate(wanted):
+            assert np.array_equal(w.result(), S.lane_block(str(stream.path), f"k:{i}", 500))
+        assert not workers._inbox.done
+    finally:
+        workers.close()
+
+
 def test_stream_copy_is_a_prepared_dataset(stream, tmp_path):
     out = write_stream_copy(stream, tmp_path / "copy", 5000, workers=0, progress=False)
     ds = open_dataset(out)

@@ -278,8 +278,7 @@ class StoryWorkers:
         self.n = n
         self._procs: list = []
         self._next_id = 0
-        self._done: dict[int, tuple[bool, object]] = {}
-        self._forgotten: set[int] = set()
+        self._inbox = _Inbox()
 
     def submit(self, fn: Callable, *args):
         if self.n == 0:
@@ -301,40 +300,41 @@ class StoryWorkers:
                                    daemon=True)
                 proc.start()
                 self._procs.append(proc)
-        self._finalizer = weakref.finalize(self, _stop_workers, self._procs, self._tasks, stop)
+        # Results are taken off the pipe as they arrive, by a thread of this process: a block's
+        # lanes are then ready when the training loop reaches it, instead of being received and
+        # unpickled all at once between two steps (a pause of ~0.1-0.4 s every block).
+        collector = threading.Thread(target=_collect, args=(self._results, self._inbox, stop),
+                                     name="xtrain-story-results", daemon=True)
+        collector.start()
+        self._finalizer = weakref.finalize(self, _stop_workers, self._procs, self._tasks, stop,
+                                           collector)
 
     def result(self, task_id: int):
-        import queue
-
-        while task_id not in self._done:
-            try:
-                got_id, ok, value = self._results.get(timeout=1.0)
-            except queue.Empty:
-                dead = [p.exitcode for p in self._procs if not p.is_alive()]
-                if dead:
-                    raise DataError(f"a story worker process died (exit code {dead[0]}); "
-                                    f"with little memory, use fewer workers") from None
-                continue
-            if got_id in self._forgotten:
-                self._forgotten.discard(got_id)
-            else:
-                self._done[got_id] = (ok, value)
-        ok, value = self._done.pop(task_id)
+        inbox = self._inbox
+        with inbox.ready:
+            while task_id not in inbox.done:
+                if not inbox.ready.wait(timeout=1.0):
+                    dead = [p.exitcode for p in self._procs if not p.is_alive()]
+                    if dead:
+                        raise DataError(f"a story worker process died (exit code {dead[0]}); "
+                                        f"with little memory, use fewer workers") from None
+            ok, value = inbox.done.pop(task_id)
         if not ok:
             raise DataError(f"a story worker failed: {value}")
         return value
 
     def forget(self, task_id: int) -> None:
         """The result of task_id is not wanted: drop it when it arrives."""
-        if self._done.pop(task_id, None) is None:
-            self._forgotten.add(task_id)
+        inbox = self._inbox
+        with inbox.ready:
+            if inbox.done.pop(task_id, None) is None:
+                inbox.forgotten.add(task_id)
 
     def close(self) -> None:
         if self._procs:
             self._finalizer()
             self._procs = []
-            self._done.clear()
-            self._forgotten.clear()
+            self._inbox = _Inbox()
 
 
 def _worker_loop(tasks, results, stop) -> None:
@@ -350,8 +350,36 @@ def _worker_loop(tasks, results, stop) -> None:
             results.put((task_id, False, f"{type(e).__name__}: {e}"))
 
 
-def _stop_workers(procs: list, tasks, stop) -> None:
-    stop.set()  # queued tasks are skipped; idle workers wake on the None
+class _Inbox:
+    """Results received from the workers, by task id, and the ids nobody will ask for."""
+
+    def __init__(self):
+        self.ready = threading.Condition()
+        self.done: dict[int, tuple[bool, object]] = {}
+        self.forgotten: set[int] = set()
+
+
+def _collect(results, inbox: _Inbox, stop) -> None:
+    """The result-collecting thread: moves each result from the pipe into the inbox."""
+    import queue
+
+    while not stop.is_set():
+        try:
+            got_id, ok, value = results.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        except (EOFError, OSError):  # the queue was closed under us at shutdown
+            return
+        with inbox.ready:
+            if got_id in inbox.forgotten:
+                inbox.forgotten.discard(got_id)
+            else:
+                inbox.done[got_id] = (ok, value)
+                inbox.ready.notify_all()
+
+
+def _stop_workers(procs: list, tasks, stop, collector=None) -> None:
+    stop.set()  # queued tasks are skipped; idle workers wake on the None; the collector exits
     for _ in procs:
         tasks.put(None)
     for proc in procs:
@@ -359,6 +387,8 @@ def _stop_workers(procs: list, tasks, stop) -> None:
         if proc.is_alive():
             proc.terminate()
             proc.join()
+    if collector is not None:
+        collector.join(timeout=5.0)
 
 
 # Rank threads of one process may start their loaders' workers at the same time.
