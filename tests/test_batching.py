@@ -94,7 +94,11 @@ def _model():
 def test_real_search_under_a_cpu_memory_limit():
     """The probe on the real model: the chosen micro-batch's step fits under the search limit and
     the next divisor's does not; the probes leave no gradients and the generator untouched."""
+    import gc
+
     model = _model()
+    gc.collect()  # blocks cached by earlier tests would count in base and be freed by the probes
+    xtrain.empty_cache("cpu")
     base = xtrain.memory_stats("cpu")["reserved_bytes.current"]
     limit = base + 40 * 2**20
     rng = xtrain.get_rng_state("cpu")
