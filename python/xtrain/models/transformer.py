@@ -36,6 +36,9 @@ Decisions:
   dlogits over them in place. forward(ids, targets) therefore returns (None, loss);
   return_logits=True adds a detached (B*S, V) copy of the logits. Without targets the logits come
   from the lm_head and stay differentiable.
+- Generation (xtrain.models.generate) uses a KV cache: forward_cached prefills it with the blocks'
+  own forward and then runs Block.decode / Attention.decode, one token per row at the row's own
+  position, attending to the cache with ops.decode_attention.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Init as GPT-2/nanoGPT: N(0, 0.02) everywhere, residual projections (o_proj, down_proj) scaled by
   1/sqrt(2L), norms ones; drawn on the CPU from one seeded xtrain.Generator in construction order,
