@@ -53,6 +53,28 @@ def test_sample_and_export_on_the_checkpoint(trained):
     assert (root / "hf" / "model.safetensors").is_file() and (root / "hf" / "config.json").is_file()
 
 
+def test_sample_batched_prompts_and_sampling_flags(trained):
+    _, out, _ = trained
+    ckpt = out / "ckpt"
+    prompts = ("--prompt", "Once upon a time", "--prompt", "The dog")
+    r = run_cli("sample", "--ckpt", ckpt, *prompts, "--greedy", "--max-new-tokens", "8", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    blocks = r.stdout.split("=== sample ")
+    assert len(blocks) == 3 and blocks[1].startswith("1 ===\nOnce upon a time") and blocks[2].startswith("2 ===\nThe dog")
+    # A batched prompt continues as it does alone (greedy), and --temperature 0 is greedy.
+    alone = run_cli("sample", "--ckpt", ckpt, "--prompt", "The dog", "--temperature", "0", "--max-new-tokens", "8",
+                    "--device", "cpu")
+    assert alone.returncode == 0, alone.stderr
+    assert blocks[2] == "2 ===\n" + alone.stdout
+    flags = ("--temperature", "1.2", "--top-k", "30", "--top-p", "0.9", "--seed", "5", "--max-new-tokens", "8",
+             "--device", "cpu")
+    a = run_cli("sample", "--ckpt", ckpt, *prompts, *flags)
+    assert a.returncode == 0, a.stderr
+    assert run_cli("sample", "--ckpt", ckpt, *prompts, *flags).stdout == a.stdout  # seeded
+    r = run_cli("sample", "--ckpt", ckpt, "--prompt", "Once " * 3000, "--max-new-tokens", "2", "--device", "cpu")
+    assert r.returncode == 2 and "max_seq" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_resume_continues_the_run(trained, tmp_path):
     root, out, _ = trained
     data = prepared_stories(root)
@@ -107,6 +129,11 @@ def test_help():
     (("train", "--resume", "/nonexistent/ckpt"), "no checkpoint"),
     (("sample", "--ckpt", "/nonexistent/ckpt"), "no checkpoint"),
     (("sample", "--ckpt", "x", "--greedy", "--top-k", "3"), "--greedy"),
+    (("sample", "--ckpt", "x", "--greedy", "--top-p", "0.5"), "--greedy"),
+    (("sample", "--ckpt", "x", "--top-p", "0"), "--top-p"),
+    (("sample", "--ckpt", "x", "--top-p", "1.5"), "--top-p"),
+    (("sample", "--ckpt", "x", "--temperature", "-1"), "--temperature"),
+    (("sample", "--ckpt", "x", "--max-new-tokens", "-1"), "--max-new-tokens"),
     (("export", "--ckpt", "x", "--out", "y", "--dtype", "f16"), "invalid choice"),
     (("export", "--ckpt", "/nonexistent/ckpt", "--out", "/tmp/xtrain-never"), "no checkpoint"),
     (("prepare", "/nonexistent/corpus.txt", "--out", "/tmp/xtrain-never"), "no such file"),

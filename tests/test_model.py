@@ -274,12 +274,14 @@ def test_generate(device):
     s1 = model.generate(prompt, 10, temperature=1.0, top_k=5, seed=7)
     s2 = model.generate(prompt, 10, temperature=1.0, top_k=5, seed=7)
     assert np.array_equal(s1, s2)
-    # Longer than max_seq: the window is cropped to the last max_seq tokens.
-    long = model.generate(np.arange(20)[None] % 96, 3, greedy=True)
-    assert long.shape == (1, 23)
+    # A row stops at max_seq tokens; a longer prompt is an error (RoPE positions never slide).
+    assert model.generate(np.arange(14)[None], 5, greedy=True).shape == (1, 16)
+    with pytest.raises(ValueError, match="max_seq"):
+        model.generate(np.arange(20)[None] % 96, 3, greedy=True)
     assert model.training  # restored after generation
     with pytest.raises(ValueError, match="temperature"):
-        model.generate(prompt, 2, temperature=0.0)
+        model.generate(prompt, 2, temperature=-1.0)
+    # tests/test_generate.py has the KV cache's own tests
 
 
 def test_bad_inputs():

@@ -150,6 +150,19 @@ struct AdamWParams {
                              const void* dq_out, const void* dk_out, void* dq, void* dk, void* dwq,     \
                              void* dwk, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,        \
                              float theta, void* stream);                                                \
+  /* ---- decode attention (kernels/{cpu,cuda}/decode_attention): one new query per row against a */   \
+  /* KV cache [B, L, Hkv, D] (L slots per row). kv_cache_write: cache[b, pos[b] + s] = x[b, s] for */   \
+  /* x [B, S, Hkv, D], pos int64 [B]; a row with pos[b] outside [0, L - S] writes nothing. */           \
+  /* decode_attention: out[b, h] = sum_j p_j v[b, j, h / (H / Hkv)] over j < len[b], p = softmax_j */   \
+  /* of scale q[b, h] . k[b, j, h / (H / Hkv)], on q, out [B, H, D], len int64 [B]; a row with */       \
+  /* len[b] = 0 gets zeros, one with len[b] outside [0, L] gets zeros. Compute type float32 */          \
+  /* (float64 for float64), rounded once; fixed summation order (deterministic). CUDA reports a */     \
+  /* bad pos/len as for embedding; the CPU's ops check them before the call. 1 <= D <= 256. */         \
+  void kv_cache_write(DType dt, void* cache, const void* x, const int64_t* pos, int64_t B, int64_t L,   \
+                      int64_t S, int64_t row, void* stream);                                            \
+  void decode_attention(DType dt, const void* q, const void* k_cache, const void* v_cache,              \
+                        const int64_t* len, void* out, int64_t B, int64_t L, int64_t H, int64_t Hkv,    \
+                        int64_t D, double scale, void* stream);                                         \
   /* ---- cross entropy (kernels/{cpu,cuda}/cross_entropy): logits [rows, vocab] with row stride ld */     \
   /* (elements, ld >= vocab; columns vocab..ld-1 are never read), targets int32/int64 */              \
   /* losses[r] = lse_r - logit[r, t_r] (0 when t_r == ignore; NaN, and reported on CUDA as for */       \

@@ -194,6 +194,16 @@ std::vector<Tensor> qk_norm_rope_backward(const Tensor& q, const Tensor& k, cons
                                           const Tensor& rstd_q, const Tensor& rstd_k, const Tensor& dq_out,
                                           const Tensor& dk_out, double theta);
 
+// ---- decode attention (ops/decode_attention.cpp): generation with a KV cache, not differentiable.
+// kv_cache_write_: cache [B, L, Hkv, D] (written in place), x [B, S, Hkv, D] of cache's dtype,
+// positions int64 [B]: cache[b, positions[b] + s] = x[b, s], 0 <= positions[b] <= L - S.
+// decode_attention: q [B, H, D] against k_cache, v_cache [B, L, Hkv, D] (H % Hkv == 0), lengths
+// int64 [B] in [0, L]: row b attends to its first lengths[b] slots; scale <= 0 selects 1/sqrt(D).
+// Returns out [B, H, D] (zeros for a row with length 0).
+void kv_cache_write_(const Tensor& cache, const Tensor& x, const Tensor& positions);
+Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& lengths,
+                        double scale);
+
 // ---- cross entropy (ops/cross_entropy.cpp): logits [N, V], targets int [N]; the mean loss over
 // targets that are not ignore_index, float32 []
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index);

@@ -1,6 +1,6 @@
 // Bindings for the model ops (xtrain.ops.*): rms_norm, rope, to_heads, from_heads, sdpa,
-// flash_attention, qk_norm_rope, softmax, log_softmax, cross_entropy, linear_cross_entropy. Argument
-// conversion only; the ops live in csrc/ops/.
+// flash_attention, qk_norm_rope, kv_cache_write_, decode_attention, softmax, log_softmax,
+// cross_entropy, linear_cross_entropy. Argument conversion only; the ops live in csrc/ops/.
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -67,6 +67,18 @@ void init_ops_model(py::module_& ops) {
           py::arg("k_norm_weight"), py::arg("eps") = 1e-6, py::arg("theta") = 10000.0, NoGil(),
           "rope(rms_norm(x, weight, eps), theta) over D for q [B, S, H, D] and k [B, S, H_kv, D] in one kernel "
           "(positions 0..S-1); returns (q, k), bitwise equal to rms_norm followed by rope");
+  ops.def("kv_cache_write_", &ops::kv_cache_write_, py::arg("cache"), py::arg("x"), py::arg("positions"), NoGil(),
+          "In place: cache [B, L, H_kv, D][b, positions[b] + s] = x [B, S, H_kv, D][b, s]; positions int64 [B] "
+          "(generation's KV cache; not differentiable)");
+  ops.def("decode_attention", [](const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& lengths,
+                                 std::optional<double> scale) {
+            XT_CHECK(!scale || (std::isfinite(*scale) && *scale > 0), ValueError,
+                     "decode_attention: scale must be a positive finite number or None, got ", *scale);
+            py::gil_scoped_release nogil;
+            return ops::decode_attention(q, k_cache, v_cache, lengths, scale ? *scale : 0.0);
+          }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("lengths"), py::arg("scale") = py::none(),
+          "One query per row against a KV cache: q [B, H, D], k_cache and v_cache [B, L, H_kv, D], row b attends to "
+          "its first lengths[b] slots (int64 [B]); returns [B, H, D]; scale None means 1/sqrt(D); not differentiable");
   ops.def("softmax", [](const Tensor& x, int64_t dim) {
             check_last_dim(x, dim, "softmax");
             return ops::softmax(x);

@@ -13,6 +13,7 @@
     xtrain prepare data/openwebtext               # nanoGPT/llm.c token files: read in place (gpt2)
     xtrain prepare saved_ds --out data/s --tokenizer gpt2   # a datasets.save_to_disk directory
     xtrain sample --ckpt runs/tiny/ckpt --prompt "Once upon a time" --temperature 0.8 --top-k 50
+    xtrain sample --ckpt runs/tiny/ckpt --prompt "A cat" --prompt "The sun" --top-p 0.9 --seed 1
     xtrain export --ckpt runs/tiny/ckpt --out hf/tiny --dtype bf16
 
 Several GPUs: `--devices N` runs one process with a thread per GPU; under a launcher each process
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import sys
@@ -136,6 +138,26 @@ def _mark_defaults(parser) -> None:
         if action.dest != "help":
             action.default = _Default(action.default)
     parser.set_defaults(_parser=parser)
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
+def _probability(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return v
 
 
 def _positive_float(text: str) -> float:
@@ -300,12 +322,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sample", help="generate text from a checkpoint", formatter_class=fmt)
     s.add_argument("--ckpt", required=True, help="checkpoint directory (e.g. runs/tiny/ckpt)")
-    s.add_argument("--prompt", default=None,
-                   help="text to continue (default: the run's sample prompt, e.g. 'Once upon a time')")
+    s.add_argument("--prompt", action="append", default=None,
+                   help="text to continue; repeat it for a batch of prompts, generated together "
+                        "(default: the run's sample prompt, e.g. 'Once upon a time')")
     s.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    s.add_argument("--temperature", type=_positive_float, default=None, help="sampling temperature (default 0.8)")
+    s.add_argument("--temperature", type=_nonneg_float, default=None,
+                   help="sampling temperature, 0 for greedy (default 0.8)")
     s.add_argument("--top-k", type=_positive_int, default=None, help="sample among the K most likely (default 50)")
-    s.add_argument("--max-new-tokens", type=_nonneg_int, default=200, help="tokens to generate")
+    s.add_argument("--top-p", type=_probability, default=None,
+                   help="sample among the most likely tokens whose probabilities sum to P, in (0, 1] "
+                        "(default 1: off)")
+    s.add_argument("--max-new-tokens", type=_nonneg_int, default=200,
+                   help="tokens to generate per prompt (a sample also ends at the end-of-text token "
+                        "or at the model's max_seq)")
     s.add_argument("--seed", type=_seed, default=0, help="sampling seed")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
 
@@ -599,21 +628,26 @@ def _prepare_into(args, name, hub, out, progress: bool):
 
 def cmd_sample(args) -> int:
     from xtrain import state
-    from xtrain.train import SAMPLE_PROMPT, resolve_device, sample_text
+    from xtrain.train import SAMPLE_PROMPT, resolve_device, sample_texts
 
-    if args.greedy and (args.temperature is not None or args.top_k is not None):
-        raise UsageError("--greedy cannot be combined with --temperature or --top-k")
+    if args.greedy and (args.temperature is not None or args.top_k is not None or args.top_p is not None):
+        raise UsageError("--greedy cannot be combined with --temperature, --top-k or --top-p")
     _check_device(args.device)
     ckpt = state.load(args.ckpt)
     model = ckpt.build_model(resolve_device(args.device))
     model.eval()
-    prompt = args.prompt
-    if prompt is None:  # the prompt of the run's own sample (the start of a validation document)
-        prompt = (ckpt.meta.get("train_args") or {}).get("sample_prompt") or SAMPLE_PROMPT
-    text = sample_text(model, ckpt.tokenizer(), prompt, args.max_new_tokens, seed=args.seed,
-                       temperature=args.temperature or 0.8,
-                       top_k=args.top_k if args.top_k is not None else 50, greedy=args.greedy)
-    print(text)
+    prompts = args.prompt
+    if prompts is None:  # the prompt of the run's own sample (the start of a validation document)
+        prompts = [(ckpt.meta.get("train_args") or {}).get("sample_prompt") or SAMPLE_PROMPT]
+    texts = sample_texts(model, ckpt.tokenizer(), prompts, args.max_new_tokens, seed=args.seed,
+                         temperature=args.temperature if args.temperature is not None else 0.8,
+                         top_k=args.top_k if args.top_k is not None else 50, top_p=args.top_p,
+                         greedy=args.greedy)
+    if len(texts) == 1:
+        print(texts[0])
+    else:
+        for i, text in enumerate(texts):
+            print(f"=== sample {i + 1} ===\n{text}")
     return 0
 
 

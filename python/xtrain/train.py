@@ -676,16 +676,28 @@ def memory_mb(device: str) -> float:
 
 
 def sample_text(model, tokenizer, prompt: str, max_new_tokens: int, seed: int = 0,
-                temperature: float = 0.8, top_k: int | None = 50, greedy: bool = False) -> str:
-    ids = [tokenizer.eot_id] + tokenizer.encode(prompt)  # documents start after an eot
-    out = model.generate([ids], max_new_tokens, temperature=temperature, top_k=top_k,
+                temperature: float = 0.8, top_k: int | None = 50, greedy: bool = False,
+                top_p: float | None = None) -> str:
+    return sample_texts(model, tokenizer, [prompt], max_new_tokens, seed=seed, temperature=temperature,
+                        top_k=top_k, greedy=greedy, top_p=top_p)[0]
+
+
+def sample_texts(model, tokenizer, prompts: list[str], max_new_tokens: int, seed: int = 0,
+                 temperature: float = 0.8, top_k: int | None = 50, greedy: bool = False,
+                 top_p: float | None = None) -> list[str]:
+    """Each prompt continued (one batched generate call), up to its end-of-text token."""
+    rows = [[tokenizer.eot_id] + tokenizer.encode(p) for p in prompts]  # documents start after an eot
+    out = model.generate(rows, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                          greedy=greedy, seed=seed, stop_token=tokenizer.eot_id)
-    new = [int(t) for t in out[0, len(ids):]]
-    if tokenizer.eot_id in new:
-        new = new[:new.index(tokenizer.eot_id)]
-    # Decoded with the prompt's ids: a SentencePiece continuation's leading space is part of its
-    # first piece, which decodes without it on its own.
-    return tokenizer.decode(ids[1:] + new)
+    texts = []
+    for ids, row in zip(rows, out):
+        new = [int(t) for t in row[len(ids):]]
+        if tokenizer.eot_id in new:
+            new = new[:new.index(tokenizer.eot_id)]
+        # Decoded with the prompt's ids: a SentencePiece continuation's leading space is part of its
+        # first piece, which decodes without it on its own.
+        texts.append(tokenizer.decode(ids[1:] + new))
+    return texts
 
 
 def plot_losses(history: list[dict], path: Path) -> None:

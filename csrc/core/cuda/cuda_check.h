@@ -35,9 +35,9 @@ class DeviceGuard {
 };
 
 // Note [Device-side index checks]
-// Embedding ids and cross-entropy targets are checked by the kernels that read them, not by the
-// host (that would need a sync per step). A kernel that meets an index outside its range reads
-// nothing for it (a zero row, a skipped row, a NaN loss: each kernel says which) and writes the
+// Embedding ids, cross-entropy targets and KV cache positions/lengths are checked by the kernels
+// that read them, not by the host (that would need a sync per step). A kernel that meets an index
+// outside its range reads nothing for it (a zero row, a skipped row, a NaN loss: each kernel says which) and writes the
 // index into its device's IndexErrorRecord, which lives in pinned host memory the device reaches
 // directly (unified addressing): no copy and no sync is needed to fill it. Every sync point on the host (synchronize,
 // a copy into host memory: item(), numpy(), to("cpu")) then calls check_index_errors, which
@@ -45,7 +45,8 @@ class DeviceGuard {
 // the error surfaces at the next sync point, not at the op; with several bad indices in flight
 // one of them is reported; a record is per device, so any thread's sync point on that device
 // may be the one that reports it.
-enum class IndexSite : int32_t { Embedding = 1, EmbeddingBackward = 2, CrossEntropy = 3 };
+enum class IndexSite : int32_t { Embedding = 1, EmbeddingBackward = 2, CrossEntropy = 3, KvCacheWrite = 4,
+                                  DecodeAttention = 5 };
 struct IndexErrorRecord {
   int32_t flag;          // 0: nothing to report; 1: the fields below are complete
   int32_t site;          // IndexSite: which kernel found it

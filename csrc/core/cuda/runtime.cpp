@@ -126,6 +126,11 @@ std::string index_error_message(int device, const IndexErrorRecord& r) {
     case IndexSite::CrossEntropy:
       return str("cross_entropy: target ", r.value, " is out of range for ", r.bound,
                  " classes (expected 0 <= target < ", r.bound, ", or ignore_index ", r.ignore_index, ")", where);
+    case IndexSite::KvCacheWrite:
+      return str("kv_cache_write_: positions must be in [0, ", r.bound - 1, "] (cache slots minus x's positions), got ",
+                 r.value, where);
+    case IndexSite::DecodeAttention:
+      return str("decode_attention: lengths must be in [0, ", r.bound - 1, "] (the cache's slots), got ", r.value, where);
   }
   return str("index ", r.value, " out of range [0, ", r.bound, ")", where);
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'flash_attention', 'from_heads', 'gelu', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'to_heads', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'flash_attention', 'from_heads', 'gelu', 'kv_cache_write_', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'to_heads', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -25,6 +25,10 @@ def cast_many(tensors: collections.abc.Sequence[xtrain._C.Tensor], dtype: typing
 def cross_entropy(logits: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100) -> xtrain._C.Tensor:
     """
     Mean cross-entropy of logits [N, V] against int targets [N], skipping ignore_index; float32 scalar
+    """
+def decode_attention(q: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xtrain._C.Tensor, lengths: xtrain._C.Tensor, scale: typing.SupportsFloat | typing.SupportsIndex | None = None) -> xtrain._C.Tensor:
+    """
+    One query per row against a KV cache: q [B, H, D], k_cache and v_cache [B, L, H_kv, D], row b attends to its first lengths[b] slots (int64 [B]); returns [B, H, D]; scale None means 1/sqrt(D); not differentiable
     """
 def div(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
@@ -60,6 +64,10 @@ def from_heads(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
 def gelu(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     GELU, tanh approximation: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), as GPT-2 and torch.nn.functional.gelu(x, approximate='tanh')
+    """
+def kv_cache_write_(cache: xtrain._C.Tensor, x: xtrain._C.Tensor, positions: xtrain._C.Tensor) -> None:
+    """
+    In place: cache [B, L, H_kv, D][b, positions[b] + s] = x [B, S, H_kv, D][b, s]; positions int64 [B] (generation's KV cache; not differentiable)
     """
 def linear(x: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """

@@ -36,6 +36,9 @@ Decisions:
   dlogits over them in place. forward(ids, targets) therefore returns (None, loss);
   return_logits=True adds a detached (B*S, V) copy of the logits. Without targets the logits come
   from the lm_head and stay differentiable.
+- Generation (xtrain.models.generate) uses a KV cache: forward_cached prefills it with the blocks'
+  own forward and then runs Block.decode / Attention.decode, one token per row at the row's own
+  position, attending to the cache with ops.decode_attention.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Init as GPT-2/nanoGPT: N(0, 0.02) everywhere, residual projections (o_proj, down_proj) scaled by
   1/sqrt(2L), norms ones; drawn on the CPU from one seeded xtrain.Generator in construction order,
@@ -177,15 +180,31 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(c.head_dim, c.norm_eps)
         self.dropout = nn.Dropout(c.dropout)
 
-    def forward(self, x, seq: int):
-        """x (B*S, dim), already normed -> (B*S, dim)."""
+    def forward(self, x, seq: int, cache=None):
+        """x (B*S, dim), already normed -> (B*S, dim). With a KV cache (generation's prefill), k
+        (after norm and RoPE) and v are also stored in it."""
         B, H, D = x.shape[0] // seq, self.n_heads, self.head_dim
         q = self.q_proj(x).reshape(B, seq, H, D)                       # (B, S, H, D), no copy
         k = self.k_proj(x).reshape(B, seq, H, D)
         v = self.v_proj(x).reshape(B, seq, H, D)
         q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta)
+        if cache is not None:
+            cache.write(k, v)
         a = ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))  # (B, S, H, D)
         return self.dropout(self.o_proj(a.reshape(B * seq, H * D)))            # (B*S, dim)
+
+    def decode(self, x, cache):
+        """One new token per row: x (B, dim), already normed -> (B, dim), attending to the row's
+        cached keys and values plus its own (written into the cache at cache.positions). The same
+        ops as forward's qk_norm_rope (rms_norm then rope, bitwise): the rows are rope's sequence
+        axis, each with its own position."""
+        B, H, D = x.shape[0], self.n_heads, self.head_dim
+        Hkv = self.k_proj.weight.shape[0] // D
+        q = ops.rope(self.q_norm(self.q_proj(x).reshape(1, B, H, D)), cache.positions, self.rope_theta)
+        k = ops.rope(self.k_norm(self.k_proj(x).reshape(1, B, Hkv, D)), cache.positions, self.rope_theta)
+        cache.write(k.reshape(B, 1, Hkv, D), self.v_proj(x).reshape(B, 1, Hkv, D))
+        a = cache.attend(q.reshape(B, H, D), scale=1.0 / math.sqrt(D))   # (B, H, D)
+        return self.o_proj(a.reshape(B, H * D))
 
 
 class MLP(nn.Module):
@@ -219,11 +238,18 @@ class Block(nn.Module):
         self.mlp = MLP(c, gen, residual_std)
         self.recompute = c.recompute
 
-    def forward(self, x, seq: int):
-        """The residual stream x (B*S, dim) -> (B*S, dim); seq is S."""
-        if self.recompute:
+    def forward(self, x, seq: int, cache=None):
+        """The residual stream x (B*S, dim) -> (B*S, dim); seq is S. cache: the block's KV cache
+        (generation's prefill, under no_grad), filled on the way."""
+        if self.recompute and cache is None:
             return self._forward_recompute(x, seq)
-        x = x + self.self_attn(self.input_layernorm(x), seq)
+        x = x + self.self_attn(self.input_layernorm(x), seq, cache)
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x
+
+    def decode(self, x, cache):
+        """One new token per row of the residual stream x (B, dim) -> (B, dim), with the KV cache."""
+        x = x + self.self_attn.decode(self.input_layernorm(x), cache)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x
 
@@ -294,55 +320,33 @@ class TinyTransformer(nn.Module):
     def device(self) -> str:
         return self.store.device
 
-    def generate(self, ids, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 greedy: bool = False, seed: int = 0, stop_token: int | None = None) -> np.ndarray:
-        """Continue `ids` (B, S) by up to max_new_tokens; returns int64 (B, S + n).
+    def forward_cached(self, ids, cache, last=None):
+        """Generation's forward, under no_grad: new tokens ids int (B, S) and a KV cache
+        (xtrain.models.generate.KVCache) -> logits (B, V) in the compute dtype, one row per sequence.
+        Prefill (the cache is empty): the S positions 0..S-1 of right-padded prompts run as in
+        forward (causal flash attention, so padding never reaches a real position) and fill the
+        cache; the logits are those of flat row last[b] (int64 (B,), b*S + length_b - 1). Decode
+        (S == 1): each row's token at its cache position."""
+        B, S = ids.shape
+        with self.store.bound(self.store.compute_weights()):
+            x = self.embed_tokens(ids.reshape(B * S)).to(self.config.dtype)   # (B*S, dim)
+            if cache.empty:
+                for block, layer in zip(self.layers, cache.layers):
+                    x = block(x, S, layer)
+                x = ops.embedding(x, last)                                     # (B, dim)
+            else:
+                for block, layer in zip(self.layers, cache.layers):
+                    x = block.decode(x, layer)
+            return self.lm_head(self.norm(x))                                  # (B, V)
 
-        No KV cache: each step re-runs the last max_seq tokens (cost O(n * S^2), fine for samples).
-        Sampling draws on the host from a numpy PCG64 seeded with `seed`, so samples repeat.
-        Stops early when every row has produced `stop_token`."""
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if not greedy and temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (or use greedy), got {temperature}")
-        if top_k is not None and top_k <= 0:
-            raise ValueError(f"top_k must be positive, got {top_k}")
-        out = np.array(ids, dtype=np.int64)
-        if out.ndim == 1:
-            out = out[None, :]
-        if out.ndim != 2 or out.shape[1] == 0:
-            raise ValueError(f"generate needs a non-empty (batch, seq) prompt, got {out.shape}")
-        rng = np.random.Generator(np.random.PCG64(seed))
-        was_training = self.training
-        self.eval()
-        done = np.zeros(out.shape[0], dtype=bool)
-        try:
-            with xtrain.no_grad():
-                for _ in range(max_new_tokens):
-                    window = out[:, -self.config.max_seq:]
-                    logits, _ = self(window)
-                    # Sync point: the logits come to the host to pick the next token.
-                    last = np.asarray(logits.numpy(), dtype=np.float32)
-                    last = last.reshape(window.shape[0], window.shape[1], -1)[:, -1, :]
-                    nxt = np.array([_pick(row, temperature, top_k, greedy, rng) for row in last])
-                    out = np.concatenate([out, nxt[:, None]], axis=1)
-                    if stop_token is not None:
-                        done |= nxt == stop_token
-                        if done.all():
-                            break
-        finally:
-            self.train(was_training)
-        return out
+    def generate(self, prompts, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, greedy: bool = False, seed: int = 0, generator=None,
+                 stop_token: int | None = None, pad_token: int | None = None) -> np.ndarray:
+        """Continue each prompt by up to max_new_tokens with a KV cache; returns int64 (B, T).
 
-
-def _pick(logits: np.ndarray, temperature: float, top_k: int | None, greedy: bool,
-          rng: np.random.Generator) -> int:
-    if greedy:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
-    if top_k is not None and top_k < z.size:
-        kth = np.partition(z, -top_k)[-top_k]
-        z = np.where(z < kth, -np.inf, z)
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    return int(rng.choice(z.size, p=p))
+        See xtrain.models.generate.generate (and docs/generation.md) for the rules: prompts of
+        different lengths, greedy / temperature / top-k / top-p, seeds, stop tokens, max_seq."""
+        from .generate import generate
+        return generate(self, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        greedy=greedy, seed=seed, generator=generator, stop_token=stop_token,
+                        pad_token=pad_token)

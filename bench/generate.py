@@ -1,0 +1,131 @@
+"""Generation speed: the KV-cache generator against re-running the whole prefix for every token.
+
+    python bench/generate.py                          # dim768 bf16 on the GPU, batch 1 and 32
+    python bench/generate.py --device cpu --preset tiny --batches 1,4 --new-tokens 16   # smoke
+
+Both paths generate greedily from the same random prompts (--prompt-len tokens each, seeded) with
+the same model (seeded init, --vocab tokens), --new-tokens per row and no stop token, so every row
+produces exactly that many tokens:
+  cached   model.generate (xtrain.models.generate): one prefill over the prompts, then one token
+           per row per step against the KV cache; sampling on the host from (B, V) logits
+  rerun    rerun_generate below, the generator before the KV cache (kept here as the baseline):
+           every step runs the model on the whole sequence so far (B, S) and brings its
+           (B*S, V) logits to the host to take the last row's argmax
+Time is one whole call (prefill included) after a short warm-up call of each path, synchronised
+at both ends; tokens/s counts new tokens (batch * new tokens / seconds). `speedup` = rerun time /
+cached time: the issue-17 gate is >= 10 at 256 new tokens for dim768 on the H200. `same_tokens`
+is the fraction of rows whose tokens agree between the two paths (1.0 in float32; bf16 rounds
+attention differently in the two paths, so a near tie can flip a token and the rows diverge
+after it). A third run samples (temperature 0.8, top-k 50, top-p 0.95) with the cache, to show
+what host-side sampling costs next to greedy.
+
+Results: bench/results/generate-PRESET-DATE.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import common
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto", help="cuda, cuda:N, cpu or auto (cuda if present)")
+    p.add_argument("--preset", default="dim768")
+    p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
+    p.add_argument("--batches", default="1,32", help="comma-separated batch sizes")
+    p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
+    p.add_argument("--new-tokens", type=int, default=256, help="tokens generated per row")
+    p.add_argument("--no-rerun", action="store_true", help="time the cached generator only")
+    prec = p.add_mutually_exclusive_group()
+    prec.add_argument("--bf16", dest="bf16", action="store_true", default=None,
+                      help="mixed precision bf16 (default on CUDA)")
+    prec.add_argument("--fp32", dest="bf16", action="store_false", help="float32 (default on the CPU)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(common.RESULTS_DIR), help="directory for the JSON")
+    p.add_argument("--tag", default="", help="suffix of the result name (to tell runs apart)")
+    return p.parse_args(argv)
+
+
+def rerun_generate(model, prompts: np.ndarray, max_new_tokens: int) -> np.ndarray:
+    """Greedy generation without a cache, as TinyTransformer.generate did before it had one: each
+    step re-runs the last max_seq tokens and takes the argmax of the last row's logits."""
+    import xtrain
+
+    out = np.array(prompts, dtype=np.int64)
+    with xtrain.no_grad():
+        for _ in range(max_new_tokens):
+            window = out[:, -model.config.max_seq:]
+            logits, _ = model(window)
+            # Sync point: the logits come to the host to pick the next token.
+            last = np.asarray(logits.numpy(), dtype=np.float32)
+            last = last.reshape(window.shape[0], window.shape[1], -1)[:, -1, :]
+            out = np.concatenate([out, np.argmax(last, axis=1)[:, None]], axis=1)
+    return out
+
+
+def timed(fn, device: str) -> tuple[float, np.ndarray]:
+    common.xt_sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    common.xt_sync(device)
+    return time.perf_counter() - t0, out
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    import xtrain
+    from xtrain.models import TinyTransformer, config_for
+
+    device, _ = common.resolve_device(args.device)
+    bf16 = common.is_cuda(device) if args.bf16 is None else args.bf16
+    config = config_for(args.preset, args.vocab, bf16=bf16)
+    if args.prompt_len + args.new_tokens > config.max_seq:
+        raise SystemExit(f"--prompt-len + --new-tokens must be <= max_seq {config.max_seq}")
+    model = TinyTransformer(config, device=device, seed=args.seed)
+    model.eval()
+    rng = np.random.default_rng(args.seed)
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"{args.preset} ({'bf16' if bf16 else 'fp32'}) on {device}: prompts of {args.prompt_len} tokens, "
+          f"{args.new_tokens} new tokens per row, vocab {args.vocab}")
+
+    rows = []
+    for B in batches:
+        prompts = rng.integers(0, args.vocab, size=(B, args.prompt_len), dtype=np.int64)
+        row = {"batch": B}
+        model.generate(prompts, 4, greedy=True)  # warm-up: kernels, cuBLAS handles, allocator
+        common.xt_reset_peak(device)
+        t, cached = timed(lambda: model.generate(prompts, args.new_tokens, greedy=True), device)
+        row.update(cached_s=t, cached_tok_s=B * args.new_tokens / t,
+                   cached_step_ms=1e3 * t / args.new_tokens, cached_peak_gib=common.gib(
+                       common.xt_peak(device)["allocated_peak"]))
+        t, _ = timed(lambda: model.generate(prompts, args.new_tokens, temperature=0.8, top_k=50, top_p=0.95,
+                                            seed=args.seed), device)
+        row.update(sampled_s=t, sampled_tok_s=B * args.new_tokens / t)
+        if not args.no_rerun:
+            rerun_generate(model, prompts, 2)
+            t, rerun = timed(lambda: rerun_generate(model, prompts, args.new_tokens), device)
+            row.update(rerun_s=t, rerun_tok_s=B * args.new_tokens / t, speedup=t / row["cached_s"],
+                       same_tokens=float(np.mean([np.array_equal(a, b) for a, b in zip(cached, rerun)])))
+        rows.append(row)
+        print(f"batch {B}: cached {row['cached_tok_s']:,.0f} tok/s"
+              + (f", rerun {row['rerun_tok_s']:,.0f} tok/s, speedup {row['speedup']:.1f}x" if "speedup" in row
+                 else ""), flush=True)
+
+    common.print_table(rows, [("batch", "batch", "d"), ("cached_tok_s", "cached tok/s", ",.0f"),
+                              ("cached_step_ms", "ms/step", ".2f"), ("sampled_tok_s", "sampled tok/s", ",.0f"),
+                              ("rerun_tok_s", "rerun tok/s", ",.0f"), ("speedup", "speedup", ".1f"),
+                              ("same_tokens", "same tokens", ".2f"), ("cached_peak_gib", "peak GiB", ".2f")])
+    payload = {"benchmark": "generate", "env": common.env_info(device),
+               "config": {**config.to_dict(), "preset": args.preset},
+               "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "results": rows,
+               "gate": "speedup >= 10 at 256 new tokens for dim768 (issue 17)"}
+    common.write_json(common.result_name(f"generate-{args.preset}", args.tag), payload, args.out)
+
+
+if __name__ == "__main__":
+    main()

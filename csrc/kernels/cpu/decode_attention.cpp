@@ -1,0 +1,73 @@
+// Decode attention on the CPU, as plain loops: the reference the CUDA kernels are tested against
+// (kernels/cuda/decode_attention.cu).
+//
+//  - kv_cache_write copies x [B, S, Hkv, D] into the cache [B, L, Hkv, D] at slots pos[b]..pos[b]+S-1
+//    of each row (a row's S slots are contiguous: one copy per row).
+//  - decode_attention, per (b, h): s_j = scale * q . k_j for j < len[b], m = max_j s_j,
+//    p_j = exp(s_j - m), out = sum_j p_j v_j / sum_j p_j, in float32 (float64 for float64), rounded
+//    once. Query head h reads kv head h / (H / Hkv).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/common.h"
+#include "kernels/kernels.h"
+
+namespace xt {
+namespace kernels {
+namespace cpu {
+
+void kv_cache_write(DType dt, void* cache, const void* x, const int64_t* pos, int64_t B, int64_t L, int64_t S,
+                    int64_t row, void* /*stream*/) {
+  const size_t esize = dtype_size(dt);
+  for (int64_t b = 0; b < B; ++b) {
+    if (pos[b] < 0 || pos[b] > L - S) continue;
+    std::memcpy(static_cast<char*>(cache) + static_cast<size_t>((b * L + pos[b]) * row) * esize,
+                static_cast<const char*>(x) + static_cast<size_t>(b * S * row) * esize,
+                static_cast<size_t>(S * row) * esize);
+  }
+}
+
+void decode_attention(DType dt, const void* q_, const void* k_, const void* v_, const int64_t* len, void* out_,
+                      int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, double scale, void* /*stream*/) {
+  XT_DISPATCH_FLOAT(dt, "decode_attention", T, {
+    using C = compute_t<T>;
+    const T* q = static_cast<const T*>(q_);
+    const T* k = static_cast<const T*>(k_);
+    const T* v = static_cast<const T*>(v_);
+    T* out = static_cast<T*>(out_);
+    const int64_t rep = H / Hkv;
+    const C sc = static_cast<C>(scale);
+    std::vector<C> p(static_cast<size_t>(L)), acc(static_cast<size_t>(D));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t n = len[b] >= 0 && len[b] <= L ? len[b] : 0;
+        const T* qh = q + (b * H + h) * D;
+        const int64_t hk = h / rep;
+        C m = -std::numeric_limits<C>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          const T* kj = k + ((b * L + j) * Hkv + hk) * D;
+          C s = 0;
+          for (int64_t d = 0; d < D; ++d) s += load(qh, d) * load(kj, d);
+          p[j] = s * sc;
+          m = std::max(m, p[j]);
+        }
+        C l = 0;
+        std::fill(acc.begin(), acc.end(), C(0));
+        for (int64_t j = 0; j < n; ++j) {
+          p[j] = std::exp(p[j] - m);
+          l += p[j];
+          const T* vj = v + ((b * L + j) * Hkv + hk) * D;
+          for (int64_t d = 0; d < D; ++d) acc[d] += p[j] * load(vj, d);
+        }
+        const C inv = n > 0 ? C(1) / l : C(0);
+        for (int64_t d = 0; d < D; ++d) store(out, (b * H + h) * D + d, acc[d] * inv);
+      }
+  });
+}
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace xt

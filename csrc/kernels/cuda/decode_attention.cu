@@ -1,0 +1,248 @@
+// CUDA decode attention: the KV cache write and one query row per (b, h) against the cache
+// [B, L, Hkv, D], split over the keys (flash-decoding) so that a batch of 1 still fills the GPU.
+//
+//  - kv_cache_write: a grid-stride copy in the widest word (16 bytes when the row allows it); the
+//    slots of a row are contiguous, so it is a strided memcpy. A bad position is reported (Note
+//    [Device-side index checks]) and its row is not written.
+//  - decode_attention runs two kernels. partial: grid (B*Hkv, chunks of `chunk` keys); a block
+//    handles the G = H/Hkv query heads of one kv head over one chunk, so each K/V row is read from
+//    memory once per group: scores thread-per-key into shared memory (q pre-scaled by
+//    scale * log2 e), the chunk's max m and sum l of exp2(s - m) by fixed-order block reductions,
+//    o = sum_j p_j v_j by (g, d) items with the keys split among thread subgroups and the subgroup
+//    sums added in order. combine: one block per (b, h), M = max of the chunks' m, out =
+//    sum_c o_c 2^(m_c - M) / sum_c l_c 2^(m_c - M), chunks in order, rounded once.
+//  - Deterministic: the chunk size and launch shapes depend only on (B, L, H, Hkv, D, dtype), every
+//    sum has a fixed order, no atomics. Chunks past a row's length exit at once and are not read.
+//    Compute type float32 (float64 for float64).
+#include "kernels/cuda/common.cuh"
+
+namespace xt {
+namespace kernels {
+namespace cuda {
+
+namespace {
+
+constexpr int kDecodeThreads = 128;
+// Keys per block: 256 at most (scores of a chunk fit shared memory for any G and D the flash
+// limit allows, after halving), at least 32; halved while the grid is under kDecodeMinBlocks.
+constexpr int kMaxChunk = 256;
+constexpr int kMinChunk = 32;
+constexpr int64_t kDecodeMinBlocks = 512;
+constexpr size_t kDecodeSmem = 48 * 1024;  // the default dynamic shared memory limit
+constexpr double kLog2e = 1.4426950408889634;
+
+__device__ __forceinline__ float exp2_c(float x) { return exp2f(x); }
+__device__ __forceinline__ double exp2_c(double x) { return exp2(x); }
+
+// ------------------------------------------------------------------ cache write
+
+template <typename W>
+__global__ void kv_cache_write_kernel(W* cache, const W* x, const int64_t* pos, int64_t B, int64_t L, int64_t S,
+                                      int64_t row_words, IndexErrorRecord* err) {
+  const int64_t per_row = S * row_words;
+  XT_GRID_STRIDE(i, B * per_row) {
+    const int64_t b = i / per_row, r = i - b * per_row;
+    const int64_t p = pos[b];
+    if (p < 0 || p > L - S) {
+      if (r == 0) report_bad_index(err, IndexSite::KvCacheWrite, p, L - S + 1, 0);
+      continue;
+    }
+    cache[(b * L + p) * row_words + r] = x[i];
+  }
+}
+
+template <typename W>
+void launch_cache_write(void* cache, const void* x, const int64_t* pos, int64_t B, int64_t L, int64_t S,
+                        int64_t row_bytes, const OnStream& on) {
+  const int64_t row_words = row_bytes / static_cast<int64_t>(sizeof(W));
+  kv_cache_write_kernel<<<grid_for(B * S * row_words), kThreads, 0, on.s>>>(
+      static_cast<W*>(cache), static_cast<const W*>(x), pos, B, L, S, row_words,
+      xt::cuda::index_error_record(on.device));
+  XT_LAUNCH_CHECK();
+}
+
+// ------------------------------------------------------------------ attention
+
+// q . k for one key row, q (pre-scaled, compute type) in shared memory; kVec reads k in 16-byte
+// packs (same order of additions as the scalar loop).
+template <bool kVec, typename T, typename C = compute_t<T>>
+__device__ __forceinline__ C dot_key(const C* qs, const T* kr, int D) {
+  C s = 0;
+  if constexpr (kVec) {
+    constexpr int V = 16 / sizeof(T);
+    for (int d = 0; d < D; d += V) {
+      const Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(kr + d);
+#pragma unroll
+      for (int e = 0; e < V; ++e) s += qs[d + e] * to_compute(p.v[e]);
+    }
+  } else {
+    for (int d = 0; d < D; ++d) s += qs[d] * load(kr, d);
+  }
+  return s;
+}
+
+// The row's valid length; a bad one is reported once (by block (b*Hkv, 0)'s thread 0) and read as 0.
+__device__ __forceinline__ int64_t row_length(const int64_t* len, int64_t b, int64_t L, bool reporter,
+                                              IndexErrorRecord* err) {
+  const int64_t n = len[b];
+  if (n >= 0 && n <= L) return n;
+  if (reporter && err) report_bad_index(err, IndexSite::DecodeAttention, n, L + 1, 0);
+  return 0;
+}
+
+template <bool kVec, typename T>
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_partial_kernel(const T* q, const T* k, const T* v, const int64_t* len, compute_t<T>* po,
+                          compute_t<T>* pm, compute_t<T>* pl, int64_t L, int H, int Hkv, int D, int chunk,
+                          int nchunks, compute_t<T> qscale, IndexErrorRecord* err) {
+  using C = compute_t<T>;
+  extern __shared__ __align__(16) unsigned char decode_smem[];
+  const int G = H / Hkv, tid = threadIdx.x, nthreads = blockDim.x;
+  C* qs = reinterpret_cast<C*>(decode_smem);  // [G][D]
+  C* ps = qs + G * D;                          // [G][chunk]
+  C* red = ps + G * chunk;                     // [nthreads]
+  const int64_t b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
+  const int c = blockIdx.y;
+  const int64_t n = row_length(len, b, L, hk == 0 && c == 0 && tid == 0, err);
+  const int64_t k0 = static_cast<int64_t>(c) * chunk;
+  if (k0 >= n) return;  // the combine reads only the chunks below the length
+  const int nk = static_cast<int>(n - k0 < chunk ? n - k0 : chunk);
+  const int64_t qh0 = b * H + hk * G;  // the group's first query head, as a (b, h) row
+  for (int i = tid; i < G * D; i += nthreads) qs[i] = load(q, qh0 * D + i) * qscale;
+  __syncthreads();
+
+  const int64_t kstride = static_cast<int64_t>(Hkv) * D;
+  const T* kbase = k + ((b * L + k0) * Hkv + hk) * D;
+  const T* vbase = v + ((b * L + k0) * Hkv + hk) * D;
+  for (int t = tid; t < nk; t += nthreads)
+    for (int g = 0; g < G; ++g) ps[g * chunk + t] = dot_key<kVec>(qs + g * D, kbase + t * kstride, D);
+  __syncthreads();
+
+  for (int g = 0; g < G; ++g) {
+    C m = NegInf<C>::get();
+    for (int t = tid; t < nk; t += nthreads) m = xmax(m, ps[g * chunk + t]);
+    m = block_max(m);
+    C l = 0;
+    for (int t = tid; t < nk; t += nthreads) {
+      const C p = exp2_c(ps[g * chunk + t] - m);
+      ps[g * chunk + t] = p;
+      l += p;
+    }
+    l = block_sum(l);
+    if (tid == 0) {
+      pm[(qh0 + g) * nchunks + c] = m;
+      pl[(qh0 + g) * nchunks + c] = l;
+    }
+  }
+  __syncthreads();
+
+  const int items = G * D;
+  if (items >= nthreads) {
+    for (int it = tid; it < items; it += nthreads) {
+      const int g = it / D, d = it % D;
+      C acc = 0;
+      for (int t = 0; t < nk; ++t) acc += ps[g * chunk + t] * load(vbase, t * kstride + d);
+      po[((qh0 + g) * nchunks + c) * D + d] = acc;
+    }
+    return;
+  }
+  // Fewer items than threads: R subgroups of `items` threads take every R-th key, then their sums
+  // are added in subgroup order.
+  const int R = nthreads / items, r = tid / items, it = tid % items;
+  C acc = 0;
+  if (r < R) {
+    const int g = it / D, d = it % D;
+    for (int t = r; t < nk; t += R) acc += ps[g * chunk + t] * load(vbase, t * kstride + d);
+  }
+  red[tid] = acc;
+  __syncthreads();
+  if (tid < items) {
+    C s = 0;
+    for (int rr = 0; rr < R; ++rr) s += red[rr * items + tid];
+    const int g = tid / D, d = tid % D;
+    po[((qh0 + g) * nchunks + c) * D + d] = s;
+  }
+}
+
+template <typename T>
+__global__ void decode_combine_kernel(const compute_t<T>* po, const compute_t<T>* pm, const compute_t<T>* pl,
+                                      const int64_t* len, T* out, int64_t L, int H, int D, int chunk, int nchunks) {
+  using C = compute_t<T>;
+  const int64_t bh = blockIdx.x, b = bh / H;
+  const int64_t n = row_length(len, b, L, false, nullptr);
+  const int nc = static_cast<int>((n + chunk - 1) / chunk);
+  C M = NegInf<C>::get();
+  for (int c = 0; c < nc; ++c) M = xmax(M, pm[bh * nchunks + c]);
+  C l = 0;
+  for (int c = 0; c < nc; ++c) l += pl[bh * nchunks + c] * exp2_c(pm[bh * nchunks + c] - M);
+  const C inv = nc > 0 ? C(1) / l : C(0);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    C acc = 0;
+    for (int c = 0; c < nc; ++c) acc += po[(bh * nchunks + c) * D + d] * exp2_c(pm[bh * nchunks + c] - M);
+    store(out, bh * D + d, acc * inv);
+  }
+}
+
+}  // namespace
+
+void kv_cache_write(DType dt, void* cache, const void* x, const int64_t* pos, int64_t B, int64_t L, int64_t S,
+                    int64_t row, void* stream) {
+  OnStream on(stream);
+  const int64_t row_bytes = row * static_cast<int64_t>(dtype_size(dt));
+  auto fits = [&](int64_t w) { return row_bytes % w == 0 && aligned_to(cache, w) && aligned_to(x, w); };
+  if (fits(16)) launch_cache_write<uint4>(cache, x, pos, B, L, S, row_bytes, on);
+  else if (fits(8)) launch_cache_write<uint2>(cache, x, pos, B, L, S, row_bytes, on);
+  else if (fits(4)) launch_cache_write<uint32_t>(cache, x, pos, B, L, S, row_bytes, on);
+  else launch_cache_write<uint16_t>(cache, x, pos, B, L, S, row_bytes, on);
+}
+
+void decode_attention(DType dt, const void* q, const void* k_cache, const void* v_cache, const int64_t* len,
+                      void* out, int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, double scale,
+                      void* stream) {
+  OnStream on(stream);
+  const int64_t G = H / Hkv;
+  XT_DISPATCH_FLOAT(dt, "decode_attention", T, {
+    using C = compute_t<T>;
+    auto smem = [&](int64_t ch) { return static_cast<size_t>(G * D + G * ch + kDecodeThreads) * sizeof(C); };
+    int chunk = kMaxChunk;
+    while (chunk > kMinChunk && (smem(chunk) > kDecodeSmem || B * Hkv * ceil_div(L, chunk) < kDecodeMinBlocks))
+      chunk /= 2;
+    XT_CHECK(smem(chunk) <= kDecodeSmem, ValueError, "decode_attention: ", G, " query heads per kv head of dimension ",
+             D, " need more shared memory than the kernel's ", kDecodeSmem, " bytes");
+    const int64_t nchunks = ceil_div(L, chunk);
+    XT_CHECK(nchunks <= 65535 && B * Hkv <= (int64_t{1} << 31) - 1, ValueError,
+             "decode_attention: the cache is too large for one launch (B = ", B, ", L = ", L, ", H_kv = ", Hkv, ")");
+    const int64_t rows = B * H;
+    Scratch part(static_cast<size_t>(rows * (nchunks > 0 ? nchunks : 1) * (D + 2)) * sizeof(C), on);
+    C* po = part.as<C>();
+    C* pm = po + rows * nchunks * D;
+    C* pl = pm + rows * nchunks;
+    const T* qp = static_cast<const T*>(q);
+    const T* kp = static_cast<const T*>(k_cache);
+    const T* vp = static_cast<const T*>(v_cache);
+    if (nchunks > 0) {
+      const dim3 grid(static_cast<unsigned>(B * Hkv), static_cast<unsigned>(nchunks));
+      const bool vec = D % (16 / static_cast<int64_t>(sizeof(T))) == 0 && aligned_to(k_cache, 16);
+      const C qscale = static_cast<C>(scale * kLog2e);
+      auto* err = xt::cuda::index_error_record(on.device);
+      if (vec)
+        decode_partial_kernel<true, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
+            qp, kp, vp, len, po, pm, pl, L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), chunk,
+            static_cast<int>(nchunks), qscale, err);
+      else
+        decode_partial_kernel<false, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
+            qp, kp, vp, len, po, pm, pl, L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), chunk,
+            static_cast<int>(nchunks), qscale, err);
+      XT_LAUNCH_CHECK();
+    }
+    const int threads = static_cast<int>(ceil_div(D, kWarp) * kWarp);
+    decode_combine_kernel<T><<<static_cast<unsigned>(rows), threads, 0, on.s>>>(
+        po, pm, pl, len, static_cast<T*>(out), L, static_cast<int>(H), static_cast<int>(D), chunk,
+        static_cast<int>(nchunks));
+    XT_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace xt

@@ -1,0 +1,228 @@
+"""Generation with a KV cache: prefill the prompts once, then one token per row per step.
+
+    prompts (B rows, any lengths) -> right-pad to P -> model.forward_cached(ids (B, P))   prefill
+        k, v of every layer (k after q/k norm and RoPE) -> KVCache (B, L, H_kv, D) per layer
+        logits of each row's last prompt token -> pick -> token
+    while a row is active: model.forward_cached(token (B, 1))                             decode
+        each row at its own position: rope at that position, k/v written into its next slot,
+        ops.decode_attention over its first `length` slots -> logits (B, V) -> pick -> token
+
+Decisions:
+- Per-row lengths, not left padding: a row's positions are 0..n-1 whatever the batch, so a batched
+  prompt gives the same tokens as the prompt alone (to rounding), and the prefill runs the model's
+  own causal flash attention over right-padded rows (padding sits after every real token, so no
+  real position sees it). Slots a row's padding filled are overwritten by its decode steps before
+  its length reaches them.
+- The cache is allocated once per call: L = the longest row's final length (at most max_seq), so
+  no step reallocates or copies it. A finished row stays in the batch (no compaction): it re-feeds
+  its last token at its last position, which rewrites the same slot with the same values, and its
+  output stops growing.
+- RoPE positions never slide: a row stops at max_seq tokens (prompt included), and a prompt longer
+  than max_seq is an error rather than a silently cropped window.
+- Sampling runs on the host (numpy, float64) from the step's (B, V) logits, the one sync point
+  per step. Order: temperature, top-k, top-p, then one draw per active row in row order from one
+  numpy Generator (seeded with `seed`, or the caller's `generator`), so the same call repeats.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+import xtrain
+from xtrain import ops
+
+# top-p first looks at this many of the most likely tokens (argpartition, cheap) and sorts the whole
+# vocabulary only for a row whose mass there is below top_p.
+TOP_P_CANDIDATES = 1024
+
+
+class LayerKV:
+    """One layer's cache: k and v (B, L, H_kv, D), and the positions/lengths its KVCache holds."""
+
+    def __init__(self, cache: "KVCache", k, v):
+        self.cache, self.k, self.v = cache, k, v
+
+    @property
+    def positions(self):
+        return self.cache.positions
+
+    def write(self, k, v):
+        """k, v (B, S, H_kv, D) into slots positions[b] .. positions[b] + S - 1 of each row."""
+        ops.kv_cache_write_(self.k, k, self.cache.positions)
+        ops.kv_cache_write_(self.v, v, self.cache.positions)
+
+    def attend(self, q, scale: float):
+        """q (B, H, D) against each row's first lengths[b] slots -> (B, H, D)."""
+        return ops.decode_attention(q, self.k, self.v, self.cache.lengths, scale)
+
+
+class KVCache:
+    """The keys and values of every layer for B rows of up to `slots` tokens, preallocated in the
+    model's compute dtype on its device. positions (int64 (B,), on the device) is the slot each
+    row's new token goes to, lengths = positions + 1 the slots a decode step attends to."""
+
+    def __init__(self, model, batch: int, slots: int):
+        c = model.config
+        n_kv_heads = getattr(c, "n_kv_heads", None) or c.n_heads
+        shape = (batch, slots, n_kv_heads, c.head_dim)
+        self.layers = [LayerKV(self, xtrain.empty(*shape, dtype=c.dtype, device=model.device),
+                               xtrain.empty(*shape, dtype=c.dtype, device=model.device))
+                       for _ in range(c.n_layers)]
+        self.device = model.device
+        self.empty = True
+        self.positions = self.lengths = None
+
+    def at(self, positions: np.ndarray):
+        """Set every row's write slot (and attend to the slots up to it) for the next call."""
+        positions = np.asarray(positions, dtype=np.int64)
+        self.positions = xtrain.tensor(positions, device=self.device)
+        self.lengths = xtrain.tensor(positions + 1, device=self.device)
+
+
+def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, greedy: bool = False, seed: int = 0, generator=None,
+             stop_token: int | None = None, pad_token: int | None = None) -> np.ndarray:
+    """Continue each prompt by up to max_new_tokens tokens; returns int64 (B, T).
+
+    prompts: int (B, S) (array, xtrain.Tensor, or one flat sequence for B = 1) or a list of B
+    sequences of any (non-zero) lengths. Row b of the result is prompt b, its new tokens, then
+    pad_token (default: stop_token, else 0) up to T, the longest row's length.
+    A row stops after it produces stop_token (included in the row) or at
+    min(len(prompt) + max_new_tokens, model.config.max_seq) tokens.
+    greedy=True or temperature=0: the most likely token (the first on ties). Otherwise softmax of
+    logits / temperature, restricted to the top_k most likely tokens and then to the smallest set
+    of most likely tokens whose probability reaches top_p (at least one token), drawn from
+    `generator` (a numpy Generator) or a PCG64 seeded with `seed`.
+    Runs under no_grad in eval mode (the model's mode is restored)."""
+    rows = _prompt_rows(prompts)
+    c = model.config
+    _check_args(rows, c, max_new_tokens, temperature, top_k, top_p, stop_token, pad_token)
+    greedy = greedy or temperature == 0
+    rng = generator if generator is not None else np.random.Generator(np.random.PCG64(seed))
+    lens = np.array([len(r) for r in rows], dtype=np.int64)
+    limit = np.minimum(lens + max_new_tokens, c.max_seq)           # each row's final length cap
+    B, P, T = len(rows), int(lens.max()), int(limit.max())
+    pad = pad_token if pad_token is not None else (stop_token if stop_token is not None else 0)
+    out = np.full((B, T), pad, dtype=np.int64)
+    for b, r in enumerate(rows):
+        out[b, :lens[b]] = r
+    cur = lens.copy()                                             # tokens in each row so far
+    active = cur < limit
+    if not active.any():
+        return out
+
+    was_training = model.training
+    model.eval()
+    try:
+        with xtrain.no_grad():
+            cache = KVCache(model, B, T)
+            cache.at(np.zeros(B, dtype=np.int64))
+            ids = xtrain.tensor(out[:, :P], device=model.device)            # right-padded (B, P)
+            last = xtrain.tensor(np.arange(B) * P + lens - 1, device=model.device)
+            logits = model.forward_cached(ids, cache, last)
+            cache.empty = False
+            while True:
+                # Sync point: the step's logits come to the host to pick the next tokens.
+                nxt = pick(np.asarray(logits.numpy(), dtype=np.float32)[active], temperature, top_k, top_p,
+                           greedy, rng)
+                idx = np.flatnonzero(active)
+                out[idx, cur[idx]] = nxt
+                cur[idx] += 1
+                active &= cur < limit
+                if stop_token is not None:
+                    active[idx[nxt == stop_token]] = False
+                if not active.any():
+                    break
+                # Every row feeds its last token at its last position; a finished row repeats its
+                # final step (the same values into the same slot) and its output is left alone.
+                cache.at(cur - 1)
+                ids = xtrain.tensor(out[np.arange(B), cur - 1][:, None], device=model.device)
+                logits = model.forward_cached(ids, cache)
+    finally:
+        model.train(was_training)
+    return out[:, :int(cur.max())]
+
+
+def pick(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None, greedy: bool,
+         rng: np.random.Generator) -> np.ndarray:
+    """The next token of each row of logits (R, V): greedy, or a draw after temperature, top-k and
+    top-p (generate's rules); int64 (R,)."""
+    if greedy:
+        return np.argmax(logits, axis=1).astype(np.int64)
+    z = logits.astype(np.float64) / temperature
+    V = z.shape[1]
+    if top_k is not None and top_k < V:
+        keep = np.argpartition(z, V - top_k, axis=1)[:, V - top_k:]      # the top_k of each row
+        masked = np.full_like(z, -np.inf)
+        np.put_along_axis(masked, keep, np.take_along_axis(z, keep, axis=1), axis=1)
+        z = masked
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    if top_p is not None and top_p < 1.0:
+        p = np.stack([_top_p(row, top_p) for row in p])
+    # Inverse CDF with one uniform draw u in [0, 1) per row, in row order: the token i with
+    # cdf[i-1] <= u * total < cdf[i], never one of probability 0.
+    u = rng.random(p.shape[0])
+    cdf = np.cumsum(p, axis=1)
+    return np.minimum((cdf <= (u * cdf[:, -1])[:, None]).sum(axis=1), V - 1).astype(np.int64)
+
+
+def _top_p(p: np.ndarray, top_p: float) -> np.ndarray:
+    """p restricted to the smallest set of most likely tokens with mass >= top_p, renormalised."""
+    m = min(p.size, TOP_P_CANDIDATES)
+    cand = np.argpartition(p, p.size - m)[p.size - m:] if m < p.size else np.arange(p.size)
+    if p[cand].sum() < top_p:
+        cand = np.arange(p.size)
+    order = cand[np.argsort(-p[cand], kind="stable")]
+    csum = np.cumsum(p[order])
+    n = min(int(np.searchsorted(csum, top_p)) + 1, order.size)   # first prefix reaching top_p
+    kept = np.zeros_like(p)
+    kept[order[:n]] = p[order[:n]]
+    return kept / kept.sum()
+
+
+def _prompt_rows(prompts) -> list[np.ndarray]:
+    if isinstance(prompts, xtrain.Tensor):
+        prompts = prompts.numpy()
+    if isinstance(prompts, np.ndarray) or (isinstance(prompts, (list, tuple)) and prompts
+                                          and all(isinstance(t, numbers.Integral) for t in prompts)):
+        arr = np.asarray(prompts)
+        if arr.ndim == 1:
+            arr = arr[None, :]
+        if arr.ndim != 2:
+            raise ValueError(f"prompts must be (batch, seq) or a list of sequences, got shape {arr.shape}")
+        prompts = list(arr)
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list of token sequences or a (batch, seq) array, "
+                         f"got {type(prompts).__name__} {prompts!r:.60}")
+    rows = []
+    for b, r in enumerate(prompts):
+        a = np.asarray(r)
+        if a.ndim != 1 or a.size == 0:
+            raise ValueError(f"prompt {b} must be a non-empty sequence of token ids, got shape {a.shape}")
+        if not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"prompt {b} must hold integer token ids, got dtype {a.dtype}")
+        rows.append(a.astype(np.int64))
+    return rows
+
+
+def _check_args(rows, c, max_new_tokens, temperature, top_k, top_p, stop_token, pad_token) -> None:
+    if not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    if not isinstance(temperature, numbers.Real) or not np.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, numbers.Integral) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    if top_p is not None and (not isinstance(top_p, numbers.Real) or not 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    for name, tok in (("stop_token", stop_token), ("pad_token", pad_token)):
+        if tok is not None and (not isinstance(tok, numbers.Integral) or not 0 <= tok < c.vocab_size):
+            raise ValueError(f"{name} must be a token id in [0, {c.vocab_size}) or None, got {tok!r}")
+    for b, r in enumerate(rows):
+        if len(r) > c.max_seq:
+            raise ValueError(f"prompt {b} has {len(r)} tokens, more than the model's max_seq {c.max_seq}")
+        bad = (r < 0) | (r >= c.vocab_size)
+        if bad.any():
+            raise ValueError(f"prompt {b} has token id {int(r[bad][0])} outside [0, {c.vocab_size})")

@@ -1,0 +1,297 @@
+"""Generation with a KV cache (xtrain.models.generate): the decode-attention ops against a numpy
+reference and against flash attention's rows; the cached generator against the old full re-run
+(greedy tokens, each step's logits); batched prompts of different lengths; sampling rules (seeds,
+top-k, top-p, temperature 0); end-of-text; max_seq; bad arguments. The `device` fixture adds CUDA
+on a GPU machine."""
+
+import math
+
+import numpy as np
+import pytest
+
+import xtrain
+from modelhelp import make_model, small_config
+from xtrain import ops
+from xtrain.models.generate import KVCache, pick
+
+TOL = {"float32": (1e-5, 1e-6), "bfloat16": (2e-2, 2e-2), "float64": (1e-12, 1e-12)}
+
+
+# ---------------------------------------------------------------- reference implementations
+
+def rerun_greedy(model, prompt, n):
+    """The pre-KV-cache generator: re-run the whole prefix for every new token (the baseline)."""
+    row = [int(t) for t in prompt]
+    with xtrain.no_grad():
+        for _ in range(n):
+            if len(row) >= model.config.max_seq:
+                break
+            logits, _ = model(np.array([row]))
+            row.append(int(np.argmax(np.asarray(logits.numpy(), np.float32)[-1])))
+    return row
+
+
+def decode_reference(q, k, v, lengths, scale):
+    """q (B, H, D), k/v (B, L, Hkv, D), float64."""
+    B, H, D = q.shape
+    rep = H // k.shape[2]
+    out = np.zeros((B, H, D))
+    for b in range(B):
+        n = lengths[b]
+        for h in range(H):
+            if n == 0:
+                continue
+            s = k[b, :n, h // rep] @ q[b, h] * scale
+            p = np.exp(s - s.max())
+            out[b, h] = p @ v[b, :n, h // rep] / p.sum()
+    return out
+
+
+def as64(t):
+    return np.asarray(t.numpy(), dtype=np.float64)
+
+
+# ---------------------------------------------------------------- ops
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("H, Hkv, D, L", [(4, 4, 8, 37), (4, 2, 32, 37), (6, 1, 16, 5), (2, 2, 32, 700)])
+def test_decode_attention_matches_reference(device, dtype, H, Hkv, D, L):
+    rng = np.random.default_rng(0)
+    B = 4
+    q = xtrain.tensor(rng.standard_normal((B, H, D)), dtype=dtype, device=device)
+    k = xtrain.tensor(rng.standard_normal((B, L, Hkv, D)), dtype=dtype, device=device)
+    v = xtrain.tensor(rng.standard_normal((B, L, Hkv, D)), dtype=dtype, device=device)
+    lengths = np.array([L, 1, 0, max(L // 3, 1)], dtype=np.int64)
+    out = ops.decode_attention(q, k, v, xtrain.tensor(lengths, device=device))
+    assert tuple(out.shape) == (B, H, D) and out.dtype == dtype
+    ref = decode_reference(as64(q), as64(k), as64(v), lengths, 1 / math.sqrt(D))
+    rtol, atol = TOL[dtype]
+    np.testing.assert_allclose(as64(out), ref, rtol=rtol, atol=atol * 10)
+    assert not as64(out)[2].any()  # length 0: zeros
+    again = ops.decode_attention(q, k, v, xtrain.tensor(lengths, device=device))
+    assert np.array_equal(as64(again), as64(out))  # deterministic
+
+
+@pytest.mark.parametrize("Hkv", [4, 2])
+def test_decode_attention_is_flash_attention_row(device, Hkv):
+    """Query i of causal flash attention = decode attention over the first i + 1 keys."""
+    rng = np.random.default_rng(1)
+    B, S, H, D = 2, 9, 4, 16
+    q = xtrain.tensor(rng.standard_normal((B, S, H, D)), dtype="float32", device=device)
+    k = xtrain.tensor(rng.standard_normal((B, S, Hkv, D)), dtype="float32", device=device)
+    v = xtrain.tensor(rng.standard_normal((B, S, Hkv, D)), dtype="float32", device=device)
+    full = ops.flash_attention(q, k, v, causal=True).numpy()
+    qn = q.numpy()
+    for i in range(S):
+        qi = xtrain.tensor(np.ascontiguousarray(qn[:, i]), device=device)
+        out = ops.decode_attention(qi, k, v, xtrain.tensor(np.full(B, i + 1, np.int64), device=device))
+        np.testing.assert_allclose(out.numpy(), full[:, i], rtol=1e-5, atol=1e-6)
+
+
+def test_kv_cache_write(device):
+    rng = np.random.default_rng(2)
+    cache = xtrain.zeros(3, 6, 2, 4, device=device)
+    x = rng.standard_normal((3, 2, 2, 4)).astype(np.float32)
+    ops.kv_cache_write_(cache, xtrain.tensor(x, device=device), xtrain.tensor(np.array([0, 4, 1]), device=device))
+    expect = np.zeros((3, 6, 2, 4), np.float32)
+    expect[0, 0:2], expect[1, 4:6], expect[2, 1:3] = x[0], x[1], x[2]
+    assert np.array_equal(cache.numpy(), expect)
+    with pytest.raises(ValueError, match="more than the cache"):
+        ops.kv_cache_write_(cache, xtrain.zeros(3, 7, 2, 4, device=device), xtrain.tensor(np.zeros(3, np.int64),
+                                                                                            device=device))
+    with pytest.raises(TypeError, match="dtype"):
+        ops.kv_cache_write_(cache, xtrain.zeros(3, 1, 2, 4, dtype="bfloat16", device=device),
+                            xtrain.tensor(np.zeros(3, np.int64), device=device))
+
+
+def test_bad_positions_and_lengths(device):
+    cache = xtrain.zeros(2, 5, 1, 4, device=device)
+    x = xtrain.ones(2, 2, 1, 4, device=device)
+    with pytest.raises(IndexError, match="positions"):  # both rows out of range: none written anywhere
+        ops.kv_cache_write_(cache, x, xtrain.tensor(np.array([4, -1]), device=device))
+        cache.numpy()  # CUDA: reported at the next sync point
+    q = xtrain.ones(2, 2, 4, device=device)
+    with pytest.raises(IndexError, match="lengths"):
+        ops.decode_attention(q, cache, cache, xtrain.tensor(np.array([6, 1]), device=device)).numpy()
+    assert np.array_equal(cache.numpy(), np.zeros((2, 5, 1, 4), np.float32))  # nothing written, still usable
+    with pytest.raises(TypeError, match="int64"):
+        ops.decode_attention(q, cache, cache, xtrain.tensor(np.array([1, 1], np.int32), device=device))
+    with pytest.raises(ValueError, match=r"shape \[2\]"):
+        ops.decode_attention(q, cache, cache, xtrain.tensor(np.array([1, 1, 1]), device=device))
+    with pytest.raises(ValueError, match="multiple"):
+        ops.decode_attention(xtrain.ones(2, 3, 4, device=device), xtrain.zeros(2, 5, 2, 4, device=device),
+                             xtrain.zeros(2, 5, 2, 4, device=device), xtrain.tensor(np.array([1, 1]), device=device))
+    with pytest.raises(ValueError, match=r"\[B, H, D\]"):
+        ops.decode_attention(xtrain.ones(2, 2, 8, device=device), cache, cache,
+                             xtrain.tensor(np.array([1, 1]), device=device))
+
+
+# ---------------------------------------------------------------- the cached generator
+
+def _model(device, dtype="float32", **overrides):
+    return make_model(small_config(max_seq=48, bf16=dtype == "bfloat16", **overrides), device, weights_seed=2)
+
+
+PROMPTS = [[1, 2, 3], [5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 41, 42, 43, 44, 45]]
+
+
+@pytest.mark.parametrize("n_heads, head_dim", [(2, 16), (4, 8)])
+def test_greedy_equals_the_full_rerun(device, n_heads, head_dim):
+    model = _model(device, n_heads=n_heads, head_dim=head_dim)
+    for prompt in PROMPTS:  # one at a time, several lengths
+        out = model.generate([prompt], 12, greedy=True)
+        assert out.tolist() == [rerun_greedy(model, prompt, 12)]
+    out = model.generate(PROMPTS, 12, greedy=True)  # batched, different lengths
+    assert out.shape == (len(PROMPTS), max(map(len, PROMPTS)) + 12)
+    for b, prompt in enumerate(PROMPTS):
+        ref = rerun_greedy(model, prompt, 12)
+        assert out[b, :len(ref)].tolist() == ref
+        assert (out[b, len(ref):] == 0).all()  # padded with pad_token (default 0 without a stop token)
+
+
+def test_step_logits_match_the_full_forward(device):
+    """Prefill and every decode step give the logits of the full forward's last row."""
+    model = _model(device)
+    rng = np.random.default_rng(3)
+    lens = [3, 7, 1]
+    seqs = [rng.integers(0, 96, n + 10) for n in lens]
+    B, P = len(lens), max(lens)
+    cache = KVCache(model, B, P + 10)
+    padded = np.zeros((B, P), np.int64)
+    for b, n in enumerate(lens):
+        padded[b, :n] = seqs[b][:n]
+    with xtrain.no_grad():
+        cache.at(np.zeros(B, np.int64))
+        last = xtrain.tensor(np.arange(B) * P + np.array(lens) - 1, device=device)
+        logits = model.forward_cached(xtrain.tensor(padded, device=device), cache, last)
+        cache.empty = False
+        for t in range(10):
+            for b, n in enumerate(lens):
+                full, _ = model(seqs[b][None, :n + t])
+                np.testing.assert_allclose(logits.numpy()[b], full.numpy()[-1], rtol=1e-5, atol=2e-5,
+                                           err_msg=f"step {t}, row {b}")
+            cache.at(np.array(lens) + t)
+            ids = np.array([[seqs[b][n + t]] for b, n in enumerate(lens)])
+            logits = model.forward_cached(xtrain.tensor(ids, device=device), cache)
+    assert xtrain.is_grad_enabled()
+
+
+def test_bf16_step_logits_close(device):
+    if device == "cpu":
+        pytest.skip("bf16 models run on CUDA (the CPU test of the cache is float32)")
+    model = _model(device, "bfloat16")
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    out = model.generate([prompt], 8, greedy=True)
+    with xtrain.no_grad():
+        full, _ = model(out[:, :-1])
+    ref = np.asarray(full.numpy(), np.float32)
+    # every generated token is (nearly) the argmax of the full forward at its position
+    for i in range(len(prompt), out.shape[1]):
+        row = ref[i - 1]
+        assert row[out[0, i]] >= row.max() - 0.1 * (np.abs(row).max() + 1)
+
+
+def test_recompute_model_generates_the_same(device):
+    a = _model(device).generate(PROMPTS, 6, greedy=True)
+    b = _model(device, recompute=True).generate(PROMPTS, 6, greedy=True)
+    assert np.array_equal(a, b)
+
+
+def test_sampling_is_reproducible(device):
+    model = _model(device)
+    kw = dict(temperature=1.3, top_k=20, top_p=0.95)
+    a = model.generate(PROMPTS, 10, seed=7, **kw)
+    assert np.array_equal(a, model.generate(PROMPTS, 10, seed=7, **kw))
+    assert not np.array_equal(a, model.generate(PROMPTS, 10, seed=8, **kw))
+    g = np.random.Generator(np.random.PCG64(7))
+    assert np.array_equal(a, model.generate(PROMPTS, 10, generator=g, **kw))
+    assert model.training  # restored
+
+
+def test_greedy_limits_of_sampling(device):
+    model = _model(device)
+    greedy = model.generate(PROMPTS, 8, greedy=True)
+    assert np.array_equal(model.generate(PROMPTS, 8, temperature=0), greedy)
+    assert np.array_equal(model.generate(PROMPTS, 8, temperature=2.0, top_k=1, seed=3), greedy)
+    assert np.array_equal(model.generate(PROMPTS, 8, temperature=2.0, top_p=1e-9, seed=3), greedy)
+    # top_p = 1 and top_k >= vocab are no restriction: the same draws as neither
+    plain = model.generate(PROMPTS, 8, temperature=1.0, seed=5)
+    assert np.array_equal(model.generate(PROMPTS, 8, temperature=1.0, top_p=1.0, seed=5), plain)
+    assert np.array_equal(model.generate(PROMPTS, 8, temperature=1.0, top_k=500, seed=5), plain)
+
+
+def test_pick_top_k_and_top_p():
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    logits = np.tile(np.log(probs), (4000, 1)).astype(np.float32)
+    rng = np.random.Generator(np.random.PCG64(0))
+
+    def support(**kw):
+        return set(pick(logits, 1.0, kw.get("top_k"), kw.get("top_p"), False, rng).tolist())
+
+    assert support() == {0, 1, 2, 3}
+    assert support(top_k=2) == {0, 1}
+    assert support(top_p=0.45) == {0}            # the most likely token alone reaches 0.45
+    assert support(top_p=0.79) == {0, 1}
+    assert support(top_p=0.81) == {0, 1, 2}
+    assert support(top_p=0.99) == {0, 1, 2, 3}
+    assert support(top_k=3, top_p=0.99) == {0, 1, 2}
+    draws = pick(logits, 1.0, None, None, False, rng)
+    np.testing.assert_allclose(np.bincount(draws, minlength=4) / len(draws), probs, atol=0.03)
+    # top-p over a vocabulary larger than its candidate window
+    wide = np.zeros((2, 5000), np.float32)
+    assert len(set(pick(wide, 1.0, None, 0.5, False, rng).tolist())) == 2
+    hot = np.full((1000, 5000), -5.0, np.float32)
+    hot[:, 4321] = 10.0
+    assert set(pick(hot, 1.0, None, 0.9, False, rng).tolist()) == {4321}
+    assert pick(hot[:2], 1.0, None, None, True, rng).tolist() == [4321, 4321]
+
+
+def test_stop_token_ends_its_row(device):
+    model = _model(device)
+    greedy = model.generate(PROMPTS, 10, greedy=True)
+    stop = int(greedy[0, len(PROMPTS[0]) + 2])  # row 0's third new token
+    out = model.generate(PROMPTS, 10, greedy=True, stop_token=stop)
+    for b, prompt in enumerate(PROMPTS):
+        new = greedy[b, len(prompt):len(prompt) + 10].tolist()
+        n = new.index(stop) + 1 if stop in new else len(new)
+        assert out[b, :len(prompt) + n].tolist() == greedy[b, :len(prompt) + n].tolist()
+        assert (out[b, len(prompt) + n:] == stop).all()  # padded with the stop token
+    end0 = len(PROMPTS[0]) + greedy[0, len(PROMPTS[0]):].tolist().index(stop) + 1  # row 0's end
+    assert end0 <= len(PROMPTS[0]) + 3 and out.shape[1] > end0
+    padded = model.generate(PROMPTS, 10, greedy=True, stop_token=stop, pad_token=95)
+    assert padded[0, end0 - 1] == stop and (padded[0, end0:] == 95).all()
+    # every row stopping at once ends the call early
+    one = model.generate([PROMPTS[0]], 10, greedy=True, stop_token=stop)
+    assert one.tolist() == [greedy[0, :end0].tolist()]
+
+
+def test_max_seq_bounds_each_row(device):
+    model = _model(device)  # max_seq 48
+    out = model.generate([list(range(46)), [1, 2]], 10, greedy=True)
+    assert out.shape == (2, 48)
+    assert out[0].tolist() == rerun_greedy(model, list(range(46)), 10)  # 2 new tokens, then max_seq
+    assert out[1, :12].tolist() == rerun_greedy(model, [1, 2], 10)
+    full = model.generate([list(range(48))], 5, greedy=True)
+    assert full.tolist() == [list(range(48))]  # a prompt of max_seq tokens gets none
+    assert model.generate(PROMPTS, 0).shape == (len(PROMPTS), 11)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(prompts=[[1, 2]], max_new_tokens=3, temperature=-0.5), ValueError, "temperature"),
+    (dict(prompts=[[1, 2]], max_new_tokens=3, temperature=float("nan")), ValueError, "temperature"),
+    (dict(prompts=[[1, 2]], max_new_tokens=3, top_p=0.0), ValueError, "top_p"),
+    (dict(prompts=[[1, 2]], max_new_tokens=3, top_p=1.5), ValueError, "top_p"),
+    (dict(prompts=[[1, 2]], max_new_tokens=3, top_k=0), ValueError, "top_k"),
+    (dict(prompts=[[1, 2]], max_new_tokens=-1), ValueError, "max_new_tokens"),
+    (dict(prompts=[[]], max_new_tokens=3), ValueError, "non-empty"),
+    (dict(prompts=[], max_new_tokens=3), ValueError, "non-empty"),
+    (dict(prompts=np.zeros((1, 0), np.int64), max_new_tokens=3), ValueError, "non-empty"),
+    (dict(prompts=[[1, 2], [3]], max_new_tokens=3, stop_token=96), ValueError, "stop_token"),
+    (dict(prompts=[[1, 200]], max_new_tokens=3), ValueError, "outside"),
+    (dict(prompts=[[0.5, 1.0]], max_new_tokens=3), TypeError, "integer"),
+    (dict(prompts=[list(range(49))], max_new_tokens=3), ValueError, "max_seq"),
+])
+def test_bad_arguments(kwargs, error, match):
+    model = _model("cpu")
+    with pytest.raises(error, match=match):
+        model.generate(**kwargs)
