@@ -70,7 +70,7 @@ def _train_xtrain(args, cfg, batches, device, use_graphs: bool = False):
     state = {"i": 0, "loss": None}
     # train.py's step: on a GPU, captured after graphs.WARMUP_STEPS eager steps and replayed (the
     # batch is copied into the graph's static inputs first: a device-to-device copy of the ids).
-    blocked = graphs.graph_blockers(device, model) if use_graphs else "off (--cuda-graphs off)"
+    blocked = graphs.graph_blockers(device, model) if use_graphs else "the eager row (--cuda-graphs)"
     sg = graphs.StepGraphs(model, opt, 1, 1.0, blocked=blocked, note=lambda m: print(m, flush=True))
 
     def step():
@@ -233,7 +233,7 @@ def main(argv=None):
         print(f"xtrain launches per step: {nodes} kernels and copies (the step's graph nodes); replayed, the "
               f"host issues 2 graph launches and 3 small copies per step")
     for r in results:
-        if r["framework"].startswith("xtrain") and r.get("graphs_off_because") and args.cuda_graphs != "off":
+        if r["framework"] == "xtrain" and r.get("graphs_off_because") and args.cuda_graphs != "off":
             print(f"{r['framework']}: CUDA graphs off ({r['graphs_off_because']})")
     if xt.get("raw_allocs_in_timed_steps"):
         print(f"note: xtrain made {xt['raw_allocs_in_timed_steps']} raw device allocations during "
