@@ -333,9 +333,14 @@ def test_replay_from_another_thread_is_refused():
                          ids=["fp32", "bf16", "accum2", "recompute-bf16"])
 def test_graph_steps_equal_eager_steps_bitwise(tmp_path, data, kw):
     steps = 8
-    train(_cfg(tmp_path / "eager", data, steps, "cuda", cuda_graphs=False, **kw))
-    train(_cfg(tmp_path / "graphs", data, steps, "cuda", cuda_graphs=True, eval_every=3, eval_batches=1, **kw))
+    # evaluations between replays: their bf16 weight copies must be cast from the replayed updates
+    ev = dict(eval_every=3, eval_batches=1)
+    train(_cfg(tmp_path / "eager", data, steps, "cuda", cuda_graphs=False, **ev, **kw))
+    train(_cfg(tmp_path / "graphs", data, steps, "cuda", cuda_graphs=True, **ev, **kw))
     assert _step_values(tmp_path / "graphs") == _step_values(tmp_path / "eager")
+    vals = [[(r["step"], r["val_loss"]) for r in _records(tmp_path / name) if "val_loss" in r]
+            for name in ("eager", "graphs")]
+    assert vals[0] == vals[1] and [s for s, _ in vals[0]] == [0, 3, 6, 8]
     replayed = [r["step"] for r in _records(tmp_path / "graphs") if r.get("graph")]
     assert replayed == list(range(graphs.WARMUP_STEPS, steps))  # the capture step and the replays
     assert not any(r.get("graph") for r in _records(tmp_path / "eager"))
