@@ -6,7 +6,10 @@
     python bench/train_throughput.py --device cpu --preset tiny --steps 3 --no-compile   # smoke
 
 One training step is what train.py runs: forward, cross-entropy, backward, clip_grad_norm_(1.0),
-AdamW, zero_grad. Both frameworks start from the same weights (xtrain's init, copied into torch),
+AdamW, zero_grad (xtrain: AdamW.clip_and_step, the norm, clipping and update in one pass, as
+train.py; on a GPU by default as replayed CUDA graphs, xtrain.graphs, after two eager steps;
+`--cuda-graphs both` adds an eager xtrain row, and the JSON records the graph's nodes per step:
+the kernel launches and copies one replay issues). Both frameworks start from the same weights (xtrain's init, copied into torch),
 see the same seeded random token batches (already on the device: the host-to-device copy of the
 inputs is not timed), and run `--warmup` untimed steps before `--steps` timed ones. The runs are
 sequential in this process: xtrain, then PyTorch eager, then PyTorch with torch.compile (unless
@@ -36,41 +39,51 @@ def parse_args(argv=None):
                    help="torch.compile modes of the whole-model peer, each run (e.g. default "
                         "max-autotune-no-cudagraphs); the ratio is taken to the fastest")
     p.add_argument("--no-torch", action="store_true", help="xtrain only (not a result: no peer)")
+    p.add_argument("--cuda-graphs", choices=("on", "off", "both"), default="on",
+                   help="xtrain's step as replayed CUDA graphs (on, as xtrain train runs it), eager (off), or "
+                        "both rows, graphs first (the ratios are taken to the first row)")
     p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
     p.add_argument("--lr", type=float, default=3e-4)
     common.add_common_args(p, steps=20, warmup=5)
     return p.parse_args(argv)
 
 
-def run_xtrain(args, cfg, batches, device):
-    out, weights = _train_xtrain(args, cfg, batches, device)
-    common.free_xtrain(device)  # the model, optimizer and data died with _train_xtrain's frame
+def run_xtrain(args, cfg, batches, device, use_graphs: bool = False):
+    out, weights = _train_xtrain(args, cfg, batches, device, use_graphs)
+    common.free_xtrain(device)  # the model, optimizer, graphs and data died with _train_xtrain's frame
     return out, weights
 
 
-def _train_xtrain(args, cfg, batches, device):
+def _train_xtrain(args, cfg, batches, device, use_graphs: bool = False):
     import xtrain
+    from xtrain import graphs
     from xtrain.models import TinyTransformer
-    from xtrain.optim import AdamW, clip_grad_norm_
+    from xtrain.optim import AdamW
 
     model = TinyTransformer(cfg, device=device, seed=args.seed)
     # The torch runs start from these values. A copy: numpy() shares CPU memory with the parameter.
     weights = {n: p.numpy().copy() for n, p in model.named_parameters()}
-    params = model.parameters()
     opt = AdamW(model.named_parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     data = [(xtrain.tensor(x, device=device), xtrain.tensor(y, device=device)) for x, y in batches]
     with xtrain.no_grad():
         loss0 = model(*data[0])[1].item()
     state = {"i": 0, "loss": None}
+    # train.py's step: on a GPU, captured after graphs.WARMUP_STEPS eager steps and replayed (the
+    # batch is copied into the graph's static inputs first: a device-to-device copy of the ids).
+    blocked = graphs.graph_blockers(device, model) if use_graphs else "the eager row (--cuda-graphs)"
+    sg = graphs.StepGraphs(model, opt, 1, 1.0, blocked=blocked, note=lambda m: print(m, flush=True))
 
     def step():
         x, y = data[state["i"] % len(data)]
         state["i"] += 1
-        _, loss = model(x, y)
-        loss.backward()
-        clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        out = sg.step(x, y)
+        if out is None:
+            loss = graphs.forward_backward(model, x, y, 1)
+            opt.clip_and_step(1.0, loss)
+            opt.zero_grad(set_to_none=True)
+            sg.eager()
+        else:
+            loss = out[0]
         state["loss"] = loss
 
     t0 = time.perf_counter()
@@ -78,14 +91,22 @@ def _train_xtrain(args, cfg, batches, device):
     common.xt_sync(device)
     first_step_s = time.perf_counter() - t0
     sync = functools.partial(common.xt_sync, device)
-    for _ in range(max(0, args.warmup - 1)):
+    warmup = max(args.warmup, graphs.WARMUP_STEPS + 1) if sg.disabled is None else args.warmup
+    for _ in range(max(0, warmup - 1)):  # with graphs: the eager steps, the capture, a replay
         step()
     sync()
     common.xt_reset_peak(device)
     raw0 = xtrain.memory_stats(device)["num_raw_alloc"]
     seconds = common.time_loop(step, sync, args.steps, warmup=0)
     mem = common.xt_peak(device)
-    out = {"framework": "xtrain", "seconds": seconds, "first_step_s": first_step_s,
+    pool = xtrain.memory_stats(device).get("pool_bytes.current", 0) if sg.active else 0
+    # A replay allocates nothing, so the allocator's peak of the timed steps misses the step's
+    # activations: they live in the graph's private pool, counted here in full (an upper bound:
+    # the few pool blocks Python still holds, the loss and norm, are also in the peak).
+    mem["allocated_peak"] += pool
+    label = "xtrain" if use_graphs or args.cuda_graphs == "off" else "xtrain (no graphs)"
+    out = {"framework": label, "cuda_graphs": sg.active, "graphs_off_because": sg.disabled,
+           "graph_nodes_per_step": sg.num_nodes or None, "graph_pool_bytes": pool, "seconds": seconds, "first_step_s": first_step_s,
            "peak_allocated": mem["allocated_peak"], "peak_reserved": mem["reserved_peak"],
            "raw_allocs_in_timed_steps": mem["num_raw_alloc"] - raw0,
            "loss_first": loss0, "loss_last": state["loss"].item()}
@@ -167,8 +188,11 @@ def main(argv=None):
 
     batches = common.random_batches(args.vocab, args.batch, args.seq, n=4, seed=args.seed)
     results = []
-    xt, weights = run_xtrain(args, cfg, batches, device)
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.cuda_graphs]
+    xt, weights = run_xtrain(args, cfg, batches, device, use_graphs=modes[0])
     results.append(xt)
+    for more in modes[1:]:
+        results.append(run_xtrain(args, cfg, batches, device, use_graphs=more)[0])
     if not args.no_torch:
         for compile in [None] + ([] if args.no_compile else list(args.compile_modes)):
             try:
@@ -209,6 +233,13 @@ def main(argv=None):
         tok = "n/a" if r["tok_s"] is None else f"{r['tok_s']:.2f}x"
         mem = "n/a" if r["peak_memory"] is None else f"{r['peak_memory']:.2f}x"
         print(f"xtrain / {name}: tok/s {tok}, peak memory {mem}")
+    nodes = next((r["graph_nodes_per_step"] for r in results if r.get("graph_nodes_per_step")), None)
+    if nodes:
+        print(f"xtrain launches per step: {nodes} kernels and copies (the step's graph nodes); replayed, the "
+              f"host issues 2 graph launches and 3 small copies per step")
+    for r in results:
+        if r["framework"] == "xtrain" and r.get("graphs_off_because") and args.cuda_graphs != "off":
+            print(f"{r['framework']}: CUDA graphs off ({r['graphs_off_because']})")
     if xt.get("raw_allocs_in_timed_steps"):
         print(f"note: xtrain made {xt['raw_allocs_in_timed_steps']} raw device allocations during "
               f"the timed steps (steady state should be 0)")

@@ -1,6 +1,7 @@
 // Caching allocator: the policy in allocator.h, the CPU raw backend, and stats.
 #include "core/allocator.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 
@@ -45,36 +46,70 @@ std::string format_bytes(int64_t n) {
 
 // ------------------------------------------------------------------------------- DevicePool
 
-Block DevicePool::allocate(size_t nbytes, void* stream, RawBackend* backend) {
+// Note [Private pools]
+// A CUDA graph replays the kernels of its capture at the addresses they used then, so the blocks
+// the capture touched must stay the graph's for as long as it lives:
+//  - during the capture (the thread's PoolRedirect), allocations on the capture stream come from
+//    the pool (its free list, else a raw allocation: cudaMalloc is allowed while capturing, a raw
+//    free is not, so a miss never releases the cache then);
+//  - a block freed there during the capture joins the pool, even one that came from the shared
+//    cache before the capture: a captured kernel may read it at every replay;
+//  - nothing but a capture allocates from a pool, so no eager work ever reuses a pool block while
+//    the graph lives. Within one capture (one stream, so one chain of nodes) a block freed and
+//    handed out again is safe: replay runs the nodes in capture order.
+//  - release_pool (after the graph is destroyed and its stream synchronised) moves the pool's
+//    free blocks to the shared cache of the capture stream; live blocks follow when freed.
+// Pool blocks count as reserved (and in pool_bytes); empty_cache never releases them.
+Block DevicePool::allocate(size_t nbytes, void* stream, RawBackend* backend, uint64_t pool, bool may_release) {
   std::lock_guard<std::mutex> lock(mu_);
   if (nbytes > kMaxRequest) throw_oom_locked(nbytes, nbytes, "larger than any device");
   const size_t size = round_size(nbytes);
   last_backend_ = backend;
   stats_.num_alloc_calls++;
-  Block b{nullptr, size, nbytes, stream, device_};
+  Block b{nullptr, size, nbytes, stream, device_, pool};
 
-  auto it = free_.find({stream, size});
-  if (it != free_.end() && !it->second.empty()) {
-    b.ptr = it->second.back();
-    it->second.pop_back();
-    if (it->second.empty()) free_.erase(it);
+  PrivatePool* priv = nullptr;
+  if (pool != 0) {
+    auto pit = pools_.find(pool);
+    XT_CHECK(pit != pools_.end(), RuntimeError, device_.str(), ": allocation from private pool ", pool,
+             ", which was released");
+    priv = &pit->second;
+  }
+  std::vector<void*>* cached = nullptr;
+  if (priv) {
+    auto it = priv->free.find(size);
+    if (it != priv->free.end() && !it->second.empty()) cached = &it->second;
+  } else {
+    auto it = free_.find({stream, size});
+    if (it != free_.end() && !it->second.empty()) cached = &it->second;
+  }
+  if (cached) {
+    b.ptr = cached->back();
+    cached->pop_back();
+    if (!priv && cached->empty()) free_.erase({stream, size});
     stats_.num_cache_hits++;
   } else {
     const auto over_limit = [&] {
       return stats_.limit_bytes >= 0 &&
              stats_.reserved_bytes + static_cast<int64_t>(size) > stats_.limit_bytes;
     };
-    if (over_limit()) release_cached_locked(backend);
-    if (over_limit()) throw_oom_locked(nbytes, size, "over the memory limit");
+    if (over_limit() && may_release) release_cached_locked(backend);
+    if (over_limit())
+      throw_oom_locked(nbytes, size, may_release ? "over the memory limit"
+                                                 : "over the memory limit, during a CUDA graph capture");
     b.ptr = backend->raw_alloc(device_.index, size);
-    if (!b.ptr) {  // the device itself is full: give back what we cache and try once more
+    if (!b.ptr && may_release) {  // the device itself is full: give back what we cache and try once more
       release_cached_locked(backend);
       b.ptr = backend->raw_alloc(device_.index, size);
-      if (!b.ptr) throw_oom_locked(nbytes, size, "the device is out of memory" + backend->describe_failure(device_.index));
     }
+    if (!b.ptr) throw_oom_locked(nbytes, size, "the device is out of memory" + backend->describe_failure(device_.index));
     stats_.num_raw_alloc++;
     stats_.reserved_bytes += size;
     if (stats_.reserved_bytes > stats_.reserved_bytes_peak) stats_.reserved_bytes_peak = stats_.reserved_bytes;
+    if (priv) {
+      priv->bytes += size;
+      stats_.pool_bytes += size;
+    }
   }
   stats_.allocated_bytes += size;
   stats_.requested_bytes += nbytes;
@@ -82,12 +117,49 @@ Block DevicePool::allocate(size_t nbytes, void* stream, RawBackend* backend) {
   return b;
 }
 
-void DevicePool::free(const Block& block) {
+void DevicePool::free(const Block& block, uint64_t into_pool) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.num_free_calls++;
   stats_.allocated_bytes -= block.size;
   stats_.requested_bytes -= block.requested;
+  if (block.pool != 0) {
+    auto pit = pools_.find(block.pool);
+    if (pit != pools_.end()) {
+      pit->second.free[block.size].push_back(block.ptr);
+      return;
+    }
+    // its pool was released: the block goes to the shared cache
+  } else if (into_pool != 0) {
+    auto pit = pools_.find(into_pool);
+    if (pit != pools_.end() && pit->second.stream == block.stream) {  // the capture may read it: the pool keeps it
+      pit->second.free[block.size].push_back(block.ptr);
+      pit->second.bytes += block.size;
+      stats_.pool_bytes += block.size;
+      return;
+    }
+  }
   free_[{block.stream, block.size}].push_back(block.ptr);
+}
+
+void DevicePool::create_pool(uint64_t id, void* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PrivatePool& p = pools_[id];
+  p.stream = stream;
+  stats_.num_pools = static_cast<int64_t>(pools_.size());
+}
+
+void DevicePool::release_pool(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto pit = pools_.find(id);
+  if (pit == pools_.end()) return;
+  PrivatePool& p = pit->second;
+  for (auto& [size, ptrs] : p.free) {
+    auto& dst = free_[{p.stream, size}];
+    dst.insert(dst.end(), ptrs.begin(), ptrs.end());
+  }
+  stats_.pool_bytes -= p.bytes;
+  pools_.erase(pit);
+  stats_.num_pools = static_cast<int64_t>(pools_.size());
 }
 
 void DevicePool::release_cached_locked(RawBackend* backend) {
@@ -159,16 +231,54 @@ RawBackend* Allocator::backend(Device device) {
   return cuda::raw_backend();
 }
 
+namespace {
+thread_local const PoolRedirect* tl_redirect = nullptr;
+std::atomic<uint64_t> g_next_pool{1};
+
+void check_no_capture(Device device, const char* what) {
+  XT_CHECK(!tl_redirect || tl_redirect->device != device, RuntimeError, what, " on ", device.str(),
+           " during a CUDA graph capture: releasing memory would synchronise the device");
+}
+}  // namespace
+
+const PoolRedirect* Allocator::set_redirect(const PoolRedirect* redirect) {
+  const PoolRedirect* prev = tl_redirect;
+  tl_redirect = redirect;
+  return prev;
+}
+
+const PoolRedirect* Allocator::redirect() { return tl_redirect; }
+
 Block Allocator::allocate(Device device, size_t nbytes, void* stream) {
+  if (tl_redirect && tl_redirect->device == device) {  // capturing on this device: never release the cache
+    const uint64_t p = tl_redirect->stream == stream ? tl_redirect->pool : 0;
+    return pool(device).allocate(nbytes, stream, backend(device), p, /*may_release=*/false);
+  }
   return pool(device).allocate(nbytes, stream, backend(device));
 }
 
-void Allocator::free(const Block& block) { pool(block.device).free(block); }
+void Allocator::free(const Block& block) {
+  const PoolRedirect* r = tl_redirect;
+  const uint64_t into = r && r->device == block.device && r->stream == block.stream ? r->pool : 0;
+  pool(block.device).free(block, into);
+}
 MemoryStats Allocator::stats(Device device) { return pool(device).stats(); }
 void Allocator::reset_peak(Device device) { pool(device).reset_peak(); }
-void Allocator::empty_cache(Device device) { pool(device).empty_cache(backend(device)); }
+void Allocator::empty_cache(Device device) {
+  check_no_capture(device, "empty_cache");
+  pool(device).empty_cache(backend(device));
+}
 void Allocator::set_limit(Device device, int64_t limit_bytes) {
+  check_no_capture(device, "set_memory_limit");
   pool(device).set_limit(limit_bytes, backend(device));
 }
+
+uint64_t Allocator::create_pool(Device device, void* stream) {
+  const uint64_t id = g_next_pool.fetch_add(1);
+  pool(device).create_pool(id, stream);
+  return id;
+}
+
+void Allocator::release_pool(Device device, uint64_t id) { pool(device).release_pool(id); }
 
 }  // namespace xt

@@ -13,6 +13,13 @@
 //    The message names the request, allocated, reserved and the limit; stats stay exact.
 // Blocks are only reused on the stream that freed them, which is what keeps a block safe to
 // reuse without synchronising: work on one stream runs in order.
+//
+// Private pools (CUDA graph capture, Note [Private pools] in allocator.cpp): while a thread holds
+// a PoolRedirect for (device, stream), its allocations there come from the pool, and the blocks it
+// frees there join the pool, whichever cache they came from: the graph may read them at every
+// replay, so nothing else may reuse them. Only a capture hands out pool blocks, so their addresses
+// stay fixed across replays. release_pool() gives the pool's free blocks back to the shared
+// cache (after the graph is gone); a live block of a released pool goes there when it is freed.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -48,6 +55,8 @@ struct MemoryStats {
   int64_t num_raw_free = 0;          // backend frees (empty_cache, limit pressure)
   int64_t num_ooms = 0;
   int64_t limit_bytes = -1;          // -1: no limit
+  int64_t pool_bytes = 0;            // reserved bytes owned by private pools (captured graphs)
+  int64_t num_pools = 0;             // private pools alive
 };
 
 // A block handed out by the allocator; Storage keeps it and gives it back on free.
@@ -57,6 +66,14 @@ struct Block {
   size_t requested = 0;    // size asked for
   void* stream = nullptr;  // stream the block is bound to (nullptr on the CPU)
   Device device;
+  uint64_t pool = 0;       // private pool that handed it out (0: the shared cache)
+};
+
+// The redirect of one thread's allocations into a private pool (set by a graph capture).
+struct PoolRedirect {
+  Device device;
+  void* stream = nullptr;
+  uint64_t pool = 0;
 };
 
 // Small requests are rounded to a multiple of this: one cache line-friendly unit, and the
@@ -77,9 +94,14 @@ size_t round_size(size_t nbytes);
 class DevicePool {
  public:
   explicit DevicePool(Device device) : device_(device) {}
-  Block allocate(size_t nbytes, void* stream, RawBackend* backend);
-  void free(const Block& block);
+  // pool != 0: from that private pool. may_release: a miss may release the shared cache first
+  // (false during a capture: a raw free would synchronise).
+  Block allocate(size_t nbytes, void* stream, RawBackend* backend, uint64_t pool = 0, bool may_release = true);
+  // into_pool != 0: a shared-cache block bound to that pool's stream joins the pool.
+  void free(const Block& block, uint64_t into_pool = 0);
   void empty_cache(RawBackend* backend);
+  void create_pool(uint64_t id, void* stream);
+  void release_pool(uint64_t id);
   MemoryStats stats();
   void reset_peak();
   void set_limit(int64_t limit_bytes, RawBackend* backend);  // -1 lifts the limit
@@ -91,6 +113,12 @@ class DevicePool {
   Device device_;
   std::mutex mu_;
   std::map<std::pair<void*, size_t>, std::vector<void*>> free_;  // (stream, size) -> blocks
+  struct PrivatePool {
+    void* stream = nullptr;
+    std::map<size_t, std::vector<void*>> free;  // size -> blocks
+    int64_t bytes = 0;                          // live + free blocks it owns
+  };
+  std::map<uint64_t, PrivatePool> pools_;
   MemoryStats stats_;
   RawBackend* last_backend_ = nullptr;
 };
@@ -104,6 +132,15 @@ class Allocator {
   void reset_peak(Device device);
   void empty_cache(Device device);
   void set_limit(Device device, int64_t limit_bytes);
+
+  // Private pools: a new id (never reused) bound to (device, stream); release gives its free
+  // blocks to the shared cache of that stream. The caller makes sure no graph using the pool
+  // can still run.
+  uint64_t create_pool(Device device, void* stream);
+  void release_pool(Device device, uint64_t id);
+  // This thread's redirect (nullptr: none). Returns the previous one.
+  static const PoolRedirect* set_redirect(const PoolRedirect* redirect);
+  static const PoolRedirect* redirect();
 
  private:
   Allocator();

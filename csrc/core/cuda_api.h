@@ -9,12 +9,15 @@
 // threads driving different GPUs never serialise. The current device is per thread too.
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/dtype.h"
 
 namespace xt {
 class RawBackend;
+struct PoolRedirect;
 namespace cuda {
 
 bool is_built();
@@ -54,6 +57,59 @@ class HostRead {
   void* event_ = nullptr;
   int device_ = 0;
 };
+
+// ---- CUDA graphs (core/cuda/graph.cpp; docs/cuda.md "Graph capture")
+//
+// Graph captures the work this thread queues on its stream of `device` between capture_begin()
+// and capture_end(), and replay() launches it again on that stream, with the same kernels,
+// arguments and addresses. While capturing:
+//  - the caching allocator serves this thread's allocations on the stream from the graph's
+//    private pool, and blocks freed there join it (Note [Private pools] in allocator.cpp), so the
+//    addresses the graph uses belong to it until it is destroyed;
+//  - sync points (copies to the host, synchronize(), read_async) and host-to-device copies
+//    (their source would be frozen into the graph) raise RuntimeError naming the operation;
+//  - raw allocations run in relaxed capture mode; the cache is never released.
+// A failed capture raises RuntimeError and leaves the stream usable (abort_capture() is called
+// for the caller when capture_end fails). Destroying a replayed graph synchronises its stream
+// (a sync point), then gives its pool back to the shared cache.
+class GraphPool;
+class Graph {
+ public:
+  // share_pool_with: a graph captured before this one, on the same thread and device, whose
+  // replays always come before this one's (e.g. forward+backward, then the optimizer step):
+  // both draw from one pool, so memory the first frees is reused by the second.
+  explicit Graph(int device, const Graph* share_pool_with = nullptr);
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void capture_begin();
+  void capture_end();         // instantiates; RuntimeError (capture aborted) when capture failed
+  void abort_capture();       // ends a capture in progress and discards it; never throws
+  void replay();              // on this thread's stream of the device; no host sync
+  bool capturing() const { return capturing_; }
+  bool captured() const { return exec_ != nullptr; }
+  int64_t num_nodes() const { return nodes_; }  // kernels, copies, memsets of the graph
+  int64_t replays() const { return replays_; }
+  int device() const { return device_; }
+  uint64_t pool_id() const;
+
+ private:
+  void end_redirect();
+  int device_ = 0;
+  void* stream_ = nullptr;
+  void* exec_ = nullptr;  // cudaGraphExec_t
+  bool capturing_ = false;
+  int64_t nodes_ = 0;
+  int64_t replays_ = 0;
+  std::shared_ptr<GraphPool> pool_;
+  std::unique_ptr<PoolRedirect> redirect_;  // this capture's allocator redirect
+  const PoolRedirect* prev_redirect_ = nullptr;
+};
+
+// True while this thread captures a graph (on any device).
+bool capturing();
+// RuntimeError when this thread is capturing: `what` cannot run inside a CUDA graph.
+void check_not_capturing(const char* what);
 
 }  // namespace cuda
 }  // namespace xt

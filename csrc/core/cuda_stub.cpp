@@ -34,6 +34,19 @@ HostRead::~HostRead() = default;
 bool HostRead::ready() const { return true; }
 const void* HostRead::wait() { return host_; }
 
+// No graphs without CUDA: constructing one raises; nothing ever captures.
+class GraphPool {};
+Graph::Graph(int, const Graph*) { not_built(); }
+Graph::~Graph() = default;
+void Graph::capture_begin() { not_built(); }
+void Graph::capture_end() { not_built(); }
+void Graph::abort_capture() {}
+void Graph::replay() { not_built(); }
+uint64_t Graph::pool_id() const { return 0; }
+void Graph::end_redirect() {}
+bool capturing() { return false; }
+void check_not_capturing(const char*) {}
+
 }  // namespace cuda
 }  // namespace xt
 #endif  // XT_CUDA

@@ -14,6 +14,7 @@
 //  - Gradients are written with `=` unless the name says accumulate.
 //  - Temporary device memory comes from the caching allocator (core/allocator.h).
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -39,7 +40,25 @@ struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
   float bias_correction1;  // 1 - beta1^step
   float bias_correction2;  // 1 - beta2^step
+  // nullptr, or 3 floats in the device's memory holding adamw_step_consts of this step's lr and
+  // step, read by the kernel instead of the values above (a CUDA graph replays its kernel
+  // arguments unchanged: the training loop writes them there before each replay).
+  const float* hyper = nullptr;
 };
+
+// The update's per-step constants, computed on the host in float from hp:
+//   p = p * decay - step_size * m / (sqrt(v) / bc2_sqrt + eps)
+// Both backends launch with these; ops::adamw_consts returns them for a device copy (`hyper`).
+struct AdamWStepConsts {
+  float decay, step_size, bc2_sqrt;
+};
+inline AdamWStepConsts adamw_step_consts(const AdamWParams& hp) {
+  AdamWStepConsts c;
+  c.decay = 1.0f - hp.lr * hp.weight_decay;
+  c.step_size = hp.lr / hp.bias_correction1;
+  c.bc2_sqrt = std::sqrt(hp.bias_correction2);
+  return c;
+}
 
 #define XT_KERNEL_DECLS                                                                                 \
   /* ---- elementwise (kernels/{cpu,cuda}/elementwise) */                                                       \

@@ -35,20 +35,46 @@ int list_size(size_t n, const char* op) {
 
 }  // namespace
 
-void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq, double lr, double beta1,
-                double beta2, double eps, double weight_decay, int64_t step, const Tensor& guard,
-                const Tensor& clip_norm, double max_norm) {
-  const char* op = "adamw_step";
-  XT_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
-           ValueError, op, ": params, grads, exp_avg and exp_avg_sq must have the same length, got ", params.size(),
-           ", ", grads.size(), ", ", exp_avg.size(), ", ", exp_avg_sq.size());
+namespace {
+
+// The kernel's hyper-parameters for (lr, step): checked, then converted as every backend sees them.
+kernels::AdamWParams adamw_params(const char* op, double lr, double beta1, double beta2, double eps,
+                                  double weight_decay, int64_t step) {
   XT_CHECK(step >= 1, ValueError, op, ": step must be >= 1 (it counts from 1), got ", step);
   XT_CHECK(lr >= 0.0 && std::isfinite(lr), ValueError, op, ": lr must be a finite value >= 0, got ", lr);
   XT_CHECK(beta1 >= 0.0 && beta1 < 1.0, ValueError, op, ": beta1 must be in [0, 1), got ", beta1);
   XT_CHECK(beta2 >= 0.0 && beta2 < 1.0, ValueError, op, ": beta2 must be in [0, 1), got ", beta2);
   XT_CHECK(eps >= 0.0, ValueError, op, ": eps must be >= 0, got ", eps);
   XT_CHECK(weight_decay >= 0.0, ValueError, op, ": weight_decay must be >= 0, got ", weight_decay);
+  kernels::AdamWParams hp;
+  hp.lr = static_cast<float>(lr);
+  hp.beta1 = static_cast<float>(beta1);
+  hp.beta2 = static_cast<float>(beta2);
+  hp.eps = static_cast<float>(eps);
+  hp.weight_decay = static_cast<float>(weight_decay);
+  hp.bias_correction1 = static_cast<float>(1.0 - std::pow(beta1, static_cast<double>(step)));
+  hp.bias_correction2 = static_cast<float>(1.0 - std::pow(beta2, static_cast<double>(step)));
+  return hp;
+}
+
+}  // namespace
+
+std::vector<float> adamw_consts(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                int64_t step) {
+  const kernels::AdamWStepConsts c =
+      kernels::adamw_step_consts(adamw_params("adamw_consts", lr, beta1, beta2, eps, weight_decay, step));
+  return {c.decay, c.step_size, c.bc2_sqrt};
+}
+
+void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq, double lr, double beta1,
+                double beta2, double eps, double weight_decay, int64_t step, const Tensor& guard,
+                const Tensor& clip_norm, double max_norm, const Tensor& hyper) {
+  const char* op = "adamw_step";
+  XT_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
+           ValueError, op, ": params, grads, exp_avg and exp_avg_sq must have the same length, got ", params.size(),
+           ", ", grads.size(), ", ", exp_avg.size(), ", ", exp_avg_sq.size());
+  kernels::AdamWParams hp = adamw_params(op, lr, beta1, beta2, eps, weight_decay, step);
   if (params.empty()) return;
   check_defined(params[0], "params[0]");
   const Device dev = params[0].device();
@@ -73,14 +99,11 @@ void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gr
              ValueError, op, ": tensors at index ", i, " differ in shape: param ", params[i].describe(), ", grad ",
              grads[i].describe(), ", exp_avg ", exp_avg[i].describe(), ", exp_avg_sq ", exp_avg_sq[i].describe());
   }
-  kernels::AdamWParams hp;
-  hp.lr = static_cast<float>(lr);
-  hp.beta1 = static_cast<float>(beta1);
-  hp.beta2 = static_cast<float>(beta2);
-  hp.eps = static_cast<float>(eps);
-  hp.weight_decay = static_cast<float>(weight_decay);
-  hp.bias_correction1 = static_cast<float>(1.0 - std::pow(beta1, static_cast<double>(step)));
-  hp.bias_correction2 = static_cast<float>(1.0 - std::pow(beta2, static_cast<double>(step)));
+  XT_CHECK(!hyper.defined() || (hyper.dtype() == DType::Float32 && hyper.numel() == 3 &&
+                                 hyper.device() == dev),
+           TypeError, op, ": hyper must be a 3-element float32 tensor on ", dev.str(), ", got ",
+           hyper.defined() ? hyper.describe() : std::string());
+  if (hyper.defined()) hp.hyper = hyper.data<float>();
   for (size_t i = 0; i < params.size(); ++i) {  // updated in place
     params[i].bump_version();
     exp_avg[i].bump_version();

@@ -78,6 +78,8 @@ py::dict stats_dict(const MemoryStats& s) {
   d["num_raw_alloc"] = s.num_raw_alloc;
   d["num_raw_free"] = s.num_raw_free;
   d["num_ooms"] = s.num_ooms;
+  d["pool_bytes.current"] = s.pool_bytes;  // reserved by CUDA graphs' private pools
+  d["num_pools"] = s.num_pools;
   d["limit_bytes"] = s.limit_bytes >= 0 ? py::object(py::int_(s.limit_bytes)) : py::object(py::none());
   return d;
 }
@@ -123,6 +125,26 @@ void init_memory(py::module_& m) {
         "Queue copies of one-element tensors to the host without waiting for the stream; "
         ".wait() returns their values (and waits only for the work queued before this call)");
   c.def("runtime_info", &cuda::runtime_info, "Driver, runtime and cuBLAS versions");
+  py::class_<cuda::Graph>(c, "Graph",
+                          "A CUDA graph of the work this thread queues on its stream of one device between "
+                          "capture_begin() and capture_end(); replay() launches it again (docs/cuda.md)")
+      .def(py::init<int, const cuda::Graph*>(), py::arg("device") = 0, py::arg("share_pool_with") = nullptr,
+           "device: the CUDA device index. share_pool_with: a graph captured before this one on this thread, "
+           "always replayed before it: both use one private memory pool")
+      .def("capture_begin", &cuda::Graph::capture_begin,
+           "Start capturing this thread's stream; allocations come from the graph's private pool")
+      .def("capture_end", &cuda::Graph::capture_end,
+           "End the capture and instantiate the graph; RuntimeError when the captured region was not capturable")
+      .def("abort_capture", &cuda::Graph::abort_capture, "Discard a capture in progress (never raises)")
+      .def("replay", &cuda::Graph::replay, NoGil(), "Launch the graph on this thread's stream (no host sync)")
+      .def_property_readonly("capturing", &cuda::Graph::capturing)
+      .def_property_readonly("captured", &cuda::Graph::captured)
+      .def_property_readonly("num_nodes", &cuda::Graph::num_nodes,
+                             "Nodes of the graph: kernels, copies and memsets, i.e. the launches one replay saves")
+      .def_property_readonly("replays", &cuda::Graph::replays)
+      .def_property_readonly("device", &cuda::Graph::device)
+      .def_property_readonly("pool_id", &cuda::Graph::pool_id, "The private pool's id (0 before the capture)");
+  c.def("is_capturing", &cuda::capturing, "True while this thread captures a CUDA graph");
   c.def("set_allow_tf32", &ops::set_allow_tf32, py::arg("allow"),
         "Let float32 GEMMs use TF32 tensor cores (off by default: true float32)");
   c.def("allow_tf32", &ops::allow_tf32, "Whether float32 GEMMs may use TF32");

@@ -264,6 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-shard-optimizer", action="store_true",
                    help="with --devices: all-reduce the gradients and run AdamW on every GPU, instead of "
                         "reduce-scatter, AdamW on each GPU's share and all-gather (the default; same results)")
+    graphs = t.add_mutually_exclusive_group()
+    graphs.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_const", const=True, default=True,
+                        help="on a GPU, capture the training step as CUDA graphs after two eager steps and "
+                             "replay them (the default; bitwise the same results; one GPU without dropout, "
+                             "else the steps stay eager and the run says why)")
+    graphs.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_const", const=False,
+                        help="run every step eagerly (no graph capture)")
     t.add_argument("--vocab-size", type=_positive_int, default=4096,
                    help="BPE vocabulary when --data is a raw source")
     t.add_argument("--sample-tokens", type=_nonneg_int, default=200, help="length of the final sample")

@@ -47,3 +47,29 @@ def reset_peak_memory_stats(device=None):
 
 def empty_cache(device=None):
     _C.empty_cache(_dev(device))
+
+
+# ---- CUDA graphs (docs/cuda.md, "Graph capture")
+# Graph(device, share_pool_with=None): capture_begin(), capture_end(), replay(), abort_capture(),
+# num_nodes, replays. CPU-only builds have the class, and constructing one raises RuntimeError.
+Graph = _C.cuda.Graph
+is_capturing = _C.cuda.is_capturing
+
+
+class graph:
+    """`with xtrain.cuda.graph(g): ...` captures the work queued in the block into Graph `g`; an
+    exception inside the block aborts the capture (the stream stays usable) and propagates."""
+
+    def __init__(self, g):
+        self.g = g
+
+    def __enter__(self):
+        self.g.capture_begin()
+        return self.g
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.g.abort_capture()
+            return False
+        self.g.capture_end()
+        return False

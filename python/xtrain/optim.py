@@ -11,6 +11,13 @@ xtrain.schedule; cosine_lr is re-exported here).
   with the same arithmetic. A full copy exists only
   when DataParallelAdamW.gather_state() gathers one for a checkpoint (host arrays, until the next
   step); load_state_dict() takes this rank's chunks of a full state (the scatter of a resume).
+- Per-step constants in device memory (use_device_hyper(), for CUDA graphs): each step writes
+  the learning rate's and the step count's constants (_C.optim.adamw_consts: decay, step size,
+  bias correction; one small host-to-device copy) into a 6-float device buffer that the kernels
+  read, instead of taking them as launch arguments, so a captured update replays with the
+  current step's values. prepare_step() advances the count and writes them without launching
+  (before a replay); step(prepared=True) then launches without doing it again (what a capture
+  records). The arithmetic is the same: the kernel reads the same float32 values.
 - clip_grad_norm_ computes the global L2 norm on the device and scales the gradients by
   min(1, max_norm / (norm + 1e-6)) there too: it returns the norm as a device Tensor and never
   waits for the device (read it with .item() only when logging). A non-finite norm leaves the
@@ -74,6 +81,7 @@ class AdamW:
                 total += -(-p.numel() // _ALIGN) * _ALIGN
         self.offsets = offsets
         self.step_count = 0
+        self.hyper_dev = None      # use_device_hyper(): float32 (6,) on the device, or None
         # Sharded moments: [(lo, hi, base)]: store elements [lo, hi) sit at flat_m[base:base + hi - lo].
         self.moment_chunks: list | None = None
         self._gathered = None      # (exp_avg, exp_avg_sq) host arrays of the full layout, until a step
@@ -168,7 +176,37 @@ class AdamW:
             last = group
         return out
 
-    def step(self, guard=None, clip_norm=None, max_norm: float | None = None) -> None:
+    def use_device_hyper(self) -> None:
+        """From now on every step reads its constants (learning rate, bias corrections) from a
+        device buffer written before it (CUDA graphs replay kernel arguments unchanged). The
+        updates are bitwise the same as with the constants as launch arguments."""
+        if self.hyper_dev is None:
+            self.hyper_dev = xtrain.zeros((6,), dtype="float32", device=self.params[0].device)
+
+    def prepare_step(self) -> None:
+        """Advance the step count and write the step's constants to the device (use_device_hyper),
+        without launching the update: step(prepared=True) or a replay of a captured one follows."""
+        if self.hyper_dev is None:
+            raise RuntimeError("AdamW.prepare_step needs use_device_hyper() first")
+        self.step_count += 1
+        self._write_hyper()
+
+    def _write_hyper(self) -> None:
+        """One host-to-device copy of the constants of (lr, step_count): [decaying group, the
+        other], as the fused step computes them."""
+        b1, b2 = self.betas
+        consts = _C.optim.adamw_consts(self.lr, b1, b2, self.eps, self.weight_decay, self.step_count) + \
+            _C.optim.adamw_consts(self.lr, b1, b2, self.eps, 0.0, self.step_count)
+        with xtrain.no_grad():
+            self.hyper_dev.copy_(xtrain.tensor(np.asarray(consts, dtype=np.float32), device="cpu"))
+
+    def _hyper_for(self, decays: bool):
+        """The device constants of a weight-decay group, or None (launch arguments)."""
+        if self.hyper_dev is None:
+            return None
+        return self.hyper_dev._storage_view(0 if decays else 3, (3,))
+
+    def step(self, guard=None, clip_norm=None, max_norm: float | None = None, prepared: bool = False) -> None:
         """One update of every parameter that has a gradient (asynchronous on the device).
 
         guard: a one-element float32 tensor on the device (the training loop passes the step's
@@ -176,31 +214,39 @@ class AdamW:
         sync. step_count still advances: the caller learns of the skip at its next sync point and
         takes the count back. clip_norm, max_norm: the gradients are read scaled by
         min(1, max_norm / (clip_norm + 1e-6)), the factor clip_by_norm_ applies, with no pass of
-        their own (clip_and_step)."""
+        their own (clip_and_step). prepared: prepare_step() already advanced the count and wrote
+        the device constants (a CUDA graph capture)."""
         if self.sharded:
             raise RuntimeError("AdamW.step: the moments are sharded over the data-parallel ranks "
                                "(keep_moments); step with DataParallelAdamW.step")
-        self.step_count += 1
+        if prepared:
+            if self.hyper_dev is None:
+                raise RuntimeError("AdamW.step(prepared=True) needs use_device_hyper() and prepare_step()")
+        else:
+            self.step_count += 1
+            if self.hyper_dev is not None:
+                self._write_hyper()
         clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
         if self.store is not None and not self.store.sync_grads():
             self._step_flat(self.store.params, self.store.grads, self.runs(), guard, clip)
             return
         params, m, v = self.params, self.exp_avg, self.exp_avg_sq
-        for group, wd in ((self.decay, self.weight_decay), (self.no_decay, 0.0)):
+        for group, wd, decays in ((self.decay, self.weight_decay, True), (self.no_decay, 0.0, False)):
             idx = [i for i in group if params[i].grad is not None]
             if idx:
                 _C.optim.adamw_step([params[i] for i in idx], [params[i].grad for i in idx],
                                     [m[i] for i in idx], [v[i] for i in idx],
                                     self.lr, self.betas[0], self.betas[1], self.eps, wd, self.step_count, guard,
-                                    *clip)
+                                    *clip, hyper=self._hyper_for(decays))
 
-    def clip_and_step(self, max_norm: float | None, loss=None):
+    def clip_and_step(self, max_norm: float | None, loss=None, prepared: bool = False):
         """Global-norm clipping and the update in one pass over the gradients: the norm (returned,
         a device scalar, before clipping), then AdamW reading each gradient clipped. With `loss`,
         a step whose loss or norm is not finite updates nothing (step_guard). The gradients
         themselves are left unscaled."""
         norm = _C.optim.global_norm(self._grads_for_norm())
-        self.step(guard=step_guard(norm, loss), clip_norm=norm if max_norm else None, max_norm=max_norm)
+        self.step(guard=step_guard(norm, loss), clip_norm=norm if max_norm else None, max_norm=max_norm,
+                  prepared=prepared)
         return norm
 
     def _grads_for_norm(self) -> list:
@@ -224,7 +270,7 @@ class AdamW:
             moments = lambda flat: [self._moment_view(flat, a, b) for a, b in spans]  # noqa: E731
             _C.optim.adamw_step(views(params), views(grads), moments(self.flat_m), moments(self.flat_v),
                                 self.lr, b1, b2, self.eps, self.weight_decay if decays else 0.0,
-                                self.step_count, guard, *clip)
+                                self.step_count, guard, *clip, hyper=self._hyper_for(decays))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.store is not None:

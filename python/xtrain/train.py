@@ -23,7 +23,14 @@ context is a distributed.LocalContext (rank 0 of 1), whose collectives do nothin
 Host syncs, and only these: (1) once per step, loss and grad norm are read for the log after the
 optimizer step has been queued (forward, backward, clipping and the update are queued without
 waiting; the GPU idles only while Python fetches the next batch and launches the next step's first
-kernel); (2) one read per evaluation; (3) checkpoint saves; (4) sampling.
+kernel); (2) one read per evaluation; (3) checkpoint saves; (4) sampling; (5) once per run, the
+CUDA graph capture empties the allocator's cache.
+
+CUDA graphs (one GPU, TrainConfig.cuda_graphs, on by default): after two eager steps the step is
+captured as two graphs (forward + backward; clip + AdamW) and replayed, with the batch copied into
+static buffers and the step's LR and AdamW constants written to device memory before each replay,
+bitwise equal to the eager step (xtrain.graphs, docs/training.md). Data parallelism and dropout
+keep the eager step.
 """
 
 from __future__ import annotations
@@ -37,10 +44,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 import xtrain
-from xtrain import batching, distributed, ops, runconfig, trackers
+from xtrain import batching, distributed, graphs, ops, runconfig, trackers
 from xtrain import state as ckpt_state
 from xtrain.models import TinyTransformer, TransformerConfig, config_for
 from xtrain.optim import AdamW
@@ -117,6 +123,8 @@ class TrainConfig:
                                        # of a validation document
     progress: bool = True
     shard_optimizer: bool = True       # several GPUs: ZeRO-1 step (distributed.DataParallelAdamW)
+    cuda_graphs: bool = True           # one GPU: capture the step as CUDA graphs after warm-up
+                                       # (xtrain.graphs); a no-op on the CPU
     trackers: tuple = ()               # metric sinks beside log.jsonl: "tensorboard", "wandb"
 
 
@@ -155,7 +163,8 @@ class Run:
     trackers: list = ()                # open xtrain.trackers sinks (rank 0)
     t_last: float = 0.0
     val_loss: float | None = None
-    pending: tuple | None = None       # (step, lr, xtrain.cuda.PendingValues of its loss and norm)
+    pending: tuple | None = None       # (step, lr, xtrain.cuda.PendingValues of its loss and norm, replayed)
+    graphs: object = None              # xtrain.graphs.StepGraphs on a GPU, else None
     bad_steps: int = 0                 # non-finite steps in a row (their updates skipped)
     skipped_steps: int = 0             # all of them
 
@@ -276,6 +285,14 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
               val_loader=val_loader, model=model, optimizer=optimizer, dp=dp, plan=plan, eval=ev,
               schedule=schedule, step=step, record=record, sample_prompt=prompt,
               peak_flops=H200_BF16_PEAK_FLOPS * ctx.world_size if device.startswith("cuda") else None)
+    graphs_note = None
+    if device.startswith("cuda"):  # on the CPU the switch is a no-op: every step is eager
+        blocked = None if cfg.cuda_graphs else "switched off (--no-cuda-graphs)"
+        blocked = blocked or graphs.graph_blockers(device, model, data_parallel=dp is not None)
+        run.graphs = graphs.StepGraphs(model, optimizer, plan.accum, cfg.grad_clip, blocked=blocked,
+                                       note=lambda msg: _note(run, msg))
+        graphs_note = (f"CUDA graphs: the step is captured after {run.graphs.warmup} eager steps and replayed"
+                       if blocked is None else f"CUDA graphs off: {blocked}; every step runs eagerly")
     if ctx.is_main:
         runconfig.write_record(out / runconfig.CONFIG_FILE, record,
                                [f"grad-accum = {plan.accum} follows from batch-tokens / (batch x seq x devices)"]
@@ -291,6 +308,7 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         notes = [plan.describe()] + ([plan.why] if plan.why != "as given" else [])
         notes += [schedule.describe()] + schedule.notes(step, cfg.steps, recorded_schedule(recorded, schedule))
         notes += [ev.note] if ev is not None and ev.note else []
+        notes += [graphs_note] if graphs_note else []
         notes += [f"outputs in {out}: {_outputs(run)}"]
         for n in notes:
             print(f"xtrain: {n}", flush=True)
@@ -365,25 +383,17 @@ def plan_eval(n: int, batch: int, seq: int, eval_batches: int, world_size: int, 
                                  f"tokens per rank, shorter than --seq {seq}")
 
 
-def accumulate_gradients(model, x, y, accum: int):
+def accumulate_gradients(model, x, y, accum: int, seed=None):
     """Forward and backward over `accum` equal micro-batches of the rows of x, y (int64
     (accum x B, S)); the gradients sum in the parameter store's slots: the first backward writes
     them (they are None after the last step's zero_grad), the next ones add. Each backward is
     seeded with 1/accum, so the slots end holding the gradient of the mean loss over all the rows
     (every row has S targets, so the mean of the micro-batch means is the batch mean): one batch of
     accum x B rows gives the same up to float rounding (the 1/accum scaling itself is exact for
-    powers of two). Returns the mean loss, detached, on the device (no host sync)."""
-    if accum == 1:
-        _, loss = model(x, y)
-        loss.backward()
-        return loss.detach()
-    seed = xtrain.tensor(np.float32(1.0 / accum), device=model.device)
-    total = None
-    for xs, ys in zip(np.split(x, accum), np.split(y, accum)):
-        _, loss = model(xs, ys)
-        loss.backward_seeded(seed)
-        total = loss.detach() if total is None else ops.add(total, loss.detach())
-    return ops.scale(total, 1.0 / accum)
+    powers of two). Returns the mean loss, detached, on the device (no host sync). x, y may also be
+    device tensors (a CUDA graph's static inputs: the micro-batches are views), and `seed` the 1/accum
+    upstream gradient made beforehand (a capture cannot upload it)."""
+    return graphs.forward_backward(model, x, y, accum, seed)
 
 
 def train_step(run: Run) -> None:
@@ -394,18 +404,29 @@ def train_step(run: Run) -> None:
     lr = run.schedule(run.step)
     opt.lr = lr
     x, y = run.train_loader.next_batch()              # int64 (accum x B, S) each, on the host
-    loss = accumulate_gradients(run.model, x, y, run.plan.accum)
-    # The previous step's loss and norm reach the host now, while this step's forward and backward
-    # keep the GPU busy; a NaN/Inf there was already skipped on the device and is counted here,
-    # before this step's update.
-    settle(run)
-    # A NaN/Inf loss or gradient norm skips the update on the device (AdamW's guard).
-    if run.dp is None:
-        grad_norm = opt.clip_and_step(cfg.grad_clip, loss)   # norm, clipping and AdamW in one pass
-        opt.zero_grad(set_to_none=True)
-    else:                                             # grads and loss: the global-batch mean
-        grad_norm = run.dp.step(cfg.grad_clip, extra=[loss], guard=loss)
-    run.pending = (run.step, lr, xtrain.cuda.read_async([loss, grad_norm]))
+    # CUDA graphs (after warm-up): the batch into the static buffers, the forward+backward graph,
+    # settle(), this step's LR and count into device memory, the clip+AdamW graph. The same
+    # kernels with the same values as below, in the same order (xtrain.graphs).
+    out = run.graphs.step(x, y, settle=lambda: settle(run)) if run.graphs is not None else None
+    if out is not None:
+        loss, grad_norm = out
+    else:
+        loss = accumulate_gradients(run.model, x, y, run.plan.accum)
+        # The previous step's loss and norm reach the host now, while this step's forward and backward
+        # keep the GPU busy; a NaN/Inf there was already skipped on the device and is counted here,
+        # before this step's update.
+        settle(run)
+        # A NaN/Inf loss or gradient norm skips the update on the device (AdamW's guard).
+        if run.dp is None:
+            grad_norm = opt.clip_and_step(cfg.grad_clip, loss)   # norm, clipping and AdamW in one pass
+            opt.zero_grad(set_to_none=True)
+        else:                                             # grads and loss: the global-batch mean
+            grad_norm = run.dp.step(cfg.grad_clip, extra=[loss], guard=loss)
+        if run.graphs is not None:
+            run.graphs.eager()
+    # The replayed graphs' outputs sit at fixed addresses: this copy is queued before the next
+    # replay overwrites them.
+    run.pending = (run.step, lr, xtrain.cuda.read_async([loss, grad_norm]), out is not None)
     run.step += 1
 
 
@@ -413,9 +434,9 @@ def settle(run: Run) -> None:
     """Log the step whose loss and norm are on their way to the host (train_step queued their copy)."""
     if run.pending is None:
         return
-    step, lr, values = run.pending
+    step, lr, values, replayed = run.pending
     run.pending = None
-    log_step(run, step, values, lr)
+    log_step(run, step, values, lr, replayed)
 
 
 def evaluate(run: Run) -> float:
@@ -451,21 +472,22 @@ def save(run: Run) -> None:
     run.t_last = time.time()
 
 
-def log_step(run: Run, step: int, values, lr: float) -> None:
+def log_step(run: Run, step: int, values, lr: float, replayed: bool = False) -> None:
     # Sync point (the only one per step, one step late): the loss and grad norm of `step` come to
     # the host for the log; waiting for them waits for that step only, not for the one queued
     # since. Every rank reads, which keeps the ranks' hosts in step.
     loss_f, norm_f = values.wait()
     skipped = not (math.isfinite(loss_f) and math.isfinite(norm_f))
     if run.ctx.is_main:
-        _log_step_record(run, step, loss_f, norm_f, lr, skipped)
+        _log_step_record(run, step, loss_f, norm_f, lr, skipped, replayed)
     if skipped:
         note_skipped_step(run, step, loss_f, norm_f)
     else:
         run.bad_steps = 0
 
 
-def _log_step_record(run: Run, step: int, loss_f: float, norm_f: float, lr: float, skipped: bool) -> None:
+def _log_step_record(run: Run, step: int, loss_f: float, norm_f: float, lr: float, skipped: bool,
+                     replayed: bool = False) -> None:
     now = time.time()
     dt, run.t_last = now - run.t_last, now
     mem_mb, tok_s = memory_mb(run.device), run.plan.tokens / dt
@@ -473,6 +495,8 @@ def _log_step_record(run: Run, step: int, loss_f: float, norm_f: float, lr: floa
               "ms": 1000 * dt, "mem_mb": mem_mb}
     if skipped:
         record["skipped"] = True
+    if replayed:
+        record["graph"] = True  # the step ran as replayed CUDA graphs
     mfu = ""
     if run.peak_flops:
         record["mfu"] = run.model.config.flops_per_token(run.plan.seq) * tok_s / run.peak_flops
@@ -540,6 +564,16 @@ def finish(run: Run, t_start: float) -> dict | None:
     print(f"outputs in {run.out}: {_outputs(run)}")
     print(f"sample:\n{sample}", flush=True)
     return summary
+
+
+def _note(run: Run, message: str) -> None:
+    """A one-line message of rank 0 (above the progress bar once it exists)."""
+    if not run.ctx.is_main:
+        return
+    if run.bar is not None:
+        run.bar.write(message)
+    else:
+        print(message, flush=True)
 
 
 def _emit(run: Run, record: dict) -> None:

@@ -204,3 +204,96 @@ TEST(AllocatorGlobal, CpuTensorsGoThroughTheCache) {
   EXPECT_EQ(after.num_raw_alloc, before.num_raw_alloc);
   a.free(b2);
 }
+
+// Note [Private pools]: what a CUDA graph capture relies on, checked on the CPU pool.
+TEST(AllocatorPrivatePool, CaptureBlocksStayThePoolsUntilReleased) {
+  CountingBackend be;
+  DevicePool pool(Device::cpu());
+  int s = 0;
+  Block before = pool.allocate(1000, &s, &be);  // a shared-cache block the capture reads, then frees
+  Block cached = pool.allocate(4000, &s, &be);
+  pool.free(cached);                            // the shared cache holds a 4 KiB block
+  pool.create_pool(7, &s);
+
+  Block a = pool.allocate(4000, &s, &be, 7, /*may_release=*/false);  // the pool never takes a shared block
+  EXPECT_NE(a.ptr, cached.ptr);
+  EXPECT_EQ(a.pool, 7u);
+  pool.free(a);                                  // back into the pool, not the shared cache
+  Block b = pool.allocate(4000, &s, &be, 7, false);
+  EXPECT_EQ(b.ptr, a.ptr);                       // reused within the capture
+  pool.free(before, /*into_pool=*/7);            // a shared block freed during the capture joins the pool
+  Block c = pool.allocate(1000, &s, &be, 7, false);
+  EXPECT_EQ(c.ptr, before.ptr);
+  pool.free(c);
+
+  Block eager = pool.allocate(4000, &s, &be);    // eager work gets the shared block, never the pool's
+  EXPECT_EQ(eager.ptr, cached.ptr);
+  Block eager2 = pool.allocate(1000, &s, &be);
+  EXPECT_NE(eager2.ptr, before.ptr);
+  MemoryStats st = pool.stats();
+  EXPECT_EQ(st.num_pools, 1);
+  EXPECT_EQ(st.pool_bytes, static_cast<int64_t>(round_size(4000) + round_size(1000)));
+
+  pool.empty_cache(&be);                         // never releases pool blocks
+  EXPECT_EQ(pool.stats().pool_bytes, st.pool_bytes);
+
+  pool.release_pool(7);                          // b is still live: it follows when freed
+  st = pool.stats();
+  EXPECT_EQ(st.num_pools, 0);
+  EXPECT_EQ(st.pool_bytes, 0);
+  Block d = pool.allocate(1000, &s, &be);        // the released pool's free block, now shared
+  EXPECT_EQ(d.ptr, before.ptr);
+  pool.free(b);
+  Block e = pool.allocate(4000, &s, &be);
+  EXPECT_EQ(e.ptr, b.ptr);
+  for (const Block& x : {eager, eager2, d, e}) pool.free(x);
+  pool.empty_cache(&be);
+  st = pool.stats();
+  EXPECT_EQ(st.allocated_bytes, 0);
+  EXPECT_EQ(st.reserved_bytes, 0);
+  EXPECT_EQ(be.allocs.load(), be.frees.load());
+}
+
+TEST(AllocatorPrivatePool, CaptureMissesNeverReleaseTheCache) {
+  CountingBackend be;
+  DevicePool pool(Device::cpu());
+  pool.set_limit(8192, &be);
+  Block a = pool.allocate(4000, nullptr, &be);
+  pool.free(a);  // 4 KiB cached
+  pool.create_pool(3, nullptr);
+  Block b = pool.allocate(4000, nullptr, &be, 3, false);  // 8 KiB reserved: at the limit
+  // A capture cannot free memory (cudaFree would synchronise): over the limit it raises instead.
+  EXPECT_THROW(pool.allocate(600, nullptr, &be, 3, false), OutOfMemoryError);
+  EXPECT_EQ(be.frees.load(), 0);
+  pool.free(b);
+  pool.release_pool(3);
+  pool.set_limit(-1, &be);
+  pool.empty_cache(&be);
+  EXPECT_EQ(pool.stats().reserved_bytes, 0);
+}
+
+TEST(AllocatorPrivatePool, RedirectRoutesThisThreadsAllocationsAndRefusesReleases) {
+  Allocator& al = Allocator::get();
+  int s = 0;
+  const uint64_t id = al.create_pool(Device::cpu(), &s);
+  EXPECT_NE(id, 0u);
+  EXPECT_NE(al.create_pool(Device::cpu(), &s), id);  // ids are never reused
+  PoolRedirect r{Device::cpu(), &s, id};
+  EXPECT_EQ(Allocator::set_redirect(&r), nullptr);
+  Block in = al.allocate(Device::cpu(), 100, &s);
+  Block other_stream = al.allocate(Device::cpu(), 100, nullptr);
+  EXPECT_THROW(al.empty_cache(Device::cpu()), RuntimeError);
+  std::thread([&] {  // another thread has no redirect
+    Block t = al.allocate(Device::cpu(), 100, &s);
+    EXPECT_EQ(t.pool, 0u);
+    al.free(t);
+  }).join();
+  EXPECT_EQ(Allocator::set_redirect(nullptr), &r);
+  EXPECT_EQ(in.pool, id);
+  EXPECT_EQ(other_stream.pool, 0u);
+  al.free(in);
+  al.free(other_stream);
+  al.release_pool(Device::cpu(), id);
+  al.release_pool(Device::cpu(), id + 1);
+  EXPECT_EQ(al.stats(Device::cpu()).num_pools, 0);
+}

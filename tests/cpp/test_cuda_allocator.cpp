@@ -1,6 +1,6 @@
 // The caching allocator on CUDA devices, through the real cudaMalloc backend (core/cuda/runtime.cpp):
 // reuse, exact stats, limit/OOM and recovery, a request larger than the card, per-thread streams,
-// threads on one device and on two devices. Every test skips (with the reason) without a GPU.
+// threads on one device and on two devices, a CUDA graph's private pool. Every test skips (with the reason) without a GPU.
 // The global Allocator is shared by the whole binary, so tests compare stats before and after.
 #ifdef XT_CUDA
 #include <cuda_runtime.h>
@@ -246,6 +246,62 @@ TEST_F(CudaAllocator, ThreadsOnTwoDevicesDoNotShareMemoryOrStreams) {
   for (float v : back) ASSERT_EQ(v, 5.0f);
   a.free(x);
   a.free(y);
+}
+
+// CUDA graphs (core/cuda/graph.cpp): a captured fill replays into the same block; the block is the
+// graph's (eager allocations never get it) until the graph is destroyed; refusals inside a capture.
+TEST_F(CudaAllocator, GraphCaptureUsesAPrivatePoolAndReplays) {
+  Allocator& a = Allocator::get();
+  const MemoryStats before = a.stats(dev_);
+  const int64_t n = 1 << 16;
+  Block out;
+  {
+    cuda::Graph g(0);
+    g.capture_begin();
+    EXPECT_TRUE(cuda::capturing());
+    out = a.allocate(dev_, n * sizeof(float), stream_);
+    EXPECT_NE(out.pool, 0u);
+    Block tmp = a.allocate(dev_, 4096, stream_);
+    kernels::cuda::fill(DType::Float32, out.ptr, n, 3.0f, stream_);
+    a.free(tmp);  // back into the graph's pool, not the shared cache
+    // a sync point inside the capture raises, and the capture goes on
+    std::vector<float> host(4);
+    EXPECT_THROW(cuda::copy_bytes(host.data(), Device::cpu(), out.ptr, dev_, sizeof(float) * 4), RuntimeError);
+    EXPECT_THROW(cuda::synchronize(0), RuntimeError);
+    g.capture_end();
+    EXPECT_FALSE(cuda::capturing());
+    EXPECT_GE(g.num_nodes(), 1);
+    EXPECT_EQ(a.stats(dev_).num_pools, before.num_pools + 1);
+    Block eager = a.allocate(dev_, 4096, stream_);  // never the pool's freed block
+    EXPECT_NE(eager.ptr, tmp.ptr);
+    a.free(eager);
+    kernels::cuda::fill(DType::Float32, out.ptr, n, -1.0f, stream_);
+    g.replay();
+    std::vector<float> back(static_cast<size_t>(n));
+    cuda::copy_bytes(back.data(), Device::cpu(), out.ptr, dev_, back.size() * sizeof(float));
+    for (float v : back) ASSERT_EQ(v, 3.0f);
+    EXPECT_EQ(g.replays(), 1);
+  }  // destroyed: its stream synchronised, the pool released
+  const MemoryStats after = a.stats(dev_);
+  EXPECT_EQ(after.num_pools, before.num_pools);
+  EXPECT_EQ(after.pool_bytes, before.pool_bytes);
+  a.free(out);  // a live block of a released pool goes to the shared cache
+  Block again = a.allocate(dev_, n * sizeof(float), stream_);
+  EXPECT_EQ(again.ptr, out.ptr);
+  EXPECT_EQ(again.pool, 0u);
+  a.free(again);
+}
+
+TEST_F(CudaAllocator, AFailedCaptureLeavesTheStreamUsable) {
+  cuda::Graph g(0);
+  g.capture_begin();
+  g.abort_capture();
+  EXPECT_FALSE(cuda::capturing());
+  EXPECT_THROW(g.replay(), RuntimeError);
+  Block b = Allocator::get().allocate(dev_, 1024, stream_);
+  EXPECT_EQ(b.pool, 0u);
+  EXPECT_TRUE(device_roundtrip(dev_, b.ptr, 256, 2.0f));
+  Allocator::get().free(b);
 }
 
 #endif  // XT_CUDA

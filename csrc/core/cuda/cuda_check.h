@@ -21,6 +21,9 @@ namespace cuda {
 // the driver otherwise); nullptr (the legacy default stream) means the current device.
 int stream_device(void* stream);
 
+// This thread's graph capture depth (core/cuda/graph.cpp), read by capturing().
+void capture_depth_add(int delta);
+
 // Makes `device` the runtime's current device for a scope and restores the previous one.
 // A no-op (one cudaGetDevice) when it is already current: cheap enough for every launch.
 class DeviceGuard {

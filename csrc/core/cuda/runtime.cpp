@@ -63,6 +63,7 @@ const DeviceTable& devices() {
 }
 
 thread_local int tl_device = 0;
+thread_local int tl_capture_depth = 0;  // graphs this thread is capturing (core/cuda/graph.cpp)
 
 // This thread's streams, one per device; synchronised and destroyed at thread exit. Errors
 // are ignored there: at process exit the driver may already be shutting down.
@@ -149,7 +150,13 @@ class CudaBackend : public RawBackend {
       return nullptr;
     }
     void* ptr = nullptr;
+    // While this thread captures a graph, cudaMalloc is legal (it is not captured: the graph's
+    // pool keeps the block) but counts as unsafe in thread-local capture mode: relax it around.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    const bool relax = tl_capture_depth > 0;
+    if (relax) cudaThreadExchangeStreamCaptureMode(&mode);
     const cudaError_t err = cudaMalloc(&ptr, nbytes);
+    if (relax) cudaThreadExchangeStreamCaptureMode(&mode);
     if (err != cudaSuccess) {
       cudaGetLastError();  // cudaErrorMemoryAllocation is not sticky: clear it and report OOM
       ptr = nullptr;
@@ -215,6 +222,17 @@ int stream_device(void* stream) {
   return dev;
 }
 
+void capture_depth_add(int delta) { tl_capture_depth += delta; }
+
+bool capturing() { return tl_capture_depth > 0; }
+
+void check_not_capturing(const char* what) {
+  XT_CHECK(tl_capture_depth == 0, RuntimeError, what,
+           " cannot run while this thread captures a CUDA graph (a graph cannot wait for the host, and a "
+           "host value copied in would be replayed unchanged); run it before or after the capture "
+           "(docs/cuda.md, Graph capture)");
+}
+
 bool is_built() { return true; }
 int device_count() { return devices().count; }
 bool is_available() { return devices().count > 0; }
@@ -247,6 +265,7 @@ void* current_stream(int device) {
 
 void synchronize(int device) {
   if (device < 0 || device >= kMaxDevices) return;
+  check_not_capturing("synchronize()");
   if (tl_streams.stream[device]) {  // else nothing was launched from this thread
     DeviceGuard guard(device);
     XT_CUDA_CHECK(cudaStreamSynchronize(tl_streams.stream[device]));  // sync point: explicit
@@ -340,6 +359,9 @@ thread_local std::vector<ReadSlot> tl_read_slots[kMaxDevices];
 
 HostRead::HostRead(const void* src, int device, size_t nbytes) : device_(device) {
   XT_CHECK(nbytes <= kHostReadMax, ValueError, "HostRead: at most ", kHostReadMax, " bytes, got ", nbytes);
+  // Its event could not be waited on while the stream captures; read the graph's output after
+  // the replay instead.
+  check_not_capturing("read_async");
   DeviceGuard guard(device);
   cudaStream_t s = static_cast<cudaStream_t>(current_stream(device));
   std::vector<ReadSlot>& free_slots = tl_read_slots[device];
@@ -380,6 +402,7 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
     return;
   }
   if (src_dev.is_cpu()) {  // host -> device
+    check_not_capturing("a host-to-device copy");
     const int d = dst_dev.index;
     cudaStream_t s = static_cast<cudaStream_t>(current_stream(d));
     DeviceGuard guard(d);
@@ -408,6 +431,7 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
     return;
   }
   if (dst_dev.is_cpu()) {  // device -> host
+    check_not_capturing("a device-to-host copy (item(), numpy(), to(\"cpu\"): a sync point)");
     cudaStream_t s = static_cast<cudaStream_t>(current_stream(src_dev.index));
     DeviceGuard guard(src_dev.index);
     XT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s));
@@ -421,6 +445,7 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
     XT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, s));
     return;
   }
+  check_not_capturing("a copy between devices");
   // Across devices: the copy runs on the source's stream, after the destination stream's
   // pending work (which may still use dst), and the destination stream waits for the copy.
   // Events order the two streams on the GPU; the host does not wait.

@@ -21,9 +21,10 @@ void adamw_step(int n_tensors, float* const* params, const float* const* grads, 
                 void*) {
   if (guard && !std::isfinite(guard[0])) return;  // a non-finite step: no update
   const float coef = clip_norm ? std::min(1.0f, max_norm / (clip_norm[0] + 1e-6f)) : 1.0f;
-  const float decay = 1.0f - hp.lr * hp.weight_decay;
-  const float step_size = hp.lr / hp.bias_correction1;
-  const float bc2_sqrt = std::sqrt(hp.bias_correction2);
+  const AdamWStepConsts c = adamw_step_consts(hp);
+  const float decay = hp.hyper ? hp.hyper[0] : c.decay;  // hyper: the step's constants, in memory
+  const float step_size = hp.hyper ? hp.hyper[1] : c.step_size;
+  const float bc2_sqrt = hp.hyper ? hp.hyper[2] : c.bc2_sqrt;
   for (int t = 0; t < n_tensors; ++t) {
     float* p = params[t];
     const float* g = grads[t];

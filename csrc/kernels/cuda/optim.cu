@@ -10,6 +10,8 @@
 //  - global_norm: each block sums the squares of its chunk in float64 (fixed order), then one
 //    block adds the block partials in order and writes sqrt as float32: deterministic, on device.
 //  - clip_by_norm reads the norm on the device: coef = min(1, max_norm / (norm + 1e-6)).
+//  - adamw_step's per-step constants come from the launch, or from device memory (hp.hyper) so a
+//    CUDA graph's replay uses the step's learning rate and bias corrections;
 //  - adamw_step's guard (the step's loss or norm, on the device) skips the update when not finite;
 //    its clip norm scales each gradient as it is read, by clip_by_norm's factor (no clip pass).
 #include <cmath>
@@ -59,10 +61,14 @@ struct AdamWConsts {
   float beta1, beta2, eps, decay, step_size, bc2_sqrt;
 };
 
+// hyper (nullable): decay, step_size, bc2_sqrt in device memory, instead of k's (CUDA graphs).
 __global__ void adamw_kernel(TensorList L, AdamWConsts k, const float* guard, const float* clip_norm,
-                             float max_norm) {
+                             float max_norm, const float* hyper) {
   if (guard && !isfinite(*guard)) return;  // a non-finite step: no update (the same for every thread)
   const float coef = clip_norm ? fminf(1.0f, max_norm / (*clip_norm + 1e-6f)) : 1.0f;
+  const float decay = hyper ? hyper[0] : k.decay;
+  const float step_size = hyper ? hyper[1] : k.step_size;
+  const float bc2_sqrt = hyper ? hyper[2] : k.bc2_sqrt;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t c1 = min(L.start[L.n], c0 + kChunk);
   int t = find_tensor(L, c0);
@@ -74,8 +80,8 @@ __global__ void adamw_kernel(TensorList L, AdamWConsts k, const float* guard, co
     const float vi = k.beta2 * L.v[t][j] + (1.0f - k.beta2) * gi * gi;
     L.m[t][j] = mi;
     L.v[t][j] = vi;
-    const float denom = sqrtf(vi) / k.bc2_sqrt + k.eps;
-    L.a[t][j] = L.a[t][j] * k.decay - k.step_size * (mi / denom);
+    const float denom = sqrtf(vi) / bc2_sqrt + k.eps;
+    L.a[t][j] = L.a[t][j] * decay - step_size * (mi / denom);
   }
 }
 
@@ -142,9 +148,10 @@ void adamw_step(int n_tensors, float* const* params, const float* const* grads, 
   k.beta1 = hp.beta1;
   k.beta2 = hp.beta2;
   k.eps = hp.eps;
-  k.decay = 1.0f - hp.lr * hp.weight_decay;
-  k.step_size = hp.lr / hp.bias_correction1;
-  k.bc2_sqrt = std::sqrt(hp.bias_correction2);
+  const AdamWStepConsts c = adamw_step_consts(hp);
+  k.decay = c.decay;
+  k.step_size = c.step_size;
+  k.bc2_sqrt = c.bc2_sqrt;
   for_each_list(
       n_tensors, sizes,
       [&](TensorList& L, int slot, int i) {
@@ -154,7 +161,7 @@ void adamw_step(int n_tensors, float* const* params, const float* const* grads, 
         L.v[slot] = v[i];
       },
       [&](const TensorList& L, unsigned blocks) {
-        adamw_kernel<<<blocks, kOptThreads, 0, on.s>>>(L, k, guard, clip_norm, max_norm);
+        adamw_kernel<<<blocks, kOptThreads, 0, on.s>>>(L, k, guard, clip_norm, max_norm, hp.hyper);
         XT_LAUNCH_CHECK();
       });
 }

@@ -1,0 +1,228 @@
+"""The training step as CUDA graphs: captured once after warm-up, then replayed (docs/training.md,
+"CUDA graphs"; the capture facility itself is xtrain.cuda.Graph, docs/cuda.md).
+
+A step is two graphs, replayed in order on the thread's stream:
+  1. forward + backward of every micro-batch, from the static input buffers (ids, targets) into
+     the parameter store's gradient slots; its output is the step's mean loss (device scalar);
+  2. clip + AdamW (AdamW.clip_and_step: the norm, the non-finite guard, the update) reading the
+     step's constants (learning rate, bias corrections) from device memory; its output is the
+     gradient norm.
+Between the two the host reads the previous step's loss and norm (the train loop's settle(): a
+skipped non-finite step takes its count back before this step's constants are written), then
+writes this step's constants (AdamW.prepare_step: one 24-byte host-to-device copy). Before graph
+1 the batch is copied into the static buffers (two host-to-device copies from pinned memory).
+So a replayed step is the eager step's kernels with the eager step's values, in the eager step's
+order: bitwise the same results.
+
+Per-step values a captured kernel would otherwise freeze, and where each comes from:
+  - learning rate, AdamW step count / bias corrections: AdamW.hyper_dev, written before graph 2;
+  - the batch: the static ids/targets buffers, written before graph 1;
+  - the accumulation seed 1/accum: a constant tensor made once, before the capture;
+  - the bf16 weight copies: the cast is captured (forced at capture), so every replay recasts;
+  - dropout's Philox seed and offset are host-side generator state passed as kernel arguments:
+    a model with dropout > 0 stays eager (graph_blockers says so);
+  - the loss/norm log read: read_async of the graphs' output tensors after the replay (their
+    addresses are fixed), never inside a capture.
+
+Host state the eager step changes and a replay does not, restored by hand: AdamW.step_count
+(prepare_step), the leaves' .grad (None after the step, as zero_grad(set_to_none=True) leaves
+it), and the store's record of which float32 weights its bf16 copies were cast from (set stale
+after each replay, so an eager forward such as evaluation recasts).
+
+Falls back to the eager step, saying why, when: the device is not CUDA, graphs are switched off,
+the run is data-parallel (the NCCL collectives stay eager), the model has dropout, the batch shape
+differs from the captured one (that step only), or the capture fails (for the rest of the run).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import xtrain
+
+# Eager steps before the capture: the first creates the cuBLAS handle and its workspace, the
+# optimizer's moments and the allocator's blocks; the second runs in steady state.
+WARMUP_STEPS = 2
+
+
+def graph_blockers(device: str, model, data_parallel: bool = False) -> str | None:
+    """Why the training step of `model` on `device` cannot be captured, or None when it can."""
+    if not str(device).startswith("cuda"):
+        return "not a CUDA device"
+    if data_parallel:
+        return "data-parallel training keeps its NCCL collectives eager"
+    dropouts = [m for _, m in model.named_modules() if isinstance(m, xtrain.nn.Dropout) and m.p > 0]
+    if dropouts:
+        return (f"dropout {dropouts[0].p:g} draws each step's mask from host-side generator offsets, "
+                f"which a replay would repeat")
+    if not xtrain.cuda.is_available():
+        return "CUDA is not available"
+    return None
+
+
+def _rows(x, accum: int) -> list:
+    """`accum` equal row blocks of x (a device tensor: views, no copy; a numpy array: np.split)."""
+    if isinstance(x, xtrain.Tensor):
+        rows, seq = x.shape
+        b = rows // accum
+        return [x._storage_view(i * b * seq, (b, seq)) for i in range(accum)]
+    return np.split(x, accum)
+
+
+def forward_backward(model, x, y, accum: int, seed=None):
+    """Forward and backward over `accum` equal micro-batches of the rows of x, y; the gradients
+    sum in the store's slots (the first backward writes them, the next add). Returns the mean
+    loss, detached, on the device. x, y: int64 (accum x B, S) numpy arrays or device tensors.
+    seed: the 1/accum upstream gradient as a device scalar (made here when None)."""
+    if accum == 1:
+        _, loss = model(x, y)
+        loss.backward()
+        return loss.detach()
+    if seed is None:
+        seed = xtrain.tensor(np.float32(1.0 / accum), device=model.device)
+    total = None
+    for xs, ys in zip(_rows(x, accum), _rows(y, accum)):
+        _, loss = model(xs, ys)
+        loss.backward_seeded(seed)
+        total = loss.detach() if total is None else xtrain.ops.add(total, loss.detach())
+    return xtrain.ops.scale(total, 1.0 / accum)
+
+
+class StepGraphs:
+    """The two graphs of a training step and their static buffers, for one model and optimizer on
+    one GPU. step() returns None when the caller must run this step eagerly (warm-up, another
+    batch shape, graphs off), else (loss, norm): device scalars at fixed addresses, overwritten
+    by the next replay (read them with xtrain.cuda.read_async before the next step)."""
+
+    def __init__(self, model, optimizer, accum: int, max_norm: float | None, *,
+                 warmup: int = WARMUP_STEPS, note=print, blocked: str | None = None):
+        self.model, self.opt, self.accum, self.max_norm = model, optimizer, int(accum), max_norm
+        self.warmup, self.note = int(warmup), note
+        self.disabled = blocked            # why graphs are off, or None
+        self.eager_steps = 0               # eager steps run so far (the warm-up)
+        self.shape = None                  # the captured batch shape
+        self.fwd = self.upd = None         # xtrain.cuda.Graph: forward+backward, clip+AdamW
+        self.x = self.y = self.seed = None  # static inputs
+        self.loss = self.norm = None       # the graphs' outputs
+        self._shape_noted = False
+
+    @property
+    def active(self) -> bool:
+        return self.fwd is not None and self.upd is not None
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes (kernel launches, copies, memsets) of one replayed step, 0 before the capture."""
+        return (self.fwd.num_nodes + self.upd.num_nodes) if self.active else 0
+
+    @property
+    def replays(self) -> int:
+        return self.upd.replays if self.active else 0
+
+    def eager(self) -> None:
+        """The caller ran a step eagerly (counts towards the warm-up)."""
+        self.eager_steps += 1
+
+    def step(self, x, y, settle=None):
+        """One optimizer step through the graphs (capturing them first when the warm-up is done):
+        copy the batch in, graph 1, settle(), AdamW.prepare_step(), graph 2. Returns (loss, norm),
+        or None when nothing of this step ran and the caller runs it eagerly."""
+        if self.disabled is not None:
+            return None
+        shape = tuple(x.shape)
+        if self.active:
+            if shape != self.shape:
+                if not self._shape_noted:
+                    self.note(f"xtrain: a batch of shape {shape} (captured: {self.shape}) runs eagerly")
+                    self._shape_noted = True
+                return None
+            return self._replay(x, y, settle)
+        if self.eager_steps < self.warmup:
+            return None
+        return self._capture(x, y, shape, settle)
+
+    # ---- replay
+
+    def _upload(self, x, y) -> None:
+        with xtrain.no_grad():  # into the static buffers, on the stream (pinned staging, no wait)
+            for dst, src in ((self.x, x), (self.y, y)):
+                if not isinstance(src, xtrain.Tensor):
+                    src = xtrain.tensor(np.ascontiguousarray(src, dtype=np.int64), device="cpu")
+                dst.copy_(src)
+
+    def _replay(self, x, y, settle):
+        self._upload(x, y)
+        self.fwd.replay()
+        if settle is not None:
+            settle()               # the previous step's values (and its skip) before this update
+        self.opt.prepare_step()    # step count + this step's constants into device memory
+        self.upd.replay()
+        self._weights_changed()
+        return self.loss, self.norm
+
+    def _weights_changed(self) -> None:
+        # The update wrote the float32 weights on the device without the host seeing it: the bf16
+        # copies must be cast again by the next eager forward (the replayed graph always casts).
+        store = getattr(self.model, "store", None)
+        if store is not None:
+            store._compute_version = None
+
+    # ---- capture
+
+    def _capture(self, x, y, shape, settle):
+        model, opt = self.model, self.opt
+        device = model.device
+        index = int(str(device).split(":")[1]) if ":" in str(device) else 0
+        stage = "forward and backward"
+        try:
+            opt.use_device_hyper()
+            if self.x is None:
+                self.x = xtrain.zeros(shape, dtype="int64", device=device)
+                self.y = xtrain.zeros(shape, dtype="int64", device=device)
+                if self.accum > 1:
+                    self.seed = xtrain.tensor(np.float32(1.0 / self.accum), device=device)
+            self._upload(x, y)
+            # The warm-up's cached activations go back to the driver, so the graph's pool takes
+            # their place instead of adding to them (a sync point, once).
+            xtrain.cuda.empty_cache(device)
+            opt.zero_grad(set_to_none=True)   # the first backward writes the slots (=), as eagerly
+            if getattr(model, "store", None) is not None:
+                model.store._compute_version = None  # the bf16 cast is part of every replay
+            fwd = xtrain.cuda.Graph(index)
+            with xtrain.cuda.graph(fwd):
+                loss = forward_backward(model, self.x, self.y, self.accum, self.seed)
+        except Exception as e:  # nothing of this step ran: the caller runs it eagerly
+            self._give_up(stage, e)
+            return None
+        fwd.replay()
+        if settle is not None:
+            settle()
+        opt.prepare_step()
+        stage = "clip + AdamW"
+        try:
+            upd = xtrain.cuda.Graph(index, share_pool_with=fwd)
+            with xtrain.cuda.graph(upd):
+                norm = opt.clip_and_step(self.max_norm, loss, prepared=True)
+        except Exception as e:  # forward and backward ran (graph 1): finish the step eagerly
+            self._give_up(stage, e, keep_grads=True)
+            opt.step_count -= 1
+            norm = opt.clip_and_step(self.max_norm, loss)
+            opt.zero_grad(set_to_none=True)
+            del fwd
+            return loss, norm
+        upd.replay()
+        opt.zero_grad(set_to_none=True)  # host state as after an eager step: .grad is None
+        self._weights_changed()
+        self.fwd, self.upd, self.shape, self.loss, self.norm = fwd, upd, shape, loss, norm
+        self.note(f"xtrain: CUDA graphs: step captured after {self.eager_steps} eager steps, "
+                  f"{self.num_nodes} nodes per replay (graph memory "
+                  f"{xtrain.memory_stats(device)['pool_bytes.current'] / 2**20:,.0f} MiB)")
+        return loss, norm
+
+    def _give_up(self, stage: str, e: Exception, keep_grads: bool = False) -> None:
+        self.disabled = f"capture of the {stage} failed: {type(e).__name__}: {e}"
+        if not keep_grads:  # a captured backward set them, but never ran
+            self.opt.zero_grad(set_to_none=True)
+        if getattr(self.model, "store", None) is not None:
+            self.model.store._compute_version = None
+        self.note(f"xtrain: CUDA graphs off, the steps run eagerly ({self.disabled})")

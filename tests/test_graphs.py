@@ -1,0 +1,388 @@
+"""CUDA graphs of the training step (xtrain.cuda.Graph, xtrain.graphs, train.py's switch).
+
+On the CPU (always): the switch's plumbing (CLI flag, config file, record, TrainConfig), the CPU
+no-op, AdamW's device-resident per-step constants (bitwise equal to launch arguments), and the
+StepGraphs bookkeeping around a capture with a stand-in Graph that runs the captured work at once
+(capture step equal to an eager step, both fallbacks). On a GPU (skipped without one): the capture
+facility (replay, private pool, refusals inside a capture) and N training steps with graphs equal
+to N eager steps, bitwise (fp32, bf16, accumulation, recompute, a poisoned step)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import xtrain
+from modelhelp import prepared_stories
+from xtrain import graphs, ops, runconfig
+from xtrain.models import TinyTransformer, TransformerConfig
+from xtrain.optim import AdamW
+from xtrain.train import TrainConfig, train
+
+needs_gpu = pytest.mark.skipif(not xtrain.cuda.is_available(),
+                               reason="needs a CUDA GPU (the lead runs these on the H200)")
+SMALL = dict(vocab_size=64, dim=32, n_layers=2, n_heads=2, head_dim=16, ffn_dim=64, max_seq=16)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return prepared_stories(tmp_path_factory.mktemp("graphs-data"))
+
+
+def _cfg(out, data, steps, device, **kw):
+    base = dict(preset="tiny", data=str(data), out=str(out), device=device, batch=4, seq=32,
+                steps=steps, lr=3e-3, warmup=2, eval_every=0, save_every=0, sample_tokens=8,
+                progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def _step_values(out):
+    """(step, loss, grad_norm, skipped) per step; json.dumps makes NaN comparable."""
+    return [json.dumps([r["step"], r["loss"], r["grad_norm"], r.get("skipped", False)])
+            for r in _records(out) if "loss" in r]
+
+
+def _same_checkpoints(a, b):
+    for name in ("model.safetensors", "optim.safetensors"):
+        assert (a / "ckpt" / name).read_bytes() == (b / "ckpt" / name).read_bytes(), name
+
+
+# ---------------------------------------------------------------- the switch (CPU)
+
+def test_cli_flag_config_file_and_record(tmp_path):
+    from xtrain.cli import _train_values, build_parser
+
+    parser = build_parser()
+    assert _train_values(parser.parse_args(["train", "--device", "cpu"]))["cuda_graphs"] is True
+    assert _train_values(parser.parse_args(["train", "--device", "cpu", "--no-cuda-graphs"]))["cuda_graphs"] is False
+    (tmp_path / "run.toml").write_text("cuda-graphs = false\n")
+    values = _train_values(parser.parse_args(["train", "--device", "cpu", "--config", str(tmp_path / "run.toml")]))
+    assert values["cuda_graphs"] is False
+    values = _train_values(parser.parse_args(["train", "--device", "cpu", "--config", str(tmp_path / "run.toml"),
+                                              "--cuda-graphs"]))
+    assert values["cuda_graphs"] is True  # the command line wins over the file
+    assert runconfig.record_of(TrainConfig(cuda_graphs=False))["cuda_graphs"] is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--cuda-graphs", "--no-cuda-graphs"])
+
+
+def test_help_lists_the_switch(capsys):
+    from xtrain.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    text = capsys.readouterr().out
+    assert "--cuda-graphs" in text and "--no-cuda-graphs" in text
+
+
+def test_switch_is_a_no_op_on_the_cpu(tmp_path, data):
+    on = train(_cfg(tmp_path / "on", data, 4, "cpu", cuda_graphs=True))
+    off = train(_cfg(tmp_path / "off", data, 4, "cpu", cuda_graphs=False))
+    assert on["steps"] == off["steps"] == 4
+    assert _step_values(tmp_path / "on") == _step_values(tmp_path / "off")
+    assert not any(r.get("graph") for r in _records(tmp_path / "on"))
+    _same_checkpoints(tmp_path / "on", tmp_path / "off")
+
+
+def test_graph_blockers():
+    model = TinyTransformer(TransformerConfig(**SMALL), device="cpu")
+    assert graphs.graph_blockers("cpu", model) == "not a CUDA device"
+    assert "data-parallel" in graphs.graph_blockers("cuda:0", model, data_parallel=True)
+    dropped = TinyTransformer(TransformerConfig(**SMALL, dropout=0.1), device="cpu")
+    assert "dropout 0.1" in graphs.graph_blockers("cuda:0", dropped)
+    if not xtrain.cuda.is_available():
+        assert graphs.graph_blockers("cuda:0", model) == "CUDA is not available"
+
+
+def test_graph_needs_a_gpu():
+    if xtrain.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        xtrain.cuda.Graph(0)
+    assert xtrain.cuda.is_capturing() is False
+    stats = xtrain.memory_stats("cpu")
+    assert stats["pool_bytes.current"] == 0 and stats["num_pools"] == 0
+
+
+# ---------------------------------------------------------------- AdamW's device constants
+
+def test_adamw_consts_are_the_kernel_constants():
+    lr, b1, b2, wd, step = 3e-4, 0.9, 0.95, 0.1, 7
+    decay, step_size, bc2_sqrt = xtrain._C.optim.adamw_consts(lr, b1, b2, 1e-8, wd, step)
+    f = np.float32
+    assert decay == f(1) - f(lr) * f(wd)
+    assert step_size == f(lr) / f(1 - b1 ** step)
+    assert bc2_sqrt == np.sqrt(f(1 - b2 ** step))
+    with pytest.raises(ValueError, match="step must be >= 1"):
+        xtrain._C.optim.adamw_consts(lr, b1, b2, 1e-8, wd, 0)
+
+
+def _train_small(device, hyper: bool, prepared: bool = False, steps: int = 6, store: bool = True):
+    model = TinyTransformer(TransformerConfig(**SMALL), device=device, seed=0)
+    named = model.named_parameters() if store else [(n, p) for n, p in model.named_parameters()][:-1]
+    opt = AdamW(named, lr=1e-2, weight_decay=0.1)
+    if hyper:
+        opt.use_device_hyper()
+    rng = np.random.default_rng(0)
+    losses = []
+    for step in range(steps):
+        opt.lr = 1e-2 * (step + 1) / steps  # a changing LR: the constants must follow it
+        ids = rng.integers(0, 64, (2, 16))
+        _, loss = model(ids, ids)
+        loss.backward()
+        if prepared:
+            opt.prepare_step()
+            opt.clip_and_step(0.5, loss, prepared=True)
+        else:
+            opt.clip_and_step(0.5, loss)
+        opt.zero_grad()
+        losses.append(loss.item())
+    m, v = opt.moment_arrays()
+    return losses, {n: p.numpy().copy() for n, p in model.named_parameters()}, m, v, opt.step_count
+
+
+@pytest.mark.parametrize("store", [True, False], ids=["flat", "per-tensor"])
+def test_device_constants_give_the_same_bits(device, store):
+    base = _train_small(device, hyper=False, store=store)
+    for prepared in (False, True):
+        got = _train_small(device, hyper=True, prepared=prepared, store=store)
+        assert got[0] == base[0] and got[4] == base[4] == 6
+        for a, b in zip(got[1:4], base[1:4]):
+            for n in b:
+                np.testing.assert_array_equal(a[n], b[n], err_msg=n)
+
+
+def test_prepare_step_needs_device_constants():
+    model = TinyTransformer(TransformerConfig(**SMALL), device="cpu")
+    opt = AdamW(model.named_parameters())
+    with pytest.raises(RuntimeError, match="use_device_hyper"):
+        opt.prepare_step()
+    with pytest.raises(RuntimeError, match="use_device_hyper"):
+        opt.step(prepared=True)
+
+
+# ---------------------------------------------------------------- StepGraphs around a capture (CPU)
+
+class _RunAtOnce:
+    """Stands in for xtrain.cuda.Graph on the CPU: the 'captured' work runs as it is queued and
+    replay() does nothing, so a capture step must equal an eager step. fail_at: which capture
+    raises (1: the forward+backward, 2: clip + AdamW)."""
+    made = 0
+    fail_at = None
+
+    def __init__(self, device=0, share_pool_with=None):
+        type(self).made += 1
+        self.index = type(self).made
+        self.num_nodes, self.replays = 10 * self.index, 0
+
+    def capture_begin(self):
+        if self.index == type(self).fail_at:
+            raise RuntimeError("a host-to-device copy cannot run while this thread captures a CUDA graph")
+
+    def capture_end(self):
+        pass
+
+    def abort_capture(self):
+        pass
+
+    def replay(self):
+        self.replays += 1
+
+
+def _eager_step(model, opt, x, y, accum):
+    loss = graphs.forward_backward(model, x, y, accum)
+    norm = opt.clip_and_step(1.0, loss)
+    opt.zero_grad(set_to_none=True)
+    return loss.item(), norm.item()
+
+
+@pytest.mark.parametrize("fail_at", [None, 1, 2])
+@pytest.mark.parametrize("accum", [1, 2])
+def test_capture_step_bookkeeping(monkeypatch, fail_at, accum):
+    monkeypatch.setattr(xtrain.cuda, "Graph", _RunAtOnce)
+    monkeypatch.setattr(_RunAtOnce, "made", 0)
+    monkeypatch.setattr(_RunAtOnce, "fail_at", fail_at)
+    rng = np.random.default_rng(1)
+    batches = [(b, b) for b in (rng.integers(0, 64, (2 * accum, 16)) for _ in range(4))]
+    results = []
+    for use_graphs in (False, True):
+        model = TinyTransformer(TransformerConfig(**SMALL), device="cpu", seed=0)
+        opt = AdamW(model.named_parameters(), lr=1e-2)
+        notes, settled = [], []
+        sg = graphs.StepGraphs(model, opt, accum, 1.0, note=notes.append)
+        values = []
+        for i, (x, y) in enumerate(batches[:3]):
+            out = sg.step(x, y, settle=lambda: settled.append(i)) if use_graphs else None
+            if out is None:
+                values.append(_eager_step(model, opt, x, y, accum))
+                sg.eager()
+            else:
+                values.append((out[0].item(), out[1].item()))
+        results.append((values, {n: p.numpy().copy() for n, p in model.named_parameters()},
+                        opt.moment_arrays(), opt.step_count))
+        if use_graphs:
+            if fail_at is None:
+                assert sg.active and sg.num_nodes == 30 and settled == [2]
+                assert "captured after 2 eager steps, 30 nodes per replay" in notes[0]
+                assert all(p.grad is None for p in opt.params)  # as zero_grad(set_to_none=True) leaves it
+                # the next step replays: batch in, graph 1, settle, constants, graph 2
+                assert sg.step(*batches[3], settle=lambda: settled.append(3)) is not None
+                assert settled == [2, 3] and sg.fwd.replays == 2 and sg.upd.replays == 2
+                assert opt.step_count == 4
+                # another batch shape runs eagerly (this step only)
+                assert sg.step(batches[0][0][:1], batches[0][1][:1]) is None and "runs eagerly" in notes[-1]
+            else:
+                stage = "forward and backward" if fail_at == 1 else "clip + AdamW"
+                assert sg.disabled.startswith(f"capture of the {stage} failed: RuntimeError")
+                assert "CUDA graphs off" in notes[0] and not sg.active
+                assert sg.step(*batches[3]) is None  # off for good
+    (v0, p0, (m0, s0), c0), (v1, p1, (m1, s1), c1) = results
+    assert v0 == v1 and c0 == c1 == 3
+    for n in p0:
+        np.testing.assert_array_equal(p0[n], p1[n], err_msg=n)
+        np.testing.assert_array_equal(m0[n], m1[n], err_msg=n)
+        np.testing.assert_array_equal(s0[n], s1[n], err_msg=n)
+
+
+def test_blocked_step_graphs_never_capture():
+    model = TinyTransformer(TransformerConfig(**SMALL), device="cpu")
+    sg = graphs.StepGraphs(model, AdamW(model.named_parameters()), 1, 1.0, blocked="switched off", warmup=0)
+    ids = np.zeros((2, 16), np.int64)
+    assert sg.step(ids, ids) is None and not sg.active and sg.num_nodes == 0
+
+
+# ---------------------------------------------------------------- the capture facility (GPU)
+
+@needs_gpu
+def test_capture_and_replay_follow_the_static_input():
+    x = xtrain.tensor(np.arange(6, dtype=np.float32), device="cuda")
+    ops.mul(x, 1.0).item()  # warm-up outside the capture
+    before = xtrain.memory_stats("cuda")
+    g = xtrain.cuda.Graph(0)
+    with xtrain.cuda.graph(g):
+        y = ops.add(ops.mul(x, 2.0), 1.0)
+    assert g.captured and g.num_nodes >= 2 and g.pool_id > 0
+    stats = xtrain.memory_stats("cuda")
+    assert stats["num_pools"] == before["num_pools"] + 1 and stats["pool_bytes.current"] > 0
+    ptr = y.data_ptr() if hasattr(y, "data_ptr") else None
+    for k in range(3):
+        x.copy_(xtrain.tensor(np.arange(6, dtype=np.float32) * (k + 1)))
+        g.replay()
+        np.testing.assert_array_equal(y.numpy(), np.arange(6, dtype=np.float32) * (k + 1) * 2 + 1)
+    if ptr is not None:
+        assert y.data_ptr() == ptr
+    assert g.replays == 3
+    del g
+    assert xtrain.memory_stats("cuda")["num_pools"] == before["num_pools"]
+    np.testing.assert_array_equal(y.numpy(), np.arange(6, dtype=np.float32) * 3 * 2 + 1)  # y outlives it
+
+
+@needs_gpu
+@pytest.mark.parametrize("what, call", [
+    ("device-to-host copy", lambda x: x.item()),
+    ("host-to-device copy", lambda x: xtrain.tensor(np.ones(3, np.float32), device="cuda")),
+    ("read_async", lambda x: xtrain.cuda.read_async([ops.sum(x)])),
+    ("synchronize", lambda x: xtrain.cuda.synchronize()),
+    ("empty_cache", lambda x: xtrain.cuda.empty_cache()),
+])
+def test_what_cannot_be_captured_raises_and_the_stream_recovers(what, call):
+    x = xtrain.tensor(np.arange(4, dtype=np.float32), device="cuda")
+    g = xtrain.cuda.Graph(0)
+    with pytest.raises(RuntimeError, match=what):
+        with xtrain.cuda.graph(g):
+            ops.mul(x, 3.0)
+            call(x)
+    assert not g.captured and not xtrain.cuda.is_capturing()
+    assert ops.sum(ops.mul(x, 3.0)).item() == 18.0  # the stream works eagerly again
+    g2 = xtrain.cuda.Graph(0)
+    with pytest.raises(RuntimeError, match="replay: nothing was captured"):
+        g2.replay()
+
+
+@needs_gpu
+def test_replay_from_another_thread_is_refused():
+    import threading
+
+    x = xtrain.tensor(np.ones(4, np.float32), device="cuda")
+    g = xtrain.cuda.Graph(0)
+    with xtrain.cuda.graph(g):
+        ops.mul(x, 2.0)
+    errors = []
+
+    def other():
+        try:
+            g.replay()
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert errors and "thread that captured it" in errors[0]
+
+
+# ---------------------------------------------------------------- training with graphs (GPU)
+
+@needs_gpu
+@pytest.mark.parametrize("kw", [{}, {"bf16": True}, {"grad_accum": 2}, {"recompute": True, "bf16": True}],
+                         ids=["fp32", "bf16", "accum2", "recompute-bf16"])
+def test_graph_steps_equal_eager_steps_bitwise(tmp_path, data, kw):
+    steps = 8
+    # evaluations between replays: their bf16 weight copies must be cast from the replayed updates
+    ev = dict(eval_every=3, eval_batches=1)
+    train(_cfg(tmp_path / "eager", data, steps, "cuda", cuda_graphs=False, **ev, **kw))
+    train(_cfg(tmp_path / "graphs", data, steps, "cuda", cuda_graphs=True, **ev, **kw))
+    assert _step_values(tmp_path / "graphs") == _step_values(tmp_path / "eager")
+    vals = [[(r["step"], r["val_loss"]) for r in _records(tmp_path / name) if "val_loss" in r]
+            for name in ("eager", "graphs")]
+    assert vals[0] == vals[1] and [s for s, _ in vals[0]] == [0, 3, 6, 8]
+    replayed = [r["step"] for r in _records(tmp_path / "graphs") if r.get("graph")]
+    assert replayed == list(range(graphs.WARMUP_STEPS, steps))  # the capture step and the replays
+    assert not any(r.get("graph") for r in _records(tmp_path / "eager"))
+    _same_checkpoints(tmp_path / "graphs", tmp_path / "eager")
+
+
+@needs_gpu
+def test_poisoned_steps_are_skipped_the_same_with_graphs(tmp_path, data):
+    from xtrain.train import NonFiniteStepsError
+
+    for name, on in (("eager", False), ("graphs", True)):
+        cfg = _cfg(tmp_path / name, data, 40, "cuda", lr=1e6, warmup=1, save_every=2, nonfinite_limit=3,
+                   cuda_graphs=on)
+        with pytest.raises(NonFiniteStepsError, match="3 steps in a row"):
+            train(cfg)
+    a, b = _step_values(tmp_path / "eager"), _step_values(tmp_path / "graphs")
+    assert a == b and sum('true]' in r for r in b) == 3
+    assert any(r.get("graph") for r in _records(tmp_path / "graphs"))
+    _same_checkpoints(tmp_path / "graphs", tmp_path / "eager")
+
+
+@needs_gpu
+def test_dropout_runs_eagerly_and_says_why(tmp_path, data, capsys):
+    train(_cfg(tmp_path / "d", data, 4, "cuda", dropout=0.1))
+    assert "CUDA graphs off: dropout 0.1" in capsys.readouterr().out
+    assert not any(r.get("graph") for r in _records(tmp_path / "d"))
+
+
+@needs_gpu
+def test_step_graphs_zero_raw_allocations_and_node_count():
+    model = TinyTransformer(TransformerConfig(**SMALL), device="cuda", seed=0)
+    opt = AdamW(model.named_parameters(), lr=1e-2)
+    sg = graphs.StepGraphs(model, opt, 1, 1.0, note=lambda m: None)
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        ids = rng.integers(0, 64, (2, 16))
+        out = sg.step(ids, ids)
+        if out is None:
+            _eager_step(model, opt, ids, ids, 1)
+            sg.eager()
+        if i == 3:
+            raw = xtrain.memory_stats("cuda")["num_raw_alloc"]
+    assert sg.active and sg.replays == 4 and sg.num_nodes > 20  # the capture step's replay and 3 more
+    assert xtrain.memory_stats("cuda")["num_raw_alloc"] == raw
+    assert math.isfinite(sg.loss.item()) and math.isfinite(sg.norm.item())
