@@ -17,6 +17,8 @@
 #   ops       bench/ops.py
 #   attention bench/ops.py rows of the fused attention and head preparation against torch's flash SDPA
 #   data      bench/data_run.py ($DATA_ARGS)
+#   generate  bench/generate.py ($GENERATE_ARGS): the KV-cache generator against the re-run
+#   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
 #             `xtrain train` rows, the shard/flat/all-reduce steps, PyTorch DDP)
 # OUT receives at most 8 files: summary.txt, install.log, gtest.log, pytest.log, bench.log,
@@ -130,6 +132,19 @@ for step in $steps; do
       ;;
     data)
       run_step data 420 "$out/bench.log" "$py" bench/data_run.py ${DATA_ARGS:-}
+      ;;
+    generate)
+      run_step generate 240 "$out/bench.log" "$py" bench/generate.py ${GENERATE_ARGS:-}
+      grep -iE "cached|re-run|speed" "$out/bench.log" | tail -12 | tee -a "$summary"
+      ;;
+    cli)  # xtrain train on the built-in data, graphs on and off: the median tok/s of log.jsonl
+      run_step cli 300 "$out/bench.log" bash -c '
+        for g in --cuda-graphs --no-cuda-graphs; do
+          rm -rf /tmp/cli-run && (cd /tmp && "$py" -m xtrain train ${CLI_ARGS:---preset dim768 --bf16 --batch 32 --steps 300 --eval-every 0} \
+            --sample-tokens 0 --save-every 0 --out /tmp/cli-run $g >/dev/null 2>&1) || { echo "cli $g failed"; exit 1; }
+          "$py" -c "import json,statistics,sys; r=[json.loads(l) for l in open(\"/tmp/cli-run/log.jsonl\")]; t=[x[\"tok_s\"] for x in r if \"tok_s\" in x][20:]; print(\"cli\", sys.argv[1], \"median tok/s\", round(statistics.median(t)), \"steps\", len(t), \"graph steps\", sum(1 for x in r if x.get(\"graph\")))" "$g"
+        done'
+      grep -E "^cli " "$out/bench.log" | tail -2 | tee -a "$summary"
       ;;
     scaling)
       run_step scaling 540 "$out/bench.log" "$py" bench/scaling.py \
