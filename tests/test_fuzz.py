@@ -77,6 +77,7 @@ SIGNATURES = {
     "rms_norm": "T T scalar", "rope": "T Topt scalar", "sdpa": "T T T bool scalar",
     "to_heads": "T dim dim Topt scalar scalar", "linear_cross_entropy": "T T ids scalar bool",
     "flash_attention": "T T T bool scalar bool", "qk_norm_rope": "T T T T scalar scalar",
+    "decode_attention": "T T T T scalar", "kv_cache_write_": "T T T",
 }
 OPS = sorted(SIGNATURES)
 

@@ -261,7 +261,7 @@ def test_blocked_step_graphs_never_capture():
 @needs_gpu
 def test_capture_and_replay_follow_the_static_input():
     x = xtrain.tensor(np.arange(6, dtype=np.float32), device="cuda")
-    ops.mul(x, 1.0).item()  # warm-up outside the capture
+    ops.mul(x, 1.0).numpy()  # warm-up outside the capture
     before = xtrain.memory_stats("cuda")
     g = xtrain.cuda.Graph(0)
     with xtrain.cuda.graph(g):
@@ -284,7 +284,7 @@ def test_capture_and_replay_follow_the_static_input():
 
 @needs_gpu
 @pytest.mark.parametrize("what, call", [
-    ("device-to-host copy", lambda x: x.item()),
+    ("device-to-host copy", lambda x: x.numpy()),
     ("host-to-device copy", lambda x: xtrain.tensor(np.ones(3, np.float32), device="cuda")),
     ("read_async", lambda x: xtrain.cuda.read_async([ops.sum(x)])),
     ("synchronize", lambda x: xtrain.cuda.synchronize()),
