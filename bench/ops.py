@@ -27,6 +27,11 @@ Ops (N = batch * seq tokens, dim, ffn, H heads of D, vocab V from the preset):
   rms_norm   [N, dim] and the per-head q/k norm [B, S, H, D]; bytes 2 (fwd), 5 (fwd+bwd) x size
   rope       [B, S, H, D]; bytes 2 / 4 x size
   swiglu     silu(gate) * up on [N, ffn]; bytes 3 / 8 x size
+  fusions    the step's fusions against their unfused forms and torch eager: linear_multi for
+             q/k/v [N, dim] -> 3 x [N, inner] and gate/up -> 2 x [N, ffn] (FLOPs as linear, all
+             outputs' gradients in one backward walk; torch: one F.linear on the concatenated
+             weight, split); add_rms_norm [N, dim] (h = x + r, rms_norm(h)): bytes 4 (fwd: x, r
+             read, h, y written), 8 (fwd+bwd: + h, dy, dh read, dx written) x size
   cross_entropy  logits [N, V] in the activation dtype, float32 inside; bytes 1 / 3 x size
   embedding  W [V, dim] float32, ids [N]; bytes: gather 2*N*dim*4, backward adds N*dim*4 read
              and V*dim*4 written
@@ -124,6 +129,33 @@ class Bench:
                 y.backward_seeded(seed)
         return {"fwd": fwd, "fwd+bwd": fwd_bwd}
 
+    def xt_modes_multi(self, f, leaves, seeds):
+        """As xt_modes for an op with several outputs: one backward walk from all of them."""
+        xt = self.xt
+
+        def fwd():
+            with xt.no_grad():
+                f()
+
+        def fwd_bwd():
+            for leaf in leaves:
+                leaf.grad = None
+            xt._C.backward_many(list(f()), seeds)
+        return {"fwd": fwd, "fwd+bwd": fwd_bwd}
+
+    def torch_modes_multi(self, f, leaves, seeds):
+        torch = self.torch
+
+        def fwd():
+            with torch.no_grad():
+                f()
+
+        def fwd_bwd():
+            for leaf in leaves:
+                leaf.grad = None
+            torch.autograd.backward(list(f()), seeds)
+        return {"fwd": fwd, "fwd+bwd": fwd_bwd}
+
     def torch_modes(self, f, leaves, seed=None):
         torch = self.torch
 
@@ -145,9 +177,9 @@ class Bench:
             try:
                 if ctx is not None:
                     with ctx():
-                        t = self.time_torch(fn) if framework != "xtrain" else self.time_xt(fn)
+                        t = self.time_xt(fn) if framework.startswith("xtrain") else self.time_torch(fn)
                 else:
-                    t = self.time_torch(fn) if framework != "xtrain" else self.time_xt(fn)
+                    t = self.time_xt(fn) if framework.startswith("xtrain") else self.time_torch(fn)
             except Exception as e:  # an op missing on this device/backend is reported, not fatal
                 row[f"{mode}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 print(f"  {op} {framework} {mode}: {row[f'{mode}_error']}")
@@ -448,8 +480,65 @@ def case_optim(b: Bench, cfg):
     return n_params
 
 
+def case_fusions(b: Bench, cfg, N: int):
+    xt, torch, F = b.xt, b.torch, b.torch.nn.functional
+    inner = cfg.n_heads * cfg.head_dim
+
+    def merged(name, k, ns):
+        x, tx = b.pair((N, k), grad=True)
+        # the weights at uniform distances in one buffer, as the parameter store holds them
+        flat, tflat = b.pair((sum(ns), k), grad=False, scale=1 / math.sqrt(k))
+        ws, tws, off = [], [], 0
+        for n in ns:
+            w = flat._storage_view(off * k, (n, k)).detach()
+            w.requires_grad = True
+            ws.append(w)
+            tws.append(tflat[off:off + n].detach().clone().requires_grad_(True))
+            off += n
+        gys = [b.pair((N, n)) for n in ns]
+        seeds, tseeds = [g[0] for g in gys], [g[1] for g in gys]
+        flops = 2.0 * N * k * sum(ns)
+        work = {"fwd": flops, "fwd+bwd": 3 * flops}
+        op, shape = f"linear {name}", [N, k, sum(ns)]
+        b.record(op + " merged", shape, "xtrain",
+                 b.xt_modes_multi(lambda: xt.ops.linear_multi(x, ws), [x, *ws], seeds), work, "TFLOP/s")
+        b.record(op + " merged", shape, "xtrain separate linears",
+                 b.xt_modes_multi(lambda: [xt.ops.linear(x, w) for w in ws], [x, *ws], seeds), work, "TFLOP/s")
+        b.record(op + " merged", shape, "torch one F.linear, split",
+                 b.torch_modes_multi(lambda: F.linear(tx, torch.cat(tws)).split(ns, dim=-1), [tx, *tws],
+                                     tseeds), work, "TFLOP/s")
+
+    merged("q/k/v", cfg.dim, [inner] * 3)
+    merged("gate/up", cfg.dim, [cfg.ffn_dim] * 2)
+
+    import torch_reference
+    es = 4 if b.args.fp32 else BF16_BYTES
+    eps, shape = cfg.norm_eps, [N, cfg.dim]
+    x, tx = b.pair(shape, grad=True)
+    r, tr = b.pair(shape, grad=True)
+    w, tw = b.pair((cfg.dim,), dtype="float32", grad=True,
+                   array=(1 + 0.1 * b.rng.standard_normal(cfg.dim)).astype(np.float32))
+    (gh, tgh), (gy, tgy) = b.pair(shape), b.pair(shape)
+    size = math.prod(shape) * es
+    work = {"fwd": 4.0 * size, "fwd+bwd": 8.0 * size}
+
+    def unfused():
+        h = xt.ops.add(x, r)
+        return h, xt.ops.rms_norm(h, w, eps)
+
+    def t_eager():
+        h = tx + tr
+        return h, torch_reference.rms_norm(h, tw, eps)
+    b.record("add_rms_norm", shape, "xtrain",
+             b.xt_modes_multi(lambda: xt.ops.add_rms_norm(x, r, w, eps), [x, r, w], [gh, gy]), work, "GB/s")
+    b.record("add_rms_norm", shape, "xtrain add + rms_norm",
+             b.xt_modes_multi(unfused, [x, r, w], [gh, gy]), work, "GB/s")
+    b.record("add_rms_norm", shape, "torch eager (reference formula)",
+             b.torch_modes_multi(t_eager, [tx, tr, tw], [tgh, tgy]), work, "GB/s")
+
+
 CASES = ("matmul", "linear", "sdpa", "flash", "qk_prep", "rms_norm", "rope", "swiglu", "cross_entropy",
-         "embedding", "optim")
+         "embedding", "optim", "fusions")
 
 
 def main(argv=None):
@@ -491,6 +580,8 @@ def main(argv=None):
             case_cross_entropy(b, cfg, N)
         elif name == "embedding":
             case_embedding(b, cfg, N)
+        elif name == "fusions":
+            case_fusions(b, cfg, N)
         elif name == "optim":
             extra["optim_params"] = case_optim(b, cfg)
         common.free_xtrain(device)

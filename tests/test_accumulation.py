@@ -39,7 +39,11 @@ def test_accumulated_gradient_equals_one_large_batch(device, bf16, rtol, atol):
         assert acc_loss == pytest.approx(big_loss, rel=1e-5 if not bf16 else 1e-3)
         for name, g in big.items():
             assert np.abs(g).max() > 0, name
-            np.testing.assert_allclose(acc[name], g, rtol=rtol, atol=atol, err_msg=f"{name}, accum {accum}")
+            # bf16: each micro-batch's weight gradient is rounded to bf16 before the sum, so an element
+            # that cancels to ~0 may be off by ~one bf16 ulp of the tensor's largest elements
+            floor = 2.0 ** (np.floor(np.log2(np.abs(g).max())) - 7) if bf16 else 0.0
+            np.testing.assert_allclose(acc[name], g, rtol=rtol, atol=max(atol, 2 * floor),
+                                       err_msg=f"{name}, accum {accum}")
     # Deterministic: the same accumulation twice gives the same bits.
     again, again_loss = _grads(cfg, x, y, 4, device)
     assert again_loss == acc_loss and all(bits_equal(again[n], acc[n]) for n in acc)

@@ -66,7 +66,7 @@ KINDS = {
     "Topt": st.one_of(st.none(), tensors(("float32", "int64", "int32"))),
 }
 SIGNATURES = {
-    "add": "T T", "sub": "T T", "mul": "T T", "div": "T T", "matmul": "T T", "linear": "T T",
+    "add": "T T", "sub": "T T", "mul": "T T", "div": "T T", "matmul": "T T", "linear": "T T", "linear_multi": "T Tlist",
     "swiglu": "T T", "add_scalar": "T scalar", "mul_scalar": "T scalar", "div_scalar": "T scalar",
     "rdiv_scalar": "T scalar", "rsub_scalar": "T scalar", "pow_scalar": "T scalar", "scale": "T scalar",
     "exp": "T", "log": "T", "neg": "T", "silu": "T", "gelu": "T", "sqrt": "T", "from_heads": "T",
@@ -74,7 +74,7 @@ SIGNATURES = {
     "sum": "T dim bool", "mean": "T dim bool", "softmax": "T dim", "log_softmax": "T dim",
     "transpose": "T dim dim", "permute": "T shape", "reshape": "T shape", "view": "T shape",
     "embedding": "T ids", "cross_entropy": "T ids scalar", "dropout": "T scalar bool",
-    "rms_norm": "T T scalar", "rope": "T Topt scalar", "sdpa": "T T T bool scalar",
+    "rms_norm": "T T scalar", "add_rms_norm": "T T T scalar", "rope": "T Topt scalar", "sdpa": "T T T bool scalar",
     "to_heads": "T dim dim Topt scalar scalar", "linear_cross_entropy": "T T ids scalar bool",
     "flash_attention": "T T T bool scalar bool", "qk_norm_rope": "T T T T scalar scalar",
     "decode_attention": "T T T T scalar", "kv_cache_write_": "T T T",

@@ -126,6 +126,14 @@ inline AdamWStepConsts adamw_step_consts(const AdamWParams& hp) {
   /* dx written (dt); dw written (w_dt) = sum over rows, deterministic */                               \
   void rmsnorm_backward(DType dt, DType w_dt, const void* x, const void* w, const float* rstd,          \
                         const void* dy, void* dx, void* dw, int64_t rows, int64_t dim, void* stream);   \
+  /* rmsnorm_backward of h, then dx = round(dx) + dres rounded again (add_rms_norm's backward: the   */ \
+  /* gradient add of the unfused graph); dw bitwise rmsnorm_backward's                              */ \
+  void add_rmsnorm_backward(DType dt, DType w_dt, const void* h, const void* w, const float* rstd,      \
+                            const void* dy, const void* dres, void* dx, void* dw, int64_t rows,         \
+                            int64_t dim, void* stream);                                                 \
+  /* h = x + res (rounded to dt), y = rmsnorm(h): bitwise add then rmsnorm_forward */                   \
+  void add_rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* res, const void* w, void* h, \
+                           void* y, float* rstd, int64_t rows, int64_t dim, float eps, void* stream);   \
   /* ---- rope (kernels/{cpu,cuda}/rope): rotate-half on x [B, S, H, D]; pos int64 [S]; inverse rotates by */  \
   /* -angle (the backward). inv_freq[i] = 1/theta^(2i/D) and angles computed in float32.          */  \
   void rope(DType dt, const void* x, void* out, const int64_t* pos, int64_t B, int64_t S, int64_t H,    \

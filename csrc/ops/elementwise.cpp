@@ -228,8 +228,11 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, 
            "swiglu_backward: gate ", gate.describe(), ", up ", up.describe(), " and dout ", dout.describe(),
            " must have the same shape");
   check_same_dtype(gate, up, "swiglu_backward", "gate", "up");
-  Tensor dgate = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
-  Tensor dup = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
+  // dgate and dup in one buffer, dup right after dgate: the merged gate/up projection's backward
+  // then computes both weight gradients as one batched GEMM (Note [Merged projections]).
+  Tensor both = Tensor::empty({2 * gate.numel()}, gate.dtype(), gate.device());
+  Tensor dgate = both.storage_view(0, gate.shape());
+  Tensor dup = both.storage_view(gate.numel(), gate.shape());
   if (dgate.numel())
     XT_KERNEL(gate.device(), swiglu_backward, gate.dtype(), gate.data_ptr(), up.data_ptr(), dout.data_ptr(),
               dgate.data_ptr(), dup.data_ptr(), dgate.numel(), stream_for(gate.device()));

@@ -8,7 +8,9 @@
 // linear: y = x @ W^T over all leading dims as [rows, K]; dx = dy @ W, dW = dy^T @ x as one GEMM
 // over every row, written in W's dtype. Each node saves an input only when the other input needs
 // its gradient.
+// linear_multi: several linears of one input (q/k/v, gate/up), see Note [Merged projections].
 #include <atomic>
+#include <cstring>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -134,6 +136,250 @@ class LinearBackward : public NodeWithSaved<2> {
 };
 
 }  // namespace
+
+// Note [Merged projections]
+// linear_multi(x, [w0, w1, ...]) = [linear(x, w0), linear(x, w1), ...] with fewer, larger GEMMs.
+// - Layout: the outputs are views of one buffer, block after block: y0 ([rows, N0], contiguous),
+//   then y1, ... So each output is an ordinary contiguous tensor (attention and SwiGLU read them
+//   without copies), and consecutive weights of one shape multiply as ONE strided-batched GEMM:
+//   A = x with batch stride 0, B = the weights at their (uniform) distance in memory, C = the
+//   blocks. The parameter store lays q/k/v (and gate/up) out at uniform distances, so their bf16
+//   compute copies need no packing; weights that are not (another storage, uneven gaps) are first
+//   copied into one packed buffer, which changes no bit (the same GEMM call on equal values).
+// - Backward: dx = dy0 @ w0 + dy1 @ w1 + ... as a chain of GEMMs in weight order, the first
+//   writing (beta 0), the others accumulating into it (beta 1) in dx's dtype: no separate gradient
+//   adds. dWi = dyi^T @ x; consecutive weights of one shape whose gradients lie in one storage at a
+//   uniform distance (SwiGLU's backward writes dgate and dup so) run as one batched GEMM into one
+//   buffer, the others one GEMM each. Every choice depends only on shapes and on which storage
+//   each tensor lives in (never on addresses the allocator happens to return), so a run repeats
+//   bit for bit, and recompute (which re-runs the same ops) gives the same bits.
+// - Numerics against separate linears: the forward and the weight gradients are the same GEMMs
+//   batched (bitwise equal on the CPU, where each batch entry is one BLAS call; cuBLAS may pick
+//   another kernel for a batched call); dx rounds once per accumulation step instead of once per
+//   product and once per add.
+
+namespace {
+
+// Elements from a's first element to b's when both live in one storage and the distance is a
+// whole number of elements; -1 otherwise.
+int64_t element_distance(const Tensor& a, const Tensor& b) {
+  if (a.storage() != b.storage() || a.dtype() != b.dtype()) return -1;
+  const auto pa = reinterpret_cast<uintptr_t>(a.data_ptr()), pb = reinterpret_cast<uintptr_t>(b.data_ptr());
+  if (pb < pa || (pb - pa) % a.itemsize()) return -1;
+  return static_cast<int64_t>((pb - pa) / a.itemsize());
+}
+
+// The uniform distance between consecutive tensors ts[lo..hi) (one storage), or -1.
+int64_t uniform_stride(const std::vector<Tensor>& ts, size_t lo, size_t hi) {
+  if (hi - lo == 1) return ts[lo].numel();
+  const int64_t d = element_distance(ts[lo], ts[lo + 1]);
+  if (d < 0) return -1;
+  for (size_t i = lo + 1; i + 1 < hi; ++i)
+    if (element_distance(ts[i], ts[i + 1]) != d) return -1;
+  return d;
+}
+
+// Runs [lo, hi) of consecutive weights of one shape.
+std::vector<std::pair<size_t, size_t>> shape_runs_of(const std::vector<Shape>& shapes) {
+  std::vector<std::pair<size_t, size_t>> runs;
+  for (size_t i = 0; i < shapes.size();) {
+    size_t j = i + 1;
+    while (j < shapes.size() && shapes[j] == shapes[i]) ++j;
+    runs.emplace_back(i, j);
+    i = j;
+  }
+  return runs;
+}
+
+std::vector<Shape> shapes_of(const std::vector<Tensor>& ts) {
+  std::vector<Shape> s;
+  s.reserve(ts.size());
+  for (const Tensor& t : ts) s.push_back(t.shape());
+  return s;
+}
+
+void check_linear_multi(const Tensor& x, const std::vector<Tensor>& ws) {
+  const char* op = "linear_multi";
+  check_defined(x, "x");
+  check_floating(x, op, "x");
+  XT_CHECK(!ws.empty(), ValueError, op, ": weights must hold at least one weight");
+  XT_CHECK(x.dim() >= 1, ValueError, op, ": x must have at least one dimension, got ", x.describe());
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const Tensor& w = ws[i];
+    XT_CHECK(w.defined(), ValueError, op, ": weights[", i, "] must be a tensor, got an undefined tensor");
+    XT_CHECK(w.dim() == 2, ValueError, op, ": weights[", i, "] must be [out, in], got ", w.describe());
+    XT_CHECK(w.dtype() == x.dtype(), TypeError, op, ": weights[", i, "] ", w.describe(), " must have x's dtype (x ",
+             x.describe(), ")");
+    XT_CHECK(w.device() == x.device(), ValueError, op, ": weights[", i, "] is on ", w.device().str(), " but x on ",
+             x.device().str());
+    XT_CHECK(w.size(1) == x.shape().back(), ValueError, op, ": x ", x.describe(), " must end in weights[", i,
+             "]'s in_features ", w.size(1), " (weights[", i, "] ", w.describe(), " is [out, in])");
+  }
+}
+
+}  // namespace
+
+std::vector<Tensor> linear_multi_forward(const Tensor& x, const std::vector<Tensor>& ws) {
+  check_linear_multi(x, ws);
+  const int64_t K = x.shape().back();
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  int64_t total = 0;
+  for (const Tensor& w : ws) total += w.size(0);
+  Tensor buf = Tensor::empty({rows * total}, x.dtype(), x.device());
+  std::vector<Tensor> out;
+  out.reserve(ws.size());
+  int64_t off = 0;
+  for (const Tensor& w : ws) {
+    Shape shape = x.shape();
+    shape.back() = w.size(0);
+    out.push_back(buf.storage_view(off, shape));
+    off += rows * w.size(0);
+  }
+  if (rows == 0) return out;
+  const Tensor x2 = x.view_as_shape({rows, K});
+  for (const auto& [lo, hi] : shape_runs_of(shapes_of(ws))) {
+    const int64_t N = ws[lo].size(0), n = static_cast<int64_t>(hi - lo);
+    if (N == 0) continue;
+    int64_t wstride = uniform_stride(ws, lo, hi);
+    Tensor wbase = ws[lo];
+    if (wstride < 0) {  // pack the run's weights (same values, same GEMM call: same bits)
+      wbase = Tensor::empty({n, N, K}, x.dtype(), x.device());
+      for (size_t i = lo; i < hi; ++i) {
+        Tensor dst = wbase.storage_view(static_cast<int64_t>(i - lo) * N * K, ws[i].shape());
+        copy_(dst, ws[i]);
+      }
+      wstride = N * K;
+    }
+    XT_KERNEL(x.device(), gemm, x.dtype(), x.dtype(), false, true, rows, N, K, 1.0f, x2.data_ptr(), wbase.data_ptr(),
+              0.0f, out[lo].data_ptr(), n, 0, wstride, rows * N, stream_for(x.device()));
+  }
+  return out;
+}
+
+std::vector<Tensor> linear_multi_backward(const Tensor& x, const std::vector<Tensor>& ws,
+                                          const std::vector<Shape>& w_shapes, const std::vector<Tensor>& grads,
+                                          bool want_dx, const std::vector<bool>& want_dw) {
+  const char* op = "linear_multi_backward";
+  const size_t n = w_shapes.size();
+  XT_CHECK(n > 0 && grads.size() == n && want_dw.size() == n && (!want_dx || ws.size() == n), ValueError, op, ": ",
+           n, " weight shapes, ", ws.size(), " weights, ", grads.size(), " gradients and ", want_dw.size(), " flags");
+  for (const Shape& s : w_shapes)
+    XT_CHECK(s.size() == 2, ValueError, op, ": weight shapes must be [out, in]");
+  std::vector<Tensor> out(n + 1);
+  const int64_t K = w_shapes[0][1];
+  int64_t rows = -1;
+  Tensor ref;  // the first gradient: dtype, device and the leading dims of dx
+  for (size_t i = 0; i < n; ++i) {
+    if (!grads[i].defined()) continue;
+    const Tensor& g = grads[i];
+    if (!ref.defined()) ref = g;
+    XT_CHECK(w_shapes[i][1] == K && g.dim() >= 1 && g.shape().back() == w_shapes[i][0] && g.dtype() == ref.dtype() &&
+                 g.device() == ref.device(),
+             ValueError, op, ": grads[", i, "] ", g.describe(), " does not match weight ", i, " [", w_shapes[i][0],
+             ", ", w_shapes[i][1], "] (or the other gradients)");
+    const int64_t r = shape_numel(Shape(g.shape().begin(), g.shape().end() - 1));
+    XT_CHECK(rows < 0 || rows == r, ValueError, op, ": gradients with different row counts");
+    rows = r;
+  }
+  if (!ref.defined()) return out;  // no gradient reached any output
+  const Device dev = ref.device();
+  const DType dt = ref.dtype();
+  if (want_dx) {
+    Shape xshape = ref.shape();
+    xshape.back() = K;
+    Tensor dx = Tensor::empty(xshape, dt, dev);
+    bool first = true;
+    for (size_t i = 0; i < n && rows > 0 && K > 0; ++i) {
+      const int64_t N = w_shapes[i][0];
+      if (!grads[i].defined() || N == 0) continue;
+      XT_CHECK(ws[i].defined() && ws[i].shape() == w_shapes[i] && ws[i].dtype() == dt, ValueError, op,
+               ": weights[", i, "] must be the forward's weight, got ", ws[i].defined() ? ws[i].describe() : "none");
+      XT_KERNEL(dev, gemm, dt, dt, false, false, rows, K, N, 1.0f, grads[i].data_ptr(), ws[i].data_ptr(),
+                first ? 0.0f : 1.0f, dx.data_ptr(), 1, rows * N, N * K, rows * K, stream_for(dev));
+      first = false;
+    }
+    if (first) dx = zeros(xshape, dt, dev);  // nothing to multiply (N, K or rows zero)
+    out[0] = dx;
+  }
+  bool any_dw = false;
+  for (size_t i = 0; i < n; ++i) any_dw = any_dw || (want_dw[i] && grads[i].defined());
+  if (!any_dw) return out;
+  check_defined(x, "x");
+  XT_CHECK(x.dtype() == dt && x.device() == dev && x.shape().back() == K && x.numel() == rows * K, ValueError, op,
+           ": x ", x.describe(), " must be the forward's input (", rows, " rows of ", K, ")");
+  for (const auto& [lo, hi] : shape_runs_of(w_shapes)) {
+    const int64_t N = w_shapes[lo][0];
+    for (size_t i = lo; i < hi;) {  // sub-runs whose gradients lie at one uniform distance
+      if (!want_dw[i] || !grads[i].defined()) {
+        ++i;
+        continue;
+      }
+      size_t j = i + 1;
+      int64_t gstride = grads[i].numel();
+      if (j < hi && want_dw[j] && grads[j].defined()) {
+        const int64_t d = element_distance(grads[i], grads[j]);
+        if (d >= 0) {
+          gstride = d;
+          while (j < hi && want_dw[j] && grads[j].defined() && element_distance(grads[j - 1], grads[j]) == d) ++j;
+        }
+      }
+      const int64_t cnt = static_cast<int64_t>(j - i);
+      Tensor dw = rows == 0 ? zeros({cnt * N * K}, dt, dev) : Tensor::empty({cnt * N * K}, dt, dev);
+      if (rows > 0 && N > 0 && K > 0)
+        XT_KERNEL(dev, gemm, dt, dt, true, false, N, K, rows, 1.0f, grads[i].data_ptr(), x.data_ptr(), 0.0f,
+                  dw.data_ptr(), cnt, gstride, 0, N * K, stream_for(dev));
+      for (size_t t = i; t < j; ++t) out[1 + t] = dw.storage_view(static_cast<int64_t>(t - i) * N * K, w_shapes[t]);
+      i = j;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+class LinearMultiBackward : public Node {
+ public:
+  LinearMultiBackward(const Tensor& x, const std::vector<Tensor>& ws, bool keep_weights) {
+    saved_.emplace_back("x", x);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      saved_.emplace_back("weights[" + std::to_string(i) + "]", keep_weights ? ws[i] : Tensor());
+      shapes_.push_back(ws[i].shape());
+    }
+  }
+  const char* name() const override { return "LinearMultiBackward"; }
+  uint32_t num_outputs() const override { return static_cast<uint32_t>(shapes_.size()); }
+  void release_saved() override {
+    for (SavedTensor& s : saved_) s.reset();
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const size_t n = shapes_.size();
+    const Tensor x = saved_[0].unpack(*this);
+    std::vector<Tensor> ws(n);
+    for (size_t i = 0; i < n; ++i) ws[i] = saved_[1 + i].unpack(*this);
+    std::vector<bool> want_dw(n);
+    for (size_t i = 0; i < n; ++i) want_dw[i] = wants_grad(1 + i);
+    return linear_multi_backward(x, ws, shapes_, grads, wants_grad(0), want_dw);
+  }
+
+ private:
+  std::vector<SavedTensor> saved_;  // x (when a weight takes a gradient), then the weights (when x does)
+  std::vector<Shape> shapes_;       // the weights' shapes
+};
+
+}  // namespace
+
+std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<Tensor>& ws) {
+  std::vector<Tensor> out = linear_multi_forward(x, ws);
+  std::vector<Tensor> inputs{x};
+  inputs.insert(inputs.end(), ws.begin(), ws.end());
+  if (needs_grad(inputs)) {
+    bool w_grad = false;
+    for (const Tensor& w : ws) w_grad = w_grad || w.requires_grad();
+    auto node = make_node<LinearMultiBackward>(inputs, w_grad ? x : Tensor(), ws, x.requires_grad());
+    for (size_t i = 0; i < out.size(); ++i) set_history(out[i], node, static_cast<uint32_t>(i));
+  }
+  return out;
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   check_defined(a, "a");

@@ -130,6 +130,14 @@ Tensor from_heads(const Tensor& x);
 // ---- matmul (ops/matmul.cpp): float32 compute; bf16 inputs accumulate in fp32 and round once
 Tensor matmul(const Tensor& a, const Tensor& b);  // 2-D, batched 3-D, or [..., K] @ [K, N]
 Tensor linear(const Tensor& x, const Tensor& w);  // x [..., K] @ w[N, K]^T -> [..., N]
+// [linear(x, w0), linear(x, w1), ...] as views of one buffer (block after block), one batched GEMM
+// per run of weights of one shape (Note [Merged projections] in ops/matmul.cpp).
+std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<Tensor>& ws);
+std::vector<Tensor> linear_multi_forward(const Tensor& x, const std::vector<Tensor>& ws);
+// -> {dx, dw0, dw1, ...}; x is needed for the dws, ws for dx (undefined entries otherwise).
+std::vector<Tensor> linear_multi_backward(const Tensor& x, const std::vector<Tensor>& ws,
+                                          const std::vector<Shape>& w_shapes, const std::vector<Tensor>& grads,
+                                          bool want_dx, const std::vector<bool>& want_dw);
 // raw: a [M, K] @ b [K, N], or batched [Bt, M, K] @ [Bt, K, N]; ta/tb read a/b transposed.
 Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta = false, bool tb = false);
 // out_dtype lets weight-gradient GEMMs write float32 directly from bf16 inputs.
@@ -148,7 +156,14 @@ Tensor embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab, 
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 // raw: (y in x's dtype and shape, rstd float32 [rows]) and (dx, dw in w's dtype)
 std::pair<Tensor, Tensor> rms_norm_forward(const Tensor& x, const Tensor& w, double eps);
-std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy);
+// dres (optional): dx = round(dx) + dres (the gradient add after a fused residual add)
+std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                                            const Tensor& dres = Tensor());
+// add_rms_norm: (h = x + r, rms_norm(h, w, eps)) in one kernel; bitwise add then rms_norm, forward
+// and backward. r must match x. rstd_out (raw form): the float32 rstd of h's rows.
+std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, double eps);
+std::pair<Tensor, Tensor> add_rms_norm_forward(const Tensor& x, const Tensor& r, const Tensor& w, double eps,
+                                               Tensor* rstd_out = nullptr);
 
 // ---- rope (ops/rope.cpp): x [B, S, H, D], D even; positions int64 [S] (undefined: 0..S-1)
 Tensor rope(const Tensor& x, const Tensor& positions, double theta);

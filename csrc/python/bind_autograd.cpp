@@ -11,6 +11,10 @@ namespace xt {
 void init_autograd(py::module_& m) {
   m.def("is_grad_enabled", &grad_enabled, "Whether ops record the tape on this thread");
   m.def("set_grad_enabled", &set_grad_enabled, py::arg("enabled"), "Turn tape recording on/off for this thread");
+  m.def("backward_many", [](const std::vector<Tensor>& roots, const std::vector<Tensor>& seeds) {
+          run_backward(roots, seeds);
+        }, py::arg("roots"), py::arg("seeds"), NoGil(),
+        "One backward walk from several roots, each with its upstream gradient (ops with several outputs)");
   m.def("checkpoint", [](py::function fn, const Tensor& x, const std::vector<Tensor>& params) {
           // The callable is called and destroyed from engine threads that hold no GIL: take it.
           auto* held = new py::function(std::move(fn));

@@ -98,6 +98,8 @@ void init_ops_basic(py::module_& m) {
   m.def("matmul", &ops::matmul, py::arg("a"), py::arg("b"), NoGil(),
         "a @ b: 2-D, batched 3-D, or [..., K] @ [K, N]");
   m.def("linear", &ops::linear, py::arg("x"), py::arg("weight"), NoGil(), "x @ weight^T, weight is [out, in]");
+  m.def("linear_multi", &ops::linear_multi, py::arg("x"), py::arg("weights"), NoGil(),
+        "[x @ w^T for w in weights] as views of one buffer, one batched GEMM per run of equal shapes");
   // ---- embedding
   m.def("embedding", &ops::embedding, py::arg("weight"), py::arg("ids"), NoGil(),
         "Rows of weight [vocab, dim] picked by integer ids (IndexError when out of range)");

@@ -1,4 +1,4 @@
-// Bindings for the model ops (xtrain.ops.*): rms_norm, rope, to_heads, from_heads, sdpa,
+// Bindings for the model ops (xtrain.ops.*): rms_norm, add_rms_norm, rope, to_heads, from_heads, sdpa,
 // flash_attention, qk_norm_rope, kv_cache_write_, decode_attention, softmax, log_softmax,
 // cross_entropy, linear_cross_entropy. Argument conversion only; the ops live in csrc/ops/.
 #include <cmath>
@@ -33,6 +33,9 @@ double scale_arg(const std::optional<double>& scale) {
 void init_ops_model(py::module_& ops) {
   ops.def("rms_norm", &ops::rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps") = 1e-6, NoGil(),
           "RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight (weight [D], x's dtype or float32)");
+  ops.def("add_rms_norm", &ops::add_rms_norm, py::arg("x"), py::arg("residual"), py::arg("weight"),
+          py::arg("eps") = 1e-6, NoGil(),
+          "(h, rms_norm(h, weight, eps)) with h = x + residual, in one kernel; bitwise add then rms_norm");
   ops.def("rope", [](const Tensor& x, const std::optional<Tensor>& positions, double theta) {
             return ops::rope(x, positions ? *positions : Tensor(), theta);
           }, py::arg("x"), py::arg("positions") = py::none(), py::arg("theta") = 10000.0, NoGil(),

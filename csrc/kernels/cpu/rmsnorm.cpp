@@ -7,6 +7,9 @@
 //    error of ~6e-8 in the float64 gradients).
 //  - dx and dw are written with `=`. dw[j] = sum over rows of dy * x * rstd, added row by row in
 //    increasing row order into a float32 (double for float64) buffer, rounded once.
+//  - add_rmsnorm_forward: h = x + r rounded to x's dtype, y = rmsnorm(h) of the rounded h (bitwise
+//    add then rms_norm). With dres, the backward rounds dx once and adds dres (bitwise rms_norm's
+//    dx followed by the gradient add of the unfused graph).
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -39,7 +42,16 @@ void forward_rows(const T* x, const W* w, T* y, float* rstd, int64_t rows, int64
 
 // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)),  dw = sum_r dy * xhat.
 template <typename T, typename W>
-void backward_rows(const T* x, const W* w, const float* rstd, const T* dy, T* dx, W* dw, int64_t rows,
+void add_forward_rows(const T* x, const T* res, const W* w, T* h, T* y, float* rstd, int64_t rows, int64_t dim,
+                      float eps) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < dim; ++j)
+      store(h, r * dim + j, apply_binary(BinaryOp::Add, load(x, r * dim + j), load(res, r * dim + j)));
+  forward_rows(static_cast<const T*>(h), w, y, rstd, rows, dim, eps);
+}
+
+template <typename T, typename W>
+void backward_rows(const T* x, const W* w, const float* rstd, const T* dy, const T* dres, T* dx, W* dw, int64_t rows,
                    int64_t dim) {
   using C = compute_t<T>;
   std::vector<C> dw_acc(static_cast<size_t>(dim), C(0));
@@ -59,7 +71,9 @@ void backward_rows(const T* x, const W* w, const float* rstd, const T* dy, T* dx
     for (int64_t j = 0; j < dim; ++j) {
       const C xhat = load(xr, j) * inv;
       const C g = load(dyr, j) * static_cast<C>(load(w, j));
-      store(dxr, j, static_cast<C>(inv * (g - xhat * mean_dot)));
+      C v = static_cast<C>(inv * (g - xhat * mean_dot));
+      if (dres != nullptr) v = to_compute(from_compute<T>(v)) + load(dres + r * dim, j);
+      store(dxr, j, v);
     }
   }
   for (int64_t j = 0; j < dim; ++j) store(dw, j, static_cast<compute_t<W>>(dw_acc[j]));
@@ -78,16 +92,45 @@ void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y
   });
 }
 
-void rmsnorm_backward(DType dt, DType w_dt, const void* x, const void* w, const float* rstd, const void* dy,
-                      void* dx, void* dw, int64_t rows, int64_t dim, void*) {
+namespace {
+
+// rmsnorm_backward and add_rmsnorm_backward (dres null for the former).
+void backward_any(DType dt, DType w_dt, const void* x, const void* w, const float* rstd, const void* dy,
+                  const void* dres, void* dx, void* dw, int64_t rows, int64_t dim) {
   XT_ASSERT(w_dt == dt || w_dt == DType::Float32, "rmsnorm_backward: w dtype ", dtype_name(w_dt));
   XT_DISPATCH_FLOAT(dt, "rmsnorm_backward", T, {
     if (w_dt == DType::Float32)
       backward_rows(static_cast<const T*>(x), static_cast<const float*>(w), rstd, static_cast<const T*>(dy),
-                    static_cast<T*>(dx), static_cast<float*>(dw), rows, dim);
+                    static_cast<const T*>(dres), static_cast<T*>(dx), static_cast<float*>(dw), rows, dim);
     else
       backward_rows(static_cast<const T*>(x), static_cast<const T*>(w), rstd, static_cast<const T*>(dy),
-                    static_cast<T*>(dx), static_cast<T*>(dw), rows, dim);
+                    static_cast<const T*>(dres), static_cast<T*>(dx), static_cast<T*>(dw), rows, dim);
+  });
+}
+
+}  // namespace
+
+void rmsnorm_backward(DType dt, DType w_dt, const void* x, const void* w, const float* rstd, const void* dy,
+                      void* dx, void* dw, int64_t rows, int64_t dim, void*) {
+  backward_any(dt, w_dt, x, w, rstd, dy, nullptr, dx, dw, rows, dim);
+}
+
+void add_rmsnorm_backward(DType dt, DType w_dt, const void* h, const void* w, const float* rstd, const void* dy,
+                          const void* dres, void* dx, void* dw, int64_t rows, int64_t dim, void*) {
+  XT_ASSERT(dres != nullptr, "add_rmsnorm_backward: dres is required");
+  backward_any(dt, w_dt, h, w, rstd, dy, dres, dx, dw, rows, dim);
+}
+
+void add_rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* res, const void* w, void* h, void* y,
+                         float* rstd, int64_t rows, int64_t dim, float eps, void*) {
+  XT_ASSERT(w_dt == dt || w_dt == DType::Float32, "add_rmsnorm_forward: w dtype ", dtype_name(w_dt));
+  XT_DISPATCH_FLOAT(dt, "add_rmsnorm_forward", T, {
+    if (w_dt == DType::Float32)
+      add_forward_rows(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const float*>(w),
+                       static_cast<T*>(h), static_cast<T*>(y), rstd, rows, dim, eps);
+    else
+      add_forward_rows(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w),
+                       static_cast<T*>(h), static_cast<T*>(y), rstd, rows, dim, eps);
   });
 }
 

@@ -3,16 +3,30 @@
 //  - G lanes per row (G = 32 for dim >= 128, fewer for short rows) for the forward and for dx; float32 compute for float32/bfloat16 (float64
 //    for float64), rounded once on store; rstd is saved as float32 (the contract). Same formulas
 //    as kernels/cpu/rmsnorm.cpp. w is x's dtype or float32.
-//  - dx and dw are written with `=`. dw[j] = sum over rows of dy * x * rstd, deterministic:
-//    row chunks (a count that depends only on the shape) each sum their rows in increasing order
-//    into a float scratch row, then one pass adds the chunk rows in chunk order.
+//  - dx and dw are written with `=`. dw[j] = sum over rows of dy * x * rstd, deterministic, in one
+//    pass over x and dy (Note [One-pass RMSNorm weight gradient]); rows too long for it use the
+//    dx kernel plus column sums (row chunks summed in order into a scratch row, then the chunks in
+//    chunk order).
+//  - add_rmsnorm_forward: h = x + r rounded to x's dtype, then y = rmsnorm(h) from the rounded h:
+//    bitwise add + rms_norm. The backward's residual form adds dres to dx after rounding dx once,
+//    in the same kernel: bitwise rms_norm's dx followed by the engine's gradient add.
+//
+// Note [One-pass RMSNorm weight gradient]
+// The backward kernel gives each block a fixed range of rows (the count depends only on rows and
+// dim); each group of G lanes walks its rows in increasing order, writes dx, and adds dy * xhat of
+// its columns into its own row of shared memory; then the block adds its groups' rows in group
+// order into one partial row, and a small final kernel adds the blocks' partial rows in block
+// order (32 columns x 8 slices per block, slices combined in order). x and dy are read once
+// (before: once for dx and once more for dw). Float atomics: none.
 #include <type_traits>
 
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/rmsnorm.cuh"
 
 namespace xt {
 namespace kernels {
 namespace cuda {
+
+using namespace rmsnorm;
 
 namespace {
 
@@ -34,8 +48,8 @@ __global__ void rmsnorm_forward_kernel(const T* x, const W* w, T* y, float* rstd
 
 // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)).
 template <int G, typename T, typename W>
-__global__ void rmsnorm_dx_kernel(const T* x, const W* w, const float* rstd, const T* dy, T* dx, int64_t rows,
-                                  int64_t dim) {
+__global__ void rmsnorm_dx_kernel(const T* x, const W* w, const float* rstd, const T* dy, const T* dres, T* dx,
+                                  int64_t rows, int64_t dim) {
   using C = compute_t<T>;
   const int64_t r = group_row<G>();
   const bool valid = r < rows;
@@ -54,7 +68,9 @@ __global__ void rmsnorm_dx_kernel(const T* x, const W* w, const float* rstd, con
   for (int64_t j = lane; j < dim; j += G) {
     const C xhat = load(xr, j) * inv;
     const C g = load(dyr, j) * static_cast<C>(load(w, j));
-    store(dxr, j, static_cast<C>(inv * (g - xhat * mean_dot)));
+    C v = static_cast<C>(inv * (g - xhat * mean_dot));
+    if (dres != nullptr) v = to_compute(from_compute<T>(v)) + load(dres + r * dim, j);
+    store(dxr, j, v);
   }
 }
 
@@ -84,13 +100,35 @@ __global__ void rmsnorm_dw_final_kernel(const C* partial, int nchunks, W* dw, in
 }
 
 template <typename T, typename W>
-void backward_typed(const T* x, const W* w, const float* rstd, const T* dy, T* dx, W* dw, int64_t rows, int64_t dim,
-                    const OnStream& on) {
+void backward_typed(const T* x, const W* w, const float* rstd, const T* dy, const T* dres, T* dx, W* dw, int64_t rows,
+                    int64_t dim, const OnStream& on) {
   using C = compute_t<T>;
+  bool done = false;
+  with_lanes(dim, [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    const OnePassPlan plan = onepass_plan<G, C>(rows, dim);
+    if (plan.smem == 0) return;
+    if (plan.nblocks == 1) {
+      rmsnorm_backward_onepass_kernel<G, T, W><<<1, kThreads, plan.smem, on.s>>>(x, w, rstd, dy, dres, dx, dw, nullptr,
+                                                                              rows, dim, plan.rows_per_block);
+      XT_LAUNCH_CHECK();
+    } else {
+      Scratch partial(sizeof(C) * static_cast<size_t>(plan.nblocks * dim), on);
+      rmsnorm_backward_onepass_kernel<G, T, W><<<static_cast<unsigned>(plan.nblocks), kThreads, plan.smem, on.s>>>(
+          x, w, rstd, dy, dres, dx, dw, partial.as<C>(), rows, dim, plan.rows_per_block);
+      XT_LAUNCH_CHECK();
+      rmsnorm_dw_tree_kernel<C, W><<<static_cast<unsigned>(ceil_div(dim, kFinalCols)), kThreads, tree_smem<C>(),
+                                     on.s>>>(
+          partial.as<C>(), plan.nblocks, dw, dim);
+      XT_LAUNCH_CHECK();
+    }
+    done = true;
+  });
+  if (done) return;
   with_lanes(dim, [&](auto g) {
     constexpr int G = decltype(g)::value;
     rmsnorm_dx_kernel<G, T, W><<<static_cast<unsigned>(ceil_div(rows, rows_per_block<G>())), kThreads, 0, on.s>>>(
-        x, w, rstd, dy, dx, rows, dim);
+        x, w, rstd, dy, dres, dx, rows, dim);
     XT_LAUNCH_CHECK();
   });
   // dw: one thread per column; row chunks summed in order, then the chunks in order.
@@ -133,8 +171,11 @@ void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y
   });
 }
 
-void rmsnorm_backward(DType dt, DType w_dt, const void* x, const void* w, const float* rstd, const void* dy, void* dx,
-                      void* dw, int64_t rows, int64_t dim, void* stream) {
+namespace {
+
+// rmsnorm_backward and add_rmsnorm_backward (dres null for the former).
+void backward_any(DType dt, DType w_dt, const void* x, const void* w, const float* rstd, const void* dy,
+                  const void* dres, void* dx, void* dw, int64_t rows, int64_t dim, void* stream) {
   XT_ASSERT(w_dt == dt || w_dt == DType::Float32, "rmsnorm_backward: w dtype ", dtype_name(w_dt));
   if (dim == 0) return;
   OnStream on(stream);
@@ -145,10 +186,45 @@ void rmsnorm_backward(DType dt, DType w_dt, const void* x, const void* w, const 
   XT_DISPATCH_FLOAT(dt, "rmsnorm_backward", T, {
     if (w_dt == DType::Float32)
       backward_typed(static_cast<const T*>(x), static_cast<const float*>(w), rstd, static_cast<const T*>(dy),
-                     static_cast<T*>(dx), static_cast<float*>(dw), rows, dim, on);
+                     static_cast<const T*>(dres), static_cast<T*>(dx), static_cast<float*>(dw), rows, dim, on);
     else
       backward_typed(static_cast<const T*>(x), static_cast<const T*>(w), rstd, static_cast<const T*>(dy),
-                     static_cast<T*>(dx), static_cast<T*>(dw), rows, dim, on);
+                     static_cast<const T*>(dres), static_cast<T*>(dx), static_cast<T*>(dw), rows, dim, on);
+  });
+}
+
+}  // namespace
+
+void rmsnorm_backward(DType dt, DType w_dt, const void* x, const void* w, const float* rstd, const void* dy, void* dx,
+                      void* dw, int64_t rows, int64_t dim, void* stream) {
+  backward_any(dt, w_dt, x, w, rstd, dy, nullptr, dx, dw, rows, dim, stream);
+}
+
+void add_rmsnorm_backward(DType dt, DType w_dt, const void* h, const void* w, const float* rstd, const void* dy,
+                          const void* dres, void* dx, void* dw, int64_t rows, int64_t dim, void* stream) {
+  XT_ASSERT(dres != nullptr, "add_rmsnorm_backward: dres is required");
+  backward_any(dt, w_dt, h, w, rstd, dy, dres, dx, dw, rows, dim, stream);
+}
+
+void add_rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* res, const void* w, void* h, void* y,
+                         float* rstd, int64_t rows, int64_t dim, float eps, void* stream) {
+  XT_ASSERT(w_dt == dt || w_dt == DType::Float32, "add_rmsnorm_forward: w dtype ", dtype_name(w_dt));
+  if (rows == 0) return;
+  OnStream on(stream);
+  XT_DISPATCH_FLOAT(dt, "add_rmsnorm_forward", T, {
+    with_lanes(dim, [&](auto g) {
+      constexpr int G = decltype(g)::value;
+      const unsigned blocks = static_cast<unsigned>(ceil_div(rows, rows_per_block<G>()));
+      if (w_dt == DType::Float32)
+        add_rmsnorm_forward_kernel<G, T, float><<<blocks, kThreads, 0, on.s>>>(
+            static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const float*>(w), static_cast<T*>(h),
+            static_cast<T*>(y), rstd, rows, dim, eps);
+      else
+        add_rmsnorm_forward_kernel<G, T, T><<<blocks, kThreads, 0, on.s>>>(
+            static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w), static_cast<T*>(h),
+            static_cast<T*>(y), rstd, rows, dim, eps);
+      XT_LAUNCH_CHECK();
+    });
   });
 }
 

@@ -218,6 +218,10 @@ def arange(start: typing.SupportsFloat | typing.SupportsIndex, end: typing.Suppo
     """
     Values start, start+step, ... below end
     """
+def backward_many(roots: collections.abc.Sequence[Tensor], seeds: collections.abc.Sequence[Tensor]) -> None:
+    """
+    One backward walk from several roots, each with its upstream gradient (ops with several outputs)
+    """
 def checkpoint(segment_fn: collections.abc.Callable, x: Tensor, params: collections.abc.Sequence[Tensor]) -> Tensor:
     """
     Run segment_fn(x, params) without keeping its activations; recompute them in backward

@@ -10,6 +10,10 @@ def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
     """
+def add_rms_norm(x: xtrain._C.Tensor, residual: xtrain._C.Tensor, weight: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor]:
+    """
+    (h, rms_norm(h, weight, eps)) with h = x + residual, in one kernel; bitwise add then rms_norm
+    """
 def add_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
     """
     x + s
@@ -72,6 +76,10 @@ def kv_cache_write_(cache: xtrain._C.Tensor, x: xtrain._C.Tensor, positions: xtr
 def linear(x: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     x @ weight^T, weight is [out, in]
+    """
+def linear_multi(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor]) -> list[xtrain._C.Tensor]:
+    """
+    [x @ w^T for w in weights] as views of one buffer, one batched GEMM per run of equal shapes
     """
 def linear_cross_entropy(x: xtrain._C.Tensor, w: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100, return_logits: bool = False) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor | None]:
     """

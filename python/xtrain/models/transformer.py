@@ -14,6 +14,11 @@ Decisions:
   copies nothing: ops.qk_norm_rope (per-head q/k RMSNorm and RoPE in one kernel) and
   ops.flash_attention (causal, memory linear in S, deterministic backward) work in that layout,
   and the attention output reshapes back to (B*S, H*D) for o_proj. No permute in a training step.
+- Fewer, larger launches without changing the modules or the parameter names (Qwen3's, so export
+  is unchanged): q/k/v and gate/up each run as one batched GEMM (ops.linear_multi; their weights
+  sit at uniform distances in the store, and the outputs are views of one buffer, so nothing is
+  copied), and the residual add before post_attention_layernorm runs fused with that norm
+  (ops.add_rms_norm, bitwise the unfused add + rms_norm, which the recompute path keeps).
 - The parameters live in a ParamStore (xtrain.store), built at the end of __init__: flat float32
   buffers for the weights, their gradients and (with the optimizer) the AdamW moments, each
   parameter a view.
@@ -184,9 +189,11 @@ class Attention(nn.Module):
         """x (B*S, dim), already normed -> (B*S, dim). With a KV cache (generation's prefill), k
         (after norm and RoPE) and v are also stored in it."""
         B, H, D = x.shape[0] // seq, self.n_heads, self.head_dim
-        q = self.q_proj(x).reshape(B, seq, H, D)                       # (B, S, H, D), no copy
-        k = self.k_proj(x).reshape(B, seq, H, D)
-        v = self.v_proj(x).reshape(B, seq, H, D)
+        # q, k, v from one batched GEMM: views of one buffer, block after block (ops.linear_multi)
+        q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        q = q.reshape(B, seq, H, D)                                    # (B, S, H, D), no copy
+        k = k.reshape(B, seq, H, D)
+        v = v.reshape(B, seq, H, D)
         q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta)
         if cache is not None:
             cache.write(k, v)
@@ -221,8 +228,10 @@ class MLP(nn.Module):
         return self.output(self.hidden(x))
 
     def hidden(self, x):
-        """(B*S, dim) -> (B*S, ffn): everything up to the down projection (fused silu * up)."""
-        return ops.swiglu(self.gate_proj(x), self.up_proj(x))
+        """(B*S, dim) -> (B*S, ffn): everything up to the down projection (fused silu * up).
+        gate and up come from one batched GEMM (views of one buffer)."""
+        gate, up = ops.linear_multi(x, [self.gate_proj.weight, self.up_proj.weight])  # (B*S, ffn) each
+        return ops.swiglu(gate, up)
 
     def output(self, g):
         return self.dropout(self.down_proj(g))
@@ -243,20 +252,23 @@ class Block(nn.Module):
         (generation's prefill, under no_grad), filled on the way."""
         if self.recompute and cache is None:
             return self._forward_recompute(x, seq)
-        x = x + self.self_attn(self.input_layernorm(x), seq, cache)
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return x
+        # x = x + self_attn(input_layernorm(x)); n = post_attention_layernorm(x), in one kernel
+        x, n = ops.add_rms_norm(x, self.self_attn(self.input_layernorm(x), seq, cache),
+                                self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return x + self.mlp(n)
 
     def decode(self, x, cache):
         """One new token per row of the residual stream x (B, dim) -> (B, dim), with the KV cache."""
-        x = x + self.self_attn.decode(self.input_layernorm(x), cache)
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return x
+        x, n = ops.add_rms_norm(x, self.self_attn.decode(self.input_layernorm(x), cache),
+                                self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
+        return x + self.mlp(n)
 
     def _forward_recompute(self, x, seq: int):
         """forward() with selective activation recompute: the attention half and the MLP up to
         the down projection are re-run in backward (nn.checkpoint); the down projection and the
-        last residual add run outside, keeping g. The same ops in the same order as forward()."""
+        last residual add run outside, keeping g. The same ops in the same order as forward(),
+        except that the residual add and post_attention_layernorm run unfused across the two
+        checkpoints: ops.add_rms_norm is bitwise that composition, forward and backward."""
         x = nn.checkpoint(lambda x: x + self.self_attn(self.input_layernorm(x), seq), x,
                           self.input_layernorm, self.self_attn)
         g = nn.checkpoint(lambda x: self.mlp.hidden(self.post_attention_layernorm(x)), x,

@@ -1,0 +1,134 @@
+// The CUDA kernels of RMSNorm's one-pass backward and of the fused residual add + RMSNorm forward
+// (launched by kernels/cuda/rmsnorm.cu), in a header so that tests/emu runs them on the CPU under
+// the warp/block emulator (tests/emu/rmsnorm_emu.cpp). Note [One-pass RMSNorm weight gradient] in
+// rmsnorm.cu describes the scheme. Launch shapes depend only on rows and dim (onepass_plan).
+#pragma once
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"  // dynamic_smem()
+
+namespace xt {
+namespace kernels {
+namespace cuda {
+namespace rmsnorm {
+
+// One block: rows [blockIdx.x * rows_per_block, ...); group g of G lanes takes rows r0 + g,
+// r0 + g + groups, ... in order. dres (may be null): dx = round(dx) + dres. Writes dx, and dw
+// directly when there is one block, else the block's partial row partial[blockIdx.x, :].
+template <int G, typename T, typename W>
+__global__ void __launch_bounds__(kThreads)
+rmsnorm_backward_onepass_kernel(const T* x, const W* w, const float* rstd, const T* dy, const T* dres, T* dx, W* dw,
+                                compute_t<T>* partial, int64_t rows, int64_t dim, int64_t rows_per_block) {
+  using C = compute_t<T>;
+  C* acc = reinterpret_cast<C*>(dynamic_smem());  // [groups][dim]
+  constexpr int groups = kThreads / G;
+  const int lane = threadIdx.x % G, group = threadIdx.x / G;
+  C* my = acc + static_cast<int64_t>(group) * dim;
+  for (int64_t j = lane; j < dim; j += G) my[j] = 0;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = rows < r0 + rows_per_block ? rows : r0 + rows_per_block;
+  // Every thread of the block runs the same trip count: group_sum's shuffles take the whole warp,
+  // which holds 32 / G groups; a group past the last row adds nothing and writes nothing.
+  for (int64_t base = r0; base < r1; base += groups) {
+    const int64_t r = base + group;
+    const bool valid = r < r1;
+    const T* xr = x + (valid ? r : 0) * dim;
+    const T* dyr = dy + (valid ? r : 0) * dim;
+    const C inv = valid ? static_cast<C>(rstd[r]) : C(0);
+    C dot = 0;
+    if (valid)
+      for (int64_t j = lane; j < dim; j += G) dot += load(dyr, j) * static_cast<C>(load(w, j)) * (load(xr, j) * inv);
+    dot = group_sum<G>(dot);
+    if (!valid) continue;
+    const C mean_dot = dot / static_cast<C>(dim);
+    T* dxr = dx + r * dim;
+    for (int64_t j = lane; j < dim; j += G) {
+      const C xhat = load(xr, j) * inv;
+      const C d = load(dyr, j);
+      const C g = d * static_cast<C>(load(w, j));
+      C v = static_cast<C>(inv * (g - xhat * mean_dot));
+      if (dres != nullptr) v = to_compute(from_compute<T>(v)) + load(dres + r * dim, j);
+      store(dxr, j, v);
+      my[j] += d * xhat;
+    }
+  }
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < dim; j += kThreads) {
+    C s = 0;
+    for (int g = 0; g < groups; ++g) s += acc[static_cast<int64_t>(g) * dim + j];
+    if (gridDim.x == 1) store(dw, j, static_cast<compute_t<W>>(s));
+    else partial[static_cast<int64_t>(blockIdx.x) * dim + j] = s;
+  }
+}
+
+// dw[j] = sum over the nparts partial rows in order: block = 32 columns x 8 slices; slice s adds
+// rows s, s + 8, ... in order, then slice 0 adds the 8 slice sums in order.
+constexpr int kFinalCols = 32, kFinalSlices = kThreads / kFinalCols;
+template <typename C>
+constexpr size_t tree_smem() { return sizeof(C) * kFinalCols * kFinalSlices; }
+template <typename C, typename W>
+__global__ void __launch_bounds__(kThreads)
+rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
+  C* part = reinterpret_cast<C*>(dynamic_smem());  // [kFinalSlices][kFinalCols]: tree_smem<C>() bytes
+  const int col = threadIdx.x % kFinalCols, slice = threadIdx.x / kFinalCols;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kFinalCols + col;
+  C s = 0;
+  if (j < dim)
+    for (int64_t k = slice; k < nparts; k += kFinalSlices) s += partial[k * dim + j];
+  part[slice * kFinalCols + col] = s;
+  __syncthreads();
+  if (slice != 0 || j >= dim) return;
+  C t = 0;
+  for (int k = 0; k < kFinalSlices; ++k) t += part[k * kFinalCols + col];
+  store(dw, j, static_cast<compute_t<W>>(t));
+}
+
+// h = x + r (rounded, as ops::add), then y = rmsnorm(h) reading the rounded h back: bitwise add +
+// rmsnorm_forward_kernel (each lane reads only the elements it wrote, so no barrier is needed).
+template <int G, typename T, typename W>
+__global__ void add_rmsnorm_forward_kernel(const T* x, const T* res, const W* w, T* h, T* y, float* rstd, int64_t rows,
+                                           int64_t dim, float eps) {
+  using C = compute_t<T>;
+  const int64_t r = group_row<G>();
+  const bool valid = r < rows;
+  const int lane = threadIdx.x % G;
+  T* hr = h + (valid ? r : 0) * dim;
+  if (valid) {
+    const T* xr = x + r * dim;
+    const T* rr = res + r * dim;
+    for (int64_t j = lane; j < dim; j += G) store(hr, j, apply_binary(BinaryOp::Add, load(xr, j), load(rr, j)));
+  }
+  const C ss = group_sum_sq<G>(static_cast<const T*>(hr), dim, lane, valid);
+  if (!valid) return;
+  T* yr = y + r * dim;
+  const C inv = rms_rstd(ss, dim, eps);
+  if (lane == 0) rstd[r] = static_cast<float>(inv);
+  for (int64_t j = lane; j < dim; j += G) store(yr, j, rms_scaled(static_cast<const T*>(hr), w, j, inv));
+}
+
+// The one-pass plan: blocks of rows (a count that depends only on rows and dim), and the shared
+// memory per block; bytes == 0 when a row is too long for it (then the dx + column-sum path).
+struct OnePassPlan {
+  int64_t nblocks = 0, rows_per_block = 0;
+  size_t smem = 0;
+};
+constexpr int64_t kOnePassMaxBlocks = 1024;  // partial rows the final pass adds per column
+constexpr int64_t kOnePassRowsPerGroup = 2;  // rows each group walks at least (amortises the block sum)
+constexpr size_t kOnePassMaxSmem = 48 * 1024;  // no opt-in needed: dim <= 1536 (float), 768 (double)
+template <int G, typename C>
+OnePassPlan onepass_plan(int64_t rows, int64_t dim) {
+  OnePassPlan p;
+  const size_t smem = sizeof(C) * static_cast<size_t>(kThreads / G) * static_cast<size_t>(dim);
+  if (smem > kOnePassMaxSmem) return p;
+  int64_t nblocks = ceil_div(rows, (kThreads / G) * kOnePassRowsPerGroup);
+  if (nblocks > kOnePassMaxBlocks) nblocks = kOnePassMaxBlocks;
+  if (nblocks < 1) nblocks = 1;
+  p.rows_per_block = ceil_div(rows, nblocks);
+  p.nblocks = ceil_div(rows, p.rows_per_block);
+  p.smem = smem;
+  return p;
+}
+
+}  // namespace rmsnorm
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace xt

@@ -1,0 +1,160 @@
+// The CUDA kernels of RMSNorm's one-pass backward and of the fused residual add + RMSNorm forward
+// (csrc/kernels/cuda/rmsnorm.cuh), run on the CPU under the warp/block emulator (cuda_emu.h),
+// launched as rmsnorm.cu launches them, and compared with the CPU reference kernels
+// (csrc/kernels/cpu/rmsnorm.cpp). What it checks before any GPU run: the row ranges of the blocks
+// and groups (rows that do not fill the last block or the last round of groups, where the warp's
+// shuffles must still see every lane), the shared-memory rows and the ordered final pass, dres,
+// and that the schedules of the threads give the same bits. Not checked: the hardware's rounding.
+//   tests/emu/run.sh rmsnorm      (builds with g++ against build-cpu/libxtrain_core.a)
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/bf16.h"
+#include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/kernels.h"
+
+namespace {
+
+using xt::DType;
+namespace cu = xt::kernels::cuda;
+namespace rn = xt::kernels::cuda::rmsnorm;
+namespace cpu = xt::kernels::cpu;
+using bf16_t = xt::kernels::bf16_t;
+
+int g_failures = 0;
+
+template <typename T>
+std::vector<T> as(const std::vector<float>& x) {
+  std::vector<T> v(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      const uint16_t bits = xt::float_to_bf16(x[i]).bits;
+      std::memcpy(static_cast<void*>(&v[i]), &bits, 2);
+    } else {
+      v[i] = x[i];
+    }
+  }
+  return v;
+}
+
+template <typename T>
+std::vector<float> floats(const std::vector<T>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = xt::kernels::load(v.data(), static_cast<int64_t>(i));
+  return f;
+}
+
+void expect_close(const std::string& what, const std::vector<float>& a, const std::vector<float>& b, double tol) {
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(double(a[i]) - b[i]) / (1.0 + std::abs(double(b[i])));
+    if (!(d <= worst)) worst = d, at = i;
+  }
+  const bool ok = a.size() == b.size() && worst <= tol;
+  if (!ok) ++g_failures;
+  std::printf("  %-28s %s (worst %.3g at %zu)\n", what.c_str(), ok ? "ok" : "FAIL", worst, at);
+}
+
+template <typename T>
+void expect_bits(const std::string& what, const std::vector<T>& a, const std::vector<T>& b) {
+  const bool ok = a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  if (!ok) ++g_failures;
+  std::printf("  %-28s %s\n", what.c_str(), ok ? "bitwise equal" : "FAIL (bits differ)");
+}
+
+// The CUDA backward as rmsnorm.cu's backward_typed launches it (one-pass plan only).
+template <int G, typename T>
+void cuda_backward(const std::vector<T>& x, const std::vector<float>& w, const std::vector<float>& rstd,
+                   const std::vector<T>& dy, const std::vector<T>* dres, std::vector<T>& dx, std::vector<float>& dw,
+                   int64_t rows, int64_t dim) {
+  using C = xt::kernels::compute_t<T>;
+  const rn::OnePassPlan plan = rn::onepass_plan<G, C>(rows, dim);
+  if (plan.smem == 0) {
+    std::printf("  (no one-pass plan for dim %lld)\n", static_cast<long long>(dim));
+    ++g_failures;
+    return;
+  }
+  std::vector<C> partial(static_cast<size_t>(plan.nblocks * dim));
+  const T* pres = dres ? dres->data() : nullptr;
+  emu::launch(dim3(unsigned(plan.nblocks)), dim3(cu::kThreads), plan.smem, [&] {
+    rn::rmsnorm_backward_onepass_kernel<G, T, float>(x.data(), w.data(), rstd.data(), dy.data(), pres, dx.data(),
+                                                     dw.data(), plan.nblocks == 1 ? nullptr : partial.data(), rows,
+                                                     dim, plan.rows_per_block);
+  });
+  if (plan.nblocks > 1)
+    emu::launch(dim3(unsigned(cu::ceil_div(dim, rn::kFinalCols))), dim3(cu::kThreads), rn::tree_smem<C>(),
+                [&] { rn::rmsnorm_dw_tree_kernel<C, float>(partial.data(), plan.nblocks, dw.data(), dim); });
+  std::printf("  (G %d, %lld blocks of %lld rows)\n", G, static_cast<long long>(plan.nblocks),
+              static_cast<long long>(plan.rows_per_block));
+}
+
+template <int G, typename T>
+void one_case(int64_t rows, int64_t dim, DType dt, double tol) {
+  std::printf("rows %lld, dim %lld, %s\n", static_cast<long long>(rows), static_cast<long long>(dim),
+              dt == DType::Float32 ? "float32" : "bfloat16");
+  std::mt19937 gen(static_cast<unsigned>(rows * 131 + dim));
+  std::normal_distribution<float> nd;
+  std::vector<float> xf(rows * dim), rf(rows * dim), dyf(rows * dim), dhf(rows * dim), w(dim);
+  for (auto* v : {&xf, &rf, &dyf, &dhf, &w})
+    for (float& e : *v) e = nd(gen);
+  const std::vector<T> x = as<T>(xf), r = as<T>(rf), dy = as<T>(dyf), dh = as<T>(dhf);
+  const size_t n = static_cast<size_t>(rows * dim);
+
+  // forward: h = x + r, y = rmsnorm(h)
+  std::vector<T> h(n), y(n), h_ref(n), y_ref(n);
+  std::vector<float> rstd(rows), rstd_ref(rows);
+  cpu::add_rmsnorm_forward(dt, DType::Float32, x.data(), r.data(), w.data(), h_ref.data(), y_ref.data(),
+                           rstd_ref.data(), rows, dim, 1e-6f, nullptr);
+  emu::launch(dim3(unsigned(cu::ceil_div(rows, cu::rows_per_block<G>()))), dim3(cu::kThreads), 0, [&] {
+    rn::add_rmsnorm_forward_kernel<G, T, float>(x.data(), r.data(), w.data(), h.data(), y.data(), rstd.data(), rows,
+                                                dim, 1e-6f);
+  });
+  expect_bits("add_rms_norm h", h, h_ref);
+  expect_close("add_rms_norm y", floats(y), floats(y_ref), tol);
+  expect_close("add_rms_norm rstd", rstd, rstd_ref, 1e-6);
+
+  // backward, plain and with dres, against the CPU; then the other schedules bit for bit
+  for (const bool with_res : {false, true}) {
+    const std::string tag = with_res ? "add_rms_norm " : "rms_norm ";
+    std::vector<T> dx_ref(n), dx(n);
+    std::vector<float> dw_ref(dim), dw(dim);
+    if (with_res)
+      cpu::add_rmsnorm_backward(dt, DType::Float32, h_ref.data(), w.data(), rstd_ref.data(), dy.data(), dh.data(),
+                                dx_ref.data(), dw_ref.data(), rows, dim, nullptr);
+    else
+      cpu::rmsnorm_backward(dt, DType::Float32, h_ref.data(), w.data(), rstd_ref.data(), dy.data(), dx_ref.data(),
+                            dw_ref.data(), rows, dim, nullptr);
+    emu::set_schedule(emu::Schedule::Lockstep);
+    cuda_backward<G, T>(h_ref, w, rstd_ref, dy, with_res ? &dh : nullptr, dx, dw, rows, dim);
+    expect_close(tag + "dx", floats(dx), floats(dx_ref), tol);
+    expect_close(tag + "dw", dw, dw_ref, 1e-5 * std::sqrt(double(rows)));
+    for (const emu::Schedule s : {emu::Schedule::LockstepReversed, emu::Schedule::WarpSerialLazy}) {
+      std::vector<T> dx2(n);
+      std::vector<float> dw2(dim);
+      emu::set_schedule(s);
+      cuda_backward<G, T>(h_ref, w, rstd_ref, dy, with_res ? &dh : nullptr, dx2, dw2, rows, dim);
+      expect_bits(tag + "dx, other schedule", dx2, dx);
+      expect_bits(tag + "dw, other schedule", dw2, dw);
+    }
+    emu::set_schedule(emu::Schedule::Lockstep);
+  }
+}
+
+}  // namespace
+
+int main() {
+  // G = lanes_for(dim): 2 (dim < 16), 8 (32..63), 16 (64..127), 32 (>= 128). Row counts that fill
+  // one block, several, and leave the last round of groups partly empty.
+  one_case<2, float>(1, 7, DType::Float32, 1e-5);
+  one_case<2, float>(257, 7, DType::Float32, 1e-5);
+  one_case<8, bf16_t>(33, 40, DType::BFloat16, 1e-2);
+  one_case<16, float>(70, 100, DType::Float32, 1e-5);
+  one_case<32, float>(300, 200, DType::Float32, 1e-5);
+  one_case<32, bf16_t>(41, 768, DType::BFloat16, 1e-2);
+  std::printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "passed", g_failures);
+  return g_failures ? 1 : 0;
+}
