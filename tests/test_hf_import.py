@@ -13,7 +13,7 @@ from modelhelp import bits_equal, run_cli
 from xtrain import hf_import, state
 from xtrain.data import generate_stories, prepare, train_bpe, write_corpus
 from xtrain.export import export
-from xtrain.models import TinyTransformer
+from xtrain.models import TinyTransformer, TransformerConfig
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -105,21 +105,25 @@ def test_logits_match_transformers(saved, device, case):
 
 def test_from_pretrained_carries_tokenizer_and_options(saved, tok):
     _, path = saved["qwen3-gqa"]
-    model = TinyTransformer.from_pretrained(path, bf16=True, recompute=True, max_seq=32)
+    model = TinyTransformer.from_pretrained(path, dtype="bfloat16", recompute=True, max_seq=32)
     assert model.tokenizer.fingerprint == hf_import.read_tokenizer(path, 10**6).fingerprint
     assert model.tokenizer.encode("Lily was happy.") == tok.encode("Lily was happy.")
     assert model.config.bf16 and model.config.recompute and model.config.max_seq == 32
     assert model.config.rope_theta == 1e6
     logits, _ = model(_ids(model.config.vocab_size))
     assert logits.dtype == "bfloat16"
+    assert TinyTransformer.from_pretrained(path, bf16=True).config.bf16
+    assert TinyTransformer(model.config).tokenizer is None
+    with pytest.raises(ValueError, match="dtype must be float32 or bfloat16"):
+        TinyTransformer.from_pretrained(path, dtype="float16")
 
 
 def test_sharded_directory_imports_the_same_weights(saved, tmp_path, tok):
     hf, path = saved["llama-untied"]
     sharded = _save(hf, tmp_path / "sharded", tok, max_shard_size="20KB")
     assert (sharded / hf_import.INDEX_FILE).is_file() and len(list(sharded.glob("*.safetensors"))) > 2
-    a = hf_import.read_pretrained(path)
-    b = hf_import.read_pretrained(sharded)
+    a = hf_import.read_pretrained(path, TransformerConfig)
+    b = hf_import.read_pretrained(sharded, TransformerConfig)
     assert a.config == b.config and list(a.tensors) != [] and set(a.tensors) == set(b.tensors)
     for name in a.tensors:
         assert bits_equal(a.tensors[name], b.tensors[name]), name
@@ -144,7 +148,7 @@ def test_import_then_export_is_bit_identical(saved, tmp_path, tok, case, dtype):
         assert src[name].dtype == dst[name].dtype and torch.equal(src[name].view(torch.uint8),
                                                                   dst[name].view(torch.uint8)), name
     # an equivalent config: the same model when read back, and the same fields in transformers
-    assert hf_import.read_pretrained(out).config == hf_import.read_pretrained(path).config
+    assert hf_import.read_pretrained(out, TransformerConfig).config == hf_import.read_pretrained(path, TransformerConfig).config
     theirs = transformers.AutoConfig.from_pretrained(out)
     assert theirs.model_type == hf.config.model_type and theirs.architectures == hf.config.architectures
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -284,40 +288,40 @@ def test_unsupported_or_inconsistent_configs(saved, tmp_path, changes, message):
 
 def test_bad_directories(saved, tmp_path):
     with pytest.raises(hf_import.PretrainedError, match="no such directory"):
-        hf_import.read_pretrained(tmp_path / "missing")
+        hf_import.read_pretrained(tmp_path / "missing", TransformerConfig)
     path = _copy(saved, "llama-untied", tmp_path)
     (path / "config.json").rename(path / "other.json")
     with pytest.raises(hf_import.PretrainedError, match="no config.json"):
-        hf_import.read_pretrained(path)
+        hf_import.read_pretrained(path, TransformerConfig)
     (path / "other.json").rename(path / "config.json")
 
     tensors = load_file(str(path / "model.safetensors"))
     weights = path / "model.safetensors"
     save_file({k: v for k, v in tensors.items() if k != "model.layers.1.mlp.up_proj.weight"}, str(weights))
     with pytest.raises(hf_import.PretrainedError, match="missing tensors model.layers.1.mlp.up_proj.weight"):
-        hf_import.read_pretrained(path)
+        hf_import.read_pretrained(path, TransformerConfig)
     save_file({**tensors, "model.layers.0.self_attn.q_proj.bias": torch.zeros(64)}, str(weights))
     with pytest.raises(hf_import.PretrainedError, match="no place for .*q_proj.bias"):
-        hf_import.read_pretrained(path)
+        hf_import.read_pretrained(path, TransformerConfig)
     save_file({**tensors, "model.embed_tokens.weight": tensors["model.embed_tokens.weight"].half()}, str(weights))
-    assert hf_import.read_pretrained(path).dtype == "f16"  # F16 widens exactly
+    assert hf_import.read_pretrained(path, TransformerConfig).dtype == "f16"  # F16 widens exactly
     save_file({**tensors, "model.norm.weight": tensors["model.norm.weight"].double()}, str(weights))
     with pytest.raises(hf_import.PretrainedError, match="model.norm.weight is F64"):
-        hf_import.read_pretrained(path)
+        hf_import.read_pretrained(path, TransformerConfig)
     weights.write_bytes(b"\x00" * 4)
     with pytest.raises(hf_import.PretrainedError, match="not a readable safetensors file"):
-        hf_import.read_pretrained(path)
+        hf_import.read_pretrained(path, TransformerConfig)
     weights.unlink()
     with pytest.raises(hf_import.PretrainedError, match="no model.safetensors"):
-        hf_import.read_pretrained(path)
+        hf_import.read_pretrained(path, TransformerConfig)
     (path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(hf_import.PretrainedError, match="pickle"):
-        hf_import.read_pretrained(path)
+        hf_import.read_pretrained(path, TransformerConfig)
 
 
 def test_tokenizer_larger_than_the_model_is_refused(saved, tmp_path, tok):
     hf = _hf_model("qwen3", CASES["qwen3-gqa"][1], tok.vocab_size - 8)
     path = _save(hf, tmp_path / "small-vocab", tok)
     with pytest.raises(hf_import.PretrainedError, match="beyond the model's vocab_size"):
-        hf_import.read_pretrained(path)
-    assert hf_import.read_pretrained(path, tokenizer=False).tokenizer is None
+        hf_import.read_pretrained(path, TransformerConfig)
+    assert hf_import.read_pretrained(path, TransformerConfig, tokenizer=False).tokenizer is None

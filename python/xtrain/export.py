@@ -40,16 +40,12 @@ from pathlib import Path
 import numpy as np
 
 from xtrain import state as ckpt_state
+from xtrain.hf_import import hf_name
 from xtrain.rundir import check_export_dir, ensure_dir, staging_dir
 
 SAFETENSORS_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f32": "float32"}
 STAGING_DIR = ".xtrain-export.tmp"
-
-
-def hf_name(name: str) -> str:
-    """Our parameter name -> the Hugging Face Qwen3 name."""
-    return name if name.startswith("lm_head.") else "model." + name
 
 
 def export(ckpt_dir, out_dir, dtype: str = "bf16", overwrite: bool = False) -> Path:

@@ -24,9 +24,12 @@ Decisions:
   activation other than SiLU, a head_dim above the attention kernels' 256, a missing, unexpected
   or misshapen tensor. Only RoPE's cached inverse frequencies (rotary_emb.inv_freq), which some
   older files carry, are skipped: they are a function of the config.
-- Tensors are read from the safetensors headers' offsets (schema.read_header checks them against
-  the file's size) rather than through safetensors.numpy, which has no bfloat16; BF16 and F16 widen
-  to float32 exactly, so an import then export in the source dtype gives the same bits.
+- Tensors are read from the safetensors headers' offsets (read_header checks them against the
+  file's size) rather than through safetensors.numpy, which has no bfloat16; BF16 and F16 widen to
+  float32 exactly, so an import then export in the source dtype gives the same bits.
+- This module knows the Hugging Face side only: the model and config classes are passed in
+  (TinyTransformer.from_pretrained, xtrain.train), so xtrain.models does not depend on it through
+  a cycle; xtrain.export takes its name mapping (hf_name) from here.
 - A tied model (tie_word_embeddings) has no lm_head tensor; one that is present anyway must equal
   the embedding (transformers would overwrite it).
 """
@@ -39,8 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from xtrain.models import TinyTransformer, TransformerConfig
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -66,39 +67,40 @@ class Pretrained:
     their defaults), our parameter name -> float32 array, the tokenizer (or None), and the
     architecture and source dtype."""
     path: Path
-    config: TransformerConfig
+    config: object  # a TransformerConfig
     tensors: dict
     tokenizer: object
     architecture: str
     dtype: str  # "f32", "bf16" or "f16": the dtype of the weights on disk
 
-    def build(self, device: str = "cpu", **overrides) -> TinyTransformer:
-        """The TinyTransformer with these weights on `device`; `overrides` are config fields (bf16,
-        recompute, dropout, max_seq)."""
+    def build(self, model_cls, device: str = "cpu", **overrides):
+        """model_cls (TinyTransformer) with these weights on `device`; `overrides` are config fields
+        (bf16, recompute, dropout, max_seq)."""
         import xtrain
 
-        config = TransformerConfig.from_dict({**self.config.to_dict(), **overrides})
+        config = type(self.config).from_dict({**self.config.to_dict(), **overrides})
         with xtrain.no_grad():
-            model = TinyTransformer(config, device=device)
+            model = model_cls(config, device=device)
         model.load_state_dict(self.tensors, strict=True)
         model.tokenizer = self.tokenizer
         return model
 
 
-def load_pretrained(path, device: str = "cpu", bf16: bool = False, **overrides) -> TinyTransformer:
-    """TinyTransformer.from_pretrained: read_pretrained(path).build(device, bf16=bf16, ...)."""
-    return read_pretrained(path).build(device, bf16=bool(bf16), **overrides)
+def hf_name(name: str) -> str:
+    """Our parameter name -> the Hugging Face (Qwen3 / Llama) name."""
+    return name if name.startswith("lm_head.") else "model." + name
 
 
-def read_pretrained(path, tokenizer: bool = True) -> Pretrained:
-    """Read and check a Hugging Face directory (see the module doc); PretrainedError on anything
-    xtrain cannot load. tokenizer=False skips the tokenizer."""
+def read_pretrained(path, config_cls, tokenizer: bool = True) -> Pretrained:
+    """Read and check a Hugging Face directory (see the module doc) into a config of `config_cls`
+    (TransformerConfig) and its tensors; PretrainedError on anything xtrain cannot load.
+    tokenizer=False skips the tokenizer."""
     path = Path(path)
     if not path.is_dir():
         raise PretrainedError(f"{path}: no such directory (expected a Hugging Face model directory with "
                            f"{CONFIG_FILE} and {WEIGHTS_FILE})")
     hf = read_hf_config(path)
-    arch, config = config_from_hf(hf, path / CONFIG_FILE)
+    arch, config = config_from_hf(hf, path / CONFIG_FILE, config_cls)
     raw, dtype = read_weights(path)
     tensors = match_tensors(raw, config, path)
     tok = read_tokenizer(path, config.vocab_size) if tokenizer else None
@@ -120,8 +122,8 @@ def read_hf_config(path: Path) -> dict:
     return hf
 
 
-def config_from_hf(hf: dict, source) -> tuple[str, TransformerConfig]:
-    """(architecture, TransformerConfig) of a Hugging Face config.json dict, or PretrainedError
+def config_from_hf(hf: dict, source, config_cls) -> tuple:
+    """(architecture, config_cls config) of a Hugging Face config.json dict, or PretrainedError
     naming the first thing xtrain's model does not have."""
     archs = hf.get("architectures") or []
     model_type = hf.get("model_type")
@@ -169,7 +171,7 @@ def config_from_hf(hf: dict, source) -> tuple[str, TransformerConfig]:
     if not isinstance(kv_heads, int) or heads % kv_heads:
         raise PretrainedError(f"{source}: num_key_value_heads {kv_heads!r} must divide num_attention_heads {heads}")
     try:
-        config = TransformerConfig(
+        config = config_cls(
             vocab_size=ints["vocab_size"], dim=ints["hidden_size"], n_layers=ints["num_hidden_layers"],
             n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim, ffn_dim=ints["intermediate_size"],
             max_seq=int(hf.get("max_position_embeddings") or 2048), rope_theta=float(theta),
@@ -224,15 +226,9 @@ def weight_files(path: Path) -> list[Path]:
 
 def read_weights(path: Path) -> tuple[dict, str]:
     """(Hugging Face name -> float32 array, the source dtype) from every weight file of `path`."""
-    from xtrain import schema
-
     out, dtypes = {}, set()
     for f in weight_files(path):
-        try:
-            header = schema.read_header(f)
-        except schema.SchemaError as e:
-            raise PretrainedError(f"{f}: not a readable safetensors file ({e})") from None
-        data_start = 8 + int.from_bytes(f.open("rb").read(8), "little")
+        header, data_start = read_header(f)
         raw = np.memmap(f, dtype=np.uint8, mode="r", offset=data_start) if f.stat().st_size > data_start else None
         for name, (dtype, shape, (begin, end)) in header.items():
             if dtype not in _WIDEN:
@@ -241,25 +237,58 @@ def read_weights(path: Path) -> tuple[dict, str]:
                 raise PretrainedError(f"{path}: tensor {name} is stored twice")
             if end - begin != _WIDEN[dtype].itemsize * math.prod(shape):
                 raise PretrainedError(f"{f}: tensor {name} has {end - begin} bytes for shape {list(shape)}")
-            out[name] = _widen(np.asarray(raw[begin:end]) if raw is not None else np.zeros(0, np.uint8), dtype, shape)
+            out[name] = _widen(raw, begin, dtype, shape)
             dtypes.add(dtype)
     source = "f32" if dtypes <= {"F32"} else ("bf16" if "BF16" in dtypes else "f16")
     return out, source
 
 
-def _widen(b: np.ndarray, dtype: str, shape) -> np.ndarray:
-    """Raw little-endian bytes as a float32 array, exactly (bf16 is the top half of a float32)."""
-    a = np.frombuffer(b.tobytes(), dtype=_WIDEN[dtype])
+def read_header(f: Path) -> tuple[dict, int]:
+    """(name -> (dtype, shape, (begin, end)), the data section's offset) of a safetensors file,
+    each tensor's bytes checked to lie inside the file."""
+    size = f.stat().st_size
+
+    def bad(why: str):
+        raise PretrainedError(f"{f}: not a readable safetensors file ({why})")
+
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 <= n <= size - 8:
+            bad("too short, or an impossible header length")
+        try:
+            header = json.loads(fh.read(n))
+        except (ValueError, RecursionError):
+            bad("an unreadable header")
+    if not isinstance(header, dict):
+        bad("an unreadable header")
+    header.pop("__metadata__", None)
+    out = {}
+    for name, info in header.items():
+        try:
+            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+            ok = all(isinstance(d, int) and d >= 0 for d in (*shape, begin, end)) and begin <= end <= size - 8 - n
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            bad(f"tensor {name[:80]!r} is malformed or lies outside the file")
+        out[name] = (dtype, shape, (begin, end))
+    return out, 8 + n
+
+
+def _widen(raw, begin: int, dtype: str, shape) -> np.ndarray:
+    """The tensor at byte `begin` of the data section `raw` as a float32 array, exactly (bf16 is
+    the top half of a float32)."""
+    n = math.prod(shape)
+    a = np.frombuffer(raw, dtype=_WIDEN[dtype], count=n, offset=begin) if n else np.zeros(0, _WIDEN[dtype])
     if dtype == "BF16":
         a = (a.astype(np.uint32) << 16).view(np.float32)
     return a.astype(np.float32).reshape(shape)
 
 
-def match_tensors(raw: dict, config: TransformerConfig, path: Path) -> dict:
-    """Our name -> array for every parameter of `config`, checked: every tensor present with its
-    shape, nothing left over (PretrainedError naming the tensors)."""
-    from xtrain.export import hf_name
-
+def match_tensors(raw: dict, config, path: Path) -> dict:
+    """Our name -> array for every parameter of `config` (a TransformerConfig), checked: every
+    tensor present with its shape, nothing left over (PretrainedError naming the tensors)."""
     shapes = config.param_shapes()
     wanted = {hf_name(n): n for n in shapes}  # Hugging Face name -> ours
     ours, extra = {}, []

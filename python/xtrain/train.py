@@ -216,7 +216,7 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         if prepared is None:
             xtrain.manual_seed(cfg.seed)  # process-wide; train_data_parallel seeds once for all ranks
         if init is not None:
-            model = init.build(device, **run_flags)
+            model = init.build(TinyTransformer, device, **run_flags)
         else:
             model = TinyTransformer(config_for(cfg.preset or "tiny", dataset.tokenizer.vocab_size, **run_flags),
                                     device=device, seed=cfg.seed)
@@ -640,7 +640,7 @@ def open_inputs(cfg: TrainConfig, progress: bool):
 def read_init_from(path) -> "hf_import.Pretrained":
     """The --init-from directory, read and checked; it must bring its tokenizer (the data must be
     tokenized the way the model was trained)."""
-    init = hf_import.read_pretrained(path)
+    init = hf_import.read_pretrained(path, TransformerConfig)
     if init.tokenizer is None:
         raise hf_import.PretrainedError(
             f"--init-from {path}: no tokenizer.json or tokenizer.model beside the weights; the run needs the "

@@ -279,16 +279,22 @@ class TinyTransformer(nn.Module):
         if not config.tie_embeddings:  # tied: the head reads embed_tokens.weight (head_weight)
             self.lm_head = nn.Linear(config.dim, config.vocab_size, generator=gen, std=INIT_STD)
         self.store = ParamStore(self, device=device, compute_dtype=config.dtype, compute=nn.matmul_weights)
+        self.tokenizer = None  # from_pretrained: the tokenizer that came with the weights
 
     @classmethod
-    def from_pretrained(cls, path, device: str = "cpu", bf16: bool = False, **overrides) -> "TinyTransformer":
+    def from_pretrained(cls, path, device: str = "cpu", bf16: bool = False, dtype: str | None = None,
+                        **overrides) -> "TinyTransformer":
         """A Hugging Face Qwen3 or Llama directory (config.json + model.safetensors, or shards with
-        model.safetensors.index.json) as a TinyTransformer on `device`; `bf16` and `overrides`
-        (recompute, dropout, max_seq) set the run options. The tokenizer beside the weights, if
-        any, is `model.tokenizer` (else None). See xtrain.hf_import."""
-        from xtrain import hf_import
+        model.safetensors.index.json) as a TinyTransformer on `device`; `bf16` (or dtype="bfloat16")
+        and `overrides` (recompute, dropout, max_seq) set the run options. The tokenizer beside the
+        weights, if any, is `model.tokenizer`. See xtrain.hf_import."""
+        from xtrain import hf_import  # knows the Hugging Face side only: no import cycle
 
-        return hf_import.load_pretrained(path, device=device, bf16=bf16, **overrides)
+        if dtype is not None:
+            if dtype not in ("float32", "bfloat16"):
+                raise ValueError(f"from_pretrained: dtype must be float32 or bfloat16 (mixed precision), got {dtype!r}")
+            bf16 = dtype == "bfloat16"
+        return hf_import.read_pretrained(path, TransformerConfig).build(cls, device, bf16=bool(bf16), **overrides)
 
     def head_weight(self):
         """The lm_head's weight as the forward uses it: lm_head.weight (its bf16 copy when bound),
