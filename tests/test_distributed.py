@@ -376,8 +376,9 @@ def _train(config, batches, device, ctx=None, step="all_reduce", clip=1.0):
 @two_gpus
 @pytest.mark.parametrize("flags, rtol", [({}, LOSS_RTOL_F32),
                                          ({"recompute": True}, LOSS_RTOL_F32),
-                                         ({"bf16": True}, LOSS_RTOL_BF16)],
-                         ids=["float32", "recompute", "bf16"])
+                                         ({"bf16": True}, LOSS_RTOL_BF16),
+                                         ({"bf16": True, "n_kv_heads": 2, "tie_embeddings": True, "qk_norm": False}, LOSS_RTOL_BF16)],
+                         ids=["float32", "recompute", "bf16", "bf16-gqa-tied-no-qk-norm"])
 def test_two_gpus_match_one_gpu_with_the_same_global_batch(flags, rtol):
     config = TransformerConfig(**CONFIG, **flags)
     batches = _global_batches(config.vocab_size)
@@ -393,7 +394,8 @@ def test_two_gpus_match_one_gpu_with_the_same_global_batch(flags, rtol):
 
 
 @two_gpus
-@pytest.mark.parametrize("flags", [{}, {"recompute": True}, {"bf16": True}], ids=["float32", "recompute", "bf16"])
+@pytest.mark.parametrize("flags", [{}, {"recompute": True}, {"bf16": True}, {"bf16": True, "recompute": True, "n_kv_heads": 1, "tie_embeddings": True, "qk_norm": False}],
+                         ids=["float32", "recompute", "bf16", "bf16-recompute-mqa-tied-no-qk-norm"])
 def test_flat_and_sharded_steps_give_the_bits_of_the_all_reduce_step(flags):
     """DataParallelAdamW (flat gradient buffer; reduce-scatter, AdamW on each rank's chunk,
     all-gather) against all_reduce_gradients + clip + AdamW: without clipping (max_norm above the
@@ -443,8 +445,9 @@ def _train_reducing(config, batches, ctx, overlap):
 
 
 @two_gpus
-@pytest.mark.parametrize("flags", [{}, {"recompute": True}, {"bf16": True}],
-                         ids=["float32", "recompute", "bf16"])
+@pytest.mark.parametrize("flags", [{}, {"recompute": True}, {"bf16": True},
+                                   {"bf16": True, "n_kv_heads": 2, "tie_embeddings": True}],
+                         ids=["float32", "recompute", "bf16", "bf16-gqa-tied"])
 def test_overlapped_reduction_gives_the_bits_of_reduction_after_backward(flags):
     """GradientReducer launches bucket all-reduces from inside backward, on a side stream; the
     values must be exactly those of one all-reduce after backward, on both ranks."""

@@ -186,6 +186,41 @@ def test_gqa_forward_equals_repeated_kv(device, dtype):
     assert np.array_equal(bits(ops.flash_attention(q, k, v)), bits(ops.flash_attention(q, k3, v3)))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_rope_only_gqa_attention_matches_torch(device, dtype):
+    """A Llama attention (no q/k norm): ops.rope on q (H heads) and k (H_kv heads), then GQA flash
+    attention, against torch's RoPE and SDPA on k, v repeated per query head (repeat_interleave),
+    forward and the gradients of q, k, v, from the same rounded inputs."""
+    g = rng(12)
+    B, S, H, Hkv, D, theta = 2, 37, 6, 2, 32, 5e5
+    arrays = [g.standard_normal((B, S, H, D)), g.standard_normal((B, S, Hkv, D)), g.standard_normal((B, S, Hkv, D))]
+    dout = g.standard_normal((B, S, H, D))
+    q, k, v = (xtrain.tensor(a, dtype=dtype, device=device, requires_grad=True) for a in arrays)
+    out = ops.flash_attention(ops.rope(q, None, theta), ops.rope(k, None, theta), v)
+    ops.sum(ops.mul(out, xtrain.tensor(dout, dtype=dtype, device=device))).backward()
+
+    tq, tk, tv = (torch.tensor(to_numpy64(t), requires_grad=True) for t in (q, k, v))
+
+    def rope64(x):
+        inv = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+        ang = torch.outer(torch.arange(S, dtype=torch.float64), inv)
+        cos, sin = (torch.cat([f(ang), f(ang)], -1)[None, :, None, :] for f in (torch.cos, torch.sin))
+        return x * cos + torch.cat([-x[..., D // 2:], x[..., :D // 2]], -1) * sin
+
+    rq, rk = rope64(tq), rope64(tk).repeat_interleave(H // Hkv, dim=2)
+    rv = tv.repeat_interleave(H // Hkv, dim=2)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        rq.transpose(1, 2), rk.transpose(1, 2), rv.transpose(1, 2), is_causal=True).transpose(1, 2)
+    (want * torch.tensor(dout)).sum().backward()
+    # bf16: rope rounds q and k to bf16 before attention, on top of the kernel's own rounding
+    tol = 2e-5 if dtype == "float32" else 3e-2
+    for name, got, ref in (("out", out, want), ("dq", q.grad, tq.grad), ("dk", k.grad, tk.grad),
+                           ("dv", v.grad, tv.grad)):
+        ref = ref.detach().numpy()
+        err = np.abs(to_numpy64(got) - ref).max() / np.abs(ref).max()
+        assert err < tol, f"{name}: max error {err:.2e} of the largest value"
+
+
 def test_scale_argument(device):
     g = rng(4)
     q, k, v = (xtrain.tensor(g.standard_normal((1, 9, 2, 32)), dtype="float32", device=device) for _ in range(3))

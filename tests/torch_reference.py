@@ -19,11 +19,14 @@ LAYER_PARAMS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.
                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
 
 
-def param_names(n_layers):
+def param_names(n_layers, qk_norm=True, tie_embeddings=False):
+    """The parameter names of a model (a tied model has no lm_head.weight, one without q/k norm
+    no q_norm/k_norm)."""
+    layer = [n for n in LAYER_PARAMS if qk_norm or n not in ("self_attn.q_norm.weight", "self_attn.k_norm.weight")]
     names = ["embed_tokens.weight"]
     for i in range(n_layers):
-        names += [f"layers.{i}.{n}" for n in LAYER_PARAMS]
-    return names + ["norm.weight", "lm_head.weight"]
+        names += [f"layers.{i}.{n}" for n in layer]
+    return names + ["norm.weight"] + ([] if tie_embeddings else ["lm_head.weight"])
 
 
 def rms_norm(x, w, eps):
@@ -63,7 +66,7 @@ class TorchTransformer(torch.nn.Module):
         """cfg: an xtrain TransformerConfig (only its numbers are read); weights: name -> array."""
         super().__init__()
         self.cfg, self.act = cfg, dtype
-        self.names = param_names(cfg.n_layers)
+        self.names = param_names(cfg.n_layers, getattr(cfg, "qk_norm", True), getattr(cfg, "tie_embeddings", False))
         self.params = torch.nn.ParameterList(
             [torch.nn.Parameter(torch.tensor(np.asarray(weights[n], dtype=np.float32)))
              for n in self.names])
@@ -74,12 +77,17 @@ class TorchTransformer(torch.nn.Module):
     def block(self, i, x, B, S):
         c, p = self.cfg, (lambda n: self.p(f"layers.{i}.{n}"))
         H, D = c.n_heads, c.head_dim
+        Hkv = getattr(c, "n_kv_heads", None) or H
         h = rms_norm(x, p("input_layernorm.weight"), c.norm_eps)
         q = linear(h, p("self_attn.q_proj.weight")).view(B, S, H, D)
-        k = linear(h, p("self_attn.k_proj.weight")).view(B, S, H, D)
-        v = linear(h, p("self_attn.v_proj.weight")).view(B, S, H, D)
-        q = rope(rms_norm(q, p("self_attn.q_norm.weight"), c.norm_eps), c.rope_theta)
-        k = rope(rms_norm(k, p("self_attn.k_norm.weight"), c.norm_eps), c.rope_theta)
+        k = linear(h, p("self_attn.k_proj.weight")).view(B, S, Hkv, D)
+        v = linear(h, p("self_attn.v_proj.weight")).view(B, S, Hkv, D)
+        if getattr(c, "qk_norm", True):
+            q = rms_norm(q, p("self_attn.q_norm.weight"), c.norm_eps)
+            k = rms_norm(k, p("self_attn.k_norm.weight"), c.norm_eps)
+        q, k = rope(q, c.rope_theta), rope(k, c.rope_theta)
+        # grouped-query attention: query head h reads kv head h // (H / Hkv)
+        k, v = k.repeat_interleave(H // Hkv, dim=2), v.repeat_interleave(H // Hkv, dim=2)
         a = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, S, D)
         a = a.transpose(1, 2).reshape(B * S, H * D)
         x = (x.float() + linear(a, p("self_attn.o_proj.weight")).float()).to(self.act)
@@ -96,7 +104,8 @@ class TorchTransformer(torch.nn.Module):
         for i in range(self.cfg.n_layers):
             x = self.block(i, x, B, S)
         x = rms_norm(x, self.p("norm.weight"), self.cfg.norm_eps)
-        logits = linear(x, self.p("lm_head.weight"))
+        head = "embed_tokens.weight" if getattr(self.cfg, "tie_embeddings", False) else "lm_head.weight"
+        logits = linear(x, self.p(head))
         loss = None
         if targets is not None:
             loss = torch.nn.functional.cross_entropy(logits.float(), targets.reshape(-1),

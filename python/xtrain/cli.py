@@ -5,6 +5,7 @@
     xtrain train --out runs/d384 --resume         # continue runs/d384/ckpt with its config.toml
     xtrain train --config run.toml --steps 2000   # a config file; flags override it
     xtrain train --preset dim768 --bf16 --batch auto --batch-tokens 0.5M --recompute auto
+    xtrain train --init-from Qwen3-0.6B --data corpus.txt --bf16 --steps 500   # from HF weights
     xtrain prepare corpus.jsonl --out data/corpus --vocab-size 8192
     xtrain prepare tinystories                    # from the Hugging Face hub into data/tinystories
     xtrain prepare hf:ORG/NAME --text-column text --split train --tokenizer gpt2
@@ -250,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint every N steps (0: only at the end)")
     t.add_argument("--resume", nargs="?", const="", default=None, metavar="CKPT",
                    help="continue from a checkpoint directory (no value: OUT/ckpt)")
+    t.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start a new run (step 0, new optimizer) from a Hugging Face Qwen3 or Llama "
+                        "directory (config.json, safetensors, tokenizer); the data must use its tokenizer "
+                        "(a raw --data source is tokenized with it)")
     t.add_argument("--overwrite", action="store_true",
                    help="replace the run already in --out (its checkpoint, log, plot and sample)")
     t.add_argument("--memory-limit", type=parse_size, default=None, metavar="SIZE",
@@ -519,10 +524,13 @@ def _train_values(args, group=None) -> dict:
             distributed.resolve_devices(devices)
         except (RuntimeError, ValueError) as e:
             raise UsageError(f"--devices {devices}: {e}") from None
+    if chosen.get("init_from") is not None and chosen.get("resume") is not None:
+        raise UsageError("--init-from starts a new run from pretrained weights and --resume continues a "
+                         "checkpoint: give one of them")
     _check_device(chosen["device"])
     machine = machine_defaults(resolve_device(chosen["device"]) if devices == 1 else "cuda")
-    if chosen.get("resume") is not None:
-        machine.pop("preset")  # a resumed run keeps its model
+    if chosen.get("resume") is not None or chosen.get("init_from") is not None:
+        machine.pop("preset")  # a resumed run keeps its model, --init-from brings one
     values.update(machine)
     if given.get("resume") is not None or layers.get("file", {}).get("resume") is not None:
         first = {**values, **layers.get("file", {}), **given}
@@ -530,6 +538,7 @@ def _train_values(args, group=None) -> dict:
         resume = first["resume"] or str(Path(out) / CKPT_DIR)
         state.resolve(resume)  # a clear error now rather than after the data is prepared
         record = _coerce(parser, runconfig.read_record(resume), f"the record of {resume}")
+        record.pop("init_from", None)  # how the run began: the checkpoint holds the model now
         values.update(record)
         given["resume"] = resume
     for layer in layers.values():

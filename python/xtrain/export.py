@@ -1,10 +1,11 @@
-"""Export a checkpoint as a Hugging Face Qwen3 model directory.
+"""Export a checkpoint as a Hugging Face Qwen3 (or, without q/k norm, Llama) model directory.
 
     out/model.safetensors        model.embed_tokens.weight, model.layers.N.self_attn.{q,k,v,o}_proj
-                                 .weight, ...self_attn.{q,k}_norm.weight, ...mlp.{gate,up,down}_proj
-                                 .weight, ...{input,post_attention}_layernorm.weight,
-                                 model.norm.weight, lm_head.weight (bf16 or f32)
-    out/config.json              Qwen3Config (architectures Qwen3ForCausalLM)
+                                 .weight, ...self_attn.{q,k}_norm.weight (Qwen3), ...mlp.{gate,up,
+                                 down}_proj.weight, ...{input,post_attention}_layernorm.weight,
+                                 model.norm.weight, lm_head.weight (untied models) (bf16 or f32)
+    out/config.json              Qwen3Config (architectures Qwen3ForCausalLM), or LlamaConfig
+                                 (LlamaForCausalLM) for a model with qk_norm off
     out/generation_config.json   bos/eos ids
     out/tokenizer.json           the run's tokenizer.json (bpe and hf kinds), unchanged, or
     out/tokenizer.model          its SentencePiece model (sentencepiece kind), unchanged
@@ -15,6 +16,10 @@
 Decisions:
 - The model's parameter names already mirror Qwen3 (models/transformer.py), so the mapping is a
   "model." prefix (lm_head stays), and no weight is permuted: our RoPE is rotate-half like HF's.
+- The layout follows the config: q/k norm on is Qwen3 (which always has it), off is Llama (which
+  never has it; otherwise the same blocks, names and RoPE). Grouped-query attention is
+  num_key_value_heads. A tied model writes tie_word_embeddings: true and, as transformers does, no
+  lm_head tensor. xtrain.hf_import reads both layouts back to the same config and bits.
 - The safetensors file goes through the safetensors library's low-level `serialize` (raw bfloat16
   bits: numpy has no bfloat16 type, so `safetensors.numpy` cannot write it). float32 -> bf16 rounds
   to nearest even, as torch does. The library orders tensors deterministically and the JSON files
@@ -35,16 +40,12 @@ from pathlib import Path
 import numpy as np
 
 from xtrain import state as ckpt_state
+from xtrain.hf_import import hf_name
 from xtrain.rundir import check_export_dir, ensure_dir, staging_dir
 
 SAFETENSORS_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f32": "float32"}
 STAGING_DIR = ".xtrain-export.tmp"
-
-
-def hf_name(name: str) -> str:
-    """Our parameter name -> the Hugging Face Qwen3 name."""
-    return name if name.startswith("lm_head.") else "model." + name
 
 
 def export(ckpt_dir, out_dir, dtype: str = "bf16", overwrite: bool = False) -> Path:
@@ -69,7 +70,7 @@ def export(ckpt_dir, out_dir, dtype: str = "bf16", overwrite: bool = False) -> P
     eot = ckpt.tokenizer_meta["eot_id"]
     files = {
         "model.safetensors": safetensors_bytes(hf, dtype, {"format": "pt"}),
-        "config.json": _json_bytes(qwen3_config(config, dtype, eot)),
+        "config.json": _json_bytes(hf_config(config, dtype, eot)),
         "generation_config.json": _json_bytes({"bos_token_id": eot, "eos_token_id": eot,
                                                "pad_token_id": eot}),
         **tok_files,
@@ -87,16 +88,15 @@ def export(ckpt_dir, out_dir, dtype: str = "bf16", overwrite: bool = False) -> P
     return out
 
 
-def qwen3_config(config, dtype: str, eot_id: int) -> dict:
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
+def hf_config(config, dtype: str, eot_id: int) -> dict:
+    """The config.json of `config`: Qwen3 with q/k norm, Llama without."""
+    common = {
         "vocab_size": config.vocab_size,
         "hidden_size": config.dim,
         "intermediate_size": config.ffn_dim,
         "num_hidden_layers": config.n_layers,
         "num_attention_heads": config.n_heads,
-        "num_key_value_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
         "head_dim": config.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": config.max_seq,
@@ -105,16 +105,18 @@ def qwen3_config(config, dtype: str, eot_id: int) -> dict:
         "rope_scaling": None,
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "tie_word_embeddings": False,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": config.n_layers,
+        "tie_word_embeddings": config.tie_embeddings,
         "initializer_range": 0.02,
         "use_cache": True,
         "torch_dtype": TORCH_DTYPE_NAMES[dtype],
         "bos_token_id": eot_id,
         "eos_token_id": eot_id,
     }
+    if not config.qk_norm:
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common,
+                "mlp_bias": False, "pretraining_tp": 1}
+    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **common,
+            "use_sliding_window": False, "sliding_window": None, "max_window_layers": config.n_layers}
 
 
 def safetensors_bytes(tensors: dict, dtype: str, metadata: dict | None = None) -> bytes:

@@ -186,4 +186,8 @@ def validate(cfg) -> None:
     for name in ("beta1", "beta2"):
         v = getattr(cfg, name)
         need(finite(v) and 0 <= v < 1, f"--{name} must be in [0, 1), got {v}")
+    if cfg.init_from is not None:
+        need(not cfg.resume, "--init-from starts a new run from pretrained weights and --resume continues a "
+                             "checkpoint: give one of them")
+        need(cfg.preset is None, f"--init-from takes the model from {cfg.init_from}: drop --preset {cfg.preset}")
     # --batch-tokens against the micro-batch and the GPUs: xtrain.batching.plan, which knows both

@@ -83,13 +83,17 @@ def check_config(config) -> None:
     for name in ("rope_theta", "norm_eps"):
         if name in config:
             _float(config[name], f"config.{name}", lo=0.0, lo_open=True)
-    for name in ("bf16", "recompute"):
+    for name in ("bf16", "recompute", "tie_embeddings", "qk_norm"):
         if name in config:
             _require(isinstance(config[name], bool), f"config.{name} must be true or false")
+    if config.get("n_kv_heads") is not None:  # absent in older checkpoints: n_heads
+        _int(config["n_kv_heads"], "config.n_kv_heads", 1, INT31)
+        _require(config["n_heads"] % config["n_kv_heads"] == 0,
+                 f"config.n_kv_heads ({config['n_kv_heads']}) must divide n_heads ({config['n_heads']})")
     if "dropout" in config:
         _float(config["dropout"], "config.dropout", lo=0.0, hi=1.0, hi_open=True)
-    unknown = sorted(set(config) - set(_CONFIG_INTS) - {"rope_theta", "norm_eps", "bf16",
-                                                        "recompute", "dropout"})
+    unknown = sorted(set(config) - set(_CONFIG_INTS) - {"rope_theta", "norm_eps", "bf16", "recompute",
+                                                        "dropout", "n_kv_heads", "tie_embeddings", "qk_norm"})
     _require(not unknown, f"config has unknown fields {unknown[:8]}")
 
 

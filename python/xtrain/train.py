@@ -46,7 +46,7 @@ from pathlib import Path
 
 
 import xtrain
-from xtrain import batching, distributed, graphs, ops, runconfig, trackers
+from xtrain import batching, distributed, graphs, hf_import, ops, runconfig, trackers
 from xtrain import state as ckpt_state
 from xtrain.models import TinyTransformer, TransformerConfig, config_for
 from xtrain.optim import AdamW
@@ -63,6 +63,9 @@ PROMPT_SCAN_TOKENS = 256
 # Peak learning rates that train each preset stably at batch*seq of 2k-16k tokens (smaller models
 # take larger steps; dim768 is GPT-2 small's 6e-4).
 PRESET_LR = {"tiny": 2e-3, "dim384": 1e-3, "dim768": 6e-4, "dim1024": 5e-4}
+# Peak learning rate from pretrained weights (--init-from): continued pre-training / fine-tuning
+# takes smaller steps than training from scratch, which would undo much of what the weights know.
+INIT_FROM_LR = 1e-4
 # Peak bf16 throughput of the H200: an 8192^3 bf16 matmul through PyTorch, 790 TFLOP/s (GPU.md,
 # bench/common.py). MFU = model FLOPs per token (TransformerConfig.flops_per_token) x tokens/s
 # over this peak x GPUs; fp32 runs are measured against it too (as nanoGPT does).
@@ -115,6 +118,7 @@ class TrainConfig:
     eval_batches: int = 20
     save_every: int = 1000
     resume: str | None = None          # checkpoint directory to continue from
+    init_from: str | None = None       # a Hugging Face Qwen3/Llama directory to start from (step 0)
     memory_limit: int | None = None    # bytes the allocator may reserve on the device
     seed: int = 0
     vocab_size: int = 4096             # BPE size when `data` is a raw source
@@ -173,8 +177,9 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
     """Train as configured; returns a summary (None on ranks other than 0).
 
     With `ctx` (an xtrain.distributed.RankContext) this is one rank of `xtrain train --devices N`
-    (train_data_parallel starts the ranks and passes `prepared` = (dataset, checkpoint or None),
-    read once for all of them): the rank takes its slice of every global batch, starts from rank
+    (train_data_parallel starts the ranks and passes `prepared` = (dataset, start): start is the
+    checkpoint to resume, the hf_import.Pretrained of --init-from, or None; read once for all of
+    them): the rank takes its slice of every global batch, starts from rank
     0's weights, and the gradients (and the loss) are averaged before clipping and AdamW; only
     rank 0 logs, saves, plots and samples."""
     t_start = time.time()
@@ -209,21 +214,21 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         trackers.check_available(cfg.trackers)
 
     # ---- data (each rank takes its disjoint slice of every global batch: xtrain.data.loader)
-    if prepared is None:
-        ckpt = ckpt_state.load(cfg.resume) if cfg.resume else None
-        dataset = open_data(cfg.data, out, cfg.vocab_size, cfg.progress)
-        check_tokenizer(ckpt, dataset)
-    else:
-        dataset, ckpt = prepared
+    dataset, start = prepared if prepared is not None else open_inputs(cfg, cfg.progress)
+    ckpt = start if isinstance(start, ckpt_state.Checkpoint) else None
+    init = start if isinstance(start, hf_import.Pretrained) else None
     recorded = (ckpt.meta.get("train_args") or {}) if ckpt is not None else {}
 
-    # ---- model: fresh from the preset, or the checkpoint's
+    # ---- model: fresh from the preset, pretrained weights (--init-from), or the checkpoint's
     run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute is True, dropout=cfg.dropout)
     if ckpt is None:
         if prepared is None:
             xtrain.manual_seed(cfg.seed)  # process-wide; train_data_parallel seeds once for all ranks
-        model = TinyTransformer(config_for(cfg.preset or "tiny", dataset.tokenizer.vocab_size, **run_flags),
-                                device=device, seed=cfg.seed)
+        if init is not None:
+            model = init.build(TinyTransformer, device, **run_flags)
+        else:
+            model = TinyTransformer(config_for(cfg.preset or "tiny", dataset.tokenizer.vocab_size, **run_flags),
+                                    device=device, seed=cfg.seed)
     else:
         if cfg.preset is not None:
             wanted = config_for(cfg.preset, dataset.tokenizer.vocab_size, **run_flags)
@@ -276,8 +281,9 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     # ---- the record of the run, the log, the trackers (rank 0)
     prompt = cfg.sample_prompt if cfg.sample_prompt is not None else default_prompt(cfg.data, dataset)
     record = runconfig.record_of(
-        cfg, preset=cfg.preset or recorded.get("preset") or (None if ckpt else "tiny"),
+        cfg, preset=cfg.preset or recorded.get("preset") or (None if ckpt or init else "tiny"),
         data=None if cfg.data is None else str(Path(cfg.data).resolve()), out=str(out),
+        init_from=None if cfg.init_from is None else str(Path(cfg.init_from).resolve()),
         lr=schedule.max_lr, min_lr=schedule.min_lr, decay_steps=schedule.decay_steps,
         batch=plan.micro_batch, grad_accum=None, batch_tokens=plan.tokens, recompute=plan.recompute,
         memory_limit=cfg.memory_limit, sample_prompt=prompt, devices=ctx.world_size)
@@ -305,7 +311,8 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         print(f"xtrain: {model.num_parameters() / 1e6:.2f}M parameters ({c.core_params() / 1e6:.2f}M in blocks), "
               f"{ctx.describe()}, {'bf16' if cfg.bf16 else 'fp32'}{', recompute' if plan.recompute else ''}, "
               f"steps {step} -> {cfg.steps}", flush=True)
-        notes = [plan.describe()] + ([plan.why] if plan.why != "as given" else [])
+        notes = [f"from pretrained {init.architecture} weights in {init.path} (step 0, new optimizer)"] if init else []
+        notes += [plan.describe()] + ([plan.why] if plan.why != "as given" else [])
         notes += [schedule.describe()] + schedule.notes(step, cfg.steps, recorded_schedule(recorded, schedule))
         notes += [ev.note] if ev is not None and ev.note else []
         notes += [graphs_note] if graphs_note else []
@@ -322,7 +329,7 @@ def make_schedule(cfg: TrainConfig, recorded: dict) -> Schedule:
     --steps. A resumed run thus keeps its schedule when --steps grows (see xtrain.schedule)."""
     max_lr = cfg.lr if cfg.lr is not None else recorded.get("lr")
     if max_lr is None:
-        max_lr = PRESET_LR[cfg.preset or "tiny"]
+        max_lr = INIT_FROM_LR if cfg.init_from is not None else PRESET_LR[cfg.preset or "tiny"]
     min_lr = cfg.min_lr
     if min_lr is None:
         min_lr = recorded.get("min_lr") if cfg.lr is None and recorded.get("min_lr") is not None else max_lr / 10
@@ -605,10 +612,10 @@ def train_data_parallel(cfg: TrainConfig, devices="all", *, timeout: float = dis
         raise ValueError(f"--device {cfg.device} picks one device; with --devices the GPUs are "
                          f"cuda:{', cuda:'.join(map(str, devs))}")
     distributed.require_available()
-    dataset, ckpt = open_inputs(cfg, cfg.progress)
-    if ckpt is None:
+    dataset, start = open_inputs(cfg, cfg.progress)
+    if not isinstance(start, ckpt_state.Checkpoint):
         xtrain.manual_seed(cfg.seed)  # process-wide: once, before the rank threads start
-    results = distributed.launch(lambda ctx: train(cfg, ctx=ctx, prepared=(dataset, ckpt)), devs, timeout=timeout)
+    results = distributed.launch(lambda ctx: train(cfg, ctx=ctx, prepared=(dataset, start)), devs, timeout=timeout)
     return results[0]
 
 
@@ -637,7 +644,7 @@ def train_processes(cfg: TrainConfig, env, *, rendezvous: str | None = None, cla
             ctx.exchange("inputs_ready", True, timeout=math.inf)
             if not ctx.is_main:
                 prepared = open_inputs(cfg, False)
-            if prepared[1] is None:
+            if not isinstance(prepared[1], ckpt_state.Checkpoint):
                 xtrain.manual_seed(cfg.seed)  # as the threads' launch: every rank's generators alike
             return train(cfg, ctx=ctx, prepared=prepared)
 
@@ -645,20 +652,49 @@ def train_processes(cfg: TrainConfig, env, *, rendezvous: str | None = None, cla
 
 
 def open_inputs(cfg: TrainConfig, progress: bool):
-    """(dataset, checkpoint or None): the run's data, opened (or prepared into OUT/data), and the
-    checkpoint it resumes, checked against each other."""
+    """(dataset, start): the run's data, opened (or prepared into OUT/data, with the pretrained
+    model's tokenizer under --init-from), and what the run starts from (the checkpoint it resumes,
+    the hf_import.Pretrained of --init-from, or None), checked against each other."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    ckpt = ckpt_state.load(cfg.resume) if cfg.resume else None
-    dataset = open_data(cfg.data, out, cfg.vocab_size, progress)
-    check_tokenizer(ckpt, dataset)
-    return dataset, ckpt
+    if cfg.resume:
+        start = ckpt_state.load(cfg.resume)
+    elif cfg.init_from is not None:
+        start = read_init_from(cfg.init_from)
+    else:
+        start = None
+    dataset = open_data(cfg.data, out, cfg.vocab_size, progress,
+                        tokenizer=start.tokenizer if isinstance(start, hf_import.Pretrained) else None)
+    check_tokenizer(start, dataset)
+    return dataset, start
 
 
 # ---- helpers
 
-def check_tokenizer(ckpt, dataset) -> None:
-    """A resumed run must read data made with the checkpoint's tokenizer."""
+def read_init_from(path) -> "hf_import.Pretrained":
+    """The --init-from directory, read and checked; it must bring its tokenizer (the data must be
+    tokenized the way the model was trained)."""
+    init = hf_import.read_pretrained(path, TransformerConfig)
+    if init.tokenizer is None:
+        raise hf_import.PretrainedError(
+            f"--init-from {path}: no tokenizer.json or tokenizer.model beside the weights; the run needs the "
+            f"model's own tokenizer to read the data the way the model was trained")
+    return init
+
+
+def check_tokenizer(start, dataset) -> None:
+    """A resumed run must read data made with the checkpoint's tokenizer, a run from pretrained
+    weights data made with the model's tokenizer."""
+    if isinstance(start, hf_import.Pretrained):
+        tok = start.tokenizer
+        if tok.fingerprint != dataset.tokenizer.fingerprint:
+            raise hf_import.PretrainedError(
+                f"--init-from {start.path}: the model's tokenizer is {tok.name} ({tok.fingerprint}); the data in "
+                f"{dataset.path} uses {dataset.tokenizer.name} ({dataset.tokenizer.fingerprint}). Prepare the "
+                f"data with it: xtrain prepare SOURCE --tokenizer {start.path}, or pass a raw text source as "
+                f"--data")
+        return
+    ckpt = start
     if ckpt is not None and ckpt.tokenizer_meta["fingerprint"] != dataset.tokenizer.fingerprint:
         raise ckpt_state.CheckpointError(
             f"{ckpt.path} was trained with tokenizer {ckpt.tokenizer_meta['name']} "
@@ -674,10 +710,11 @@ def resolve_device(device: str) -> str:
     return "cuda:0" if device == "cuda" else device
 
 
-def open_data(data, out: Path, vocab_size: int, progress: bool):
+def open_data(data, out: Path, vocab_size: int, progress: bool, tokenizer=None):
     """None means the built-in stories as an endless stream (xtrain.data.stream); a stream,
     prepared directory or nanoGPT/llm.c token directory is opened (the token files are read in
-    place); a raw source is prepared into out/data first."""
+    place); a raw source is prepared into out/data first, with `tokenizer` when given (else a BPE
+    of vocab_size trained on it)."""
     from xtrain.data import is_dataset_dir, is_stream_dir, open_dataset, open_stream, prepare
 
     if data is None:
@@ -687,7 +724,7 @@ def open_data(data, out: Path, vocab_size: int, progress: bool):
         return open_stream(path, progress=progress)
     if is_dataset_dir(path):
         return open_dataset(path)
-    return open_dataset(prepare(path, out / "data", vocab_size=vocab_size, progress=progress))
+    return open_dataset(prepare(path, out / "data", vocab_size=vocab_size, tokenizer=tokenizer, progress=progress))
 
 
 def default_prompt(data, dataset) -> str:

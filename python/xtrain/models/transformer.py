@@ -45,6 +45,12 @@ Decisions:
   own forward and then runs Block.decode / Attention.decode, one token per row at the row's own
   position, attending to the cache with ops.decode_attention.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
+- Options for pretrained checkpoints (TransformerConfig): n_kv_heads (grouped-query attention:
+  k/v_proj narrower, flash_attention reads fewer kv heads), qk_norm off (Llama: no q/k_norm, q and
+  k through ops.rope alone), tie_embeddings (no lm_head: the head reads embed_tokens.weight, one
+  parameter whose gradient sums both uses; in bf16 a cast of it per forward, since the embedding
+  lookup reads the float32 master). from_pretrained imports a Hugging Face Qwen3/Llama directory
+  (xtrain.hf_import).
 - Init as GPT-2/nanoGPT: N(0, 0.02) everywhere, residual projections (o_proj, down_proj) scaled by
   1/sqrt(2L), norms ones; drawn on the CPU from one seeded xtrain.Generator in construction order,
   then uploaded into the store in one copy, so the same seed gives the same weights on any device.
@@ -76,12 +82,17 @@ class TransformerConfig:
     max_seq: int
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
+    n_kv_heads: int | None = None      # grouped-query attention; None: n_heads (plain multi-head)
+    tie_embeddings: bool = False       # lm_head reads embed_tokens.weight (one parameter)
+    qk_norm: bool = True               # per-head RMSNorm of q and k before RoPE (Qwen3; Llama: off)
     bf16: bool = False
     recompute: bool = False
     dropout: float = 0.0
 
     def __post_init__(self):
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "head_dim", "ffn_dim", "max_seq"):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "max_seq"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {v!r}")
@@ -89,14 +100,22 @@ class TransformerConfig:
             raise ValueError(f"TransformerConfig.head_dim must be even for RoPE, got {self.head_dim}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"TransformerConfig.dropout must be in [0, 1), got {self.dropout}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"TransformerConfig.n_kv_heads ({self.n_kv_heads}) must divide n_heads "
+                             f"({self.n_heads})")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError("TransformerConfig.rope_theta and norm_eps must be positive")
+        for name in ("tie_embeddings", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"TransformerConfig.{name} must be True or False, got {getattr(self, name)!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TransformerConfig":
+        """The config of a to_dict() record; keys added since (n_kv_heads, tie_embeddings, qk_norm)
+        take their defaults, which are the model the older record describes."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -109,42 +128,44 @@ class TransformerConfig:
 
     def core_params(self) -> int:
         """Parameters of the transformer blocks (no embedding, lm_head or final norm)."""
-        qkvo = 4 * self.dim * self.n_heads * self.head_dim
-        mlp = 3 * self.dim * self.ffn_dim
-        norms = 2 * self.dim + 2 * self.head_dim
-        return self.n_layers * (qkvo + mlp + norms)
+        return self.n_layers * sum(math.prod(s) for s in self.block_param_shapes().values())
 
     def block_param_shapes(self) -> dict:
         """name (relative to a block) -> shape of every parameter of one Block."""
-        inner, d = self.n_heads * self.head_dim, self.dim
-        return {"input_layernorm.weight": (d,),
-                "self_attn.q_proj.weight": (inner, d), "self_attn.k_proj.weight": (inner, d),
-                "self_attn.v_proj.weight": (inner, d), "self_attn.o_proj.weight": (d, inner),
-                "self_attn.q_norm.weight": (self.head_dim,), "self_attn.k_norm.weight": (self.head_dim,),
-                "post_attention_layernorm.weight": (d,),
-                "mlp.gate_proj.weight": (self.ffn_dim, d), "mlp.up_proj.weight": (self.ffn_dim, d),
-                "mlp.down_proj.weight": (d, self.ffn_dim)}
+        inner, kv, d = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.dim
+        shapes = {"input_layernorm.weight": (d,),
+                  "self_attn.q_proj.weight": (inner, d), "self_attn.k_proj.weight": (kv, d),
+                  "self_attn.v_proj.weight": (kv, d), "self_attn.o_proj.weight": (d, inner)}
+        if self.qk_norm:
+            shapes.update({"self_attn.q_norm.weight": (self.head_dim,),
+                           "self_attn.k_norm.weight": (self.head_dim,)})
+        shapes.update({"post_attention_layernorm.weight": (d,),
+                       "mlp.gate_proj.weight": (self.ffn_dim, d), "mlp.up_proj.weight": (self.ffn_dim, d),
+                       "mlp.down_proj.weight": (d, self.ffn_dim)})
+        return shapes
 
     def param_shapes(self) -> dict:
         """name -> shape of every parameter of TinyTransformer(self), in named_parameters() order,
         without building the model (checkpoint and export validation use it; a test keeps it equal
         to the model's). param_count() first when the config is untrusted: this dict has
-        11 * n_layers + 3 entries."""
+        (9 or 11) * n_layers + (2 or 3) entries."""
         block = self.block_param_shapes()
         shapes = {"embed_tokens.weight": (self.vocab_size, self.dim)}
         for i in range(self.n_layers):
             shapes.update({f"layers.{i}.{n}": s for n, s in block.items()})
-        shapes.update({"norm.weight": (self.dim,), "lm_head.weight": (self.vocab_size, self.dim)})
+        shapes["norm.weight"] = (self.dim,)
+        if not self.tie_embeddings:
+            shapes["lm_head.weight"] = (self.vocab_size, self.dim)
         return shapes
 
     def param_count(self) -> int:
         """len(param_shapes()), without building it."""
-        return 3 + len(self.block_param_shapes()) * self.n_layers
+        return (2 if self.tie_embeddings else 3) + len(self.block_param_shapes()) * self.n_layers
 
     def flops_per_token(self, seq: int) -> float:
         """Training FLOPs per token: 6 per weight of every GEMM (forward + backward) plus the
         attention matmuls (causal counted in full, as nanoGPT/PaLM do)."""
-        n_matmul = self.n_layers * (4 * self.dim * self.n_heads * self.head_dim
+        n_matmul = self.n_layers * (2 * self.dim * (self.n_heads + self.n_kv_heads) * self.head_dim
                                     + 3 * self.dim * self.ffn_dim) + self.dim * self.vocab_size
         return 6.0 * n_matmul + 12.0 * self.n_layers * self.n_heads * self.head_dim * seq
 
@@ -171,30 +192,37 @@ def config_for(preset: str, vocab_size: int, **overrides) -> TransformerConfig:
 # ---- the modules
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention with per-head q/k RMSNorm and RoPE (Qwen3)."""
+    """Causal self-attention with RoPE, grouped-query when n_kv_heads < n_heads (query head h reads
+    kv head h // (n_heads / n_kv_heads)), with per-head q/k RMSNorm (Qwen3) or without (Llama)."""
 
     def __init__(self, c: TransformerConfig, gen, residual_std: float):
         super().__init__()
-        inner = c.n_heads * c.head_dim
-        self.n_heads, self.head_dim, self.eps, self.rope_theta = c.n_heads, c.head_dim, c.norm_eps, c.rope_theta
+        inner, kv_inner = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
+        self.eps, self.rope_theta = c.norm_eps, c.rope_theta
         self.q_proj = nn.Linear(c.dim, inner, generator=gen, std=INIT_STD)
-        self.k_proj = nn.Linear(c.dim, inner, generator=gen, std=INIT_STD)
-        self.v_proj = nn.Linear(c.dim, inner, generator=gen, std=INIT_STD)
+        self.k_proj = nn.Linear(c.dim, kv_inner, generator=gen, std=INIT_STD)
+        self.v_proj = nn.Linear(c.dim, kv_inner, generator=gen, std=INIT_STD)
         self.o_proj = nn.Linear(inner, c.dim, generator=gen, std=residual_std)
-        self.q_norm = nn.RMSNorm(c.head_dim, c.norm_eps)
-        self.k_norm = nn.RMSNorm(c.head_dim, c.norm_eps)
+        if c.qk_norm:
+            self.q_norm = nn.RMSNorm(c.head_dim, c.norm_eps)
+            self.k_norm = nn.RMSNorm(c.head_dim, c.norm_eps)
+        self.qk_norm = c.qk_norm
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x, seq: int, cache=None):
         """x (B*S, dim), already normed -> (B*S, dim). With a KV cache (generation's prefill), k
         (after norm and RoPE) and v are also stored in it."""
-        B, H, D = x.shape[0] // seq, self.n_heads, self.head_dim
-        # q, k, v from one batched GEMM: views of one buffer, block after block (ops.linear_multi)
+        B, H, Hkv, D = x.shape[0] // seq, self.n_heads, self.n_kv_heads, self.head_dim
+        # q, k, v from batched GEMMs: views of one buffer, block after block (ops.linear_multi)
         q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
         q = q.reshape(B, seq, H, D)                                    # (B, S, H, D), no copy
-        k = k.reshape(B, seq, H, D)
-        v = v.reshape(B, seq, H, D)
-        q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta)
+        k = k.reshape(B, seq, Hkv, D)                                  # (B, S, Hkv, D)
+        v = v.reshape(B, seq, Hkv, D)
+        if self.qk_norm:
+            q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta)
+        else:
+            q, k = ops.rope(q, None, self.rope_theta), ops.rope(k, None, self.rope_theta)
         if cache is not None:
             cache.write(k, v)
         a = ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))  # (B, S, H, D)
@@ -205,10 +233,13 @@ class Attention(nn.Module):
         cached keys and values plus its own (written into the cache at cache.positions). The same
         ops as forward's qk_norm_rope (rms_norm then rope, bitwise): the rows are rope's sequence
         axis, each with its own position."""
-        B, H, D = x.shape[0], self.n_heads, self.head_dim
-        Hkv = self.k_proj.weight.shape[0] // D
-        q = ops.rope(self.q_norm(self.q_proj(x).reshape(1, B, H, D)), cache.positions, self.rope_theta)
-        k = ops.rope(self.k_norm(self.k_proj(x).reshape(1, B, Hkv, D)), cache.positions, self.rope_theta)
+        B, H, Hkv, D = x.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
+        q = self.q_proj(x).reshape(1, B, H, D)
+        k = self.k_proj(x).reshape(1, B, Hkv, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = ops.rope(q, cache.positions, self.rope_theta)
+        k = ops.rope(k, cache.positions, self.rope_theta)
         cache.write(k.reshape(B, 1, Hkv, D), self.v_proj(x).reshape(B, 1, Hkv, D))
         a = cache.attend(q.reshape(B, H, D), scale=1.0 / math.sqrt(D))   # (B, H, D)
         return self.o_proj(a.reshape(B, H * D))
@@ -286,8 +317,34 @@ class TinyTransformer(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(Block(config, gen) for _ in range(config.n_layers))
         self.norm = nn.RMSNorm(config.dim, config.norm_eps)
-        self.lm_head = nn.Linear(config.dim, config.vocab_size, generator=gen, std=INIT_STD)
+        if not config.tie_embeddings:  # tied: the head reads embed_tokens.weight (head_weight)
+            self.lm_head = nn.Linear(config.dim, config.vocab_size, generator=gen, std=INIT_STD)
         self.store = ParamStore(self, device=device, compute_dtype=config.dtype, compute=nn.matmul_weights)
+        self.tokenizer = None  # from_pretrained: the tokenizer that came with the weights
+
+    @classmethod
+    def from_pretrained(cls, path, device: str = "cpu", bf16: bool = False, dtype: str | None = None,
+                        **overrides) -> "TinyTransformer":
+        """A Hugging Face Qwen3 or Llama directory (config.json + model.safetensors, or shards with
+        model.safetensors.index.json) as a TinyTransformer on `device`; `bf16` (or dtype="bfloat16")
+        and `overrides` (recompute, dropout, max_seq) set the run options. The tokenizer beside the
+        weights, if any, is `model.tokenizer`. See xtrain.hf_import."""
+        from xtrain import hf_import  # knows the Hugging Face side only: no import cycle
+
+        if dtype is not None:
+            if dtype not in ("float32", "bfloat16"):
+                raise ValueError(f"from_pretrained: dtype must be float32 or bfloat16 (mixed precision), got {dtype!r}")
+            bf16 = dtype == "bfloat16"
+        return hf_import.read_pretrained(path, TransformerConfig).build(cls, device, bf16=bool(bf16), **overrides)
+
+    def head_weight(self):
+        """The lm_head's weight as the forward uses it: lm_head.weight (its bf16 copy when bound),
+        or with tied embeddings embed_tokens.weight, cast to the compute dtype (one cast per
+        forward; its backward adds the head's float32 gradient to the embedding's)."""
+        if not self.config.tie_embeddings:
+            return self.lm_head.weight
+        w = self.embed_tokens.weight
+        return w if self.config.dtype == "float32" else ops.cast(w, self.config.dtype)
 
     def forward(self, ids, targets=None, return_logits=None):
         """ids int (B, S) -> (logits, loss).
@@ -312,9 +369,10 @@ class TinyTransformer(nn.Module):
             for block in self.layers:
                 x = block(x, S)
             x = self.norm(x)
+            head = self.head_weight()                                       # (V, dim)
             if targets is None:
-                return self.lm_head(x), None                                # (B*S, V)
-            loss, logits = ops.linear_cross_entropy(x, self.lm_head.weight, targets.reshape(B * S),
+                return ops.linear(x, head), None                            # (B*S, V)
+            loss, logits = ops.linear_cross_entropy(x, head, targets.reshape(B * S),
                                                     ignore_index=IGNORE_INDEX,
                                                     return_logits=bool(return_logits))
         return logits, loss
@@ -349,7 +407,7 @@ class TinyTransformer(nn.Module):
             else:
                 for block, layer in zip(self.layers, cache.layers):
                     x = block.decode(x, layer)
-            return self.lm_head(self.norm(x))                                  # (B, V)
+            return ops.linear(self.norm(x), self.head_weight())                # (B, V)
 
     def generate(self, prompts, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, greedy: bool = False, seed: int = 0, generator=None,

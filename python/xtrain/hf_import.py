@@ -1,0 +1,339 @@
+"""Import a Hugging Face Qwen3 or Llama model directory as a TinyTransformer.
+
+    model = TinyTransformer.from_pretrained("Qwen3-0.6B", device="cuda", bf16=True)
+    xtrain train --init-from Qwen3-0.6B --data corpus.txt ...
+
+    DIR/config.json                      Qwen3ForCausalLM or LlamaForCausalLM (architectures, else
+                                         model_type qwen3 / llama)
+    DIR/model.safetensors                the weights (F32, BF16 or F16), or
+    DIR/model.safetensors.index.json     + the shards it names (save_pretrained(max_shard_size=...))
+    DIR/tokenizer.json | tokenizer.model the tokenizer (optional for from_pretrained; --init-from
+                                         needs it), with tokenizer_config.json's eos_token
+
+Mapping (the inverse of xtrain.export): the Hugging Face names are ours with a "model." prefix
+(lm_head.weight as it is); no weight is permuted, because both models use rotate-half RoPE on the
+same head layout. Config: hidden_size -> dim, num_hidden_layers -> n_layers, num_attention_heads
+-> n_heads, num_key_value_heads -> n_kv_heads, head_dim (default hidden_size / heads) -> head_dim,
+intermediate_size -> ffn_dim, max_position_embeddings -> max_seq, rope theta (rope_theta, or
+rope_parameters.rope_theta in transformers >= 5) -> rope_theta, rms_norm_eps -> norm_eps,
+tie_word_embeddings -> tie_embeddings, and qk_norm on for Qwen3, off for Llama.
+
+Decisions:
+- Anything the model cannot represent is refused with a PretrainedError naming it, never dropped:
+  another architecture, RoPE scaling, attention or MLP biases, a sliding window, experts (MoE), an
+  activation other than SiLU, a head_dim above the attention kernels' 256, a missing, unexpected
+  or misshapen tensor. Only RoPE's cached inverse frequencies (rotary_emb.inv_freq), which some
+  older files carry, are skipped: they are a function of the config.
+- Tensors are read from the safetensors headers' offsets (read_header checks them against the
+  file's size) rather than through safetensors.numpy, which has no bfloat16; BF16 and F16 widen to
+  float32 exactly, so an import then export in the source dtype gives the same bits.
+- This module knows the Hugging Face side only: the model and config classes are passed in
+  (TinyTransformer.from_pretrained, xtrain.train), so xtrain.models does not depend on it through
+  a cycle; xtrain.export takes its name mapping (hf_name) from here.
+- A tied model (tie_word_embeddings) has no lm_head tensor; one that is present anyway must equal
+  the embedding (transformers would overwrite it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# architectures name -> model_type, and whether it has the per-head q/k RMSNorm
+ARCHITECTURES = {"Qwen3ForCausalLM": ("qwen3", True), "LlamaForCausalLM": ("llama", False)}
+MODEL_TYPES = {t: (a, qk) for a, (t, qk) in ARCHITECTURES.items()}
+# The flash-attention kernels' largest head dimension (csrc/ops/flash_attention.cpp).
+MAX_HEAD_DIM = 256
+# Tensors that are a function of the config, present in some older files: skipped.
+SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
+_WIDEN = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+
+
+class PretrainedError(ValueError):
+    """A Hugging Face directory that is missing, malformed, or holds a model xtrain cannot
+    represent; the message names what."""
+
+
+@dataclass
+class Pretrained:
+    """What a Hugging Face directory holds, read and checked: the model config (run options at
+    their defaults), our parameter name -> float32 array, the tokenizer (or None), and the
+    architecture and source dtype."""
+    path: Path
+    config: object  # a TransformerConfig
+    tensors: dict
+    tokenizer: object
+    architecture: str
+    dtype: str  # "f32", "bf16" or "f16": the dtype of the weights on disk
+
+    def build(self, model_cls, device: str = "cpu", **overrides):
+        """model_cls (TinyTransformer) with these weights on `device`; `overrides` are config fields
+        (bf16, recompute, dropout, max_seq)."""
+        import xtrain
+
+        config = type(self.config).from_dict({**self.config.to_dict(), **overrides})
+        with xtrain.no_grad():
+            model = model_cls(config, device=device)
+        model.load_state_dict(self.tensors, strict=True)
+        model.tokenizer = self.tokenizer
+        return model
+
+
+def hf_name(name: str) -> str:
+    """Our parameter name -> the Hugging Face (Qwen3 / Llama) name."""
+    return name if name.startswith("lm_head.") else "model." + name
+
+
+def read_pretrained(path, config_cls, tokenizer: bool = True) -> Pretrained:
+    """Read and check a Hugging Face directory (see the module doc) into a config of `config_cls`
+    (TransformerConfig) and its tensors; PretrainedError on anything xtrain cannot load.
+    tokenizer=False skips the tokenizer."""
+    path = Path(path)
+    if not path.is_dir():
+        raise PretrainedError(f"{path}: no such directory (expected a Hugging Face model directory with "
+                           f"{CONFIG_FILE} and {WEIGHTS_FILE})")
+    hf = read_hf_config(path)
+    arch, config = config_from_hf(hf, path / CONFIG_FILE, config_cls)
+    raw, dtype = read_weights(path)
+    tensors = match_tensors(raw, config, path)
+    tok = read_tokenizer(path, config.vocab_size) if tokenizer else None
+    return Pretrained(path, config, tensors, tok, arch, dtype)
+
+
+# ---- config
+
+def read_hf_config(path: Path) -> dict:
+    f = path / CONFIG_FILE
+    if not f.is_file():
+        raise PretrainedError(f"{path}: no {CONFIG_FILE} (expected a Hugging Face model directory)")
+    try:
+        hf = json.loads(f.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise PretrainedError(f"{f}: invalid JSON ({e})") from None
+    if not isinstance(hf, dict):
+        raise PretrainedError(f"{f}: expected a JSON object")
+    return hf
+
+
+def config_from_hf(hf: dict, source, config_cls) -> tuple:
+    """(architecture, config_cls config) of a Hugging Face config.json dict, or PretrainedError
+    naming the first thing xtrain's model does not have."""
+    archs = hf.get("architectures") or []
+    model_type = hf.get("model_type")
+    if archs:
+        if not isinstance(archs, list) or len(archs) != 1 or archs[0] not in ARCHITECTURES:
+            raise PretrainedError(f"{source}: architecture {archs} is not supported (xtrain imports "
+                               f"{' and '.join(ARCHITECTURES)})")
+        arch = archs[0]
+    elif model_type in MODEL_TYPES:
+        arch = MODEL_TYPES[model_type][0]
+    else:
+        raise PretrainedError(f"{source}: model_type {model_type!r} is not supported (xtrain imports "
+                           f"{' and '.join(ARCHITECTURES)})")
+    kind, qk_norm = ARCHITECTURES[arch]
+
+    def unsupported(what: str):
+        raise PretrainedError(f"{source}: {what} is not supported by xtrain's model ({arch})")
+
+    act = hf.get("hidden_act", hf.get("hidden_activation", "silu"))
+    if act != "silu":
+        unsupported(f"hidden_act {act!r} (only silu: the SwiGLU MLP)")
+    for key in ("attention_bias", "mlp_bias"):
+        if hf.get(key):
+            unsupported(f"{key} = true (the model has no biases)")
+    if hf.get("use_sliding_window") or (kind != "qwen3" and hf.get("sliding_window")):
+        unsupported(f"sliding-window attention (sliding_window {hf.get('sliding_window')})")
+    layer_types = hf.get("layer_types")
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        unsupported(f"layer_types {sorted(set(layer_types))} (only full_attention)")
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if hf.get(key):
+            unsupported(f"mixture of experts ({key} = {hf[key]})")
+    theta = _rope_theta(hf, unsupported)
+    ints = {}
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        v = hf.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise PretrainedError(f"{source}: {key} must be a positive integer, got {v!r}")
+        ints[key] = v
+    heads = ints["num_attention_heads"]
+    kv_heads = hf.get("num_key_value_heads") or heads
+    head_dim = hf.get("head_dim") or ints["hidden_size"] // heads
+    if not isinstance(head_dim, int) or head_dim % 2 or head_dim > MAX_HEAD_DIM:
+        unsupported(f"head_dim {head_dim!r} (it must be even and at most {MAX_HEAD_DIM})")
+    if not isinstance(kv_heads, int) or heads % kv_heads:
+        raise PretrainedError(f"{source}: num_key_value_heads {kv_heads!r} must divide num_attention_heads {heads}")
+    try:
+        config = config_cls(
+            vocab_size=ints["vocab_size"], dim=ints["hidden_size"], n_layers=ints["num_hidden_layers"],
+            n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim, ffn_dim=ints["intermediate_size"],
+            max_seq=int(hf.get("max_position_embeddings") or 2048), rope_theta=float(theta),
+            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qk_norm=qk_norm)
+    except (TypeError, ValueError) as e:
+        raise PretrainedError(f"{source}: {e}") from None
+    return arch, config
+
+
+def _rope_theta(hf: dict, unsupported) -> float:
+    """RoPE's base from rope_theta or rope_parameters (transformers >= 5); any scaling refused."""
+    scaling = hf.get("rope_scaling")
+    params = hf.get("rope_parameters")
+    for what, p in (("rope_scaling", scaling), ("rope_parameters", params)):
+        if p is None:
+            continue
+        if not isinstance(p, dict):
+            unsupported(f"{what} {p!r}")
+        kind = p.get("rope_type", p.get("type", "default"))
+        if kind != "default":
+            unsupported(f"RoPE scaling ({what}.rope_type {kind!r})")
+    theta = hf.get("rope_theta")
+    if theta is None and isinstance(params, dict):
+        theta = params.get("rope_theta")
+    return 10000.0 if theta is None else theta
+
+
+# ---- weights
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a directory: the shards the index names, else model.safetensors."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
+            raise PretrainedError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
+        for n in names:
+            if not isinstance(n, str) or Path(n).name != n or not (path / n).is_file():
+                raise PretrainedError(f"{index} names shard {n!r}, which is not a file in {path}")
+        return [path / n for n in names]
+    single = path / WEIGHTS_FILE
+    if single.is_file():
+        return [single]
+    if any(path.glob("*.bin")) or any(path.glob("*.pt")):
+        raise PretrainedError(f"{path}: only PyTorch pickle weights (*.bin, *.pt); xtrain reads safetensors "
+                           f"only (save with save_pretrained(..., safe_serialization=True))")
+    raise PretrainedError(f"{path}: no {WEIGHTS_FILE} and no {INDEX_FILE}")
+
+
+def read_weights(path: Path) -> tuple[dict, str]:
+    """(Hugging Face name -> float32 array, the source dtype) from every weight file of `path`."""
+    out, dtypes = {}, set()
+    for f in weight_files(path):
+        header, data_start = read_header(f)
+        raw = np.memmap(f, dtype=np.uint8, mode="r", offset=data_start) if f.stat().st_size > data_start else None
+        for name, (dtype, shape, (begin, end)) in header.items():
+            if dtype not in _WIDEN:
+                raise PretrainedError(f"{f}: tensor {name} is {dtype}; xtrain imports F32, BF16 and F16 weights")
+            if name in out:
+                raise PretrainedError(f"{path}: tensor {name} is stored twice")
+            if end - begin != _WIDEN[dtype].itemsize * math.prod(shape):
+                raise PretrainedError(f"{f}: tensor {name} has {end - begin} bytes for shape {list(shape)}")
+            out[name] = _widen(raw, begin, dtype, shape)
+            dtypes.add(dtype)
+    source = "f32" if dtypes <= {"F32"} else ("bf16" if "BF16" in dtypes else "f16")
+    return out, source
+
+
+def read_header(f: Path) -> tuple[dict, int]:
+    """(name -> (dtype, shape, (begin, end)), the data section's offset) of a safetensors file,
+    each tensor's bytes checked to lie inside the file."""
+    size = f.stat().st_size
+
+    def bad(why: str):
+        raise PretrainedError(f"{f}: not a readable safetensors file ({why})")
+
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 <= n <= size - 8:
+            bad("too short, or an impossible header length")
+        try:
+            header = json.loads(fh.read(n))
+        except (ValueError, RecursionError):
+            bad("an unreadable header")
+    if not isinstance(header, dict):
+        bad("an unreadable header")
+    header.pop("__metadata__", None)
+    out = {}
+    for name, info in header.items():
+        try:
+            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+            ok = all(isinstance(d, int) and d >= 0 for d in (*shape, begin, end)) and begin <= end <= size - 8 - n
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            bad(f"tensor {name[:80]!r} is malformed or lies outside the file")
+        out[name] = (dtype, shape, (begin, end))
+    return out, 8 + n
+
+
+def _widen(raw, begin: int, dtype: str, shape) -> np.ndarray:
+    """The tensor at byte `begin` of the data section `raw` as a float32 array, exactly (bf16 is
+    the top half of a float32)."""
+    n = math.prod(shape)
+    a = np.frombuffer(raw, dtype=_WIDEN[dtype], count=n, offset=begin) if n else np.zeros(0, _WIDEN[dtype])
+    if dtype == "BF16":
+        a = (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32).reshape(shape)
+
+
+def match_tensors(raw: dict, config, path: Path) -> dict:
+    """Our name -> array for every parameter of `config` (a TransformerConfig), checked: every
+    tensor present with its shape, nothing left over (PretrainedError naming the tensors)."""
+    shapes = config.param_shapes()
+    wanted = {hf_name(n): n for n in shapes}  # Hugging Face name -> ours
+    ours, extra = {}, []
+    for name, a in raw.items():
+        if name.endswith(SKIPPED_SUFFIXES):
+            continue
+        if name == "lm_head.weight" and config.tie_embeddings:
+            emb = raw.get("model.embed_tokens.weight")
+            if emb is None or emb.shape != a.shape or not np.array_equal(emb, a):
+                raise PretrainedError(f"{path}: tie_word_embeddings is true but lm_head.weight differs from "
+                                      f"model.embed_tokens.weight")
+            continue
+        if name not in wanted:
+            extra.append(name)
+            continue
+        mine = wanted[name]
+        if tuple(a.shape) != tuple(shapes[mine]):
+            raise PretrainedError(f"{path}: tensor {name} has shape {list(a.shape)}; the config implies "
+                                  f"{list(shapes[mine])}")
+        ours[mine] = a
+    if extra:
+        raise PretrainedError(f"{path}: tensors that xtrain's {'Qwen3' if config.qk_norm else 'Llama'} layout "
+                              f"has no place for (biases? another architecture?): "
+                              f"{', '.join(sorted(extra)[:6])}{' ...' if len(extra) > 6 else ''}")
+    missing = [hf_name(n) for n in shapes if n not in ours]
+    if missing:
+        raise PretrainedError(f"{path}: missing tensors {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
+    return ours
+
+
+# ---- tokenizer
+
+def has_tokenizer(path: Path) -> bool:
+    return (path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()
+
+
+def read_tokenizer(path: Path, vocab_size: int):
+    """The directory's tokenizer (tokenizer.json, else tokenizer.model), or None when it has none;
+    PretrainedError when its ids do not fit the model's embedding."""
+    if not has_tokenizer(path):
+        return None
+    from xtrain.data.tokenizer import open_tokenizer
+
+    tok = open_tokenizer(path)
+    if tok.vocab_size > vocab_size:
+        raise PretrainedError(f"{path}: the tokenizer has ids up to {tok.vocab_size - 1}, beyond the model's "
+                           f"vocab_size {vocab_size}")
+    return tok
