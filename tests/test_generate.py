@@ -135,9 +135,13 @@ def _model(device, dtype="float32", **overrides):
 PROMPTS = [[1, 2, 3], [5], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 41, 42, 43, 44, 45]]
 
 
-@pytest.mark.parametrize("n_heads, head_dim", [(2, 16), (4, 8)])
-def test_greedy_equals_the_full_rerun(device, n_heads, head_dim):
-    model = _model(device, n_heads=n_heads, head_dim=head_dim)
+@pytest.mark.parametrize("n_heads, head_dim, options", [
+    (2, 16, {}), (4, 8, {}),
+    (4, 8, {"n_kv_heads": 2, "tie_embeddings": True}),  # grouped-query attention, tied head
+    (4, 16, {"n_kv_heads": 1, "qk_norm": False}),        # multi-query, Llama-style (no q/k norm)
+])
+def test_greedy_equals_the_full_rerun(device, n_heads, head_dim, options):
+    model = _model(device, n_heads=n_heads, head_dim=head_dim, **options)
     for prompt in PROMPTS:  # one at a time, several lengths
         out = model.generate([prompt], 12, greedy=True)
         assert out.tolist() == [rerun_greedy(model, prompt, 12)]
