@@ -3,17 +3,22 @@
     python bench/generate.py                          # dim768 bf16 on the GPU, batch 1 and 32
     python bench/generate.py --device cpu --preset tiny --batches 1,4 --new-tokens 16   # smoke
 
-Both paths generate greedily from the same random prompts (--prompt-len tokens each, seeded) with
+All paths generate greedily from the same random prompts (--prompt-len tokens each, seeded) with
 the same model (seeded init, --vocab tokens), --new-tokens per row and no stop token, so every row
 produces exactly that many tokens:
   cached   model.generate (xtrain.models.generate): one prefill over the prompts, then one token
-           per row per step against the KV cache; sampling on the host from (B, V) logits
+           per row per step against the KV cache; sampling on the host from (B, V) logits. On CUDA
+           the decode step is replayed as a CUDA graph (cuda_graphs=True, the default)
+  eager    the same with cuda_graphs=False: every decode step launches its ops one by one from
+           Python (on the CPU it is the cached path again)
   rerun    rerun_generate below, the generator before the KV cache (kept here as the baseline):
            every step runs the model on the whole sequence so far (B, S) and brings its
            (B*S, V) logits to the host to take the last row's argmax
 Time is one whole call (prefill included) after a short warm-up call of each path, synchronised
 at both ends; tokens/s counts new tokens (batch * new tokens / seconds). `speedup` = rerun time /
-cached time: the issue-17 gate is >= 10 at 256 new tokens for dim768 on the H200. `same_tokens`
+cached time: the issue-17 gate is >= 10 at 256 new tokens for dim768 on the H200; `graph_gain` =
+eager time / cached time; `graph_same` is 1.0 when the graph and eager paths gave the same tokens
+(they must: the replay is bitwise the eager step). `same_tokens`
 is the fraction of rows whose tokens agree between the two paths (1.0 in float32; bf16 rounds
 attention differently in the two paths, so a near tie can flip a token and the rows diverge
 after it). A third run samples (temperature 0.8, top-k 50, top-p 0.95) with the cache, to show
@@ -103,6 +108,10 @@ def main(argv=None) -> None:
         row.update(cached_s=t, cached_tok_s=B * args.new_tokens / t,
                    cached_step_ms=1e3 * t / args.new_tokens, cached_peak_gib=common.gib(
                        common.xt_peak(device)["allocated_peak"]))
+        model.generate(prompts, 4, greedy=True, cuda_graphs=False)
+        t, eager = timed(lambda: model.generate(prompts, args.new_tokens, greedy=True, cuda_graphs=False), device)
+        row.update(eager_s=t, eager_tok_s=B * args.new_tokens / t, eager_step_ms=1e3 * t / args.new_tokens,
+                   graph_gain=t / row["cached_s"], graph_same=float(np.array_equal(eager, cached)))
         t, _ = timed(lambda: model.generate(prompts, args.new_tokens, temperature=0.8, top_k=50, top_p=0.95,
                                             seed=args.seed), device)
         row.update(sampled_s=t, sampled_tok_s=B * args.new_tokens / t)
@@ -110,15 +119,19 @@ def main(argv=None) -> None:
             rerun_generate(model, prompts, 2)
             t, rerun = timed(lambda: rerun_generate(model, prompts, args.new_tokens), device)
             row.update(rerun_s=t, rerun_tok_s=B * args.new_tokens / t, speedup=t / row["cached_s"],
+                       eager_speedup=t / row["eager_s"],
                        same_tokens=float(np.mean([np.array_equal(a, b) for a, b in zip(cached, rerun)])))
         rows.append(row)
-        print(f"batch {B}: cached {row['cached_tok_s']:,.0f} tok/s"
+        print(f"batch {B}: cached {row['cached_tok_s']:,.0f} tok/s, eager {row['eager_tok_s']:,.0f} tok/s"
               + (f", rerun {row['rerun_tok_s']:,.0f} tok/s, speedup {row['speedup']:.1f}x" if "speedup" in row
                  else ""), flush=True)
 
     common.print_table(rows, [("batch", "batch", "d"), ("cached_tok_s", "cached tok/s", ",.0f"),
-                              ("cached_step_ms", "ms/step", ".2f"), ("sampled_tok_s", "sampled tok/s", ",.0f"),
+                              ("cached_step_ms", "ms/step", ".2f"), ("eager_tok_s", "eager tok/s", ",.0f"),
+                              ("eager_step_ms", "eager ms/step", ".2f"), ("graph_gain", "graph gain", ".2f"),
+                              ("graph_same", "graph same", ".2f"), ("sampled_tok_s", "sampled tok/s", ",.0f"),
                               ("rerun_tok_s", "rerun tok/s", ",.0f"), ("speedup", "speedup", ".1f"),
+                              ("eager_speedup", "eager speedup", ".1f"),
                               ("same_tokens", "same tokens", ".2f"), ("cached_peak_gib", "peak GiB", ".2f")])
     payload = {"benchmark": "generate", "env": common.env_info(device),
                "config": {**config.to_dict(), "preset": args.preset},

@@ -75,6 +75,22 @@ def test_sample_batched_prompts_and_sampling_flags(trained):
     assert r.returncode == 2 and "max_seq" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_sample_cuda_graphs_switch(trained):
+    from xtrain.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["sample", "--ckpt", "x"]).cuda_graphs is True
+    assert parser.parse_args(["sample", "--ckpt", "x", "--no-cuda-graphs"]).cuda_graphs is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["sample", "--ckpt", "x", "--cuda-graphs", "--no-cuda-graphs"])
+    _, out, _ = trained
+    args = ("sample", "--ckpt", out / "ckpt", "--prompt", "Once upon a time", "--prompt", "The dog",
+            "--temperature", "0.9", "--seed", "2", "--max-new-tokens", "8")
+    on, off = run_cli(*args), run_cli(*args, "--no-cuda-graphs")  # the default device: a GPU if present
+    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
+    assert on.stdout == off.stdout and "CUDA graph" not in on.stderr
+
+
 def test_resume_continues_the_run(trained, tmp_path):
     root, out, _ = trained
     data = prepared_stories(root)

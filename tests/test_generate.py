@@ -12,6 +12,7 @@ import pytest
 import xtrain
 from modelhelp import make_model, small_config
 from xtrain import ops
+from xtrain.models import generate as gen
 from xtrain.models.generate import KVCache, pick
 
 TOL = {"float32": (1e-5, 1e-6), "bfloat16": (2e-2, 2e-2), "float64": (1e-12, 1e-12)}
@@ -299,3 +300,164 @@ def test_bad_arguments(kwargs, error, match):
     model = _model("cpu")
     with pytest.raises(error, match=match):
         model.generate(**kwargs)
+
+
+# ---------------------------------------------------------------- the decode step as a CUDA graph
+
+needs_gpu = pytest.mark.skipif(not xtrain.cuda.is_available(),
+                               reason="needs a CUDA GPU (the lead runs these on the H200)")
+GRAPH_CONFIGS = {"mha": {}, "gqa": dict(n_heads=4, head_dim=8, n_kv_heads=2), "tied": dict(tie_embeddings=True),
+                 "mqa-no-qk-norm": dict(n_heads=4, head_dim=8, n_kv_heads=1, qk_norm=False)}
+
+
+def _generate_recording(monkeypatch, model, prompts, n, **kw):
+    """model.generate(...) and the float32 logits (R, V) of each step that pick saw, copied."""
+    seen = []
+    real_pick = gen.pick
+
+    def spy(logits, *args):
+        seen.append(np.array(logits, copy=True))
+        return real_pick(logits, *args)
+
+    monkeypatch.setattr(gen, "pick", spy)
+    out = model.generate(prompts, n, **kw)
+    monkeypatch.setattr(gen, "pick", real_pick)
+    return out, seen
+
+
+def _same_steps(a, b):
+    (out_a, logits_a), (out_b, logits_b) = a, b
+    assert np.array_equal(out_a, out_b)
+    assert len(logits_a) == len(logits_b)
+    for t, (x, y) in enumerate(zip(logits_a, logits_b)):
+        assert np.array_equal(x, y), f"step {t}"
+
+
+class _Rerun:
+    """Stands in for xtrain.cuda.Graph on the CPU (with _record as generate's _capture): the
+    'capture' runs the step once and keeps its output as the static output buffer; each replay
+    runs the step again, from whatever the static inputs hold now, and copies its result into that
+    buffer. So the output follows the inputs only if every per-token value goes through them."""
+    made = []
+    fail = False
+
+    def __init__(self, device=0, share_pool_with=None):
+        type(self).made.append(self)
+        self.replays, self.num_nodes = 0, 7
+
+    def record(self, step):
+        if type(self).fail:
+            raise RuntimeError("a host-to-device copy cannot run while this thread captures a CUDA graph")
+        self.step, self.out = step, step()
+        return self.out
+
+    def replay(self):
+        self.replays += 1
+        self.out.copy_(self.step())
+
+
+def _stand_in_graphs(monkeypatch, fail=False):
+    monkeypatch.setattr(_Rerun, "made", [])
+    monkeypatch.setattr(_Rerun, "fail", fail)
+    monkeypatch.setattr(xtrain.cuda, "Graph", _Rerun)
+    monkeypatch.setattr(gen, "_capture", lambda graph, step: graph.record(step))
+    monkeypatch.setattr(gen, "decode_graph_blocker", lambda model, cuda_graphs: None if cuda_graphs else "off")
+    monkeypatch.setattr(gen, "_failure_noted", False)
+
+
+def test_decode_graph_blocker_and_switch():
+    model = _model("cpu")
+    assert gen.decode_graph_blocker(model, True) == "not a CUDA device"
+    assert gen.decode_graph_blocker(model, False) == "switched off"
+    with pytest.raises(TypeError, match="cuda_graphs"):
+        model.generate([[1, 2]], 3, cuda_graphs="yes")
+    # on the CPU the switch changes nothing
+    on = model.generate(PROMPTS, 6, greedy=True, cuda_graphs=True)
+    off = model.generate(PROMPTS, 6, greedy=True, cuda_graphs=False)
+    assert np.array_equal(on, off)
+
+
+@pytest.mark.parametrize("name", ["mha", "gqa", "tied", "mqa-no-qk-norm"])
+def test_decode_graph_plumbing_with_a_stand_in(monkeypatch, capsys, name):
+    """Warm-up step, capture at the second decode step, one replay per later step, every per-token
+    value (tokens, positions, lengths) through the static inputs: the same tokens and logits as
+    the eager path, batched prompts of different lengths, sampled and with a stop token."""
+    model = _model("cpu", **GRAPH_CONFIGS[name])
+    greedy = model.generate(PROMPTS, 10, greedy=True, cuda_graphs=False)
+    stop = int(greedy[0, len(PROMPTS[0]) + 2])
+    for kw in (dict(greedy=True), dict(temperature=0.9, top_k=20, seed=3, stop_token=stop)):
+        eager = _generate_recording(monkeypatch, model, PROMPTS, 10, cuda_graphs=False, **kw)
+        _stand_in_graphs(monkeypatch)
+        graphed = _generate_recording(monkeypatch, model, PROMPTS, 10, **kw)
+        _same_steps(eager, graphed)
+        (g,) = _Rerun.made
+        assert g.replays == len(graphed[1]) - 2  # no replay for the prefill and the warm-up step
+        off = _generate_recording(monkeypatch, model, PROMPTS, 10, cuda_graphs=False, **kw)
+        _same_steps(eager, off)
+        assert len(_Rerun.made) == 1  # switched off: nothing captured
+    one = _generate_recording(monkeypatch, model, [PROMPTS[2]], 5, greedy=True)
+    _same_steps(_generate_recording(monkeypatch, model, [PROMPTS[2]], 5, greedy=True, cuda_graphs=False), one)
+    assert "xtrain" not in capsys.readouterr().err
+
+
+def test_decode_graph_capture_failure_falls_back_once(monkeypatch, capsys):
+    model = _model("cpu")
+    eager = _generate_recording(monkeypatch, model, PROMPTS, 8, greedy=True, cuda_graphs=False)
+    _stand_in_graphs(monkeypatch, fail=True)
+    _same_steps(eager, _generate_recording(monkeypatch, model, PROMPTS, 8, greedy=True))
+    err = capsys.readouterr().err
+    assert err.count("CUDA graph failed") == 1 and "run eagerly" in err and "host-to-device" in err
+    _same_steps(eager, _generate_recording(monkeypatch, model, PROMPTS, 8, greedy=True))
+    assert capsys.readouterr().err == ""  # noted once per process
+    assert all(g.replays == 0 for g in _Rerun.made)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["mha", "gqa", "tied", "mqa-no-qk-norm"])
+def test_decode_graph_equals_eager_bitwise(monkeypatch, dtype, name):
+    """On a GPU: generate with the decode step replayed as a CUDA graph gives the eager path's
+    tokens and the logits of every step bit for bit (batch 1, a batch of different prompt lengths,
+    greedy and sampled with a stop token), and the graph really was captured and replayed."""
+    model = _model("cuda", dtype, **GRAPH_CONFIGS[name])
+    made = []
+
+    class Spy(gen.DecodeGraph):
+        def __init__(self, *args):
+            super().__init__(*args)
+            made.append(self)
+
+    monkeypatch.setattr(gen, "DecodeGraph", Spy)
+    monkeypatch.setattr(gen, "_failure_noted", False)
+    greedy = model.generate(PROMPTS, 12, greedy=True, cuda_graphs=False)
+    stop = int(greedy[1, len(PROMPTS[1]) + 3])
+    for prompts in ([PROMPTS[2]], PROMPTS):
+        for kw in (dict(greedy=True), dict(temperature=0.8, top_k=30, top_p=0.95, seed=5, stop_token=stop)):
+            eager = _generate_recording(monkeypatch, model, prompts, 12, cuda_graphs=False, **kw)
+            made.clear()
+            graphed = _generate_recording(monkeypatch, model, prompts, 12, **kw)
+            _same_steps(eager, graphed)
+            (dg,) = made
+            assert dg.failed is None and dg.graph is not None and dg.num_nodes > 0
+            assert dg.graph.replays == len(graphed[1]) - 2  # all but the prefill and the warm-up
+    assert gen._failure_noted is False
+
+
+@needs_gpu
+def test_decode_graph_many_steps_and_zero_raw_allocations(monkeypatch):
+    """256 new tokens at batch 3 in bf16: the graph path equals the eager one, and once the step is
+    captured, no step allocates from the driver."""
+    model = make_model(small_config(max_seq=300, bf16=True), "cuda", weights_seed=2)
+    prompts = [list(range(1, 9)), [5], list(range(20, 40))]
+    eager = model.generate(prompts, 256, greedy=True, cuda_graphs=False)
+    raw = []
+    real_step = gen.DecodeGraph.step
+
+    def counting_step(self, ids, positions):
+        raw.append(xtrain.memory_stats("cuda")["num_raw_alloc"])
+        return real_step(self, ids, positions)
+
+    monkeypatch.setattr(gen.DecodeGraph, "step", counting_step)
+    graphed = model.generate(prompts, 256, greedy=True)
+    assert np.array_equal(eager, graphed)
+    assert len(raw) == 255 and len(set(raw[2:])) == 1  # from the first replay on

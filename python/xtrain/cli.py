@@ -349,6 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "or at the model's max_seq)")
     s.add_argument("--seed", type=_seed, default=0, help="sampling seed")
     s.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    sgraphs = s.add_mutually_exclusive_group()
+    sgraphs.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_const", const=True, default=True,
+                         help="on a GPU, capture the decode step as a CUDA graph and replay it for every "
+                              "token (the default; the same tokens; no effect on the CPU)")
+    sgraphs.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_const", const=False,
+                         help="run every decode step eagerly")
 
     e = sub.add_parser("export", help="export a checkpoint in the Hugging Face Qwen3 layout", formatter_class=fmt)
     e.add_argument("--ckpt", required=True, help="checkpoint directory")
@@ -658,7 +664,7 @@ def cmd_sample(args) -> int:
     texts = sample_texts(model, ckpt.tokenizer(), prompts, args.max_new_tokens, seed=args.seed,
                          temperature=args.temperature if args.temperature is not None else 0.8,
                          top_k=args.top_k if args.top_k is not None else 50, top_p=args.top_p,
-                         greedy=args.greedy)
+                         greedy=args.greedy, cuda_graphs=args.cuda_graphs)
     if len(texts) == 1:
         print(texts[0])
     else:

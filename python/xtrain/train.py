@@ -755,11 +755,11 @@ def sample_text(model, tokenizer, prompt: str, max_new_tokens: int, seed: int = 
 
 def sample_texts(model, tokenizer, prompts: list[str], max_new_tokens: int, seed: int = 0,
                  temperature: float = 0.8, top_k: int | None = 50, greedy: bool = False,
-                 top_p: float | None = None) -> list[str]:
+                 top_p: float | None = None, cuda_graphs: bool = True) -> list[str]:
     """Each prompt continued (one batched generate call), up to its end-of-text token."""
     rows = [[tokenizer.eot_id] + tokenizer.encode(p) for p in prompts]  # documents start after an eot
     out = model.generate(rows, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                         greedy=greedy, seed=seed, stop_token=tokenizer.eot_id)
+                         greedy=greedy, seed=seed, stop_token=tokenizer.eot_id, cuda_graphs=cuda_graphs)
     texts = []
     for ids, row in zip(rows, out):
         new = [int(t) for t in row[len(ids):]]

@@ -22,11 +22,17 @@ Decisions:
 - Sampling runs on the host (numpy, float64) from the step's (B, V) logits, the one sync point
   per step. Order: temperature, top-k, top-p, then one draw per active row in row order from one
   numpy Generator (seeded with `seed`, or the caller's `generator`), so the same call repeats.
+- On CUDA the decode step is a CUDA graph (DecodeGraph): the first decode step runs eagerly (the
+  warm-up), the second captures forward_cached's decode branch once, and every step from then on
+  is one host-to-device copy of the step's inputs, one replay and the read of the logits. The
+  same kernels with the same values in the same order: the tokens and logits are bitwise those of
+  the eager step. cuda_graphs=False, the CPU, or a failed capture (noted once) run it eagerly.
 """
 
 from __future__ import annotations
 
 import numbers
+import sys
 
 import numpy as np
 
@@ -81,9 +87,99 @@ class KVCache:
         self.lengths = xtrain.tensor(positions + 1, device=self.device)
 
 
+def decode_graph_blocker(model, cuda_graphs: bool) -> str | None:
+    """Why generate's decode step on `model` runs eagerly, or None when it is captured."""
+    if not cuda_graphs:
+        return "switched off"
+    if not str(model.device).startswith("cuda"):
+        return "not a CUDA device"
+    if not xtrain.cuda.is_available():
+        return "CUDA is not available"
+    return None
+
+
+def _capture(graph, step):
+    """Record step() into graph (nothing runs); returns step's output, which each replay fills."""
+    with xtrain.cuda.graph(graph):
+        return step()
+
+
+_failure_noted = False  # a failed capture is reported once per process
+
+
+def _note_failure(message: str) -> None:
+    global _failure_noted
+    if not _failure_noted:
+        _failure_noted = True
+        print(f"xtrain: generate: {message}; the decode steps run eagerly", file=sys.stderr)
+
+
+class DecodeGraph:
+    """forward_cached's decode step (every layer, the final norm and the head, one token per row)
+    as a CUDA graph, captured once per generate() call and replayed for every next token.
+
+    What changes from token to token lives in one int64 device buffer that the graph reads,
+    `inputs` (3 * B,): the tokens fed (B, 1), the rows' write positions (B,) and the lengths
+    attended to (B,) = positions + 1, written by one host-to-device copy (pinned staging, no wait)
+    before each step, outside the capture. The KV cache is allocated for the whole call before the
+    capture and the bf16 weight copies are made by the eager warm-up step (the weights do not
+    change during a call, so the capture casts nothing), so every address the graph reads is fixed.
+    The logits come out in the graph's (B, V) output buffer at a fixed address, overwritten by the
+    next replay: read them before the next step.
+
+    step() runs the first call eagerly (the warm-up: cuBLAS handle and workspace, the bf16 weight
+    copies, the allocator's blocks), captures at the second and replays from then on; it returns
+    None when the capture failed (noted once per process): the caller runs that step and the rest
+    eagerly (nothing of the failed capture ran)."""
+
+    def __init__(self, model, cache: "KVCache", batch: int):
+        self.model, self.cache = model, cache
+        device = str(model.device)
+        self.index = int(device.split(":")[1]) if ":" in device else 0
+        self.inputs = xtrain.zeros((3 * batch,), dtype="int64", device=model.device)
+        self.ids = self.inputs._storage_view(0, (batch, 1))              # (B, 1)
+        self.positions = self.inputs._storage_view(batch, (batch,))      # (B,)
+        self.lengths = self.inputs._storage_view(2 * batch, (batch,))    # (B,)
+        self.graph = self.logits = None
+        self.eager_steps = 0
+        self.failed = None        # why the capture failed, or None
+
+    def step(self, ids: np.ndarray, positions: np.ndarray):
+        """Row b feeds token ids[b] at slot positions[b] and attends to slots 0..positions[b]:
+        the step's logits (B, V), or None when the caller must run it eagerly."""
+        if self.failed is not None:
+            return None
+        ids = np.asarray(ids, dtype=np.int64)
+        positions = np.asarray(positions, dtype=np.int64)
+        host = np.concatenate([ids, positions, positions + 1])
+        self.inputs.copy_(xtrain.tensor(host, device="cpu"))   # outside any capture
+        self.cache.positions, self.cache.lengths = self.positions, self.lengths
+        if self.graph is None:
+            if self.eager_steps == 0:  # warm-up: an ordinary eager step from the same buffers
+                self.eager_steps += 1
+                return self.model.forward_cached(self.ids, self.cache)
+            try:
+                graph = xtrain.cuda.Graph(self.index)
+                self.logits = _capture(graph, lambda: self.model.forward_cached(self.ids, self.cache))
+                self.graph = graph
+            except Exception as e:  # nothing of the capture ran: this step and the rest run eagerly
+                self.failed = f"{type(e).__name__}: {e}"
+                self.logits = None
+                _note_failure(f"capture of the decode step as a CUDA graph failed ({self.failed})")
+                return None
+        self.graph.replay()
+        return self.logits
+
+    @property
+    def num_nodes(self) -> int:
+        """Kernels, copies and memsets of one replay (0 before the capture)."""
+        return self.graph.num_nodes if self.graph is not None else 0
+
+
 def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, greedy: bool = False, seed: int = 0, generator=None,
-             stop_token: int | None = None, pad_token: int | None = None) -> np.ndarray:
+             stop_token: int | None = None, pad_token: int | None = None,
+             cuda_graphs: bool = True) -> np.ndarray:
     """Continue each prompt by up to max_new_tokens tokens; returns int64 (B, T).
 
     prompts: int (B, S) (array, xtrain.Tensor, or one flat sequence for B = 1) or a list of B
@@ -95,10 +191,14 @@ def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_
     logits / temperature, restricted to the top_k most likely tokens and then to the smallest set
     of most likely tokens whose probability reaches top_p (at least one token), drawn from
     `generator` (a numpy Generator) or a PCG64 seeded with `seed`.
+    cuda_graphs: on CUDA, capture the decode step once as a CUDA graph and replay it for every
+    token (DecodeGraph; bitwise the eager step's tokens and logits); a no-op on the CPU.
     Runs under no_grad in eval mode (the model's mode is restored)."""
     rows = _prompt_rows(prompts)
     c = model.config
     _check_args(rows, c, max_new_tokens, temperature, top_k, top_p, stop_token, pad_token)
+    if not isinstance(cuda_graphs, (bool, np.bool_)):
+        raise TypeError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
     greedy = greedy or temperature == 0
     rng = generator if generator is not None else np.random.Generator(np.random.PCG64(seed))
     lens = np.array([len(r) for r in rows], dtype=np.int64)
@@ -123,6 +223,7 @@ def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_
             last = xtrain.tensor(np.arange(B) * P + lens - 1, device=model.device)
             logits = model.forward_cached(ids, cache, last)
             cache.empty = False
+            graph = DecodeGraph(model, cache, B) if decode_graph_blocker(model, cuda_graphs) is None else None
             while True:
                 # Sync point: the step's logits come to the host to pick the next tokens.
                 nxt = pick(np.asarray(logits.numpy(), dtype=np.float32)[active], temperature, top_k, top_p,
@@ -137,9 +238,12 @@ def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_
                     break
                 # Every row feeds its last token at its last position; a finished row repeats its
                 # final step (the same values into the same slot) and its output is left alone.
-                cache.at(cur - 1)
-                ids = xtrain.tensor(out[np.arange(B), cur - 1][:, None], device=model.device)
-                logits = model.forward_cached(ids, cache)
+                tokens = out[np.arange(B), cur - 1]
+                logits = graph.step(tokens, cur - 1) if graph is not None else None
+                if logits is None:  # eager: no graph, or its capture failed
+                    cache.at(cur - 1)
+                    ids = xtrain.tensor(tokens[:, None], device=model.device)
+                    logits = model.forward_cached(ids, cache)
     finally:
         model.train(was_training)
     return out[:, :int(cur.max())]

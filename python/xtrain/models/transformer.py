@@ -411,12 +411,14 @@ class TinyTransformer(nn.Module):
 
     def generate(self, prompts, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, greedy: bool = False, seed: int = 0, generator=None,
-                 stop_token: int | None = None, pad_token: int | None = None) -> np.ndarray:
+                 stop_token: int | None = None, pad_token: int | None = None,
+                 cuda_graphs: bool = True) -> np.ndarray:
         """Continue each prompt by up to max_new_tokens with a KV cache; returns int64 (B, T).
 
         See xtrain.models.generate.generate (and docs/generation.md) for the rules: prompts of
-        different lengths, greedy / temperature / top-k / top-p, seeds, stop tokens, max_seq."""
+        different lengths, greedy / temperature / top-k / top-p, seeds, stop tokens, max_seq, and
+        cuda_graphs (on CUDA the decode step is replayed as a CUDA graph; a no-op on the CPU)."""
         from .generate import generate
         return generate(self, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         greedy=greedy, seed=seed, generator=generator, stop_token=stop_token,
-                        pad_token=pad_token)
+                        pad_token=pad_token, cuda_graphs=cuda_graphs)
