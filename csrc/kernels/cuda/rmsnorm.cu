@@ -68,7 +68,7 @@ __global__ void rmsnorm_dx_kernel(const T* x, const W* w, const float* rstd, con
   for (int64_t j = lane; j < dim; j += G) {
     const C xhat = load(xr, j) * inv;
     const C g = load(dyr, j) * static_cast<C>(load(w, j));
-    C v = static_cast<C>(inv * (g - xhat * mean_dot));
+    C v = rmsnorm::mul_rn(inv, g - xhat * mean_dot);
     if (dres != nullptr) v = to_compute(from_compute<T>(v)) + load(dres + r * dim, j);
     store(dxr, j, v);
   }

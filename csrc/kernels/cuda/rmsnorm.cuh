@@ -11,6 +11,19 @@ namespace kernels {
 namespace cuda {
 namespace rmsnorm {
 
+// a * b rounded on its own: nvcc would otherwise contract `a * b + c` into one fma, and the fused
+// residual form (dx = round(dx) + dres) must round dx exactly as the unfused rms_norm backward
+// followed by the engine's add does.
+template <typename C>
+__device__ __forceinline__ C mul_rn(C a, C b) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(C) == 4) return __fmul_rn(a, b);
+  else return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // One block: rows [blockIdx.x * rows_per_block, ...); group g of G lanes takes rows r0 + g,
 // r0 + g + groups, ... in order. dres (may be null): dx = round(dx) + dres. Writes dx, and dw
 // directly when there is one block, else the block's partial row partial[blockIdx.x, :].
@@ -45,7 +58,7 @@ rmsnorm_backward_onepass_kernel(const T* x, const W* w, const float* rstd, const
       const C xhat = load(xr, j) * inv;
       const C d = load(dyr, j);
       const C g = d * static_cast<C>(load(w, j));
-      C v = static_cast<C>(inv * (g - xhat * mean_dot));
+      C v = mul_rn(inv, g - xhat * mean_dot);
       if (dres != nullptr) v = to_compute(from_compute<T>(v)) + load(dres + r * dim, j);
       store(dxr, j, v);
       my[j] += d * xhat;

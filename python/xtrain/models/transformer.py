@@ -17,8 +17,8 @@ Decisions:
 - Fewer, larger launches without changing the modules or the parameter names (Qwen3's, so export
   is unchanged): q/k/v and gate/up each run as one batched GEMM (ops.linear_multi; their weights
   sit at uniform distances in the store, and the outputs are views of one buffer, so nothing is
-  copied), and the residual add before post_attention_layernorm runs fused with that norm
-  (ops.add_rms_norm, bitwise the unfused add + rms_norm, which the recompute path keeps).
+  copied). ops.add_rms_norm (the residual add fused with the next norm) exists but is not used:
+  on the H200 it was slower than the two ops.
 - The parameters live in a ParamStore (xtrain.store), built at the end of __init__: flat float32
   buffers for the weights, their gradients and (with the optimizer) the AdamW moments, each
   parameter a view.
@@ -283,23 +283,20 @@ class Block(nn.Module):
         (generation's prefill, under no_grad), filled on the way."""
         if self.recompute and cache is None:
             return self._forward_recompute(x, seq)
-        # x = x + self_attn(input_layernorm(x)); n = post_attention_layernorm(x), in one kernel
-        x, n = ops.add_rms_norm(x, self.self_attn(self.input_layernorm(x), seq, cache),
-                                self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
-        return x + self.mlp(n)
+        # ops.add_rms_norm would fuse the add with post_attention_layernorm; on the H200 it ran
+        # at 0.83x the two ops (docs/performance.md), so the block keeps them apart.
+        x = x + self.self_attn(self.input_layernorm(x), seq, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
     def decode(self, x, cache):
         """One new token per row of the residual stream x (B, dim) -> (B, dim), with the KV cache."""
-        x, n = ops.add_rms_norm(x, self.self_attn.decode(self.input_layernorm(x), cache),
-                                self.post_attention_layernorm.weight, self.post_attention_layernorm.eps)
-        return x + self.mlp(n)
+        x = x + self.self_attn.decode(self.input_layernorm(x), cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
     def _forward_recompute(self, x, seq: int):
         """forward() with selective activation recompute: the attention half and the MLP up to
         the down projection are re-run in backward (nn.checkpoint); the down projection and the
-        last residual add run outside, keeping g. The same ops in the same order as forward(),
-        except that the residual add and post_attention_layernorm run unfused across the two
-        checkpoints: ops.add_rms_norm is bitwise that composition, forward and backward."""
+        last residual add run outside, keeping g. The same ops in the same order as forward()."""
         x = nn.checkpoint(lambda x: x + self.self_attn(self.input_layernorm(x), seq), x,
                           self.input_layernorm, self.self_attn)
         g = nn.checkpoint(lambda x: self.mlp.hidden(self.post_attention_layernorm(x)), x,
