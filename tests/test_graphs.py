@@ -386,3 +386,38 @@ def test_step_graphs_zero_raw_allocations_and_node_count():
     assert sg.active and sg.replays == 4 and sg.num_nodes > 20  # the capture step's replay and 3 more
     assert xtrain.memory_stats("cuda")["num_raw_alloc"] == raw
     assert math.isfinite(sg.loss.item()) and math.isfinite(sg.norm.item())
+
+
+def test_capture_holds_the_garbage_collector_off():
+    """A collection inside a capture could release pinned memory or events of dead objects (an
+    unsafe call on the capturing thread): xtrain.cuda.graph collects first and disables the
+    collector until the capture ends or aborts, then restores it."""
+    import gc
+
+    seen = []
+
+    class Stub:
+        def capture_begin(self):
+            seen.append(("begin", gc.isenabled()))
+
+        def capture_end(self):
+            seen.append(("end", gc.isenabled()))
+
+        def abort_capture(self):
+            seen.append(("abort", gc.isenabled()))
+
+    assert gc.isenabled()
+    with xtrain.cuda.graph(Stub()):
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        with xtrain.cuda.graph(Stub()):
+            raise ValueError("inside")
+    assert gc.isenabled() and seen == [("begin", False), ("end", False), ("begin", False), ("abort", False)]
+    gc.disable()
+    try:
+        with xtrain.cuda.graph(Stub()):
+            pass
+        assert not gc.isenabled()  # a collector the caller turned off stays off
+    finally:
+        gc.enable()

@@ -1,4 +1,6 @@
 """CUDA queries and memory helpers (work in CPU-only builds too: nothing is available there)."""
+import gc
+
 from . import _C
 
 is_built = _C.cuda.is_built
@@ -62,14 +64,33 @@ class graph:
 
     def __init__(self, g):
         self.g = g
+        self._gc_was_enabled = False
 
     def __enter__(self):
-        self.g.capture_begin()
+        # A garbage collection inside the capture could free objects that own pinned host memory
+        # or events (a pending read_async of an earlier step): releasing those is an unsafe CUDA
+        # call on the capturing thread and invalidates the capture. Collect first, then hold the
+        # collector off until the capture ends.
+        gc.collect()
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self.g.capture_begin()
+        except BaseException:
+            self._restore_gc()
+            raise
         return self.g
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            self.g.abort_capture()
+        try:
+            if exc_type is not None:
+                self.g.abort_capture()
+                return False
+            self.g.capture_end()
             return False
-        self.g.capture_end()
-        return False
+        finally:
+            self._restore_gc()
+
+    def _restore_gc(self):
+        if self._gc_was_enabled:
+            gc.enable()
