@@ -5,6 +5,7 @@ same run in both modes, and a run saved in one mode resumes in the other bit for
 of both modes are in tests/test_distributed.py."""
 
 import json
+import os
 
 import pytest
 
@@ -54,7 +55,12 @@ def _threads(cfg):
 
 def _processes(cfg, tmp_path):
     run = {k: v for k, v in vars(cfg).items()}
-    runs = Group(WORLD, {"train": run, "collectives": str(tmp_path / f"coll-{cfg.out.replace('/', '_')}")}).wait()
+    # The worker processes use as many BLAS threads as this process does (the rank threads' GEMMs):
+    # OpenBLAS may split a GEMM differently with another thread count, and the runs must be
+    # bitwise equal. Unset here, OpenBLAS takes one thread per core on both sides.
+    blas = os.environ.get("OPENBLAS_NUM_THREADS") or str(os.cpu_count())
+    runs = Group(WORLD, {"train": run, "collectives": str(tmp_path / f"coll-{cfg.out.replace('/', '_')}")},
+                 OPENBLAS_NUM_THREADS=blas).wait()
     for code, _, stderr, _ in runs:
         assert code == 0, stderr
     result = json.loads(runs[0][1].splitlines()[-1].split("RESULT ", 1)[1])
