@@ -241,6 +241,23 @@ def time_loop(step, sync, steps: int, warmup: int) -> float:
     return time.perf_counter() - t0
 
 
+def time_windows(step, sync, steps: int, windows: int) -> tuple[float, list[float]]:
+    """time_loop in `windows` back-to-back windows of `steps` steps: (the fastest window's
+    seconds, every window's). A window slowed by something outside the framework (host load,
+    another process) shows as an outlier instead of moving the result."""
+    secs = [time_loop(step, sync, steps, warmup=0) for _ in range(max(1, windows))]
+    return min(secs), secs
+
+
+def host_load() -> dict:
+    """The host's 1/5/15-minute load averages and its core count (None where unknown)."""
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    return {"loadavg": load, "cores": os.cpu_count()}
+
+
 def time_call(fn, sync, warmup: int = 3, repeats: int = 5, target_s: float = 0.05,
               max_iters: int = 200) -> dict:
     """Per-call time of fn(): warm-up, then `repeats` windows of n calls (n chosen so a window
@@ -297,8 +314,8 @@ def env_info(device: str) -> dict:
     import xtrain
 
     info = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "python": platform.python_version(),
-            "xtrain": xtrain.__version__, "device": device, **git_commit()}
+            "host": platform.node(), "host_cpu": _cpu_model(), "python": platform.python_version(),
+            "xtrain": xtrain.__version__, "device": device, **git_commit(), **host_load()}
     try:
         import torch
 
@@ -317,6 +334,17 @@ def env_info(device: str) -> dict:
         info["gpu"] = None
         info["cpu"] = platform.processor() or platform.machine()
     return info
+
+
+def _cpu_model() -> str | None:
+    """The host CPU's model name (Linux /proc/cpuinfo), else platform's guess."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def result_name(base: str, tag: str = "") -> str:

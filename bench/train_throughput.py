@@ -42,6 +42,9 @@ def parse_args(argv=None):
     p.add_argument("--cuda-graphs", choices=("on", "off", "both"), default="on",
                    help="xtrain's step as replayed CUDA graphs (on, as xtrain train runs it), eager (off), or "
                         "both rows, graphs first (the ratios are taken to the first row)")
+    p.add_argument("--windows", type=int, default=3,
+                   help="timed windows of --steps steps per framework; the fastest is reported, all "
+                        "are in the JSON (a window slowed by the host shows as an outlier)")
     p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
     p.add_argument("--lr", type=float, default=3e-4)
     common.add_common_args(p, steps=20, warmup=5)
@@ -97,7 +100,8 @@ def _train_xtrain(args, cfg, batches, device, use_graphs: bool = False):
     sync()
     common.xt_reset_peak(device)
     raw0 = xtrain.memory_stats(device)["num_raw_alloc"]
-    seconds = common.time_loop(step, sync, args.steps, warmup=0)
+    load = common.host_load()["loadavg"]
+    seconds, windows = common.time_windows(step, sync, args.steps, args.windows)
     mem = common.xt_peak(device)
     pool = xtrain.memory_stats(device).get("pool_bytes.current", 0) if sg.active else 0
     # A replay allocates nothing, so the allocator's peak of the timed steps misses the step's
@@ -106,7 +110,8 @@ def _train_xtrain(args, cfg, batches, device, use_graphs: bool = False):
     mem["allocated_peak"] += pool
     label = "xtrain" if use_graphs or args.cuda_graphs == "off" else "xtrain (no graphs)"
     out = {"framework": label, "cuda_graphs": sg.active, "graphs_off_because": sg.disabled,
-           "graph_nodes_per_step": sg.num_nodes or None, "graph_pool_bytes": pool, "seconds": seconds, "first_step_s": first_step_s,
+           "graph_nodes_per_step": sg.num_nodes or None, "graph_pool_bytes": pool, "seconds": seconds, "window_seconds": windows,
+           "host_loadavg": load, "first_step_s": first_step_s,
            "peak_allocated": mem["allocated_peak"], "peak_reserved": mem["reserved_peak"],
            "raw_allocs_in_timed_steps": mem["num_raw_alloc"] - raw0,
            "loss_first": loss0, "loss_last": state["loss"].item()}
@@ -154,9 +159,11 @@ def _train_torch(args, cfg, batches, weights, device, compile):
         step()
     sync()
     common.torch_reset_peak(device)
-    seconds = common.time_loop(step, sync, args.steps, warmup=0)
+    load = common.host_load()["loadavg"]
+    seconds, windows = common.time_windows(step, sync, args.steps, args.windows)
     mem = common.torch_peak(device)
     out = {"framework": f"torch.compile ({compile})" if compile else "torch eager", "seconds": seconds,
+           "window_seconds": windows, "host_loadavg": load,
            "first_step_s": first_step_s, "peak_allocated": mem["allocated_peak"],
            "peak_reserved": mem["reserved_peak"], "loss_first": loss0,
            "loss_last": state["loss"].item()}
