@@ -17,6 +17,8 @@
 #   ops       bench/ops.py
 #   attention bench/ops.py rows of the fused attention and head preparation against torch's flash SDPA
 #   data      bench/data_run.py ($DATA_ARGS)
+#   recompute bench/recompute.py ($RECOMPUTE_ARGS)
+#   profile   bench/profile_step.py ($PROFILE_ARGS; default dim768 b32 bf16 V=50257)
 #   generate  bench/generate.py ($GENERATE_ARGS): the KV-cache generator against the re-run
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
@@ -132,6 +134,12 @@ for step in $steps; do
       ;;
     data)
       run_step data 420 "$out/bench.log" "$py" bench/data_run.py ${DATA_ARGS:-}
+      ;;
+    recompute)
+      run_step recompute 300 "$out/bench.log" "$py" bench/recompute.py ${RECOMPUTE_ARGS:-}
+      ;;
+    profile)  # the eager step's kernels (bench/profile_step.py)
+      run_step profile 180 "$out/bench.log" "$py" bench/profile_step.py ${PROFILE_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257}
       ;;
     generate)
       run_step generate 240 "$out/bench.log" "$py" bench/generate.py ${GENERATE_ARGS:-}

@@ -42,7 +42,7 @@ pip_install cmake ninja pybind11 scikit-build-core scipy-openblas32
 pip_install --no-build-isolation ".[test]"
 
 # C++ suite: a CPU-only CMake build of the core plus tests/cpp (CUDA tests are compiled only in
-# CUDA builds; scripts/gpu_round.sh runs those on the GPU machine).
+# CUDA builds; scripts/gpu_session.sh runs those on the GPU machine).
 cmake -S . -B build/ctest -G Ninja -DXTRAIN_BUILD_TESTS=ON -DXTRAIN_CUDA=OFF \
   -DPython_EXECUTABLE="$(command -v python3)" >/dev/null
 cmake --build build/ctest -j "$(nproc)"
