@@ -77,3 +77,22 @@ def run_cli(*args, cwd=None, timeout=300, env=None):
 def bits_equal(a, b) -> bool:
     a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def tiny_run(out, data, steps, device="cpu", **kw):
+    """The TrainConfig of a short tiny-preset run (batch 4 x 32, no evaluation, no saves but the
+    last, no progress bar) of `steps` steps on prepared data, writing into `out`; kw overrides."""
+    from xtrain.train import TrainConfig
+
+    base = dict(preset="tiny", data=str(data), out=str(out), device=device, batch=4, seq=32,
+                steps=steps, lr=3e-3, warmup=2, eval_every=0, save_every=0, sample_tokens=8,
+                progress=False)
+    return TrainConfig(**{**base, **kw})
+
+
+def run_log(out) -> list[dict]:
+    """The records of a run's log.jsonl."""
+    import json
+
+    return [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
+

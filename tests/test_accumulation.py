@@ -3,16 +3,16 @@ give the gradient of one N-times-larger batch (float32 and bf16), deterministica
 same with recompute; train() with accumulation matches the large batch, runs one collective per
 optimizer step on the data-parallel path, logs the global-batch mean loss, and resumes bit-exactly."""
 
-import json
 
 import numpy as np
 import pytest
 
 import xtrain
-from modelhelp import batch, bits_equal, grads_numpy, make_model, prepared_stories, run_cli, small_config
+from modelhelp import (batch, bits_equal, grads_numpy, make_model, prepared_stories, run_cli, run_log, small_config,
+                       tiny_run)
 from test_distributed import two_gpus
 from test_train import _OneRankContext
-from xtrain.train import TrainConfig, accumulate_gradients, train
+from xtrain.train import accumulate_gradients, train
 
 
 cuda = pytest.mark.skipif(not xtrain.cuda.is_available(), reason="needs a CUDA GPU")
@@ -59,53 +59,42 @@ def test_accumulation_with_recompute_is_bitwise_the_same(device, bf16):
     assert all(bits_equal(rec[n], plain[n]) for n in plain)
 
 
-def _cfg(out, data, steps, device="cpu", **kw):
-    base = dict(preset="tiny", data=str(data), out=str(out), device=device, batch=4, seq=32,
-                steps=steps, lr=3e-3, warmup=2, eval_every=0, save_every=0, sample_tokens=4,
-                progress=False)
-    return TrainConfig(**{**base, **kw})
-
-
-def _log(out):
-    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-
-
 def _losses(out):
-    return [(r["step"], r["loss"]) for r in _log(out) if "loss" in r]
+    return [(r["step"], r["loss"]) for r in run_log(out) if "loss" in r]
 
 
 def test_train_with_accumulation_matches_the_large_batch(tmp_path, data):
     """batch 2 x accum 4 = batch_tokens 8 x 32 and batch 8: the same windows per step (one loader
     draw of the rank's share), the same losses and weights up to float rounding."""
-    big = train(_cfg(tmp_path / "big", data, 3, batch=8))
-    acc = train(_cfg(tmp_path / "acc", data, 3, batch=2, grad_accum=4))
-    tok = train(_cfg(tmp_path / "tok", data, 3, batch=2, batch_tokens=8 * 32))
+    big = train(tiny_run(tmp_path / "big", data, 3, batch=8))
+    acc = train(tiny_run(tmp_path / "acc", data, 3, batch=2, grad_accum=4))
+    train(tiny_run(tmp_path / "tok", data, 3, batch=2, batch_tokens=8 * 32))
     a, b, c = _losses(tmp_path / "big"), _losses(tmp_path / "acc"), _losses(tmp_path / "tok")
     assert b == c  # --grad-accum 4 and --batch-tokens 256 are the same plan
     np.testing.assert_allclose([v for _, v in b], [v for _, v in a], rtol=1e-5)
     assert a[0][1] == pytest.approx(big["first_loss"]) and acc["steps"] == 3
-    assert all(r["tok_s"] > 0 for r in _log(tmp_path / "acc") if "loss" in r)
+    assert all(r["tok_s"] > 0 for r in run_log(tmp_path / "acc") if "loss" in r)
     rec = (tmp_path / "acc" / "config.toml").read_text()
     assert "batch = 2" in rec and "batch-tokens = 256" in rec and "grad-accum = 4 follows" in rec
 
 
 def test_data_parallel_path_runs_one_collective_per_optimizer_step(tmp_path, data):
     ctx = _OneRankContext("cpu")
-    cfg = _cfg(tmp_path / "rank", data, 3, batch=2, grad_accum=4)
+    cfg = tiny_run(tmp_path / "rank", data, 3, batch=2, grad_accum=4)
     xtrain.manual_seed(cfg.seed)
     from xtrain.data import open_dataset
 
     train(cfg, ctx=ctx, prepared=(open_dataset(data), None))
-    train(_cfg(tmp_path / "single", data, 3, batch=2, grad_accum=4))
+    train(tiny_run(tmp_path / "single", data, 3, batch=2, grad_accum=4))
     assert ctx.calls.count(("reduce_scatter", 1, "avg")) == 3  # per optimizer step, not per micro-batch
     assert _losses(tmp_path / "rank") == _losses(tmp_path / "single")
 
 
 def test_resume_with_accumulation_is_bit_exact(tmp_path, data):
     kw = dict(decay_steps=6, dropout=0.1, batch=2, grad_accum=3)
-    train(_cfg(tmp_path / "straight", data, 6, **kw))
-    train(_cfg(tmp_path / "split", data, 3, **kw))
-    train(_cfg(tmp_path / "split", data, 6, resume=str(tmp_path / "split" / "ckpt"), **kw))
+    train(tiny_run(tmp_path / "straight", data, 6, **kw))
+    train(tiny_run(tmp_path / "split", data, 3, **kw))
+    train(tiny_run(tmp_path / "split", data, 6, resume=str(tmp_path / "split" / "ckpt"), **kw))
     assert _losses(tmp_path / "straight") == _losses(tmp_path / "split")
     for name in ("model.safetensors", "optim.safetensors"):
         assert (tmp_path / "straight" / "ckpt" / name).read_bytes() == \
@@ -115,7 +104,7 @@ def test_resume_with_accumulation_is_bit_exact(tmp_path, data):
 # ---------------------------------------------------------------- GPUs (skipped without them)
 
 def _cli_losses(out):
-    return [r["loss"] for r in _log(out) if "loss" in r]
+    return [r["loss"] for r in run_log(out) if "loss" in r]
 
 
 @two_gpus
@@ -152,7 +141,7 @@ def test_cli_batch_auto_on_the_gpu_and_oom_is_an_error(tmp_path):
     assert "--batch auto: micro-batch" in r.stdout and "recompute" in r.stdout
     rec = (tmp_path / "auto" / "config.toml").read_text()
     assert "batch-tokens = 65536" in rec
-    assert all("mfu" in x for x in _log(tmp_path / "auto") if "loss" in x)
+    assert all("mfu" in x for x in run_log(tmp_path / "auto") if "loss" in x)
     r = run_cli(*common, "--batch", "512", "--memory-limit", "2GiB", "--out", tmp_path / "oom")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     err = r.stderr.strip().splitlines()

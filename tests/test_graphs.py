@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import xtrain
-from modelhelp import prepared_stories
+from modelhelp import prepared_stories, run_log, tiny_run
 from xtrain import graphs, ops, runconfig
 from xtrain.models import TinyTransformer, TransformerConfig
 from xtrain.optim import AdamW
@@ -30,21 +30,10 @@ def data(tmp_path_factory):
     return prepared_stories(tmp_path_factory.mktemp("graphs-data"))
 
 
-def _cfg(out, data, steps, device, **kw):
-    base = dict(preset="tiny", data=str(data), out=str(out), device=device, batch=4, seq=32,
-                steps=steps, lr=3e-3, warmup=2, eval_every=0, save_every=0, sample_tokens=8,
-                progress=False)
-    return TrainConfig(**{**base, **kw})
-
-
-def _records(out):
-    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-
-
 def _step_values(out):
     """(step, loss, grad_norm, skipped) per step; json.dumps makes NaN comparable."""
     return [json.dumps([r["step"], r["loss"], r["grad_norm"], r.get("skipped", False)])
-            for r in _records(out) if "loss" in r]
+            for r in run_log(out) if "loss" in r]
 
 
 def _same_checkpoints(a, b):
@@ -81,11 +70,11 @@ def test_help_lists_the_switch(capsys):
 
 
 def test_switch_is_a_no_op_on_the_cpu(tmp_path, data):
-    on = train(_cfg(tmp_path / "on", data, 4, "cpu", cuda_graphs=True))
-    off = train(_cfg(tmp_path / "off", data, 4, "cpu", cuda_graphs=False))
+    on = train(tiny_run(tmp_path / "on", data, 4, "cpu", cuda_graphs=True))
+    off = train(tiny_run(tmp_path / "off", data, 4, "cpu", cuda_graphs=False))
     assert on["steps"] == off["steps"] == 4
     assert _step_values(tmp_path / "on") == _step_values(tmp_path / "off")
-    assert not any(r.get("graph") for r in _records(tmp_path / "on"))
+    assert not any(r.get("graph") for r in run_log(tmp_path / "on"))
     _same_checkpoints(tmp_path / "on", tmp_path / "off")
 
 
@@ -335,15 +324,15 @@ def test_graph_steps_equal_eager_steps_bitwise(tmp_path, data, kw):
     steps = 8
     # evaluations between replays: their bf16 weight copies must be cast from the replayed updates
     ev = dict(eval_every=3, eval_batches=1)
-    train(_cfg(tmp_path / "eager", data, steps, "cuda", cuda_graphs=False, **ev, **kw))
-    train(_cfg(tmp_path / "graphs", data, steps, "cuda", cuda_graphs=True, **ev, **kw))
+    train(tiny_run(tmp_path / "eager", data, steps, "cuda", cuda_graphs=False, **ev, **kw))
+    train(tiny_run(tmp_path / "graphs", data, steps, "cuda", cuda_graphs=True, **ev, **kw))
     assert _step_values(tmp_path / "graphs") == _step_values(tmp_path / "eager")
-    vals = [[(r["step"], r["val_loss"]) for r in _records(tmp_path / name) if "val_loss" in r]
+    vals = [[(r["step"], r["val_loss"]) for r in run_log(tmp_path / name) if "val_loss" in r]
             for name in ("eager", "graphs")]
     assert vals[0] == vals[1] and [s for s, _ in vals[0]] == [0, 3, 6, 8]
-    replayed = [r["step"] for r in _records(tmp_path / "graphs") if r.get("graph")]
+    replayed = [r["step"] for r in run_log(tmp_path / "graphs") if r.get("graph")]
     assert replayed == list(range(graphs.WARMUP_STEPS, steps))  # the capture step and the replays
-    assert not any(r.get("graph") for r in _records(tmp_path / "eager"))
+    assert not any(r.get("graph") for r in run_log(tmp_path / "eager"))
     _same_checkpoints(tmp_path / "graphs", tmp_path / "eager")
 
 
@@ -352,21 +341,21 @@ def test_poisoned_steps_are_skipped_the_same_with_graphs(tmp_path, data):
     from xtrain.train import NonFiniteStepsError
 
     for name, on in (("eager", False), ("graphs", True)):
-        cfg = _cfg(tmp_path / name, data, 40, "cuda", lr=1e6, warmup=1, save_every=2, nonfinite_limit=3,
+        cfg = tiny_run(tmp_path / name, data, 40, "cuda", lr=1e6, warmup=1, save_every=2, nonfinite_limit=3,
                    cuda_graphs=on)
         with pytest.raises(NonFiniteStepsError, match="3 steps in a row"):
             train(cfg)
     a, b = _step_values(tmp_path / "eager"), _step_values(tmp_path / "graphs")
     assert a == b and sum('true]' in r for r in b) == 3
-    assert any(r.get("graph") for r in _records(tmp_path / "graphs"))
+    assert any(r.get("graph") for r in run_log(tmp_path / "graphs"))
     _same_checkpoints(tmp_path / "graphs", tmp_path / "eager")
 
 
 @needs_gpu
 def test_dropout_runs_eagerly_and_says_why(tmp_path, data, capsys):
-    train(_cfg(tmp_path / "d", data, 4, "cuda", dropout=0.1))
+    train(tiny_run(tmp_path / "d", data, 4, "cuda", dropout=0.1))
     assert "CUDA graphs off: dropout 0.1" in capsys.readouterr().out
-    assert not any(r.get("graph") for r in _records(tmp_path / "d"))
+    assert not any(r.get("graph") for r in run_log(tmp_path / "d"))
 
 
 @needs_gpu

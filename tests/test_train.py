@@ -10,10 +10,10 @@ import torch
 
 import xtrain
 from xtrain import ops
-from modelhelp import prepared_stories
+from modelhelp import prepared_stories, run_log, tiny_run
 from xtrain import runconfig
 from xtrain.optim import AdamW, clip_grad_norm_, cosine_lr
-from xtrain.train import TrainConfig, train
+from xtrain.train import train
 
 SHAPES = {"w1": (8, 6), "b1": (6,), "emb": (10, 4), "norm": (4,)}
 
@@ -91,20 +91,12 @@ def test_cosine_lr():
     assert lrs[100] == lrs[119] == 0.1
 
 
-def _cfg(out, data, steps, device, **kw):
-    base = dict(preset="tiny", data=str(data), out=str(out), device=device, batch=4, seq=32,
-                steps=steps, lr=3e-3, warmup=2, eval_every=0, save_every=0, sample_tokens=8,
-                progress=False)
-    return TrainConfig(**{**base, **kw})
-
-
 def _losses(out):
-    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    return [(r["step"], r["loss"]) for r in records if "loss" in r]
+    return [(r["step"], r["loss"]) for r in run_log(out) if "loss" in r]
 
 
 def test_train_writes_log_checkpoint_plot_and_sample(tmp_path, data, device):
-    summary = train(_cfg(tmp_path, data, 6, device, eval_every=3, eval_batches=2))
+    summary = train(tiny_run(tmp_path, data, 6, device, eval_every=3, eval_batches=2))
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == list(range(6))
@@ -121,9 +113,9 @@ def test_train_writes_log_checkpoint_plot_and_sample(tmp_path, data, device):
 def test_resume_is_bit_exact(tmp_path, data, device):
     # dropout > 0 makes the RNG state part of what must be restored.
     kw = dict(decay_steps=8, dropout=0.1)
-    train(_cfg(tmp_path / "straight", data, 8, device, **kw))
-    train(_cfg(tmp_path / "split", data, 4, device, **kw))
-    train(_cfg(tmp_path / "split", data, 8, device, resume=str(tmp_path / "split" / "ckpt"), **kw))
+    train(tiny_run(tmp_path / "straight", data, 8, device, **kw))
+    train(tiny_run(tmp_path / "split", data, 4, device, **kw))
+    train(tiny_run(tmp_path / "split", data, 8, device, resume=str(tmp_path / "split" / "ckpt"), **kw))
     a, b = _losses(tmp_path / "straight"), _losses(tmp_path / "split")
     assert [s for s, _ in b] == list(range(8))
     assert a == b  # floats from JSON: equal means bitwise equal
@@ -133,9 +125,9 @@ def test_resume_is_bit_exact(tmp_path, data, device):
 
 
 def test_resume_rejects_another_preset(tmp_path, data, device):
-    train(_cfg(tmp_path, data, 1, device))
+    train(tiny_run(tmp_path, data, 1, device))
     with pytest.raises(ValueError, match="does not match the checkpoint"):
-        train(_cfg(tmp_path, data, 2, device, preset="dim384", resume=str(tmp_path / "ckpt")))
+        train(tiny_run(tmp_path, data, 2, device, preset="dim384", resume=str(tmp_path / "ckpt")))
 
 
 class _OneRankContext:
@@ -178,9 +170,9 @@ def test_data_parallel_path_of_train_matches_one_device(tmp_path, data, device):
     from xtrain.data import open_dataset
 
     kw = dict(lr=None, eval_every=3, eval_batches=2)
-    train(_cfg(tmp_path / "single", data, 5, device, **kw))
+    train(tiny_run(tmp_path / "single", data, 5, device, **kw))
     ctx = _OneRankContext(device)
-    cfg = _cfg(tmp_path / "rank", data, 5, device, **kw)
+    cfg = tiny_run(tmp_path / "rank", data, 5, device, **kw)
     xtrain.manual_seed(cfg.seed)  # what train_data_parallel does before starting the ranks
     summary = train(cfg, ctx=ctx, prepared=(open_dataset(data), None))
     assert _losses(tmp_path / "single") == _losses(tmp_path / "rank")
@@ -205,7 +197,7 @@ def test_data_parallel_resume_with_dropout_is_bit_exact(tmp_path, data, device):
     from xtrain.data import open_dataset
 
     def run(out, steps, resume=False):
-        cfg = _cfg(out, data, steps, device, dropout=0.1, decay_steps=6,
+        cfg = tiny_run(out, data, steps, device, dropout=0.1, decay_steps=6,
                    resume=str(out / "ckpt") if resume else None)
         if not resume:
             xtrain.manual_seed(cfg.seed)
@@ -259,7 +251,7 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, data, d
     from xtrain.train import NonFiniteStepsError
 
     # lr 1e6 ruins the weights within a few steps; the loss then stays NaN, and the run stops.
-    cfg = _cfg(tmp_path / "run", data, 40, device, lr=1e6, warmup=1, save_every=2, nonfinite_limit=3)
+    cfg = tiny_run(tmp_path / "run", data, 40, device, lr=1e6, warmup=1, save_every=2, nonfinite_limit=3)
     with pytest.raises(NonFiniteStepsError, match="3 steps in a row"):
         train(cfg)
     records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]

@@ -63,24 +63,24 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid positive integer {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
-    return v
+def _number(parse, what: str, ok, rule: str):
+    """An argparse type: parse(text) (ValueError: "invalid WHAT"), then ok(value), else "must be RULE"."""
+    def convert(text: str):
+        try:
+            v = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text.strip()}")
+        return v
+    return convert
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid non-negative integer {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
+_positive_int = _number(int, "positive integer", lambda v: v > 0, "a positive integer")
+_nonneg_int = _number(int, "non-negative integer", lambda v: v >= 0, ">= 0")
+_positive_float = _number(float, "number", lambda v: v > 0, "> 0")
+_nonneg_float = _number(float, "number", lambda v: v >= 0 and math.isfinite(v), "a finite number >= 0")
+_probability = _number(float, "number", lambda v: 0 < v <= 1, "in (0, 1]")
 
 
 def _seed(text: str) -> int:
@@ -139,36 +139,6 @@ def _mark_defaults(parser) -> None:
         if action.dest != "help":
             action.default = _Default(action.default)
     parser.set_defaults(_parser=parser)
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not (v >= 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return v
-
-
-def _probability(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
 
 
 class _Parser(argparse.ArgumentParser):

@@ -44,6 +44,7 @@ import numpy as np
 import xtrain
 from xtrain import schema
 from xtrain.models import TinyTransformer, TransformerConfig
+from xtrain.data.layout import file_sha256
 from xtrain.rundir import ensure_dir, staging_dir
 
 FORMAT = "xtrain-checkpoint"
@@ -53,7 +54,6 @@ OPTIM_FILE = schema.OPTIM_FILE
 STATE_FILE = "state.json"
 TMP_SUFFIX = ".tmp"
 OLD_SUFFIX = ".old"
-_HASH_CHUNK = 16 << 20
 
 
 class CheckpointError(ValueError):
@@ -302,7 +302,7 @@ def load(path, verify: bool = True) -> Checkpoint:
         if size != rec["bytes"]:
             raise CheckpointError(f"{f} is truncated or altered: {size} bytes, "
                                   f"{rec['bytes']} recorded")
-        if verify and _sha256(f) != rec["sha256"]:
+        if verify and file_sha256(f) != rec["sha256"]:
             raise CheckpointError(f"{f} is corrupt: its sha256 differs from the recorded one")
     for name in schema.TOKENIZER_FILE_NAMES:
         if name not in meta["files"] and os.path.lexists(path / name):
@@ -354,15 +354,7 @@ def write_synced(path: Path, data: bytes) -> None:
 
 
 def _file_record(path: Path) -> dict:
-    return {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
 
 
 def _fsync_file(path: Path) -> None:

@@ -21,7 +21,6 @@ has wrapped them); any id outside the tokenizer's vocabulary (every file is scan
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError
+from .layout import file_sha256
 from .shards import MAGIC as XTRAIN_MAGIC
 from .shards import ShardHeader
 
@@ -44,7 +44,6 @@ LLMC_MAGICS = {20240520: (1, np.dtype("<u2"), "gpt2"), 20240801: (7, np.dtype("<
 _LLMC_SPLIT = re.compile(r"(?:^|_)(train|val)(?:_[^/]*)?\.bin$")
 # Scan in pieces: the max and the end-of-text count of a multi-GB file in bounded memory.
 SCAN_TOKENS = 1 << 24
-_HASH_CHUNK = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -148,7 +147,7 @@ def scan(directory, files: dict[str, list[TokenFile]], tokenizer,
             del tokens
             record = {"bytes": path.stat().st_size}
             if with_hashes:
-                record["sha256"] = _sha256(path)
+                record["sha256"] = file_sha256(path)
             listing[f.name] = record
     return {"files": listing, "counts": counts}
 
@@ -237,9 +236,3 @@ def _memmap(path: Path, f: TokenFile):
     return np.memmap(path, dtype=f.dtype, mode="r", offset=f.offset, shape=(f.n_tokens,))
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()

@@ -15,6 +15,7 @@ outside its directory); read_meta checks that before anything uses them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -70,3 +71,15 @@ def _check_plain_name(name, path: Path) -> None:
     if not (isinstance(name, str) and name == Path(name).name and name not in ("", ".", "..")
             and not name.startswith(".")):
         raise DataError(f"{path}: {name!r} is not a plain file name inside {path.parent}")
+
+
+_HASH_CHUNK = 16 << 20
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The hex SHA-256 of a file, read in 16 MiB chunks (data listings and checkpoints record it)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
