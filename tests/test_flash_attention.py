@@ -352,14 +352,8 @@ def test_qk_norm_rope_matches_composition_bitwise(device, dtype, w_dtype, shape)
 
 
 def _same_as_composition(name, got, want, device, w_dtype):
-    """Bitwise, except the weight gradients on CUDA: rms_norm's weight gradient sums its rows in the
-    one-pass order (per block, per group), qk_norm_rope's in column_sum_plan's chunks (known issue
-    20), so they agree to the rounding of a float32 sum (and of one bf16 rounding after it)."""
-    if device != "cpu" and name in ("dwq", "dwk") and got is not None and want is not None:
-        ulps = 2.0 ** -7 if w_dtype == "bfloat16" else 2.0 ** -20
-        got, want = got.view(np.float32), want.view(np.float32)  # the bits of numpy()'s float32 values
-        np.testing.assert_allclose(got, want, rtol=ulps, atol=ulps * float(np.abs(want).max()), err_msg=name)
-        return
+    """Bitwise on every device: on CUDA qk_norm_rope's backward sums the weight gradients in
+    rms_norm's one-pass order (Note [qk_norm_rope one-pass backward]; known issue 20)."""
     assert np.array_equal(got, want), f"{name} differs from rms_norm + rope"
 
 

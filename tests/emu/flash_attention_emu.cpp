@@ -4,7 +4,7 @@
 // tile indexing, masking of partial and causal tiles, GQA head mapping, the cp.async pipeline
 // (copies land only at their wait), barriers (three schedules of the threads give the same bits),
 // and the backward's recompute scheme. What it cannot check: the hardware's rounding, speed.
-//   tests/emu/run.sh [--quick | --schedules]   (builds with g++ against build-cpu/libxtrain_core.a)
+//   tests/emu/run.sh [--quick | --schedules | --prep]   (builds with g++ against build-cpu/libxtrain_core.a)
 #include <cstdio>
 #include <random>
 #include <string>
@@ -217,7 +217,8 @@ void prep_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
   cpu::qk_norm_rope_backward(dt, DType::Float32, q.p(), k.p(), wq.data(), wk.data(), rrq.data(), rrk.data(),
                              dq_out.p(), dk_out.p(), rdq.p(), rdk.p(), rdwq.data(), rdwk.data(), B, S, H, Hkv, D,
                              theta, nullptr);
-  // emulated CUDA kernels, launched as flash_attention.cu does
+  // emulated CUDA kernels, launched as flash_attention.cu does (the forward; the backward of head
+  // dims without a one-pass plan: dx kernel + column sums; prep_onepass_case covers the one-pass one)
   Buf<T> yq(nq), yk(nk), dq(nq), dk(nk);
   std::vector<float> rsq(nq / D), rsk(nk / D), dwq(D), dwk(D);
   const fl::HeadRows hr{H, Hkv};
@@ -257,7 +258,162 @@ void prep_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
   expect_close("prep dwk", dwk, rdwk, 1e-5);
 }
 
+
+// The composition's CUDA backward of one side, as the ops run it: rope.cu's inverse rotation
+// (rope_rows_kernel's math: the cos/sin table of position s, negated sin, rope_rotate, stored as T),
+// then rmsnorm.cu's one-pass backward (rmsnorm_backward_onepass_kernel + rmsnorm_dw_tree_kernel
+// under onepass_plan) over rows = B*S*heads of width D.
+template <int G, typename T>
+void composed_side(const Buf<T>& x, const std::vector<float>& w, const std::vector<float>& rstd, const Buf<T>& dy,
+                   int B, int S, int heads, int D, float theta, Buf<T>& dx, std::vector<float>& dw) {
+  using C = xt::kernels::compute_t<T>;
+  namespace rn = xt::kernels::cuda::rmsnorm;
+  const int half = D / 2;
+  Buf<T> g(dy.v.size());
+  for (int64_t t = 0; t < int64_t(B) * S; ++t) {
+    const int s = int(t % S);
+    for (int i = 0; i < half; ++i) {
+      C cs, sn;
+      xt::kernels::rope_cos_sin(static_cast<float>(int64_t(s)) * xt::kernels::rope_inv_freq(theta, i, D), &cs, &sn);
+      sn = -sn;
+      for (int h = 0; h < heads; ++h) {
+        const int64_t base = (t * heads + h) * D;
+        C y1, y2;
+        xt::kernels::rope_rotate(xt::kernels::load(dy.v.data(), base + i), xt::kernels::load(dy.v.data(), base + i + half),
+                                 cs, sn, &y1, &y2);
+        xt::kernels::store(g.p(), base + i, y1);
+        xt::kernels::store(g.p(), base + i + half, y2);
+      }
+    }
+  }
+  const int64_t rows = int64_t(B) * S * heads;
+  const rn::OnePassPlan plan = rn::onepass_plan<G, C>(rows, D);
+  std::vector<C> partial(size_t(plan.nblocks) * D);
+  emu::launch(dim3(unsigned(plan.nblocks)), dim3(cu::kThreads), plan.smem, [&] {
+    rn::rmsnorm_backward_onepass_kernel<G, T, float>(x.v.data(), w.data(), rstd.data(), g.p(), nullptr, dx.p(),
+                                                     dw.data(), plan.nblocks == 1 ? nullptr : partial.data(), rows, D,
+                                                     plan.rows_per_block);
+  });
+  if (plan.nblocks > 1)
+    emu::launch(dim3(unsigned(cu::ceil_div(D, rn::kFinalCols))), dim3(cu::kThreads), rn::tree_smem<C>(),
+                [&] { rn::rmsnorm_dw_tree_kernel<C, float>(partial.data(), plan.nblocks, dw.data(), D); });
+}
+
+struct PrepGrads {
+  std::vector<float> dq, dk, dwq, dwk;
+  bool operator==(const PrepGrads& o) const {  // bitwise (no NaN expected)
+    return dq == o.dq && dk == o.dk && dwq == o.dwq && dwk == o.dwk;
+  }
+};
+
+// qk_norm_rope's one-pass backward as flash_attention.cu launches it; min_table: each side's token
+// table only as large as one round of rows needs (refilled within the blocks).
+template <int G, typename T>
+PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const std::vector<float>& wk,
+                        const std::vector<float>& rsq, const std::vector<float>& rsk, Buf<T>& dq_out, Buf<T>& dk_out,
+                        int B, int S, int H, int Hkv, int D, float theta, bool min_table, std::string* info) {
+  using C = xt::kernels::compute_t<T>;
+  namespace rn = xt::kernels::cuda::rmsnorm;
+  Buf<T> dq(q.v.size()), dk(k.v.size());
+  std::vector<float> dwq(D, -1.f), dwk(D, -1.f);
+  const fl::PrepDwPlan pq = fl::prep_dw_plan<G, C>(int64_t(B) * S * H, H, D);
+  const fl::PrepDwPlan pk = fl::prep_dw_plan<G, C>(int64_t(B) * S * Hkv, Hkv, D);
+  if (pq.smem == 0 || pk.smem == 0) {
+    expect("one-pass plan exists", false);
+    return {};
+  }
+  const auto side = [&](Buf<T>& x, const std::vector<float>& w, const std::vector<float>& rstd, Buf<T>& dy,
+                        Buf<T>& dx, std::vector<float>& dw, int heads, const fl::PrepDwPlan& p) {
+    int64_t tab = p.tab_tokens;
+    if (min_table) tab = cu::ceil_div(int64_t(cu::kThreads / G) - 1, int64_t(heads)) + 1;
+    return fl::OnePassSide<T, float>{x.p(), w.data(), rstd.data(), dy.p(), dx.p(), dw.data(), nullptr,
+                                     int64_t(B) * S * heads, p.rows.rows_per_block, p.rows.nblocks, heads, tab};
+  };
+  fl::OnePassSide<T, float> qs = side(q, wq, rsq, dq_out, dq, dwq, H, pq), ks = side(k, wk, rsk, dk_out, dk, dwk, Hkv, pk);
+  std::vector<C> partial(size_t(qs.nblocks + ks.nblocks) * D);
+  if (qs.nblocks > 1) qs.partial = partial.data();
+  if (ks.nblocks > 1) ks.partial = partial.data() + size_t(qs.nblocks) * D;
+  emu::launch(dim3(unsigned(qs.nblocks + ks.nblocks)), dim3(cu::kThreads), std::max(pq.smem, pk.smem),
+              [&] { fl::qk_norm_rope_backward_onepass_kernel<G, T, float>(qs, ks, S, D, theta); });
+  if (qs.nblocks > 1 || ks.nblocks > 1)
+    emu::launch(dim3(unsigned(cu::ceil_div(D, rn::kFinalCols)), 2), dim3(cu::kThreads), rn::tree_smem<C>(),
+                [&] { fl::qk_norm_rope_dw_tree_kernel<T, float>(qs, ks, D); });
+  if (info)
+    *info = "G " + std::to_string(G) + "; q: " + std::to_string(qs.nblocks) + " blocks of " +
+            std::to_string(qs.rows_per_block) + " rows (" + std::to_string(qs.rows) + "), table " +
+            std::to_string(qs.tab_tokens) + " tokens; k: " + std::to_string(ks.nblocks) + " blocks of " +
+            std::to_string(ks.rows_per_block) + " rows (" + std::to_string(ks.rows) + "), table " +
+            std::to_string(ks.tab_tokens) + " tokens";
+  return {dq.floats(), dk.floats(), dwq, dwk};
+}
+
+// The fused one-pass backward against the emulated composition, bit for bit (dq, dk, dwq, dwk), under
+// the schedules and with the smallest token tables; and against the CPU reference to tolerance.
+template <typename T>
+void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
+  std::printf("qk_norm_rope one-pass backward (%s), B%d S%d H%d/%d D%d\n",
+              std::is_same_v<T, float> ? "float32" : "bf16", B, S, H, Hkv, D);
+  const size_t nq = size_t(B) * S * H * D, nk = size_t(B) * S * Hkv * D;
+  Buf<T> q(randn(nq, 21)), k(randn(nk, 22)), dq_out(randn(nq, 23)), dk_out(randn(nk, 24));
+  std::vector<float> wq = randn(D, 25, 0.3f), wk = randn(D, 26, 0.3f);
+  for (float& w : wq) w += 1.f;
+  for (float& w : wk) w += 1.f;
+  const float eps = 1e-5f, theta = 500.f;
+  Buf<T> yq(nq), yk(nk), rdq(nq), rdk(nk);
+  std::vector<float> rsq(nq / D), rsk(nk / D), rdwq(D), rdwk(D);
+  cpu::qk_norm_rope_forward(dt, DType::Float32, q.p(), k.p(), wq.data(), wk.data(), yq.p(), yk.p(), rsq.data(),
+                            rsk.data(), B, S, H, Hkv, D, eps, theta, nullptr);
+  cpu::qk_norm_rope_backward(dt, DType::Float32, q.p(), k.p(), wq.data(), wk.data(), rsq.data(), rsk.data(),
+                             dq_out.p(), dk_out.p(), rdq.p(), rdk.p(), rdwq.data(), rdwk.data(), B, S, H, Hkv, D,
+                             theta, nullptr);
+  cu::with_lanes(D, [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    PrepGrads want;
+    {
+      Buf<T> cdq(nq), cdk(nk);
+      std::vector<float> cdwq(D), cdwk(D);
+      composed_side<G, T>(q, wq, rsq, dq_out, B, S, H, D, theta, cdq, cdwq);
+      composed_side<G, T>(k, wk, rsk, dk_out, B, S, Hkv, D, theta, cdk, cdwk);
+      want = {cdq.floats(), cdk.floats(), cdwq, cdwk};
+    }
+    std::string info;
+    const PrepGrads got = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta, false,
+                                             &info);
+    std::printf("  (%s)\n", info.c_str());
+    expect("dq bitwise the composition", got.dq == want.dq);
+    expect("dk bitwise the composition", got.dk == want.dk);
+    expect("dwq bitwise the composition", got.dwq == want.dwq);
+    expect("dwk bitwise the composition", got.dwk == want.dwk);
+    expect_close("dq vs CPU", got.dq, rdq.floats(), tol);
+    expect_close("dk vs CPU", got.dk, rdk.floats(), tol);
+    expect_close("dwq vs CPU", got.dwq, rdwq, 1e-5);
+    expect_close("dwk vs CPU", got.dwk, rdwk, 1e-5);
+    const auto rerun = [&](emu::Schedule schedule, bool min_table) {
+      emu::set_schedule(schedule);
+      const PrepGrads r = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta,
+                                              min_table, nullptr);
+      emu::set_schedule(emu::Schedule::Lockstep);
+      return r;
+    };
+    expect("same bits with the smallest token tables", got == rerun(emu::Schedule::Lockstep, true));
+    expect("same bits, threads in reverse order", got == rerun(emu::Schedule::LockstepReversed, false));
+    expect("same bits, warps one at a time", got == rerun(emu::Schedule::WarpSerialLazy, false));
+    expect("same bits, reverse order, smallest tables", got == rerun(emu::Schedule::LockstepReversed, true));
+  });
+}
+
 }  // namespace
+
+// one-pass backward: one block; several with a partial last block (and a partial last round); H != Hkv
+void prep_onepass_cases() {
+  prep_onepass_case<float>(1, 3, 2, 1, 32, DType::Float32, 1e-5);
+  prep_onepass_case<float>(2, 37, 6, 2, 32, DType::Float32, 1e-5);
+  prep_onepass_case<bf16_t>(2, 37, 6, 2, 32, DType::BFloat16, 1e-2);
+  prep_onepass_case<float>(1, 45, 5, 3, 64, DType::Float32, 1e-5);
+  prep_onepass_case<bf16_t>(1, 45, 5, 3, 64, DType::BFloat16, 1e-2);
+  prep_onepass_case<float>(1, 29, 4, 1, 128, DType::Float32, 1e-5);
+  prep_onepass_case<bf16_t>(2, 21, 3, 2, 128, DType::BFloat16, 1e-2);
+}
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
@@ -266,6 +422,8 @@ int main(int argc, char** argv) {
                                    {2, 100, 2, 2, 0, false}, {1, 150, 3, 1, 0, true}};
   if (mode == "--schedules") {  // the schedule checks only, head_dim 32 (quick)
     tensor_core_case<32>(cases.back(), true);
+  } else if (mode == "--prep") {  // the one-pass head-preparation backward only
+    prep_onepass_cases();
   } else {
     for (size_t i = 0; i < cases.size(); ++i) {
       if (mode == "--quick" && i > 2) break;
@@ -281,6 +439,7 @@ int main(int argc, char** argv) {
     prep_case<float>(2, 5, 4, 2, 32, DType::Float32, 1e-5);
     prep_case<bf16_t>(2, 9, 3, 1, 64, DType::BFloat16, 1e-2);
     prep_case<float>(3, 40, 8, 8, 128, DType::Float32, 1e-5);
+    prep_onepass_cases();
   }
   std::printf("%s: %d failure(s), %llu fiber switches\n", g_failures ? "FAILED" : "passed", g_failures,
               static_cast<unsigned long long>(emu::st().switches));

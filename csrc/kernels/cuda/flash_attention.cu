@@ -194,6 +194,41 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
     using T = typename decltype(xtag)::type;
     using W = typename decltype(wtag)::type;
     using C = compute_t<T>;
+    // The one-pass backward (Note [qk_norm_rope one-pass backward]): rms_norm's plan per side.
+    bool done = false;
+    with_lanes(D, [&](auto g) {
+      constexpr int G = decltype(g)::value;
+      const flash::PrepDwPlan pq = flash::prep_dw_plan<G, C>(B * S * H, H, D);
+      const flash::PrepDwPlan pk = flash::prep_dw_plan<G, C>(B * S * Hkv, Hkv, D);
+      if ((H > 0 && pq.smem == 0) || (Hkv > 0 && pk.smem == 0)) return;
+      const auto side = [&](const void* x, const void* w, const float* rstd, const void* dy, void* dx, void* dw,
+                            int64_t heads, const flash::PrepDwPlan& p) {
+        return flash::OnePassSide<T, W>{static_cast<const T*>(x), static_cast<const W*>(w), rstd,
+                                        static_cast<const T*>(dy), static_cast<T*>(dx), static_cast<W*>(dw), nullptr,
+                                        B * S * heads, p.rows.rows_per_block, heads > 0 ? p.rows.nblocks : 0, heads,
+                                        p.tab_tokens};
+      };
+      flash::OnePassSide<T, W> qs = side(q, wq, rstd_q, dq_out, dq, dwq, H, pq);
+      flash::OnePassSide<T, W> ks = side(k, wk, rstd_k, dk_out, dk, dwk, Hkv, pk);
+      const int64_t part_q = qs.nblocks > 1 ? qs.nblocks * D : 0, part_k = ks.nblocks > 1 ? ks.nblocks * D : 0;
+      Scratch partial(sizeof(C) * static_cast<size_t>(part_q + part_k + 1), on);
+      if (part_q > 0) qs.partial = partial.as<C>();
+      if (part_k > 0) ks.partial = partial.as<C>() + part_q;
+      const size_t smem = pq.smem > pk.smem ? pq.smem : pk.smem;  // each side's: <= 48 KB (prep_dw_plan)
+      flash::qk_norm_rope_backward_onepass_kernel<G, T, W>
+          <<<static_cast<unsigned>(qs.nblocks + ks.nblocks), kThreads, smem, on.s>>>(
+              qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+      XT_LAUNCH_CHECK();
+      if (part_q + part_k > 0) {
+        flash::qk_norm_rope_dw_tree_kernel<T, W>
+            <<<dim3(static_cast<unsigned>(ceil_div(D, rmsnorm::kFinalCols)), 2), kThreads, rmsnorm::tree_smem<C>(),
+               on.s>>>(qs, ks, static_cast<int>(D));
+        XT_LAUNCH_CHECK();
+      }
+      done = true;
+    });
+    if (done) return;
+    // Head dims too long for the one-pass plan: rms_norm's dx + column-sum path, as the composition.
     with_lanes(D, [&](auto g) {
       constexpr int G = decltype(g)::value;
       const size_t smem = sizeof(C) * static_cast<size_t>(D);

@@ -29,6 +29,7 @@
 #pragma once
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/rmsnorm.cuh"  // the one-pass backward's plan, rounding and final pass
 
 namespace xt {
 namespace kernels {
@@ -799,6 +800,141 @@ template <typename T, typename W>
 __global__ void qk_norm_rope_dw_final_kernel(DwSide q_side, DwSide k_side, int D) {
   if (blockIdx.z == 0) dw_final<T, W>(q_side, D);
   else dw_final<T, W>(k_side, D);
+}
+
+// ---- one-pass backward: dx and the weight gradient in rms_norm's one-pass order
+//
+// Note [qk_norm_rope one-pass backward]
+// The composition's backward is rope's inverse (g = round(rope^-1(dy)), stored) then rms_norm's
+// backward over rows = B*S*heads of width D: rmsnorm_backward_onepass_kernel under
+// rmsnorm::onepass_plan<G, C>(rows, D), then rmsnorm_dw_tree_kernel when there is more than one
+// block. This kernel runs that plan on each side (q rows [token][head] exactly as the composition's
+// rows, k rows likewise; the q blocks first, then the k blocks, in one launch): block b takes the
+// same rows, group g of G lanes the same rows in the same order, and dx, the groups' shared-memory
+// sums, the block's partial row and the final pass are the same expressions, with g computed from
+// dy as the rows are read. So dq, dk, dwq and dwk are bitwise the composition's. RoPE's cos and
+// (negated) sin of a row's position (row / heads) % S come from a shared-memory table of
+// consecutive tokens per block, refilled (between two barriers) when a round of rows runs past
+// it; PrepDwPlan sizes it to the whole block's tokens when that fits in 48 KB.
+template <typename T, typename W>
+struct OnePassSide {
+  const T* x;
+  const W* w;
+  const float* rstd;
+  const T* dy;  // the upstream gradient of the rotated output
+  T* dx;
+  W* dw;
+  compute_t<T>* partial;  // [nblocks][D] when nblocks > 1
+  int64_t rows, rows_per_block, nblocks;  // rmsnorm::onepass_plan's; nblocks == 0: side skipped
+  int64_t heads;
+  int64_t tab_tokens;  // the token table's size: at least the tokens of a round (prep_dw_plan)
+};
+
+// One side's plan: rms_norm's one-pass plan plus the token table (tab_tokens tokens of D values:
+// cos, then sin). smem == 0: no one-pass plan (rms_norm takes its dx + column-sum path then; so
+// does qk_norm_rope, also when a round's tokens do not fit beside the sums in 48 KB).
+struct PrepDwPlan {
+  rmsnorm::OnePassPlan rows;
+  int64_t tab_tokens = 0;
+  size_t smem = 0;
+};
+template <int G, typename C>
+PrepDwPlan prep_dw_plan(int64_t rows, int64_t heads, int64_t D) {
+  PrepDwPlan p;
+  p.rows = rmsnorm::onepass_plan<G, C>(rows, D);
+  if (p.rows.smem == 0 || rows == 0) return p;
+  constexpr int64_t groups = kThreads / G;
+  const size_t token_bytes = sizeof(C) * static_cast<size_t>(D);
+  const int64_t round_tokens = ceil_div(groups - 1, heads) + 1;  // tokens of any `groups` consecutive rows
+  const int64_t block_tokens = ceil_div(p.rows.rows_per_block - 1, heads) + 1;
+  if (p.rows.smem + token_bytes * static_cast<size_t>(round_tokens) > rmsnorm::kOnePassMaxSmem) return p;
+  const int64_t budget = static_cast<int64_t>((rmsnorm::kOnePassMaxSmem - p.rows.smem) / token_bytes);
+  p.tab_tokens = block_tokens < budget ? block_tokens : budget;
+  if (p.tab_tokens < round_tokens) p.tab_tokens = round_tokens;
+  p.smem = p.rows.smem + token_bytes * static_cast<size_t>(p.tab_tokens);
+  return p;
+}
+
+// Blocks [0, q.nblocks) take q's plan, the next k.nblocks k's; dynamic shared memory: the larger
+// side's PrepDwPlan::smem. The loop, sums and stores are rmsnorm_backward_onepass_kernel's.
+template <int G, typename T, typename W>
+__global__ void __launch_bounds__(kThreads)
+qk_norm_rope_backward_onepass_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int S, int D,
+                                     float theta) {
+  using C = compute_t<T>;
+  const bool is_q = static_cast<int64_t>(blockIdx.x) < q_side.nblocks;
+  const OnePassSide<T, W>& sd = is_q ? q_side : k_side;
+  const int64_t block = is_q ? blockIdx.x : static_cast<int64_t>(blockIdx.x) - q_side.nblocks;
+  constexpr int groups = kThreads / G;
+  C* acc = reinterpret_cast<C*>(dynamic_smem());  // [groups][D], then the table [tab_tokens][D]
+  C* tab = acc + static_cast<int64_t>(groups) * D;
+  const int lane = threadIdx.x % G, group = threadIdx.x / G, half = D / 2;
+  C* my = acc + static_cast<int64_t>(group) * D;
+  for (int j = lane; j < D; j += G) my[j] = 0;
+  const int64_t heads = sd.heads, tab_tokens = sd.tab_tokens;
+  const int64_t r0 = block * sd.rows_per_block;
+  const int64_t r1 = sd.rows < r0 + sd.rows_per_block ? sd.rows : r0 + sd.rows_per_block;
+  int64_t t_lo = 0, t_hi = 0;  // the table holds tokens [t_lo, t_hi)
+  for (int64_t base = r0; base < r1; base += groups) {
+    // The round's tokens (the same for every thread of the block, so the barriers are uniform).
+    const int64_t last = (base + groups < r1 ? base + groups : r1) - 1;
+    if (base / heads < t_lo || last / heads >= t_hi) {
+      __syncthreads();  // every group is done with the old table
+      t_lo = base / heads;
+      t_hi = t_lo + tab_tokens;
+      for (int64_t e = threadIdx.x; e < tab_tokens * half; e += kThreads) {
+        const int64_t t = e / half;
+        const int i = static_cast<int>(e - t * half);
+        C sn, cs;
+        rope_cos_sin(static_cast<float>(static_cast<int>((t_lo + t) % S)) * rope_inv_freq(theta, i, D), &cs, &sn);
+        tab[t * D + i] = cs;
+        tab[t * D + half + i] = -sn;  // the inverse rotation
+      }
+      __syncthreads();
+    }
+    const int64_t r = base + group;
+    const bool valid = r < r1;
+    const T* xr = sd.x + (valid ? r : 0) * D;
+    const T* dyr = sd.dy + (valid ? r : 0) * D;
+    const C* tc = tab + (valid ? r / heads - t_lo : 0) * D;
+    const C* ts = tc + half;
+    const C inv = valid ? static_cast<C>(sd.rstd[r]) : C(0);
+    const auto g_at = [&](int j) {  // rms_norm's upstream gradient, as rope's backward stores it
+      const int i = j < half ? j : j - half;
+      return rounded<T>(rope_at<T>(load(dyr, i), load(dyr, i + half), tc[i], ts[i], j >= half));
+    };
+    C dot = 0;
+    if (valid)
+      for (int j = lane; j < D; j += G) dot += g_at(j) * static_cast<C>(load(sd.w, j)) * (load(xr, j) * inv);
+    dot = group_sum<G>(dot);
+    if (!valid) continue;
+    const C mean_dot = dot / static_cast<C>(D);
+    T* dxr = sd.dx + r * D;
+    for (int j = lane; j < D; j += G) {
+      const C xhat = load(xr, j) * inv;
+      const C d = g_at(j);
+      const C g = d * static_cast<C>(load(sd.w, j));
+      const C v = rmsnorm::mul_rn(inv, g - xhat * mean_dot);
+      store(dxr, j, v);
+      my[j] += d * xhat;
+    }
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < D; j += kThreads) {
+    C s = 0;
+    for (int g = 0; g < groups; ++g) s += acc[static_cast<int64_t>(g) * D + j];
+    if (sd.nblocks == 1) store(sd.dw, j, static_cast<compute_t<W>>(s));
+    else sd.partial[block * D + j] = s;
+  }
+}
+
+// dw of the sides with more than one block (blockIdx.y: 0 = q, 1 = k): rmsnorm_dw_tree_kernel.
+template <typename T, typename W>
+__global__ void __launch_bounds__(kThreads)
+qk_norm_rope_dw_tree_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int D) {
+  const OnePassSide<T, W>& sd = blockIdx.y == 0 ? q_side : k_side;
+  if (sd.nblocks <= 1) return;
+  rmsnorm::dw_tree<compute_t<T>, W>(sd.partial, sd.nblocks, sd.dw, D, blockIdx.x);
 }
 
 }  // namespace flash

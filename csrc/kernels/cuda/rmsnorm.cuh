@@ -78,12 +78,12 @@ rmsnorm_backward_onepass_kernel(const T* x, const W* w, const float* rstd, const
 constexpr int kFinalCols = 32, kFinalSlices = kThreads / kFinalCols;
 template <typename C>
 constexpr size_t tree_smem() { return sizeof(C) * kFinalCols * kFinalSlices; }
+// The body, for column block col_block (qk_norm_rope's backward runs it for its q and k sides).
 template <typename C, typename W>
-__global__ void __launch_bounds__(kThreads)
-rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
+__device__ __forceinline__ void dw_tree(const C* partial, int64_t nparts, W* dw, int64_t dim, int64_t col_block) {
   C* part = reinterpret_cast<C*>(dynamic_smem());  // [kFinalSlices][kFinalCols]: tree_smem<C>() bytes
   const int col = threadIdx.x % kFinalCols, slice = threadIdx.x / kFinalCols;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kFinalCols + col;
+  const int64_t j = col_block * kFinalCols + col;
   C s = 0;
   if (j < dim)
     for (int64_t k = slice; k < nparts; k += kFinalSlices) s += partial[k * dim + j];
@@ -93,6 +93,12 @@ rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
   C t = 0;
   for (int k = 0; k < kFinalSlices; ++k) t += part[k * kFinalCols + col];
   store(dw, j, static_cast<compute_t<W>>(t));
+}
+
+template <typename C, typename W>
+__global__ void __launch_bounds__(kThreads)
+rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
+  dw_tree<C, W>(partial, nparts, dw, dim, blockIdx.x);
 }
 
 // h = x + r (rounded, as ops::add), then y = rmsnorm(h) reading the rounded h back: bitwise add +
