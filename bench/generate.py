@@ -46,6 +46,9 @@ def parse_args(argv=None):
     p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
     p.add_argument("--new-tokens", type=int, default=256, help="tokens generated per row")
     p.add_argument("--no-rerun", action="store_true", help="time the cached generator only")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one cached call (PyTorch's profiler, CUDA only): GPU kernel ms per "
+                        "decode step and the kernels that take it")
     prec = p.add_mutually_exclusive_group()
     prec.add_argument("--bf16", dest="bf16", action="store_true", default=None,
                       help="mixed precision bf16 (default on CUDA)")
@@ -81,10 +84,31 @@ def timed(fn, device: str) -> tuple[float, np.ndarray]:
     return time.perf_counter() - t0, out
 
 
+def profile_cached(generate, steps: int) -> dict:
+    """GPU kernel time of one cached generate() call per decode step, and the top kernels (the
+    profiler sees the kernels of replayed graphs as well)."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        generate()
+    per_name = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            per_name[e.name][0] += 1
+            per_name[e.name][1] += e.device_time / 1e3
+    total = sum(ms for _, ms in per_name.values())
+    top = sorted(per_name.items(), key=lambda kv: -kv[1][1])[:12]
+    return {"gpu_ms_per_step": total / steps, "kernels_per_step": sum(n for n, _ in per_name.values()) / steps,
+            "top": [{"kernel": k[:90], "calls_per_step": n / steps, "ms_per_step": ms / steps} for k, (n, ms) in top]}
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     import xtrain
     from xtrain.models import TinyTransformer, config_for
+    from xtrain.models import generate as gen
 
     device, _ = common.resolve_device(args.device)
     bf16 = common.is_cuda(device) if args.bf16 is None else args.bf16
@@ -108,6 +132,22 @@ def main(argv=None) -> None:
         row.update(cached_s=t, cached_tok_s=B * args.new_tokens / t,
                    cached_step_ms=1e3 * t / args.new_tokens, cached_peak_gib=common.gib(
                        common.xt_peak(device)["allocated_peak"]))
+        made = []
+
+        class Spy(gen.DecodeGraph):
+            def __init__(self, *a):
+                super().__init__(*a)
+                made.append(self)
+
+        gen.DecodeGraph = Spy
+        model.generate(prompts, 4, greedy=True)
+        gen.DecodeGraph = Spy.__bases__[0]
+        row["graph_nodes"] = made[-1].num_nodes if made else 0
+        if args.profile and common.is_cuda(device):
+            row["profile"] = profile_cached(lambda: model.generate(prompts, args.new_tokens, greedy=True),
+                                            args.new_tokens)
+            print(f"batch {B}: {row['profile']['gpu_ms_per_step']:.3f} GPU ms per step, "
+                  f"{row['profile']['kernels_per_step']:.0f} kernels per step, graph nodes {row['graph_nodes']}")
         model.generate(prompts, 4, greedy=True, cuda_graphs=False)
         t, eager = timed(lambda: model.generate(prompts, args.new_tokens, greedy=True, cuda_graphs=False), device)
         row.update(eager_s=t, eager_tok_s=B * args.new_tokens / t, eager_step_ms=1e3 * t / args.new_tokens,

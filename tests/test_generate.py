@@ -127,6 +127,114 @@ def test_bad_positions_and_lengths(device):
                              xtrain.tensor(np.array([1, 1]), device=device))
 
 
+def _prep_composition(q, k, v, k_cache, v_cache, positions, wq, wk, eps, theta):
+    """decode_prep's definition from the separate ops: rms_norm, rope at the rows' positions (the
+    rows as rope's sequence axis), the two cache writes."""
+    B, H, D = q.shape
+    Hkv = k.shape[1]
+    if wq is not None:
+        q, k = ops.rms_norm(q, wq, eps), ops.rms_norm(k, wk, eps)
+    q = ops.rope(q.reshape(1, B, H, D), positions, theta).reshape(B, H, D)
+    k = ops.rope(k.reshape(1, B, Hkv, D), positions, theta)
+    ops.kv_cache_write_(k_cache, k.reshape(B, 1, Hkv, D), positions)
+    ops.kv_cache_write_(v_cache, v.reshape(B, 1, Hkv, D), positions)
+    return q
+
+
+@pytest.mark.parametrize("dtype, w_dtype", [("float32", "float32"), ("bfloat16", "float32"),
+                                            ("bfloat16", "bfloat16"), ("float64", "float64")])
+@pytest.mark.parametrize("H, Hkv, D", [(4, 4, 8), (4, 2, 32), (6, 1, 64), (2, 2, 128)])
+@pytest.mark.parametrize("norm", [True, False])
+def test_decode_prep_is_the_composition_bitwise(device, dtype, w_dtype, H, Hkv, D, norm):
+    rng = np.random.default_rng(H * D)
+    B, L = 3, 9
+    def t(*shape, dt=dtype):
+        return xtrain.tensor(rng.standard_normal(shape).astype(np.float32), device=device).to(dt)
+    q, k, v = t(B, H, D), t(B, Hkv, D), t(B, Hkv, D)
+    wq, wk = (t(D, dt=w_dtype), t(D, dt=w_dtype)) if norm else (None, None)
+    positions = xtrain.tensor(np.array([0, 8, 3]), device=device)
+    base = rng.standard_normal((B, L, Hkv, D)).astype(np.float32)
+    caches = [[xtrain.tensor(base, device=device).to(dtype) for _ in range(2)] for _ in range(2)]
+    want = _prep_composition(q, k, v, *caches[0], positions, wq, wk, 1e-5, 5000.0)
+    got = ops.decode_prep(q, k, v, *caches[1], positions, wq, wk, eps=1e-5, theta=5000.0)
+    assert np.array_equal(got.numpy(), want.numpy())
+    for a, b in zip(caches[0], caches[1]):
+        assert np.array_equal(a.numpy(), b.numpy())
+
+
+def test_decode_prep_bad_arguments(device):
+    q, k = xtrain.ones(2, 2, 4, device=device), xtrain.ones(2, 1, 4, device=device)
+    cache = xtrain.zeros(2, 5, 1, 4, device=device)
+    pos = xtrain.tensor(np.array([0, 1]), device=device)
+    w = xtrain.ones(4, device=device)
+    with pytest.raises(ValueError, match="both"):
+        ops.decode_prep(q, k, k, cache, cache, pos, w, None)
+    with pytest.raises(ValueError, match=r"\[B, H_kv, D\]"):
+        ops.decode_prep(q, q, q, cache, cache, pos)
+    with pytest.raises(ValueError, match="even"):
+        ops.decode_prep(xtrain.ones(2, 2, 3, device=device), xtrain.ones(2, 1, 3, device=device),
+                        xtrain.ones(2, 1, 3, device=device), xtrain.zeros(2, 5, 1, 3, device=device),
+                        xtrain.zeros(2, 5, 1, 3, device=device), pos)
+    with pytest.raises(ValueError, match=r"shape \[4\]"):
+        ops.decode_prep(q, k, k, cache, cache, pos, xtrain.ones(3, device=device), xtrain.ones(3, device=device))
+    with pytest.raises(IndexError, match="positions"):  # slot 5 of 5: nothing written
+        ops.decode_prep(q, k, k, cache, cache, xtrain.tensor(np.array([5, -1]), device=device)).numpy()
+    assert np.array_equal(cache.numpy(), np.zeros((2, 5, 1, 4), np.float32))
+
+
+def _greedy_state(B, positions, limits, done=None, count=None):
+    z = np.zeros(B, np.int64)
+    return np.stack([z, positions, np.asarray(positions) + 1, limits,
+                     z if done is None else done, z if count is None else count]).astype(np.int64)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_greedy_next_picks_like_numpy_and_advances(device, dtype):
+    rng = np.random.default_rng(4)
+    B, V = 5, 3001
+    logits = rng.standard_normal((B, V)).astype(np.float32)
+    logits[1, [7, 2900]] = 9.0           # a tie: the first
+    logits[2, [5, 40]] = np.nan          # NaN above everything: the first NaN
+    logits[3] = 0.0
+    logits[3, [11, 12]] = [-0.0, 0.0]    # all equal: index 0
+    host = np.asarray(xtrain.tensor(logits).to(dtype).numpy(), np.float32)
+    want = np.argmax(host, axis=1)
+    assert want[1] == 7 and want[2] == 5 and want[3] == 0
+    # row 3 at its limit, row 4 already done: neither takes a token
+    state = xtrain.tensor(_greedy_state(B, [4, 0, 9, 6, 2], [9, 2, 20, 7, 9], done=[0, 0, 0, 0, 1],
+                                        count=[0, 0, 0, 0, 0]), device=device)
+    ring = xtrain.zeros(2, B, dtype="int64", device=device)
+    x = xtrain.tensor(logits, device=device).to(dtype)
+    ops.greedy_next_(x, state, ring, stop_token=int(want[2]))
+    s = state.numpy()
+    assert ring.numpy()[0].tolist() == [want[0], want[1], want[2], -1, -1]
+    assert s[0, :3].tolist() == want[:3].tolist() and s[0, 3:].tolist() == [0, 0]
+    assert s[1].tolist() == [5, 1, 10, 6, 2] and s[2].tolist() == [6, 2, 11, 7, 3]
+    assert s[4].tolist() == [0, 0, 1, 1, 1]          # row 2 took its stop token, row 3 hit its limit
+    assert s[5].tolist() == [1] * B
+    ops.greedy_next_(x, state, ring)                  # row 1 reaches its limit of 2: done, -1
+    ops.greedy_next_(x, state, ring)                  # the ring wraps to slot 0
+    r = ring.numpy()
+    assert r[1].tolist() == [want[0], -1, -1, -1, -1] and r[0].tolist() == [want[0], -1, -1, -1, -1]
+    assert state.numpy()[1].tolist() == [7, 1, 10, 6, 2] and state.numpy()[5].tolist() == [3] * B
+
+
+def test_greedy_next_bad_arguments(device):
+    x = xtrain.zeros(2, 5, device=device)
+    state = xtrain.tensor(_greedy_state(2, [0, 0], [3, 3]), device=device)
+    ring = xtrain.zeros(1, 2, dtype="int64", device=device)
+    with pytest.raises(ValueError, match=r"\[6, B\]"):
+        ops.greedy_next_(x, xtrain.zeros(5, 2, dtype="int64", device=device), ring)
+    with pytest.raises(TypeError, match="int64"):
+        ops.greedy_next_(x, state, xtrain.zeros(1, 2, device=device))
+    with pytest.raises(ValueError, match=r"\[R, B\]"):
+        ops.greedy_next_(x, state, xtrain.zeros(0, 2, dtype="int64", device=device))
+    with pytest.raises(ValueError, match="stop_token"):
+        ops.greedy_next_(x, state, ring, stop_token=-3)
+    with pytest.raises(ValueError, match="V >= 1"):
+        ops.greedy_next_(xtrain.zeros(2, 0, device=device), state, ring)
+
+
 # ---------------------------------------------------------------- the cached generator
 
 def _model(device, dtype="float32", **overrides):
@@ -302,6 +410,30 @@ def test_bad_arguments(kwargs, error, match):
         model.generate(**kwargs)
 
 
+@pytest.mark.parametrize("ring", [32, 3, 1])
+def test_device_greedy_equals_host_greedy(device, monkeypatch, ring):
+    """Greedy decoding picks on the device (ops.greedy_next_, the tokens read every `ring` steps):
+    the same tokens as picking on the host with numpy's argmax, for batched prompts of different
+    lengths, with a stop token (found late, mid-ring), and rows cut by max_seq."""
+    monkeypatch.setattr(gen, "GREEDY_RING", ring)
+    dtype = "bfloat16" if str(device).startswith("cuda") else "float32"
+    for options in ({}, dict(n_heads=4, head_dim=8, n_kv_heads=1, qk_norm=False)):
+        model = _model(device, dtype, **options)
+        host = {}
+        for on_device in (False, True):
+            monkeypatch.setattr(gen, "DEVICE_GREEDY", on_device)
+            plain = model.generate(PROMPTS, 40, greedy=True)          # rows end at max_seq 48
+            stop = int(plain[1, len(PROMPTS[1]) + 5])
+            stopped = model.generate(PROMPTS, 20, greedy=True, stop_token=stop, pad_token=1)
+            one = model.generate([PROMPTS[2]], 7, greedy=True)
+            got = (plain, stopped, one)
+            if not on_device:
+                host = got
+        for a, b in zip(host, got):
+            assert np.array_equal(a, b)
+        assert plain.shape == (len(PROMPTS), 48)
+
+
 # ---------------------------------------------------------------- the decode step as a CUDA graph
 
 needs_gpu = pytest.mark.skipif(not xtrain.cuda.is_available(),
@@ -335,9 +467,9 @@ def _same_steps(a, b):
 
 class _Rerun:
     """Stands in for xtrain.cuda.Graph on the CPU (with _record as generate's _capture): the
-    'capture' runs the step once and keeps its output as the static output buffer; each replay
-    runs the step again, from whatever the static inputs hold now, and copies its result into that
-    buffer. So the output follows the inputs only if every per-token value goes through them."""
+    'capture' keeps the step and runs nothing, as a real capture; each replay runs the step again
+    from whatever its buffers hold now. So a replay follows the eager step only if every per-token
+    value goes through buffers that exist before the capture."""
     made = []
     fail = False
 
@@ -348,12 +480,11 @@ class _Rerun:
     def record(self, step):
         if type(self).fail:
             raise RuntimeError("a host-to-device copy cannot run while this thread captures a CUDA graph")
-        self.step, self.out = step, step()
-        return self.out
+        self.step = step
 
     def replay(self):
         self.replays += 1
-        self.out.copy_(self.step())
+        self.step()
 
 
 def _stand_in_graphs(monkeypatch, fail=False):
@@ -363,6 +494,19 @@ def _stand_in_graphs(monkeypatch, fail=False):
     monkeypatch.setattr(gen, "_capture", lambda graph, step: graph.record(step))
     monkeypatch.setattr(gen, "decode_graph_blocker", lambda model, cuda_graphs: None if cuda_graphs else "off")
     monkeypatch.setattr(gen, "_failure_noted", False)
+
+
+def _made_graphs(monkeypatch):
+    """The DecodeGraph objects generate() makes from now on, in a list."""
+    made = []
+
+    class Spy(gen.DecodeGraph):
+        def __init__(self, *args):
+            super().__init__(*args)
+            made.append(self)
+
+    monkeypatch.setattr(gen, "DecodeGraph", Spy)
+    return made
 
 
 def test_decode_graph_blocker_and_switch():
@@ -383,18 +527,23 @@ def test_decode_graph_plumbing_with_a_stand_in(monkeypatch, capsys, name):
     value (tokens, positions, lengths) through the static inputs: the same tokens and logits as
     the eager path, batched prompts of different lengths, sampled and with a stop token."""
     model = _model("cpu", **GRAPH_CONFIGS[name])
+    made = _made_graphs(monkeypatch)
     greedy = model.generate(PROMPTS, 10, greedy=True, cuda_graphs=False)
     stop = int(greedy[0, len(PROMPTS[0]) + 2])
     for kw in (dict(greedy=True), dict(temperature=0.9, top_k=20, seed=3, stop_token=stop)):
         eager = _generate_recording(monkeypatch, model, PROMPTS, 10, cuda_graphs=False, **kw)
         _stand_in_graphs(monkeypatch)
+        made.clear()
         graphed = _generate_recording(monkeypatch, model, PROMPTS, 10, **kw)
         _same_steps(eager, graphed)
         (g,) = _Rerun.made
-        assert g.replays == len(graphed[1]) - 2  # no replay for the prefill and the warm-up step
+        (dg,) = made
+        # one step per pick after the prefill's; no replay for the warm-up step
+        assert dg.runs == (len(graphed[1]) - 1 if graphed[1] else 9) and g.replays == dg.runs - 1
         off = _generate_recording(monkeypatch, model, PROMPTS, 10, cuda_graphs=False, **kw)
         _same_steps(eager, off)
         assert len(_Rerun.made) == 1  # switched off: nothing captured
+        made.clear()
     one = _generate_recording(monkeypatch, model, [PROMPTS[2]], 5, greedy=True)
     _same_steps(_generate_recording(monkeypatch, model, [PROMPTS[2]], 5, greedy=True, cuda_graphs=False), one)
     assert "xtrain" not in capsys.readouterr().err
@@ -420,14 +569,7 @@ def test_decode_graph_equals_eager_bitwise(monkeypatch, dtype, name):
     tokens and the logits of every step bit for bit (batch 1, a batch of different prompt lengths,
     greedy and sampled with a stop token), and the graph really was captured and replayed."""
     model = _model("cuda", dtype, **GRAPH_CONFIGS[name])
-    made = []
-
-    class Spy(gen.DecodeGraph):
-        def __init__(self, *args):
-            super().__init__(*args)
-            made.append(self)
-
-    monkeypatch.setattr(gen, "DecodeGraph", Spy)
+    made = _made_graphs(monkeypatch)
     monkeypatch.setattr(gen, "_failure_noted", False)
     greedy = model.generate(PROMPTS, 12, greedy=True, cuda_graphs=False)
     stop = int(greedy[1, len(PROMPTS[1]) + 3])
@@ -439,7 +581,8 @@ def test_decode_graph_equals_eager_bitwise(monkeypatch, dtype, name):
             _same_steps(eager, graphed)
             (dg,) = made
             assert dg.failed is None and dg.graph is not None and dg.num_nodes > 0
-            assert dg.graph.replays == len(graphed[1]) - 2  # all but the prefill and the warm-up
+            assert dg.runs == (len(graphed[1]) - 1 if graphed[1] else 11)  # a step per pick but the prefill's
+            assert dg.graph.replays == dg.runs - 1                       # all but the warm-up
     assert gen._failure_noted is False
 
 
@@ -451,13 +594,13 @@ def test_decode_graph_many_steps_and_zero_raw_allocations(monkeypatch):
     prompts = [list(range(1, 9)), [5], list(range(20, 40))]
     eager = model.generate(prompts, 256, greedy=True, cuda_graphs=False)
     raw = []
-    real_step = gen.DecodeGraph.step
+    real_run = gen.DecodeGraph.run
 
-    def counting_step(self, ids, positions):
+    def counting_run(self):
         raw.append(xtrain.memory_stats("cuda")["num_raw_alloc"])
-        return real_step(self, ids, positions)
+        return real_run(self)
 
-    monkeypatch.setattr(gen.DecodeGraph, "step", counting_step)
+    monkeypatch.setattr(gen.DecodeGraph, "run", counting_run)
     graphed = model.generate(prompts, 256, greedy=True)
     assert np.array_equal(eager, graphed)
     assert len(raw) == 255 and len(set(raw[2:])) == 1  # from the first replay on

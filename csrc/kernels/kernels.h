@@ -190,6 +190,22 @@ inline AdamWStepConsts adamw_step_consts(const AdamWParams& hp) {
   void decode_attention(DType dt, const void* q, const void* k_cache, const void* v_cache,              \
                         const int64_t* len, void* out, int64_t B, int64_t L, int64_t H, int64_t Hkv,    \
                         int64_t D, double scale, void* stream);                                         \
+  /* decode_prep: a decode step's head preparation for row b at slot p = pos[b]: with wq, wk (both */  \
+  /* or neither) q_out[b, h] = rope(rms_norm(q[b, h], wq, eps)) and k_cache[b, p, h] = */             \
+  /* rope(rms_norm(k[b, h], wk, eps)), without them rope alone, at position p; v_cache[b, p] = */      \
+  /* v[b]. q, q_out [B, H, D], k, v [B, Hkv, D], caches [B, L, Hkv, D]; bitwise rms_norm (rounded */  \
+  /* to dt) then rope. A row with p outside [0, L) writes no cache slot (CUDA reports it). */          \
+  void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq,  \
+                   const void* wk, void* q_out, void* k_cache, void* v_cache, const int64_t* pos,       \
+                   int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps, float theta,     \
+                   void* stream);                                                                       \
+  /* greedy_next: per row b of logits [B, V] (dt), tok = argmax (the first of equal maxima; NaN */     \
+  /* above every number, the first NaN). state int64 [6, B] rows: 0 token, 1 position, 2 length, */   \
+  /* 3 limit, 4 done, 5 count. A row not done whose position + 1 < limit takes tok: token = tok, */   \
+  /* position += 1, length = position + 1, done when tok == stop (stop < 0: never); otherwise it */    \
+  /* is done and keeps its state. ring[(count % R) * B + b] = tok taken or -1; count += 1. */         \
+  void greedy_next(DType dt, const void* logits, int64_t B, int64_t V, int64_t* state, int64_t* ring,  \
+                   int64_t R, int64_t stop, void* stream);                                              \
   /* ---- cross entropy (kernels/{cpu,cuda}/cross_entropy): logits [rows, vocab] with row stride ld */     \
   /* (elements, ld >= vocab; columns vocab..ld-1 are never read), targets int32/int64 */              \
   /* losses[r] = lse_r - logit[r, t_r] (0 when t_r == ignore; NaN, and reported on CUDA as for */       \

@@ -8,9 +8,16 @@
 //    length, so rows of different lengths advance independently.
 //  - decode_attention(q, k_cache, v_cache, lengths) is one query row per (b, h) against the first
 //    lengths[b] slots of its row: no causal mask is needed (the query is the newest position).
+//  - decode_prep(q, k, v, k_cache, v_cache, positions, wq, wk) is a decode step's head
+//    preparation in one op: q's and k's rms_norm (when wq, wk are given) and rope at each row's
+//    position, k and v written into their cache slots; returns q. Bitwise rms_norm then rope.
+//  - greedy_next_(logits, state, ring, stop) picks each row's most likely token on the device and
+//    advances the row's decode state (token, position, length), so a greedy decode loop needs no
+//    host round trip per token (generation's replayed steps read the ring every R tokens).
 // Positions and lengths are checked on the CPU before the kernel runs and by the kernel on CUDA
 // (Note [Device-side index checks], core/cuda/cuda_check.h: a host check would sync every step).
 #include <cmath>
+#include <utility>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -92,6 +99,82 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   XT_KERNEL(q.device(), decode_attention, q.dtype(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
             lengths.data<int64_t>(), out.data_ptr(), B, L, H, Hkv, D, sc, stream_for(q.device()));
   return out;
+}
+
+Tensor decode_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
+                   const Tensor& positions, const Tensor& wq, const Tensor& wk, double eps, double theta) {
+  const char* op = "decode_prep";
+  check_cache(k_cache, op, "k_cache");
+  check_floating(v_cache, op, "v_cache");
+  XT_CHECK(v_cache.shape() == k_cache.shape(), ValueError, op, ": v_cache must have k_cache's shape, got k_cache ",
+           k_cache.describe(), ", v_cache ", v_cache.describe());
+  const int64_t B = k_cache.size(0), L = k_cache.size(1), Hkv = k_cache.size(2), D = k_cache.size(3);
+  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{q, "q"}, {k, "k"}, {v, "v"}}) {
+    check_floating(t, op, name);
+    check_same_dtype(t, k_cache, op, name, "k_cache");
+    check_same_device(t, k_cache, op, name, "k_cache");
+  }
+  check_same_dtype(v_cache, k_cache, op, "v_cache", "k_cache");
+  check_same_device(v_cache, k_cache, op, "v_cache", "k_cache");
+  XT_CHECK(q.dim() == 3 && q.size(0) == B && q.size(2) == D, ValueError, op,
+           ": q must be [B, H, D] with the cache's B and D, got q ", q.describe(), " for k_cache ", k_cache.describe());
+  XT_CHECK((k.shape() == Shape{B, Hkv, D} && v.shape() == Shape{B, Hkv, D}), ValueError, op,
+           ": k and v must be [B, H_kv, D] with the cache's sizes, got k ", k.describe(), ", v ", v.describe(),
+           " for k_cache ", k_cache.describe());
+  XT_CHECK(D % 2 == 0, ValueError, op, ": the head dimension D must be even (rotate-half pairs i with i + D/2), got ",
+           k_cache.describe());
+  XT_CHECK(wq.defined() == wk.defined(), ValueError, op,
+           ": give both q_norm_weight and k_norm_weight (q/k RMSNorm) or neither (rope only)");
+  if (wq.defined()) {
+    for (const auto& [w, name] : {std::pair<const Tensor&, const char*>{wq, "q_norm_weight"}, {wk, "k_norm_weight"}}) {
+      check_floating(w, op, name);
+      check_same_device(w, q, op, name, "q");
+      XT_CHECK(w.dim() == 1 && w.numel() == D, ValueError, op, ": ", name, " must have shape [", D,
+               "] (the head dimension), got ", w.describe());
+      XT_CHECK(w.dtype() == q.dtype() || w.dtype() == DType::Float32, TypeError, op, ": ", name,
+               " must be float32 or q's dtype, got ", w.describe(), " for q ", q.describe());
+    }
+    check_same_dtype(wq, wk, op, "q_norm_weight", "k_norm_weight");
+    XT_CHECK(std::isfinite(eps) && eps >= 0, ValueError, op, ": eps must be finite and >= 0, got ", eps);
+  }
+  XT_CHECK(std::isfinite(theta) && theta > 0, ValueError, op, ": theta must be finite and > 0, got ", theta);
+  check_rows(positions, k_cache, B, 0, L - 1, op, "positions");
+  k_cache.bump_version();
+  v_cache.bump_version();
+  Tensor q_out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  if (q.numel() + k.numel() == 0) return q_out;
+  XT_KERNEL(q.device(), decode_prep, q.dtype(), wq.defined() ? wq.dtype() : q.dtype(), q.data_ptr(), k.data_ptr(),
+            v.data_ptr(), wq.defined() ? wq.data_ptr() : nullptr, wk.defined() ? wk.data_ptr() : nullptr,
+            q_out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), positions.data<int64_t>(), B, L, q.size(1), Hkv,
+            D, static_cast<float>(eps), static_cast<float>(theta), stream_for(q.device()));
+  return q_out;
+}
+
+void greedy_next_(const Tensor& logits, const Tensor& state, const Tensor& ring, int64_t stop) {
+  const char* op = "greedy_next_";
+  check_floating(logits, op, "logits");
+  XT_CHECK(logits.dim() == 2 && logits.size(1) >= 1, ValueError, op,
+           ": logits must be [B, V] with V >= 1, got ", logits.describe());
+  const int64_t B = logits.size(0);
+  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{state, "state"}, {ring, "ring"}}) {
+    check_defined(t, name);
+    XT_CHECK(t.dtype() == DType::Int64, TypeError, op, ": ", name, " must be int64, got ", t.describe());
+    check_same_device(logits, t, op, "logits", name);
+  }
+  XT_CHECK((state.shape() == Shape{6, B}), ValueError, op, ": state must be [6, B] (token, position, length, limit, done, "
+           "count per row) for logits ", logits.describe(), ", got ", state.describe());
+  XT_CHECK(ring.dim() == 2 && ring.size(0) >= 1 && ring.size(1) == B, ValueError, op,
+           ": ring must be [R, B] with R >= 1 for logits ", logits.describe(), ", got ", ring.describe());
+  if (!state.device().is_cuda()) {
+    const int64_t* c = state.data<int64_t>() + 5 * B;
+    for (int64_t b = 0; b < B; ++b)
+      XT_CHECK(c[b] >= 0, ValueError, op, ": state's count[", b, "] must be >= 0, got ", c[b]);
+  }
+  state.bump_version();
+  ring.bump_version();
+  if (B == 0) return;
+  XT_KERNEL(logits.device(), greedy_next, logits.dtype(), logits.data_ptr(), B, logits.size(1),
+            state.data<int64_t>(), ring.data<int64_t>(), ring.size(0), stop, stream_for(logits.device()));
 }
 
 }  // namespace ops

@@ -218,6 +218,15 @@ std::vector<Tensor> qk_norm_rope_backward(const Tensor& q, const Tensor& k, cons
 void kv_cache_write_(const Tensor& cache, const Tensor& x, const Tensor& positions);
 Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& lengths,
                         double scale);
+// decode_prep: q [B, H, D], k, v [B, Hkv, D] of one decode step -> q_out [B, H, D]; k and v are
+// written into k_cache, v_cache [B, L, Hkv, D] at slot positions[b] (in [0, L)) of each row. With
+// wq, wk [D] (both or neither): rms_norm(eps) then rope(theta) at the row's position, bitwise the
+// two ops; without: rope only.
+Tensor decode_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
+                   const Tensor& positions, const Tensor& wq, const Tensor& wk, double eps, double theta);
+// greedy_next_: logits [B, V]; state int64 [6, B] (token, position, length, limit, done, count per
+// row; kernels.h's greedy_next has the rules); ring int64 [R, B]; stop < 0 means no stop token.
+void greedy_next_(const Tensor& logits, const Tensor& state, const Tensor& ring, int64_t stop);
 
 // ---- cross entropy (ops/cross_entropy.cpp): logits [N, V], targets int [N]; the mean loss over
 // targets that are not ignore_index, float32 []

@@ -1,6 +1,6 @@
 // Bindings for the model ops (xtrain.ops.*): rms_norm, add_rms_norm, rope, to_heads, from_heads, sdpa,
-// flash_attention, qk_norm_rope, kv_cache_write_, decode_attention, softmax, log_softmax,
-// cross_entropy, linear_cross_entropy. Argument conversion only; the ops live in csrc/ops/.
+// flash_attention, qk_norm_rope, kv_cache_write_, decode_attention, decode_prep, greedy_next_, softmax,
+// log_softmax, cross_entropy, linear_cross_entropy. Argument conversion only; the ops live in csrc/ops/.
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -82,6 +82,30 @@ void init_ops_model(py::module_& ops) {
           }, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("lengths"), py::arg("scale") = py::none(),
           "One query per row against a KV cache: q [B, H, D], k_cache and v_cache [B, L, H_kv, D], row b attends to "
           "its first lengths[b] slots (int64 [B]); returns [B, H, D]; scale None means 1/sqrt(D); not differentiable");
+  ops.def("decode_prep", [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                            const Tensor& v_cache, const Tensor& positions, const std::optional<Tensor>& q_norm_weight,
+                            const std::optional<Tensor>& k_norm_weight, double eps, double theta) {
+            py::gil_scoped_release nogil;
+            return ops::decode_prep(q, k, v, k_cache, v_cache, positions, q_norm_weight.value_or(Tensor()),
+                                    k_norm_weight.value_or(Tensor()), eps, theta);
+          }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("v_cache"), py::arg("positions"),
+          py::arg("q_norm_weight") = py::none(), py::arg("k_norm_weight") = py::none(), py::arg("eps") = 1e-6,
+          py::arg("theta") = 10000.0,
+          "A decode step's head preparation in one kernel: q [B, H, D], k, v [B, H_kv, D]; with the norm weights "
+          "rms_norm(eps) then rope(theta) of q and k at each row's slot positions[b] (int64 [B]), without them rope "
+          "only; k and v written into k_cache, v_cache [B, L, H_kv, D] at that slot; returns q. Bitwise rms_norm "
+          "then rope; not differentiable");
+  ops.def("greedy_next_", [](const Tensor& logits, const Tensor& state, const Tensor& ring,
+                             std::optional<int64_t> stop_token) {
+            XT_CHECK(!stop_token || *stop_token >= 0, ValueError,
+                     "greedy_next_: stop_token must be a token id >= 0 or None, got ", *stop_token);
+            py::gil_scoped_release nogil;
+            ops::greedy_next_(logits, state, ring, stop_token ? *stop_token : -1);
+          }, py::arg("logits"), py::arg("state"), py::arg("ring"), py::arg("stop_token") = py::none(),
+          "Greedy decoding on the device: row b's most likely token of logits [B, V] (the first of equal maxima, NaN "
+          "first) advances its state int64 [6, B] = (token, position, length, limit, done, count) when the row is "
+          "not done and position + 1 < limit (done after stop_token); ring [R, B][count % R, b] gets the token "
+          "taken or -1; count += 1. In place, not differentiable");
   ops.def("softmax", [](const Tensor& x, int64_t dim) {
             check_last_dim(x, dim, "softmax");
             return ops::softmax(x);

@@ -49,7 +49,7 @@ class DeviceGuard {
 // one of them is reported; a record is per device, so any thread's sync point on that device
 // may be the one that reports it.
 enum class IndexSite : int32_t { Embedding = 1, EmbeddingBackward = 2, CrossEntropy = 3, KvCacheWrite = 4,
-                                  DecodeAttention = 5 };
+                                  DecodeAttention = 5, DecodePrep = 6 };
 struct IndexErrorRecord {
   int32_t flag;          // 0: nothing to report; 1: the fields below are complete
   int32_t site;          // IndexSite: which kernel found it

@@ -132,6 +132,8 @@ std::string index_error_message(int device, const IndexErrorRecord& r) {
                  r.value, where);
     case IndexSite::DecodeAttention:
       return str("decode_attention: lengths must be in [0, ", r.bound - 1, "] (the cache's slots), got ", r.value, where);
+    case IndexSite::DecodePrep:
+      return str("decode_prep: positions must be in [0, ", r.bound - 1, "] (the cache's slots), got ", r.value, where);
   }
   return str("index ", r.value, " out of range [0, ", r.bound, ")", where);
 }

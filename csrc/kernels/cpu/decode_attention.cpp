@@ -6,11 +6,17 @@
 //  - decode_attention, per (b, h): s_j = scale * q . k_j for j < len[b], m = max_j s_j,
 //    p_j = exp(s_j - m), out = sum_j p_j v_j / sum_j p_j, in float32 (float64 for float64), rounded
 //    once. Query head h reads kv head h / (H / Hkv).
+//  - decode_prep is the composition it fuses on CUDA: rmsnorm_forward (when there are norm
+//    weights) then rope at each row's position, through this backend's own kernels, then the
+//    cache writes.
+//  - greedy_next: a scan of each row for its first maximum, then the row's state update.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
+
+#include "core/error.h"
 
 #include "kernels/common.h"
 #include "kernels/kernels.h"
@@ -65,6 +71,74 @@ void decode_attention(DType dt, const void* q_, const void* k_, const void* v_, 
         const C inv = n > 0 ? C(1) / l : C(0);
         for (int64_t d = 0; d < D; ++d) store(out, (b * H + h) * D + d, acc[d] * inv);
       }
+  });
+}
+
+void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq, const void* wk,
+                 void* q_out, void* k_cache, void* v_cache, const int64_t* pos, int64_t B, int64_t L, int64_t H,
+                 int64_t Hkv, int64_t D, float eps, float theta, void* stream) {
+  const size_t esize = dtype_size(dt);
+  // One side (q or k, `heads` rows of D per token): normed (or the input) -> rope at pos -> out.
+  // rope's layout is [B', S, H, D] with positions over S: the decode rows are its S axis.
+  const auto side = [&](const void* x, const void* w, void* out, int64_t heads) {
+    std::vector<unsigned char> normed;
+    const void* src = x;
+    if (w != nullptr) {
+      normed.resize(static_cast<size_t>(B * heads * D) * esize);
+      std::vector<float> rstd(static_cast<size_t>(B * heads));
+      rmsnorm_forward(dt, w_dt, x, w, normed.data(), rstd.data(), B * heads, D, eps, stream);
+      src = normed.data();
+    }
+    rope(dt, src, out, pos, 1, B, heads, D, theta, /*inverse=*/false, stream);
+  };
+  side(q, wq, q_out, H);
+  std::vector<unsigned char> k_out(static_cast<size_t>(B * Hkv * D) * esize);
+  side(k, wk, k_out.data(), Hkv);
+  kv_cache_write(dt, k_cache, k_out.data(), pos, B, L, 1, Hkv * D, stream);
+  kv_cache_write(dt, v_cache, v, pos, B, L, 1, Hkv * D, stream);
+}
+
+namespace {
+
+// Whether logit a at index i beats the best so far (b at index j < i): NaN above every number,
+// the first of equal values (and the first NaN) kept, as numpy's argmax.
+template <typename C>
+bool greedy_beats(C a, C b) {
+  if (std::isnan(b)) return false;
+  return std::isnan(a) || a > b;
+}
+
+}  // namespace
+
+void greedy_next(DType dt, const void* logits_, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,
+                 int64_t stop, void* /*stream*/) {
+  XT_DISPATCH_FLOAT(dt, "greedy_next", T, {
+    using C = compute_t<T>;
+    const T* logits = static_cast<const T*>(logits_);
+    int64_t *tok = state, *position = state + B, *length = state + 2 * B, *limit = state + 3 * B,
+            *done = state + 4 * B, *count = state + 5 * B;
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t best = 0;
+      C best_v = load(logits, b * V);
+      for (int64_t i = 1; i < V; ++i) {
+        const C x = load(logits, b * V + i);
+        if (greedy_beats(x, best_v)) best = i, best_v = x;
+      }
+      int64_t taken = -1;
+      if (done[b] == 0) {
+        if (position[b] + 1 < limit[b]) {
+          taken = best;
+          tok[b] = best;
+          position[b] += 1;
+          length[b] = position[b] + 1;
+          if (best == stop) done[b] = 1;
+        } else {
+          done[b] = 1;
+        }
+      }
+      ring[(count[b] % R) * B + b] = taken;
+      count[b] += 1;
+    }
   });
 }
 

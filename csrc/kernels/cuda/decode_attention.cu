@@ -14,6 +14,14 @@
 //  - Deterministic: the chunk size and launch shapes depend only on (B, L, H, Hkv, D, dtype), every
 //    sum has a fixed order, no atomics. Chunks past a row's length exit at once and are not read.
 //    Compute type float32 (float64 for float64).
+//  - decode_prep: one block per row, the rows' head preparation of a decode step in one launch (it
+//    was rms_norm, rope, rms_norm, rope and two cache writes): the row's cos/sin at its position in
+//    shared memory, then G lanes per q or k head row with rms_norm's sum of squares and rounding
+//    (the same lanes_for(D) groups as the rms_norm kernel, so the same sums) and rope's rotation,
+//    k written straight into its cache slot; v copied into its slot.
+//  - greedy_next: one block per row, each thread's first maximum over a strided share of the row,
+//    then a reduction that keeps the better value and, of equal ones, the lower index (so the
+//    result does not depend on the order: the row's first maximum); thread 0 updates the state.
 #include "kernels/cuda/common.cuh"
 
 namespace xt {
@@ -183,6 +191,113 @@ __global__ void decode_combine_kernel(const compute_t<T>* po, const compute_t<T>
   }
 }
 
+// ------------------------------------------------------------------ decode head preparation
+
+constexpr int kPrepThreads = 128;
+
+template <int G, typename T, typename W>
+__global__ void __launch_bounds__(kPrepThreads)
+    decode_prep_kernel(const T* q, const T* k, const T* v, const W* wq, const W* wk, T* q_out, T* k_cache,
+                       T* v_cache, const int64_t* pos, int64_t L, int H, int Hkv, int D, float eps, float theta,
+                       IndexErrorRecord* err) {
+  using C = compute_t<T>;
+  extern __shared__ __align__(16) unsigned char prep_smem[];
+  C* tab_cos = reinterpret_cast<C*>(prep_smem);
+  const int half = D / 2;
+  C* tab_sin = tab_cos + half;
+  const int64_t b = blockIdx.x;
+  const int64_t p = pos[b];
+  const bool slot_ok = p >= 0 && p < L;
+  if (!slot_ok && threadIdx.x == 0) report_bad_index(err, IndexSite::DecodePrep, p, L, 0);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    C sn, cs;  // rope_rows_kernel's table: the float32 angle of position p
+    rope_cos_sin(static_cast<float>(p) * rope_inv_freq(theta, i, D), &cs, &sn);
+    tab_cos[i] = cs;
+    tab_sin[i] = sn;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % G, group = threadIdx.x / G, groups = blockDim.x / G;
+  const bool norm = wq != nullptr;
+  for (int r0 = 0; r0 < H + Hkv; r0 += groups) {
+    const int r = r0 + group;
+    const bool valid = r < H + Hkv, is_q = r < H;
+    const T* x = !valid ? q : is_q ? q + (b * H + r) * D : k + (b * Hkv + (r - H)) * D;
+    // Every lane of the group takes part in the sum's shuffles, valid or not.
+    const C inv = norm ? rms_rstd(group_sum_sq<G>(x, D, lane, valid), D, eps) : C(0);
+    if (!valid || (!is_q && !slot_ok)) continue;
+    const W* w = is_q ? wq : wk;
+    T* y = is_q ? q_out + (b * H + r) * D : k_cache + ((b * L + p) * Hkv + (r - H)) * D;
+    for (int j = lane; j < D; j += G) {
+      const int i = j < half ? j : j - half;
+      // rms_norm's output as stored and read back by rope (rounded to T), or the input itself
+      const C x1 = norm ? rounded<T>(rms_scaled(x, w, i, inv)) : load(x, i);
+      const C x2 = norm ? rounded<T>(rms_scaled(x, w, i + half, inv)) : load(x, i + half);
+      C y1, y2;
+      rope_rotate(x1, x2, tab_cos[i], tab_sin[i], &y1, &y2);
+      store(y, j, j < half ? y1 : y2);
+    }
+  }
+  if (!slot_ok) return;
+  const int64_t n = static_cast<int64_t>(Hkv) * D;
+  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) v_cache[(b * L + p) * n + e] = v[b * n + e];
+}
+
+// ------------------------------------------------------------------ greedy pick
+
+constexpr int kGreedyThreads = 512;
+
+// Whether (a, i) beats (b, j): NaN above every number, then the larger value, then the lower index.
+template <typename C>
+__device__ __forceinline__ bool greedy_beats(C a, int64_t i, C b, int64_t j) {
+  const bool an = a != a, bn = b != b;
+  if (an || bn) return an && (!bn || i < j);
+  return a > b || (a == b && i < j);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kGreedyThreads)
+    greedy_next_kernel(const T* logits, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,
+                       int64_t stop) {
+  using C = compute_t<T>;
+  __shared__ C best_v[kGreedyThreads / kWarp];
+  __shared__ int64_t best_i[kGreedyThreads / kWarp];
+  const int64_t b = blockIdx.x;
+  const T* row = logits + b * V;
+  C v = load(row, 0);
+  int64_t idx = 0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const C x = load(row, i);
+    if (greedy_beats(x, i, v, idx)) v = x, idx = i;
+  }
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const C ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (greedy_beats(ov, oi, v, idx)) v = ov, idx = oi;
+  }
+  const int warp = threadIdx.x / kWarp;
+  if (threadIdx.x % kWarp == 0) best_v[warp] = v, best_i[warp] = idx;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w)
+    if (greedy_beats(best_v[w], best_i[w], v, idx)) v = best_v[w], idx = best_i[w];
+  int64_t *tok = state, *position = state + B, *length = state + 2 * B, *limit = state + 3 * B,
+          *done = state + 4 * B, *count = state + 5 * B;
+  int64_t taken = -1;
+  if (done[b] == 0) {
+    if (position[b] + 1 < limit[b]) {
+      taken = idx;
+      tok[b] = idx;
+      position[b] += 1;
+      length[b] = position[b] + 1;
+      if (idx == stop) done[b] = 1;
+    } else {
+      done[b] = 1;
+    }
+  }
+  ring[(count[b] % R) * B + b] = taken;
+  count[b] += 1;
+}
+
 }  // namespace
 
 void kv_cache_write(DType dt, void* cache, const void* x, const int64_t* pos, int64_t B, int64_t L, int64_t S,
@@ -239,6 +354,42 @@ void decode_attention(DType dt, const void* q, const void* k_cache, const void* 
     decode_combine_kernel<T><<<static_cast<unsigned>(rows), threads, 0, on.s>>>(
         po, pm, pl, len, static_cast<T*>(out), L, static_cast<int>(H), static_cast<int>(D), chunk,
         static_cast<int>(nchunks));
+    XT_LAUNCH_CHECK();
+  });
+}
+
+void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq, const void* wk,
+                 void* q_out, void* k_cache, void* v_cache, const int64_t* pos, int64_t B, int64_t L, int64_t H,
+                 int64_t Hkv, int64_t D, float eps, float theta, void* stream) {
+  if (B == 0 || D == 0) return;
+  XT_ASSERT(D % 2 == 0, "decode_prep: odd head dim ", D);
+  XT_CHECK(B <= INT32_MAX && (H + Hkv) * D <= INT32_MAX, ValueError, "decode_prep: shape too large for CUDA: B=", B,
+           ", H=", H, ", H_kv=", Hkv, ", D=", D);
+  OnStream on(stream);
+  auto* err = xt::cuda::index_error_record(on.device);
+  dispatch_float_weight(dt, w_dt, "decode_prep", [&](auto xtag, auto wtag) {
+    using T = typename decltype(xtag)::type;
+    using W = typename decltype(wtag)::type;
+    with_lanes(D, [&](auto g) {
+      constexpr int G = decltype(g)::value;
+      const size_t smem = sizeof(compute_t<T>) * static_cast<size_t>(D);  // cos and sin, D/2 each
+      decode_prep_kernel<G, T, W><<<static_cast<unsigned>(B), kPrepThreads, smem, on.s>>>(
+          static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const W*>(wq),
+          static_cast<const W*>(wk), static_cast<T*>(q_out), static_cast<T*>(k_cache), static_cast<T*>(v_cache), pos,
+          L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), eps, theta, err);
+      XT_LAUNCH_CHECK();
+    });
+  });
+}
+
+void greedy_next(DType dt, const void* logits, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,
+                 int64_t stop, void* stream) {
+  if (B == 0) return;
+  XT_CHECK(B <= INT32_MAX, ValueError, "greedy_next: too many rows for CUDA: ", B);
+  OnStream on(stream);
+  XT_DISPATCH_FLOAT(dt, "greedy_next", T, {
+    greedy_next_kernel<T><<<static_cast<unsigned>(B), kGreedyThreads, 0, on.s>>>(static_cast<const T*>(logits), B, V,
+                                                                                  state, ring, R, stop);
     XT_LAUNCH_CHECK();
   });
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'flash_attention', 'from_heads', 'gelu', 'kv_cache_write_', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'to_heads', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'flash_attention', 'from_heads', 'gelu', 'greedy_next_', 'kv_cache_write_', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'to_heads', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -33,6 +33,10 @@ def cross_entropy(logits: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_in
 def decode_attention(q: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xtrain._C.Tensor, lengths: xtrain._C.Tensor, scale: typing.SupportsFloat | typing.SupportsIndex | None = None) -> xtrain._C.Tensor:
     """
     One query per row against a KV cache: q [B, H, D], k_cache and v_cache [B, L, H_kv, D], row b attends to its first lengths[b] slots (int64 [B]); returns [B, H, D]; scale None means 1/sqrt(D); not differentiable
+    """
+def decode_prep(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xtrain._C.Tensor, positions: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor | None = None, k_norm_weight: xtrain._C.Tensor | None = None, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0) -> xtrain._C.Tensor:
+    """
+    A decode step's head preparation in one kernel: q [B, H, D], k, v [B, H_kv, D]; with the norm weights rms_norm(eps) then rope(theta) of q and k at each row's slot positions[b] (int64 [B]), without them rope only; k and v written into k_cache, v_cache [B, L, H_kv, D] at that slot; returns q. Bitwise rms_norm then rope; not differentiable
     """
 def div(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
@@ -68,6 +72,10 @@ def from_heads(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
 def gelu(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     GELU, tanh approximation: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), as GPT-2 and torch.nn.functional.gelu(x, approximate='tanh')
+    """
+def greedy_next_(logits: xtrain._C.Tensor, state: xtrain._C.Tensor, ring: xtrain._C.Tensor, stop_token: typing.SupportsInt | typing.SupportsIndex | None = None) -> None:
+    """
+    Greedy decoding on the device: row b's most likely token of logits [B, V] (the first of equal maxima, NaN first) advances its state int64 [6, B] = (token, position, length, limit, done, count) when the row is not done and position + 1 < limit (done after stop_token); ring [R, B][count % R, b] gets the token taken or -1; count += 1. In place, not differentiable
     """
 def kv_cache_write_(cache: xtrain._C.Tensor, x: xtrain._C.Tensor, positions: xtrain._C.Tensor) -> None:
     """

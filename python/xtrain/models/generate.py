@@ -19,14 +19,21 @@ Decisions:
   output stops growing.
 - RoPE positions never slide: a row stops at max_seq tokens (prompt included), and a prompt longer
   than max_seq is an error rather than a silently cropped window.
+- Greedy decoding picks on the device: ops.greedy_next_ takes each row's argmax of the step's
+  logits (the first of equal maxima, as numpy's argmax) and advances the row's state (token fed
+  next, position, length, done) in device memory, and writes the token into a ring of R steps. The
+  host launches R steps back to back and reads the ring once per R tokens, so it never waits on
+  the GPU in between (the one sync point per step was most of a batch-1 step's time).
 - Sampling runs on the host (numpy, float64) from the step's (B, V) logits, the one sync point
   per step. Order: temperature, top-k, top-p, then one draw per active row in row order from one
   numpy Generator (seeded with `seed`, or the caller's `generator`), so the same call repeats.
 - On CUDA the decode step is a CUDA graph (DecodeGraph): the first decode step runs eagerly (the
-  warm-up), the second captures forward_cached's decode branch once, and every step from then on
-  is one host-to-device copy of the step's inputs, one replay and the read of the logits. The
-  same kernels with the same values in the same order: the tokens and logits are bitwise those of
-  the eager step. cuda_graphs=False, the CPU, or a failed capture (noted once) run it eagerly.
+  warm-up), the second captures the step once, and every step from then on is one replay (after,
+  when sampling, one host-to-device copy of the step's inputs). Everything a step reads or writes
+  that changes from token to token lives in buffers allocated before the capture (the KV cache,
+  the inputs or the greedy state, the ring, the logits buffer), so a replay is the same kernels
+  with the same values in the same order: the tokens and logits are bitwise those of the eager
+  step. cuda_graphs=False, the CPU, or a failed capture (noted once) run it eagerly.
 """
 
 from __future__ import annotations
@@ -115,65 +122,60 @@ def _note_failure(message: str) -> None:
 
 
 class DecodeGraph:
-    """forward_cached's decode step (every layer, the final norm and the head, one token per row)
-    as a CUDA graph, captured once per generate() call and replayed for every next token.
+    """One decode step, step() (every layer, the final norm and the head for one token per row,
+    and on the greedy path the device-side pick), as a CUDA graph captured once per generate()
+    call and replayed for every next token.
 
-    What changes from token to token lives in one int64 device buffer that the graph reads,
-    `inputs` (3 * B,): the tokens fed (B, 1), the rows' write positions (B,) and the lengths
-    attended to (B,) = positions + 1, written by one host-to-device copy (pinned staging, no wait)
-    before each step, outside the capture. The KV cache is allocated for the whole call before the
-    capture and the bf16 weight copies are made by the eager warm-up step (the weights do not
-    change during a call, so the capture casts nothing), so every address the graph reads is fixed.
-    The logits come out in the graph's (B, V) output buffer at a fixed address, overwritten by the
-    next replay: read them before the next step.
+    step() must take every per-token value from buffers that exist before the capture and put its
+    results into such buffers: the KV cache (allocated for the whole call), the inputs (sampling:
+    tokens, positions, lengths, written by the host before each step) or the greedy state, the
+    ring and the logits buffer. The bf16 weight copies are made by the eager warm-up step (the
+    weights do not change during a call, so the capture casts nothing); so every address the
+    graph reads is fixed.
 
-    step() runs the first call eagerly (the warm-up: cuBLAS handle and workspace, the bf16 weight
-    copies, the allocator's blocks), captures at the second and replays from then on; it returns
-    None when the capture failed (noted once per process): the caller runs that step and the rest
-    eagerly (nothing of the failed capture ran)."""
+    run() runs the first call eagerly (the warm-up: cuBLAS handle and workspace, the bf16 weight
+    copies, the allocator's blocks), captures at the second (the capture runs nothing) and replays
+    from then on. With capture=False, or after a failed capture (noted once per process; nothing of
+    it ran), every call runs step() eagerly."""
 
-    def __init__(self, model, cache: "KVCache", batch: int):
-        self.model, self.cache = model, cache
+    def __init__(self, model, step, capture: bool):
         device = str(model.device)
         self.index = int(device.split(":")[1]) if ":" in device else 0
-        self.inputs = xtrain.zeros((3 * batch,), dtype="int64", device=model.device)
-        self.ids = self.inputs._storage_view(0, (batch, 1))              # (B, 1)
-        self.positions = self.inputs._storage_view(batch, (batch,))      # (B,)
-        self.lengths = self.inputs._storage_view(2 * batch, (batch,))    # (B,)
-        self.graph = self.logits = None
-        self.eager_steps = 0
+        self.step, self.capture = step, capture
+        self.graph = None
+        self.runs = self.eager_steps = 0   # steps run (replays and eager), of them eager
         self.failed = None        # why the capture failed, or None
 
-    def step(self, ids: np.ndarray, positions: np.ndarray):
-        """Row b feeds token ids[b] at slot positions[b] and attends to slots 0..positions[b]:
-        the step's logits (B, V), or None when the caller must run it eagerly."""
-        if self.failed is not None:
-            return None
-        ids = np.asarray(ids, dtype=np.int64)
-        positions = np.asarray(positions, dtype=np.int64)
-        host = np.concatenate([ids, positions, positions + 1])
-        self.inputs.copy_(xtrain.tensor(host, device="cpu"))   # outside any capture
-        self.cache.positions, self.cache.lengths = self.positions, self.lengths
-        if self.graph is None:
-            if self.eager_steps == 0:  # warm-up: an ordinary eager step from the same buffers
-                self.eager_steps += 1
-                return self.model.forward_cached(self.ids, self.cache)
+    def run(self) -> None:
+        self.runs += 1
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        if self.capture and self.failed is None and self.eager_steps > 0:
             try:
                 graph = xtrain.cuda.Graph(self.index)
-                self.logits = _capture(graph, lambda: self.model.forward_cached(self.ids, self.cache))
+                _capture(graph, self.step)
                 self.graph = graph
             except Exception as e:  # nothing of the capture ran: this step and the rest run eagerly
                 self.failed = f"{type(e).__name__}: {e}"
-                self.logits = None
                 _note_failure(f"capture of the decode step as a CUDA graph failed ({self.failed})")
-                return None
-        self.graph.replay()
-        return self.logits
+            else:
+                self.graph.replay()
+                return
+        self.eager_steps += 1
+        self.step()
 
     @property
     def num_nodes(self) -> int:
         """Kernels, copies and memsets of one replay (0 before the capture)."""
         return self.graph.num_nodes if self.graph is not None else 0
+
+
+# The greedy path's ring: steps launched back to back between two reads of the tokens (the host
+# learns of a stop token up to this many steps late; the extra steps change nothing it keeps).
+GREEDY_RING = 32
+# Tests set this False to run greedy decoding through pick() on the host (the reference).
+DEVICE_GREEDY = True
 
 
 def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
@@ -187,10 +189,10 @@ def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_
     pad_token (default: stop_token, else 0) up to T, the longest row's length.
     A row stops after it produces stop_token (included in the row) or at
     min(len(prompt) + max_new_tokens, model.config.max_seq) tokens.
-    greedy=True or temperature=0: the most likely token (the first on ties). Otherwise softmax of
-    logits / temperature, restricted to the top_k most likely tokens and then to the smallest set
-    of most likely tokens whose probability reaches top_p (at least one token), drawn from
-    `generator` (a numpy Generator) or a PCG64 seeded with `seed`.
+    greedy=True or temperature=0: the most likely token (the first on ties), picked on the device.
+    Otherwise softmax of logits / temperature, restricted to the top_k most likely tokens and then
+    to the smallest set of most likely tokens whose probability reaches top_p (at least one token),
+    drawn from `generator` (a numpy Generator) or a PCG64 seeded with `seed`.
     cuda_graphs: on CUDA, capture the decode step once as a CUDA graph and replay it for every
     token (DecodeGraph; bitwise the eager step's tokens and logits); a no-op on the CPU.
     Runs under no_grad in eval mode (the model's mode is restored)."""
@@ -208,9 +210,7 @@ def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_
     out = np.full((B, T), pad, dtype=np.int64)
     for b, r in enumerate(rows):
         out[b, :lens[b]] = r
-    cur = lens.copy()                                             # tokens in each row so far
-    active = cur < limit
-    if not active.any():
+    if not (lens < limit).any():
         return out
 
     was_training = model.training
@@ -223,30 +223,94 @@ def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_
             last = xtrain.tensor(np.arange(B) * P + lens - 1, device=model.device)
             logits = model.forward_cached(ids, cache, last)
             cache.empty = False
-            graph = DecodeGraph(model, cache, B) if decode_graph_blocker(model, cuda_graphs) is None else None
-            while True:
-                # Sync point: the step's logits come to the host to pick the next tokens.
-                nxt = pick(np.asarray(logits.numpy(), dtype=np.float32)[active], temperature, top_k, top_p,
-                           greedy, rng)
-                idx = np.flatnonzero(active)
-                out[idx, cur[idx]] = nxt
-                cur[idx] += 1
-                active &= cur < limit
-                if stop_token is not None:
-                    active[idx[nxt == stop_token]] = False
-                if not active.any():
-                    break
-                # Every row feeds its last token at its last position; a finished row repeats its
-                # final step (the same values into the same slot) and its output is left alone.
-                tokens = out[np.arange(B), cur - 1]
-                logits = graph.step(tokens, cur - 1) if graph is not None else None
-                if logits is None:  # eager: no graph, or its capture failed
-                    cache.at(cur - 1)
-                    ids = xtrain.tensor(tokens[:, None], device=model.device)
-                    logits = model.forward_cached(ids, cache)
+            capture = decode_graph_blocker(model, cuda_graphs) is None
+            if greedy and DEVICE_GREEDY:
+                cur = _decode_greedy(model, cache, logits, out, lens, limit, stop_token, capture)
+            else:
+                cur = _decode_sampled(model, cache, logits, out, lens, limit, temperature, top_k, top_p,
+                                      greedy, rng, stop_token, capture)
     finally:
         model.train(was_training)
     return out[:, :int(cur.max())]
+
+
+def _decode_greedy(model, cache, logits, out, lens, limit, stop_token, capture) -> np.ndarray:
+    """Greedy decoding with the pick on the device (ops.greedy_next_); fills out, returns each row's
+    final length. The state's rows: token fed next, position (its slot), length = position + 1,
+    limit, done, count; positions and lengths are the cache's, token the step's input."""
+    B = len(lens)
+    state = xtrain.tensor(np.stack([np.zeros(B), lens - 1, lens, limit, lens >= limit, np.zeros(B)]).astype(np.int64),
+                          device=model.device)
+    ids = state._storage_view(0, (B, 1))
+    cache.positions, cache.lengths = state._storage_view(B, (B,)), state._storage_view(2 * B, (B,))
+    picks = int((limit - lens).max())        # picks the longest row needs, the prompt's included
+    R = min(GREEDY_RING, picks)
+    ring = xtrain.zeros((R, B), dtype="int64", device=model.device)
+    ops.greedy_next_(logits, state, ring, stop_token)       # the token after each prompt
+
+    def step():
+        ops.greedy_next_(model.forward_cached(ids, cache), state, ring, stop_token)
+
+    runner = DecodeGraph(model, step, capture)
+    cur, finished = lens.copy(), lens >= limit
+    read, calls = 0, 1                        # ring entries read so far, greedy_next_ calls made
+    while True:
+        if calls - read == R or calls == picks:
+            # Sync point, once per R steps: the ring's tokens come to the host.
+            toks = ring.numpy()
+            for c in range(read, calls):
+                row = toks[c % R]
+                taken = row >= 0
+                finished |= ~taken
+                idx = np.flatnonzero(taken)
+                out[idx, cur[idx]] = row[idx]
+                cur[idx] += 1
+                if stop_token is not None:
+                    finished[idx[row[idx] == stop_token]] = True
+            read = calls
+            finished |= cur >= limit
+            if finished.all() or calls == picks:
+                return cur
+        runner.run()
+        calls += 1
+
+
+def _decode_sampled(model, cache, logits, out, lens, limit, temperature, top_k, top_p, greedy, rng, stop_token,
+                    capture) -> np.ndarray:
+    """Decoding with the pick on the host (pick()); fills out, returns each row's final length.
+    What changes from token to token goes to the device in one int64 buffer the step reads,
+    `inputs` (3 * B,): the tokens fed (B, 1), the rows' write positions (B,) and the lengths
+    attended to (B,) = positions + 1, by one host-to-device copy (pinned staging, no wait) before
+    each step; the step's logits land in one (B, V) buffer."""
+    B = len(lens)
+    inputs = xtrain.zeros((3 * B,), dtype="int64", device=model.device)
+    ids = inputs._storage_view(0, (B, 1))
+    cache.positions, cache.lengths = inputs._storage_view(B, (B,)), inputs._storage_view(2 * B, (B,))
+    buf = xtrain.empty(*logits.shape, dtype=logits.dtype, device=model.device)
+
+    def step():
+        buf.copy_(model.forward_cached(ids, cache))
+
+    runner = DecodeGraph(model, step, capture)
+    cur = lens.copy()                                             # tokens in each row so far
+    active = cur < limit
+    while True:
+        # Sync point: the step's logits come to the host to pick the next tokens.
+        nxt = pick(np.asarray(logits.numpy(), dtype=np.float32)[active], temperature, top_k, top_p, greedy, rng)
+        idx = np.flatnonzero(active)
+        out[idx, cur[idx]] = nxt
+        cur[idx] += 1
+        active &= cur < limit
+        if stop_token is not None:
+            active[idx[nxt == stop_token]] = False
+        if not active.any():
+            return cur
+        # Every row feeds its last token at its last position; a finished row repeats its final
+        # step (the same values into the same slot) and its output is left alone.
+        tokens = out[np.arange(B), cur - 1]
+        inputs.copy_(xtrain.tensor(np.concatenate([tokens, cur - 1, cur]), device="cpu"))   # outside any capture
+        runner.run()
+        logits = buf
 
 
 def pick(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None, greedy: bool,

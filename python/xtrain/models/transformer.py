@@ -43,7 +43,10 @@ Decisions:
   from the lm_head and stay differentiable.
 - Generation (xtrain.models.generate) uses a KV cache: forward_cached prefills it with the blocks'
   own forward and then runs Block.decode / Attention.decode, one token per row at the row's own
-  position, attending to the cache with ops.decode_attention.
+  position, attending to the cache with ops.decode_attention. A decode step is ~11 kernels per
+  layer: one q/k/v GEMM, ops.decode_prep (q/k norm, RoPE and both cache writes in one kernel),
+  attention, o_proj, the residual adds fused with the norms after them (ops.add_rms_norm), the
+  gate/up GEMM, swiglu and down_proj.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Options for pretrained checkpoints (TransformerConfig): n_kv_heads (grouped-query attention:
   k/v_proj narrower, flash_attention reads fewer kv heads), qk_norm off (Llama: no q/k_norm, q and
@@ -230,18 +233,15 @@ class Attention(nn.Module):
 
     def decode(self, x, cache):
         """One new token per row: x (B, dim), already normed -> (B, dim), attending to the row's
-        cached keys and values plus its own (written into the cache at cache.positions). The same
-        ops as forward's qk_norm_rope (rms_norm then rope, bitwise): the rows are rope's sequence
-        axis, each with its own position."""
+        cached keys and values plus its own. q, k, v from one batched GEMM; ops.decode_prep then
+        norms (q/k RMSNorm) and rotates q and k at each row's position (cache.positions) and writes
+        k and v into the row's cache slot, in one kernel and bitwise rms_norm then rope."""
         B, H, Hkv, D = x.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
-        q = self.q_proj(x).reshape(1, B, H, D)
-        k = self.k_proj(x).reshape(1, B, Hkv, D)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = ops.rope(q, cache.positions, self.rope_theta)
-        k = ops.rope(k, cache.positions, self.rope_theta)
-        cache.write(k.reshape(B, 1, Hkv, D), self.v_proj(x).reshape(B, 1, Hkv, D))
-        a = cache.attend(q.reshape(B, H, D), scale=1.0 / math.sqrt(D))   # (B, H, D)
+        q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        norms = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
+        q = ops.decode_prep(q.reshape(B, H, D), k.reshape(B, Hkv, D), v.reshape(B, Hkv, D), cache.k, cache.v,
+                            cache.positions, *norms, eps=self.eps, theta=self.rope_theta)
+        a = cache.attend(q, scale=1.0 / math.sqrt(D))   # (B, H, D)
         return self.o_proj(a.reshape(B, H * D))
 
 
@@ -288,10 +288,14 @@ class Block(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), seq, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def decode(self, x, cache):
-        """One new token per row of the residual stream x (B, dim) -> (B, dim), with the KV cache."""
-        x = x + self.self_attn.decode(self.input_layernorm(x), cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def decode(self, x, h, cache, next_norm):
+        """One new token per row: the residual stream x (B, dim) and h = input_layernorm(x) ->
+        (x', next_norm(x')), with the KV cache. Each residual add is fused with the norm after it
+        (ops.add_rms_norm, bitwise the add then the norm): the block's own post-attention norm, and
+        next_norm, the next block's input norm or the final norm."""
+        post = self.post_attention_layernorm
+        x, h = ops.add_rms_norm(self.self_attn.decode(h, cache), x, post.weight, post.eps)
+        return ops.add_rms_norm(self.mlp(h), x, next_norm.weight, next_norm.eps)
 
     def _forward_recompute(self, x, seq: int):
         """forward() with selective activation recompute: the attention half and the MLP up to
@@ -401,10 +405,12 @@ class TinyTransformer(nn.Module):
                 for block, layer in zip(self.layers, cache.layers):
                     x = block(x, S, layer)
                 x = ops.embedding(x, last)                                     # (B, dim)
-            else:
-                for block, layer in zip(self.layers, cache.layers):
-                    x = block.decode(x, layer)
-            return ops.linear(self.norm(x), self.head_weight())                # (B, V)
+                return ops.linear(self.norm(x), self.head_weight())            # (B, V)
+            h = self.layers[0].input_layernorm(x)
+            next_norms = [block.input_layernorm for block in self.layers[1:]] + [self.norm]
+            for block, layer, next_norm in zip(self.layers, cache.layers, next_norms):
+                x, h = block.decode(x, h, layer, next_norm)                    # h: next_norm(x)
+            return ops.linear(h, self.head_weight())                           # (B, V)
 
     def generate(self, prompts, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, greedy: bool = False, seed: int = 0, generator=None,
