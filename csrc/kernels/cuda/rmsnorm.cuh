@@ -138,6 +138,12 @@ OnePassPlan onepass_plan(int64_t rows, int64_t dim) {
   OnePassPlan p;
   const size_t smem = sizeof(C) * static_cast<size_t>(kThreads / G) * static_cast<size_t>(dim);
   if (smem > kOnePassMaxSmem) return p;
+  if (rows <= 0) {  // nothing to sum (qk_norm_rope's side without a gradient): no block
+    p.rows_per_block = 1;
+    p.nblocks = 0;
+    p.smem = smem;
+    return p;
+  }
   int64_t nblocks = ceil_div(rows, (kThreads / G) * kOnePassRowsPerGroup);
   if (nblocks > kOnePassMaxBlocks) nblocks = kOnePassMaxBlocks;
   if (nblocks < 1) nblocks = 1;
