@@ -112,22 +112,73 @@ __device__ __forceinline__ void load_stats(float* sm, const float* g, int row0, 
   if (i < R) cp_async4(sm + i, row0 + i < S ? g + row0 + i : g, row0 + i < S);
 }
 
+// The A fragment of this warp's 16 rows of sa ([rows][D + kPad]) at columns 16kk .. 16kk + 15:
+// matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15).
+template <int D>
+__device__ __forceinline__ void load_a_frag(uint32_t (&a)[4], const bf16_t* sa, int kk, int lane) {
+  ldsm_x4(a, sa + (lane % 16) * (D + kPad) + kk * 16 + lane / 16 * 8);
+}
+
+// acc[N/8][4] += A B^T over columns 16kk .. 16kk + 15 of the reduction: A given as its fragment
+// (load_a_frag), B = N rows of sb ([rows][D + kPad]).
+template <int D, int N>
+__device__ __forceinline__ void warp_mma_nt_slice(float (&acc)[N / 8][4], const uint32_t (&a)[4], const bf16_t* sb,
+                                                  int kk, int lane) {
+  constexpr int kLd = D + kPad;
+#pragma unroll
+  for (int np = 0; np < N / 16; ++np) {
+    uint32_t b[4];  // rows 16np + (0-7 | 8-15) of sb, each at d = 16kk + (0-7 | 8-15)
+    ldsm_x4(b, sb + (np * 16 + lane % 8 + lane / 16 * 8) * kLd + kk * 16 + lane / 8 % 2 * 8);
+    mma_bf16(acc[2 * np], a, b[0], b[1]);
+    mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+  }
+}
+
 // acc[N/8][4] += A B^T for this warp: A = 16 rows of sa, B = N rows of sb (both [rows][D + kPad]),
 // reduced over D. acc[nb][e] is (row lane/4 + 8(e/2), column 8 nb + 2(lane%4) + e%2).
 template <int D, int N>
 __device__ __forceinline__ void warp_gemm_nt(float (&acc)[N / 8][4], const bf16_t* sa, const bf16_t* sb, int lane) {
-  constexpr int kLd = D + kPad;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t a[4];  // matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) of the 16x16 block kk
-    ldsm_x4(a, sa + (lane % 16) * kLd + kk * 16 + lane / 16 * 8);
+    uint32_t a[4];
+    load_a_frag<D>(a, sa, kk, lane);
+    warp_mma_nt_slice<D, N>(acc, a, sb, kk, lane);
+  }
+}
+
+// Note [A fragments kept in registers]
+// The forward's Q rows and the dk/dv kernel's K and V rows are the A operand of a product at every
+// step of their loops and never change, yet warp_gemm_nt read them from shared memory each time:
+// D/16 of the step's ldmatrix.x4 per product, 1 in 9 of a forward step's shared-memory loads
+// and 1 in 9 of a dk/dv step's (both D = 32 and 64). Those kernels now load the fragments once
+// (load_a_frag, at step 0 after its barrier) and keep them in registers: D/8 (forward) or D/4
+// (dk/dv) more registers, which no occupancy pays for (ptxas, sm_90: forward 115 / 146 / 237
+// registers at D = 32 / 64 / 128, still 4 / 3 / 2 blocks per SM; dk/dv 139 / 240 at D = 32 / 64,
+// still 3 / 2). The dk/dv kernel at D = 128 keeps reading shared memory: it already holds 248
+// registers, and the fragments would spill. The same mma.sync calls run in the same order on the
+// same operand values, so every output keeps its bits (tests/emu compares before and after).
+
+// The same product with A held in registers (a[kk] from load_a_frag), or, when kInRegs is false,
+// read from the warp's 16 rows of sa (a unused).
+template <int D, int N, bool kInRegs = true, int F>
+__device__ __forceinline__ void warp_gemm_nt(float (&acc)[N / 8][4], const uint32_t (&a)[F][4], const bf16_t* sa,
+                                             const bf16_t* sb, int lane) {
+  if constexpr (kInRegs) {
+    static_assert(F == D / 16, "one fragment per 16 columns of the reduction");
 #pragma unroll
-    for (int np = 0; np < N / 16; ++np) {
-      uint32_t b[4];  // rows 16np + (0-7 | 8-15) of sb, each at d = 16kk + (0-7 | 8-15)
-      ldsm_x4(b, sb + (np * 16 + lane % 8 + lane / 16 * 8) * kLd + kk * 16 + lane / 8 % 2 * 8);
-      mma_bf16(acc[2 * np], a, b[0], b[1]);
-      mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
-    }
+    for (int kk = 0; kk < D / 16; ++kk) warp_mma_nt_slice<D, N>(acc, a[kk], sb, kk, lane);
+  } else {
+    warp_gemm_nt<D, N>(acc, sa, sb, lane);
+  }
+}
+
+// The warp's 16 rows of sa as the A fragments of every 16 columns (F = D / 16), or nothing when
+// kInRegs is false.
+template <int D, bool kInRegs = true, int F>
+__device__ __forceinline__ void load_a_frags(uint32_t (&a)[F][4], const bf16_t* sa, int lane) {
+  if constexpr (kInRegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_a_frag<D>(a[kk], sa, kk, lane);
   }
 }
 
@@ -287,14 +338,16 @@ __global__ void __launch_bounds__(kBlockThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row = qt.q0 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
   const int col = 2 * (lane % 4);                // and columns col + 8 nb + (0, 1) of a tile
+  uint32_t qa[D / 16][4];  // the warp's Q rows as A fragments, from step 0 on (Note [A fragments kept in registers])
   for (int j = 0; j < qt.n_kv_tiles; ++j) {
     begin_step(j, qt.n_kv_tiles,
                [&] { load_kv_tile<D>(sK, sV, (j + 1) % 2, kh, vh, qt.ldkv, (j + 1) * kTile, n.S); });
     const bf16_t* sKj = sK + j % 2 * kTile * kLd;
     const bf16_t* sVj = sV + j % 2 * kTile * kLd;
     const int k0 = j * kTile;
+    if (j == 0) load_a_frags<D>(qa, sQ + warp * 16 * kLd, lane);
     float s[kTile / 8][4] = {};
-    warp_gemm_nt<D, kTile>(s, sQ + warp * 16 * kLd, sKj, lane);
+    warp_gemm_nt<D, kTile>(s, qa, sQ + warp * 16 * kLd, sKj, lane);
     if (k0 + kTile > n.S || (n.causal && k0 + kTile > qt.q0)) {
 #pragma unroll
       for (int nb = 0; nb < kTile / 8; ++nb)
@@ -476,8 +529,19 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int key = k0 + warp * 16 + lane / 4;  // this thread's keys: key, key + 8
   const int col = 2 * (lane % 4);             // and queries q0 + col + 8 nb + (0, 1) of a step
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+  // The warp's K and V rows as A fragments from step 0 on, except at D = 128 (Note [A fragments
+  // kept in registers]).
+  constexpr bool kKVInRegs = D <= 64;
+  constexpr int kFrags = kKVInRegs ? D / 16 : 1;
+  const bf16_t* sKw = sK + warp * 16 * kLd;
+  const bf16_t* sVw = sV + warp * 16 * kLd;
+  uint32_t ka[kFrags][4], va[kFrags][4];
   for (int t = 0; t < n_steps; ++t) {
     begin_step(t, n_steps, [&] { load_step(t + 1, (t + 1) % 2); });
+    if (t == 0) {
+      load_a_frags<D, kKVInRegs>(ka, sKw, lane);
+      load_a_frags<D, kKVInRegs>(va, sVw, lane);
+    }
     const int buf = t % 2, q0 = (first + t % per_head) * BR;
     const bf16_t* sQt = sQ + buf * BR * kLd;
     const bf16_t* sdOt = sdO + buf * BR * kLd;
@@ -485,7 +549,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     const float* sDlt = sDl + buf * BR;
     // P^T (16 keys x BR queries per warp), recomputed from lse.
     float pt[BR / 8][4] = {};
-    warp_gemm_nt<D, BR>(pt, sK + warp * 16 * kLd, sQt, lane);
+    warp_gemm_nt<D, BR, kKVInRegs>(pt, ka, sKw, sQt, lane);
     const bool masked = q0 + BR > n.S || (n.causal && q0 < k0 + kTile);
 #pragma unroll
     for (int nb = 0; nb < BR / 8; ++nb)
@@ -502,7 +566,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     warp_gemm_nn<BR, D>(dv_acc, a, sdOt, lane);  // dv += P^T dO
     // dS^T = P^T (dP^T - delta), dP^T = V dO^T.
     float dst[BR / 8][4] = {};
-    warp_gemm_nt<D, BR>(dst, sV + warp * 16 * kLd, sdOt, lane);
+    warp_gemm_nt<D, BR, kKVInRegs>(dst, va, sVw, sdOt, lane);
 #pragma unroll
     for (int nb = 0; nb < BR / 8; ++nb)
 #pragma unroll
