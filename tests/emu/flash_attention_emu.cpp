@@ -6,6 +6,7 @@
 // and the backward's recompute scheme. What it cannot check: the hardware's rounding, speed.
 //   tests/emu/run.sh [--quick | --schedules | --prep]   (builds with g++ against build-cpu/libxtrain_core.a)
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -114,15 +115,19 @@ AttnResult run_tensor_core(const Case& c, Buf<bf16_t>& q, Buf<bf16_t>& k, Buf<bf
   const fl::Dims n = fl::make_dims(c.B, c.S, c.H, c.Hkv, c.scale(), c.causal);
   emu::launch(fl::forward_grid(n), dim3(fl::kBlockThreads), fl::fwd_smem<D>(),
               [&] { fl::flash_forward_kernel<D>(q.p(), k.p(), v.p(), out.p(), lse.data(), n); });
+  // delta from the dq kernel (Note [delta inside the dq kernel]); it must be delta_kernel's bits.
+  emu::launch(fl::forward_grid(n), dim3(fl::kBlockThreads), fl::dq_smem<D>(), [&] {
+    fl::flash_backward_dq_kernel<D>(q.p(), k.p(), v.p(), out.p(), dout.p(), lse.data(), delta.data(), dq.p(), n);
+  });
+  std::vector<float> delta_ref(c.stat_size());
   const int64_t rows = int64_t(c.B) * c.S * c.H;
   cu::with_lanes(D, [&](auto g) {
     constexpr int G = decltype(g)::value;
     emu::launch(dim3(unsigned(cu::ceil_div(rows, cu::rows_per_block<G>()))), dim3(cu::kThreads), 0,
-                [&] { fl::delta_kernel<G, bf16_t>(out.p(), dout.p(), delta.data(), rows, c.S, c.H, D); });
+                [&] { fl::delta_kernel<G, bf16_t>(out.p(), dout.p(), delta_ref.data(), rows, c.S, c.H, D); });
   });
-  emu::launch(fl::forward_grid(n), dim3(fl::kBlockThreads), fl::dq_smem<D>(), [&] {
-    fl::flash_backward_dq_kernel<D>(q.p(), k.p(), v.p(), dout.p(), lse.data(), delta.data(), dq.p(), n);
-  });
+  expect("tc: dq kernel's delta bitwise delta_kernel's",
+         std::memcmp(delta.data(), delta_ref.data(), delta.size() * sizeof(float)) == 0);
   emu::launch(fl::dkdv_grid(n), dim3(fl::kBlockThreads), fl::dkdv_smem<D>(), [&] {
     fl::flash_backward_dkdv_kernel<D, fl::dkdv_rows<D>()>(q.p(), k.p(), v.p(), dout.p(), lse.data(), delta.data(),
                                                          dk.p(), dv.p(), n);

@@ -159,8 +159,9 @@ __device__ __forceinline__ int64_t group_row() {
 template <int G>
 constexpr int64_t rows_per_block() { return (kThreads / kWarp) * (kWarp / G); }
 
-// Lanes per row for a row length: about four elements per lane, at most a warp.
-inline int lanes_for(int64_t dim) {
+// Lanes per row for a row length: about four elements per lane, at most a warp. constexpr: the
+// fused delta of flash attention's dq kernel takes it as a template argument.
+constexpr int lanes_for(int64_t dim) {
   if (dim >= 128) return 32;
   if (dim >= 64) return 16;
   if (dim >= 32) return 8;

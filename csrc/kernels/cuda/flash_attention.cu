@@ -5,7 +5,8 @@
 //    anything else (float32, float64, other D <= 256) the one-warp-per-row fallback. The choice
 //    depends only on dtype, D and alignment, so a given call always runs the same kernels.
 //  - Backward: delta = rowsum(dO * O) into a scratch [B, H, S] (compute type), then dq and dk/dv
-//    kernels; every output is written with `=`, no atomics, no memset.
+//    kernels; on the tensor-core path the dq kernel computes delta itself, so 2 launches there, 3
+//    on the fallback. Every output is written with `=`, no atomics, no memset.
 //  - Head preparation: 1 launch forward; backward dx (1) + dw partial sums (1) + their chunk sum
 //    (1, when a side has more than one row chunk), q and k sides together in each.
 //  - Launch shapes depend only on the problem sizes (never on the GPU), so the bits do too.
@@ -107,7 +108,8 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
     using C = compute_t<T>;
     const int64_t rows = B * S * H;
     Scratch delta(sizeof(C) * static_cast<size_t>(rows), on);
-    with_lanes(D, [&](auto g) {
+    // The tensor-core dq kernel writes delta itself (Note [delta inside the dq kernel]).
+    if (!tc) with_lanes(D, [&](auto g) {
       constexpr int G = decltype(g)::value;
       flash::delta_kernel<G, T><<<static_cast<unsigned>(ceil_div(rows, rows_per_block<G>())), kThreads, 0, on.s>>>(
           static_cast<const T*>(out), static_cast<const T*>(dout), delta.as<C>(), rows, static_cast<int>(S),
@@ -124,7 +126,8 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
           allow_smem<flash::flash_backward_dkdv_kernel<kD, kBR>>(dkdv_smem, on.device);
           flash::flash_backward_dq_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, dq_smem, on.s>>>(
               static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-              static_cast<const T*>(dout), static_cast<const float*>(lse), delta.as<float>(), static_cast<T*>(dq), n);
+              static_cast<const T*>(out), static_cast<const T*>(dout), static_cast<const float*>(lse),
+              delta.as<float>(), static_cast<T*>(dq), n);
           XT_LAUNCH_CHECK();
           flash::flash_backward_dkdv_kernel<kD, kBR><<<flash::dkdv_grid(n), flash::kBlockThreads, dkdv_smem, on.s>>>(
               static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),

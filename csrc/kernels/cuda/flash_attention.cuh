@@ -14,10 +14,11 @@
 //    diagonal) with the online softmax in log2 units; keeps o (16 x D per warp) in registers,
 //    writes out and lse = m + log(l) (natural log, float32).
 //  - backward, deterministic (no atomics, every output element summed by one thread in a fixed
-//    order): delta = rowsum(dO * O) first; dq: block = 64 queries of one (b, h), loops over the
-//    key tiles recomputing P = exp2(s scale log2e - lse log2e) and dS = P (dP - delta); dk, dv:
-//    block = 64 keys of one (b, kv head), loops over the query heads of the group (in order) and
-//    their query tiles (BR rows), accumulating dv += P^T dO and dk += dS^T Q in registers.
+//    order): dq: block = 64 queries of one (b, h), first delta = rowsum(dO * O) of its rows (also
+//    written for dk/dv), then loops over the key tiles recomputing P = exp2(s scale log2e - lse
+//    log2e) and dS = P (dP - delta); dk, dv, launched after dq: block = 64 keys of one (b, kv
+//    head), loops over the query heads of the group (in order) and their query tiles (BR rows),
+//    accumulating dv += P^T dO and dk += dS^T Q in registers.
 //    P and dS are rounded to bf16 as the operands of the second products (as FlashAttention-2).
 // Fallback path (float32, float64, other D, or unaligned pointers): one warp per row, plain FMA
 // loops in the compute type, the same recompute-from-lse scheme; correct and deterministic, slow.
@@ -48,7 +49,7 @@ template <int D> constexpr int dkdv_rows() { return D == 128 ? 32 : 64; }
 
 // Shared memory (bytes) of each kernel for head dim D.
 template <int D> constexpr int fwd_smem() { return (kTile + 4 * kTile) * (D + kPad) * 2; }
-template <int D> constexpr int dq_smem() { return (2 * kTile + 4 * kTile) * (D + kPad) * 2; }
+template <int D> constexpr int dq_smem() { return (2 * kTile + 4 * kTile) * (D + kPad) * 2 + kTile * 4; }
 template <int D> constexpr int dkdv_smem() {
   return (2 * kTile + 4 * dkdv_rows<D>()) * (D + kPad) * 2 + 4 * dkdv_rows<D>() * 4;
 }
@@ -111,22 +112,73 @@ __device__ __forceinline__ void load_stats(float* sm, const float* g, int row0, 
   if (i < R) cp_async4(sm + i, row0 + i < S ? g + row0 + i : g, row0 + i < S);
 }
 
+// The A fragment of this warp's 16 rows of sa ([rows][D + kPad]) at columns 16kk .. 16kk + 15:
+// matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15).
+template <int D>
+__device__ __forceinline__ void load_a_frag(uint32_t (&a)[4], const bf16_t* sa, int kk, int lane) {
+  ldsm_x4(a, sa + (lane % 16) * (D + kPad) + kk * 16 + lane / 16 * 8);
+}
+
+// acc[N/8][4] += A B^T over columns 16kk .. 16kk + 15 of the reduction: A given as its fragment
+// (load_a_frag), B = N rows of sb ([rows][D + kPad]).
+template <int D, int N>
+__device__ __forceinline__ void warp_mma_nt_slice(float (&acc)[N / 8][4], const uint32_t (&a)[4], const bf16_t* sb,
+                                                  int kk, int lane) {
+  constexpr int kLd = D + kPad;
+#pragma unroll
+  for (int np = 0; np < N / 16; ++np) {
+    uint32_t b[4];  // rows 16np + (0-7 | 8-15) of sb, each at d = 16kk + (0-7 | 8-15)
+    ldsm_x4(b, sb + (np * 16 + lane % 8 + lane / 16 * 8) * kLd + kk * 16 + lane / 8 % 2 * 8);
+    mma_bf16(acc[2 * np], a, b[0], b[1]);
+    mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+  }
+}
+
 // acc[N/8][4] += A B^T for this warp: A = 16 rows of sa, B = N rows of sb (both [rows][D + kPad]),
 // reduced over D. acc[nb][e] is (row lane/4 + 8(e/2), column 8 nb + 2(lane%4) + e%2).
 template <int D, int N>
 __device__ __forceinline__ void warp_gemm_nt(float (&acc)[N / 8][4], const bf16_t* sa, const bf16_t* sb, int lane) {
-  constexpr int kLd = D + kPad;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t a[4];  // matrices (rows 0-7 | 8-15) x (cols 0-7 | 8-15) of the 16x16 block kk
-    ldsm_x4(a, sa + (lane % 16) * kLd + kk * 16 + lane / 16 * 8);
+    uint32_t a[4];
+    load_a_frag<D>(a, sa, kk, lane);
+    warp_mma_nt_slice<D, N>(acc, a, sb, kk, lane);
+  }
+}
+
+// Note [A fragments kept in registers]
+// The forward's Q rows and the dk/dv kernel's K and V rows are the A operand of a product at every
+// step of their loops and never change, yet warp_gemm_nt read them from shared memory each time:
+// D/16 of the step's ldmatrix.x4 per product, 1 in 9 of a forward step's shared-memory loads
+// and 1 in 9 of a dk/dv step's (both D = 32 and 64). Those kernels now load the fragments once
+// (load_a_frag, at step 0 after its barrier) and keep them in registers: D/8 (forward) or D/4
+// (dk/dv) more registers, which no occupancy pays for (ptxas, sm_90: forward 115 / 146 / 237
+// registers at D = 32 / 64 / 128, still 4 / 3 / 2 blocks per SM; dk/dv 139 / 240 at D = 32 / 64,
+// still 3 / 2). The dk/dv kernel at D = 128 keeps reading shared memory: it already holds 248
+// registers, and the fragments would spill. The same mma.sync calls run in the same order on the
+// same operand values, so every output keeps its bits (tests/emu compares before and after).
+
+// The same product with A held in registers (a[kk] from load_a_frag), or, when kInRegs is false,
+// read from the warp's 16 rows of sa (a unused).
+template <int D, int N, bool kInRegs = true, int F>
+__device__ __forceinline__ void warp_gemm_nt(float (&acc)[N / 8][4], const uint32_t (&a)[F][4], const bf16_t* sa,
+                                             const bf16_t* sb, int lane) {
+  if constexpr (kInRegs) {
+    static_assert(F == D / 16, "one fragment per 16 columns of the reduction");
 #pragma unroll
-    for (int np = 0; np < N / 16; ++np) {
-      uint32_t b[4];  // rows 16np + (0-7 | 8-15) of sb, each at d = 16kk + (0-7 | 8-15)
-      ldsm_x4(b, sb + (np * 16 + lane % 8 + lane / 16 * 8) * kLd + kk * 16 + lane / 8 % 2 * 8);
-      mma_bf16(acc[2 * np], a, b[0], b[1]);
-      mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
-    }
+    for (int kk = 0; kk < D / 16; ++kk) warp_mma_nt_slice<D, N>(acc, a[kk], sb, kk, lane);
+  } else {
+    warp_gemm_nt<D, N>(acc, sa, sb, lane);
+  }
+}
+
+// The warp's 16 rows of sa as the A fragments of every 16 columns (F = D / 16), or nothing when
+// kInRegs is false.
+template <int D, bool kInRegs = true, int F>
+__device__ __forceinline__ void load_a_frags(uint32_t (&a)[F][4], const bf16_t* sa, int lane) {
+  if constexpr (kInRegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_a_frag<D>(a[kk], sa, kk, lane);
   }
 }
 
@@ -286,14 +338,16 @@ __global__ void __launch_bounds__(kBlockThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row = qt.q0 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
   const int col = 2 * (lane % 4);                // and columns col + 8 nb + (0, 1) of a tile
+  uint32_t qa[D / 16][4];  // the warp's Q rows as A fragments, from step 0 on (Note [A fragments kept in registers])
   for (int j = 0; j < qt.n_kv_tiles; ++j) {
     begin_step(j, qt.n_kv_tiles,
                [&] { load_kv_tile<D>(sK, sV, (j + 1) % 2, kh, vh, qt.ldkv, (j + 1) * kTile, n.S); });
     const bf16_t* sKj = sK + j % 2 * kTile * kLd;
     const bf16_t* sVj = sV + j % 2 * kTile * kLd;
     const int k0 = j * kTile;
+    if (j == 0) load_a_frags<D>(qa, sQ + warp * 16 * kLd, lane);
     float s[kTile / 8][4] = {};
-    warp_gemm_nt<D, kTile>(s, sQ + warp * 16 * kLd, sKj, lane);
+    warp_gemm_nt<D, kTile>(s, qa, sQ + warp * 16 * kLd, sKj, lane);
     if (k0 + kTile > n.S || (n.causal && k0 + kTile > qt.q0)) {
 #pragma unroll
       for (int nb = 0; nb < kTile / 8; ++nb)
@@ -323,27 +377,56 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // ------------------------------------------------------------------ backward
 
-// dq for 64 queries of one (b, h): loops over the visible key tiles.
+// A row's delta = sum_d dO * O, by the G lanes of its group (every lane calls it, `valid` or not:
+// the shuffles): the one sum order of delta_kernel and of the tensor-core dq kernel (Note [delta
+// inside the dq kernel]).
+template <int G, typename T>
+__device__ __forceinline__ compute_t<T> group_row_dot(const T* o, const T* dO, int D, int lane, bool valid) {
+  using C = compute_t<T>;
+  C acc = 0;
+  if (valid)
+    for (int d = lane; d < D; d += G) acc += load(o, d) * load(dO, d);
+  return group_sum<G>(acc);
+}
+
+// Note [delta inside the dq kernel]
+// delta = rowsum(dO * O) was a launch of its own before the dq and dk/dv kernels: a pass over O
+// and dO (two tensors the size of q, 25 MB at each benchmark shape) plus a kernel boundary: by
+// the bytes some 7-10 us of the backward (0.16-0.52 ms forward + backward), not measured alone. The dq block already holds its 64 rows
+// of dO in shared memory, so on the tensor-core path it loads its rows of O too (into K's second
+// buffer, which the first prefetch only fills later: no extra shared memory but delta's 64 floats),
+// computes their delta and writes it to the [B, H, S] scratch for the dk/dv kernel, which runs
+// after it on the stream. The forward grid covers every query row exactly once, so every delta
+// is written once. The bits are delta_kernel's: the same group_row_dot with the same G lanes per
+// row (lanes_for(D)), the same lane-strided products and group_sum tree; tests/emu checks the
+// written delta against delta_kernel's bit for bit. The cost: the block's first K/V prefetch now
+// waits for delta (one barrier), hidden by the other blocks on the SM. The fallback path keeps
+// delta_kernel.
+
+// dq for 64 queries of one (b, h): delta of its rows (Note [delta inside the dq kernel]), then a
+// loop over the visible key tiles.
 template <int D>
 __global__ void __launch_bounds__(kBlockThreads)
     flash_backward_dq_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
-                             const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
-                             const float* __restrict__ lse, const float* __restrict__ delta, bf16_t* __restrict__ dq,
-                             Dims n) {
+                             const bf16_t* __restrict__ v, const bf16_t* __restrict__ out,
+                             const bf16_t* __restrict__ dout, const float* __restrict__ lse,
+                             float* __restrict__ delta, bf16_t* __restrict__ dq, Dims n) {
   constexpr int kLd = D + kPad;
   bf16_t* sQ = reinterpret_cast<bf16_t*>(dynamic_smem());
   bf16_t* sdO = sQ + kTile * kLd;
   bf16_t* sK = sdO + kTile * kLd;  // 2 buffers
   bf16_t* sV = sK + 2 * kTile * kLd;
+  bf16_t* sO = sK + kTile * kLd;                                // K's second buffer, until step 0's prefetch
+  float* sDl = reinterpret_cast<float*>(sV + 2 * kTile * kLd);  // delta of the block's rows
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const QueryTile qt = query_tile<D>(n);
   const bf16_t* kh = k + qt.kvoff;
   const bf16_t* vh = v + qt.kvoff;
   load_rows<kTile, D>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
   load_rows<kTile, D>(sdO, dout + qt.qoff, qt.ldq, qt.q0, n.S);
+  load_rows<kTile, D>(sO, out + qt.qoff, qt.ldq, qt.q0, n.S);
   load_kv_tile<D>(sK, sV, 0, kh, vh, qt.ldkv, 0, n.S);
   cp_async_commit();
-
   const int row = qt.q0 + warp * 16 + lane / 4;
   const int col = 2 * (lane % 4);
   const int64_t stat = (static_cast<int64_t>(qt.b) * n.H + qt.h) * n.S;
@@ -352,8 +435,26 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int r = 0; r < 2; ++r) {
     const int qi = row + 8 * r;
     lse2[r] = qi < n.S ? lse[stat + qi] * kLog2e : 0.f;
-    dl[r] = qi < n.S ? delta[stat + qi] : 0.f;
   }
+  cp_async_wait<0>();
+  __syncthreads();
+  {
+    constexpr int G = lanes_for(D);  // delta_kernel's lanes per row for this D
+    static_assert(kTile % (kBlockThreads / G) == 0, "the block's rows split into whole rounds of groups");
+    const int g_lane = threadIdx.x % G;
+#pragma unroll
+    for (int r0 = 0; r0 < kTile; r0 += kBlockThreads / G) {
+      const int r = r0 + static_cast<int>(threadIdx.x) / G, qi = qt.q0 + r;
+      const float d_row = group_row_dot<G, bf16_t>(sO + r * kLd, sdO + r * kLd, D, g_lane, qi < n.S);
+      if (g_lane == 0) {
+        sDl[r] = d_row;
+        if (qi < n.S) delta[stat + qi] = d_row;
+      }
+    }
+  }
+  __syncthreads();  // sDl complete, and O's buffer free for step 0's prefetch
+#pragma unroll
+  for (int r = 0; r < 2; ++r) dl[r] = row + 8 * r < n.S ? sDl[row + 8 * r - qt.q0] : 0.f;
   float acc[D / 8][4] = {};
   for (int j = 0; j < qt.n_kv_tiles; ++j) {
     begin_step(j, qt.n_kv_tiles,
@@ -428,8 +529,19 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int key = k0 + warp * 16 + lane / 4;  // this thread's keys: key, key + 8
   const int col = 2 * (lane % 4);             // and queries q0 + col + 8 nb + (0, 1) of a step
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+  // The warp's K and V rows as A fragments from step 0 on, except at D = 128 (Note [A fragments
+  // kept in registers]).
+  constexpr bool kKVInRegs = D <= 64;
+  constexpr int kFrags = kKVInRegs ? D / 16 : 1;
+  const bf16_t* sKw = sK + warp * 16 * kLd;
+  const bf16_t* sVw = sV + warp * 16 * kLd;
+  uint32_t ka[kFrags][4], va[kFrags][4];
   for (int t = 0; t < n_steps; ++t) {
     begin_step(t, n_steps, [&] { load_step(t + 1, (t + 1) % 2); });
+    if (t == 0) {
+      load_a_frags<D, kKVInRegs>(ka, sKw, lane);
+      load_a_frags<D, kKVInRegs>(va, sVw, lane);
+    }
     const int buf = t % 2, q0 = (first + t % per_head) * BR;
     const bf16_t* sQt = sQ + buf * BR * kLd;
     const bf16_t* sdOt = sdO + buf * BR * kLd;
@@ -437,7 +549,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     const float* sDlt = sDl + buf * BR;
     // P^T (16 keys x BR queries per warp), recomputed from lse.
     float pt[BR / 8][4] = {};
-    warp_gemm_nt<D, BR>(pt, sK + warp * 16 * kLd, sQt, lane);
+    warp_gemm_nt<D, BR, kKVInRegs>(pt, ka, sKw, sQt, lane);
     const bool masked = q0 + BR > n.S || (n.causal && q0 < k0 + kTile);
 #pragma unroll
     for (int nb = 0; nb < BR / 8; ++nb)
@@ -454,7 +566,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     warp_gemm_nn<BR, D>(dv_acc, a, sdOt, lane);  // dv += P^T dO
     // dS^T = P^T (dP^T - delta), dP^T = V dO^T.
     float dst[BR / 8][4] = {};
-    warp_gemm_nt<D, BR>(dst, sV + warp * 16 * kLd, sdOt, lane);
+    warp_gemm_nt<D, BR, kKVInRegs>(dst, va, sVw, sdOt, lane);
 #pragma unroll
     for (int nb = 0; nb < BR / 8; ++nb)
 #pragma unroll
@@ -469,18 +581,16 @@ __global__ void __launch_bounds__(kBlockThreads)
   store_tile<D>(dv + kvoff, ldkv, key, col, n.S, dv_acc, dv_mul);
 }
 
-// delta[b, h, s] = sum_d dO * O over each row of [B*S*H, D] (G lanes per row, rmsnorm's grouping).
+// delta[b, h, s] = sum_d dO * O over each row of [B*S*H, D] (G lanes per row, rmsnorm's grouping);
+// the fallback path's. The tensor-core path computes the same bits inside its dq kernel.
 template <int G, typename T>
 __global__ void delta_kernel(const T* __restrict__ out, const T* __restrict__ dout, compute_t<T>* __restrict__ delta,
                              int64_t rows, int S, int H, int D) {
-  using C = compute_t<T>;
   const int64_t r = group_row<G>();
   const bool valid = r < rows;  // every lane takes part in the shuffles
   const int lane = threadIdx.x % G;
-  C acc = 0;
-  if (valid)
-    for (int d = lane; d < D; d += G) acc += load(out, r * D + d) * load(dout, r * D + d);
-  acc = group_sum<G>(acc);
+  const int64_t off = (valid ? r : 0) * D;
+  const compute_t<T> acc = group_row_dot<G, T>(out + off, dout + off, D, lane, valid);
   if (!valid || lane != 0) return;
   const int64_t bs = r / H;  // b * S + s
   const int64_t h = r % H, b = bs / S, s = bs % S;
