@@ -148,6 +148,8 @@ def main(argv=None) -> None:
                                             args.new_tokens)
             print(f"batch {B}: {row['profile']['gpu_ms_per_step']:.3f} GPU ms per step, "
                   f"{row['profile']['kernels_per_step']:.0f} kernels per step, graph nodes {row['graph_nodes']}")
+            for k in row["profile"]["top"]:
+                print(f"  {k['ms_per_step']:.4f} ms {k['calls_per_step']:5.1f}x  {k['kernel']}")
         model.generate(prompts, 4, greedy=True, cuda_graphs=False)
         t, eager = timed(lambda: model.generate(prompts, args.new_tokens, greedy=True, cuda_graphs=False), device)
         row.update(eager_s=t, eager_tok_s=B * args.new_tokens / t, eager_step_ms=1e3 * t / args.new_tokens,

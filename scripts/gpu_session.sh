@@ -42,6 +42,13 @@ summary="$out/summary.txt"
 
 note() { echo "$*" | tee -a "$summary"; }
 
+# results.tgz: every bench/results file written since the call began.
+pack_results() {
+  find bench/results -newer /tmp/.gpu_session_start -type f 2>/dev/null > /tmp/new_results.txt
+  [ -s /tmp/new_results.txt ] && tar czf "$out/results.tgz" -T /tmp/new_results.txt
+  return 0
+}
+
 # run_step NAME LIMIT LOG CMD...: run under a timeout, append to LOG, record status and seconds.
 run_step() {
   local name=$1 limit=$2 log=$3
@@ -163,8 +170,8 @@ for step in $steps; do
       note "unknown step $step"
       ;;
   esac
+  pack_results  # after every step, so a call cut short by the device's limit still returns them
 done
 
-find bench/results -newer /tmp/.gpu_session_start -type f 2>/dev/null > /tmp/new_results.txt
-[ -s /tmp/new_results.txt ] && tar czf "$out/results.tgz" -T /tmp/new_results.txt
+pack_results
 note "call took $(( $(date +%s) - t_call ))s; new result files: $(wc -l < /tmp/new_results.txt)"
