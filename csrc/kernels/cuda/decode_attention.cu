@@ -193,7 +193,9 @@ __global__ void decode_combine_kernel(const compute_t<T>* po, const compute_t<T>
 
 // ------------------------------------------------------------------ decode head preparation
 
-constexpr int kPrepThreads = 128;
+// Enough groups for every head row of a token at once at D <= 64 (G = 8 or 16 lanes per row):
+// with one block per sequence, a decode step has few blocks and each round of rows is latency.
+constexpr int kPrepThreads = 512;
 
 template <int G, typename T, typename W>
 __global__ void __launch_bounds__(kPrepThreads)
@@ -227,6 +229,7 @@ __global__ void __launch_bounds__(kPrepThreads)
     if (!valid || (!is_q && !slot_ok)) continue;
     const W* w = is_q ? wq : wk;
     T* y = is_q ? q_out + (b * H + r) * D : k_cache + ((b * L + p) * Hkv + (r - H)) * D;
+#pragma unroll 4
     for (int j = lane; j < D; j += G) {
       const int i = j < half ? j : j - half;
       // rms_norm's output as stored and read back by rope (rounded to T), or the input itself

@@ -104,7 +104,8 @@ rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
 // h = x + r (rounded, as ops::add), then y = rmsnorm(h) reading the rounded h back: bitwise add +
 // rmsnorm_forward_kernel (each lane reads only the elements it wrote, so no barrier is needed).
 template <int G, typename T, typename W>
-__global__ void add_rmsnorm_forward_kernel(const T* x, const T* res, const W* w, T* h, T* y, float* rstd, int64_t rows,
+__global__ void add_rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ res, const W* __restrict__ w,
+                                           T* __restrict__ h, T* __restrict__ y, float* __restrict__ rstd, int64_t rows,
                                            int64_t dim, float eps) {
   using C = compute_t<T>;
   const int64_t r = group_row<G>();
@@ -114,6 +115,7 @@ __global__ void add_rmsnorm_forward_kernel(const T* x, const T* res, const W* w,
   if (valid) {
     const T* xr = x + r * dim;
     const T* rr = res + r * dim;
+#pragma unroll 8  // Note [Latency of a lone row] (kernels/cuda/common.cuh)
     for (int64_t j = lane; j < dim; j += G) store(hr, j, apply_binary(BinaryOp::Add, load(xr, j), load(rr, j)));
   }
   const C ss = group_sum_sq<G>(static_cast<const T*>(hr), dim, lane, valid);
@@ -121,6 +123,7 @@ __global__ void add_rmsnorm_forward_kernel(const T* x, const T* res, const W* w,
   T* yr = y + r * dim;
   const C inv = rms_rstd(ss, dim, eps);
   if (lane == 0) rstd[r] = static_cast<float>(inv);
+#pragma unroll 8
   for (int64_t j = lane; j < dim; j += G) store(yr, j, rms_scaled(static_cast<const T*>(hr), w, j, inv));
 }
 
