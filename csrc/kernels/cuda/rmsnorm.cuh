@@ -101,8 +101,9 @@ rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
   dw_tree<C, W>(partial, nparts, dw, dim, blockIdx.x);
 }
 
-// h = x + r (rounded, as ops::add), then y = rmsnorm(h) reading the rounded h back: bitwise add +
-// rmsnorm_forward_kernel (each lane reads only the elements it wrote, so no barrier is needed).
+// h = x + r (rounded, as ops::add), then y = rmsnorm(h) of the rounded h: bitwise add +
+// rmsnorm_forward_kernel (each lane sums the squares of the elements it wrote, in group_sum_sq's
+// order, and recomputes them for y, so no barrier and no read-back is needed).
 template <int G, typename T, typename W>
 __global__ void add_rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ res, const W* __restrict__ w,
                                            T* __restrict__ h, T* __restrict__ y, float* __restrict__ rstd, int64_t rows,
@@ -111,20 +112,33 @@ __global__ void add_rmsnorm_forward_kernel(const T* __restrict__ x, const T* __r
   const int64_t r = group_row<G>();
   const bool valid = r < rows;
   const int lane = threadIdx.x % G;
-  T* hr = h + (valid ? r : 0) * dim;
+  const T* xr = x + (valid ? r : 0) * dim;
+  const T* rr = res + (valid ? r : 0) * dim;
+  // h = x + res as stored (rounded to T), and the sum of its squares in group_sum_sq's order from
+  // the rounded values in registers: reading h back from memory cost a round trip per element
+  // batch (Note [Latency of a lone row], kernels/cuda/common.cuh).
+  C ss = 0;
   if (valid) {
-    const T* xr = x + r * dim;
-    const T* rr = res + r * dim;
-#pragma unroll 8  // Note [Latency of a lone row] (kernels/cuda/common.cuh)
-    for (int64_t j = lane; j < dim; j += G) store(hr, j, apply_binary(BinaryOp::Add, load(xr, j), load(rr, j)));
+    T* hr = h + r * dim;
+#pragma unroll 8
+    for (int64_t j = lane; j < dim; j += G) {
+      const C v = rounded<T>(apply_binary(BinaryOp::Add, load(xr, j), load(rr, j)));
+      store(hr, j, v);
+      ss += v * v;
+    }
   }
-  const C ss = group_sum_sq<G>(static_cast<const T*>(hr), dim, lane, valid);
+  ss = group_sum<G>(ss);
   if (!valid) return;
   T* yr = y + r * dim;
   const C inv = rms_rstd(ss, dim, eps);
   if (lane == 0) rstd[r] = static_cast<float>(inv);
+  // y = rms_scaled of h, with h recomputed from x and res (their loads hit the cache) rather than
+  // read back: the same value as the stored h.
 #pragma unroll 8
-  for (int64_t j = lane; j < dim; j += G) store(yr, j, rms_scaled(static_cast<const T*>(hr), w, j, inv));
+  for (int64_t j = lane; j < dim; j += G) {
+    const C v = rounded<T>(apply_binary(BinaryOp::Add, load(xr, j), load(rr, j)));
+    store(yr, j, static_cast<C>(v * inv * static_cast<C>(load(w, j))));
+  }
 }
 
 // The one-pass plan: blocks of rows (a count that depends only on rows and dim), and the shared
