@@ -23,6 +23,8 @@
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
 #             `xtrain train` rows, the shard/flat/all-reduce steps, PyTorch DDP)
+# XTRAIN_COMMIT: the commit under test as a literal hash, written into every result file (the
+# device's copy of .git is stale: `git rev-parse HEAD` evaluated there names an old commit).
 # OUT receives at most 8 files: summary.txt, install.log, gtest.log, pytest.log, bench.log,
 # results.tgz (every bench/results file written during the call), and the step logs' tails.
 # The GPU machine has no package registry: carry .whl/ (scipy-openblas32) and .gpu/.
