@@ -4,7 +4,8 @@
     python bench/profile_step.py --device cpu --preset tiny --steps 2 --warmup 1   # smoke
 
 PyTorch's profiler records through CUPTI every CUDA kernel launched in the process, including
-xtrain's own (it needs no support from the engine). After `--warmup` untimed steps it records
+xtrain's own and those of replayed CUDA graphs (it needs no support from the engine). The step is
+`xtrain train`'s: replayed graphs on a GPU, or eager with --no-cuda-graphs. After `--warmup` untimed steps it records
 `--steps` steps and prints the kernels grouped by name: calls per step, GPU ms per step and share of
 the kernel time, plus the step's wall time, so the share of time the GPU sits idle (host-bound
 stretches, sync points) shows as wall minus kernel time. On the CPU only the wall time is
@@ -26,6 +27,9 @@ def parse_args(argv=None):
     p.add_argument("--recompute", action="store_true")
     p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
     p.add_argument("--top", type=int, default=25, help="kernels to print")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="profile the step as `xtrain train` runs it: replayed CUDA graphs on a GPU "
+                        "(default); --no-cuda-graphs profiles the eager step")
     common.add_common_args(p, steps=5, warmup=3)
     return p.parse_args(argv)
 
@@ -37,25 +41,30 @@ def main(argv=None):
     from torch.profiler import ProfilerActivity, profile
 
     import xtrain
+    from xtrain import graphs
     from xtrain.models import TinyTransformer, config_for
-    from xtrain.optim import AdamW, clip_grad_norm_
+    from xtrain.optim import AdamW
 
     cfg = config_for(args.preset, args.vocab, bf16=args.bf16, recompute=args.recompute)
     model = TinyTransformer(cfg, device=device, seed=args.seed)
-    params = model.parameters()
     opt = AdamW(model.named_parameters(), lr=3e-4)
     data = [(xtrain.tensor(x, device=device), xtrain.tensor(y, device=device))
             for x, y in common.random_batches(args.vocab, args.batch, args.seq, 4, args.seed)]
+    # train.py's step: clip + AdamW in one pass; on a GPU replayed as CUDA graphs after
+    # graphs.WARMUP_STEPS eager steps and the capture, unless --no-cuda-graphs
+    blocked = graphs.graph_blockers(device, model) if args.cuda_graphs else "--no-cuda-graphs"
+    sg = graphs.StepGraphs(model, opt, 1, 1.0, blocked=blocked, note=lambda m: print(m, flush=True))
 
     def step(i):
         x, y = data[i % len(data)]
-        _, loss = model(x, y)
-        loss.backward()
-        clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if sg.step(x, y) is None:
+            loss = graphs.forward_backward(model, x, y, 1)
+            opt.clip_and_step(1.0, loss)
+            opt.zero_grad(set_to_none=True)
+            sg.eager()
 
-    for i in range(args.warmup):
+    warmup = max(args.warmup, graphs.WARMUP_STEPS + 1) if sg.disabled is None else args.warmup
+    for i in range(warmup):
         step(i)
     common.xt_sync(device)
     cuda = common.is_cuda(device)
@@ -78,9 +87,10 @@ def main(argv=None):
     rows = [{"kernel": name[:90], "calls/step": calls / args.steps, "ms/step": us / 1000 / args.steps,
              "share": us / 1000 / args.steps / kernel_ms if kernel_ms else 0.0}
             for name, (calls, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])]
+    mode = f"CUDA graphs ({sg.num_nodes} nodes per step)" if sg.active else f"eager ({sg.disabled})"
     head = (f"profile_step: {args.preset} batch {args.batch} x seq {args.seq}, "
             f"{'bf16' if args.bf16 else 'fp32'}{', recompute' if args.recompute else ''}, vocab {args.vocab}, "
-            f"{device}: wall {wall_ms:.2f} ms/step")
+            f"{device}, {mode}: wall {wall_ms:.2f} ms/step")
     if cuda:
         head += (f", kernels {kernel_ms:.2f} ms/step ({sum(r['calls/step'] for r in rows):.0f} launches/step), "
                  f"GPU idle {max(0.0, wall_ms - kernel_ms):.2f} ms/step")
@@ -90,7 +100,10 @@ def main(argv=None):
                                              ("ms/step", "ms/step", ".3f"), ("share", "share", ".1%")])
     common.write_json(common.result_name(f"profile-{args.preset}-b{args.batch}", args.tag),
                       {"benchmark": "profile_step", "env": common.env_info(device), "args": vars(args),
-                       "wall_ms_per_step": wall_ms, "kernel_ms_per_step": kernel_ms, "kernels": rows},
+                       "step": mode, "graph_nodes_per_step": sg.num_nodes,
+                       "wall_ms_per_step": wall_ms, "kernel_ms_per_step": kernel_ms,
+                       "gpu_idle_ms_per_step": max(0.0, wall_ms - kernel_ms) if cuda else None,
+                       "kernels": rows},
                       args.out)
 
 

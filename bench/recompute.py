@@ -7,8 +7,12 @@
 Part 1 (same batch): for each preset, recompute off and on, a few training steps (forward,
 backward, clip, AdamW) after warm-up: tok/s and peak allocated memory, for xtrain
 (config.recompute: per block, the attention half and the MLP up to the down projection under
-xtrain.checkpoint, the down projection outside with its input kept) and PyTorch eager (the same
-split with torch.utils.checkpoint, non-reentrant). Reports on/off ratios per framework. Each framework builds its model once
+xtrain.checkpoint, the down projection outside with its input kept), PyTorch eager (the same
+split with torch.utils.checkpoint, non-reentrant) and the same PyTorch model compiled whole
+(`torch.compile(model)`, --compile MODE; checkpointed blocks under compile when recompute is on).
+Reports on/off ratios per framework and xtrain against the compiled peer at each setting (issue
+15's gate: >= 1.2x its speed with recompute on, memory <= its memory). xtrain runs its eager step
+here (the CUDA graphs of `xtrain train` add ~3%: bench/train_throughput.py). Each framework builds its model once
 per preset and flips the recompute flag between the two measurements (an init of dim1024 costs
 seconds of CPU time); the torch model starts from xtrain's weights.
 
@@ -42,6 +46,10 @@ def parse_args(argv=None):
     p.add_argument("--search-steps", type=int, default=2, help="timed steps per search try")
     p.add_argument("--no-search", action="store_true")
     p.add_argument("--no-torch", action="store_true", help="xtrain only (not a result: no peer)")
+    p.add_argument("--compile", default="default", metavar="MODE",
+                   help="torch.compile mode of the compiled peer (part 1 only: a search would compile "
+                        "once per batch size)")
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled peer")
     p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
     common.add_common_args(p, steps=8, warmup=2)
     return p.parse_args(argv)
@@ -106,25 +114,29 @@ class XtrainTrainer:
 
 
 class TorchTrainer:
-    framework = "torch eager"
+    """The PyTorch model (bench/torch_model.py), eager or compiled whole (compile = a mode)."""
 
-    def __init__(self, cfg, device, weights):
+    def __init__(self, cfg, device, weights, compile=None):
         import torch
 
         import torch_model
 
         self.torch, self.device = torch, device
-        self.model = torch_model.build(weights, cfg, device, recompute=cfg.recompute)
+        self.framework = f"torch.compile ({compile})" if compile else "torch eager"
+        self.model = torch_model.build(weights, cfg, device, compile=compile, recompute=cfg.recompute)
+        # the module whose flag forward() reads (a compiled model wraps it; flipping the flag makes
+        # dynamo recompile on the next call, before the warm-up ends)
+        self.inner = getattr(self.model, "_orig_mod", self.model)
         self.params = list(self.model.parameters())
         self.opt = torch_model.adamw(self.model, lr=3e-4)
         self.oom = torch.OutOfMemoryError
 
     @property
     def recompute(self) -> bool:
-        return self.model.recompute
+        return self.inner.recompute
 
     def set_recompute(self, on: bool) -> None:
-        self.model.recompute = on
+        self.inner.recompute = on
 
     def upload(self, batches):
         t = self.torch
@@ -169,7 +181,8 @@ def make_trainers(args, preset, device, frameworks, weights_cache):
         else:
             if preset not in weights_cache:  # xtrain did not run this preset: its init, for torch
                 weights_cache[preset] = XtrainTrainer(cfg, "cpu", args.seed).weights()
-            trainer = TorchTrainer(cfg, device, weights_cache[preset])
+            compile = framework[len("torch.compile ("):-1] if framework.startswith("torch.compile") else None
+            trainer = TorchTrainer(cfg, device, weights_cache[preset], compile=compile)
         try:
             yield framework, trainer
         finally:
@@ -228,6 +241,14 @@ def same_batch(args, device, frameworks, weights_cache) -> list[dict]:
                        o["framework"] == r["framework"] and not o["recompute"])
             r["memory_on_over_off"] = common.ratio(r.get("peak_allocated"), off.get("peak_allocated"))
             r["speed_on_over_off"] = common.ratio(r.get("tok_s"), off.get("tok_s"))
+    for r in rows:  # xtrain against the compiled peer at the same preset and recompute setting
+        if r["framework"] != "xtrain":
+            continue
+        peer = next((o for o in rows if o["preset"] == r["preset"] and o["recompute"] == r["recompute"]
+                     and o["framework"].startswith("torch.compile")), None)
+        if peer is not None:
+            r["speed_vs_compile"] = common.ratio(r.get("tok_s"), peer.get("tok_s"))
+            r["memory_vs_compile"] = common.ratio(r.get("peak_allocated"), peer.get("peak_allocated"))
     return rows
 
 
@@ -308,10 +329,11 @@ def main(argv=None):
     device, _ = common.resolve_device(args.device)
     common.setup_torch(device)
     frameworks = ["xtrain"] + ([] if args.no_torch else ["torch eager"])
+    compiled = [] if args.no_torch or args.no_compile else [f"torch.compile ({args.compile})"]
     print(f"recompute: presets {args.presets}, batch {args.batch} x seq {args.seq}, "
           f"{'bf16' if args.bf16 else 'fp32'}, {device}", flush=True)
     weights_cache = {}
-    rows = same_batch(args, device, frameworks, weights_cache)
+    rows = same_batch(args, device, frameworks + compiled, weights_cache)
     search = []
     if not args.no_search:
         print(f"largest batch of {args.batches} for {args.search_preset} under "
@@ -324,7 +346,9 @@ def main(argv=None):
                               ("recompute", "recompute", ""), ("ms_per_step", "ms/step", ".1f"),
                               ("tok_s", "tok/s", ",.0f"), ("peak_gib", "peak GiB", ".2f"),
                               ("memory_on_over_off", "mem on/off", ".2f"),
-                              ("speed_on_over_off", "speed on/off", ".2f")])
+                              ("speed_on_over_off", "speed on/off", ".2f"),
+                              ("speed_vs_compile", "xtrain/compile speed", ".2f"),
+                              ("memory_vs_compile", "xtrain/compile mem", ".2f")])
     if search:
         print()
         common.print_table(search, [("framework", "framework", ""), ("recompute", "recompute", ""),

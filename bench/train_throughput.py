@@ -38,6 +38,11 @@ def parse_args(argv=None):
     p.add_argument("--compile-modes", nargs="+", default=["default"],
                    help="torch.compile modes of the whole-model peer, each run (e.g. default "
                         "max-autotune-no-cudagraphs); the ratio is taken to the fastest")
+    p.add_argument("--compile-repeats", type=int, default=1,
+                   help="compile each mode this many times from scratch (torch._dynamo.reset() and a "
+                        "fresh Inductor cache between), each its own row: the compiled program's speed "
+                        "varies between compiles (docs/known-issues.md #22); the ratio is taken to the "
+                        "fastest")
     p.add_argument("--no-torch", action="store_true", help="xtrain only (not a result: no peer)")
     p.add_argument("--cuda-graphs", choices=("on", "off", "both"), default="on",
                    help="xtrain's step as replayed CUDA graphs (on, as xtrain train runs it), eager (off), or "
@@ -174,6 +179,24 @@ def _train_torch(args, cfg, batches, weights, device, compile):
     return out
 
 
+def fresh_compile_caches() -> None:
+    """Each compile starts from nothing: dynamo's caches reset, and Inductor's on-disk cache moved
+    to a new directory (otherwise a second compile would reuse the first one's kernels)."""
+    import os
+    import tempfile
+
+    import torch
+
+    torch._dynamo.reset()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="xtrain-bench-inductor-")
+    try:  # the in-process module cache too, so kernels (and their autotuned configs) are new
+        from torch._inductor.codecache import PyCodeCache
+
+        PyCodeCache.cache_clear()
+    except (ImportError, AttributeError):
+        pass
+
+
 def main(argv=None):
     args = parse_args(argv)
     device, tdevice = common.resolve_device(args.device)
@@ -201,11 +224,19 @@ def main(argv=None):
     for more in modes[1:]:
         results.append(run_xtrain(args, cfg, batches, device, use_graphs=more)[0])
     if not args.no_torch:
-        for compile in [None] + ([] if args.no_compile else list(args.compile_modes)):
+        runs = [(None, 0)] + [(mode, i) for mode in ([] if args.no_compile else args.compile_modes)
+                              for i in range(max(1, args.compile_repeats))]
+        for compile, i in runs:
+            label = f"torch.compile ({compile})" if compile else "torch eager"
+            if i > 0:
+                label += f" #{i + 1}"
             try:
-                results.append(run_torch(args, cfg, batches, weights, tdevice, compile=compile))
+                if compile:
+                    fresh_compile_caches()
+                r = run_torch(args, cfg, batches, weights, tdevice, compile=compile)
+                r["framework"] = label
+                results.append(r)
             except Exception as e:  # e.g. no compiler toolchain for inductor: keep the rest
-                label = f"torch.compile ({compile})" if compile else "torch eager"
                 print(f"{label} failed: {type(e).__name__}: {e}", flush=True)
                 results.append({"framework": label,
                                 "error": f"{type(e).__name__}: {str(e)[:500]}"})
