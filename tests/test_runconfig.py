@@ -67,6 +67,7 @@ def test_record_round_trip(tmp_path):
     (("--schedule", "step"), "invalid choice"),
     (("--tracker", "mlflow"), "--tracker 'mlflow'"),
     (("--config", "/nonexistent/run.toml"), "no such file"),
+    (("--threads", "0"), "--threads"),
 ])
 def test_bad_values_are_one_line_errors(capsys, args, message):
     try:
@@ -118,3 +119,37 @@ def test_small_own_data_trains_with_the_defaults(tmp_path):
     assert (tmp_path / "run" / "sample.txt").read_text().startswith(record["sample_prompt"])
     vals = [x for x in map(json.loads, (tmp_path / "run" / "log.jsonl").read_text().splitlines()) if "val_loss" in x]
     assert len(vals) == 2 and all(v["val_ppl"] > 1 for v in vals)
+
+
+def test_threads_flag_sets_the_cpu_threads_and_is_not_recorded(tmp_path, data):
+    """--threads N runs the CPU's matrix multiplies on N threads (xtrain.set_num_threads); it is a
+    setting of this machine, so the run's record does not carry it into a resume elsewhere."""
+    import xtrain
+
+    before = xtrain.get_num_threads()
+    out = tmp_path / "run"
+    try:
+        code = main(["train", "--data", str(data), "--out", str(out), "--steps", "2", "--batch", "2", "--seq", "16",
+                     "--eval-every", "0", "--sample-tokens", "2", "--no-progress", "--device", "cpu",
+                     "--threads", "1"])
+        assert code == 0
+        assert xtrain.get_num_threads() == 1
+    finally:
+        xtrain.set_num_threads(before)
+    assert "threads" not in runconfig.read_toml(out / "config.toml")
+
+
+def test_set_num_threads_checks_its_argument():
+    import xtrain
+
+    before = xtrain.get_num_threads()
+    try:
+        xtrain.set_num_threads(2)
+        assert xtrain.get_num_threads() == 2
+        for bad, error in ((0, ValueError), (-1, ValueError), (2000, ValueError), (1.5, TypeError), (True, TypeError),
+                           ("4", TypeError)):
+            with pytest.raises(error, match="set_num_threads"):
+                xtrain.set_num_threads(bad)
+        assert xtrain.get_num_threads() == 2
+    finally:
+        xtrain.set_num_threads(before)

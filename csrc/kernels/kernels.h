@@ -240,6 +240,11 @@ inline AdamWStepConsts adamw_step_consts(const AdamWParams& hp) {
 
 namespace cpu {
 XT_KERNEL_DECLS
+// The CPU backend's threads: OpenBLAS's pool, the only one (every other CPU kernel is a plain
+// loop on the calling thread). A GEMM's bits may depend on the count (OpenBLAS picks its split by
+// it), so results repeat bit for bit at a fixed count.
+int num_threads();
+void set_num_threads(int n);
 }  // namespace cpu
 
 namespace cuda {

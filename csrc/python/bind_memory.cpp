@@ -1,11 +1,13 @@
 // Bindings: allocator stats and limits, CUDA runtime queries.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
 #include "core/bf16.h"
 #include "core/cuda_api.h"
 #include "core/error.h"
+#include "kernels/kernels.h"
 #include "ops/ops.h"
 #include "python/bind.h"
 
@@ -94,6 +96,20 @@ void init_memory(py::module_& m) {
         py::arg("device") = py::none(), "Set the peaks to the current values");
   m.def("empty_cache", [cpu](const py::object& device) { Allocator::get().empty_cache(device_arg(device, cpu)); },
         py::arg("device") = py::none(), NoGil(), "Return cached free blocks to the system / driver");
+  m.def("get_num_threads", &kernels::cpu::num_threads,
+        "Threads of the CPU backend's matrix multiplies (OpenBLAS's pool; the other CPU kernels run on "
+        "the calling thread)");
+  m.def("set_num_threads", [](const py::object& n) {
+          XT_CHECK(py::isinstance<py::int_>(n) && !py::isinstance<py::bool_>(n), TypeError,
+                   "set_num_threads: the thread count must be an int, got ",
+                   std::string(py::str(n.get_type().attr("__name__"))));
+          const long long v = n.cast<long long>();
+          XT_CHECK(v >= 1 && v <= 1024, ValueError, "set_num_threads: the thread count must be in 1..1024, got ", v);
+          kernels::cpu::set_num_threads(static_cast<int>(v));
+        }, py::arg("n"),
+        "Set the CPU backend's matrix-multiply threads (as OPENBLAS_NUM_THREADS at start-up); on a machine "
+        "whose cores are shared with other work, fewer threads than cores avoid oversubscription. A GEMM's "
+        "bits may depend on the count: results repeat at a fixed count");
   m.def("set_memory_limit", [cpu](const py::object& nbytes, const py::object& device) {
           int64_t limit = -1;
           if (!nbytes.is_none()) {

@@ -13,12 +13,14 @@ from ._C import Generator, OutOfMemoryError, Tensor  # noqa: E402
 from ._C import (  # noqa: E402
     default_generator,
     empty_cache,
+    get_num_threads,
     is_grad_enabled,
     manual_seed,
     memory_stats,
     reset_peak_memory_stats,
     set_grad_enabled,
     set_memory_limit,
+    set_num_threads,
 )
 from . import tensor as _tensor_module  # noqa: E402
 from .tensor import (  # noqa: E402
@@ -55,6 +57,6 @@ __all__ = [
     "Tensor", "Generator", "OutOfMemoryError", "tensor", "zeros", "ones", "full", "empty", "arange", "rand",
     "randn", "from_dlpack", "no_grad", "enable_grad", "checkpoint", "manual_seed", "default_generator",
     "get_rng_state", "set_rng_state", "memory_stats", "reset_peak_memory_stats", "empty_cache",
-    "set_memory_limit", "is_grad_enabled", "set_grad_enabled", "float32", "bfloat16", "float64", "int32",
-    "int64", "cuda", "ops", "nn", "models", "optim",
+    "set_memory_limit", "get_num_threads", "set_num_threads", "is_grad_enabled", "set_grad_enabled",
+    "float32", "bfloat16", "float64", "int32", "int64", "cuda", "ops", "nn", "models", "optim",
 ]

@@ -229,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace the run already in --out (its checkpoint, log, plot and sample)")
     t.add_argument("--memory-limit", type=parse_size, default=None, metavar="SIZE",
                    help="cap the device allocator, e.g. 32GiB or 500MB (default: no cap)")
+    t.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                   help="CPU matrix-multiply threads (default: OPENBLAS_NUM_THREADS, else every core); on a "
+                        "machine whose cores are busy with other work, fewer threads avoid oversubscription")
     t.add_argument("--seed", type=_seed, default=0, help="seed for weights, data order and sampling")
     t.add_argument("--devices", type=_devices_arg, default=1,
                    help="GPUs for data parallelism: N (the first N) or all; --batch is per GPU")

@@ -35,7 +35,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
 
 CONFIG_FILE = "config.toml"
 # Flags that are about this invocation, not the run: never read from a file nor recorded.
-NOT_RECORDED = ("config", "resume", "no_progress", "overwrite")
+NOT_RECORDED = ("config", "resume", "no_progress", "overwrite", "threads")  # threads: this machine's
 # TrainConfig fields whose flag has another name or meaning; the rest are named alike.
 _FLAG_OF = {"progress": "no_progress", "shard_optimizer": "no_shard_optimizer", "trackers": "tracker"}
 
@@ -163,7 +163,7 @@ def validate(cfg) -> None:
         pos_int(name.replace("_", "-"), getattr(cfg, name))
     for name in ("warmup", "eval_every", "save_every", "seed", "sample_tokens"):
         pos_int(name.replace("_", "-"), getattr(cfg, name), allow_zero=True)
-    for name in ("grad_accum", "batch_tokens", "decay_steps", "memory_limit"):
+    for name in ("grad_accum", "batch_tokens", "decay_steps", "memory_limit", "threads"):
         if getattr(cfg, name) is not None:
             pos_int(name.replace("_", "-"), getattr(cfg, name))
     need(cfg.recompute in (True, False, "auto"), f"--recompute must be on, off or auto, got {cfg.recompute!r}")

@@ -120,6 +120,8 @@ class TrainConfig:
     resume: str | None = None          # checkpoint directory to continue from
     init_from: str | None = None       # a Hugging Face Qwen3/Llama directory to start from (step 0)
     memory_limit: int | None = None    # bytes the allocator may reserve on the device
+    threads: int | None = None         # CPU matrix-multiply threads (xtrain.set_num_threads); None:
+                                       # OpenBLAS's default (OPENBLAS_NUM_THREADS, else every core)
     seed: int = 0
     vocab_size: int = 4096             # BPE size when `data` is a raw source
     sample_tokens: int = 200
@@ -210,6 +212,8 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     device = ctx.device
     if cfg.memory_limit is not None:
         xtrain.set_memory_limit(int(cfg.memory_limit), device)
+    if cfg.threads is not None:
+        xtrain.set_num_threads(int(cfg.threads))
     if ctx.is_main:
         trackers.check_available(cfg.trackers)
 

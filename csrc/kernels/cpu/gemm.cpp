@@ -145,6 +145,10 @@ void gemm(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64
           strideB, strideC, stream);
 }
 
+int num_threads() { return scipy_openblas_get_num_threads(); }
+
+void set_num_threads(int n) { scipy_openblas_set_num_threads(n); }
+
 }  // namespace cpu
 }  // namespace kernels
 }  // namespace xt

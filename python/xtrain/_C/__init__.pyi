@@ -10,7 +10,7 @@ from . import cuda
 from . import ops
 from . import optim
 from . import dist
-__all__: list[str] = ['Generator', 'OutOfMemoryError', 'Tensor', 'arange', 'checkpoint', 'cuda', 'default_generator', 'dist', 'empty', 'empty_cache', 'full', 'is_grad_enabled', 'manual_seed', 'memory_stats', 'ops', 'optim', 'rand', 'randn', 'reset_peak_memory_stats', 'set_grad_enabled', 'set_memory_limit']
+__all__: list[str] = ['Generator', 'OutOfMemoryError', 'Tensor', 'arange', 'checkpoint', 'cuda', 'default_generator', 'dist', 'empty', 'empty_cache', 'full', 'get_num_threads', 'is_grad_enabled', 'manual_seed', 'memory_stats', 'ops', 'optim', 'rand', 'randn', 'reset_peak_memory_stats', 'set_grad_enabled', 'set_memory_limit', 'set_num_threads']
 class OutOfMemoryError(RuntimeError, MemoryError):
     """
     A device or a memory limit ran out of memory; the message gives the request, what is allocated and reserved, and the limit.
@@ -242,6 +242,10 @@ def full(shape: typing.Any, fill_value: typing.SupportsFloat | typing.SupportsIn
     """
     A tensor filled with a value
     """
+def get_num_threads() -> int:
+    """
+    Threads of the CPU backend's matrix multiplies (OpenBLAS's pool; the other CPU kernels run on the calling thread)
+    """
 def is_grad_enabled() -> bool:
     """
     Whether ops record the tape on this thread
@@ -273,4 +277,8 @@ def set_grad_enabled(enabled: bool) -> None:
 def set_memory_limit(nbytes: typing.Any, device: typing.Any = None) -> None:
     """
     Cap the bytes the allocator may reserve on a device (None lifts the cap)
+    """
+def set_num_threads(n: typing.Any) -> None:
+    """
+    Set the CPU backend's matrix-multiply threads (as OPENBLAS_NUM_THREADS at start-up); on a machine whose cores are shared with other work, fewer threads than cores avoid oversubscription. A GEMM's bits may depend on the count: results repeat at a fixed count
     """
