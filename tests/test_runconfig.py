@@ -146,7 +146,8 @@ def test_set_num_threads_checks_its_argument():
     try:
         xtrain.set_num_threads(2)
         assert xtrain.get_num_threads() == 2
-        for bad, error in ((0, ValueError), (-1, ValueError), (2000, ValueError), (1.5, TypeError), (True, TypeError),
+        for bad, error in ((0, ValueError), (-1, ValueError), (2000, ValueError), (10**30, ValueError),
+                           (1.5, TypeError), (True, TypeError),
                            ("4", TypeError)):
             with pytest.raises(error, match="set_num_threads"):
                 xtrain.set_num_threads(bad)

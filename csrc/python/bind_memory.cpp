@@ -102,9 +102,11 @@ void init_memory(py::module_& m) {
   m.def("set_num_threads", [](const py::object& n) {
           XT_CHECK(py::isinstance<py::int_>(n) && !py::isinstance<py::bool_>(n), TypeError,
                    "set_num_threads: the thread count must be an int, got ",
-                   std::string(py::str(n.get_type().attr("__name__"))));
-          const long long v = n.cast<long long>();
-          XT_CHECK(v >= 1 && v <= 1024, ValueError, "set_num_threads: the thread count must be in 1..1024, got ", v);
+                   py::str(py::type::of(n).attr("__name__")).cast<std::string>());
+          int overflow = 0;  // an int beyond long long is out of range too, not a cast error
+          const long long v = PyLong_AsLongLongAndOverflow(n.ptr(), &overflow);
+          XT_CHECK(overflow == 0 && v >= 1 && v <= 1024, ValueError,
+                   "set_num_threads: the thread count must be in 1..1024, got ", py::str(n).cast<std::string>());
           kernels::cpu::set_num_threads(static_cast<int>(v));
         }, py::arg("n"),
         "Set the CPU backend's matrix-multiply threads (as OPENBLAS_NUM_THREADS at start-up); on a machine "
