@@ -1,15 +1,17 @@
 """ops.linear_rows(x, [w0, w1, ...]): the decode step's matrix-vector products (x [M, K], 1 <= M
 <= 8), against numpy in float64 with the project's tolerance table, deterministic call to call,
 the CPU kernel bitwise against a numpy replay of its summation order, the outputs laid out as
-linear_multi's, and bad inputs.
+linear_multi's, bad inputs, and the decode step's switch (transformer.DECODE_GEMV_MAX_ROWS).
 The CUDA kernel also runs under the warp emulator: tests/emu/run.sh linear_rows.
 Every op test runs on each device of the `device` fixture (CUDA on the GPU machine)."""
 import numpy as np
 import pytest
 
 import xtrain
+from modelhelp import make_model, small_config
 from ophelp import assert_close, bits, to_numpy64
 from xtrain import ops
+from xtrain.models import transformer
 
 DTYPES = ["float32", "bfloat16", "float64"]
 # (M, K, Ns): batch 1 q/k/v-like, all rows, K not a multiple of the 16-byte chunk (bf16: 8
@@ -121,3 +123,46 @@ def test_refuses_inputs_that_require_grad(device):
     assert not y.requires_grad
     np.testing.assert_allclose(y.numpy(), x.numpy().sum(axis=1, keepdims=True).repeat(3, 1), rtol=1e-6)
 
+
+# ---------------------------------------------------------------- the decode step's switch
+
+def _count_linear_rows(monkeypatch):
+    calls = []
+    real = ops.linear_rows
+
+    def spy(x, weights):
+        calls.append(tuple(x.shape))
+        return real(x, weights)
+
+    monkeypatch.setattr(transformer.ops, "linear_rows", spy)
+    return calls
+
+
+@pytest.mark.parametrize("options", [{}, {"n_kv_heads": 1, "tie_embeddings": True}])
+def test_decode_switch_same_tokens_as_the_gemms(device, monkeypatch, options):
+    """Greedy decode through linear_rows (batch <= DECODE_GEMV_MAX_ROWS) gives the tokens of the
+    GEMM decode (the switch at 0), and each step's linears all go through linear_rows: per layer
+    q/k/v, o_proj, gate/up and down_proj, then the head."""
+    model = make_model(small_config(max_seq=48, n_heads=4, head_dim=8, **options), device, weights_seed=2)
+    prompts = [[1, 2, 3], [5], [7, 8, 9, 10, 11]]
+    calls = _count_linear_rows(monkeypatch)
+    rows = model.generate(prompts, 10, greedy=True, cuda_graphs=False)
+    steps = 9  # the prefill gives the first token; 9 decode steps the other 9
+    assert len(calls) == steps * (4 * model.config.n_layers + 1)
+    assert all(c[0] == len(prompts) for c in calls)
+    monkeypatch.setattr(transformer, "DECODE_GEMV_MAX_ROWS", 0)
+    calls.clear()
+    gemms = model.generate(prompts, 10, greedy=True, cuda_graphs=False)
+    assert calls == []
+    assert np.array_equal(rows, gemms)
+
+
+def test_decode_switch_keeps_gemms_above_the_limit(device, monkeypatch):
+    model = make_model(small_config(max_seq=48), device, weights_seed=2)
+    prompts = [[i + 1, i + 2] for i in range(transformer.DECODE_GEMV_MAX_ROWS + 1)]
+    calls = _count_linear_rows(monkeypatch)
+    model.generate(prompts, 3, greedy=True, cuda_graphs=False)
+    assert calls == []
+    calls.clear()
+    model.generate(prompts[:-1], 3, greedy=True, cuda_graphs=False)
+    assert len(calls) > 0
