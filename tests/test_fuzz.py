@@ -78,7 +78,7 @@ SIGNATURES = {
     "to_heads": "T dim dim Topt scalar scalar", "linear_cross_entropy": "T T ids scalar bool",
     "flash_attention": "T T T bool scalar bool", "qk_norm_rope": "T T T T scalar scalar",
     "decode_attention": "T T T T scalar", "kv_cache_write_": "T T T",
-    "decode_prep": "T T T T T T Topt Topt scalar scalar", "greedy_next_": "T T T scalar",
+    "decode_prep": "T T T T T T Topt Topt scalar scalar", "greedy_next_": "T T T scalar", "linear_rows": "T Tlist",
 }
 OPS = sorted(SIGNATURES)
 

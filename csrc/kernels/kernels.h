@@ -36,6 +36,9 @@ struct Broadcast {
 
 enum class RandomKind : int { Uniform, Normal };
 
+// linear_rows takes at most this many rows (the decode step's batch at which it replaces GEMMs).
+constexpr int64_t kLinearRowsMaxRows = 8;
+
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
   float bias_correction1;  // 1 - beta1^step
@@ -112,6 +115,14 @@ inline AdamWStepConsts adamw_step_consts(const AdamWParams& hp) {
   void gemm_ld(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, \
                const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc, \
                int64_t batch, int64_t strideA, int64_t strideB, int64_t strideC, void* stream);         \
+  /* ---- linear_rows (kernels/{cpu,cuda}/linear_rows): a few rows times several weights, the */      \
+  /* decode step's matrix-vector products. x [M, K] (dt), weights w[i] [N[i], K] (dt), i < n_w; */    \
+  /* out holds the blocks out_i = x @ w[i]^T [M, N[i]] one after another (block i starts at */        \
+  /* element M * (N[0] + ... + N[i-1])). Compute type float32 (float64 for float64), each */          \
+  /* output rounded once; a fixed summation order (CUDA's: kernels/cuda/linear_rows.cuh). */          \
+  /* 1 <= M <= kLinearRowsMaxRows; w and N are host arrays (of device pointers on CUDA). */           \
+  void linear_rows(DType dt, const void* x, int64_t M, int64_t K, int n_w, const void* const* w,      \
+                   const int64_t* N, void* out, void* stream);                                        \
   /* ---- embedding (kernels/{cpu,cuda}/embedding); ids are int32 or int64 (id_dt). An id outside */    \
   /* [0, vocab) reads nothing: a zero output row, its dout row skipped; CUDA also reports it (Note */   \
   /* [Device-side index checks], core/cuda/cuda_check.h); the CPU's ops check ids before the call. */   \

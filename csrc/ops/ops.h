@@ -228,6 +228,12 @@ Tensor decode_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 // row; kernels.h's greedy_next has the rules); ring int64 [R, B]; stop < 0 means no stop token.
 void greedy_next_(const Tensor& logits, const Tensor& state, const Tensor& ring, int64_t stop);
 
+// ---- linear_rows (ops/linear_rows.cpp): the decode step's matrix-vector products, not
+// differentiable. x [M, K] with 1 <= M <= 8, weights [N_i, K] of x's dtype -> [x @ w_i^T] as views
+// of one buffer laid out as linear_multi's; one kernel reads each weight row once. Raises when an
+// input requires grad while grad mode is on (inference only: call it under no_grad).
+std::vector<Tensor> linear_rows(const Tensor& x, const std::vector<Tensor>& ws);
+
 // ---- cross entropy (ops/cross_entropy.cpp): logits [N, V], targets int [N]; the mean loss over
 // targets that are not ignore_index, float32 []
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index);

@@ -1,6 +1,6 @@
 // Bindings for the model ops (xtrain.ops.*): rms_norm, add_rms_norm, rope, to_heads, from_heads, sdpa,
-// flash_attention, qk_norm_rope, kv_cache_write_, decode_attention, decode_prep, greedy_next_, softmax,
-// log_softmax, cross_entropy, linear_cross_entropy. Argument conversion only; the ops live in csrc/ops/.
+// flash_attention, qk_norm_rope, kv_cache_write_, decode_attention, decode_prep, greedy_next_, linear_rows,
+// softmax, log_softmax, cross_entropy, linear_cross_entropy. Argument conversion only; the ops live in csrc/ops/.
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -106,6 +106,10 @@ void init_ops_model(py::module_& ops) {
           "first) advances its state int64 [6, B] = (token, position, length, limit, done, count) when the row is "
           "not done and position + 1 < limit (done after stop_token); ring [R, B][count % R, b] gets the token "
           "taken or -1; count += 1. In place, not differentiable");
+  ops.def("linear_rows", &ops::linear_rows, py::arg("x"), py::arg("weights"), NoGil(),
+          "[x @ w^T for w in weights] for x [M, K] with 1 <= M <= 8, as views of one buffer laid out as "
+          "linear_multi's: one matrix-vector kernel reading each weight row once (the decode step's linears); "
+          "float32 accumulation, deterministic; not differentiable (raises when an input requires grad)");
   ops.def("softmax", [](const Tensor& x, int64_t dim) {
             check_last_dim(x, dim, "softmax");
             return ops::softmax(x);

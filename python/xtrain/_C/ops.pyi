@@ -89,6 +89,10 @@ def linear_multi(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._
     """
     [x @ w^T for w in weights] as views of one buffer, one batched GEMM per run of equal shapes
     """
+def linear_rows(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor]) -> list[xtrain._C.Tensor]:
+    """
+    [x @ w^T for w in weights] for x [M, K] with 1 <= M <= 8, as views of one buffer laid out as linear_multi's: one matrix-vector kernel reading each weight row once (the decode step's linears); float32 accumulation, deterministic; not differentiable (raises when an input requires grad)
+    """
 def linear_cross_entropy(x: xtrain._C.Tensor, w: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100, return_logits: bool = False) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor | None]:
     """
     cross_entropy(linear(x, w), targets) fused (x [N, K], w [V, K]): returns (loss, logits [N, V] copy when return_logits else None)

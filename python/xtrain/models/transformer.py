@@ -46,7 +46,8 @@ Decisions:
   position, attending to the cache with ops.decode_attention. A decode step is ~11 kernels per
   layer: one q/k/v GEMM, ops.decode_prep (q/k norm, RoPE and both cache writes in one kernel),
   attention, o_proj, the residual adds fused with the norms after them (ops.add_rms_norm), the
-  gate/up GEMM, swiglu and down_proj.
+  gate/up GEMM, swiglu and down_proj. At batch <= DECODE_GEMV_MAX_ROWS its linears (q/k/v, o_proj,
+  gate/up, down_proj, the head) are matrix-vector kernels (ops.linear_rows) instead of GEMMs.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Options for pretrained checkpoints (TransformerConfig): n_kv_heads (grouped-query attention:
   k/v_proj narrower, flash_attention reads fewer kv heads), qk_norm off (Llama: no q/k_norm, q and
@@ -72,6 +73,11 @@ from xtrain.store import ParamStore
 
 IGNORE_INDEX = -100
 INIT_STD = 0.02
+# A decode step of at most this many rows runs its linears as matrix-vector products
+# (ops.linear_rows: one kernel per linear or merged group, each weight row read once; at batch 1
+# cuBLAS's GEMMs took ~4.8 us a call on the H200, far more than their bytes need); larger batches
+# keep the GEMMs (ops.linear_multi, ops.linear). 0 keeps the GEMMs at every batch.
+DECODE_GEMV_MAX_ROWS = 8
 
 
 @dataclass
@@ -194,6 +200,21 @@ def config_for(preset: str, vocab_size: int, **overrides) -> TransformerConfig:
 
 # ---- the modules
 
+def decode_linears(x, weights):
+    """A decode step's linears of x (B, K): [x @ w^T for w in weights] as views of one buffer, by
+    matrix-vector kernels at B <= DECODE_GEMV_MAX_ROWS, else by batched GEMMs."""
+    if x.shape[0] <= DECODE_GEMV_MAX_ROWS:
+        return ops.linear_rows(x, weights)
+    return ops.linear_multi(x, weights)
+
+
+def decode_linear(x, weight):
+    """x (B, K) @ weight^T in a decode step: ops.linear_rows at B <= DECODE_GEMV_MAX_ROWS, else the GEMM."""
+    if x.shape[0] <= DECODE_GEMV_MAX_ROWS:
+        return ops.linear_rows(x, [weight])[0]
+    return ops.linear(x, weight)
+
+
 class Attention(nn.Module):
     """Causal self-attention with RoPE, grouped-query when n_kv_heads < n_heads (query head h reads
     kv head h // (n_heads / n_kv_heads)), with per-head q/k RMSNorm (Qwen3) or without (Llama)."""
@@ -237,12 +258,12 @@ class Attention(nn.Module):
         norms (q/k RMSNorm) and rotates q and k at each row's position (cache.positions) and writes
         k and v into the row's cache slot, in one kernel and bitwise rms_norm then rope."""
         B, H, Hkv, D = x.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
-        q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        q, k, v = decode_linears(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
         norms = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
         q = ops.decode_prep(q.reshape(B, H, D), k.reshape(B, Hkv, D), v.reshape(B, Hkv, D), cache.k, cache.v,
                             cache.positions, *norms, eps=self.eps, theta=self.rope_theta)
         a = cache.attend(q, scale=1.0 / math.sqrt(D))   # (B, H, D)
-        return self.o_proj(a.reshape(B, H * D))
+        return decode_linear(a.reshape(B, H * D), self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -266,6 +287,11 @@ class MLP(nn.Module):
 
     def output(self, g):
         return self.dropout(self.down_proj(g))
+
+    def decode(self, x):
+        """forward for a decode step's x (B, dim): its linears through decode_linears."""
+        gate, up = decode_linears(x, [self.gate_proj.weight, self.up_proj.weight])   # (B, ffn) each
+        return self.dropout(decode_linear(ops.swiglu(gate, up), self.down_proj.weight))
 
 
 class Block(nn.Module):
@@ -295,7 +321,7 @@ class Block(nn.Module):
         next_norm, the next block's input norm or the final norm."""
         post = self.post_attention_layernorm
         x, h = ops.add_rms_norm(self.self_attn.decode(h, cache), x, post.weight, post.eps)
-        return ops.add_rms_norm(self.mlp(h), x, next_norm.weight, next_norm.eps)
+        return ops.add_rms_norm(self.mlp.decode(h), x, next_norm.weight, next_norm.eps)
 
     def _forward_recompute(self, x, seq: int):
         """forward() with selective activation recompute: the attention half and the MLP up to
@@ -410,7 +436,7 @@ class TinyTransformer(nn.Module):
             next_norms = [block.input_layernorm for block in self.layers[1:]] + [self.norm]
             for block, layer, next_norm in zip(self.layers, cache.layers, next_norms):
                 x, h = block.decode(x, h, layer, next_norm)                    # h: next_norm(x)
-            return ops.linear(h, self.head_weight())                           # (B, V)
+            return decode_linear(h, self.head_weight())                        # (B, V)
 
     def generate(self, prompts, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, greedy: bool = False, seed: int = 0, generator=None,

@@ -1,0 +1,53 @@
+// linear_rows on the CPU, as plain loops: the reference the CUDA kernel is tested against
+// (kernels/cuda/linear_rows.cu).
+//
+//  - out_i[m, n] = sum_k x[m, k] * w_i[n, k], the terms added in increasing k into one float32
+//    accumulator (double for float64), rounded once to dt.
+//  - kCols columns of a weight run side by side (independent sums, each still in k order), so the
+//    loop keeps several additions in flight; the order of every single sum is unchanged.
+#include <algorithm>
+
+#include "kernels/common.h"
+#include "kernels/kernels.h"
+
+namespace xt {
+namespace kernels {
+namespace cpu {
+
+namespace {
+
+constexpr int64_t kCols = 8;  // independent column sums per pass over K
+
+template <typename T>
+void rows_times_weight(const T* x, const T* w, T* out, int64_t M, int64_t K, int64_t N) {
+  using C = compute_t<T>;
+  for (int64_t m = 0; m < M; ++m) {
+    const T* xr = x + m * K;
+    for (int64_t n0 = 0; n0 < N; n0 += kCols) {
+      const int64_t nc = std::min(kCols, N - n0);
+      C acc[kCols] = {};
+      for (int64_t k = 0; k < K; ++k) {
+        const C xv = load(xr, k);
+        for (int64_t j = 0; j < nc; ++j) acc[j] += xv * load(w, (n0 + j) * K + k);
+      }
+      for (int64_t j = 0; j < nc; ++j) store(out, m * N + n0 + j, acc[j]);
+    }
+  }
+}
+
+}  // namespace
+
+void linear_rows(DType dt, const void* x, int64_t M, int64_t K, int n_w, const void* const* w, const int64_t* N,
+                 void* out, void* /*stream*/) {
+  XT_DISPATCH_FLOAT(dt, "linear_rows", T, {
+    T* o = static_cast<T*>(out);
+    for (int i = 0; i < n_w; ++i) {
+      rows_times_weight(static_cast<const T*>(x), static_cast<const T*>(w[i]), o, M, K, N[i]);
+      o += M * N[i];
+    }
+  });
+}
+
+}  // namespace cpu
+}  // namespace kernels
+}  // namespace xt
