@@ -30,23 +30,6 @@ using namespace rmsnorm;
 
 namespace {
 
-template <int G, typename T, typename W>
-__global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
-                                       float* __restrict__ rstd, int64_t rows, int64_t dim, float eps) {
-  using C = compute_t<T>;
-  const int64_t r = group_row<G>();
-  const bool valid = r < rows;  // every lane takes part in the shuffles
-  const int lane = threadIdx.x % G;
-  const T* xr = x + (valid ? r : 0) * dim;
-  const C ss = group_sum_sq<G>(xr, dim, lane, valid);
-  if (!valid) return;
-  T* yr = y + r * dim;
-  const C inv = rms_rstd(ss, dim, eps);
-  if (lane == 0) rstd[r] = static_cast<float>(inv);
-#pragma unroll 8  // Note [Latency of a lone row]
-  for (int64_t j = lane; j < dim; j += G) store(yr, j, rms_scaled(xr, w, j, inv));
-}
-
 // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)).
 template <int G, typename T, typename W>
 __global__ void rmsnorm_dx_kernel(const T* x, const W* w, const float* rstd, const T* dy, const T* dres, T* dx,

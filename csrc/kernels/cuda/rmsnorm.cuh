@@ -1,5 +1,5 @@
-// The CUDA kernels of RMSNorm's one-pass backward and of the fused residual add + RMSNorm forward
-// (launched by kernels/cuda/rmsnorm.cu), in a header so that tests/emu runs them on the CPU under
+// The CUDA kernels of RMSNorm's forward, its one-pass backward and the fused residual add + RMSNorm
+// forward (launched by kernels/cuda/rmsnorm.cu), in a header so that tests/emu runs them on the CPU under
 // the warp/block emulator (tests/emu/rmsnorm_emu.cpp). Note [One-pass RMSNorm weight gradient] in
 // rmsnorm.cu describes the scheme. Launch shapes depend only on rows and dim (onepass_plan).
 #pragma once
@@ -99,6 +99,24 @@ template <typename C, typename W>
 __global__ void __launch_bounds__(kThreads)
 rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
   dw_tree<C, W>(partial, nparts, dw, dim, blockIdx.x);
+}
+
+// y = rmsnorm(x): G lanes per row (group_row), rows_per_block<G>() rows per block.
+template <int G, typename T, typename W>
+__global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
+                                       float* __restrict__ rstd, int64_t rows, int64_t dim, float eps) {
+  using C = compute_t<T>;
+  const int64_t r = group_row<G>();
+  const bool valid = r < rows;  // every lane takes part in the shuffles
+  const int lane = threadIdx.x % G;
+  const T* xr = x + (valid ? r : 0) * dim;
+  const C ss = group_sum_sq<G>(xr, dim, lane, valid);
+  if (!valid) return;
+  T* yr = y + r * dim;
+  const C inv = rms_rstd(ss, dim, eps);
+  if (lane == 0) rstd[r] = static_cast<float>(inv);
+#pragma unroll 8  // Note [Latency of a lone row]
+  for (int64_t j = lane; j < dim; j += G) store(yr, j, rms_scaled(xr, w, j, inv));
 }
 
 // h = x + r (rounded, as ops::add), then y = rmsnorm(h) of the rounded h: bitwise add +
