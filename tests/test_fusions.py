@@ -254,6 +254,34 @@ def test_add_rms_norm_bad_inputs(device):
         ops.add_rms_norm(x, x, w, float("nan"))
 
 
+@pytest.mark.parametrize("dtype,w_dtype", [("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16"),
+                                           ("float64", "float64")])
+@pytest.mark.parametrize("dim", [768, 37, 4096])
+def test_few_rows_bitwise_equal_rows_of_a_large_batch(device, dtype, w_dtype, dim):
+    """A few rows (a decode step; on CUDA a block per row, Note [Few rows: a block per row]) give
+    the bits those rows get inside a batch too large for that path (G lanes per row), for rms_norm
+    and add_rms_norm's h and y."""
+    rng = np.random.default_rng(11)
+    n = 300  # above the few-row limit (128 rows)
+    x_np, r_np, w_np = rng.standard_normal((n, dim)), rng.standard_normal((n, dim)), rng.standard_normal(dim)
+    w = xtrain.tensor(w_np, dtype=w_dtype, device=device)
+
+    def run(rows):
+        x = xtrain.tensor(x_np[rows], dtype=dtype, device=device)
+        r = xtrain.tensor(r_np[rows], dtype=dtype, device=device)
+        with xtrain.no_grad():
+            h, y = ops.add_rms_norm(x, r, w, 1e-6)
+            z = ops.rms_norm(x, w, 1e-6)
+        return bits(h), bits(y), bits(z)
+
+    full = run(slice(0, n))
+    row_bytes = [len(a) // n for a in full]
+    for lo, hi in [(0, 1), (5, 8), (100, 116), (3, 131)]:
+        few = run(slice(lo, hi))
+        for name, a, b, rb in zip(["h", "y", "rms_norm y"], few, full, row_bytes):
+            assert np.array_equal(a, b[lo * rb:hi * rb]), f"{name}, rows {lo}:{hi}"
+
+
 # ---------------------------------------------------------------- rms_norm one-pass weight gradient
 
 @pytest.mark.parametrize("dtype", FLOATS)

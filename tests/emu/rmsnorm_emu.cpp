@@ -1,10 +1,13 @@
 // The CUDA kernels of RMSNorm's one-pass backward and of the fused residual add + RMSNorm forward
 // (csrc/kernels/cuda/rmsnorm.cuh), run on the CPU under the warp/block emulator (cuda_emu.h),
 // launched as rmsnorm.cu launches them, and compared with the CPU reference kernels
-// (csrc/kernels/cpu/rmsnorm.cpp). What it checks before any GPU run: the row ranges of the blocks
-// and groups (rows that do not fill the last block or the last round of groups, where the warp's
-// shuffles must still see every lane), the shared-memory rows and the ordered final pass, dres,
-// and that the schedules of the threads give the same bits. Not checked: the hardware's rounding.
+// (csrc/kernels/cpu/rmsnorm.cpp); and the few-row forward (a block per row, Note [Few rows: a block
+// per row]) against the group-per-row forward kernels, bit for bit. What it checks before any GPU
+// run: the row ranges of the blocks and groups (rows that do not fill the last block or the last
+// round of groups, where the warp's shuffles must still see every lane), the shared-memory rows and
+// the ordered final pass, dres, and that the schedules of the threads give the same bits. Not
+// checked: the hardware's rounding, nor nvcc's contraction of a * b + c into fma (the few-row
+// kernel writes each sum and product with the same expression as the kernel it matches).
 //   tests/emu/run.sh rmsnorm      (builds with g++ against build-cpu/libxtrain_core.a)
 #include <cstdio>
 #include <cstring>
@@ -25,6 +28,7 @@ namespace cpu = xt::kernels::cpu;
 using bf16_t = xt::kernels::bf16_t;
 
 int g_failures = 0;
+int g_few_rows_runs = 0;
 
 template <typename T>
 std::vector<T> as(const std::vector<float>& x) {
@@ -144,6 +148,135 @@ void one_case(int64_t rows, int64_t dim, DType dt, double tol) {
   }
 }
 
+
+// ------------------------------------------------------------------ few rows: a block per row
+
+constexpr emu::Schedule kSchedules[] = {emu::Schedule::Lockstep, emu::Schedule::LockstepReversed,
+                                        emu::Schedule::WarpSerialLazy, emu::Schedule::WarpSerialEager};
+const char* schedule_name(emu::Schedule s) {
+  switch (s) {
+    case emu::Schedule::Lockstep: return "lockstep";
+    case emu::Schedule::LockstepReversed: return "lockstep reversed";
+    case emu::Schedule::WarpSerialLazy: return "warp-serial lazy";
+    case emu::Schedule::WarpSerialEager: return "warp-serial eager";
+  }
+  return "?";
+}
+
+template <typename T> const char* dtype_label() {
+  if constexpr (std::is_same_v<T, float>) return "float32";
+  else if constexpr (std::is_same_v<T, double>) return "float64";
+  else return "bfloat16";
+}
+
+// Values of T: normal, with a sprinkle of large and tiny ones (so h = x + res rounds, and the sum
+// of squares spans magnitudes); float64 draws in double so its sums use all 53 bits.
+template <typename T>
+std::vector<T> draw(size_t n, std::mt19937& gen) {
+  std::normal_distribution<double> nd;
+  std::uniform_int_distribution<int> pick(0, 15);
+  std::vector<T> v(n);
+  for (auto& e : v) {
+    double d = nd(gen);
+    const int k = pick(gen);
+    if (k == 0) d *= 300;
+    else if (k == 1) d *= 1e-3;
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      const uint16_t bits = xt::float_to_bf16(static_cast<float>(d)).bits;
+      std::memcpy(static_cast<void*>(&e), &bits, 2);
+    } else {
+      e = static_cast<T>(d);
+    }
+  }
+  return v;
+}
+
+// rms_norm (kAdd false) and add_rms_norm forward for (rows, dim): the group-per-row kernel as
+// rmsnorm.cu launches it with more rows, then rmsnorm_rows_kernel with and without 16-byte packs
+// (packs only when dim allows them) under every schedule; h, y and rstd must be the same bits.
+template <bool kAdd, typename T, typename W>
+void few_rows_case(int64_t rows, int64_t dim, bool all_schedules) {
+  const size_t n = static_cast<size_t>(rows * dim);
+  std::mt19937 gen(static_cast<unsigned>(rows * 7919 + dim * 31 + kAdd));
+  const std::vector<T> x = draw<T>(n, gen), res = draw<T>(n, gen);
+  const std::vector<W> w = draw<W>(static_cast<size_t>(dim), gen);
+  std::vector<T> h_ref(n), y_ref(n);
+  std::vector<float> rstd_ref(rows);
+  cu::with_lanes(dim, [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    emu::set_schedule(emu::Schedule::Lockstep);
+    emu::launch(dim3(unsigned(cu::ceil_div(rows, cu::rows_per_block<G>()))), dim3(cu::kThreads), 0, [&] {
+      if constexpr (kAdd)
+        rn::add_rmsnorm_forward_kernel<G, T, W>(x.data(), res.data(), w.data(), h_ref.data(), y_ref.data(),
+                                                rstd_ref.data(), rows, dim, 1e-6f);
+      else
+        rn::rmsnorm_forward_kernel<G, T, W>(x.data(), w.data(), y_ref.data(), rstd_ref.data(), rows, dim, 1e-6f);
+    });
+  });
+  constexpr int64_t V = 16 / static_cast<int64_t>(sizeof(T));
+  int failed = 0, runs = 0;
+  for (const bool vec : {true, false}) {
+    const rn::FewRowsPlan plan = rn::few_rows_plan<T>(rows, dim, vec);
+    if (!plan.use || plan.vec != (vec && dim % V == 0)) {
+      std::printf("  rows %lld dim %lld: unexpected plan (use %d vec %d)\n", static_cast<long long>(rows),
+                  static_cast<long long>(dim), plan.use, plan.vec);
+      ++failed;
+      continue;
+    }
+    if (vec && !plan.vec) continue;  // no packs for this dim: the scalar run below covers it
+    for (const emu::Schedule s : kSchedules) {
+      if (!all_schedules && s != emu::Schedule::Lockstep && s != emu::Schedule::WarpSerialLazy) continue;
+      // NaN-filled outputs: an element the kernel does not write shows as a difference.
+      std::vector<T> h(n), y(n);
+      std::vector<float> rstd(rows);
+      std::memset(static_cast<void*>(h.data()), 0xFF, n * sizeof(T));
+      std::memset(static_cast<void*>(y.data()), 0xFF, n * sizeof(T));
+      std::memset(rstd.data(), 0xFF, rows * sizeof(float));
+      emu::set_schedule(s);
+      cu::with_lanes(dim, [&](auto g) {
+        constexpr int G = decltype(g)::value;
+        emu::launch(dim3(unsigned(rows)), dim3(unsigned(plan.threads)), plan.smem, [&] {
+          if (plan.vec)
+            rn::rmsnorm_rows_kernel<G, kAdd, true, T, W>(x.data(), kAdd ? res.data() : nullptr, w.data(),
+                                                         kAdd ? h.data() : nullptr, y.data(), rstd.data(), dim, 1e-6f);
+          else
+            rn::rmsnorm_rows_kernel<G, kAdd, false, T, W>(x.data(), kAdd ? res.data() : nullptr, w.data(),
+                                                          kAdd ? h.data() : nullptr, y.data(), rstd.data(), dim, 1e-6f);
+        });
+      });
+      ++runs;
+      const bool same = std::memcmp(y.data(), y_ref.data(), n * sizeof(T)) == 0 &&
+                        std::memcmp(rstd.data(), rstd_ref.data(), rows * sizeof(float)) == 0 &&
+                        (!kAdd || std::memcmp(h.data(), h_ref.data(), n * sizeof(T)) == 0);
+      if (!same) {
+        ++failed;
+        std::printf("  %s rows %lld dim %lld %s/%s %s, %s: FAIL (bits differ)\n", kAdd ? "add_rms_norm" : "rms_norm",
+                    static_cast<long long>(rows), static_cast<long long>(dim), dtype_label<T>(), dtype_label<W>(),
+                    plan.vec ? "16-byte packs" : "scalar", schedule_name(s));
+      }
+    }
+  }
+  emu::set_schedule(emu::Schedule::Lockstep);
+  g_failures += failed;
+  if (failed == 0) g_few_rows_runs += runs;
+}
+
+template <typename T, typename W>
+void few_rows_sweep(const std::vector<int64_t>& dims) {
+  const int64_t row_counts[] = {1, 2, 3, 5, 8, 13, 16};
+  const int before = g_failures, runs_before = g_few_rows_runs;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    // every dim with one row (the decode case, all schedules) and with a row count from 2..16
+    const int64_t rows = row_counts[1 + i % 6];
+    few_rows_case<true, T, W>(1, dims[i], true);
+    few_rows_case<false, T, W>(1, dims[i], true);
+    few_rows_case<true, T, W>(rows, dims[i], false);
+    few_rows_case<false, T, W>(rows, dims[i], false);
+  }
+  std::printf("few rows %s x, %s w: %zu dims, %d kernel runs bitwise equal, %s\n", dtype_label<T>(), dtype_label<W>(),
+              dims.size(), g_few_rows_runs - runs_before, g_failures == before ? "ok" : "FAIL");
+}
+
 }  // namespace
 
 int main() {
@@ -155,6 +288,24 @@ int main() {
   one_case<16, float>(70, 100, DType::Float32, 1e-5);
   one_case<32, float>(300, 200, DType::Float32, 1e-5);
   one_case<32, bf16_t>(41, 768, DType::BFloat16, 1e-2);
+
+  // The few-row forward: dims across every G, odd ones, ones not a multiple of a pack (8 bf16,
+  // 4 float32, 2 float64), up to kFewRowsMaxDim; each with 1 row and with 2..16 rows.
+  const std::vector<int64_t> dims = {1,   2,   3,    4,    5,    7,    8,    9,    15,   16,   17,  24,  31,  32,  33,
+                                     48,  63,  64,   65,   96,   100,  127,  128,  129,  200,  255, 256, 257, 384, 511,
+                                     512, 513, 766,  768,  769,  1000, 1023, 1024, 1026, 1536, 2047,
+                                     2048, 3001, 4094, 4096};
+  few_rows_sweep<float, float>(dims);
+  few_rows_sweep<bf16_t, float>(dims);
+  few_rows_sweep<bf16_t, bf16_t>(dims);
+  few_rows_sweep<double, double>(dims);
+  few_rows_sweep<double, float>(dims);
+  // The plan's bounds: more rows or longer rows take the group-per-row kernels.
+  const bool bounds = rn::few_rows_plan<float>(rn::kFewRowsMax, rn::kFewRowsMaxDim, true).use &&
+                      !rn::few_rows_plan<float>(rn::kFewRowsMax + 1, 768, true).use &&
+                      !rn::few_rows_plan<float>(1, rn::kFewRowsMaxDim + 1, true).use;
+  if (!bounds) ++g_failures;
+  std::printf("few rows plan bounds: %s\n", bounds ? "ok" : "FAIL");
   std::printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "passed", g_failures);
   return g_failures ? 1 : 0;
 }

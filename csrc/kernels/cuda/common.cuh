@@ -207,7 +207,8 @@ __device__ __forceinline__ compute_t<T> group_sum_sq(const T* x, int64_t dim, in
 // pointers could alias): 24 round trips for dim 768, 12-15 us on the H200 for a 1.5 KB row. So
 // the row loops are unrolled and the row kernels' pointers are __restrict__ (inputs and outputs
 // never overlap), which lets a lane's loads issue together; the arithmetic and its order are
-// unchanged, so the results are the same bits.
+// unchanged, so the results are the same bits. With a few rows, RMSNorm's forward goes further and
+// gives each row a whole block (Note [Few rows: a block per row], rmsnorm.cuh).
 
 // Deterministic column sums over the rows of a [rows, dim] matrix (weight gradients): one thread
 // per column (a block no wider than the row: dim 32 -> 32 threads, not 256), row chunks each

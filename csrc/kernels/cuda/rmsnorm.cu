@@ -7,6 +7,9 @@
 //    pass over x and dy (Note [One-pass RMSNorm weight gradient]); rows too long for it use the
 //    dx kernel plus column sums (row chunks summed in order into a scratch row, then the chunks in
 //    chunk order).
+//  - Forward with a few rows (a decode step): a block per row, all loads of a row in one memory
+//    round trip, the same sums in the same order (Note [Few rows: a block per row], rmsnorm.cuh):
+//    the same bits as the G-lanes-per-row kernels, which take more rows.
 //  - add_rmsnorm_forward: h = x + r rounded to x's dtype, then y = rmsnorm(h) from the rounded h:
 //    bitwise add + rms_norm. The backward's residual form adds dres to dx after rounding dx once,
 //    in the same kernel: bitwise rms_norm's dx followed by the engine's gradient add.
@@ -29,23 +32,6 @@ namespace cuda {
 using namespace rmsnorm;
 
 namespace {
-
-template <int G, typename T, typename W>
-__global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
-                                       float* __restrict__ rstd, int64_t rows, int64_t dim, float eps) {
-  using C = compute_t<T>;
-  const int64_t r = group_row<G>();
-  const bool valid = r < rows;  // every lane takes part in the shuffles
-  const int lane = threadIdx.x % G;
-  const T* xr = x + (valid ? r : 0) * dim;
-  const C ss = group_sum_sq<G>(xr, dim, lane, valid);
-  if (!valid) return;
-  T* yr = y + r * dim;
-  const C inv = rms_rstd(ss, dim, eps);
-  if (lane == 0) rstd[r] = static_cast<float>(inv);
-#pragma unroll 8  // Note [Latency of a lone row]
-  for (int64_t j = lane; j < dim; j += G) store(yr, j, rms_scaled(xr, w, j, inv));
-}
 
 // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)).
 template <int G, typename T, typename W>
@@ -98,6 +84,35 @@ __global__ void rmsnorm_dw_final_kernel(const C* partial, int nchunks, W* dw, in
   C acc = 0;
   for (int k = 0; k < nchunks; ++k) acc += partial[static_cast<int64_t>(k) * dim + j];
   store(dw, j, static_cast<compute_t<W>>(acc));
+}
+
+// rms_norm (kAdd false: res and h null) and add_rms_norm forward: a block per row for a few rows
+// (Note [Few rows: a block per row], rmsnorm.cuh), else G lanes per row. Both give the same bits.
+template <bool kAdd, typename T, typename W>
+void forward_typed(const T* x, const T* res, const W* w, T* h, T* y, float* rstd, int64_t rows, int64_t dim,
+                   float eps, const OnStream& on) {
+  const bool aligned16 =
+      aligned_to(x, 16) && aligned_to(y, 16) && (!kAdd || (aligned_to(res, 16) && aligned_to(h, 16)));
+  const FewRowsPlan plan = few_rows_plan<T>(rows, dim, aligned16);
+  with_lanes(dim, [&](auto g) {
+    constexpr int G = decltype(g)::value;
+    if (plan.use) {
+      const unsigned blocks = static_cast<unsigned>(rows);
+      if (plan.vec)
+        rmsnorm_rows_kernel<G, kAdd, true, T, W><<<blocks, plan.threads, plan.smem, on.s>>>(x, res, w, h, y, rstd,
+                                                                                           dim, eps);
+      else
+        rmsnorm_rows_kernel<G, kAdd, false, T, W><<<blocks, plan.threads, plan.smem, on.s>>>(x, res, w, h, y, rstd,
+                                                                                            dim, eps);
+    } else {
+      const unsigned blocks = static_cast<unsigned>(ceil_div(rows, rows_per_block<G>()));
+      if constexpr (kAdd)
+        add_rmsnorm_forward_kernel<G, T, W><<<blocks, kThreads, 0, on.s>>>(x, res, w, h, y, rstd, rows, dim, eps);
+      else
+        rmsnorm_forward_kernel<G, T, W><<<blocks, kThreads, 0, on.s>>>(x, w, y, rstd, rows, dim, eps);
+    }
+    XT_LAUNCH_CHECK();
+  });
 }
 
 template <typename T, typename W>
@@ -158,17 +173,12 @@ void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y
   if (rows == 0) return;
   OnStream on(stream);
   XT_DISPATCH_FLOAT(dt, "rmsnorm_forward", T, {
-    with_lanes(dim, [&](auto g) {
-      constexpr int G = decltype(g)::value;
-      const unsigned blocks = static_cast<unsigned>(ceil_div(rows, rows_per_block<G>()));
-      if (w_dt == DType::Float32)
-        rmsnorm_forward_kernel<G, T, float><<<blocks, kThreads, 0, on.s>>>(
-            static_cast<const T*>(x), static_cast<const float*>(w), static_cast<T*>(y), rstd, rows, dim, eps);
-      else
-        rmsnorm_forward_kernel<G, T, T><<<blocks, kThreads, 0, on.s>>>(
-            static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), rstd, rows, dim, eps);
-      XT_LAUNCH_CHECK();
-    });
+    if (w_dt == DType::Float32)
+      forward_typed<false>(static_cast<const T*>(x), static_cast<const T*>(nullptr), static_cast<const float*>(w),
+                           static_cast<T*>(nullptr), static_cast<T*>(y), rstd, rows, dim, eps, on);
+    else
+      forward_typed<false>(static_cast<const T*>(x), static_cast<const T*>(nullptr), static_cast<const T*>(w),
+                           static_cast<T*>(nullptr), static_cast<T*>(y), rstd, rows, dim, eps, on);
   });
 }
 
@@ -213,19 +223,12 @@ void add_rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* res, c
   if (rows == 0) return;
   OnStream on(stream);
   XT_DISPATCH_FLOAT(dt, "add_rmsnorm_forward", T, {
-    with_lanes(dim, [&](auto g) {
-      constexpr int G = decltype(g)::value;
-      const unsigned blocks = static_cast<unsigned>(ceil_div(rows, rows_per_block<G>()));
-      if (w_dt == DType::Float32)
-        add_rmsnorm_forward_kernel<G, T, float><<<blocks, kThreads, 0, on.s>>>(
-            static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const float*>(w), static_cast<T*>(h),
-            static_cast<T*>(y), rstd, rows, dim, eps);
-      else
-        add_rmsnorm_forward_kernel<G, T, T><<<blocks, kThreads, 0, on.s>>>(
-            static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w), static_cast<T*>(h),
-            static_cast<T*>(y), rstd, rows, dim, eps);
-      XT_LAUNCH_CHECK();
-    });
+    if (w_dt == DType::Float32)
+      forward_typed<true>(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const float*>(w),
+                          static_cast<T*>(h), static_cast<T*>(y), rstd, rows, dim, eps, on);
+    else
+      forward_typed<true>(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w),
+                          static_cast<T*>(h), static_cast<T*>(y), rstd, rows, dim, eps, on);
   });
 }
 

@@ -1,5 +1,5 @@
-// The CUDA kernels of RMSNorm's one-pass backward and of the fused residual add + RMSNorm forward
-// (launched by kernels/cuda/rmsnorm.cu), in a header so that tests/emu runs them on the CPU under
+// The CUDA kernels of RMSNorm's forward, its one-pass backward and the fused residual add + RMSNorm
+// forward (launched by kernels/cuda/rmsnorm.cu), in a header so that tests/emu runs them on the CPU under
 // the warp/block emulator (tests/emu/rmsnorm_emu.cpp). Note [One-pass RMSNorm weight gradient] in
 // rmsnorm.cu describes the scheme. Launch shapes depend only on rows and dim (onepass_plan).
 #pragma once
@@ -101,6 +101,24 @@ rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
   dw_tree<C, W>(partial, nparts, dw, dim, blockIdx.x);
 }
 
+// y = rmsnorm(x): G lanes per row (group_row), rows_per_block<G>() rows per block.
+template <int G, typename T, typename W>
+__global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
+                                       float* __restrict__ rstd, int64_t rows, int64_t dim, float eps) {
+  using C = compute_t<T>;
+  const int64_t r = group_row<G>();
+  const bool valid = r < rows;  // every lane takes part in the shuffles
+  const int lane = threadIdx.x % G;
+  const T* xr = x + (valid ? r : 0) * dim;
+  const C ss = group_sum_sq<G>(xr, dim, lane, valid);
+  if (!valid) return;
+  T* yr = y + r * dim;
+  const C inv = rms_rstd(ss, dim, eps);
+  if (lane == 0) rstd[r] = static_cast<float>(inv);
+#pragma unroll 8  // Note [Latency of a lone row]
+  for (int64_t j = lane; j < dim; j += G) store(yr, j, rms_scaled(xr, w, j, inv));
+}
+
 // h = x + r (rounded, as ops::add), then y = rmsnorm(h) of the rounded h: bitwise add +
 // rmsnorm_forward_kernel (each lane sums the squares of the elements it wrote, in group_sum_sq's
 // order, and recomputes them for y, so no barrier and no read-back is needed).
@@ -139,6 +157,132 @@ __global__ void add_rmsnorm_forward_kernel(const T* __restrict__ x, const T* __r
     const C v = rounded<T>(apply_binary(BinaryOp::Add, load(xr, j), load(rr, j)));
     store(yr, j, static_cast<C>(v * inv * static_cast<C>(load(w, j))));
   }
+}
+
+// Note [Few rows: a block per row]
+// A decode step normalises one row per sequence (batch 1: one row of dim 768), and the kernels
+// above give a row to one group of G <= 32 lanes: each lane walks dim / G elements, so even with
+// the loops unrolled (Note [Latency of a lone row], kernels/cuda/common.cuh) a lane waits for
+// several dependent batches of loads, then for w after the sum, with nothing else on the GPU to
+// hide it (5.5 us per one-row add_rms_norm on the H200). With few rows, rmsnorm_rows_kernel gives
+// each row a block instead, in three phases:
+//  1. every thread loads its share of the row (x, and res for add_rms_norm; 16-byte packs when
+//     the rows are aligned) and of w, all in one memory round trip; it writes h (add_rms_norm:
+//     x + res rounded to T, elementwise so order-free) and puts the row's values, as the sum reads
+//     them (h rounded, or x widened), into shared memory; the values and w stay in registers;
+//  2. after a barrier, lanes 0..G-1 of warp 0 sum the squares from shared memory exactly as lane
+//     l of the row's group does in the kernels above (elements l, l + G, ... in increasing order,
+//     the same `ss += v * v`, so the same contraction into fma), then the same group_sum<G>
+//     shuffle tree, and lane 0 computes rstd with rms_rstd;
+//  3. after a second barrier, every thread writes y for its elements from its registers, with
+//     the same expression (v * rstd * w, rounded once).
+// Each value is computed by the same operations in the same order as in the group-per-row
+// kernels, so h, y and rstd are the same bits; tests/emu/rmsnorm_emu.cpp compares them bit for bit.
+// A thread holds at most kRowElems elements, so the path takes dim <= kThreads * kRowElems; it is
+// used for rows <= kFewRowsMax (few_rows_plan), where the group-per-row grid has at most
+// kFewRowsMax / 8 blocks and one block per row is still at most one block per SM of an H100/H200
+// (132 SMs): every row is in flight at once. Beyond that the group-per-row kernels have rows
+// enough to hide latency and spend no barriers.
+constexpr int kRowElems = 16;           // elements per thread, held in registers between phases
+constexpr int64_t kFewRowsMax = 128;    // rows up to which a block per row is used
+constexpr int64_t kFewRowsMaxDim = static_cast<int64_t>(kThreads) * kRowElems;  // 4096
+
+// kAdd: add_rms_norm (res and h given), else rms_norm. kVec: the rows' x, res, h and y start at
+// 16-byte boundaries and dim is a multiple of 16 / sizeof(T), so a thread moves 16-byte packs.
+// Grid: one block per row; blockDim.x: a multiple of 32 with blockDim.x * kRowElems >= dim.
+// Dynamic shared memory: (dim + 1) compute-type values (rows_smem).
+template <int G, bool kAdd, bool kVec, typename T, typename W>
+__global__ void __launch_bounds__(kThreads)
+rmsnorm_rows_kernel(const T* __restrict__ x, const T* __restrict__ res, const W* __restrict__ w, T* __restrict__ h,
+                    T* __restrict__ y, float* __restrict__ rstd, int64_t dim, float eps) {
+  using C = compute_t<T>;
+  constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : 1;  // elements per pack
+  constexpr int P = kRowElems / V;                                  // packs per thread at most
+  C* row = reinterpret_cast<C*>(dynamic_smem());  // [dim] the values the sum reads, then rstd
+  const int64_t r = blockIdx.x, npacks = dim / V;
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const T* xr = x + r * dim;
+  const T* rr = kAdd ? res + r * dim : nullptr;
+  // Phase 1: every load of the thread (x, res, w) is issued before any value is used.
+  Pack<T, V> a[P], b[P];
+  C wv[P][V], v[P][V];
+#pragma unroll
+  for (int k = 0; k < P; ++k) {
+    const int64_t p = tid + static_cast<int64_t>(k) * nthreads;
+    if (p >= npacks) break;
+    a[k] = *reinterpret_cast<const Pack<T, V>*>(xr + p * V);
+    if constexpr (kAdd) b[k] = *reinterpret_cast<const Pack<T, V>*>(rr + p * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) wv[k][e] = static_cast<C>(load(w, p * V + e));
+  }
+#pragma unroll
+  for (int k = 0; k < P; ++k) {
+    const int64_t p = tid + static_cast<int64_t>(k) * nthreads;
+    if (p >= npacks) break;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      v[k][e] = to_compute(a[k].v[e]);
+      if constexpr (kAdd) {
+        v[k][e] = rounded<T>(apply_binary(BinaryOp::Add, v[k][e], to_compute(b[k].v[e])));
+        a[k].v[e] = from_compute<T>(v[k][e]);  // h as store() writes it
+      }
+      row[p * V + e] = v[k][e];
+    }
+    if constexpr (kAdd) *reinterpret_cast<Pack<T, V>*>(h + r * dim + p * V) = a[k];
+  }
+  __syncthreads();
+  // Phase 2: the group-per-row kernels' sum of squares, by lanes 0..G-1 of warp 0 (the whole warp
+  // takes part in group_sum's shuffles; lanes G..31 are another group's and are not used).
+  if (tid < kWarp) {
+    C ss = 0;
+    if (tid < G)
+#pragma unroll 8
+      for (int64_t j = tid; j < dim; j += G) {
+        const C e = row[j];
+        ss += e * e;
+      }
+    ss = group_sum<G>(ss);
+    if (tid == 0) {
+      const C inv = rms_rstd(ss, dim, eps);
+      rstd[r] = static_cast<float>(inv);
+      row[dim] = inv;
+    }
+  }
+  __syncthreads();
+  // Phase 3: y from the registers, rms_scaled's expression.
+  const C inv = row[dim];
+  T* yr = y + r * dim;
+#pragma unroll
+  for (int k = 0; k < P; ++k) {
+    const int64_t p = tid + static_cast<int64_t>(k) * nthreads;
+    if (p >= npacks) break;
+    Pack<T, V> o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) o.v[e] = from_compute<T>(static_cast<C>(v[k][e] * inv * wv[k][e]));
+    *reinterpret_cast<Pack<T, V>*>(yr + p * V) = o;
+  }
+}
+
+// The launch of rmsnorm_rows_kernel for (rows, dim), or use == false for the group-per-row
+// kernels. aligned16: x, res, h and y all start at a 16-byte boundary (the launcher checks).
+struct FewRowsPlan {
+  bool use = false, vec = false;
+  int threads = 0;
+  size_t smem = 0;
+};
+template <typename T>
+FewRowsPlan few_rows_plan(int64_t rows, int64_t dim, bool aligned16) {
+  FewRowsPlan p;
+  if (rows <= 0 || rows > kFewRowsMax || dim <= 0 || dim > kFewRowsMaxDim) return p;
+  constexpr int64_t V = 16 / static_cast<int64_t>(sizeof(T));
+  p.use = true;
+  p.vec = aligned16 && dim % V == 0;
+  // A thread per pack up to a block of kThreads (short rows do not start idle warps).
+  const int64_t npacks = p.vec ? dim / V : dim;
+  const int64_t threads = ceil_div(npacks, kWarp) * kWarp;
+  p.threads = static_cast<int>(threads < kThreads ? threads : kThreads);
+  p.smem = sizeof(compute_t<T>) * static_cast<size_t>(dim + 1);
+  return p;
 }
 
 // The one-pass plan: blocks of rows (a count that depends only on rows and dim), and the shared
