@@ -2,6 +2,7 @@
 # Build the CUDA-kernel emulation test with the host compiler and run it (no GPU needed):
 #   tests/emu/run.sh [--quick]      (flash attention)
 #   tests/emu/run.sh rmsnorm        (RMSNorm's one-pass backward and the fused residual add)
+#   tests/emu/run.sh cross_entropy  (the one-pass cross-entropy forward, reduce and backward)
 # Needs the CPU build (scripts/dev.sh cpu ...: its libxtrain_core.a holds the reference kernels) and
 # the CUDA headers (cuda_runtime.h, cuda_bf16.h; cublas_v2.h, which common.cuh includes). About a
 # minute to build and a minute to run on one core.
@@ -11,7 +12,9 @@ build=${XT_EMU_BUILD:-$root/build-cpu}
 cuda_inc=${CUDA_INC:-/usr/local/cuda/include}
 cublas_inc=$(python3 -c "import nvidia.cu13 as m; print(list(m.__path__)[0] + '/include')" 2>/dev/null || true)
 test=flash_attention
-if [ "${1:-}" = rmsnorm ]; then test=rmsnorm; shift; fi  # tests/emu/run.sh rmsnorm: the RMSNorm kernels
+case "${1:-}" in
+  rmsnorm | cross_entropy) test=$1; shift ;;  # tests/emu/run.sh rmsnorm: the RMSNorm kernels, etc.
+esac
 exe=$build/${test}_emu
 g++ -std=c++17 -O2 -g -DXT_CUDA_EMULATION -include "$root/tests/emu/cuda_emu.h" -I"$root/csrc" -I"$cuda_inc" \
   ${cublas_inc:+-I"$cublas_inc"} -Wall -Wno-unknown-pragmas -Wno-unused-parameter \
