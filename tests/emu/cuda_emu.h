@@ -15,7 +15,8 @@
 //    cp.async copies land when cp_async_wait retires their group ("lazy": a tile read before its
 //      wait, or before the barrier after another warp's wait, reads stale data), or at issue with
 //      WarpSerialEager (a prefetch into a buffer other warps still read, a missing barrier, shows).
-//    Shared memory starts each block filled with 0xFF bytes (bf16 NaN).
+//    Dynamic shared memory starts each block filled with 0xFF bytes (bf16 NaN); static __shared__
+//    variables keep what the previous block left.
 //  - mma computes D = A B + C in double and rounds to float: the emulation checks indexing and
 //    data flow, not the hardware's rounding.
 // Compile the kernels with -DXT_CUDA_EMULATION and this header first (-include cuda_emu.h).
@@ -23,6 +24,10 @@
 #ifndef XT_CUDA_EMULATION
 #define XT_CUDA_EMULATION 1
 #endif
+// A __shared__ variable (block_sum's partials) is one static object that the threads of the block
+// share; blocks run one after another, so one copy per variable is enough. Defined before the CUDA
+// headers, which otherwise make it an attribute that the host compiler ignores (a copy per thread).
+#define __shared__ static
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <ucontext.h>
@@ -60,7 +65,6 @@ struct Copy {
 
 struct Fiber {
   ucontext_t ctx;
-  std::vector<char> stack;
   Wait wait = Wait::None;
   unsigned tid = 0;
   // the collective this lane waits in: its inputs, then its outputs
@@ -79,6 +83,7 @@ constexpr size_t kSmem = 228 * 1024;
 
 struct State {
   std::vector<Fiber> fibers;
+  std::vector<std::vector<char>> stacks;  // one per thread, kept from block to block
   ucontext_t sched;
   int cur = -1;
   std::function<void()> body;
@@ -204,13 +209,13 @@ inline void run_block(unsigned nthreads) {
   if (nthreads % 32) fail("block size must be a multiple of 32");
   s.fibers.clear();
   s.fibers.resize(nthreads);
+  if (s.stacks.size() < nthreads) s.stacks.resize(nthreads, std::vector<char>(kStack));
   for (unsigned t = 0; t < nthreads; ++t) {
     Fiber& f = s.fibers[t];
     f.tid = t;
-    f.stack.resize(kStack);
     getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.data();
-    f.ctx.uc_stack.ss_size = f.stack.size();
+    f.ctx.uc_stack.ss_sp = s.stacks[t].data();
+    f.ctx.uc_stack.ss_size = s.stacks[t].size();
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiber_main, 0);
   }

@@ -1,99 +1,32 @@
 // CUDA cross-entropy, fused: logits [rows, vocab] with row stride ld >= vocab (float32/bfloat16/
 // float64; columns vocab..ld-1 are never read, backward sets them to 0), targets int32/int64.
+// The kernels are in cross_entropy.cuh (Note [One-pass cross-entropy]); this file launches them.
 //
-//  - forward: one block per row computes lse = logsumexp(logits) and loss = lse - logit[target]
-//    (0 for ignore_index); both float32. The softmax is never materialised. A target outside
-//    [0, vocab) that is not ignore_index reads nothing: its loss is NaN, its gradient row 0, and
-//    it is reported to the host's next sync point as IndexError (Note [Device-side index checks],
-//    core/cuda/cuda_check.h).
+//  - forward: one block per row reads the row once (an online softmax per thread, then a
+//    fixed-order combine of the threads' (max, sum) pairs) and writes lse = logsumexp(logits) and
+//    loss = lse - logit[target] (0 for ignore_index); both float32. The softmax is never
+//    materialised. A target outside [0, vocab) that is not ignore_index reads nothing: its loss is
+//    NaN, its gradient row 0, and it is reported to the host's next sync point as IndexError
+//    (Note [Device-side index checks], core/cuda/cuda_check.h).
 //  - reduce: one block sums the non-ignored losses (in float64, fixed order) and counts them;
 //    loss = sum / max(count, 1) and count stay on the device (no host sync).
 //  - backward: one pass over the logits recomputes softmax = exp(logit - lse) and writes dlogits
 //    with `=`: (softmax - onehot) * dloss[0] / max(count[0], 1), exactly 0 on ignored rows. dloss
 //    and count are read on the device. dlogits may alias logits (in place, as the fused
 //    linear_cross_entropy does): each thread reads an element, then writes that same element.
-// Same formulas as kernels/cpu/cross_entropy.cpp; float32 compute (float64 for float64).
-#include <math_constants.h>
-
-#include "kernels/cuda/common.cuh"
+//  - Rows that start 16-byte aligned (pointer and ld) move in 16-byte packs; others element by
+//    element, in the same order and with the same bits.
+// Same formulas as kernels/cpu/cross_entropy.cpp; float32 compute (float64 for float64). The sums
+// run in another order than the CPU's (per-thread partial sums, then a tree), so the two backends
+// agree to rounding, not bit for bit; the launch shape depends only on vocab and the dtype, so each
+// backend repeats its own bits.
+#include "kernels/cuda/cross_entropy.cuh"
 
 namespace xt {
 namespace kernels {
 namespace cuda {
 
-namespace {
-
-constexpr int kReduceThreads = 1024;
-
-inline int row_threads(int64_t vocab) { return vocab > 4096 ? 512 : 128; }
-
-template <typename T>
-__global__ void ce_forward_kernel(const T* logits, const void* targets, bool t64, float* losses, float* lse,
-                                  int64_t vocab, int64_t ld, int64_t ignore_index, IndexErrorRecord* err) {
-  using C = compute_t<T>;
-  const int64_t r = blockIdx.x;
-  const T* xr = logits + r * ld;
-  C mx = NegInf<C>::get();
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) mx = xmax(mx, load(xr, j));
-  mx = block_max(mx);
-  if (mx == NegInf<C>::get()) mx = 0;  // an all -inf row: avoid inf - inf
-  C sum = 0;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) sum += xexp(load(xr, j) - mx);
-  sum = block_sum(sum);
-  if (threadIdx.x != 0) return;
-  const C log_sum = xlog(sum);
-  lse[r] = static_cast<float>(mx + log_sum);
-  const int64_t t = load_index(t64, targets, r);
-  if (t == ignore_index) {
-    losses[r] = 0.0f;
-  } else if (t < 0 || t >= vocab) {
-    losses[r] = CUDART_NAN_F;
-    report_bad_index(err, IndexSite::CrossEntropy, t, vocab, ignore_index);
-  } else {
-    losses[r] = static_cast<float>(log_sum - (load(xr, t) - mx));  // keeps digits when |logits| is large
-  }
-}
-
-__global__ void ce_reduce_kernel(const float* losses, const void* targets, bool t64, float* loss, float* count,
-                                 int64_t rows, int64_t ignore_index) {
-  double sum = 0.0, n = 0.0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
-    if (load_index(t64, targets, r) == ignore_index) continue;
-    sum += static_cast<double>(losses[r]);
-    n += 1.0;
-  }
-  sum = block_sum(sum);
-  n = block_sum(n);
-  if (threadIdx.x == 0) {
-    *count = static_cast<float>(n);
-    *loss = static_cast<float>(sum / (n > 1.0 ? n : 1.0));
-  }
-}
-
-template <typename T>
-__global__ void ce_backward_kernel(const T* logits, const float* lse, const void* targets, bool t64,
-                                   const float* dloss, const float* count, T* dlogits, int64_t vocab, int64_t ld,
-                                   int64_t ignore_index) {
-  using C = compute_t<T>;
-  const int64_t r = blockIdx.x;
-  const T* xr = logits + r * ld;
-  T* dr = dlogits + r * ld;
-  const int64_t t = load_index(t64, targets, r);
-  for (int64_t j = vocab + threadIdx.x; j < ld; j += blockDim.x) store(dr, j, C(0));  // row padding
-  if (t == ignore_index || t < 0 || t >= vocab) {
-    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) store(dr, j, C(0));
-    return;
-  }
-  const float cnt = count[0];
-  const C coef = static_cast<C>(dloss[0]) / static_cast<C>(cnt > 1.0f ? cnt : 1.0f);
-  const C row_lse = static_cast<C>(lse[r]);
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const C p = xexp(load(xr, j) - row_lse);
-    store(dr, j, static_cast<C>((p - (j == t ? C(1) : C(0))) * coef));
-  }
-}
-
-}  // namespace
+using namespace ce;
 
 void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void* targets, float* losses, float* lse,
                            int64_t rows, int64_t vocab, int64_t ld, int64_t ignore_index, void* stream) {
@@ -103,9 +36,14 @@ void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void*
   XT_CHECK(rows <= INT32_MAX, ValueError, "cross_entropy: too many rows for CUDA: ", rows);
   OnStream on(stream);
   XT_DISPATCH_FLOAT(dt, "cross_entropy_forward", T, {
-    ce_forward_kernel<T><<<static_cast<unsigned>(rows), row_threads(vocab), 0, on.s>>>(
-        static_cast<const T*>(logits), targets, t64, losses, lse, vocab, ld, ignore_index,
-        xt::cuda::index_error_record(on.device));
+    const auto* x = static_cast<const T*>(logits);
+    IndexErrorRecord* err = xt::cuda::index_error_record(on.device);
+    const dim3 grid(static_cast<unsigned>(rows)), block(row_threads<T>(vocab));
+    // The same packs in the same order either way: only the speed depends on the alignment.
+    if (rows_vectorizable<T>(x, ld))
+      ce_forward_kernel<T, true><<<grid, block, 0, on.s>>>(x, targets, t64, losses, lse, vocab, ld, ignore_index, err);
+    else
+      ce_forward_kernel<T, false><<<grid, block, 0, on.s>>>(x, targets, t64, losses, lse, vocab, ld, ignore_index, err);
     XT_LAUNCH_CHECK();
   });
 }
@@ -127,8 +65,15 @@ void cross_entropy_backward(DType dt, const void* logits, const float* lse, DTyp
   XT_CHECK(rows <= INT32_MAX, ValueError, "cross_entropy: too many rows for CUDA: ", rows);
   OnStream on(stream);
   XT_DISPATCH_FLOAT(dt, "cross_entropy_backward", T, {
-    ce_backward_kernel<T><<<static_cast<unsigned>(rows), row_threads(vocab), 0, on.s>>>(
-        static_cast<const T*>(logits), lse, targets, t64, dloss, count, static_cast<T*>(dlogits), vocab, ld, ignore_index);
+    const auto* x = static_cast<const T*>(logits);
+    auto* dx = static_cast<T*>(dlogits);
+    const dim3 grid(static_cast<unsigned>(rows)), block(row_threads<T>(vocab));
+    if (rows_vectorizable<T>(x, ld) && rows_vectorizable<T>(dx, ld))
+      ce_backward_kernel<T, true><<<grid, block, 0, on.s>>>(x, lse, targets, t64, dloss, count, dx, vocab, ld,
+                                                            ignore_index);
+    else
+      ce_backward_kernel<T, false><<<grid, block, 0, on.s>>>(x, lse, targets, t64, dloss, count, dx, vocab, ld,
+                                                             ignore_index);
     XT_LAUNCH_CHECK();
   });
 }
