@@ -46,7 +46,7 @@ if [ "$mode" = "--smoke" ]; then
   run throughput-tiny-bf16 bench/train_throughput.py "${cpu[@]}" --preset tiny --batch 2 --seq 16 \
     --bf16 --steps 3 --warmup 1 --no-compile
   run recompute bench/recompute.py "${cpu[@]}" --presets tiny --batch 2 --seq 32 --fp32 --steps 2 \
-    --warmup 1 --search-preset tiny --batches 1,2,4,8,16 --memory-limit 40MiB
+    --warmup 1 --search-preset tiny --batches 1,2,4,8,16 --memory-limit 40MiB --no-compile
   run convergence bench/convergence.py "${cpu[@]}" --preset tiny --steps 3 --batch 2 --seq 32 \
     --eval-batches 2
 else
@@ -69,7 +69,8 @@ else
     --steps 10 --warmup 3 --no-compile
   run throughput-dim1024-bf16 bench/train_throughput.py --preset dim1024 --batch 32 --seq 256 --bf16 \
     --steps 20 --warmup 5 --no-compile
-  # ~40-60 s: recompute off/on at B=32 for dim768/dim1024, largest dim1024 batch under 32 GiB
+  # ~3-4 min: recompute off/on at B=32 for dim768/dim1024 beside PyTorch eager and the compiled
+  # model with checkpointed blocks (two compiles per preset), largest dim1024 batch under 32 GiB
   run recompute bench/recompute.py --presets dim768,dim1024 --batch 32 --seq 256 --bf16 \
     --search-preset dim1024 --memory-limit 32GiB
   # ~200 s: 150 steps bf16 vs float32 on the built-in corpus (the preset's LR), both frameworks, 4 seeds

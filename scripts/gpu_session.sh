@@ -17,7 +17,7 @@
 #   ops       bench/ops.py
 #   attention bench/ops.py rows of the fused attention and head preparation against torch's flash SDPA
 #   data      bench/data_run.py ($DATA_ARGS)
-#   recompute bench/recompute.py ($RECOMPUTE_ARGS)
+#   recompute bench/recompute.py ($RECOMPUTE_ARGS), xtrain beside PyTorch eager and torch.compile
 #   profile   bench/profile_step.py ($PROFILE_ARGS; default dim768 b32 bf16 V=50257)
 #   generate  bench/generate.py ($GENERATE_ARGS): the KV-cache generator against the re-run
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
@@ -144,10 +144,10 @@ for step in $steps; do
     data)
       run_step data 420 "$out/bench.log" "$py" bench/data_run.py ${DATA_ARGS:-}
       ;;
-    recompute)
-      run_step recompute 300 "$out/bench.log" "$py" bench/recompute.py ${RECOMPUTE_ARGS:-}
+    recompute)  # with the compiled peer (two compiles per preset); RECOMPUTE_ARGS="--no-search" saves ~1 min
+      run_step recompute 420 "$out/bench.log" "$py" bench/recompute.py ${RECOMPUTE_ARGS:-}
       ;;
-    profile)  # the eager step's kernels (bench/profile_step.py)
+    profile)  # the step's kernels as xtrain train runs it, replayed graphs (bench/profile_step.py)
       run_step profile 180 "$out/bench.log" "$py" bench/profile_step.py ${PROFILE_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257}
       ;;
     generate)
