@@ -30,6 +30,15 @@ void check_dim(const Tensor& t, int64_t dim, const char* op, const char* name) {
   XT_CHECK(t.dim() == dim, ValueError, op, ": ", name, " must have ", dim, " dimensions, got ", t.describe());
 }
 
+void check_head_norm_weight(const Tensor& w, const Tensor& q, int64_t D, const char* op, const char* name) {
+  check_floating(w, op, name);
+  check_same_device(q, w, op, "q", name);
+  XT_CHECK(w.dim() == 1 && w.numel() == D, ValueError, op, ": ", name, " must have shape [", D,
+           "] (the head dimension of q), got ", name, " ", w.describe(), " for q ", q.describe());
+  XT_CHECK(w.dtype() == q.dtype() || w.dtype() == DType::Float32, TypeError, op, ": ", name,
+           " must be float32 or q's dtype, got ", name, " ", w.describe(), " for q ", q.describe());
+}
+
 void* stream_for(Device d) { return d.is_cuda() ? cuda::current_stream(d.index) : nullptr; }
 
 }  // namespace ops

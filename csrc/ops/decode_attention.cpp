@@ -126,14 +126,8 @@ Tensor decode_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   XT_CHECK(wq.defined() == wk.defined(), ValueError, op,
            ": give both q_norm_weight and k_norm_weight (q/k RMSNorm) or neither (rope only)");
   if (wq.defined()) {
-    for (const auto& [w, name] : {std::pair<const Tensor&, const char*>{wq, "q_norm_weight"}, {wk, "k_norm_weight"}}) {
-      check_floating(w, op, name);
-      check_same_device(w, q, op, name, "q");
-      XT_CHECK(w.dim() == 1 && w.numel() == D, ValueError, op, ": ", name, " must have shape [", D,
-               "] (the head dimension), got ", w.describe());
-      XT_CHECK(w.dtype() == q.dtype() || w.dtype() == DType::Float32, TypeError, op, ": ", name,
-               " must be float32 or q's dtype, got ", w.describe(), " for q ", q.describe());
-    }
+    check_head_norm_weight(wq, q, D, op, "q_norm_weight");
+    check_head_norm_weight(wk, q, D, op, "k_norm_weight");
     check_same_dtype(wq, wk, op, "q_norm_weight", "k_norm_weight");
     XT_CHECK(std::isfinite(eps) && eps >= 0, ValueError, op, ": eps must be finite and >= 0, got ", eps);
   }

@@ -99,17 +99,6 @@ std::vector<Tensor> flash_attention_backward(const Tensor& q, const Tensor& k, c
 
 namespace {
 
-void check_norm_weight(const Tensor& w, const Tensor& x, const char* name) {
-  const char* op = "qk_norm_rope";
-  check_floating(w, op, name);
-  check_same_device(x, w, op, "q", name);
-  const int64_t D = x.size(3);
-  XT_CHECK(w.dim() == 1 && w.numel() == D, ValueError, op, ": ", name, " must have shape [", D,
-           "] (the head dimension of q), got ", name, " ", w.describe(), " for q ", x.describe());
-  XT_CHECK(w.dtype() == x.dtype() || w.dtype() == DType::Float32, TypeError, op, ": ", name,
-           " must be float32 or q's dtype, got ", name, " ", w.describe(), " for q ", x.describe());
-}
-
 void check_qk(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk) {
   const char* op = "qk_norm_rope";
   check_floating(q, op, "q");
@@ -123,8 +112,8 @@ void check_qk(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& 
            ": the head dimension D must be even (rotate-half pairs i with i + D/2), got q ", q.describe());
   check_same_dtype(q, k, op, "q", "k");
   check_same_device(q, k, op, "q", "k");
-  check_norm_weight(wq, q, "q_norm_weight");
-  check_norm_weight(wk, q, "k_norm_weight");
+  check_head_norm_weight(wq, q, q.size(3), op, "q_norm_weight");
+  check_head_norm_weight(wk, q, q.size(3), op, "k_norm_weight");
   check_same_dtype(wq, wk, op, "q_norm_weight", "k_norm_weight");
 }
 

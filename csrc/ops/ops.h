@@ -33,6 +33,8 @@ void check_floating(const Tensor& t, const char* op, const char* name);
 void check_same_device(const Tensor& a, const Tensor& b, const char* op, const char* an, const char* bn);
 void check_same_dtype(const Tensor& a, const Tensor& b, const char* op, const char* an, const char* bn);
 void check_dim(const Tensor& t, int64_t dim, const char* op, const char* name);
+// A per-head RMSNorm weight (qk_norm_rope, decode_prep): [D] on q's device, float32 or q's dtype.
+void check_head_norm_weight(const Tensor& w, const Tensor& q, int64_t D, const char* op, const char* name);
 void* stream_for(Device d);  // this thread's stream on d (nullptr for the CPU)
 
 // ---- creation and copies (ops/creation.cpp); no history
