@@ -315,5 +315,38 @@ XT_HD float random_value(bool normal, uint64_t seed, uint64_t counter) {
   return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864769f * u2);
 }
 
+// ------------------------------------------------------------------ greedy decoding (greedy_next)
+
+// Whether logit a at index i beats b at index j: NaN above every number, then the larger value,
+// then the lower index, so a scan or a reduction in any order finds the row's first maximum
+// (numpy's argmax).
+template <typename C> XT_HD bool greedy_beats(C a, int64_t i, C b, int64_t j) {
+  const bool an = a != a, bn = b != b;
+  if (an || bn) return an && (!bn || i < j);
+  return a > b || (a == b && i < j);
+}
+
+// Row b of greedy_next's state int64 [6, B] (token, position, length, limit, done, count) after
+// its pick tok (kernels.h): taken when the row is not done and position + 1 < limit, and then done
+// at stop; ring[(count % R) * B + b] = tok taken or -1; count += 1.
+XT_HD void greedy_take(int64_t* state, int64_t B, int64_t b, int64_t tok, int64_t* ring, int64_t R, int64_t stop) {
+  int64_t *token = state, *position = state + B, *length = state + 2 * B, *limit = state + 3 * B,
+          *done = state + 4 * B, *count = state + 5 * B;
+  int64_t taken = -1;
+  if (done[b] == 0) {
+    if (position[b] + 1 < limit[b]) {
+      taken = tok;
+      token[b] = tok;
+      position[b] += 1;
+      length[b] = position[b] + 1;
+      if (tok == stop) done[b] = 1;
+    } else {
+      done[b] = 1;
+    }
+  }
+  ring[(count[b] % R) * B + b] = taken;
+  count[b] += 1;
+}
+
 }  // namespace kernels
 }  // namespace xt

@@ -98,46 +98,19 @@ void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void*
   kv_cache_write(dt, v_cache, v, pos, B, L, 1, Hkv * D, stream);
 }
 
-namespace {
-
-// Whether logit a at index i beats the best so far (b at index j < i): NaN above every number,
-// the first of equal values (and the first NaN) kept, as numpy's argmax.
-template <typename C>
-bool greedy_beats(C a, C b) {
-  if (std::isnan(b)) return false;
-  return std::isnan(a) || a > b;
-}
-
-}  // namespace
-
 void greedy_next(DType dt, const void* logits_, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,
                  int64_t stop, void* /*stream*/) {
   XT_DISPATCH_FLOAT(dt, "greedy_next", T, {
     using C = compute_t<T>;
     const T* logits = static_cast<const T*>(logits_);
-    int64_t *tok = state, *position = state + B, *length = state + 2 * B, *limit = state + 3 * B,
-            *done = state + 4 * B, *count = state + 5 * B;
     for (int64_t b = 0; b < B; ++b) {
       int64_t best = 0;
       C best_v = load(logits, b * V);
       for (int64_t i = 1; i < V; ++i) {
         const C x = load(logits, b * V + i);
-        if (greedy_beats(x, best_v)) best = i, best_v = x;
+        if (greedy_beats(x, i, best_v, best)) best = i, best_v = x;
       }
-      int64_t taken = -1;
-      if (done[b] == 0) {
-        if (position[b] + 1 < limit[b]) {
-          taken = best;
-          tok[b] = best;
-          position[b] += 1;
-          length[b] = position[b] + 1;
-          if (best == stop) done[b] = 1;
-        } else {
-          done[b] = 1;
-        }
-      }
-      ring[(count[b] % R) * B + b] = taken;
-      count[b] += 1;
+      greedy_take(state, B, b, best, ring, R, stop);
     }
   });
 }

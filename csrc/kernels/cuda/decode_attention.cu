@@ -249,14 +249,6 @@ __global__ void __launch_bounds__(kPrepThreads)
 
 constexpr int kGreedyThreads = 512;
 
-// Whether (a, i) beats (b, j): NaN above every number, then the larger value, then the lower index.
-template <typename C>
-__device__ __forceinline__ bool greedy_beats(C a, int64_t i, C b, int64_t j) {
-  const bool an = a != a, bn = b != b;
-  if (an || bn) return an && (!bn || i < j);
-  return a > b || (a == b && i < j);
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kGreedyThreads)
     greedy_next_kernel(const T* logits, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,
@@ -283,22 +275,7 @@ __global__ void __launch_bounds__(kGreedyThreads)
   if (threadIdx.x != 0) return;
   for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w)
     if (greedy_beats(best_v[w], best_i[w], v, idx)) v = best_v[w], idx = best_i[w];
-  int64_t *tok = state, *position = state + B, *length = state + 2 * B, *limit = state + 3 * B,
-          *done = state + 4 * B, *count = state + 5 * B;
-  int64_t taken = -1;
-  if (done[b] == 0) {
-    if (position[b] + 1 < limit[b]) {
-      taken = idx;
-      tok[b] = idx;
-      position[b] += 1;
-      length[b] = position[b] + 1;
-      if (idx == stop) done[b] = 1;
-    } else {
-      done[b] = 1;
-    }
-  }
-  ring[(count[b] % R) * B + b] = taken;
-  count[b] += 1;
+  greedy_take(state, B, b, idx, ring, R, stop);
 }
 
 }  // namespace
