@@ -92,7 +92,7 @@ throughput() {  # LABEL PYTHONPATH-prefix ARGS... (base runs record $BASE_COMMIT
   shift 2
   [ "$label" = base ] && commit=${BASE_COMMIT:-base}
   echo "--- $label"
-  XTRAIN_COMMIT=$commit PYTHONPATH=$pp${PYTHONPATH:+:$PYTHONPATH} "$py" bench/train_throughput.py "$@" 2>&1 | tail -12
+  XTRAIN_COMMIT=$commit PYTHONPATH=$pp${PYTHONPATH:+:$PYTHONPATH} "$py" bench/train_throughput.py "$@" 2>&1  # whole, so a timed-out run still leaves its rows
 }
 export -f throughput
 
@@ -130,7 +130,9 @@ for step in $steps; do
     throughput)  # THROUGHPUT_ARGS: configurations separated by ';'
       IFS=';' read -ra configs <<<"${THROUGHPUT_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257}"
       for c in "${configs[@]}"; do
-        run_step throughput "${THROUGHPUT_TIMEOUT:-240}" "$out/bench.log" bash -c "throughput new '' $c"
+        # Each fresh compile of the peer (--compile-repeats N) costs about two minutes.
+        repeats=$(sed -n 's/.*--compile-repeats[ =]\([0-9]*\).*/\1/p' <<<"$c")
+        run_step throughput "${THROUGHPUT_TIMEOUT:-$((120 + 120 * ${repeats:-1}))}" "$out/bench.log" bash -c "throughput new '' $c"
         grep -E "^xtrain /|^xtrain |^torch" "$out/bench.log" | tail -6 | tee -a "$summary"
       done
       ;;
