@@ -2,7 +2,7 @@
 
     python bench/recompute.py                       # dim768 + dim1024, batch 32, seq 256, bf16
     python bench/recompute.py --device cpu --presets tiny --batch 2 --seq 32 --fp32 --steps 2 \
-        --search-preset tiny --batches 1,2,4,8,16 --memory-limit 40MiB     # smoke
+        --search-preset tiny --batches 1,2,4,8,16 --memory-limit 256MiB    # smoke
 
 Part 1 (same batch): for each preset, recompute off and on, a few training steps (forward,
 backward, clip, AdamW) after warm-up: tok/s and peak allocated memory, for xtrain
@@ -11,8 +11,10 @@ xtrain.checkpoint, the down projection outside with its input kept), PyTorch eag
 split with torch.utils.checkpoint, non-reentrant) and the same PyTorch model compiled whole
 (`torch.compile(model)`, --compile MODE; checkpointed blocks under compile when recompute is on).
 Reports on/off ratios per framework and xtrain against the compiled peer at each setting (issue
-15's gate: >= 1.2x its speed with recompute on, memory <= its memory). xtrain runs its eager step
-here (the CUDA graphs of `xtrain train` add ~3%: bench/train_throughput.py). Each framework builds its model once
+15's gate: >= 1.2x its speed with recompute on, memory <= its memory). xtrain runs `xtrain train`'s
+step: forward and backward, clip_and_step, captured in CUDA graphs after the warm-up and replayed
+(--cuda-graphs off: the eager step); its peak counts the graph's private pool in full. Each
+framework builds its model once
 per preset and flips the recompute flag between the two measurements (an init of dim1024 costs
 seconds of CPU time); the torch model starts from xtrain's weights.
 
@@ -50,6 +52,9 @@ def parse_args(argv=None):
                    help="torch.compile mode of the compiled peer (part 1 only: a search would compile "
                         "once per batch size)")
     p.add_argument("--no-compile", action="store_true", help="skip the compiled peer")
+    p.add_argument("--cuda-graphs", choices=("on", "off"), default="on",
+                   help="xtrain's step replayed from CUDA graphs as `xtrain train` runs it (part 1; the "
+                        "search steps eagerly: a capture per batch size)")
     p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
     common.add_common_args(p, steps=8, warmup=2)
     return p.parse_args(argv)
@@ -60,24 +65,33 @@ def parse_args(argv=None):
 class XtrainTrainer:
     framework = "xtrain"
 
-    def __init__(self, cfg, device, seed):
+    def __init__(self, cfg, device, seed, use_graphs: bool = False):
         import xtrain
+        from xtrain import graphs
         from xtrain.models import TinyTransformer
-        from xtrain.optim import AdamW, clip_grad_norm_
+        from xtrain.optim import AdamW
 
-        self.xt, self.device, self.clip = xtrain, device, clip_grad_norm_
+        self.xt, self.graphs, self.device = xtrain, graphs, device
         self.model = TinyTransformer(cfg, device=device, seed=seed)
-        self.params = self.model.parameters()
         self.opt = AdamW(self.model.named_parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
         self.oom = xtrain.OutOfMemoryError
+        self.blocked = graphs.graph_blockers(device, self.model) if use_graphs else "--cuda-graphs off"
+        self.sg = None  # StepGraphs of the current setting, made at the first step
+
+    @property
+    def warmup(self) -> int:
+        """Steps before a timed one: with graphs, the eager warm-up, the capture and one replay."""
+        return self.graphs.WARMUP_STEPS + 1 if self.blocked is None else 0
 
     @property
     def recompute(self) -> bool:
         return self.model.config.recompute
 
     def set_recompute(self, on: bool) -> None:
-        # forward() reads config.recompute on every call; flipping it avoids a second init
+        # forward() reads config.recompute on every call; flipping it avoids a second init (the
+        # captured step holds the old setting: a new capture)
         self.model.config.recompute = on
+        self.sg = None
 
     def weights(self):
         return {n: p.numpy().copy() for n, p in self.model.named_parameters()}
@@ -87,16 +101,23 @@ class XtrainTrainer:
                 for x, y in batches]
 
     def step(self, x, y):
-        _, loss = self.model(x, y)
-        loss.backward()
-        self.clip(self.params, 1.0)
-        self.opt.step()
+        """train.py's step: replayed graphs once captured, else forward_backward + clip_and_step."""
+        if self.sg is None:
+            self.sg = self.graphs.StepGraphs(self.model, self.opt, 1, 1.0, blocked=self.blocked,
+                                             note=lambda m: print(m, flush=True))
+        out = self.sg.step(x, y)
+        if out is not None:
+            return out[0]
+        loss = self.graphs.forward_backward(self.model, x, y, 1)
+        self.opt.clip_and_step(1.0, loss)
         self.opt.zero_grad(set_to_none=True)
+        self.sg.eager()
         return loss
 
     def release(self):
-        """Drop partial gradients (after an OOM) and the cached blocks."""
+        """Drop partial gradients (after an OOM), the graphs and the cached blocks."""
         self.opt.zero_grad(set_to_none=True)
+        self.sg = None
         common.free_xtrain(self.device)
 
     def sync(self):
@@ -106,10 +127,18 @@ class XtrainTrainer:
         common.xt_reset_peak(self.device)
 
     def peak(self):
-        return common.xt_peak(self.device)["allocated_peak"]
+        # A replay allocates nothing: the step's activations live in the graph's private pool,
+        # counted in full (as bench/train_throughput.py does).
+        pool = self.xt.memory_stats(self.device).get("pool_bytes.current", 0) if self.sg and self.sg.active else 0
+        return common.xt_peak(self.device)["allocated_peak"] + pool
+
+    def extra(self) -> dict:
+        return {"cuda_graphs": bool(self.sg and self.sg.active),
+                "graphs_off_because": self.blocked,
+                "graph_nodes_per_step": (self.sg.num_nodes or None) if self.sg else None}
 
     def close(self):
-        del self.model, self.params, self.opt
+        del self.model, self.opt, self.sg
         common.free_xtrain(self.device)
 
 
@@ -168,14 +197,14 @@ class TorchTrainer:
         common.free_torch(self.device)
 
 
-def make_trainers(args, preset, device, frameworks, weights_cache):
+def make_trainers(args, preset, device, frameworks, weights_cache, use_graphs=False):
     """(framework, trainer) for each framework, lazily; the torch model gets xtrain's weights."""
     from xtrain.models import config_for
 
     cfg = config_for(preset, args.vocab, bf16=args.bf16, recompute=False)
     for framework in frameworks:
         if framework == "xtrain":
-            trainer = XtrainTrainer(cfg, device, args.seed)
+            trainer = XtrainTrainer(cfg, device, args.seed, use_graphs)
             if preset not in weights_cache and not args.no_torch:
                 weights_cache[preset] = trainer.weights()
         else:
@@ -198,7 +227,7 @@ def measure(trainer, batches, steps, warmup) -> dict:
         x, y = data[it["i"] % len(data)]
         it["i"] += 1
         it["loss"] = trainer.step(x, y)
-    for _ in range(warmup):
+    for _ in range(max(warmup, getattr(trainer, "warmup", 0))):
         step()
     trainer.sync()
     trainer.reset_peak()
@@ -207,6 +236,8 @@ def measure(trainer, batches, steps, warmup) -> dict:
     out = {"tok_s": tokens / seconds, "ms_per_step": 1e3 * seconds / steps,
            "peak_allocated": trainer.peak(), "loss_last": float(it["loss"].item())}
     out["peak_gib"] = common.gib(out["peak_allocated"])
+    if hasattr(trainer, "extra"):
+        out.update(trainer.extra())
     return out
 
 
@@ -220,7 +251,8 @@ def same_batch(args, device, frameworks, weights_cache) -> list[dict]:
     rows = []
     batches = common.random_batches(args.vocab, args.batch, args.seq, n=4, seed=args.seed)
     for preset in [p for p in args.presets.split(",") if p]:
-        for framework, trainer in make_trainers(args, preset, device, frameworks, weights_cache):
+        for framework, trainer in make_trainers(args, preset, device, frameworks, weights_cache,
+                                                use_graphs=args.cuda_graphs == "on"):
             for recompute in (False, True):
                 trainer.set_recompute(recompute)
                 row = {"preset": preset, "framework": framework, "recompute": recompute,

@@ -46,7 +46,7 @@ if [ "$mode" = "--smoke" ]; then
   run throughput-tiny-bf16 bench/train_throughput.py "${cpu[@]}" --preset tiny --batch 2 --seq 16 \
     --bf16 --steps 3 --warmup 1 --no-compile
   run recompute bench/recompute.py "${cpu[@]}" --presets tiny --batch 2 --seq 32 --fp32 --steps 2 \
-    --warmup 1 --search-preset tiny --batches 1,2,4,8,16 --memory-limit 40MiB --no-compile
+    --warmup 1 --search-preset tiny --batches 1,2,4,8,16 --memory-limit 256MiB --no-compile
   run convergence bench/convergence.py "${cpu[@]}" --preset tiny --steps 3 --batch 2 --seq 32 \
     --eval-batches 2
 else
