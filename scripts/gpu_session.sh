@@ -14,7 +14,7 @@
 #             base, new, base, new (interleaved, so drift hits both alike); needs the base build
 #   throughput  bench/train_throughput.py with its PyTorch peers ($THROUGHPUT_ARGS: configurations
 #             separated by ';')
-#   ops       bench/ops.py
+#   ops       bench/ops.py ($OPS_ARGS, e.g. "--only linear --vocab 50257")
 #   attention bench/ops.py rows of the fused attention and head preparation against torch's flash SDPA
 #   data      bench/data_run.py ($DATA_ARGS)
 #   recompute bench/recompute.py ($RECOMPUTE_ARGS), xtrain beside PyTorch eager and torch.compile
@@ -137,7 +137,7 @@ for step in $steps; do
       done
       ;;
     ops)
-      run_step ops 240 "$out/bench.log" "$py" bench/ops.py
+      run_step ops 240 "$out/bench.log" "$py" bench/ops.py ${OPS_ARGS:-}
       ;;
     attention)  # the tests run in the pytest step; here the kernels against torch's flash SDPA
       run_step attention 240 "$out/bench.log" "$py" bench/ops.py --only ${ATTENTION_OPS:-flash,qk_prep,sdpa}
