@@ -526,6 +526,34 @@ def test_adamw_matches_torch(device):
         np.testing.assert_allclose(v[i].numpy(), state["exp_avg_sq"].numpy(), rtol=1e-5, atol=1e-7)
 
 
+def test_adamw_decay_flags_equal_one_call_per_group(device):
+    """decays=[...]: one launch over both weight-decay groups gives the bits of a call per group
+    (the other group with weight_decay 0), with device constants (hyper) and clipping too."""
+    rng = np.random.default_rng(51)
+    sizes, flags = [3000, 7, 2048, 5000, 1], [True, False, True, False, True]
+    init = [[rng.standard_normal(n).astype(np.float32) for n in sizes] for _ in range(4)]
+    lr, wd, step = 1e-2, 0.1, 3
+    consts = xtrain._C.optim.adamw_consts(lr, 0.9, 0.95, 1e-8, wd, step)
+    hyper = xtrain.tensor(np.asarray(consts, dtype=np.float32), device=device)
+    hyper0 = xtrain.tensor(np.asarray(xtrain._C.optim.adamw_consts(lr, 0.9, 0.95, 1e-8, 0.0, step),
+                                      dtype=np.float32), device=device)
+    norm = xtrain.tensor(np.float32(7.5), device=device)
+    for kw in ({}, {"hyper": True, "clip_norm": norm, "max_norm": 1.0}):
+        one = [[xtrain.tensor(a, device=device) for a in arrays] for arrays in init]
+        two = [[xtrain.tensor(a, device=device) for a in arrays] for arrays in init]
+        extra = {k: v for k, v in kw.items() if k != "hyper"}
+        xtrain._C.optim.adamw_step(*one, lr, 0.9, 0.95, 1e-8, wd, step, decays=flags,
+                                   hyper=hyper if kw else None, **extra)
+        for group, decay in ((True, wd), (False, 0.0)):
+            idx = [i for i, f in enumerate(flags) if f == group]
+            xtrain._C.optim.adamw_step(*[[t[i] for i in idx] for t in two], lr, 0.9, 0.95, 1e-8, decay, step,
+                                       hyper=(hyper if group else hyper0) if kw else None, **extra)
+        for a, b in zip(one, two):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x.numpy(), y.numpy())
+        assert not np.array_equal(one[0][1].numpy(), init[0][1])  # updated
+
+
 def test_adamw_bad_inputs():
     p, g = [xtrain.zeros(3)], [xtrain.zeros(3)]
     with pytest.raises(ValueError, match="same length"):
@@ -540,6 +568,9 @@ def test_adamw_bad_inputs():
                                    1e-3, 0.9, 0.99, 1e-8, 0.0, 1)
     with pytest.raises(ValueError, match="beta1"):
         xtrain._C.optim.adamw_step(p, g, [xtrain.zeros(3)], [xtrain.zeros(3)], 1e-3, 1.0, 0.99, 1e-8, 0.0, 1)
+    with pytest.raises(ValueError, match="decays must be empty"):
+        xtrain._C.optim.adamw_step(p, g, [xtrain.zeros(3)], [xtrain.zeros(3)], 1e-3, 0.9, 0.99, 1e-8, 0.0, 1,
+                                   decays=[True, False])
 
 
 @pytest.mark.parametrize("ratio", [0.3, 10.0])

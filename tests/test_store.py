@@ -164,8 +164,8 @@ def test_gradients_land_in_the_flat_buffer(device):
 
 
 def test_adamw_on_the_store_equals_adamw_on_separate_tensors(device):
-    """The flat step (one launch per weight-decay group over whole ranges of the flats) and the
-    per-tensor step give the same bits, clipping included."""
+    """The flat step (one launch over whole ranges of the flats, a weight-decay flag per range)
+    and the per-tensor step give the same bits, clipping included."""
     model = TinyTransformer(TransformerConfig(**SMALL, bf16=True), device=device, seed=0)
     plain = [xtrain.tensor(p.numpy(), device=device, requires_grad=True) for p in model.parameters()]
     opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)

@@ -62,6 +62,9 @@ inline AdamWStepConsts adamw_step_consts(const AdamWParams& hp) {
   c.bc2_sqrt = std::sqrt(hp.bias_correction2);
   return c;
 }
+// The decay constant of a tensor without weight decay: adamw_step_consts's decay at weight_decay 0,
+// 1 - lr * 0 = 1 for every finite lr, so it holds for every step (also when hp.hyper holds them).
+inline float adamw_no_decay(const AdamWParams& hp) { return 1.0f - hp.lr * 0.0f; }
 
 #define XT_KERNEL_DECLS                                                                                 \
   /* ---- elementwise (kernels/{cpu,cuda}/elementwise) */                                                       \
@@ -238,10 +241,12 @@ inline AdamWStepConsts adamw_step_consts(const AdamWParams& hp) {
   /* guard (nullable, one float on the device): when it is not finite, nothing is written (a */        \
   /* training step with a NaN/Inf loss or gradient norm is skipped without a host sync). */           \
   /* clip_norm (nullable, on the device): every gradient is read as g * min(1, max_norm /     */      \
-  /* (clip_norm[0] + 1e-6)), clip_by_norm's factor, so clipping needs no pass of its own */          \
+  /* (clip_norm[0] + 1e-6)), clip_by_norm's factor, so clipping needs no pass of its own. decays */  \
+  /* (nullable: all true): tensor t takes hp.weight_decay when decays[t], else none (the decay */      \
+  /* constant of weight_decay 0), so both groups of a model update in one launch */                    \
   void adamw_step(int n_tensors, float* const* params, const float* const* grads, float* const* m,      \
-                  float* const* v, const int64_t* sizes, AdamWParams hp, const float* guard,            \
-                  const float* clip_norm, float max_norm, void* stream);                                \
+                  float* const* v, const int64_t* sizes, const bool* decays, AdamWParams hp,            \
+                  const float* guard, const float* clip_norm, float max_norm, void* stream);            \
   /* out (float32, 1 element) = sqrt(sum of squares over all tensors), fixed order */                  \
   void global_norm(int n_tensors, const float* const* tensors, const int64_t* sizes, float* out,        \
                    void* stream);                                                                       \

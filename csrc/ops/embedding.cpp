@@ -1,5 +1,8 @@
 // Embedding: out = table[ids], a row gather with an id range check; the backward scatters dout
-// rows into a fresh dtable (deterministic order, see the kernels). The node saves the ids only.
+// rows into a fresh dtable (deterministic order, see the kernels), or straight into the table's
+// gradient slot when the leaf has one free (claim_grad_buffer: the parameter store's flat
+// gradients; for a V x dim float32 table that saves a copy of the whole table's gradient). The
+// node saves the ids only.
 //
 // Ids outside [0, vocab) raise IndexError. On the CPU the ids are scanned before the kernel runs
 // (min and max against the range). On CUDA the kernels check them as they read them (Note
@@ -52,7 +55,10 @@ Tensor embedding_forward(const Tensor& table, const Tensor& ids) {
   return out;
 }
 
-Tensor embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab, DType table_dtype) {
+namespace {
+
+// embedding_backward writing into `dtable` when it is defined (a claimed gradient slot).
+Tensor embedding_backward_into(const Tensor& ids, const Tensor& dout, int64_t vocab, DType table_dtype, Tensor dtable) {
   check_ids(ids, "embedding_backward");
   check_floating(dout, "embedding_backward", "dout");
   check_same_device(ids, dout, "embedding_backward", "ids", "dout");
@@ -64,11 +70,17 @@ Tensor embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab, 
            ids.describe(), ")");
   check_cpu_id_range(ids, vocab, "embedding_backward");  // as cheap as the scatter itself
   const int64_t dim = dout.shape().back();
-  Tensor dtable = Tensor::empty({vocab, dim}, table_dtype, dout.device());
+  if (!dtable.defined()) dtable = Tensor::empty({vocab, dim}, table_dtype, dout.device());
   if (dtable.numel())
     XT_KERNEL(dout.device(), embedding_backward, table_dtype, ids.dtype(), ids.data_ptr(), dout.data_ptr(),
               dtable.data_ptr(), ids.numel(), vocab, dim, stream_for(dout.device()));
   return dtable;
+}
+
+}  // namespace
+
+Tensor embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab, DType table_dtype) {
+  return embedding_backward_into(ids, dout, vocab, table_dtype, Tensor());
 }
 
 namespace {
@@ -81,7 +93,9 @@ class EmbeddingBackward : public NodeWithSaved<1> {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (!grads[0].defined()) return {Tensor()};
     const auto [ids] = unpack();
-    return {embedding_backward(ids, grads[0], vocab_, dtype_)};
+    const Shape shape{vocab_, grads[0].dim() ? grads[0].shape().back() : 0};
+    return {embedding_backward_into(ids, grads[0], vocab_, dtype_,
+                                    claim_grad_buffer(next_edges[0], shape, dtype_, grads[0].device()))};
   }
 
  private:

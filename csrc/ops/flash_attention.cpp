@@ -8,7 +8,9 @@
 //    recomputes P (deterministic kernels: no atomics) and returns dq, dk, dv, freshly written.
 //  - qk_norm_rope(q, k, wq, wk) is rms_norm over D then rope (positions 0..S-1) for q and k in one
 //    kernel, bitwise equal to ops::rms_norm followed by ops::rope on the same device. The node
-//    saves q, k, the weights and the float32 rstd rows; backward returns dq, dk, dwq, dwk.
+//    saves q, k, the weights and the float32 rstd rows; backward returns dq, dk, dwq, dwk (dwq,
+//    dwk straight into the weights' gradient slots when the leaves have them free:
+//    claim_grad_buffer, the parameter store's flat gradients; no copy afterwards).
 #include <cmath>
 
 #include "core/error.h"
@@ -136,9 +138,13 @@ std::vector<Tensor> qk_norm_rope_forward(const Tensor& q, const Tensor& k, const
   return {q_out, k_out, rstd_q, rstd_k};
 }
 
-std::vector<Tensor> qk_norm_rope_backward(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
-                                          const Tensor& rstd_q, const Tensor& rstd_k, const Tensor& dq_out,
-                                          const Tensor& dk_out, double theta) {
+namespace {
+
+// qk_norm_rope_backward writing dwq, dwk into dwq_into, dwk_into when defined (claimed slots).
+std::vector<Tensor> qk_norm_rope_backward_into(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
+                                               const Tensor& rstd_q, const Tensor& rstd_k, const Tensor& dq_out,
+                                               const Tensor& dk_out, double theta, const Tensor& dwq_into,
+                                               const Tensor& dwk_into) {
   check_qk(q, k, wq, wk);
   const char* op = "qk_norm_rope_backward";
   const int64_t B = q.size(0), S = q.size(1), D = q.size(3);
@@ -157,17 +163,18 @@ std::vector<Tensor> qk_norm_rope_backward(const Tensor& q, const Tensor& k, cons
            ValueError, op, ": rstd_q, rstd_k must be float32 with one element per row of q, k, got ", rstd_q.describe(),
            ", ", rstd_k.describe());
   // dwq, dwk: sums over the rows, zero when there are none
-  const auto weight_grad = [&](const Tensor& w) {
-    return B * S == 0 ? zeros(w.shape(), w.dtype(), w.device()) : Tensor::empty(w.shape(), w.dtype(), w.device());
+  const auto weight_grad = [&](const Tensor& w, const Tensor& into) {
+    if (B * S == 0) return zeros(w.shape(), w.dtype(), w.device());
+    return into.defined() ? into : Tensor::empty(w.shape(), w.dtype(), w.device());
   };
   std::vector<Tensor> grads(4);
   if (do_q) {
     grads[0] = Tensor::empty(q.shape(), q.dtype(), q.device());
-    grads[2] = weight_grad(wq);
+    grads[2] = weight_grad(wq, dwq_into);
   }
   if (do_k) {
     grads[1] = Tensor::empty(k.shape(), k.dtype(), k.device());
-    grads[3] = weight_grad(wk);
+    grads[3] = weight_grad(wk, dwk_into);
   }
   if (B * S == 0) return grads;
   if (H + Hkv > 0)
@@ -178,6 +185,14 @@ std::vector<Tensor> qk_norm_rope_backward(const Tensor& q, const Tensor& k, cons
               do_k ? grads[3].data_ptr() : nullptr, B, S, H, Hkv, D, static_cast<float>(theta),
               stream_for(q.device()));
   return grads;
+}
+
+}  // namespace
+
+std::vector<Tensor> qk_norm_rope_backward(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
+                                          const Tensor& rstd_q, const Tensor& rstd_k, const Tensor& dq_out,
+                                          const Tensor& dk_out, double theta) {
+  return qk_norm_rope_backward_into(q, k, wq, wk, rstd_q, rstd_k, dq_out, dk_out, theta, Tensor(), Tensor());
 }
 
 namespace {
@@ -214,7 +229,12 @@ class QkNormRopeBackward : public NodeWithSaved<6> {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (!grads[0].defined() && !grads[1].defined()) return std::vector<Tensor>(4);
     const auto [q, k, wq, wk, rstd_q, rstd_k] = unpack();
-    return qk_norm_rope_backward(q, k, wq, wk, rstd_q, rstd_k, grads[0], grads[1], theta_);
+    // a weight's gradient is written only with its half's (dwq with dq), so claim only those
+    const Tensor dwq = grads[0].defined() ? claim_grad_buffer(next_edges[2], wq.shape(), wq.dtype(), wq.device())
+                                          : Tensor();
+    const Tensor dwk = grads[1].defined() ? claim_grad_buffer(next_edges[3], wk.shape(), wk.dtype(), wk.device())
+                                          : Tensor();
+    return qk_norm_rope_backward_into(q, k, wq, wk, rstd_q, rstd_k, grads[0], grads[1], theta_, dwq, dwk);
   }
 
  private:

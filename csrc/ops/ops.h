@@ -279,8 +279,9 @@ void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gr
                 const Tensor& guard = Tensor(),      // one float32 on the device: not finite -> no update
                 const Tensor& clip_norm = Tensor(),  // one float32 on the device: gradients read clipped
                 double max_norm = 0.0,
-                const Tensor& hyper = Tensor());     // 3 float32 on the device: adamw_consts of this
+                const Tensor& hyper = Tensor(),      // 3 float32 on the device: adamw_consts of this
                                                      // step, read instead of lr/step (CUDA graphs)
+                const std::vector<bool>& decays = {});  // per tensor: weight_decay applies (empty: all)
 // The update's per-step constants (decay, step_size, bc2_sqrt) for lr and step, exactly as
 // adamw_step computes them: what a `hyper` tensor holds.
 std::vector<float> adamw_consts(double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step);

@@ -1,8 +1,10 @@
 // Optimizer ops: fused AdamW over a parameter list, global gradient norm, clipping by norm.
 // All tensors are float32 on one device (mixed precision keeps master weights, gradients and
 // optimizer state in float32). The norm stays on the device: clipping never syncs the host.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -69,11 +71,14 @@ std::vector<float> adamw_consts(double lr, double beta1, double beta2, double ep
 void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                 const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq, double lr, double beta1,
                 double beta2, double eps, double weight_decay, int64_t step, const Tensor& guard,
-                const Tensor& clip_norm, double max_norm, const Tensor& hyper) {
+                const Tensor& clip_norm, double max_norm, const Tensor& hyper, const std::vector<bool>& decays) {
   const char* op = "adamw_step";
   XT_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
            ValueError, op, ": params, grads, exp_avg and exp_avg_sq must have the same length, got ", params.size(),
            ", ", grads.size(), ", ", exp_avg.size(), ", ", exp_avg_sq.size());
+  XT_CHECK(decays.empty() || decays.size() == params.size(), ValueError, op,
+           ": decays must be empty (every tensor decays) or have one flag per parameter (", params.size(),
+           "), got ", decays.size());
   kernels::AdamWParams hp = adamw_params(op, lr, beta1, beta2, eps, weight_decay, step);
   if (params.empty()) return;
   check_defined(params[0], "params[0]");
@@ -110,7 +115,13 @@ void adamw_step(const std::vector<Tensor>& params, const std::vector<Tensor>& gr
     exp_avg_sq[i].bump_version();
   }
   std::vector<const float*> gc(g.begin(), g.end());
-  XT_KERNEL(dev, adamw_step, list_size(p.size(), op), p.data(), gc.data(), m.data(), v.data(), sizes.data(), hp,
+  std::unique_ptr<bool[]> flags;  // std::vector<bool> holds bits, the kernels take bools
+  if (!decays.empty()) {
+    flags.reset(new bool[decays.size()]);
+    std::copy(decays.begin(), decays.end(), flags.get());
+  }
+  XT_KERNEL(dev, adamw_step, list_size(p.size(), op), p.data(), gc.data(), m.data(), v.data(), sizes.data(),
+            flags.get(), hp,
             guard.defined() ? guard.data<float>() : nullptr, clip_norm.defined() ? clip_norm.data<float>() : nullptr,
             static_cast<float>(max_norm), stream_for(dev));
 }

@@ -1,7 +1,8 @@
 // rms_norm over the last dim: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). y has x's dtype
 // and shape; w is [D], in x's dtype or float32. The node saves x, w and the float32 rstd [rows];
 // the backward returns dx in x's dtype and dw in w's dtype, both freshly written (the engine
-// accumulates them into their leaves).
+// accumulates them into their leaves); dw goes straight into w's gradient slot when the leaf has
+// one free (claim_grad_buffer: the parameter store's flat gradients), which saves the copy.
 // add_rms_norm(x, r, w) -> (h = x + r, y = rms_norm(h, w)) in one kernel each way (the residual add
 // before a block's norm). Bitwise add followed by rms_norm, forward and backward: h is rounded
 // before the norm reads it, and the backward rounds the norm's dx before adding h's own gradient
@@ -65,8 +66,11 @@ std::pair<Tensor, Tensor> add_rms_norm_forward(const Tensor& x, const Tensor& r,
   return {h, y};
 }
 
-std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                                            const Tensor& dres) {
+namespace {
+
+// rms_norm_backward writing dw into `dw` when it is defined (a claimed gradient slot).
+std::pair<Tensor, Tensor> rms_norm_backward_into(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                                                 const Tensor& dres, Tensor dw) {
   check_weight(x, w, "rms_norm_backward");
   const int64_t D = x.shape().back();
   const int64_t rows = x.numel() / D;
@@ -81,7 +85,7 @@ std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, co
            ValueError, "rms_norm_backward: dres must match x, got dres ", dres.describe(), " for x ", x.describe());
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (rows == 0) return {dx, zeros(w.shape(), w.dtype(), w.device())};  // dw: a sum over no rows
-  Tensor dw = Tensor::empty(w.shape(), w.dtype(), w.device());
+  if (!dw.defined()) dw = Tensor::empty(w.shape(), w.dtype(), w.device());
   if (dres.defined())
     XT_KERNEL(x.device(), add_rmsnorm_backward, x.dtype(), w.dtype(), x.data_ptr(), w.data_ptr(), rstd.data<float>(),
               dy.data_ptr(), dres.data_ptr(), dx.data_ptr(), dw.data_ptr(), rows, D, stream_for(x.device()));
@@ -89,6 +93,13 @@ std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, co
     XT_KERNEL(x.device(), rmsnorm_backward, x.dtype(), w.dtype(), x.data_ptr(), w.data_ptr(), rstd.data<float>(),
               dy.data_ptr(), dx.data_ptr(), dw.data_ptr(), rows, D, stream_for(x.device()));
   return {dx, dw};
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                                            const Tensor& dres) {
+  return rms_norm_backward_into(x, w, rstd, dy, dres, Tensor());
 }
 
 namespace {
@@ -101,7 +112,8 @@ class RmsNormBackward : public NodeWithSaved<3> {
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor()};
     const auto [x, w, rstd] = unpack();
-    auto [dx, dw] = rms_norm_backward(x, w, rstd, grads[0]);
+    auto [dx, dw] = rms_norm_backward_into(x, w, rstd, grads[0], Tensor(),
+                                           claim_grad_buffer(next_edges[1], w.shape(), w.dtype(), w.device()));
     return {dx, dw};
   }
 };
@@ -118,7 +130,8 @@ class AddRmsNormBackward : public NodeWithSaved<3> {
     const Tensor& dy = grads[1];
     if (!dy.defined()) return {dh, dh, Tensor()};  // only h was used: the add's backward
     const auto [h, w, rstd] = unpack();
-    auto [dsum, dw] = rms_norm_backward(h, w, rstd, dy, dh);
+    auto [dsum, dw] = rms_norm_backward_into(h, w, rstd, dy, dh,
+                                             claim_grad_buffer(next_edges[2], w.shape(), w.dtype(), w.device()));
     return {dsum, dsum, dw};  // gradients are never written in place, so x and r may share one
   }
 };

@@ -12,20 +12,23 @@ void init_optim(py::module_& m) {
         [](const std::vector<Tensor>& params, const std::vector<Tensor>& grads, const std::vector<Tensor>& m,
            const std::vector<Tensor>& v, double lr, double beta1, double beta2, double eps, double wd, int64_t step,
            const std::optional<Tensor>& guard, const std::optional<Tensor>& clip_norm, double max_norm,
-           const std::optional<Tensor>& hyper) {
+           const std::optional<Tensor>& hyper, const std::optional<std::vector<bool>>& decays) {
           ops::adamw_step(params, grads, m, v, lr, beta1, beta2, eps, wd, step, guard ? *guard : Tensor(),
-                          clip_norm ? *clip_norm : Tensor(), max_norm, hyper ? *hyper : Tensor());
+                          clip_norm ? *clip_norm : Tensor(), max_norm, hyper ? *hyper : Tensor(),
+                          decays ? *decays : std::vector<bool>());
         },
         py::arg("params"), py::arg("grads"), py::arg("exp_avg"),
         py::arg("exp_avg_sq"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
         py::arg("weight_decay"), py::arg("step"), py::arg("guard") = py::none(), py::arg("clip_norm") = py::none(),
-        py::arg("max_norm") = 0.0, py::arg("hyper") = py::none(), NoGil(),
+        py::arg("max_norm") = 0.0, py::arg("hyper") = py::none(), py::arg("decays") = py::none(), NoGil(),
         "One AdamW step (torch.optim.AdamW math) over every tensor, in place; step counts from 1. guard: a "
         "one-element float32 tensor on the device; when it is not finite nothing is written (no host sync). "
         "clip_norm (with max_norm > 0): each gradient is read scaled by min(1, max_norm / (clip_norm + 1e-6)), "
         "the factor clip_by_norm_ would apply, without writing the gradients. hyper: a 3-element float32 tensor on "
         "the device holding adamw_consts(lr, ..., step), read by the kernel instead of lr and step (a CUDA graph "
-        "replays with the values written there before each replay)");
+        "replays with the values written there before each replay). decays: one bool per tensor, whether "
+        "weight_decay applies to it (None: to every tensor); the others update as with weight_decay 0, in the same "
+        "launch");
   o.def("adamw_consts", &ops::adamw_consts, py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
         py::arg("weight_decay"), py::arg("step"),
         "[decay, step_size, bc2_sqrt]: the per-step constants adamw_step computes from lr and step (float32 "

@@ -577,10 +577,7 @@ class DataParallelAdamW:
             except ValueError as e:
                 raise ValueError(f"DataParallelAdamW: {e}") from None
         self.grad_chunks = [store.grads._storage_view(lo, (hi - lo,)) for lo, hi in self.chunks]
-        self._runs = {True: [], False: []}
-        for lo, hi in self.chunks:
-            for decays, spans in optimizer.runs(lo, hi).items():
-                self._runs[decays] += spans
+        self._runs = [run for lo, hi in self.chunks for run in optimizer.runs(lo, hi)]
         self._cast = bool(store.compute is not None and self.shard and store.regions[0].used)
         if self.shard:  # ZeRO-1: this rank's moments only (already so for AdamW(..., shard=(rank, world)))
             optimizer.keep_moments(self.chunks)

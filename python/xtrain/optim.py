@@ -3,8 +3,9 @@ xtrain.schedule; cosine_lr is re-exported here).
 
 - AdamW follows torch.optim.AdamW (decoupled weight decay, bias correction) and nanoGPT's grouping:
   tensors with 2 or more dims (linear and embedding weights) decay, the rest (norm weights) do not.
-  Each group is one call of `_C.optim.adamw_step`, which updates every tensor of the group in one
-  fused launch. Parameters, gradients and both moments are float32 on one device.
+  A step is one call of `_C.optim.adamw_step` with a weight-decay flag per tensor (or per range of
+  the store's flats), which updates both groups in one fused launch. Parameters, gradients and both
+  moments are float32 on one device.
 - Sharded moments (ZeRO-1's memory half): AdamW(..., shard=(rank, world_size)), or keep_moments()
   afterwards (the sharded data-parallel step calls it), keeps the moments of this rank's chunks of
   the store's layout only (1/N of them); the step reads them at their place in the chunk buffers,
@@ -13,7 +14,7 @@ xtrain.schedule; cosine_lr is re-exported here).
   step); load_state_dict() takes this rank's chunks of a full state (the scatter of a resume).
 - Per-step constants in device memory (use_device_hyper(), for CUDA graphs): each step writes
   the learning rate's and the step count's constants (_C.optim.adamw_consts: decay, step size,
-  bias correction; one small host-to-device copy) into a 6-float device buffer that the kernels
+  bias correction; one small host-to-device copy) into a 3-float device buffer that the kernels
   read, instead of taking them as launch arguments, so a captured update replays with the
   current step's values. prepare_step() advances the count and writes them without launching
   (before a replay); step(prepared=True) then launches without doing it again (what a capture
@@ -156,24 +157,23 @@ class AdamW:
         read by moment_arrays() and state_dict() until the next step; None, None: none here."""
         self._gathered = None if exp_avg is None else (exp_avg, exp_avg_sq)
 
-    def runs(self, lo: int = 0, hi: int | None = None) -> dict:
-        """{decays: [(start, end), ...]}: the element ranges of the store's flats that hold the
-        parameters, cut to [lo, hi); parameters next to each other in the layout and in the same
-        weight-decay group share one range (it may cover the zero gaps between them, which the
-        update leaves zero)."""
+    def runs(self, lo: int = 0, hi: int | None = None) -> list:
+        """[(start, end, decays), ...]: the element ranges of the store's flats that hold the
+        parameters, cut to [lo, hi), in layout order; parameters next to each other in the layout
+        and in the same weight-decay group share one range (it may cover the zero gaps between
+        them, which the update leaves zero)."""
         hi = self.store.numel if hi is None else hi
         decay = set(self.decay)
-        out, last = {True: [], False: []}, None
+        out = []
         for o, n, i in sorted((o, p.numel(), i) for i, (o, p) in enumerate(zip(self.offsets, self.params))):
             a, b = max(o, lo), min(o + n, hi)
             if a >= b:
                 continue
             group = i in decay
-            if last == group:
-                out[group][-1] = (out[group][-1][0], b)
+            if out and out[-1][2] == group:
+                out[-1] = (out[-1][0], b, group)
             else:
-                out[group].append((a, b))
-            last = group
+                out.append((a, b, group))
         return out
 
     def use_device_hyper(self) -> None:
@@ -181,7 +181,7 @@ class AdamW:
         device buffer written before it (CUDA graphs replay kernel arguments unchanged). The
         updates are bitwise the same as with the constants as launch arguments."""
         if self.hyper_dev is None:
-            self.hyper_dev = xtrain.zeros((6,), dtype="float32", device=self.params[0].device)
+            self.hyper_dev = xtrain.zeros((3,), dtype="float32", device=self.params[0].device)
 
     def prepare_step(self) -> None:
         """Advance the step count and write the step's constants to the device (use_device_hyper),
@@ -192,19 +192,13 @@ class AdamW:
         self._write_hyper()
 
     def _write_hyper(self) -> None:
-        """One host-to-device copy of the constants of (lr, step_count): [decaying group, the
-        other], as the fused step computes them."""
+        """One host-to-device copy of the constants of (lr, step_count), as the fused step computes
+        them for the decaying group (the other group's decay constant, 1 - lr * 0, is the same
+        every step: the kernel takes it as a launch constant)."""
         b1, b2 = self.betas
-        consts = _C.optim.adamw_consts(self.lr, b1, b2, self.eps, self.weight_decay, self.step_count) + \
-            _C.optim.adamw_consts(self.lr, b1, b2, self.eps, 0.0, self.step_count)
+        consts = _C.optim.adamw_consts(self.lr, b1, b2, self.eps, self.weight_decay, self.step_count)
         with xtrain.no_grad():
             self.hyper_dev.copy_(xtrain.tensor(np.asarray(consts, dtype=np.float32), device="cpu"))
-
-    def _hyper_for(self, decays: bool):
-        """The device constants of a weight-decay group, or None (launch arguments)."""
-        if self.hyper_dev is None:
-            return None
-        return self.hyper_dev._storage_view(0 if decays else 3, (3,))
 
     def step(self, guard=None, clip_norm=None, max_norm: float | None = None, prepared: bool = False) -> None:
         """One update of every parameter that has a gradient (asynchronous on the device).
@@ -231,13 +225,13 @@ class AdamW:
             self._step_flat(self.store.params, self.store.grads, self.runs(), guard, clip)
             return
         params, m, v = self.params, self.exp_avg, self.exp_avg_sq
-        for group, wd, decays in ((self.decay, self.weight_decay, True), (self.no_decay, 0.0, False)):
-            idx = [i for i in group if params[i].grad is not None]
-            if idx:
-                _C.optim.adamw_step([params[i] for i in idx], [params[i].grad for i in idx],
-                                    [m[i] for i in idx], [v[i] for i in idx],
-                                    self.lr, self.betas[0], self.betas[1], self.eps, wd, self.step_count, guard,
-                                    *clip, hyper=self._hyper_for(decays))
+        idx = [i for i, p in enumerate(params) if p.grad is not None]
+        if idx:
+            decay = set(self.decay)
+            _C.optim.adamw_step([params[i] for i in idx], [params[i].grad for i in idx],
+                                [m[i] for i in idx], [v[i] for i in idx],
+                                self.lr, self.betas[0], self.betas[1], self.eps, self.weight_decay, self.step_count,
+                                guard, *clip, hyper=self.hyper_dev, decays=[i in decay for i in idx])
 
     def clip_and_step(self, max_norm: float | None, loss=None, prepared: bool = False):
         """Global-norm clipping and the update in one pass over the gradients: the norm (returned,
@@ -259,18 +253,17 @@ class AdamW:
             raise ValueError("AdamW.clip_and_step: no parameter has a gradient")
         return grads
 
-    def _step_flat(self, params, grads, runs: dict, guard=None, clip=(None, 0.0)) -> None:
-        """AdamW over element ranges of the flats: one launch per weight-decay group."""
+    def _step_flat(self, params, grads, runs: list, guard=None, clip=(None, 0.0)) -> None:
+        """AdamW over element ranges of the flats ([(start, end, decays)], runs()): one launch."""
         b1, b2 = self.betas
         self._gathered = None  # a gathered copy of the moments goes stale now
-        for decays, spans in runs.items():
-            if not spans:
-                continue
-            views = lambda flat: [flat._storage_view(a, (b - a,)) for a, b in spans]  # noqa: E731
-            moments = lambda flat: [self._moment_view(flat, a, b) for a, b in spans]  # noqa: E731
-            _C.optim.adamw_step(views(params), views(grads), moments(self.flat_m), moments(self.flat_v),
-                                self.lr, b1, b2, self.eps, self.weight_decay if decays else 0.0,
-                                self.step_count, guard, *clip, hyper=self._hyper_for(decays))
+        if not runs:
+            return
+        views = lambda flat: [flat._storage_view(a, (b - a,)) for a, b, _ in runs]  # noqa: E731
+        moments = lambda flat: [self._moment_view(flat, a, b) for a, b, _ in runs]  # noqa: E731
+        _C.optim.adamw_step(views(params), views(grads), moments(self.flat_m), moments(self.flat_v),
+                            self.lr, b1, b2, self.eps, self.weight_decay, self.step_count, guard, *clip,
+                            hyper=self.hyper_dev, decays=[d for _, _, d in runs])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.store is not None:

@@ -5,6 +5,8 @@
 //   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
 // global_norm sums squares tensor by tensor, element by element (fixed order) in float64.
 // clip_by_norm scales in place by min(1, max_norm / (norm + 1e-6)).
+// Tensors outside the decaying group (decays[t] false) multiply by the decay constant of
+// weight_decay 0, as a call of their own with weight_decay 0 would.
 // A non-finite guard value (the step's loss or gradient norm) makes adamw_step write nothing; a
 // clip norm makes it read each gradient scaled by clip_by_norm's factor (the same float product).
 #include <algorithm>
@@ -17,15 +19,17 @@ namespace kernels {
 namespace cpu {
 
 void adamw_step(int n_tensors, float* const* params, const float* const* grads, float* const* m, float* const* v,
-                const int64_t* sizes, AdamWParams hp, const float* guard, const float* clip_norm, float max_norm,
-                void*) {
+                const int64_t* sizes, const bool* decays, AdamWParams hp, const float* guard, const float* clip_norm,
+                float max_norm, void*) {
   if (guard && !std::isfinite(guard[0])) return;  // a non-finite step: no update
   const float coef = clip_norm ? std::min(1.0f, max_norm / (clip_norm[0] + 1e-6f)) : 1.0f;
   const AdamWStepConsts c = adamw_step_consts(hp);
   const float decay = hp.hyper ? hp.hyper[0] : c.decay;  // hyper: the step's constants, in memory
   const float step_size = hp.hyper ? hp.hyper[1] : c.step_size;
   const float bc2_sqrt = hp.hyper ? hp.hyper[2] : c.bc2_sqrt;
+  const float no_decay = adamw_no_decay(hp);
   for (int t = 0; t < n_tensors; ++t) {
+    const float d = !decays || decays[t] ? decay : no_decay;
     float* p = params[t];
     const float* g = grads[t];
     float* mt = m[t];
@@ -37,7 +41,7 @@ void adamw_step(int n_tensors, float* const* params, const float* const* grads, 
       mt[i] = mi;
       vt[i] = vi;
       const float denom = std::sqrt(vi) / bc2_sqrt + hp.eps;
-      p[i] = p[i] * decay - step_size * (mi / denom);
+      p[i] = p[i] * d - step_size * (mi / denom);
     }
   }
 }
