@@ -204,10 +204,78 @@ void row_case(Case c, DType dt, double tol) {
 // ------------------------------------------------------------------ head preparation
 
 template <typename T>
+const char* type_name() {
+  return std::is_same_v<T, float> ? "float32" : std::is_same_v<T, double> ? "float64" : "bf16";
+}
+
+// The one-pass backward's dw tree (batched loads) bitwise rmsnorm_dw_tree_kernel's, for partial row
+// counts of one batch of a slice and several (up to onepass_plan's 1024), the two sides at once.
+void prep_dw_tree_cases() {
+  namespace rn = xt::kernels::cuda::rmsnorm;
+  for (const int D : {32, 72, 128})
+    for (const int nparts : {2, 9, 300, 1024}) {
+      const std::vector<float> pq = randn(size_t(nparts) * D, 31 + nparts), pk = randn(size_t(nparts) * D, 32 + D);
+      std::vector<float> want_q(D), want_k(D), got_q(D, -1.f), got_k(D, -1.f);
+      const dim3 grid(unsigned(cu::ceil_div(D, rn::kFinalCols)));
+      emu::launch(grid, dim3(cu::kThreads), rn::tree_smem<float>(),
+                  [&] { rn::rmsnorm_dw_tree_kernel<float, float>(pq.data(), nparts, want_q.data(), D); });
+      emu::launch(grid, dim3(cu::kThreads), rn::tree_smem<float>(),
+                  [&] { rn::rmsnorm_dw_tree_kernel<float, float>(pk.data(), nparts, want_k.data(), D); });
+      fl::OnePassSide<float, float> qs{}, ks{};
+      qs.partial = const_cast<float*>(pq.data());
+      ks.partial = const_cast<float*>(pk.data());
+      qs.dw = got_q.data();
+      ks.dw = got_k.data();
+      qs.nblocks = ks.nblocks = nparts;
+      emu::launch(dim3(grid.x, 2), dim3(cu::kThreads), rn::tree_smem<float>(),
+                  [&] { fl::qk_norm_rope_dw_tree_kernel<float, float>(qs, ks, D); });
+      expect("dw tree bitwise rmsnorm_dw_tree_kernel's, D " + std::to_string(D) + ", " + std::to_string(nparts) +
+                 " partial rows",
+             got_q == want_q && got_k == want_k);
+    }
+}
+
+// The register-path forward (Note [Head preparation in registers]) as flash_attention.cu launches
+// it, bit for bit against the general kernel's outputs (yq, yk, rstd), under the schedules.
+template <typename T>
+void prep_forward_reg(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const std::vector<float>& wk,
+                      const Buf<T>& yq, const Buf<T>& yk, const std::vector<float>& rsq, const std::vector<float>& rsk,
+                      int B, int S, int H, int Hkv, int D, float eps, float theta) {
+  using C = xt::kernels::compute_t<T>;
+  const auto run = [&](auto d, emu::Schedule schedule) {
+    constexpr int kD = decltype(d)::value;
+    const int64_t tpb = fl::prep_tokens_per_block<fl::prep_lanes<kD>(), C>(H, Hkv, D);
+    Buf<T> oq(yq.v.size()), ok(yk.v.size());
+    std::vector<float> sq(rsq.size(), -1.f), sk(rsk.size(), -1.f);
+    emu::set_schedule(schedule);
+    emu::launch(dim3(unsigned(cu::ceil_div(int64_t(B) * S, tpb))), dim3(cu::kThreads), sizeof(C) * size_t(tpb * D), [&] {
+      fl::qk_norm_rope_forward_reg_kernel<kD, T, float>(q.p(), k.p(), wq.data(), wk.data(), oq.p(), ok.p(), sq.data(),
+                                                       sk.data(), int64_t(B) * S, S, fl::HeadRows{H, Hkv}, int(tpb), D,
+                                                       eps, theta);
+    });
+    emu::set_schedule(emu::Schedule::Lockstep);
+    const std::string tag = "  register forward (" + std::to_string(tpb) + " tokens per block) ";
+    expect(tag + "q bitwise the general kernel's", oq.v.size() == yq.v.size() &&
+                                                       std::memcmp(oq.v.data(), yq.v.data(), sizeof(T) * yq.v.size()) == 0);
+    expect(tag + "k bitwise the general kernel's", ok.v.size() == yk.v.size() &&
+                                                       std::memcmp(ok.v.data(), yk.v.data(), sizeof(T) * yk.v.size()) == 0);
+    expect(tag + "rstd bitwise the general kernel's", sq == rsq && sk == rsk);
+  };
+  const auto each = [&](emu::Schedule schedule) {
+    switch (D) {
+      case 32: run(std::integral_constant<int, 32>{}, schedule); break;
+      case 64: run(std::integral_constant<int, 64>{}, schedule); break;
+      default: run(std::integral_constant<int, 128>{}, schedule); break;
+    }
+  };
+  each(emu::Schedule::Lockstep);
+  each(emu::Schedule::LockstepReversed);
+}
+
+template <typename T>
 void prep_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
   using C = xt::kernels::compute_t<T>;
-  std::printf("qk_norm_rope (%s), B%d S%d H%d/%d D%d\n", std::is_same_v<T, float> ? "float32" : "bf16", B, S, H, Hkv,
-              D);
+  std::printf("qk_norm_rope (%s), B%d S%d H%d/%d D%d\n", type_name<T>(), B, S, H, Hkv, D);
   const size_t nq = size_t(B) * S * H * D, nk = size_t(B) * S * Hkv * D;
   Buf<T> q(randn(nq, 9)), k(randn(nk, 10)), dq_out(randn(nq, 11)), dk_out(randn(nk, 12));
   std::vector<float> wq = randn(D, 13, 0.3f), wk = randn(D, 14, 0.3f);
@@ -253,6 +321,7 @@ void prep_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
     emu::launch(dim3(unsigned(plan.col_blocks), 1, 2), dim3(plan.threads), 0,
                 [&] { fl::qk_norm_rope_dw_final_kernel<T, float>(qs, ks, D); });
   std::printf("  (dw row chunks: q %d, k %d)\n", qs.nchunks, ks.nchunks);
+  if (fl::prep_reg_dim(D)) prep_forward_reg(q, k, wq, wk, yq, yk, rsq, rsk, B, S, H, Hkv, D, eps, theta);
   expect_close("prep q", yq.floats(), rq.floats(), tol);
   expect_close("prep k", yk.floats(), rk.floats(), tol);
   expect_close("prep rstd_q", rsq, rrq, 1e-6);
@@ -316,7 +385,8 @@ struct PrepGrads {
 template <int G, typename T>
 PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const std::vector<float>& wk,
                         const std::vector<float>& rsq, const std::vector<float>& rsk, Buf<T>& dq_out, Buf<T>& dk_out,
-                        int B, int S, int H, int Hkv, int D, float theta, bool min_table, std::string* info) {
+                        int B, int S, int H, int Hkv, int D, float theta, bool min_table, bool reg,
+                        std::string* info, int64_t force_rows_per_block = 0) {
   using C = xt::kernels::compute_t<T>;
   namespace rn = xt::kernels::cuda::rmsnorm;
   Buf<T> dq(q.v.size()), dk(k.v.size());
@@ -331,15 +401,37 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
                         Buf<T>& dx, std::vector<float>& dw, int heads, const fl::PrepDwPlan& p) {
     int64_t tab = p.tab_tokens;
     if (min_table) tab = cu::ceil_div(int64_t(cu::kThreads / G) - 1, int64_t(heads)) + 1;
-    return fl::OnePassSide<T, float>{x.p(), w.data(), rstd.data(), dy.p(), dx.p(), dw.data(), nullptr,
-                                     int64_t(B) * S * heads, p.rows.rows_per_block, p.rows.nblocks, heads, tab};
+    const int64_t rows = int64_t(B) * S * heads;
+    int64_t rpb = p.rows.rows_per_block, nblocks = p.rows.nblocks;
+    if (force_rows_per_block > 0) {  // a plan onepass_plan gives only for many more rows
+      rpb = force_rows_per_block;
+      nblocks = cu::ceil_div(rows, rpb);
+      if (!min_table) tab = cu::ceil_div(rpb - 1, int64_t(heads)) + 1;
+    }
+    return fl::OnePassSide<T, float>{x.p(), w.data(), rstd.data(), dy.p(), dx.p(), dw.data(), nullptr, rows, rpb,
+                                     nblocks, heads, tab};
   };
   fl::OnePassSide<T, float> qs = side(q, wq, rsq, dq_out, dq, dwq, H, pq), ks = side(k, wk, rsk, dk_out, dk, dwk, Hkv, pk);
   std::vector<C> partial(size_t(qs.nblocks + ks.nblocks) * D);
+  size_t smem = std::max(pq.smem, pk.smem);
+  if (force_rows_per_block > 0)
+    smem = sizeof(C) * size_t(cu::kThreads / G) * D + sizeof(C) * size_t(std::max(qs.tab_tokens, ks.tab_tokens)) * D;
   if (qs.nblocks > 1) qs.partial = partial.data();
   if (ks.nblocks > 1) ks.partial = partial.data() + size_t(qs.nblocks) * D;
-  emu::launch(dim3(unsigned(qs.nblocks + ks.nblocks)), dim3(cu::kThreads), std::max(pq.smem, pk.smem),
-              [&] { fl::qk_norm_rope_backward_onepass_kernel<G, T, float>(qs, ks, S, D, theta); });
+  const dim3 grid(unsigned(qs.nblocks + ks.nblocks));
+  if (!reg) {
+    emu::launch(grid, dim3(cu::kThreads), smem,
+                [&] { fl::qk_norm_rope_backward_onepass_kernel<G, T, float>(qs, ks, S, D, theta); });
+  } else {  // the register path of flash_attention.cu's D in {32, 64, 128}
+    if constexpr (G == cu::lanes_for(32) || G == cu::lanes_for(64) || G == cu::lanes_for(128)) {
+      constexpr int kD = G == cu::lanes_for(32) ? 32 : G == cu::lanes_for(64) ? 64 : 128;
+      if (D != kD) expect("register path's head dim", false);
+      emu::launch(grid, dim3(cu::kThreads), smem,
+                  [&] { fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float>(qs, ks, S, D, theta); });
+    } else {
+      expect("register path's head dim", false);
+    }
+  }
   if (qs.nblocks > 1 || ks.nblocks > 1)
     emu::launch(dim3(unsigned(cu::ceil_div(D, rn::kFinalCols)), 2), dim3(cu::kThreads), rn::tree_smem<C>(),
                 [&] { fl::qk_norm_rope_dw_tree_kernel<T, float>(qs, ks, D); });
@@ -356,8 +448,7 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
 // the schedules and with the smallest token tables; and against the CPU reference to tolerance.
 template <typename T>
 void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
-  std::printf("qk_norm_rope one-pass backward (%s), B%d S%d H%d/%d D%d\n",
-              std::is_same_v<T, float> ? "float32" : "bf16", B, S, H, Hkv, D);
+  std::printf("qk_norm_rope one-pass backward (%s), B%d S%d H%d/%d D%d\n", type_name<T>(), B, S, H, Hkv, D);
   const size_t nq = size_t(B) * S * H * D, nk = size_t(B) * S * Hkv * D;
   Buf<T> q(randn(nq, 21)), k(randn(nk, 22)), dq_out(randn(nq, 23)), dk_out(randn(nk, 24));
   std::vector<float> wq = randn(D, 25, 0.3f), wk = randn(D, 26, 0.3f);
@@ -382,9 +473,14 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
       want = {cdq.floats(), cdk.floats(), cdwq, cdwk};
     }
     std::string info;
+    const bool reg = fl::prep_reg_dim(D);  // what flash_attention.cu launches
     const PrepGrads got = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta, false,
-                                             &info);
-    std::printf("  (%s)\n", info.c_str());
+                                             reg, &info);
+    std::printf("  (%s; %s kernel)\n", info.c_str(), reg ? "register" : "general");
+    if (reg)
+      expect("register kernel bitwise the general one",
+             got == fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta, false, false,
+                                        nullptr));
     expect("dq bitwise the composition", got.dq == want.dq);
     expect("dk bitwise the composition", got.dk == want.dk);
     expect("dwq bitwise the composition", got.dwq == want.dwq);
@@ -396,7 +492,7 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
     const auto rerun = [&](emu::Schedule schedule, bool min_table) {
       emu::set_schedule(schedule);
       const PrepGrads r = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta,
-                                              min_table, nullptr);
+                                              min_table, reg, nullptr);
       emu::set_schedule(emu::Schedule::Lockstep);
       return r;
     };
@@ -404,6 +500,24 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
     expect("same bits, threads in reverse order", got == rerun(emu::Schedule::LockstepReversed, false));
     expect("same bits, warps one at a time", got == rerun(emu::Schedule::WarpSerialLazy, false));
     expect("same bits, reverse order, smallest tables", got == rerun(emu::Schedule::LockstepReversed, true));
+    if (reg) {
+      // Blocks of more rows than a batch of the register kernel holds (onepass_plan's blocks of
+      // 8 * G rows and more at > 1024 * 64 / G rows): its batch loop, partial batches and table
+      // refills, bit for bit against the general kernel under the same plan.
+      for (const int64_t rpb : {int64_t(cu::kThreads / G) * fl::kPrepBwdRows + 5, int64_t(200)})
+        for (const bool min_table : {false, true}) {
+          const auto plan_run = [&](bool use_reg, emu::Schedule schedule) {
+            emu::set_schedule(schedule);
+            const PrepGrads r = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta,
+                                                    min_table, use_reg, nullptr, rpb);
+            emu::set_schedule(emu::Schedule::Lockstep);
+            return r;
+          };
+          expect("blocks of " + std::to_string(rpb) + " rows" + (min_table ? ", smallest tables" : "") +
+                     ": register kernel bitwise the general one",
+                 plan_run(true, emu::Schedule::LockstepReversed) == plan_run(false, emu::Schedule::Lockstep));
+        }
+    }
   });
 }
 
@@ -418,6 +532,29 @@ void prep_onepass_cases() {
   prep_onepass_case<bf16_t>(1, 45, 5, 3, 64, DType::BFloat16, 1e-2);
   prep_onepass_case<float>(1, 29, 4, 1, 128, DType::Float32, 1e-5);
   prep_onepass_case<bf16_t>(2, 21, 3, 2, 128, DType::BFloat16, 1e-2);
+  // the general kernel's head dims (no register path), and the dim768 model's heads (3 blocks)
+  prep_onepass_case<float>(1, 13, 3, 1, 48, DType::Float32, 1e-5);
+  prep_onepass_case<bf16_t>(1, 11, 2, 2, 40, DType::BFloat16, 1e-2);
+  prep_onepass_case<bf16_t>(1, 17, 24, 24, 32, DType::BFloat16, 1e-2);
+  prep_onepass_case<double>(1, 9, 4, 2, 64, DType::Float64, 1e-12);
+}
+
+// head preparation: the forward (both paths), and the backward of head dims without a one-pass plan
+void prep_forward_cases() {
+  prep_case<float>(1, 3, 2, 1, 16, DType::Float32, 1e-5);
+  prep_case<float>(2, 5, 4, 2, 32, DType::Float32, 1e-5);
+  prep_case<bf16_t>(2, 9, 3, 1, 64, DType::BFloat16, 1e-2);
+  prep_case<float>(3, 40, 8, 8, 128, DType::Float32, 1e-5);
+  // the register forward: odd token counts, H != Hkv, a partial last block, rows not a multiple
+  // of the groups, the dim768 model's heads (tokens_per_block 2), one head each (many tokens)
+  prep_case<bf16_t>(1, 7, 5, 1, 32, DType::BFloat16, 1e-2);
+  prep_case<bf16_t>(3, 11, 24, 24, 32, DType::BFloat16, 1e-2);
+  prep_case<bf16_t>(1, 150, 1, 1, 32, DType::BFloat16, 1e-2);
+  prep_case<float>(1, 9, 6, 3, 64, DType::Float32, 1e-5);
+  prep_case<bf16_t>(2, 5, 7, 1, 64, DType::BFloat16, 1e-2);
+  prep_case<bf16_t>(1, 13, 3, 3, 128, DType::BFloat16, 1e-2);
+  prep_case<bf16_t>(1, 5, 2, 2, 48, DType::BFloat16, 1e-2);
+  prep_case<double>(1, 6, 3, 1, 32, DType::Float64, 1e-12);
 }
 
 int main(int argc, char** argv) {
@@ -427,8 +564,10 @@ int main(int argc, char** argv) {
                                    {2, 100, 2, 2, 0, false}, {1, 150, 3, 1, 0, true}};
   if (mode == "--schedules") {  // the schedule checks only, head_dim 32 (quick)
     tensor_core_case<32>(cases.back(), true);
-  } else if (mode == "--prep") {  // the one-pass head-preparation backward only
+  } else if (mode == "--prep") {  // the head preparation only
+    prep_forward_cases();
     prep_onepass_cases();
+    prep_dw_tree_cases();
   } else {
     for (size_t i = 0; i < cases.size(); ++i) {
       if (mode == "--quick" && i > 2) break;
@@ -440,11 +579,9 @@ int main(int argc, char** argv) {
     row_case<float>({1, 9, 2, 1, 32, true}, DType::Float32, 1e-5);
     row_case<float>({2, 70, 4, 2, 40, false}, DType::Float32, 1e-5);
     row_case<bf16_t>({1, 33, 3, 3, 48, true}, DType::BFloat16, 1e-2);
-    prep_case<float>(1, 3, 2, 1, 16, DType::Float32, 1e-5);
-    prep_case<float>(2, 5, 4, 2, 32, DType::Float32, 1e-5);
-    prep_case<bf16_t>(2, 9, 3, 1, 64, DType::BFloat16, 1e-2);
-    prep_case<float>(3, 40, 8, 8, 128, DType::Float32, 1e-5);
+    prep_forward_cases();
     prep_onepass_cases();
+    prep_dw_tree_cases();
   }
   std::printf("%s: %d failure(s), %llu fiber switches\n", g_failures ? "FAILED" : "passed", g_failures,
               static_cast<unsigned long long>(emu::st().switches));

@@ -7,8 +7,11 @@
 //  - Backward: delta = rowsum(dO * O) into a scratch [B, H, S] (compute type), then dq and dk/dv
 //    kernels; on the tensor-core path the dq kernel computes delta itself, so 2 launches there, 3
 //    on the fallback. Every output is written with `=`, no atomics, no memset.
-//  - Head preparation: 1 launch forward; backward dx (1) + dw partial sums (1) + their chunk sum
-//    (1, when a side has more than one row chunk), q and k sides together in each.
+//  - Head preparation: 1 launch forward; backward: the one-pass kernel (1) + the dw tree (1, when a
+//    side has more than one block), or for head dims too long for the one-pass plan dx (1) + dw
+//    partial sums (1) + their chunk sum (1, when a side has more than one row chunk), q and k sides
+//    together in each. D in {32, 64, 128} takes the register kernels (Note [Head preparation in
+//    registers]), other D the general ones; the same bits either way.
 //  - Launch shapes depend only on the problem sizes (never on the GPU), so the bits do too.
 #include <atomic>
 #include <initializer_list>
@@ -44,6 +47,18 @@ void with_head_dim(int64_t D, Fn&& fn) {
     case 32: fn(std::integral_constant<int, 32>{}); break;
     case 64: fn(std::integral_constant<int, 64>{}); break;
     default: fn(std::integral_constant<int, 128>{}); break;
+  }
+}
+
+// Calls fn(std::integral_constant<int, D>{}) and returns true when D has the head preparation's
+// register path (flash::prep_reg_dim), else returns false.
+template <typename Fn>
+bool with_prep_reg_dim(int64_t D, Fn&& fn) {
+  switch (D) {
+    case 32: fn(std::integral_constant<int, 32>{}); return true;
+    case 64: fn(std::integral_constant<int, 64>{}); return true;
+    case 128: fn(std::integral_constant<int, 128>{}); return true;
+    default: return false;
   }
 }
 
@@ -176,6 +191,19 @@ void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, co
             [&](auto xtag, auto wtag, const OnStream& on, const flash::HeadRows& hr) {
     using T = typename decltype(xtag)::type;
     using W = typename decltype(wtag)::type;
+    using C = compute_t<T>;
+    const bool reg = with_prep_reg_dim(D, [&](auto d) {  // Note [Head preparation in registers]
+      constexpr int kD = decltype(d)::value;
+      const int64_t tpb = flash::prep_tokens_per_block<flash::prep_lanes<kD>(), C>(H, Hkv, D);
+      const size_t smem = sizeof(C) * static_cast<size_t>(tpb * D);  // cos and sin of tpb tokens
+      flash::qk_norm_rope_forward_reg_kernel<kD, T, W>
+          <<<static_cast<unsigned>(ceil_div(B * S, tpb)), kThreads, smem, on.s>>>(
+              static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq),
+              static_cast<const W*>(wk), static_cast<T*>(q_out), static_cast<T*>(k_out), rstd_q, rstd_k, B * S,
+              static_cast<int>(S), hr, static_cast<int>(tpb), static_cast<int>(D), eps, theta);
+      XT_LAUNCH_CHECK();
+    });
+    if (reg) return;
     with_lanes(D, [&](auto g) {
       constexpr int G = decltype(g)::value;
       const size_t smem = sizeof(compute_t<T>) * static_cast<size_t>(D);  // cos and sin, D/2 each
@@ -218,10 +246,18 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
       if (part_q > 0) qs.partial = partial.as<C>();
       if (part_k > 0) ks.partial = partial.as<C>() + part_q;
       const size_t smem = pq.smem > pk.smem ? pq.smem : pk.smem;  // each side's: <= 48 KB (prep_dw_plan)
-      flash::qk_norm_rope_backward_onepass_kernel<G, T, W>
-          <<<static_cast<unsigned>(qs.nblocks + ks.nblocks), kThreads, smem, on.s>>>(
-              qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
-      XT_LAUNCH_CHECK();
+      const unsigned nblocks = static_cast<unsigned>(qs.nblocks + ks.nblocks);
+      const bool reg = with_prep_reg_dim(D, [&](auto d) {  // Note [Head preparation in registers]
+        constexpr int kD = decltype(d)::value;
+        flash::qk_norm_rope_backward_onepass_reg_kernel<kD, T, W><<<nblocks, kThreads, smem, on.s>>>(
+            qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+        XT_LAUNCH_CHECK();
+      });
+      if (!reg) {
+        flash::qk_norm_rope_backward_onepass_kernel<G, T, W><<<nblocks, kThreads, smem, on.s>>>(
+            qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+        XT_LAUNCH_CHECK();
+      }
       if (part_q + part_k > 0) {
         flash::qk_norm_rope_dw_tree_kernel<T, W>
             <<<dim3(static_cast<unsigned>(ceil_div(D, rmsnorm::kFinalCols)), 2), kThreads, rmsnorm::tree_smem<C>(),

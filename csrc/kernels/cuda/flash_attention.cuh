@@ -27,6 +27,8 @@
 // memory, G lanes per head row (common.cuh's lanes_for), rms_norm then rope with rmsnorm.cu's sum
 // order (group_sum_sq) and rounding points and kernels/common.h's row math (rms_rstd, rms_scaled,
 // rope_inv_freq, rope_cos_sin, rope_rotate) that rmsnorm.cu and rope.cu use: bitwise the composition.
+// For D in {32, 64, 128} the register kernels compute the same values with each row loaded once
+// and several rows in flight (Note [Head preparation in registers]).
 #pragma once
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -1038,13 +1040,303 @@ qk_norm_rope_backward_onepass_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W>
   }
 }
 
-// dw of the sides with more than one block (blockIdx.y: 0 = q, 1 = k): rmsnorm_dw_tree_kernel.
+// dw of the sides with more than one block (blockIdx.y: 0 = q, 1 = k): rmsnorm::dw_tree's sums
+// (block = kFinalCols columns x kFinalSlices slices; slice s adds partial rows s, s + 8, ... in
+// order, then slice 0 adds the slice sums in order), with a slice's rows loaded kTreeBatch at a
+// time before they are added: two blocks (one per side) walk up to 128 rows per thread, and a
+// load-then-add loop waited for a memory round trip every few rows (10 us on the H200).
+constexpr int kTreeBatch = 32;
 template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
 qk_norm_rope_dw_tree_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int D) {
-  const OnePassSide<T, W>& sd = blockIdx.y == 0 ? q_side : k_side;
+  using C = compute_t<T>;
+  using rmsnorm::kFinalCols;
+  using rmsnorm::kFinalSlices;
+  const OnePassSide<T, W> sd = blockIdx.y == 0 ? q_side : k_side;  // a copy: no local memory
   if (sd.nblocks <= 1) return;
-  rmsnorm::dw_tree<compute_t<T>, W>(sd.partial, sd.nblocks, sd.dw, D, blockIdx.x);
+  C* part = reinterpret_cast<C*>(dynamic_smem());  // [kFinalSlices][kFinalCols]: tree_smem<C>() bytes
+  const int col = threadIdx.x % kFinalCols, slice = threadIdx.x / kFinalCols;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kFinalCols + col, nparts = sd.nblocks;
+  C s = 0;
+  if (j < D)
+    for (int64_t k0 = slice; k0 < nparts; k0 += static_cast<int64_t>(kTreeBatch) * kFinalSlices) {
+      C v[kTreeBatch];
+#pragma unroll
+      for (int b = 0; b < kTreeBatch; ++b) {
+        const int64_t k = k0 + static_cast<int64_t>(b) * kFinalSlices;
+        v[b] = k < nparts ? sd.partial[k * D + j] : C(0);
+      }
+#pragma unroll
+      for (int b = 0; b < kTreeBatch; ++b)
+        if (k0 + static_cast<int64_t>(b) * kFinalSlices < nparts) s += v[b];
+    }
+  part[slice * kFinalCols + col] = s;
+  __syncthreads();
+  if (slice != 0 || j >= D) return;
+  C t = 0;
+  for (int k = 0; k < kFinalSlices; ++k) t += part[k * kFinalCols + col];
+  store(sd.dw, j, static_cast<compute_t<W>>(t));
+}
+
+// ---- the register paths: each row loaded once, several rows per group in flight
+//
+// Note [Head preparation in registers]
+// The kernels above read a row element by element, several times over (rms_scaled re-reads x
+// and w for both elements of a pair, g_at recomputes the inverse rotation from dy at each use),
+// one row per group at a time, and the forward gives a block one token (48 rows at dim768 over
+// 16 groups) behind a table barrier: about 20-25% of HBM bandwidth on the H200 (forward 52 us,
+// one-pass backward 96 us at B=32, S=256, H=H_kv=24, D=32). For D in {32, 64, 128} (D = E * G
+// with E = 4, G = lanes_for(D); prep_reg_dim) lane L of a group holds its elements L + k*G (k < E)
+// in registers, which are exactly the elements the kernels above give lane L, in the same order,
+// and the RoPE partners of its first-half elements (i and i + D/2 = L + (k + E/2)*G). So:
+//  - a group issues the loads of several rows (kPrepRows of x in the forward, kPrepBwdRows of x,
+//    dy and rstd in the backward) before it uses any, a lane loads each element once, w once per
+//    kernel;
+//  - every value is the same expression of the same operands as in the kernels above: the sum of
+//    squares and the dot in increasing element order per lane then group_sum's tree, rms_rstd,
+//    the products and rope_rotate; the products and multiply-adds that nvcc contracts in those
+//    kernels (sm_90 SASS: ss = fma(v, v, ss); dot = fma(d * w, x * inv, dot); dx = inv * fma(d,
+//    w, -(xhat * mean_dot)); acc = fma(xhat, d, acc)) are spelled out (fma_dev, rmsnorm::mul_rn)
+//    so that the bits do not hang on how nvcc contracts a differently shaped loop;
+//  - the forward gives a block tokens_per_block whole tokens (q rows, then k rows; group g takes
+//    the block's rows g, g + groups, ...) with their cos/sin table filled once while the first
+//    rows' loads are in flight;
+//  - the one-pass backward keeps rmsnorm::onepass_plan's blocks and group rows and order (dw's
+//    bits depend on them) and the token-table refills of Note [qk_norm_rope one-pass backward];
+//    a lane's dw partials stay in registers across its rows (the same additions, in the same row
+//    order, as the shared-memory row `my` of the kernel above received) and are written to that
+//    row once at the end, before the same block sum.
+// Other head dims take the kernels above. tests/emu/flash_attention_emu.cpp runs both paths and
+// compares them bit for bit (and with the CPU reference and the emulated composition).
+// Expected on the H200 (not yet measured): the forward moves 50 MB, backward 75 MB at dim768's
+// shape; with 32-48 KB of loads in flight per SM (5 forward / 4 backward blocks by registers),
+// 60-70% of HBM bandwidth: forward ~18 us, one-pass backward ~28 us, dw tree ~4 us.
+// Rows per group whose loads are in flight together: forward (x), backward (x and dy).
+constexpr int kPrepRows = 4, kPrepBwdRows = 3;
+// Blocks per SM the register budget leaves room for (__launch_bounds__): 5 x 256 threads of the
+// forward at <= 51 registers, 4 of the backward at <= 64 (bf16 and float32; float64 spills some).
+constexpr int kPrepFwdBlocks = 5, kPrepBwdBlocks = 4;
+
+// a * b + c: one rounding on the device (as nvcc contracts the expressions of the kernels above),
+// the host build's two (it evaluates those expressions as written).
+template <typename C>
+__device__ __forceinline__ C fma_dev(C a, C b, C c) {
+#if defined(__CUDA_ARCH__)
+  return fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+// The head dims of the register path: D = E * G for G = lanes_for(D), E even (the RoPE partner of
+// lane L's element L + k*G is its element L + (k + E/2)*G).
+constexpr bool prep_reg_dim(int64_t D) { return D == 32 || D == 64 || D == 128; }
+template <int D> constexpr int prep_lanes() {
+  static_assert(prep_reg_dim(D) && D % (2 * lanes_for(D)) == 0, "not a register-path head dim");
+  return lanes_for(D);
+}
+
+// The forward's tokens per block: about kPrepRows rows per group, at least one token, the table
+// (tokens * D compute-type values) within 48 KB.
+template <int G, typename C>
+int64_t prep_tokens_per_block(int64_t H, int64_t Hkv, int64_t D) {
+  int64_t t = (kThreads / G) * kPrepRows / (H + Hkv);
+  const int64_t fit = static_cast<int64_t>(rmsnorm::kOnePassMaxSmem / (sizeof(C) * static_cast<size_t>(D)));
+  if (t > fit) t = fit;
+  return t < 1 ? 1 : t;
+}
+
+// Forward, D in prep_reg_dim: block b takes tokens [b * tpb, ...) of the `tokens` = B*S, their q rows then
+// their k rows; group g the block's rows g, g + groups, ... (Note [Head preparation in registers]).
+// Dynamic shared memory: tpb * D compute-type values (cos, then sin, of each token).
+// dim == D, as a runtime value: rms_rstd's ss / dim and rope_inv_freq's 2i / dim divide by it as
+// in the kernels above (a constant power of two would let nvcc turn ss / dim + eps into one fma).
+template <int D, typename T, typename W>
+__global__ void __launch_bounds__(kThreads, kPrepFwdBlocks)
+qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k, const W* __restrict__ wq,
+                                const W* __restrict__ wk, T* __restrict__ q_out, T* __restrict__ k_out,
+                                float* __restrict__ rstd_q, float* __restrict__ rstd_k, int64_t tokens, int S,
+                                HeadRows hr, int tpb, int dim, float eps, float theta) {
+  using C = compute_t<T>;
+  constexpr int G = prep_lanes<D>(), groups = kThreads / G, E = D / G, half = D / 2, E2 = E / 2;
+  C* tab = reinterpret_cast<C*>(dynamic_smem());  // [tpb][D]: cos, then sin
+  const int lane = threadIdx.x % G, group = threadIdx.x / G;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tpb;
+  const int nt = static_cast<int>(tokens - t0 < tpb ? tokens - t0 : tpb);
+  const int nq = nt * hr.H, nrows = nq + nt * hr.Hkv;
+  static_assert(kThreads % half == 0, "a thread fills the table's frequency threadIdx.x % half");
+  const float inv_freq = rope_inv_freq(theta, static_cast<int>(threadIdx.x % half), dim);  // before the loads
+  C wqv[E], wkv[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    wqv[e] = static_cast<C>(load(wq, lane + e * G));
+    wkv[e] = static_cast<C>(load(wk, lane + e * G));
+  }
+  for (int m0 = 0; m0 * groups < nrows; m0 += kPrepRows) {  // the same trip count for every thread
+    T xv[kPrepRows][E];
+#pragma unroll
+    for (int m = 0; m < kPrepRows; ++m) {
+      const int r = group + (m0 + m) * groups;
+      if (r >= nrows) continue;
+      const T* x = r < nq ? q + (t0 * hr.H + r) * D : k + (t0 * hr.Hkv + (r - nq)) * D;
+#pragma unroll
+      for (int e = 0; e < E; ++e) xv[m][e] = x[lane + e * G];
+    }
+    if (m0 == 0) {  // the table, while the first rows load
+      for (int e = threadIdx.x; e < nt * half; e += kThreads) {
+        const int t = e / half, i = e - t * half;
+        C sn, cs;
+        rope_cos_sin(static_cast<float>(static_cast<int>((t0 + t) % S)) * inv_freq, &cs, &sn);
+        tab[t * D + i] = cs;
+        tab[t * D + half + i] = sn;
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int m = 0; m < kPrepRows; ++m) {
+      const int r = group + (m0 + m) * groups;
+      const bool valid = r < nrows;
+      C x[E];
+      C ss = 0;  // group_sum_sq's sum
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        x[e] = valid ? to_compute(xv[m][e]) : C(0);
+        if (valid) ss = fma_dev(x[e], x[e], ss);
+      }
+      ss = group_sum<G>(ss);
+      if (!valid) continue;
+      const bool is_q = r < nq;
+      const int t = is_q ? r / hr.H : (r - nq) / hr.Hkv;
+      const int64_t row = is_q ? t0 * hr.H + r : t0 * hr.Hkv + (r - nq);
+      const C inv = rms_rstd(ss, dim, eps);
+      if (lane == 0) (is_q ? rstd_q : rstd_k)[row] = static_cast<float>(inv);
+      T* y = (is_q ? q_out : k_out) + row * D;
+      const C* tc = tab + t * D;
+#pragma unroll
+      for (int e = 0; e < E2; ++e) {
+        const int i = lane + e * G;
+        // rms_scaled's value rounded to T: the normed tensor rope reads
+        const C x1 = rounded<T>(rmsnorm::mul_rn(rmsnorm::mul_rn(x[e], inv), is_q ? wqv[e] : wkv[e]));
+        const C x2 = rounded<T>(rmsnorm::mul_rn(rmsnorm::mul_rn(x[e + E2], inv), is_q ? wqv[e + E2] : wkv[e + E2]));
+        C y1, y2;
+        rope_rotate(x1, x2, tc[i], tc[half + i], &y1, &y2);
+        store(y, i, y1);
+        store(y, i + half, y2);
+      }
+    }
+  }
+}
+
+// One-pass backward, D in prep_reg_dim: qk_norm_rope_backward_onepass_kernel's plan, rows, order
+// and table, with the rows in registers (Note [Head preparation in registers]); dim == D as in the
+// forward.
+template <int D, typename T, typename W>
+__global__ void __launch_bounds__(kThreads, kPrepBwdBlocks)
+qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int S, int dim,
+                                         float theta) {
+  using C = compute_t<T>;
+  constexpr int G = prep_lanes<D>(), groups = kThreads / G, E = D / G, half = D / 2, E2 = E / 2;
+  const bool is_q = static_cast<int64_t>(blockIdx.x) < q_side.nblocks;
+  const OnePassSide<T, W> sd = is_q ? q_side : k_side;  // a copy: a reference would put both in local memory
+  const int64_t block = is_q ? blockIdx.x : static_cast<int64_t>(blockIdx.x) - q_side.nblocks;
+  C* acc = reinterpret_cast<C*>(dynamic_smem());  // [groups][D], then the table [tab_tokens][D]
+  C* tab = acc + groups * D;
+  const int lane = threadIdx.x % G, group = threadIdx.x / G;
+  const T* __restrict__ xs = sd.x;
+  const T* __restrict__ dys = sd.dy;
+  T* __restrict__ dxs = sd.dx;
+  static_assert(kThreads % half == 0, "a thread fills the table's frequency threadIdx.x % half");
+  const float inv_freq = rope_inv_freq(theta, static_cast<int>(threadIdx.x % half), dim);
+  C wv[E], my[E];  // my: this lane's elements of the group's dw row
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    wv[e] = static_cast<C>(load(sd.w, lane + e * G));
+    my[e] = 0;
+  }
+  const int64_t heads = sd.heads, tab_tokens = sd.tab_tokens;
+  const int64_t r0 = block * sd.rows_per_block;
+  const int64_t r1 = sd.rows < r0 + sd.rows_per_block ? sd.rows : r0 + sd.rows_per_block;
+  int64_t t_lo = 0, t_hi = 0;  // the table holds tokens [t_lo, t_hi)
+  for (int64_t b0 = r0; b0 < r1; b0 += static_cast<int64_t>(kPrepBwdRows) * groups) {
+    T xv[kPrepBwdRows][E], dyv[kPrepBwdRows][E];
+    C inv[kPrepBwdRows];
+#pragma unroll
+    for (int m = 0; m < kPrepBwdRows; ++m) {
+      const int64_t r = b0 + static_cast<int64_t>(m) * groups + group;
+      if (r >= r1) continue;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        xv[m][e] = xs[r * D + lane + e * G];
+        dyv[m][e] = dys[r * D + lane + e * G];
+      }
+      inv[m] = static_cast<C>(sd.rstd[r]);
+    }
+#pragma unroll
+    for (int m = 0; m < kPrepBwdRows; ++m) {
+      const int64_t base = b0 + static_cast<int64_t>(m) * groups;  // a round of the kernel above
+      if (base >= r1) break;  // the same for every thread of the block
+      const int64_t last = (base + groups < r1 ? base + groups : r1) - 1;
+      if (base / heads < t_lo || last / heads >= t_hi) {
+        __syncthreads();  // every group is done with the old table
+        t_lo = base / heads;
+        t_hi = t_lo + tab_tokens;
+        for (int64_t e = threadIdx.x; e < tab_tokens * half; e += kThreads) {
+          const int64_t t = e / half;
+          const int i = static_cast<int>(e - t * half);
+          C sn, cs;
+          rope_cos_sin(static_cast<float>(static_cast<int>((t_lo + t) % S)) * inv_freq, &cs, &sn);
+          tab[t * D + i] = cs;
+          tab[t * D + half + i] = -sn;  // the inverse rotation
+        }
+        __syncthreads();
+      }
+      const int64_t r = base + group;
+      const bool valid = r < r1;
+      // r / heads - t_lo, with one 64-bit division per round (base's) and a 32-bit one per row
+      const int64_t base_t = base / heads;
+      const int in_tok = static_cast<int>(base - base_t * heads) + group;
+      const C* tc = tab + (valid ? base_t - t_lo + in_tok / static_cast<int>(heads) : 0) * D;
+      // d: rms_norm's upstream gradient, as rope's backward stores it (g_at above)
+      C x[E], d[E];
+      C dot = 0;
+      if (valid) {
+#pragma unroll
+        for (int e = 0; e < E2; ++e) {
+          const int i = lane + e * G;
+          C g1, g2;
+          rope_rotate(to_compute(dyv[m][e]), to_compute(dyv[m][e + E2]), tc[i], tc[half + i], &g1, &g2);
+          d[e] = rounded<T>(g1);
+          d[e + E2] = rounded<T>(g2);
+        }
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          x[e] = to_compute(xv[m][e]);
+          dot = fma_dev(rmsnorm::mul_rn(d[e], wv[e]), rmsnorm::mul_rn(x[e], inv[m]), dot);
+        }
+      }
+      dot = group_sum<G>(dot);
+      if (!valid) continue;
+      const C mean_dot = dot / static_cast<C>(dim);
+      T* dxr = dxs + r * D;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const C xhat = rmsnorm::mul_rn(x[e], inv[m]);
+        const C v = rmsnorm::mul_rn(inv[m], fma_dev(d[e], wv[e], -rmsnorm::mul_rn(xhat, mean_dot)));
+        store(dxr, lane + e * G, v);
+        my[e] = fma_dev(xhat, d[e], my[e]);
+      }
+    }
+  }
+  C* my_row = acc + group * D;
+#pragma unroll
+  for (int e = 0; e < E; ++e) my_row[lane + e * G] = my[e];
+  __syncthreads();
+  for (int j = threadIdx.x; j < D; j += kThreads) {
+    C s = 0;
+    for (int g = 0; g < groups; ++g) s += acc[g * D + j];
+    if (sd.nblocks == 1) store(sd.dw, j, static_cast<compute_t<W>>(s));
+    else sd.partial[block * D + j] = s;
+  }
 }
 
 }  // namespace flash
