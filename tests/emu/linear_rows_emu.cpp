@@ -58,7 +58,7 @@ enum class Path { Auto, Scalar, VecGlobal, ScalarGlobal };
 // linear_rows.cu's launcher, with <<<>>> replaced by emu::launch.
 template <typename T>
 void cuda_linear_rows(const T* x, int M, int64_t K, const std::vector<const T*>& w, const std::vector<int64_t>& N,
-                      T* out, Path path) {
+                      T* out, Path path, bool rows8 = false) {
   constexpr int V = lr::chunk_elems<T>();
   const bool smem_x =
       path != Path::VecGlobal && path != Path::ScalarGlobal && size_t(M * K) * sizeof(T) <= lr::kRowsSmemBytes;
@@ -77,12 +77,18 @@ void cuda_linear_rows(const T* x, int M, int64_t K, const std::vector<const T*>&
     if (total > 0) {
       const size_t smem = smem_x ? size_t(M) * size_t(K) * sizeof(T) : 0;
       const dim3 grid(unsigned(cu::ceil_div(total, lr::kRowsWarps))), block(lr::kRowsThreads);
-      emu::launch(grid, block, smem, [&] {
-        if (vec && smem_x) lr::linear_rows_kernel<true, true, T>(x, ws, o, M, K);
-        else if (vec) lr::linear_rows_kernel<true, false, T>(x, ws, o, M, K);
-        else if (smem_x) lr::linear_rows_kernel<false, true, T>(x, ws, o, M, K);
-        else lr::linear_rows_kernel<false, false, T>(x, ws, o, M, K);
-      });
+      // R = 1 for one row, as the launcher picks; R = 8 otherwise (rows8 forces it for M = 1)
+      const auto run = [&](auto r) {
+        constexpr int R = decltype(r)::value;
+        emu::launch(grid, block, smem, [&] {
+          if (vec && smem_x) lr::linear_rows_kernel<true, true, R, T>(x, ws, o, M, K);
+          else if (vec) lr::linear_rows_kernel<true, false, R, T>(x, ws, o, M, K);
+          else if (smem_x) lr::linear_rows_kernel<false, true, R, T>(x, ws, o, M, K);
+          else lr::linear_rows_kernel<false, false, R, T>(x, ws, o, M, K);
+        });
+      };
+      if (M == 1 && !rows8) run(std::integral_constant<int, 1>{});
+      else run(std::integral_constant<int, lr::kMaxRows>{});
     }
     o += M * total;
   }
@@ -166,6 +172,11 @@ void one_case(int M, int64_t K, const std::vector<int64_t>& N, DType dt, double 
     expect_bits("unaligned x", other, got);
     std::copy(xs.begin(), xs.end(), xbuf.begin());
   }
+  if (M == 1) {  // the kernel compiled for 8 rows, run with one
+    std::vector<T> other(n_out, from_float<T>(-7.0f));
+    cuda_linear_rows<T>(x, M, K, w, N, other.data(), Path::Auto, true);
+    expect_bits("compiled for 8 rows", other, got);
+  }
   for (const emu::Schedule s : {emu::Schedule::LockstepReversed, emu::Schedule::WarpSerialLazy}) {
     std::vector<T> other(n_out, from_float<T>(-7.0f));
     emu::set_schedule(s);
@@ -179,7 +190,7 @@ void one_case(int M, int64_t K, const std::vector<int64_t>& N, DType dt, double 
 // forces the scalar loads.
 template <typename T, typename W>
 void cuda_norm_rows(const T* x, const T* res, const W* nw, T* h, int M, int64_t K, const std::vector<const T*>& w,
-                    const std::vector<int64_t>& N, bool glu, T* out, bool scalar) {
+                    const std::vector<int64_t>& N, bool glu, T* out, bool scalar, bool rows8 = false) {
   using C = xt::kernels::compute_t<T>;
   constexpr int V = lr::chunk_elems<T>();
   const bool io_vec = !scalar && K % V == 0 && cu::aligned_to(x, 16) &&
@@ -205,15 +216,20 @@ void cuda_norm_rows(const T* x, const T* res, const W* nw, T* h, int M, int64_t 
       return;
     }
     const dim3 grid(unsigned(cols > 0 ? cu::ceil_div(cols, lr::kRowsWarps) : 1)), block(lr::kRowsThreads);
-    emu::launch(grid, block, smem, [&] {
-      if (glu) {
-        if (vec) lr::norm_linear_rows_kernel<true, true, T>(x, nm, ws, o, M, K);
-        else lr::norm_linear_rows_kernel<false, true, T>(x, nm, ws, o, M, K);
-      } else {
-        if (vec) lr::norm_linear_rows_kernel<true, false, T>(x, nm, ws, o, M, K);
-        else lr::norm_linear_rows_kernel<false, false, T>(x, nm, ws, o, M, K);
-      }
-    });
+    const auto run = [&](auto r) {
+      constexpr int R = decltype(r)::value;
+      emu::launch(grid, block, smem, [&] {
+        if (glu) {
+          if (vec) lr::norm_linear_rows_kernel<true, true, R, T>(x, nm, ws, o, M, K);
+          else lr::norm_linear_rows_kernel<false, true, R, T>(x, nm, ws, o, M, K);
+        } else {
+          if (vec) lr::norm_linear_rows_kernel<true, false, R, T>(x, nm, ws, o, M, K);
+          else lr::norm_linear_rows_kernel<false, false, R, T>(x, nm, ws, o, M, K);
+        }
+      });
+    };
+    if (M == 1 && !rows8) run(std::integral_constant<int, 1>{});
+    else run(std::integral_constant<int, lr::kMaxRows>{});
     o += M * cols;
   }
 }
@@ -283,6 +299,12 @@ void norm_case(int M, int64_t K, const std::vector<int64_t>& N, bool add, bool g
     }
   }
   emu::set_schedule(emu::Schedule::Lockstep);
+  if (M == 1) {  // the kernel compiled for 8 rows, run with one
+    std::vector<T> h(n_x, from_float<T>(-7.0f)), got(n_out, from_float<T>(-7.0f));
+    cuda_norm_rows<T, W>(x.data(), add ? res.data() : nullptr, nw.data(), add ? h.data() : nullptr, M, K, w, N, glu,
+                         got.data(), false, true);
+    expect_bits("compiled for 8 rows: out", got, ref);
+  }
 
   // The CPU reference (its own norm's summation order): within tolerance of the output's scale.
   std::vector<T> cpu_h(n_x), cpu_out(n_out);

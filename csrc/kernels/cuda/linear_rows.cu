@@ -20,7 +20,11 @@ void launch_rows(const T* x, const rows::Weights& ws, T* out, int M, int64_t K, 
   const int64_t total = ws.col0[ws.n];
   const size_t smem = kSmemX ? static_cast<size_t>(M) * static_cast<size_t>(K) * sizeof(T) : 0;
   const auto blocks = static_cast<unsigned>(ceil_div(total, rows::kRowsWarps));
-  rows::linear_rows_kernel<kVec, kSmemX, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, ws, out, M, K);
+  if (M == 1)
+    rows::linear_rows_kernel<kVec, kSmemX, 1, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, ws, out, M, K);
+  else
+    rows::linear_rows_kernel<kVec, kSmemX, rows::kMaxRows, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, ws, out,
+                                                                                                       M, K);
   XT_LAUNCH_CHECK();
 }
 
@@ -31,7 +35,11 @@ void launch_norm_rows(const T* x, const rows::RowsNorm& nm, const rows::Weights&
   const size_t smem = norm_rows_smem_bytes(sizeof(T), sizeof(compute_t<T>), M, K);
   // one block even without columns: block 0 writes h
   const auto blocks = static_cast<unsigned>(cols > 0 ? ceil_div(cols, rows::kRowsWarps) : 1);
-  rows::norm_linear_rows_kernel<kVec, kGlu, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, nm, ws, out, M, K);
+  if (M == 1)
+    rows::norm_linear_rows_kernel<kVec, kGlu, 1, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, nm, ws, out, M, K);
+  else
+    rows::norm_linear_rows_kernel<kVec, kGlu, rows::kMaxRows, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(
+        x, nm, ws, out, M, K);
   XT_LAUNCH_CHECK();
 }
 

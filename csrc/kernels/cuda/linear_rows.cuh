@@ -16,9 +16,16 @@
 //    alignment). So the bits of a result depend only on the values and K, never on the path, the
 //    alignment, the staging or the schedule, and are the same on every call (deterministic).
 //  - The first kRowsUnroll chunks of the row are loaded before the block waits for x's staging,
-//    so the weight's memory latency overlaps it; later chunks go kRowsUnroll at a time. With 8,
-//    a row of up to 8 * 32 chunks (K <= 2048 in bf16: every linear of the dim768 preset, the
-//    down projection included) is one round of loads, all in flight together.
+//    so the weight's memory latency overlaps it; later chunks go kRowsUnroll at a time (4: a
+//    row of up to 1024 bf16 elements is one round; 8 would make the down projection's one round
+//    too but costs registers, hence resident warps, in every call: ptxas gives the bf16 16-byte
+//    kernels 62-80 registers with 4 and 96-128 with 8, the swiglu kernel 96-128 and 167-203).
+//  - Each kernel is compiled for R = 1 row (batch 1, the latency-critical case) and for R =
+//    kMaxRows rows (M <= 8, the loops over rows stopping at M): R sets the M sums and x reads a
+//    lane keeps, so R = 1 needs fewer registers (ptxas, bf16 16-byte path: 72 instead of 80 for
+//    the staged kernel and the norm kernel, 96 instead of 128 for the swiglu kernel: 7 and 5
+//    blocks of 128 threads per SM, so the q/k/v and gate/up grids of dim768 are each one wave).
+//    The bits do not depend on R.
 //  - One launch for all weights of a call (at most kRowsMaxWeights; the launcher splits longer
 //    lists): the grid covers the concatenated columns, a warp finds its weight by a short scan.
 #pragma once
@@ -33,7 +40,7 @@ namespace rows {
 constexpr int kRowsWarps = 4;  // output columns per block
 constexpr int kRowsThreads = kRowsWarps * kWarp;
 constexpr int kRowsMaxWeights = 8;
-constexpr int kRowsUnroll = 8;                        // 16-byte chunks in flight per lane
+constexpr int kRowsUnroll = 4;                        // 16-byte chunks in flight per lane
 constexpr size_t kRowsSmemBytes = 48 * 1024;          // the default dynamic shared memory limit
 constexpr int kMaxRows = static_cast<int>(kLinearRowsMaxRows);
 
@@ -48,12 +55,13 @@ template <typename T>
 constexpr int chunk_elems() { return 16 / static_cast<int>(sizeof(T)); }
 
 // acc[m] += the products of chunk c (elements c*V .. c*V+V-1 below K) of w's row and x's rows.
-template <bool kVec, typename T, typename C = compute_t<T>>
-__device__ __forceinline__ void add_chunk(C (&acc)[kMaxRows], const Pack<T, chunk_elems<T>()>& wp,
+// R: the rows the kernel was compiled for (M <= R), 1 or kMaxRows (Note above).
+template <bool kVec, int R, typename T, typename C = compute_t<T>>
+__device__ __forceinline__ void add_chunk(C (&acc)[R], const Pack<T, chunk_elems<T>()>& wp,
                                           const T* __restrict__ x, int M, int64_t K, int64_t c) {
   constexpr int V = chunk_elems<T>();
 #pragma unroll
-  for (int m = 0; m < kMaxRows; ++m) {
+  for (int m = 0; m < R; ++m) {
     if (m >= M) break;
     const T* xr = x + m * K + c * V;
     if constexpr (kVec) {
@@ -97,17 +105,17 @@ __device__ __forceinline__ void load_round(Pack<T, chunk_elems<T>()> (&wp)[kRows
 // The lane's sums over its chunks of weight row wr (lane, lane + 32, ... in increasing order)
 // with the M rows of xs; wp holds the first round (load_round(..., lane)), later rounds are loaded
 // here.
-template <bool kVec, typename T, typename C = compute_t<T>>
-__device__ __forceinline__ void column_sums(C (&acc)[kMaxRows], Pack<T, chunk_elems<T>()> (&wp)[kRowsUnroll],
+template <bool kVec, int R, typename T, typename C = compute_t<T>>
+__device__ __forceinline__ void column_sums(C (&acc)[R], Pack<T, chunk_elems<T>()> (&wp)[kRowsUnroll],
                                             const T* __restrict__ wr, const T* __restrict__ xs, int M, int64_t K,
                                             int64_t nchunks, int lane) {
 #pragma unroll
-  for (int m = 0; m < kMaxRows; ++m) acc[m] = 0;
+  for (int m = 0; m < R; ++m) acc[m] = 0;
   for (int64_t c0 = lane;; c0 += static_cast<int64_t>(kRowsUnroll) * kWarp) {
 #pragma unroll
     for (int u = 0; u < kRowsUnroll; ++u) {
       const int64_t c = c0 + static_cast<int64_t>(u) * kWarp;
-      if (c < nchunks) add_chunk<kVec>(acc, wp[u], xs, M, K, c);
+      if (c < nchunks) add_chunk<kVec, R>(acc, wp[u], xs, M, K, c);
     }
     const int64_t next = c0 + static_cast<int64_t>(kRowsUnroll) * kWarp;
     if (next >= nchunks) break;
@@ -117,7 +125,7 @@ __device__ __forceinline__ void column_sums(C (&acc)[kMaxRows], Pack<T, chunk_el
 
 // grid: ceil(total columns / kRowsWarps) blocks of kRowsThreads; dynamic shared memory M*K*sizeof(T)
 // when kSmemX. x [M, K]; out as the Weights say.
-template <bool kVec, bool kSmemX, typename T>
+template <bool kVec, bool kSmemX, int R, typename T>
 __global__ void __launch_bounds__(kRowsThreads)
     linear_rows_kernel(const T* __restrict__ x, Weights ws, T* __restrict__ out, int M, int64_t K) {
   using C = compute_t<T>;
@@ -150,13 +158,13 @@ __global__ void __launch_bounds__(kRowsThreads)
   }
   if (!valid) return;  // after the block's only barrier
 
-  C acc[kMaxRows];
-  column_sums<kVec>(acc, wp, wr, xs, M, K, nchunks, lane);
+  C acc[R];
+  column_sums<kVec, R>(acc, wp, wr, xs, M, K, nchunks, lane);
   // Every lane of the warp takes part (the column is the warp's): the butterfly gives each lane
   // the same sums; lane m writes row m.
   T* o = out + M * ws.col0[i];
 #pragma unroll
-  for (int m = 0; m < kMaxRows; ++m) {
+  for (int m = 0; m < R; ++m) {
     if (m >= M) break;
     const C s = warp_sum(acc[m]);
     if (lane == m) o[m * N + n] = from_compute<T>(s);
@@ -203,7 +211,7 @@ struct RowsNorm {
 // grid: ceil(columns / kRowsWarps) blocks of kRowsThreads, columns = the concatenated weights' (or
 // kGlu: gate's); dynamic shared memory norm_rows_smem_bytes(sizeof(T), sizeof(C), M, K). kVec: K
 // % V == 0, and x, res, h and every weight start at 16-byte boundaries.
-template <bool kVec, bool kGlu, typename T>
+template <bool kVec, bool kGlu, int R, typename T>
 __global__ void __launch_bounds__(kRowsThreads)
     norm_linear_rows_kernel(const T* __restrict__ x, RowsNorm nm, Weights ws, T* __restrict__ out, int M, int64_t K) {
   using C = compute_t<T>;
@@ -276,13 +284,13 @@ __global__ void __launch_bounds__(kRowsThreads)
   __syncthreads();
   if (!valid) return;  // after the block's last barrier
 
-  C acc[kMaxRows];
-  column_sums<kVec>(acc, wp, wr, y, M, K, nchunks, lane);
+  C acc[R];
+  column_sums<kVec, R>(acc, wp, wr, y, M, K, nchunks, lane);
   if constexpr (kGlu) {
-    C acc_u[kMaxRows];
-    column_sums<kVec>(acc_u, up, ur, y, M, K, nchunks, lane);
+    C acc_u[R];
+    column_sums<kVec, R>(acc_u, up, ur, y, M, K, nchunks, lane);
 #pragma unroll
-    for (int m = 0; m < kMaxRows; ++m) {
+    for (int m = 0; m < R; ++m) {
       if (m >= M) break;
       const C g = rounded<T>(warp_sum(acc[m])), u = rounded<T>(warp_sum(acc_u[m]));
       if (lane == m) out[m * N + n] = from_compute<T>(swiglu_value(g, u));
@@ -290,7 +298,7 @@ __global__ void __launch_bounds__(kRowsThreads)
   } else {
     T* o = out + M * ws.col0[i];
 #pragma unroll
-    for (int m = 0; m < kMaxRows; ++m) {
+    for (int m = 0; m < R; ++m) {
       if (m >= M) break;
       const C s = warp_sum(acc[m]);
       if (lane == m) o[m * N + n] = from_compute<T>(s);
