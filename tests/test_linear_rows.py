@@ -2,7 +2,9 @@
 <= 8), against numpy in float64 with the project's tolerance table, deterministic call to call,
 the CPU kernel bitwise against a numpy replay of its summation order, the outputs laid out as
 linear_multi's, bad inputs, and the decode step's switch (transformer.DECODE_GEMV_MAX_ROWS).
-The CUDA kernel also runs under the warp emulator: tests/emu/run.sh linear_rows.
+ops.rms_norm_linear_rows (the residual add and norm fused into the products, with swiglu for
+the MLP) bitwise its composition add_rms_norm / rms_norm, linear_rows, swiglu, and its checks.
+The CUDA kernels also run under the warp emulator: tests/emu/run.sh linear_rows.
 Every op test runs on each device of the `device` fixture (CUDA on the GPU machine)."""
 import numpy as np
 import pytest
@@ -124,25 +126,104 @@ def test_refuses_inputs_that_require_grad(device):
     np.testing.assert_allclose(y.numpy(), x.numpy().sum(axis=1, keepdims=True).repeat(3, 1), rtol=1e-6)
 
 
+# ---------------------------------------------------------------- rms_norm_linear_rows
+
+def _composed(x, ws, nw, eps, residual, swiglu):
+    if residual is None:
+        h, y = x, ops.rms_norm(x, nw, eps)
+    else:
+        h, y = ops.add_rms_norm(x, residual, nw, eps)
+    outs = ops.linear_rows(y, ws)
+    return h, [ops.swiglu(*outs)] if swiglu else outs
+
+
+# (M, K, Ns, residual, swiglu): the decode step's three uses (q/k/v, gate/up, the head), K not a
+# multiple of the chunk, short rows (fewer lanes per row in the norm's sum), every M.
+NORM_CASES = [
+    (1, 96, [64, 16, 16], True, False),
+    (1, 96, [40, 40], True, True),
+    (1, 96, [50], False, False),
+    (8, 100, [24, 24], True, True),
+    (3, 13, [7, 2], True, False),
+    (5, 40, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3], False, False),
+]
+
+
+@pytest.mark.parametrize("dtype, w_dtype", [("float32", "float32"), ("bfloat16", "float32"),
+                                            ("bfloat16", "bfloat16"), ("float64", "float64")])
+@pytest.mark.parametrize("M, K, Ns, residual, swiglu", NORM_CASES)
+def test_norm_linear_rows_bitwise_its_composition(device, dtype, w_dtype, M, K, Ns, residual, swiglu):
+    rng = np.random.default_rng(M * 100 + K)
+    x, ws = _inputs(M, K, Ns, dtype, device, seed=K)
+    res = xtrain.tensor(rng.standard_normal((M, K)), dtype=dtype, device=device) if residual else None
+    nw = xtrain.tensor(1 + 0.1 * rng.standard_normal(K), dtype=w_dtype, device=device)
+    with xtrain.no_grad():
+        h, outs = ops.rms_norm_linear_rows(x, ws, nw, 1e-5, residual=res, swiglu=swiglu)
+        h_ref, ref = _composed(x, ws, nw, 1e-5, res, swiglu)
+    assert len(outs) == len(ref)
+    assert np.array_equal(bits(h), bits(h_ref))
+    for y, r in zip(outs, ref):
+        assert tuple(y.shape) == tuple(r.shape) and y.dtype == dtype
+        assert np.array_equal(bits(y), bits(r))
+    if not residual:
+        assert h.data_ptr() == x.data_ptr()
+    if not swiglu:  # one buffer, block after block, as linear_rows' outputs
+        size = {"float32": 4, "bfloat16": 2, "float64": 8}[dtype]
+        for prev, nxt in zip(outs, outs[1:]):
+            assert nxt.data_ptr() - prev.data_ptr() == prev.shape[0] * prev.shape[1] * size
+
+
+def test_norm_linear_rows_bad_inputs(device):
+    x, ws = _inputs(2, 8, [3, 3], "float32", device)
+    nw = xtrain.ones((8,), device=device)
+    with pytest.raises(ValueError, match="at least one weight"):
+        ops.rms_norm_linear_rows(x, [], nw)
+    with pytest.raises(ValueError, match="1 to 8 rows"):
+        ops.rms_norm_linear_rows(xtrain.zeros((9, 8), device=device), ws, nw)
+    with pytest.raises(ValueError, match="in_features"):
+        ops.rms_norm_linear_rows(x, [xtrain.zeros((3, 7), device=device)], nw)
+    with pytest.raises(ValueError, match=r"norm_weight must have shape \[8\]"):
+        ops.rms_norm_linear_rows(x, ws, xtrain.ones((7,), device=device))
+    with pytest.raises(TypeError, match="float32 or x's dtype"):
+        ops.rms_norm_linear_rows(x, ws, xtrain.ones((8,), dtype="float64", device=device))
+    with pytest.raises(ValueError, match="eps"):
+        ops.rms_norm_linear_rows(x, ws, nw, eps=-1.0)
+    with pytest.raises(ValueError, match="residual must match x"):
+        ops.rms_norm_linear_rows(x, ws, nw, residual=xtrain.zeros((1, 8), device=device))
+    with pytest.raises(ValueError, match="two weights of one shape"):
+        ops.rms_norm_linear_rows(x, ws[:1], nw, swiglu=True)
+    with pytest.raises(ValueError, match="two weights of one shape"):
+        ops.rms_norm_linear_rows(x, [ws[0], xtrain.zeros((4, 8), device=device)], nw, swiglu=True)
+    needs = xtrain.tensor(np.ones(8), dtype="float32", device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        ops.rms_norm_linear_rows(x, ws, needs)
+
+
 # ---------------------------------------------------------------- the decode step's switch
 
 def _count_linear_rows(monkeypatch):
+    """Spies on the decode step's matrix-vector ops: the rows (x's shape) of each call."""
     calls = []
-    real = ops.linear_rows
+    real, real_norm = ops.linear_rows, ops.rms_norm_linear_rows
 
     def spy(x, weights):
         calls.append(tuple(x.shape))
         return real(x, weights)
 
+    def spy_norm(x, weights, *args, **kwargs):
+        calls.append(tuple(x.shape))
+        return real_norm(x, weights, *args, **kwargs)
+
     monkeypatch.setattr(transformer.ops, "linear_rows", spy)
+    monkeypatch.setattr(transformer.ops, "rms_norm_linear_rows", spy_norm)
     return calls
 
 
 @pytest.mark.parametrize("options", [{}, {"n_kv_heads": 1, "tie_embeddings": True}])
 def test_decode_switch_same_tokens_as_the_gemms(device, monkeypatch, options):
-    """Greedy decode through linear_rows (batch <= DECODE_GEMV_MAX_ROWS) gives the tokens of the
-    GEMM decode (the switch at 0), and each step's linears all go through linear_rows: per layer
-    q/k/v, o_proj, gate/up and down_proj, then the head."""
+    """Greedy decode through the matrix-vector ops (batch <= DECODE_GEMV_MAX_ROWS) gives the tokens
+    of the GEMM decode (the switch at 0), and each step's linears all go through them: per layer
+    norm + q/k/v, o_proj, norm + gate/up + swiglu and down_proj, then norm + the head."""
     model = make_model(small_config(max_seq=48, n_heads=4, head_dim=8, **options), device, weights_seed=2)
     prompts = [[1, 2, 3], [5], [7, 8, 9, 10, 11]]
     calls = _count_linear_rows(monkeypatch)

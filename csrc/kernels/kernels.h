@@ -39,6 +39,17 @@ enum class RandomKind : int { Uniform, Normal };
 // linear_rows takes at most this many rows (the decode step's batch at which it replaces GEMMs).
 constexpr int64_t kLinearRowsMaxRows = 8;
 
+// rms_norm_linear_rows' CUDA kernel keeps M rows of K elements, normed, in one block's shared
+// memory (Note [The decode step's norm fused into its matrix-vector product],
+// kernels/cuda/linear_rows.cuh): the bytes it needs for elements of elem bytes computed in
+// compute bytes. Above kNormRowsSmemMax the op composes add_rms_norm, linear_rows and swiglu
+// instead (the same bits).
+constexpr size_t kNormRowsSmemMax = 48 * 1024;  // the default dynamic shared memory limit
+constexpr size_t norm_rows_smem_bytes(size_t elem, size_t compute, int64_t M, int64_t K) {
+  // y [M, K] (elem), padded to 16 bytes; then the rows and the norm weight (compute) and M rstds
+  return (static_cast<size_t>(M * K) * elem + 15) / 16 * 16 + static_cast<size_t>(M * K + K + M) * compute;
+}
+
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
   float bias_correction1;  // 1 - beta1^step
@@ -126,6 +137,14 @@ inline float adamw_no_decay(const AdamWParams& hp) { return 1.0f - hp.lr * 0.0f;
   /* 1 <= M <= kLinearRowsMaxRows; w and N are host arrays (of device pointers on CUDA). */           \
   void linear_rows(DType dt, const void* x, int64_t M, int64_t K, int n_w, const void* const* w,      \
                    const int64_t* N, void* out, void* stream);                                        \
+  /* rms_norm_linear_rows: h = x + res (rounded to dt, written to h; res null: h = x, not written), */ \
+  /* y = rmsnorm(h) with w_dt weight norm_w [K] (rounded to dt), then linear_rows(y, w...) into out; */  \
+  /* glu (n_w == 2, N[0] == N[1]): out = swiglu(y @ w[0]^T, y @ w[1]^T) [M, N[0]], each product */     \
+  /* rounded to dt first. Bitwise add_rmsnorm_forward (or rmsnorm_forward), linear_rows and */        \
+  /* swiglu_forward. CUDA: only where norm_rows_smem_bytes fits kNormRowsSmemMax (the op checks). */   \
+  void rms_norm_linear_rows(DType dt, DType w_dt, const void* x, const void* res, const void* norm_w,    \
+                            void* h, float eps, int64_t M, int64_t K, int n_w, const void* const* w,    \
+                            const int64_t* N, bool glu, void* out, void* stream);                       \
   /* ---- embedding (kernels/{cpu,cuda}/embedding); ids are int32 or int64 (id_dt). An id outside */    \
   /* [0, vocab) reads nothing: a zero output row, its dout row skipped; CUDA also reports it (Note */   \
   /* [Device-side index checks], core/cuda/cuda_check.h); the CPU's ops check ids before the call. */   \

@@ -235,6 +235,12 @@ void greedy_next_(const Tensor& logits, const Tensor& state, const Tensor& ring,
 // of one buffer laid out as linear_multi's; one kernel reads each weight row once. Raises when an
 // input requires grad while grad mode is on (inference only: call it under no_grad).
 std::vector<Tensor> linear_rows(const Tensor& x, const std::vector<Tensor>& ws);
+// rms_norm_linear_rows: (h, ys) = (x + residual, linear_rows(rms_norm(h, norm_weight, eps), ws)),
+// residual optional (undefined: h is x); swiglu: two weights (gate, up) -> [swiglu(gate, up)].
+// Bitwise add_rms_norm (rms_norm), linear_rows and swiglu; one kernel; not differentiable.
+std::pair<Tensor, std::vector<Tensor>> rms_norm_linear_rows(const Tensor& x, const std::vector<Tensor>& ws,
+                                                          const Tensor& norm_weight, double eps, const Tensor& residual,
+                                                          bool swiglu);
 
 // ---- cross entropy (ops/cross_entropy.cpp): logits [N, V], targets int [N]; the mean loss over
 // targets that are not ignore_index, float32 []

@@ -1,6 +1,6 @@
 // Bindings for the model ops (xtrain.ops.*): rms_norm, add_rms_norm, rope, to_heads, from_heads, sdpa,
 // flash_attention, qk_norm_rope, kv_cache_write_, decode_attention, decode_prep, greedy_next_, linear_rows,
-// softmax, log_softmax, cross_entropy, linear_cross_entropy. Argument conversion only; the ops live in csrc/ops/.
+// rms_norm_linear_rows, softmax, log_softmax, cross_entropy, linear_cross_entropy. Argument conversion only; the ops live in csrc/ops/.
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -110,6 +110,16 @@ void init_ops_model(py::module_& ops) {
           "[x @ w^T for w in weights] for x [M, K] with 1 <= M <= 8, as views of one buffer laid out as "
           "linear_multi's: one matrix-vector kernel reading each weight row once (the decode step's linears); "
           "float32 accumulation, deterministic; not differentiable (raises when an input requires grad)");
+  ops.def("rms_norm_linear_rows", [](const Tensor& x, const std::vector<Tensor>& weights, const Tensor& norm_weight,
+                                     double eps, const std::optional<Tensor>& residual, bool swiglu) {
+            py::gil_scoped_release nogil;
+            return ops::rms_norm_linear_rows(x, weights, norm_weight, eps, residual.value_or(Tensor()), swiglu);
+          }, py::arg("x"), py::arg("weights"), py::arg("norm_weight"), py::arg("eps") = 1e-6,
+          py::arg("residual") = py::none(), py::arg("swiglu") = false,
+          "(h, ys): h = x + residual (x itself without residual), ys = linear_rows(rms_norm(h, norm_weight, eps), "
+          "weights), or with swiglu=True (weights = [gate, up], one shape) [swiglu(gate, up)]; bitwise add_rms_norm "
+          "(rms_norm), linear_rows and swiglu, in one kernel that recomputes the norm in every block (the decode "
+          "step's norm + linear); x [M, K] with 1 <= M <= 8; not differentiable");
   ops.def("softmax", [](const Tensor& x, int64_t dim) {
             check_last_dim(x, dim, "softmax");
             return ops::softmax(x);

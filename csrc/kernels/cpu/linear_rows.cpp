@@ -6,7 +6,9 @@
 //  - kCols columns of a weight run side by side (independent sums, each still in k order), so the
 //    loop keeps several additions in flight; the order of every single sum is unchanged.
 #include <algorithm>
+#include <vector>
 
+#include "core/error.h"
 #include "kernels/common.h"
 #include "kernels/kernels.h"
 
@@ -46,6 +48,28 @@ void linear_rows(DType dt, const void* x, int64_t M, int64_t K, int n_w, const v
       o += M * N[i];
     }
   });
+}
+
+// The composition the fused CUDA kernel reproduces bit for bit: add_rmsnorm_forward (rmsnorm_forward
+// without res), linear_rows on the normed rows, and swiglu_forward of the two products for glu.
+void rms_norm_linear_rows(DType dt, DType w_dt, const void* x, const void* res, const void* norm_w, void* h,
+                          float eps, int64_t M, int64_t K, int n_w, const void* const* w, const int64_t* N, bool glu,
+                          void* out, void* stream) {
+  const size_t elem = dtype_size(dt);
+  std::vector<unsigned char> y(static_cast<size_t>(M * K) * elem);
+  std::vector<float> rstd(static_cast<size_t>(M));
+  if (res != nullptr)
+    add_rmsnorm_forward(dt, w_dt, x, res, norm_w, h, y.data(), rstd.data(), M, K, eps, stream);
+  else
+    rmsnorm_forward(dt, w_dt, x, norm_w, y.data(), rstd.data(), M, K, eps, stream);
+  if (!glu) {
+    linear_rows(dt, y.data(), M, K, n_w, w, N, out, stream);
+    return;
+  }
+  XT_CHECK(n_w == 2 && N[0] == N[1], ValueError, "rms_norm_linear_rows: swiglu takes two weights of one shape (gate, up)");
+  std::vector<unsigned char> gate_up(static_cast<size_t>(2 * M * N[0]) * elem);
+  linear_rows(dt, y.data(), M, K, n_w, w, N, gate_up.data(), stream);
+  swiglu_forward(dt, gate_up.data(), gate_up.data() + static_cast<size_t>(M * N[0]) * elem, out, M * N[0], stream);
 }
 
 }  // namespace cpu

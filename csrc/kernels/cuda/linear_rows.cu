@@ -20,11 +20,79 @@ void launch_rows(const T* x, const rows::Weights& ws, T* out, int M, int64_t K, 
   const int64_t total = ws.col0[ws.n];
   const size_t smem = kSmemX ? static_cast<size_t>(M) * static_cast<size_t>(K) * sizeof(T) : 0;
   const auto blocks = static_cast<unsigned>(ceil_div(total, rows::kRowsWarps));
-  rows::linear_rows_kernel<kVec, kSmemX, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, ws, out, M, K);
+  if (M == 1)
+    rows::linear_rows_kernel<kVec, kSmemX, 1, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, ws, out, M, K);
+  else
+    rows::linear_rows_kernel<kVec, kSmemX, rows::kMaxRows, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, ws, out,
+                                                                                                       M, K);
+  XT_LAUNCH_CHECK();
+}
+
+template <bool kVec, bool kGlu, typename T>
+void launch_norm_rows(const T* x, const rows::RowsNorm& nm, const rows::Weights& ws, T* out, int M, int64_t K,
+                      const OnStream& on) {
+  const int64_t cols = kGlu ? ws.col0[1] : ws.col0[ws.n];
+  const size_t smem = norm_rows_smem_bytes(sizeof(T), sizeof(compute_t<T>), M, K);
+  // one block even without columns: block 0 writes h
+  const auto blocks = static_cast<unsigned>(cols > 0 ? ceil_div(cols, rows::kRowsWarps) : 1);
+  if (M == 1)
+    rows::norm_linear_rows_kernel<kVec, kGlu, 1, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, nm, ws, out, M, K);
+  else
+    rows::norm_linear_rows_kernel<kVec, kGlu, rows::kMaxRows, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(
+        x, nm, ws, out, M, K);
   XT_LAUNCH_CHECK();
 }
 
 }  // namespace
+
+// The norm fused into the products (Note [The decode step's norm fused into its matrix-vector
+// product], linear_rows.cuh). The 16-byte path needs K % V == 0 and x, res, h and the weights at
+// 16-byte boundaries; like linear_rows' paths it changes no bit. A list of more than
+// kRowsMaxWeights weights runs as several launches that each redo the norm (only the first
+// writes h).
+void rms_norm_linear_rows(DType dt, DType w_dt, const void* x, const void* res, const void* norm_w, void* h,
+                          float eps, int64_t M, int64_t K, int n_w, const void* const* w, const int64_t* N, bool glu,
+                          void* out, void* stream) {
+  XT_CHECK(M >= 1 && M <= kLinearRowsMaxRows, ValueError, "rms_norm_linear_rows: M must be in 1..",
+           kLinearRowsMaxRows, ", got ", M);
+  XT_CHECK(w_dt == dt || w_dt == DType::Float32, TypeError,
+           "rms_norm_linear_rows: the norm weight must be float32 or x's dtype");
+  XT_CHECK(!glu || (n_w == 2 && N[0] == N[1]), ValueError,
+           "rms_norm_linear_rows: swiglu takes two weights of one shape (gate, up)");
+  const OnStream on(stream);
+  XT_DISPATCH_FLOAT(dt, "rms_norm_linear_rows", T, {
+    constexpr int V = rows::chunk_elems<T>();
+    XT_CHECK(norm_rows_smem_bytes(sizeof(T), sizeof(compute_t<T>), M, K) <= kNormRowsSmemMax, ValueError,
+             "rms_norm_linear_rows: ", M, " rows of ", K, " elements exceed the kernel's shared memory");
+    const bool io_vec = K % V == 0 && aligned_to(x, 16) && (res == nullptr || (aligned_to(res, 16) && aligned_to(h, 16)));
+    rows::RowsNorm nm{res, norm_w, nullptr, eps, lanes_for(K), w_dt == DType::Float32};
+    T* o = static_cast<T*>(out);
+    for (int i0 = 0; i0 < n_w; i0 += rows::kRowsMaxWeights) {
+      rows::Weights ws{};
+      ws.n = n_w - i0 < rows::kRowsMaxWeights ? n_w - i0 : rows::kRowsMaxWeights;
+      bool vec = io_vec;
+      for (int j = 0; j < ws.n; ++j) {
+        ws.w[j] = w[i0 + j];
+        ws.col0[j + 1] = ws.col0[j] + N[i0 + j];
+        vec = vec && aligned_to(w[i0 + j], 16);
+      }
+      nm.h = i0 == 0 && res != nullptr ? h : nullptr;
+      const int64_t cols = glu ? ws.col0[1] : ws.col0[ws.n];
+      if (cols > 0 || nm.h != nullptr) {
+        const T* xt = static_cast<const T*>(x);
+        const int m = static_cast<int>(M);
+        if (glu) {
+          if (vec) launch_norm_rows<true, true>(xt, nm, ws, o, m, K, on);
+          else launch_norm_rows<false, true>(xt, nm, ws, o, m, K, on);
+        } else {
+          if (vec) launch_norm_rows<true, false>(xt, nm, ws, o, m, K, on);
+          else launch_norm_rows<false, false>(xt, nm, ws, o, m, K, on);
+        }
+      }
+      o += M * cols;
+    }
+  });
+}
 
 void linear_rows(DType dt, const void* x, int64_t M, int64_t K, int n_w, const void* const* w, const int64_t* N,
                  void* out, void* stream) {

@@ -16,7 +16,16 @@
 //    alignment). So the bits of a result depend only on the values and K, never on the path, the
 //    alignment, the staging or the schedule, and are the same on every call (deterministic).
 //  - The first kRowsUnroll chunks of the row are loaded before the block waits for x's staging,
-//    so the weight's memory latency overlaps it; later chunks go kRowsUnroll at a time.
+//    so the weight's memory latency overlaps it; later chunks go kRowsUnroll at a time (4: a
+//    row of up to 1024 bf16 elements is one round; 8 would make the down projection's one round
+//    too but costs registers, hence resident warps, in every call: ptxas gives the bf16 16-byte
+//    kernels 62-80 registers with 4 and 96-128 with 8, the swiglu kernel 96-128 and 167-203).
+//  - Each kernel is compiled for R = 1 row (batch 1, the latency-critical case) and for R =
+//    kMaxRows rows (M <= 8, the loops over rows stopping at M): R sets the M sums and x reads a
+//    lane keeps, so R = 1 needs fewer registers (ptxas, bf16 16-byte path: 72 instead of 80 for
+//    the staged kernel and the norm kernel, 96 instead of 128 for the swiglu kernel: 7 and 5
+//    blocks of 128 threads per SM, so the q/k/v and gate/up grids of dim768 are each one wave).
+//    The bits do not depend on R.
 //  - One launch for all weights of a call (at most kRowsMaxWeights; the launcher splits longer
 //    lists): the grid covers the concatenated columns, a warp finds its weight by a short scan.
 #pragma once
@@ -46,12 +55,13 @@ template <typename T>
 constexpr int chunk_elems() { return 16 / static_cast<int>(sizeof(T)); }
 
 // acc[m] += the products of chunk c (elements c*V .. c*V+V-1 below K) of w's row and x's rows.
-template <bool kVec, typename T, typename C = compute_t<T>>
-__device__ __forceinline__ void add_chunk(C (&acc)[kMaxRows], const Pack<T, chunk_elems<T>()>& wp,
+// R: the rows the kernel was compiled for (M <= R), 1 or kMaxRows (Note above).
+template <bool kVec, int R, typename T, typename C = compute_t<T>>
+__device__ __forceinline__ void add_chunk(C (&acc)[R], const Pack<T, chunk_elems<T>()>& wp,
                                           const T* __restrict__ x, int M, int64_t K, int64_t c) {
   constexpr int V = chunk_elems<T>();
 #pragma unroll
-  for (int m = 0; m < kMaxRows; ++m) {
+  for (int m = 0; m < R; ++m) {
     if (m >= M) break;
     const T* xr = x + m * K + c * V;
     if constexpr (kVec) {
@@ -80,9 +90,42 @@ __device__ __forceinline__ Pack<T, chunk_elems<T>()> load_chunk(const T* __restr
   }
 }
 
+// The first round of the lane's chunks of weight row wr: chunks c0, c0 + 32, ... (kRowsUnroll of
+// them, those below nchunks), into wp.
+template <bool kVec, typename T>
+__device__ __forceinline__ void load_round(Pack<T, chunk_elems<T>()> (&wp)[kRowsUnroll], const T* __restrict__ wr,
+                                           int64_t K, int64_t nchunks, int64_t c0) {
+#pragma unroll
+  for (int u = 0; u < kRowsUnroll; ++u) {
+    const int64_t c = c0 + static_cast<int64_t>(u) * kWarp;
+    if (c < nchunks) wp[u] = load_chunk<kVec>(wr, K, c);
+  }
+}
+
+// The lane's sums over its chunks of weight row wr (lane, lane + 32, ... in increasing order)
+// with the M rows of xs; wp holds the first round (load_round(..., lane)), later rounds are loaded
+// here.
+template <bool kVec, int R, typename T, typename C = compute_t<T>>
+__device__ __forceinline__ void column_sums(C (&acc)[R], Pack<T, chunk_elems<T>()> (&wp)[kRowsUnroll],
+                                            const T* __restrict__ wr, const T* __restrict__ xs, int M, int64_t K,
+                                            int64_t nchunks, int lane) {
+#pragma unroll
+  for (int m = 0; m < R; ++m) acc[m] = 0;
+  for (int64_t c0 = lane;; c0 += static_cast<int64_t>(kRowsUnroll) * kWarp) {
+#pragma unroll
+    for (int u = 0; u < kRowsUnroll; ++u) {
+      const int64_t c = c0 + static_cast<int64_t>(u) * kWarp;
+      if (c < nchunks) add_chunk<kVec, R>(acc, wp[u], xs, M, K, c);
+    }
+    const int64_t next = c0 + static_cast<int64_t>(kRowsUnroll) * kWarp;
+    if (next >= nchunks) break;
+    load_round<kVec>(wp, wr, K, nchunks, next);
+  }
+}
+
 // grid: ceil(total columns / kRowsWarps) blocks of kRowsThreads; dynamic shared memory M*K*sizeof(T)
 // when kSmemX. x [M, K]; out as the Weights say.
-template <bool kVec, bool kSmemX, typename T>
+template <bool kVec, bool kSmemX, int R, typename T>
 __global__ void __launch_bounds__(kRowsThreads)
     linear_rows_kernel(const T* __restrict__ x, Weights ws, T* __restrict__ out, int M, int64_t K) {
   using C = compute_t<T>;
@@ -99,11 +142,7 @@ __global__ void __launch_bounds__(kRowsThreads)
 
   // The first round of chunks, in flight while x is staged.
   Pack<T, V> wp[kRowsUnroll];
-#pragma unroll
-  for (int u = 0; u < kRowsUnroll; ++u) {
-    const int64_t c = lane + static_cast<int64_t>(u) * kWarp;
-    if (valid && c < nchunks) wp[u] = load_chunk<kVec>(wr, K, c);
-  }
+  if (valid) load_round<kVec>(wp, wr, K, nchunks, lane);
   const T* xs = x;
   if constexpr (kSmemX) {
     T* sx = reinterpret_cast<T*>(dynamic_smem());
@@ -119,31 +158,151 @@ __global__ void __launch_bounds__(kRowsThreads)
   }
   if (!valid) return;  // after the block's only barrier
 
-  C acc[kMaxRows];
-#pragma unroll
-  for (int m = 0; m < kMaxRows; ++m) acc[m] = 0;
-  for (int64_t c0 = lane;; c0 += static_cast<int64_t>(kRowsUnroll) * kWarp) {
-#pragma unroll
-    for (int u = 0; u < kRowsUnroll; ++u) {
-      const int64_t c = c0 + static_cast<int64_t>(u) * kWarp;
-      if (c < nchunks) add_chunk<kVec>(acc, wp[u], xs, M, K, c);
-    }
-    const int64_t next = c0 + static_cast<int64_t>(kRowsUnroll) * kWarp;
-    if (next >= nchunks) break;
-#pragma unroll
-    for (int u = 0; u < kRowsUnroll; ++u) {
-      const int64_t c = next + static_cast<int64_t>(u) * kWarp;
-      if (c < nchunks) wp[u] = load_chunk<kVec>(wr, K, c);
-    }
-  }
+  C acc[R];
+  column_sums<kVec, R>(acc, wp, wr, xs, M, K, nchunks, lane);
   // Every lane of the warp takes part (the column is the warp's): the butterfly gives each lane
   // the same sums; lane m writes row m.
   T* o = out + M * ws.col0[i];
 #pragma unroll
-  for (int m = 0; m < kMaxRows; ++m) {
+  for (int m = 0; m < R; ++m) {
     if (m >= M) break;
     const C s = warp_sum(acc[m]);
     if (lane == m) o[m * N + n] = from_compute<T>(s);
+  }
+}
+
+// Note [The decode step's norm fused into its matrix-vector product]
+// A decode step at batch <= 8 ran, per layer, add_rms_norm -> q/k/v linear_rows and add_rms_norm
+// -> gate/up linear_rows -> swiglu: three kernels (~1.7 us each on the H200, plus ~1.4 us between
+// graph nodes) that each move a few KB. norm_linear_rows_kernel does each chain in one launch:
+//  - Every block first issues its warps' first round of weight loads (as linear_rows_kernel),
+//    then recomputes the norm of the M rows it multiplies (M * K elements: 1.5 KB per row at dim
+//    768, from L2 after the first block): h = x + res rounded to T (block 0 writes it: the new
+//    residual stream), the sums of squares, y = h * rstd * w rounded to T into shared memory,
+//    which the matrix-vector loop then reads as linear_rows_kernel reads its staged x.
+//  - The norm's bits are rmsnorm_rows_kernel's (Note [Few rows: a block per row],
+//    kernels/cuda/rmsnorm.cuh), hence the group-per-row kernels': the same elementwise add and
+//    rounding; per row, lanes 0..G-1 of one warp (G = lanes_for(K)) sum the squares of elements
+//    l, l + G, ... in increasing order with `ss += e * e`, then group_sum's xor tree over G
+//    lanes; rms_rstd; y = v * rstd * w rounded once. The products are linear_rows_kernel's sums
+//    (same chunks, same order, same butterfly) over that y, so the output is bitwise the
+//    composition the unfused decode step ran.
+//  - kGlu (the MLP's gate and up, ws = {gate, up}): a warp takes column n of both weights, so
+//    both rows' first rounds are in flight together; gate and up are rounded to T as linear_rows
+//    stores them, then swiglu_value as swiglu's map kernel computes it, rounded once. The
+//    (M, ffn) gate/up buffer and the swiglu kernel disappear.
+//  - The shared memory holds y [M, K] (T), the rows [M, K] and norm weight [K] in the compute
+//    type and M rstds (kernels.h's norm_rows_smem_bytes); the op composes the unfused ops when
+//    that exceeds 48 KB (bf16: M * K <= ~7,700, so dim 768 at every M <= 8).
+// Cost: a memory round trip for x, res and w (overlapping the weights' first round), two short
+// barrier phases (the sums: K / 32 dependent fmas per lane, ~0.3 us) and a third barrier; the
+// composition paid two more launches and two more graph gaps.
+
+// The norm of norm_linear_rows_kernel: h = x + res (res null: h = x), y = rms_norm(h, w).
+struct RowsNorm {
+  const void* res;  // T [M, K] or null
+  const void* w;    // [K]: float when w_f32, else T
+  void* h;          // T [M, K]: written by block 0 when res is given
+  float eps;
+  int G;            // lanes_for(K): rms_norm's group width, which fixes its sum order
+  bool w_f32;
+};
+
+// grid: ceil(columns / kRowsWarps) blocks of kRowsThreads, columns = the concatenated weights' (or
+// kGlu: gate's); dynamic shared memory norm_rows_smem_bytes(sizeof(T), sizeof(C), M, K). kVec: K
+// % V == 0, and x, res, h and every weight start at 16-byte boundaries.
+template <bool kVec, bool kGlu, int R, typename T>
+__global__ void __launch_bounds__(kRowsThreads)
+    norm_linear_rows_kernel(const T* __restrict__ x, RowsNorm nm, Weights ws, T* __restrict__ out, int M, int64_t K) {
+  using C = compute_t<T>;
+  constexpr int V = chunk_elems<T>();
+  constexpr int V1 = kVec ? V : 1;  // elements per load of the norm's rows
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kRowsWarps + warp;
+  const int64_t total = kGlu ? ws.col0[1] : ws.col0[ws.n];
+  const bool valid = col < total;
+  int i = 0;
+  if constexpr (!kGlu)
+    while (i + 1 < ws.n && col >= ws.col0[i + 1]) ++i;
+  const int64_t n = col - ws.col0[i], N = ws.col0[i + 1] - ws.col0[i];
+  const T* wr = static_cast<const T*>(ws.w[i]) + (valid ? n : 0) * K;
+  const T* ur = kGlu ? static_cast<const T*>(ws.w[1]) + (valid ? n : 0) * K : nullptr;
+  const int64_t nchunks = (K + V - 1) / V;
+  Pack<T, V> wp[kRowsUnroll], up[kGlu ? kRowsUnroll : 1];
+  if (valid) {
+    load_round<kVec>(wp, wr, K, nchunks, lane);
+    if constexpr (kGlu) load_round<kVec>(up, ur, K, nchunks, lane);
+  }
+
+  // The norm (Note above): shared memory y [M, K] (T), then rows [M, K], w [K], rstd [M] (C).
+  const int64_t n_x = static_cast<int64_t>(M) * K;
+  T* y = reinterpret_cast<T*>(dynamic_smem());
+  C* rows = reinterpret_cast<C*>(reinterpret_cast<char*>(y) + (static_cast<size_t>(n_x) * sizeof(T) + 15) / 16 * 16);
+  C* wn = rows + n_x;
+  C* inv = wn + K;
+  const T* __restrict__ res = static_cast<const T*>(nm.res);
+  T* __restrict__ h = blockIdx.x == 0 ? static_cast<T*>(nm.h) : nullptr;
+  // Phase 1: x (+ res) and w, every load issued before any value is used.
+#pragma unroll 4
+  for (int64_t p = threadIdx.x; p < n_x / V1; p += kRowsThreads) {
+    Pack<T, V1> a = *reinterpret_cast<const Pack<T, V1>*>(x + p * V1), b;
+    if (res != nullptr) b = *reinterpret_cast<const Pack<T, V1>*>(res + p * V1);
+#pragma unroll
+    for (int e = 0; e < V1; ++e) {
+      C v = to_compute(a.v[e]);
+      if (res != nullptr) {
+        v = rounded<T>(apply_binary(BinaryOp::Add, v, to_compute(b.v[e])));
+        a.v[e] = from_compute<T>(v);  // h as add_rms_norm stores it
+      }
+      rows[p * V1 + e] = v;
+    }
+    if (h != nullptr) *reinterpret_cast<Pack<T, V1>*>(h + p * V1) = a;
+  }
+#pragma unroll 4
+  for (int64_t j = threadIdx.x; j < K; j += kRowsThreads)
+    wn[j] = nm.w_f32 ? static_cast<C>(static_cast<const float*>(nm.w)[j]) : to_compute(static_cast<const T*>(nm.w)[j]);
+  __syncthreads();
+  // Phase 2: row m's sum of squares by lanes 0..G-1 of warp m % kRowsWarps, in rms_norm's order.
+  for (int m = warp; m < M; m += kRowsWarps) {
+    C ss = 0;
+    if (lane < nm.G)
+#pragma unroll 8
+      for (int64_t j = lane; j < K; j += nm.G) {
+        const C e = rows[m * K + j];
+        ss += e * e;
+      }
+    for (int o = nm.G / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);  // group_sum<G>
+    if (lane == 0) inv[m] = rms_rstd(ss, K, nm.eps);
+  }
+  __syncthreads();
+  // Phase 3: y, rms_scaled's expression rounded once.
+  for (int m = 0; m < M; ++m) {
+    const C r = inv[m];
+    for (int64_t j = threadIdx.x; j < K; j += kRowsThreads)
+      y[m * K + j] = from_compute<T>(static_cast<C>(rows[m * K + j] * r * wn[j]));
+  }
+  __syncthreads();
+  if (!valid) return;  // after the block's last barrier
+
+  C acc[R];
+  column_sums<kVec, R>(acc, wp, wr, y, M, K, nchunks, lane);
+  if constexpr (kGlu) {
+    C acc_u[R];
+    column_sums<kVec, R>(acc_u, up, ur, y, M, K, nchunks, lane);
+#pragma unroll
+    for (int m = 0; m < R; ++m) {
+      if (m >= M) break;
+      const C g = rounded<T>(warp_sum(acc[m])), u = rounded<T>(warp_sum(acc_u[m]));
+      if (lane == m) out[m * N + n] = from_compute<T>(swiglu_value(g, u));
+    }
+  } else {
+    T* o = out + M * ws.col0[i];
+#pragma unroll
+    for (int m = 0; m < R; ++m) {
+      if (m >= M) break;
+      const C s = warp_sum(acc[m]);
+      if (lane == m) o[m * N + n] = from_compute<T>(s);
+    }
   }
 }
 

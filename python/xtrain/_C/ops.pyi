@@ -149,6 +149,10 @@ def rms_norm(x: xtrain._C.Tensor, weight: xtrain._C.Tensor, eps: typing.Supports
     """
     RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight (weight [D], x's dtype or float32)
     """
+def rms_norm_linear_rows(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor], norm_weight: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, residual: xtrain._C.Tensor | None = None, swiglu: bool = False) -> tuple[xtrain._C.Tensor, list[xtrain._C.Tensor]]:
+    """
+    (h, ys): h = x + residual (x itself without residual), ys = linear_rows(rms_norm(h, norm_weight, eps), weights), or with swiglu=True (weights = [gate, up], one shape) [swiglu(gate, up)]; bitwise add_rms_norm (rms_norm), linear_rows and swiglu, in one kernel that recomputes the norm in every block (the decode step's norm + linear); x [M, K] with 1 <= M <= 8; not differentiable
+    """
 def rope(x: xtrain._C.Tensor, positions: xtrain._C.Tensor | None = None, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0) -> xtrain._C.Tensor:
     """
     Rotary embedding (rotate-half) on x [B, S, H, D]; positions int64 [S], default 0..S-1

@@ -43,11 +43,13 @@ Decisions:
   from the lm_head and stay differentiable.
 - Generation (xtrain.models.generate) uses a KV cache: forward_cached prefills it with the blocks'
   own forward and then runs Block.decode / Attention.decode, one token per row at the row's own
-  position, attending to the cache with ops.decode_attention. A decode step is ~11 kernels per
+  position, attending to the cache with ops.decode_attention. A decode step is ~10 kernels per
   layer: one q/k/v GEMM, ops.decode_prep (q/k norm, RoPE and both cache writes in one kernel),
   attention, o_proj, the residual adds fused with the norms after them (ops.add_rms_norm), the
-  gate/up GEMM, swiglu and down_proj. At batch <= DECODE_GEMV_MAX_ROWS its linears (q/k/v, o_proj,
-  gate/up, down_proj, the head) are matrix-vector kernels (ops.linear_rows) instead of GEMMs.
+  gate/up GEMM, swiglu and down_proj. At batch <= DECODE_GEMV_MAX_ROWS (Block.decode_rows) the
+  linears are matrix-vector kernels instead, and each residual add + norm runs inside the linears
+  after it (ops.rms_norm_linear_rows: q/k/v, gate/up with swiglu, the head; ops.linear_rows for
+  o_proj and down_proj): 7 kernels per layer, bitwise the same step.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Options for pretrained checkpoints (TransformerConfig): n_kv_heads (grouped-query attention:
   k/v_proj narrower, flash_attention reads fewer kv heads), qk_norm off (Llama: no q/k_norm, q and
@@ -200,19 +202,14 @@ def config_for(preset: str, vocab_size: int, **overrides) -> TransformerConfig:
 
 # ---- the modules
 
-def decode_linears(x, weights):
-    """A decode step's linears of x (B, K): [x @ w^T for w in weights] as views of one buffer, by
-    matrix-vector kernels at B <= DECODE_GEMV_MAX_ROWS, else by batched GEMMs."""
-    if x.shape[0] <= DECODE_GEMV_MAX_ROWS:
-        return ops.linear_rows(x, weights)
-    return ops.linear_multi(x, weights)
-
-
-def decode_linear(x, weight):
-    """x (B, K) @ weight^T in a decode step: ops.linear_rows at B <= DECODE_GEMV_MAX_ROWS, else the GEMM."""
-    if x.shape[0] <= DECODE_GEMV_MAX_ROWS:
-        return ops.linear_rows(x, [weight])[0]
-    return ops.linear(x, weight)
+def decode_norm_rows(x, delta, norm, weights, swiglu=False):
+    """A decode step's residual add and norm fused into the matrix-vector products after them
+    (B <= DECODE_GEMV_MAX_ROWS): x' = delta + x (x itself when delta is None) and
+    [norm(x') @ w^T for w in weights] (swiglu: [swiglu(gate, up)]) -> (x', list); bitwise
+    ops.add_rms_norm (ops.rms_norm), ops.linear_rows and ops.swiglu."""
+    if delta is None:
+        return x, ops.rms_norm_linear_rows(x, weights, norm.weight, norm.eps, swiglu=swiglu)[1]
+    return ops.rms_norm_linear_rows(delta, weights, norm.weight, norm.eps, residual=x, swiglu=swiglu)
 
 
 class Attention(nn.Module):
@@ -257,13 +254,16 @@ class Attention(nn.Module):
         cached keys and values plus its own. q, k, v from one batched GEMM; ops.decode_prep then
         norms (q/k RMSNorm) and rotates q and k at each row's position (cache.positions) and writes
         k and v into the row's cache slot, in one kernel and bitwise rms_norm then rope."""
-        B, H, Hkv, D = x.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
-        q, k, v = decode_linears(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        return self.o_proj(self.decode_heads(q, k, v, cache))
+
+    def decode_heads(self, q, k, v, cache):
+        """decode's attention from q (B, H*D), k and v (B, Hkv*D) -> (B, H*D), before o_proj."""
+        B, H, Hkv, D = q.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
         norms = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
         q = ops.decode_prep(q.reshape(B, H, D), k.reshape(B, Hkv, D), v.reshape(B, Hkv, D), cache.k, cache.v,
                             cache.positions, *norms, eps=self.eps, theta=self.rope_theta)
-        a = cache.attend(q, scale=1.0 / math.sqrt(D))   # (B, H, D)
-        return decode_linear(a.reshape(B, H * D), self.o_proj.weight)
+        return cache.attend(q, scale=1.0 / math.sqrt(D)).reshape(B, H * D)   # (B, H, D) -> (B, H*D)
 
 
 class MLP(nn.Module):
@@ -289,9 +289,8 @@ class MLP(nn.Module):
         return self.dropout(self.down_proj(g))
 
     def decode(self, x):
-        """forward for a decode step's x (B, dim): its linears through decode_linears."""
-        gate, up = decode_linears(x, [self.gate_proj.weight, self.up_proj.weight])   # (B, ffn) each
-        return self.dropout(decode_linear(ops.swiglu(gate, up), self.down_proj.weight))
+        """forward for a decode step's x (B, dim) above DECODE_GEMV_MAX_ROWS (GEMMs)."""
+        return self.forward(x)
 
 
 class Block(nn.Module):
@@ -322,6 +321,20 @@ class Block(nn.Module):
         post = self.post_attention_layernorm
         x, h = ops.add_rms_norm(self.self_attn.decode(h, cache), x, post.weight, post.eps)
         return ops.add_rms_norm(self.mlp.decode(h), x, next_norm.weight, next_norm.eps)
+
+    def decode_rows(self, x, delta, cache):
+        """decode at B <= DECODE_GEMV_MAX_ROWS with every residual add left to the next kernel: the
+        stream x (B, dim) before its pending add delta (None: nothing pending) -> (x', delta'), the
+        block's output being x' + delta'. Each add + norm runs inside the matrix-vector kernel
+        after it (decode_norm_rows), the MLP's swiglu inside the gate/up kernel; per layer
+        norm+q/k/v, decode_prep, attention (2), o_proj, norm+gate/up+swiglu, down_proj. Bitwise decode."""
+        attn, mlp = self.self_attn, self.mlp
+        x, (q, k, v) = decode_norm_rows(x, delta, self.input_layernorm,
+                                        [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        o = ops.linear_rows(attn.decode_heads(q, k, v, cache), [attn.o_proj.weight])[0]
+        x, (g,) = decode_norm_rows(x, o, self.post_attention_layernorm,
+                                   [mlp.gate_proj.weight, mlp.up_proj.weight], swiglu=True)
+        return x, mlp.dropout(ops.linear_rows(g, [mlp.down_proj.weight])[0])
 
     def _forward_recompute(self, x, seq: int):
         """forward() with selective activation recompute: the attention half and the MLP up to
@@ -432,11 +445,16 @@ class TinyTransformer(nn.Module):
                     x = block(x, S, layer)
                 x = ops.embedding(x, last)                                     # (B, dim)
                 return ops.linear(self.norm(x), self.head_weight())            # (B, V)
+            if B <= DECODE_GEMV_MAX_ROWS:
+                delta = None                                                   # the stream is x + delta
+                for block, layer in zip(self.layers, cache.layers):
+                    x, delta = block.decode_rows(x, delta, layer)
+                return decode_norm_rows(x, delta, self.norm, [self.head_weight()])[1][0]   # (B, V)
             h = self.layers[0].input_layernorm(x)
             next_norms = [block.input_layernorm for block in self.layers[1:]] + [self.norm]
             for block, layer, next_norm in zip(self.layers, cache.layers, next_norms):
                 x, h = block.decode(x, h, layer, next_norm)                    # h: next_norm(x)
-            return decode_linear(h, self.head_weight())                        # (B, V)
+            return ops.linear(h, self.head_weight())                           # (B, V)
 
     def generate(self, prompts, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, greedy: bool = False, seed: int = 0, generator=None,
