@@ -79,6 +79,7 @@ SIGNATURES = {
     "flash_attention": "T T T bool scalar bool", "qk_norm_rope": "T T T T scalar scalar",
     "decode_attention": "T T T T scalar", "kv_cache_write_": "T T T",
     "decode_prep": "T T T T T T Topt Topt scalar scalar", "greedy_next_": "T T T scalar", "linear_rows": "T Tlist",
+    "rms_norm_linear_rows": "T Tlist T scalar Topt bool",
 }
 OPS = sorted(SIGNATURES)
 
