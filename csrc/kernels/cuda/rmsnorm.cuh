@@ -73,6 +73,203 @@ rmsnorm_backward_onepass_kernel(const T* x, const W* w, const float* rstd, const
   }
 }
 
+// Note [One-pass backward from packs]
+// rmsnorm_backward_onepass_kernel reads x, dy (and dres) with 2-byte loads strided by the G lanes
+// (64 bytes per warp instruction for bf16), twice per element (the dot pass, then the dx pass, whose
+// loads wait behind the previous element's stores), and adds dy * xhat into shared memory per
+// element and row: a row costs a chain of memory round trips, and the kernel ran at about a third
+// of HBM bandwidth (28 us for 8192 x 768 bf16 on the H200). rmsnorm_backward_packed_kernel computes
+// the same bits from 16-byte packs:
+//  - the rows, blocks and groups are onepass_plan's, walked in the same order; group g of the block
+//    takes rows r0 + g, r0 + g + groups, ... as before;
+//  - lane l of the group loads packs l, l + G, ... of the row's x and dy (and dres) in one batch
+//    (all in flight together; V = 16 / sizeof(T) elements a pack) and writes x and dy into the
+//    group's staging rows in shared memory;
+//  - the dot product is summed from the staging rows exactly as before: lane l adds the elements
+//    l, l + G, ... in increasing order with the same expression (dy * w * (x * rstd), w read as
+//    before), then group_sum;
+//  - dx and dy * xhat are elementwise, so each lane computes them for the elements of its own packs
+//    from its registers (the same expressions, each intermediate used as often as before, so nvcc
+//    contracts them into the same fma), and stores dx as 16-byte packs;
+//  - the per-group column sums of dy * xhat live in registers (column j is always the same lane's:
+//    the same additions, row by row, starting from 0, as the shared row `my[j] +=` before), and go
+//    to the group's row of shared memory once, after the last row; the block then adds its groups'
+//    rows in group order as before, and rmsnorm_dw_tree_kernel adds the blocks' partial rows.
+// So dx, dw and the partial rows are the same bits (tests/emu/rmsnorm_emu.cpp compares the two
+// kernels bit for bit over shapes and thread schedules). Each element is read from HBM once, with
+// wide loads, in one round trip per row; w comes from L1. Registers: kLaneElems values of C per
+// lane for the column sums plus the row's packs, so E (the elements a lane owns, a multiple of 8:
+// 24 for dim 768, 32 for dim 1024 with G = 32) is a template argument. Shared memory: the staging
+// rows (2 dim values of T per group), reused for the column sums (dim values of C per group) after
+// a barrier. Taken when the rows start at 16-byte boundaries, dim is a multiple of V, dim <= G * 32
+// and the shared memory fits in kOnePassMaxSmem (packed_smem); otherwise the strided kernel above.
+// Expected on the H200 (not measured yet): 8192 x 768 bf16 moves 38 MB (x, dy in, dx out), ~9 us
+// at 4.3 TB/s; 512 blocks of 256 threads, 24 KB of shared memory each, 3 per SM (registers), so
+// 396 at once and 116 after: about 11-13 us (was 28 us). 8192 x 1024: 51 MB, 2 blocks per SM,
+// about 14-16 us.
+constexpr int kLaneElemsMax = 32;  // elements of a row one lane owns at most (registers)
+
+// The elements a lane owns for a row of dim (G lanes per row): ceil(dim / G) rounded up to 8, so
+// that few instantiations cover every dim (G < 32 only for dim < 128: always 8). 0: too long.
+template <int G>
+constexpr int lane_elems(int64_t dim) {
+  const int64_t e = (dim + G - 1) / G;
+  return e > kLaneElemsMax ? 0 : static_cast<int>((e + 7) / 8 * 8);
+}
+
+// Calls fn(std::integral_constant<int, E>{}) for E = lane_elems<G>(dim) (nonzero).
+template <int G, typename Fn>
+void with_lane_elems(int64_t dim, Fn&& fn) {
+  if constexpr (G < 32) {
+    fn(std::integral_constant<int, 8>{});
+  } else {
+    switch (lane_elems<G>(dim)) {
+      case 8: fn(std::integral_constant<int, 8>{}); break;
+      case 16: fn(std::integral_constant<int, 16>{}); break;
+      case 24: fn(std::integral_constant<int, 24>{}); break;
+      default: fn(std::integral_constant<int, 32>{}); break;
+    }
+  }
+}
+
+// n consecutive values of w from w[j] (j a multiple of n, w 16-byte aligned) widened to C, in
+// loads of at most 16 bytes.
+template <int N, typename W, typename C>
+__device__ __forceinline__ void load_w_pack(const W* __restrict__ w, int64_t j, C (&out)[N]) {
+  constexpr int WV = N * sizeof(W) > 16 ? 16 / static_cast<int>(sizeof(W)) : N;
+  static_assert(N % WV == 0, "w pack");
+#pragma unroll
+  for (int q = 0; q < N / WV; ++q) {
+    const Pack<W, WV> p = *reinterpret_cast<const Pack<W, WV>*>(w + j + q * WV);
+#pragma unroll
+    for (int e = 0; e < WV; ++e) out[q * WV + e] = static_cast<C>(to_compute(p.v[e]));
+  }
+}
+
+// Blocks per SM the registers must allow (__launch_bounds__). Unbounded, nvcc issues every load of
+// a phase at once (the dot's x, dy and w; the dx pass's packs and w): 78 / 95 / 115 registers for
+// E = 16 / 24 / 32 (bf16 x, float32 w). 4 blocks (64 registers) fit E = 16 without spilling; E = 24
+// gets 3 blocks (80 registers: ptxas spills 80 bytes of the column sums, read and written through
+// L1 once per row), E = 32 (dim 1024) 2 blocks with no spill. Even 2 blocks keep 16 warps' rows
+// (16 x 3-4 KB) in flight per SM, more than HBM's bandwidth-latency product (~30 KB per SM).
+template <int E, typename T>
+constexpr int packed_min_blocks() {
+  constexpr size_t bytes = E * sizeof(compute_t<T>);  // the column sums of a lane
+  return bytes <= 16 * sizeof(float) ? 4 : bytes <= 24 * sizeof(float) ? 3 : 2;
+}
+
+// Note [One-pass backward from packs]. E: the elements a lane owns (lane_elems); the launch is
+// rmsnorm_backward_onepass_kernel's (onepass_plan's grid and rows_per_block), with
+// packed_plan's shared memory.
+template <int G, int E, typename T, typename W>
+__global__ void __launch_bounds__(kThreads, packed_min_blocks<E, T>())
+rmsnorm_backward_packed_kernel(const T* __restrict__ x, const W* __restrict__ w, const float* __restrict__ rstd,
+                               const T* __restrict__ dy, const T* __restrict__ dres, T* __restrict__ dx,
+                               W* __restrict__ dw, compute_t<T>* __restrict__ partial, int64_t rows, int64_t dim,
+                               int64_t rows_per_block) {
+  using C = compute_t<T>;
+  constexpr int V = 16 / static_cast<int>(sizeof(T));  // elements per pack
+  constexpr int P = E / V;                              // packs per lane at most
+  static_assert(E % V == 0, "a lane owns whole packs");
+  constexpr int groups = kThreads / G;
+  constexpr size_t kStride = 2 * sizeof(T) > sizeof(C) ? 2 * sizeof(T) : sizeof(C);  // bytes per column per group
+  const int lane = threadIdx.x % G, group = threadIdx.x / G;
+  unsigned char* smem = dynamic_smem();
+  T* xs = reinterpret_cast<T*>(smem + static_cast<size_t>(group) * kStride * static_cast<size_t>(dim));
+  T* dys = xs + dim;
+  const int npacks = static_cast<int>(dim / V), n = static_cast<int>(dim);
+  C acc[P][V];
+#pragma unroll
+  for (int i = 0; i < P; ++i)
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[i][e] = 0;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = rows < r0 + rows_per_block ? rows : r0 + rows_per_block;
+  // Every thread runs the same trip count (group_sum's shuffles and __syncwarp take the whole
+  // warp); a group past the last row adds nothing and writes nothing.
+  for (int64_t base = r0; base < r1; base += groups) {
+    const int64_t r = base + group;
+    const bool valid = r < r1;
+    if (valid) {
+      const T* xr = x + r * dim;
+      const T* dyr = dy + r * dim;
+      Pack<T, V> xv[P], dyv[P];
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const int p = lane + i * G;
+        if (p >= npacks) break;
+        xv[i] = *reinterpret_cast<const Pack<T, V>*>(xr + p * V);
+        dyv[i] = *reinterpret_cast<const Pack<T, V>*>(dyr + p * V);
+      }
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const int p = lane + i * G;
+        if (p >= npacks) break;
+        *reinterpret_cast<Pack<T, V>*>(xs + p * V) = xv[i];
+        *reinterpret_cast<Pack<T, V>*>(dys + p * V) = dyv[i];
+      }
+    }
+    __syncwarp();  // the group's staging rows are written
+    const C inv = valid ? static_cast<C>(rstd[r]) : C(0);
+    C dot = 0;
+    if (valid)
+#pragma unroll
+      for (int k = 0; k < E; ++k) {
+        const int j = lane + k * G;
+        if (j >= n) break;
+        dot += load(dys, j) * static_cast<C>(load(w, j)) * (load(xs, j) * inv);
+      }
+    dot = group_sum<G>(dot);
+    if (valid) {
+      const C mean_dot = dot / static_cast<C>(dim);
+      T* dxr = dx + r * dim;
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const int p = lane + i * G;
+        if (p >= npacks) break;
+        // The lane's own packs back from the staging rows (registers are what bounds the
+        // blocks per SM, Note [One-pass backward from packs]), dres from memory.
+        const Pack<T, V> xv = *reinterpret_cast<const Pack<T, V>*>(xs + p * V);
+        const Pack<T, V> dyv = *reinterpret_cast<const Pack<T, V>*>(dys + p * V);
+        Pack<T, V> dresv;
+        if (dres != nullptr) dresv = *reinterpret_cast<const Pack<T, V>*>(dres + r * dim + p * V);
+        C wv[V];
+        load_w_pack<V>(w, p * V, wv);
+        Pack<T, V> o;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const C xhat = to_compute(xv.v[e]) * inv;
+          const C d = to_compute(dyv.v[e]);
+          const C g = d * wv[e];
+          C v = mul_rn(inv, g - xhat * mean_dot);
+          if (dres != nullptr) v = to_compute(from_compute<T>(v)) + to_compute(dresv.v[e]);
+          o.v[e] = from_compute<T>(v);
+          acc[i][e] += d * xhat;
+        }
+        *reinterpret_cast<Pack<T, V>*>(dxr + p * V) = o;
+      }
+    }
+    __syncwarp();  // the group's reads of the staging rows are done before the next row's writes
+  }
+  __syncthreads();  // every group is done with its staging rows: the memory takes the column sums
+  C* sums = reinterpret_cast<C*>(smem);  // [groups][dim]
+  C* my = sums + static_cast<int64_t>(group) * dim;
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int p = lane + i * G;
+    if (p >= npacks) break;
+#pragma unroll
+    for (int e = 0; e < V; ++e) my[p * V + e] = acc[i][e];
+  }
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < dim; j += kThreads) {
+    C s = 0;
+    for (int g = 0; g < groups; ++g) s += sums[static_cast<int64_t>(g) * dim + j];
+    if (gridDim.x == 1) store(dw, j, static_cast<compute_t<W>>(s));
+    else partial[static_cast<int64_t>(blockIdx.x) * dim + j] = s;
+  }
+}
+
 // dw[j] = sum over the nparts partial rows in order: block = 32 columns x 8 slices; slice s adds
 // rows s, s + 8, ... in order, then slice 0 adds the 8 slice sums in order.
 constexpr int kFinalCols = 32, kFinalSlices = kThreads / kFinalCols;
@@ -312,6 +509,44 @@ OnePassPlan onepass_plan(int64_t rows, int64_t dim) {
   p.nblocks = ceil_div(rows, p.rows_per_block);
   p.smem = smem;
   return p;
+}
+
+// The packed kernel's shared memory per column: the staging rows' 2 values of T or the column
+// sums' value of C, for each of the kThreads / G groups.
+template <int G, typename T>
+constexpr size_t packed_bytes_per_column() {
+  using C = compute_t<T>;
+  return (2 * sizeof(T) > sizeof(C) ? 2 * sizeof(T) : sizeof(C)) * static_cast<size_t>(kThreads / G);
+}
+
+// The largest E (lane_elems) of a dim whose shared memory fits kOnePassMaxSmem: the instantiations
+// the launcher needs (G = 32: 32 for bf16, 24 for float32, 16 for float64).
+template <int G, typename T>
+constexpr int packed_max_elems() {
+  const int64_t dim = static_cast<int64_t>(kOnePassMaxSmem / packed_bytes_per_column<G, T>());
+  const int e = lane_elems<G>(dim);
+  return e == 0 ? kLaneElemsMax : e;
+}
+
+// The packed kernel's shared memory for (dim, alignment), or 0 when it does not apply (then
+// rmsnorm_backward_onepass_kernel). aligned16: x, dy, dx, w (and dres) start at 16-byte boundaries.
+template <int G, typename T>
+size_t packed_smem(int64_t dim, bool aligned16) {
+  constexpr int64_t V = 16 / static_cast<int64_t>(sizeof(T));
+  if (!aligned16 || dim <= 0 || dim % V != 0 || lane_elems<G>(dim) == 0) return 0;
+  const size_t bytes = packed_bytes_per_column<G, T>() * static_cast<size_t>(dim);
+  return bytes > kOnePassMaxSmem ? 0 : bytes;
+}
+
+// Calls fn(std::integral_constant<int, E>{}) for the E of a dim that packed_smem accepts
+// (instantiating only the E that such a dim can have).
+template <int G, typename T, typename Fn>
+void with_packed_elems(int64_t dim, Fn&& fn) {
+  with_lane_elems<G>(dim, [&](auto e) {
+    constexpr int E = decltype(e)::value;
+    if constexpr (E <= packed_max_elems<G, T>()) fn(e);
+    else XT_ASSERT(false, "rmsnorm: no packed plan for dim ", dim);
+  });
 }
 
 }  // namespace rmsnorm
