@@ -114,7 +114,7 @@ void one_case(const Shape& s, const std::vector<std::vector<int64_t>>& lengths, 
     std::printf("  %s\n", what.c_str());
     std::vector<T> two(nq, from_float<T>(NAN)), ref(nq, from_float<T>(NAN));
     cuda_decode_attention<T>(s, q.data(), k.data(), v.data(), len.data(), two.data(), nullptr, scale);
-    // The CPU reference reads a bad length as... the op rejects it before the call: give it 0.
+    // The CUDA kernels read a bad length as 0 (and report it); the CPU op rejects it before its kernel.
     std::vector<int64_t> len_ok(len);
     for (auto& n : len_ok)
       if (n < 0 || n > s.L) n = 0;
@@ -129,8 +129,8 @@ void one_case(const Shape& s, const std::vector<std::vector<int64_t>>& lengths, 
       for (int a : arrivals) zero = zero && a == 0;
       if (!same || !zero) ++g_failures;
       std::printf("    one kernel vs two, %-14s %s; counters %s\n",
-                  sch == emu::Schedule::Lockstep ? "lockstep:" : "warp-serial:", same ? "bitwise equal" : "FAIL (bits differ)",
-                  zero ? "back to 0" : "FAIL (not reset)");
+                  sch == emu::Schedule::Lockstep ? "lockstep:" : "warp-serial:",
+                  same ? "bitwise equal" : "FAIL (bits differ)", zero ? "back to 0" : "FAIL (not reset)");
     }
     emu::set_schedule(emu::Schedule::Lockstep);
     double worst = 0;

@@ -206,8 +206,8 @@ void decode_attention(DType dt, const void* q, const void* k_cache, const void* 
     using C = compute_t<T>;
     auto smem = [&](int64_t ch) { return decode::decode_smem_bytes(G, D, ch, sizeof(C)); };
     const int chunk = decode::decode_chunk(B, L, Hkv, G, D, sizeof(C));
-    XT_CHECK(smem(chunk) <= decode::kDecodeSmem, ValueError, "decode_attention: ", G, " query heads per kv head of dimension ",
-             D, " need more shared memory than the kernel's ", decode::kDecodeSmem, " bytes");
+    XT_CHECK(smem(chunk) <= decode::kDecodeSmem, ValueError, "decode_attention: ", G,
+             " query heads per kv head of dimension ", D, " need more shared memory than the kernel's ", decode::kDecodeSmem, " bytes");
     const int64_t nchunks = ceil_div(L, chunk);
     XT_CHECK(nchunks <= 65535 && B * Hkv <= (int64_t{1} << 31) - 1, ValueError,
              "decode_attention: the cache is too large for one launch (B = ", B, ", L = ", L, ", H_kv = ", Hkv, ")");

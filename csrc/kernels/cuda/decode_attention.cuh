@@ -173,7 +173,8 @@ __device__ __forceinline__ void combine_item(const C* po, const C* pm, const C* 
   for (int c = 0; c < nc; ++c) l += partial_at<kL2>(l_c, c) * exp2_c(partial_at<kL2>(m, c) - M);
   const C inv = nc > 0 ? C(1) / l : C(0);
   C acc = 0;
-  for (int c = 0; c < nc; ++c) acc += partial_at<kL2>(o, static_cast<int64_t>(c) * D) * exp2_c(partial_at<kL2>(m, c) - M);
+  for (int c = 0; c < nc; ++c)
+    acc += partial_at<kL2>(o, static_cast<int64_t>(c) * D) * exp2_c(partial_at<kL2>(m, c) - M);
   store(out, bh * D + d, acc * inv);
 }
 

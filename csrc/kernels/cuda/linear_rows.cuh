@@ -271,7 +271,8 @@ __device__ __forceinline__ void norm_row_products(const T* __restrict__ x, const
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const int64_t j = c * V + e;
-        const C wn = nm.w_f32 ? static_cast<C>(static_cast<const float*>(nm.w)[j]) : to_compute(static_cast<const T*>(nm.w)[j]);
+        const C wn = nm.w_f32 ? static_cast<C>(static_cast<const float*>(nm.w)[j])
+                              : to_compute(static_cast<const T*>(nm.w)[j]);
         // y as the staged path stores it (rms_scaled's expression, rounded to T) and reads it back
         const C y = to_compute(from_compute<T>(static_cast<C>(to_compute(hp.v[e]) * r * wn)));
         acc += to_compute(wp[u].v[e]) * y;
