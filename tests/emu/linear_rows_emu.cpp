@@ -218,7 +218,7 @@ void cuda_norm_rows(const T* x, const T* res, const W* nw, T* h, int M, int64_t 
     const dim3 grid(unsigned(cols > 0 ? cu::ceil_div(cols, lr::kRowsWarps) : 1)), block(lr::kRowsThreads);
     const auto run = [&](auto r) {
       constexpr int R = decltype(r)::value;
-      emu::launch(grid, block, smem, [&] {
+      emu::launch(grid, block, R == 1 && vec ? 0 : smem, [&] {  // as the launcher: no shared memory there
         if (glu) {
           if (vec) lr::norm_linear_rows_kernel<true, true, R, T>(x, nm, ws, o, M, K);
           else lr::norm_linear_rows_kernel<false, true, R, T>(x, nm, ws, o, M, K);
