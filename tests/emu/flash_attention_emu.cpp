@@ -594,6 +594,9 @@ void prep_forward_cases() {
   prep_case<float>(1, 11, 5, 2, 32, DType::Float32, 1e-5);
   prep_case<double>(1, 5, 3, 2, 128, DType::Float64, 1e-12);
   prep_case<double>(1, 4, 2, 1, 64, DType::Float64, 1e-12);
+  // more heads than a block's round of rows (D = 128: 8 groups x 4): one token, several rounds
+  prep_case<bf16_t>(1, 3, 24, 24, 128, DType::BFloat16, 1e-2);
+  prep_case<float>(1, 2, 20, 14, 128, DType::Float32, 1e-5);
   prep_stage_banks<32, bf16_t>();
   prep_stage_banks<64, bf16_t>();
   prep_stage_banks<128, bf16_t>();

@@ -1089,7 +1089,7 @@ qk_norm_rope_dw_tree_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, 
 // with E = 4, G = lanes_for(D); prep_reg_dim) lane L of a group holds its elements L + k*G (k < E)
 // in registers, which are exactly the elements the kernels above give lane L, in the same order,
 // and the RoPE partners of its first-half elements (i and i + D/2 = L + (k + E/2)*G). So:
-//  - a group issues the loads of several rows (kPrepRows of x in the forward, kPrepBwdRows of x,
+//  - a group issues the loads of several rows (prep_rows of x in the forward, kPrepBwdRows of x,
 //    dy and rstd in the backward) before it uses any, a lane loads each element once, w once per
 //    kernel;
 //  - every value is the same expression of the same operands as in the kernels above: the sum of
@@ -1108,11 +1108,14 @@ qk_norm_rope_dw_tree_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, 
 //    row once at the end, before the same block sum.
 // Other head dims take the kernels above. tests/emu/flash_attention_emu.cpp runs both paths and
 // compares them bit for bit (and with the CPU reference and the emulated composition).
-// Expected on the H200 (not yet measured): the forward moves 50 MB, backward 75 MB at dim768's
-// shape; with 32-48 KB of loads in flight per SM (5 forward / 4 backward blocks by registers),
-// 60-70% of HBM bandwidth: forward ~18 us, one-pass backward ~28 us, dw tree ~4 us.
+// Measured on the H200 with element-wise loads (lane L loading x[L + k*G] directly): forward 37.8
+// us, one-pass backward ~43 us at dim768's shape (50 and 75 MB: 31% and ~40% of 4.3 TB/s), hence
+// Note [Head preparation in 16-byte packs].
 // Rows per group whose loads are in flight together: forward (x), backward (x and dy).
-constexpr int kPrepRows = 4, kPrepBwdRows = 3;
+// The forward's: 6 at 2-byte types and D < 128 (3 x 16 bytes of x per lane: Note [Head preparation
+// in 16-byte packs]; 8 spill, as does 6 at D = 128), else 4 (6 would not fit in the registers).
+template <int D, typename T> constexpr int prep_rows() { return sizeof(T) == 2 && D < 128 ? 6 : 4; }
+constexpr int kPrepBwdRows = 3;
 // Blocks per SM the register budget leaves room for (__launch_bounds__): 5 x 256 threads of the
 // forward at <= 51 registers, 4 of the backward at <= 64 (bf16 and float32; float64 spills some).
 constexpr int kPrepFwdBlocks = 5, kPrepBwdBlocks = 4;
@@ -1144,9 +1147,10 @@ template <int D> constexpr int prep_lanes() {
 // memory, and each lane still reads exactly its elements L + k*G, so every value, sum and order
 // stays the register kernels' (bitwise; tests/emu compares them with the general kernels):
 //  - a warp's R = 32 / G groups take R consecutive rows per round m (the rows group + m * groups
-//    of the plans above); those R rows are R * D / P = WP packs, so a round of kPrepRows rows per
-//    group is kPrepRows * WP packs, which the warp's 32 lanes load up front (lane wl: packs wl,
-//    wl + 32, ...; at bf16, D = 32: 2 x 16 bytes per lane per array), all in flight together;
+//    of the plans above); those R rows are R * D / P = WP packs, so a round of M rows per group
+//    (prep_rows, kPrepBwdRows) is M * WP packs, which the warp's 32 lanes load up front (lane wl:
+//    packs wl, wl + 32, ...; at bf16, D = 32: 3 packs of x per lane forward, 2 of x and 2 of dy
+//    backward), all in flight together;
 //  - per row round: the pack holders write their packs to the stage (R rows of D elements), the
 //    lanes read their elements from it; the results (y, dx) go back into the same places and the
 //    pack holders store them as packs. __syncwarp between the phases; a warp's rounds are uniform
@@ -1159,6 +1163,11 @@ template <int D> constexpr int prep_lanes() {
 // extra dynamic shared memory (groups * D elements, 2-8 KB, prep_forward_smem); the backward's
 // lies in its dw rows (acc, groups * D compute-type values), each warp within its own groups' rows,
 // which are written only after its last round.
+// Expected on the H200 (not yet measured), dim768's shape (bf16, D = 32): a warp load or store
+// instruction moves 512 bytes instead of 64 (8 times fewer); the forward's blocks take 4 tokens
+// (192 rows, 12 KB of x in flight at once), the backward's rounds 12 KB of x and dy per block, so
+// 5 / 4 resident blocks keep ~60 / ~48 KB of loads in flight per SM: 60-70% of 4.3 TB/s, forward
+// ~18-20 us, one-pass backward ~26-28 us; D = 64 and 128 the same per byte.
 template <int D, typename T>
 struct PrepStage {
   static constexpr int G = prep_lanes<D>();
@@ -1181,13 +1190,13 @@ struct PrepStage {
 template <int D, typename T, int M>
 constexpr int prep_lane_packs() { return (M * PrepStage<D, T>::WP + kWarp - 1) / kWarp; }
 
-// The forward's tokens per block: about kPrepRows rows per group, at least one token, the table
+// The forward's tokens per block: about prep_rows rows per group, at least one token, the table
 // (tokens * D compute-type values) within 48 KB beside the stage.
 template <int D, typename T>
 int64_t prep_tokens_per_block(int64_t H, int64_t Hkv) {
   using C = compute_t<T>;
   constexpr size_t stage = sizeof(T) * static_cast<size_t>(kThreads / prep_lanes<D>()) * D;
-  int64_t t = (kThreads / prep_lanes<D>()) * kPrepRows / (H + Hkv);
+  int64_t t = (kThreads / prep_lanes<D>()) * prep_rows<D, T>() / (H + Hkv);
   const int64_t fit = static_cast<int64_t>((rmsnorm::kOnePassMaxSmem - stage) / (sizeof(C) * static_cast<size_t>(D)));
   if (t > fit) t = fit;
   return t < 1 ? 1 : t;
@@ -1216,7 +1225,8 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
   using C = compute_t<T>;
   using St = PrepStage<D, T>;
   constexpr int G = St::G, groups = kThreads / G, E = D / G, half = D / 2, E2 = E / 2;
-  constexpr int R = St::R, P = St::P, RP = St::RP, WP = St::WP, NP = prep_lane_packs<D, T, kPrepRows>();
+  constexpr int M = prep_rows<D, T>(), R = St::R, P = St::P, RP = St::RP, WP = St::WP;
+  constexpr int NP = prep_lane_packs<D, T, M>();
   const int warp = threadIdx.x / kWarp, wl = threadIdx.x % kWarp;
   T* stage = reinterpret_cast<T*>(dynamic_smem()) + warp * R * D;  // this warp's R rows
   C* tab = reinterpret_cast<C*>(dynamic_smem() + sizeof(T) * groups * D);  // [tpb][D]: cos, then sin
@@ -1236,9 +1246,9 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
   const auto pack_row = [&](int m0, int i) {
     const int Qi = wl + i * kWarp;
     const int r = warp * R + (Qi % WP) / RP + (m0 + Qi / WP) * groups;
-    return Qi < kPrepRows * WP && r < nrows ? r : -1;
+    return Qi < M * WP && r < nrows ? r : -1;
   };
-  for (int m0 = 0; m0 * groups < nrows; m0 += kPrepRows) {  // the same trip count for every thread
+  for (int m0 = 0; m0 * groups < nrows; m0 += M) {  // the same trip count for every thread
     uint4 xp[NP];
 #pragma unroll
     for (int i = 0; i < NP; ++i) {
@@ -1260,7 +1270,7 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
       __syncthreads();
     }
 #pragma unroll
-    for (int m = 0; m < kPrepRows; ++m) {
+    for (int m = 0; m < M; ++m) {
       if (warp * R + (m0 + m) * groups >= nrows) break;  // the warp's first row: uniform in the warp
 #pragma unroll
       for (int i = St::first_slot(m); i <= St::last_slot(m); ++i)  // a constant index: xp stays in registers
@@ -1349,11 +1359,12 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
   const int64_t r0 = block * sd.rows_per_block;
   const int64_t r1 = sd.rows < r0 + sd.rows_per_block ? sd.rows : r0 + sd.rows_per_block;
   int64_t t_lo = 0, t_hi = 0;  // the table holds tokens [t_lo, t_hi)
-  // the row of the pack wl + i * kWarp of the round at b0 (-1: none)
-  const auto pack_row = [&](int64_t b0, int i) -> int64_t {
+  // the row of the pack wl + i * kWarp of a round, from the round's first row (-1: none of the
+  // round's `left` rows); 32-bit: a block's rows_per_block fits
+  const auto pack_row = [&](int left, int i) {
     const int Qi = wl + i * kWarp;
-    const int64_t r = b0 + static_cast<int64_t>(Qi / WP) * groups + warp * R + (Qi % WP) / RP;
-    return Qi < kPrepBwdRows * WP && r < r1 ? r : -1;
+    const int r = (Qi / WP) * groups + warp * R + (Qi % WP) / RP;
+    return Qi < kPrepBwdRows * WP && r < left ? r : -1;
   };
   // the packs of round m to the stage
   const auto to_stage = [&](const uint4 (&pk)[NP], int m) {
@@ -1363,16 +1374,19 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
         reinterpret_cast<uint4*>(stage)[St::pack_at((wl + i * kWarp) % WP / RP, (wl + i * kWarp) % RP)] = pk[i];
   };
   for (int64_t b0 = r0; b0 < r1; b0 += static_cast<int64_t>(kPrepBwdRows) * groups) {
+    const int left = static_cast<int>(r1 - b0 < sd.rows_per_block ? r1 - b0 : sd.rows_per_block);
+    const T* __restrict__ xb = xs + b0 * D;
+    const T* __restrict__ dyb = dys + b0 * D;
     uint4 xp[NP], dyp[NP];
     C inv[kPrepBwdRows];
 #pragma unroll
     for (int i = 0; i < NP; ++i) {
-      const int64_t r = pack_row(b0, i);
-      const int64_t o = r * D + ((wl + i * kWarp) % RP) * P;
+      const int r = pack_row(left, i);
+      const int o = r * D + ((wl + i * kWarp) % RP) * P;
       xp[i] = dyp[i] = make_uint4(0, 0, 0, 0);
       if (r >= 0) {
-        xp[i] = *reinterpret_cast<const uint4*>(xs + o);
-        dyp[i] = *reinterpret_cast<const uint4*>(dys + o);
+        xp[i] = *reinterpret_cast<const uint4*>(xb + o);
+        dyp[i] = *reinterpret_cast<const uint4*>(dyb + o);
       }
     }
 #pragma unroll
@@ -1446,9 +1460,9 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
 #pragma unroll
       for (int i = St::first_slot(m); i <= St::last_slot(m); ++i) {
         const int Qi = wl + i * kWarp;
-        const int64_t ro = pack_row(b0, i);
+        const int ro = pack_row(left, i);
         if (Qi / WP == m && ro >= 0)
-          *reinterpret_cast<uint4*>(dxs + ro * D + (Qi % RP) * P) =
+          *reinterpret_cast<uint4*>(dxs + b0 * D + ro * D + (Qi % RP) * P) =
               reinterpret_cast<const uint4*>(stage)[St::pack_at(Qi % WP / RP, Qi % RP)];
       }
       __syncwarp();  // the stage is free for the next row round
