@@ -505,7 +505,7 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
       // Blocks of more rows than a batch of the register kernel holds (onepass_plan's blocks of
       // 8 * G rows and more at > 1024 * 64 / G rows): its batch loop, partial batches and table
       // refills, bit for bit against the general kernel under the same plan.
-      for (const int64_t rpb : {int64_t(cu::kThreads / G) * fl::kPrepBwdRows + 5, int64_t(200)})
+      for (const int64_t rpb : {int64_t(cu::kThreads / G) * fl::prep_bwd_rows<T>() + 5, int64_t(200)})
         for (const bool min_table : {false, true}) {
           const auto plan_run = [&](bool use_reg, emu::Schedule schedule) {
             emu::set_schedule(schedule);

@@ -1089,7 +1089,7 @@ qk_norm_rope_dw_tree_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, 
 // with E = 4, G = lanes_for(D); prep_reg_dim) lane L of a group holds its elements L + k*G (k < E)
 // in registers, which are exactly the elements the kernels above give lane L, in the same order,
 // and the RoPE partners of its first-half elements (i and i + D/2 = L + (k + E/2)*G). So:
-//  - a group issues the loads of several rows (prep_rows of x in the forward, kPrepBwdRows of x,
+//  - a group issues the loads of several rows (prep_rows of x in the forward, prep_bwd_rows of x,
 //    dy and rstd in the backward) before it uses any, a lane loads each element once, w once per
 //    kernel;
 //  - every value is the same expression of the same operands as in the kernels above: the sum of
@@ -1115,7 +1115,8 @@ qk_norm_rope_dw_tree_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, 
 // The forward's: 6 at 2-byte types and D < 128 (3 x 16 bytes of x per lane: Note [Head preparation
 // in 16-byte packs]; 8 spill, as does 6 at D = 128), else 4 (6 would not fit in the registers).
 template <int D, typename T> constexpr int prep_rows() { return sizeof(T) == 2 && D < 128 ? 6 : 4; }
-constexpr int kPrepBwdRows = 3;
+// The backward's (x and dy): 3 at 2-byte types, 2 at wider ones (3 spill 88 bytes at float32).
+template <typename T> constexpr int prep_bwd_rows() { return sizeof(T) == 2 ? 3 : 2; }
 // Blocks per SM the register budget leaves room for (__launch_bounds__): 5 x 256 threads of the
 // forward at <= 51 registers, 4 of the backward at <= 64 (bf16 and float32; float64 spills some).
 constexpr int kPrepFwdBlocks = 5, kPrepBwdBlocks = 4;
@@ -1148,7 +1149,7 @@ template <int D> constexpr int prep_lanes() {
 // stays the register kernels' (bitwise; tests/emu compares them with the general kernels):
 //  - a warp's R = 32 / G groups take R consecutive rows per round m (the rows group + m * groups
 //    of the plans above); those R rows are R * D / P = WP packs, so a round of M rows per group
-//    (prep_rows, kPrepBwdRows) is M * WP packs, which the warp's 32 lanes load up front (lane wl:
+//    (prep_rows, prep_bwd_rows) is M * WP packs, which the warp's 32 lanes load up front (lane wl:
 //    packs wl, wl + 32, ...; at bf16, D = 32: 3 packs of x per lane forward, 2 of x and 2 of dy
 //    backward), all in flight together;
 //  - per row round: the pack holders write their packs to the stage (R rows of D elements), the
@@ -1334,7 +1335,8 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
   using C = compute_t<T>;
   using St = PrepStage<D, T>;
   constexpr int G = St::G, groups = kThreads / G, E = D / G, half = D / 2, E2 = E / 2;
-  constexpr int R = St::R, P = St::P, RP = St::RP, WP = St::WP, NP = prep_lane_packs<D, T, kPrepBwdRows>();
+  constexpr int M = prep_bwd_rows<T>(), R = St::R, P = St::P, RP = St::RP, WP = St::WP;
+  constexpr int NP = prep_lane_packs<D, T, M>();
   static_assert(sizeof(T) <= sizeof(C), "a warp's stage fits in its groups' dw rows");
   const bool is_q = static_cast<int64_t>(blockIdx.x) < q_side.nblocks;
   const OnePassSide<T, W> sd = is_q ? q_side : k_side;  // a copy: a reference would put both in local memory
@@ -1364,7 +1366,7 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
   const auto pack_row = [&](int left, int i) {
     const int Qi = wl + i * kWarp;
     const int r = (Qi / WP) * groups + warp * R + (Qi % WP) / RP;
-    return Qi < kPrepBwdRows * WP && r < left ? r : -1;
+    return Qi < M * WP && r < left ? r : -1;
   };
   // the packs of round m to the stage
   const auto to_stage = [&](const uint4 (&pk)[NP], int m) {
@@ -1373,12 +1375,12 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
       if ((wl + i * kWarp) / WP == m)
         reinterpret_cast<uint4*>(stage)[St::pack_at((wl + i * kWarp) % WP / RP, (wl + i * kWarp) % RP)] = pk[i];
   };
-  for (int64_t b0 = r0; b0 < r1; b0 += static_cast<int64_t>(kPrepBwdRows) * groups) {
+  for (int64_t b0 = r0; b0 < r1; b0 += static_cast<int64_t>(M) * groups) {
     const int left = static_cast<int>(r1 - b0 < sd.rows_per_block ? r1 - b0 : sd.rows_per_block);
     const T* __restrict__ xb = xs + b0 * D;
     const T* __restrict__ dyb = dys + b0 * D;
     uint4 xp[NP], dyp[NP];
-    C inv[kPrepBwdRows];
+    C inv[M];
 #pragma unroll
     for (int i = 0; i < NP; ++i) {
       const int r = pack_row(left, i);
@@ -1390,12 +1392,12 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
       }
     }
 #pragma unroll
-    for (int m = 0; m < kPrepBwdRows; ++m) {
+    for (int m = 0; m < M; ++m) {
       const int64_t r = b0 + static_cast<int64_t>(m) * groups + group;
       inv[m] = r < r1 ? static_cast<C>(sd.rstd[r]) : C(0);
     }
 #pragma unroll
-    for (int m = 0; m < kPrepBwdRows; ++m) {
+    for (int m = 0; m < M; ++m) {
       const int64_t base = b0 + static_cast<int64_t>(m) * groups;  // a round of the kernel above
       if (base >= r1) break;  // the same for every thread of the block
       const int64_t last = (base + groups < r1 ? base + groups : r1) - 1;
