@@ -1362,7 +1362,7 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
   const int64_t r1 = sd.rows < r0 + sd.rows_per_block ? sd.rows : r0 + sd.rows_per_block;
   int64_t t_lo = 0, t_hi = 0;  // the table holds tokens [t_lo, t_hi)
   // the row of the pack wl + i * kWarp of a round, from the round's first row (-1: none of the
-  // round's `left` rows); 32-bit: a block's rows_per_block fits
+  // round's `left` rows)
   const auto pack_row = [&](int left, int i) {
     const int Qi = wl + i * kWarp;
     const int r = (Qi / WP) * groups + warp * R + (Qi % WP) / RP;
@@ -1376,7 +1376,7 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
         reinterpret_cast<uint4*>(stage)[St::pack_at((wl + i * kWarp) % WP / RP, (wl + i * kWarp) % RP)] = pk[i];
   };
   for (int64_t b0 = r0; b0 < r1; b0 += static_cast<int64_t>(M) * groups) {
-    const int left = static_cast<int>(r1 - b0 < sd.rows_per_block ? r1 - b0 : sd.rows_per_block);
+    const int left = static_cast<int>(r1 - b0 < M * groups ? r1 - b0 : M * groups);  // the round's rows
     const T* __restrict__ xb = xs + b0 * D;
     const T* __restrict__ dyb = dys + b0 * D;
     uint4 xp[NP], dyp[NP];
