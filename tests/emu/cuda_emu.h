@@ -294,18 +294,6 @@ inline void set_schedule(Schedule schedule) { st().schedule = schedule; }
 
 inline void __syncthreads() { emu::yield(emu::Wait::Barrier); }
 inline void __threadfence_system() {}  // threads of the emulation share one memory, in order
-inline void __threadfence() {}
-// Blocks run one after another and a fiber switches only at a sync point, so a read-modify-write
-// is atomic as it is.
-inline int atomicAdd(int* address, int val) {
-  const int old = *address;
-  *address = old + val;
-  return old;
-}
-template <typename T>
-inline T __ldcg(const T* p) {
-  return *p;
-}
 
 inline void __syncwarp(unsigned = 0xffffffffu) {
   emu::me().op = emu::Op::SyncWarp;

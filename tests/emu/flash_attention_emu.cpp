@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -242,13 +241,14 @@ template <typename T>
 void prep_forward_reg(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const std::vector<float>& wk,
                       const Buf<T>& yq, const Buf<T>& yk, const std::vector<float>& rsq, const std::vector<float>& rsk,
                       int B, int S, int H, int Hkv, int D, float eps, float theta) {
+  using C = xt::kernels::compute_t<T>;
   const auto run = [&](auto d, emu::Schedule schedule) {
     constexpr int kD = decltype(d)::value;
-    const int64_t tpb = fl::prep_tokens_per_block<kD, T>(H, Hkv);
+    const int64_t tpb = fl::prep_tokens_per_block<fl::prep_lanes<kD>(), C>(H, Hkv, D);
     Buf<T> oq(yq.v.size()), ok(yk.v.size());
     std::vector<float> sq(rsq.size(), -1.f), sk(rsk.size(), -1.f);
     emu::set_schedule(schedule);
-    emu::launch(dim3(unsigned(cu::ceil_div(int64_t(B) * S, tpb))), dim3(cu::kThreads), fl::prep_forward_smem<kD, T>(tpb), [&] {
+    emu::launch(dim3(unsigned(cu::ceil_div(int64_t(B) * S, tpb))), dim3(cu::kThreads), sizeof(C) * size_t(tpb * D), [&] {
       fl::qk_norm_rope_forward_reg_kernel<kD, T, float>(q.p(), k.p(), wq.data(), wk.data(), oq.p(), ok.p(), sq.data(),
                                                        sk.data(), int64_t(B) * S, S, fl::HeadRows{H, Hkv}, int(tpb), D,
                                                        eps, theta);
@@ -270,7 +270,6 @@ void prep_forward_reg(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const 
   };
   each(emu::Schedule::Lockstep);
   each(emu::Schedule::LockstepReversed);
-  each(emu::Schedule::WarpSerialLazy);
 }
 
 template <typename T>
@@ -505,7 +504,7 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
       // Blocks of more rows than a batch of the register kernel holds (onepass_plan's blocks of
       // 8 * G rows and more at > 1024 * 64 / G rows): its batch loop, partial batches and table
       // refills, bit for bit against the general kernel under the same plan.
-      for (const int64_t rpb : {int64_t(cu::kThreads / G) * fl::prep_bwd_rows<T>() + 5, int64_t(200)})
+      for (const int64_t rpb : {int64_t(cu::kThreads / G) * fl::kPrepBwdRows + 5, int64_t(200)})
         for (const bool min_table : {false, true}) {
           const auto plan_run = [&](bool use_reg, emu::Schedule schedule) {
             emu::set_schedule(schedule);
@@ -538,39 +537,6 @@ void prep_onepass_cases() {
   prep_onepass_case<bf16_t>(1, 11, 2, 2, 40, DType::BFloat16, 1e-2);
   prep_onepass_case<bf16_t>(1, 17, 24, 24, 32, DType::BFloat16, 1e-2);
   prep_onepass_case<double>(1, 9, 4, 2, 64, DType::Float64, 1e-12);
-  // the 16-byte packs (Note [Head preparation in 16-byte packs]): partial rounds at every width
-  prep_onepass_case<bf16_t>(1, 23, 5, 2, 128, DType::BFloat16, 1e-2);
-  prep_onepass_case<double>(1, 7, 3, 2, 32, DType::Float64, 1e-12);
-  prep_onepass_case<double>(1, 5, 2, 1, 128, DType::Float64, 1e-12);
-}
-
-// The pack stage's shared-memory banks (Note [Head preparation in 16-byte packs]): a warp's element
-// reads (each lane's L + e*G of its group's row) and each quarter warp's 16-byte pack writes touch
-// every bank at most once per 128 bytes accessed.
-template <int D, typename T>
-void prep_stage_banks() {
-  using St = fl::PrepStage<D, T>;
-  const auto wavefronts = [](const std::vector<int>& bytes, int width) {  // max distinct words per bank
-    std::vector<std::set<int>> words(32);
-    for (int b : bytes)
-      for (int w = b / 4; w < (b + width) / 4; ++w) words[w % 32].insert(w);
-    size_t most = 0;
-    for (const auto& w : words) most = std::max(most, w.size());
-    return int(most);
-  };
-  bool ok = true;
-  for (int e = 0; e < D / St::G; ++e) {
-    std::vector<int> reads;
-    for (int wl = 0; wl < 32; ++wl) reads.push_back(int(sizeof(T)) * St::at(wl / St::G, wl % St::G + e * St::G));
-    ok = ok && wavefronts(reads, int(sizeof(T))) == int((32 * sizeof(T) + 127) / 128);
-  }
-  for (int q0 = 0; q0 < St::WP; q0 += 8) {
-    std::vector<int> writes;
-    for (int Q = q0; Q < q0 + 8 && Q < St::WP; ++Q) writes.push_back(16 * St::pack_at(Q / St::RP, Q % St::RP));
-    ok = ok && wavefronts(writes, 16) == 1;
-  }
-  expect("stage without bank conflicts, D " + std::to_string(D) + ", " + std::to_string(sizeof(T)) + "-byte elements",
-         ok);
 }
 
 // head preparation: the forward (both paths), and the backward of head dims without a one-pass plan
@@ -589,20 +555,6 @@ void prep_forward_cases() {
   prep_case<bf16_t>(1, 13, 3, 3, 128, DType::BFloat16, 1e-2);
   prep_case<bf16_t>(1, 5, 2, 2, 48, DType::BFloat16, 1e-2);
   prep_case<double>(1, 6, 3, 1, 32, DType::Float64, 1e-12);
-  // the 16-byte packs: H != Hkv at every width, partial rounds and blocks
-  prep_case<bf16_t>(2, 7, 5, 2, 128, DType::BFloat16, 1e-2);
-  prep_case<float>(1, 11, 5, 2, 32, DType::Float32, 1e-5);
-  prep_case<double>(1, 5, 3, 2, 128, DType::Float64, 1e-12);
-  prep_case<double>(1, 4, 2, 1, 64, DType::Float64, 1e-12);
-  // more heads than a block's round of rows (D = 128: 8 groups x 4): one token, several rounds
-  prep_case<bf16_t>(1, 3, 24, 24, 128, DType::BFloat16, 1e-2);
-  prep_case<float>(1, 2, 20, 14, 128, DType::Float32, 1e-5);
-  prep_stage_banks<32, bf16_t>();
-  prep_stage_banks<64, bf16_t>();
-  prep_stage_banks<128, bf16_t>();
-  prep_stage_banks<32, float>();
-  prep_stage_banks<64, float>();
-  prep_stage_banks<128, float>();
 }
 
 int main(int argc, char** argv) {

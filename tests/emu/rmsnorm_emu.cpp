@@ -2,14 +2,12 @@
 // (csrc/kernels/cuda/rmsnorm.cuh), run on the CPU under the warp/block emulator (cuda_emu.h),
 // launched as rmsnorm.cu launches them, and compared with the CPU reference kernels
 // (csrc/kernels/cpu/rmsnorm.cpp); and the few-row forward (a block per row, Note [Few rows: a block
-// per row]) against the group-per-row forward kernels, and the packed one-pass backward (Note
-// [One-pass backward from packs]) against the strided one, bit for bit. What it checks before any GPU
+// per row]) against the group-per-row forward kernels, bit for bit. What it checks before any GPU
 // run: the row ranges of the blocks and groups (rows that do not fill the last block or the last
 // round of groups, where the warp's shuffles must still see every lane), the shared-memory rows and
 // the ordered final pass, dres, and that the schedules of the threads give the same bits. Not
 // checked: the hardware's rounding, nor nvcc's contraction of a * b + c into fma (the few-row
-// kernel and the packed backward write each sum and product with the same expression as the kernel
-// they match).
+// kernel writes each sum and product with the same expression as the kernel it matches).
 //   tests/emu/run.sh rmsnorm      (builds with g++ against build-cpu/libxtrain_core.a)
 #include <cstdio>
 #include <cstring>
@@ -279,119 +277,6 @@ void few_rows_sweep(const std::vector<int64_t>& dims) {
               dims.size(), g_few_rows_runs - runs_before, g_failures == before ? "ok" : "FAIL");
 }
 
-// ------------------------------------------------------------------ the packed one-pass backward
-
-int g_packed_runs = 0;
-
-template <typename T> DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::Float32;
-  else if constexpr (std::is_same_v<T, double>) return DType::Float64;
-  else return DType::BFloat16;
-}
-
-// The one-pass backward of (rows, dim) as rmsnorm.cu launches it: the packed kernel (Note
-// [One-pass backward from packs]) when packed is true, else the strided one; then the final pass.
-// dx starts NaN-filled, so an element the kernel does not write shows as a difference.
-template <int G, typename T, typename W>
-void run_onepass(bool packed, const std::vector<T>& x, const std::vector<W>& w, const std::vector<float>& rstd,
-                 const std::vector<T>& dy, const T* dres, std::vector<T>& dx, std::vector<W>& dw, int64_t rows,
-                 int64_t dim) {
-  using C = xt::kernels::compute_t<T>;
-  const rn::OnePassPlan plan = rn::onepass_plan<G, C>(rows, dim);
-  std::vector<C> partial(static_cast<size_t>(plan.nblocks * dim));
-  C* part = plan.nblocks > 1 ? partial.data() : nullptr;
-  std::memset(static_cast<void*>(dx.data()), 0xFF, dx.size() * sizeof(T));
-  std::memset(static_cast<void*>(dw.data()), 0xFF, dw.size() * sizeof(W));
-  if (packed) {
-    const size_t smem = rn::packed_smem<G, T>(dim, true);
-    rn::with_packed_elems<G, T>(dim, [&](auto e) {
-      constexpr int E = decltype(e)::value;
-      emu::launch(dim3(unsigned(plan.nblocks)), dim3(cu::kThreads), smem, [&] {
-        rn::rmsnorm_backward_packed_kernel<G, E, T, W>(x.data(), w.data(), rstd.data(), dy.data(), dres, dx.data(),
-                                                       dw.data(), part, rows, dim, plan.rows_per_block);
-      });
-    });
-  } else {
-    emu::launch(dim3(unsigned(plan.nblocks)), dim3(cu::kThreads), plan.smem, [&] {
-      rn::rmsnorm_backward_onepass_kernel<G, T, W>(x.data(), w.data(), rstd.data(), dy.data(), dres, dx.data(),
-                                                   dw.data(), part, rows, dim, plan.rows_per_block);
-    });
-  }
-  if (plan.nblocks > 1)
-    emu::launch(dim3(unsigned(cu::ceil_div(dim, rn::kFinalCols))), dim3(cu::kThreads), rn::tree_smem<C>(),
-                [&] { rn::rmsnorm_dw_tree_kernel<C, W>(partial.data(), plan.nblocks, dw.data(), dim); });
-}
-
-// rms_norm and add_rms_norm (dres) backward of (rows, dim): the packed kernel against the strided
-// one, dx and dw bit for bit (under each schedule when all_schedules), and against the CPU kernel.
-// expect_packed: the shape must take the packed kernel (the training shapes).
-template <typename T, typename W>
-void packed_case(int64_t rows, int64_t dim, bool expect_packed, bool all_schedules) {
-  const size_t n = static_cast<size_t>(rows * dim);
-  std::mt19937 gen(static_cast<unsigned>(rows * 104729 + dim * 17));
-  const std::vector<T> x = draw<T>(n, gen), dy = draw<T>(n, gen), dres = draw<T>(n, gen);
-  const std::vector<W> w = draw<W>(static_cast<size_t>(dim), gen);
-  // rstd as the forward computes it (the CPU kernel), so xhat has the forward's scale
-  std::vector<T> y(n);
-  std::vector<float> rstd(rows);
-  xt::kernels::cpu::rmsnorm_forward(dtype_of<T>(), dtype_of<W>(), x.data(), w.data(), y.data(), rstd.data(), rows,
-                                    dim, 1e-6f, nullptr);
-  int failed = 0, runs = 0;
-  cu::with_lanes(dim, [&](auto g) {
-    constexpr int G = decltype(g)::value;
-    const bool packed = rn::packed_smem<G, T>(dim, true) != 0;
-    std::printf("rows %lld, dim %lld, %s x, %s w: G %d, %s\n", static_cast<long long>(rows),
-                static_cast<long long>(dim), dtype_label<T>(), dtype_label<W>(), G,
-                packed ? "packed" : "strided (no packed plan)");
-    if (packed != expect_packed) {
-      std::printf("  FAIL: expected the %s kernel\n", expect_packed ? "packed" : "strided");
-      ++failed;
-      return;
-    }
-    if (!packed) return;
-    for (const bool with_res : {false, true}) {
-      const T* pres = with_res ? dres.data() : nullptr;
-      std::vector<T> dx_ref(n), dx(n);
-      std::vector<W> dw_ref(dim), dw(dim);
-      emu::set_schedule(emu::Schedule::Lockstep);
-      run_onepass<G, T, W>(false, x, w, rstd, dy, pres, dx_ref, dw_ref, rows, dim);
-      for (const emu::Schedule s : kSchedules) {
-        if (!all_schedules && s != emu::Schedule::Lockstep) continue;
-        emu::set_schedule(s);
-        run_onepass<G, T, W>(true, x, w, rstd, dy, pres, dx, dw, rows, dim);
-        ++runs;
-        const bool same = std::memcmp(dx.data(), dx_ref.data(), n * sizeof(T)) == 0 &&
-                          std::memcmp(dw.data(), dw_ref.data(), dim * sizeof(W)) == 0;
-        if (!same) {
-          ++failed;
-          std::printf("  %s %s: FAIL (bits differ from the strided kernel)\n", with_res ? "add_rms_norm" : "rms_norm",
-                      schedule_name(s));
-        }
-      }
-      emu::set_schedule(emu::Schedule::Lockstep);
-      // and close to the CPU kernel (its sums run in another order)
-      std::vector<T> dx_cpu(n);
-      std::vector<W> dw_cpu(dim);
-      if (with_res)
-        cpu::add_rmsnorm_backward(dtype_of<T>(), dtype_of<W>(), x.data(), w.data(), rstd.data(), dy.data(), pres,
-                                  dx_cpu.data(), dw_cpu.data(), rows, dim, nullptr);
-      else
-        cpu::rmsnorm_backward(dtype_of<T>(), dtype_of<W>(), x.data(), w.data(), rstd.data(), dy.data(),
-                              dx_cpu.data(), dw_cpu.data(), rows, dim, nullptr);
-      const double tol = std::is_same_v<T, bf16_t> ? 2e-2 : 1e-4;  // bf16 dx with dres: rounded twice
-      const int before = g_failures;
-      expect_close(std::string(with_res ? "add_rms_norm" : "rms_norm") + " dx vs CPU", floats(dx), floats(dx_cpu),
-                   tol);
-      expect_close(std::string(with_res ? "add_rms_norm" : "rms_norm") + " dw vs CPU", floats(dw), floats(dw_cpu),
-                   (std::is_same_v<W, bf16_t> ? 1e-2 : 1e-4) * std::sqrt(double(rows)));
-      failed += g_failures - before;
-      g_failures = before;
-    }
-  });
-  g_failures += failed;
-  if (failed == 0) g_packed_runs += runs;
-}
-
 }  // namespace
 
 int main() {
@@ -421,36 +306,6 @@ int main() {
                       !rn::few_rows_plan<float>(1, rn::kFewRowsMaxDim + 1, true).use;
   if (!bounds) ++g_failures;
   std::printf("few rows plan bounds: %s\n", bounds ? "ok" : "FAIL");
-
-  // The packed one-pass backward against the strided one: the training shapes (bf16 x, float32 w;
-  // dim 768 and 1024) with 1, 7, 8192 and 50000 rows, short and odd dims (G 16), float32 x (dim
-  // 1024 has no packed plan: its staging rows exceed kOnePassMaxSmem), bf16 w, float64.
-  packed_case<bf16_t, float>(1, 768, true, true);
-  packed_case<bf16_t, float>(7, 768, true, true);
-  packed_case<bf16_t, float>(8192, 768, true, false);
-  packed_case<bf16_t, float>(50000, 768, true, false);
-  packed_case<bf16_t, float>(1, 1024, true, true);
-  packed_case<bf16_t, float>(7, 1024, true, false);
-  packed_case<bf16_t, float>(8192, 1024, true, false);
-  packed_case<bf16_t, float>(50000, 1024, true, false);
-  packed_case<bf16_t, bf16_t>(8192, 768, true, false);
-  packed_case<bf16_t, float>(300, 64, true, true);
-  packed_case<bf16_t, float>(300, 100, false, false);  // 100 % 8: no 16-byte packs
-  packed_case<bf16_t, float>(333, 256, true, true);
-  packed_case<bf16_t, float>(1000, 520, true, false);  // E 24 with the last lanes' third pack absent
-  packed_case<float, float>(1, 768, true, true);
-  packed_case<float, float>(7, 768, true, false);
-  packed_case<float, float>(8192, 768, true, false);
-  packed_case<float, float>(300, 1024, false, false);
-  packed_case<float, float>(7, 64, true, true);
-  packed_case<float, float>(8192, 64, true, false);
-  packed_case<float, float>(300, 100, true, true);
-  packed_case<float, float>(50000, 100, true, false);
-  packed_case<float, float>(257, 8, true, true);
-  packed_case<float, float>(99, 40, true, true);
-  packed_case<double, double>(300, 64, true, true);
-  packed_case<double, float>(300, 100, true, false);
-  std::printf("packed one-pass backward: %d kernel runs bitwise equal to the strided kernel\n", g_packed_runs);
   std::printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "passed", g_failures);
   return g_failures ? 1 : 0;
 }

@@ -4,19 +4,16 @@
 //  - kv_cache_write: a grid-stride copy in the widest word (16 bytes when the row allows it); the
 //    slots of a row are contiguous, so it is a strided memcpy. A bad position is reported (Note
 //    [Device-side index checks]) and its row is not written.
-//  - decode_attention (kernels in decode_attention.cuh): grid (B*Hkv, chunks of `chunk` keys); a
-//    block handles the G = H/Hkv query heads of one kv head over one chunk, so each K/V row is
-//    read from memory once per group: scores thread-per-key into shared memory (q pre-scaled by
+//  - decode_attention runs two kernels. partial: grid (B*Hkv, chunks of `chunk` keys); a block
+//    handles the G = H/Hkv query heads of one kv head over one chunk, so each K/V row is read from
+//    memory once per group: scores thread-per-key into shared memory (q pre-scaled by
 //    scale * log2 e), the chunk's max m and sum l of exp2(s - m) by fixed-order block reductions,
 //    o = sum_j p_j v_j by (g, d) items with the keys split among thread subgroups and the subgroup
-//    sums added in order. The combine, M = max of the chunks' m, out = sum_c o_c 2^(m_c - M) /
-//    sum_c l_c 2^(m_c - M), chunks in order, rounded once, is done by the group's last block to
-//    finish (Note [Decode attention in one kernel]), or by a second kernel, one block per (b, h),
-//    where there are no arrival counters (same bits either way).
+//    sums added in order. combine: one block per (b, h), M = max of the chunks' m, out =
+//    sum_c o_c 2^(m_c - M) / sum_c l_c 2^(m_c - M), chunks in order, rounded once.
 //  - Deterministic: the chunk size and launch shapes depend only on (B, L, H, Hkv, D, dtype), every
-//    sum has a fixed order, no float atomics (an integer counter picks the block that combines).
-//    Chunks past a row's length exit at once and are not read. Compute type float32 (float64 for
-//    float64).
+//    sum has a fixed order, no atomics. Chunks past a row's length exit at once and are not read.
+//    Compute type float32 (float64 for float64).
 //  - decode_prep: one block per row, the rows' head preparation of a decode step in one launch (it
 //    was rms_norm, rope, rms_norm, rope and two cache writes): the row's cos/sin at its position in
 //    shared memory, then G lanes per q or k head row with rms_norm's sum of squares and rounding
@@ -25,11 +22,7 @@
 //  - greedy_next: one block per row, each thread's first maximum over a strided share of the row,
 //    then a reduction that keeps the better value and, of equal ones, the lower index (so the
 //    result does not depend on the order: the row's first maximum); thread 0 updates the state.
-#include <map>
-#include <mutex>
-#include <utility>
-
-#include "kernels/cuda/decode_attention.cuh"
+#include "kernels/cuda/common.cuh"
 
 namespace xt {
 namespace kernels {
@@ -37,8 +30,17 @@ namespace cuda {
 
 namespace {
 
-using decode::kDecodeThreads;
+constexpr int kDecodeThreads = 128;
+// Keys per block: 256 at most (scores of a chunk fit shared memory for any G and D the flash
+// limit allows, after halving), at least 32; halved while the grid is under kDecodeMinBlocks.
+constexpr int kMaxChunk = 256;
+constexpr int kMinChunk = 32;
+constexpr int64_t kDecodeMinBlocks = 512;
+constexpr size_t kDecodeSmem = 48 * 1024;  // the default dynamic shared memory limit
 constexpr double kLog2e = 1.4426950408889634;
+
+__device__ __forceinline__ float exp2_c(float x) { return exp2f(x); }
+__device__ __forceinline__ double exp2_c(double x) { return exp2(x); }
 
 // ------------------------------------------------------------------ cache write
 
@@ -69,32 +71,124 @@ void launch_cache_write(void* cache, const void* x, const int64_t* pos, int64_t 
 
 // ------------------------------------------------------------------ attention
 
-// The arrival counters of decode_attention_kernel (Note [Decode attention in one kernel]): one
-// buffer of kArrivalSlots ints per (device, stream), zeroed when created and zero again after
-// every launch. Per stream, so that launches on concurrent streams (one per thread) never share a
-// counter; a graph keeps the buffer of the stream it was captured on, and replays on that stream
-// (core/cuda/graph.cpp), so its launches and the eager ones are ordered by the stream. Several
-// caches or models on one stream share the buffer: each launch leaves it zero. Created by a
-// launch outside a graph capture (generate's eager warm-up step); nullptr (the two-kernel path)
-// while there is none and the stream is capturing, or when B * Hkv groups need more slots.
-// Never freed: 16 KB per stream.
-constexpr int64_t kArrivalSlots = 4096;
+// q . k for one key row, q (pre-scaled, compute type) in shared memory; kVec reads k in 16-byte
+// packs (same order of additions as the scalar loop).
+template <bool kVec, typename T, typename C = compute_t<T>>
+__device__ __forceinline__ C dot_key(const C* qs, const T* kr, int D) {
+  C s = 0;
+  if constexpr (kVec) {
+    constexpr int V = 16 / sizeof(T);
+    for (int d = 0; d < D; d += V) {
+      const Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(kr + d);
+#pragma unroll
+      for (int e = 0; e < V; ++e) s += qs[d + e] * to_compute(p.v[e]);
+    }
+  } else {
+    for (int d = 0; d < D; ++d) s += qs[d] * load(kr, d);
+  }
+  return s;
+}
 
-int* arrival_counters(const OnStream& on, int64_t groups) {
-  if (groups > kArrivalSlots) return nullptr;
-  static std::mutex mu;
-  static std::map<std::pair<int, cudaStream_t>, int*> buffers;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(on.device, on.s);
-  if (auto it = buffers.find(key); it != buffers.end()) return it->second;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  XT_CUDA_CHECK(cudaStreamIsCapturing(on.s, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return nullptr;
-  int* p = nullptr;
-  XT_CUDA_CHECK(cudaMalloc(&p, kArrivalSlots * sizeof(int)));
-  XT_CUDA_CHECK(cudaMemsetAsync(p, 0, kArrivalSlots * sizeof(int), on.s));  // before any launch that uses it
-  buffers.emplace(key, p);
-  return p;
+// The row's valid length; a bad one is reported once (by block (b*Hkv, 0)'s thread 0) and read as 0.
+__device__ __forceinline__ int64_t row_length(const int64_t* len, int64_t b, int64_t L, bool reporter,
+                                              IndexErrorRecord* err) {
+  const int64_t n = len[b];
+  if (n >= 0 && n <= L) return n;
+  if (reporter && err) report_bad_index(err, IndexSite::DecodeAttention, n, L + 1, 0);
+  return 0;
+}
+
+template <bool kVec, typename T>
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_partial_kernel(const T* q, const T* k, const T* v, const int64_t* len, compute_t<T>* po,
+                          compute_t<T>* pm, compute_t<T>* pl, int64_t L, int H, int Hkv, int D, int chunk,
+                          int nchunks, compute_t<T> qscale, IndexErrorRecord* err) {
+  using C = compute_t<T>;
+  extern __shared__ __align__(16) unsigned char decode_smem[];
+  const int G = H / Hkv, tid = threadIdx.x, nthreads = blockDim.x;
+  C* qs = reinterpret_cast<C*>(decode_smem);  // [G][D]
+  C* ps = qs + G * D;                          // [G][chunk]
+  C* red = ps + G * chunk;                     // [nthreads]
+  const int64_t b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
+  const int c = blockIdx.y;
+  const int64_t n = row_length(len, b, L, hk == 0 && c == 0 && tid == 0, err);
+  const int64_t k0 = static_cast<int64_t>(c) * chunk;
+  if (k0 >= n) return;  // the combine reads only the chunks below the length
+  const int nk = static_cast<int>(n - k0 < chunk ? n - k0 : chunk);
+  const int64_t qh0 = b * H + hk * G;  // the group's first query head, as a (b, h) row
+  for (int i = tid; i < G * D; i += nthreads) qs[i] = load(q, qh0 * D + i) * qscale;
+  __syncthreads();
+
+  const int64_t kstride = static_cast<int64_t>(Hkv) * D;
+  const T* kbase = k + ((b * L + k0) * Hkv + hk) * D;
+  const T* vbase = v + ((b * L + k0) * Hkv + hk) * D;
+  for (int t = tid; t < nk; t += nthreads)
+    for (int g = 0; g < G; ++g) ps[g * chunk + t] = dot_key<kVec>(qs + g * D, kbase + t * kstride, D);
+  __syncthreads();
+
+  for (int g = 0; g < G; ++g) {
+    C m = NegInf<C>::get();
+    for (int t = tid; t < nk; t += nthreads) m = xmax(m, ps[g * chunk + t]);
+    m = block_max(m);
+    C l = 0;
+    for (int t = tid; t < nk; t += nthreads) {
+      const C p = exp2_c(ps[g * chunk + t] - m);
+      ps[g * chunk + t] = p;
+      l += p;
+    }
+    l = block_sum(l);
+    if (tid == 0) {
+      pm[(qh0 + g) * nchunks + c] = m;
+      pl[(qh0 + g) * nchunks + c] = l;
+    }
+  }
+  __syncthreads();
+
+  const int items = G * D;
+  if (items >= nthreads) {
+    for (int it = tid; it < items; it += nthreads) {
+      const int g = it / D, d = it % D;
+      C acc = 0;
+      for (int t = 0; t < nk; ++t) acc += ps[g * chunk + t] * load(vbase, t * kstride + d);
+      po[((qh0 + g) * nchunks + c) * D + d] = acc;
+    }
+    return;
+  }
+  // Fewer items than threads: R subgroups of `items` threads take every R-th key, then their sums
+  // are added in subgroup order.
+  const int R = nthreads / items, r = tid / items, it = tid % items;
+  C acc = 0;
+  if (r < R) {
+    const int g = it / D, d = it % D;
+    for (int t = r; t < nk; t += R) acc += ps[g * chunk + t] * load(vbase, t * kstride + d);
+  }
+  red[tid] = acc;
+  __syncthreads();
+  if (tid < items) {
+    C s = 0;
+    for (int rr = 0; rr < R; ++rr) s += red[rr * items + tid];
+    const int g = tid / D, d = tid % D;
+    po[((qh0 + g) * nchunks + c) * D + d] = s;
+  }
+}
+
+template <typename T>
+__global__ void decode_combine_kernel(const compute_t<T>* po, const compute_t<T>* pm, const compute_t<T>* pl,
+                                      const int64_t* len, T* out, int64_t L, int H, int D, int chunk, int nchunks) {
+  using C = compute_t<T>;
+  const int64_t bh = blockIdx.x, b = bh / H;
+  const int64_t n = row_length(len, b, L, false, nullptr);
+  const int nc = static_cast<int>((n + chunk - 1) / chunk);
+  C M = NegInf<C>::get();
+  for (int c = 0; c < nc; ++c) M = xmax(M, pm[bh * nchunks + c]);
+  C l = 0;
+  for (int c = 0; c < nc; ++c) l += pl[bh * nchunks + c] * exp2_c(pm[bh * nchunks + c] - M);
+  const C inv = nc > 0 ? C(1) / l : C(0);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    C acc = 0;
+    for (int c = 0; c < nc; ++c) acc += po[(bh * nchunks + c) * D + d] * exp2_c(pm[bh * nchunks + c] - M);
+    store(out, bh * D + d, acc * inv);
+  }
 }
 
 // ------------------------------------------------------------------ decode head preparation
@@ -204,10 +298,12 @@ void decode_attention(DType dt, const void* q, const void* k_cache, const void* 
   const int64_t G = H / Hkv;
   XT_DISPATCH_FLOAT(dt, "decode_attention", T, {
     using C = compute_t<T>;
-    auto smem = [&](int64_t ch) { return decode::decode_smem_bytes(G, D, ch, sizeof(C)); };
-    const int chunk = decode::decode_chunk(B, L, Hkv, G, D, sizeof(C));
-    XT_CHECK(smem(chunk) <= decode::kDecodeSmem, ValueError, "decode_attention: ", G,
-             " query heads per kv head of dimension ", D, " need more shared memory than the kernel's ", decode::kDecodeSmem, " bytes");
+    auto smem = [&](int64_t ch) { return static_cast<size_t>(G * D + G * ch + kDecodeThreads) * sizeof(C); };
+    int chunk = kMaxChunk;
+    while (chunk > kMinChunk && (smem(chunk) > kDecodeSmem || B * Hkv * ceil_div(L, chunk) < kDecodeMinBlocks))
+      chunk /= 2;
+    XT_CHECK(smem(chunk) <= kDecodeSmem, ValueError, "decode_attention: ", G, " query heads per kv head of dimension ",
+             D, " need more shared memory than the kernel's ", kDecodeSmem, " bytes");
     const int64_t nchunks = ceil_div(L, chunk);
     XT_CHECK(nchunks <= 65535 && B * Hkv <= (int64_t{1} << 31) - 1, ValueError,
              "decode_attention: the cache is too large for one launch (B = ", B, ", L = ", L, ", H_kv = ", Hkv, ")");
@@ -219,33 +315,25 @@ void decode_attention(DType dt, const void* q, const void* k_cache, const void* 
     const T* qp = static_cast<const T*>(q);
     const T* kp = static_cast<const T*>(k_cache);
     const T* vp = static_cast<const T*>(v_cache);
-    T* op = static_cast<T*>(out);
-    const int Hi = static_cast<int>(H), Hkvi = static_cast<int>(Hkv), Di = static_cast<int>(D);
-    const int nch = static_cast<int>(nchunks);
-    int* arrivals = nchunks > 0 ? arrival_counters(on, B * Hkv) : nullptr;
     if (nchunks > 0) {
       const dim3 grid(static_cast<unsigned>(B * Hkv), static_cast<unsigned>(nchunks));
       const bool vec = D % (16 / static_cast<int64_t>(sizeof(T))) == 0 && aligned_to(k_cache, 16);
       const C qscale = static_cast<C>(scale * kLog2e);
       auto* err = xt::cuda::index_error_record(on.device);
-      if (arrivals && vec)
-        decode::decode_attention_kernel<true, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
-            qp, kp, vp, len, po, pm, pl, op, arrivals, L, Hi, Hkvi, Di, chunk, nch, qscale, err);
-      else if (arrivals)
-        decode::decode_attention_kernel<false, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
-            qp, kp, vp, len, po, pm, pl, op, arrivals, L, Hi, Hkvi, Di, chunk, nch, qscale, err);
-      else if (vec)
-        decode::decode_partial_kernel<true, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
-            qp, kp, vp, len, po, pm, pl, L, Hi, Hkvi, Di, chunk, nch, qscale, err);
+      if (vec)
+        decode_partial_kernel<true, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
+            qp, kp, vp, len, po, pm, pl, L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), chunk,
+            static_cast<int>(nchunks), qscale, err);
       else
-        decode::decode_partial_kernel<false, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
-            qp, kp, vp, len, po, pm, pl, L, Hi, Hkvi, Di, chunk, nch, qscale, err);
+        decode_partial_kernel<false, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
+            qp, kp, vp, len, po, pm, pl, L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), chunk,
+            static_cast<int>(nchunks), qscale, err);
       XT_LAUNCH_CHECK();
     }
-    if (arrivals) return;  // the last block of each group combined it
     const int threads = static_cast<int>(ceil_div(D, kWarp) * kWarp);
-    decode::decode_combine_kernel<T><<<static_cast<unsigned>(rows), threads, 0, on.s>>>(po, pm, pl, len, op, L, Hi,
-                                                                                          Di, chunk, nch);
+    decode_combine_kernel<T><<<static_cast<unsigned>(rows), threads, 0, on.s>>>(
+        po, pm, pl, len, static_cast<T*>(out), L, static_cast<int>(H), static_cast<int>(D), chunk,
+        static_cast<int>(nchunks));
     XT_LAUNCH_CHECK();
   });
 }

@@ -51,12 +51,9 @@ void with_head_dim(int64_t D, Fn&& fn) {
 }
 
 // Calls fn(std::integral_constant<int, D>{}) and returns true when D has the head preparation's
-// register path (flash::prep_reg_dim) and every row tensor starts 16-byte aligned (the path moves
-// rows in 16-byte packs: Note [Head preparation in 16-byte packs]), else returns false.
+// register path (flash::prep_reg_dim), else returns false.
 template <typename Fn>
-bool with_prep_reg_dim(int64_t D, std::initializer_list<const void*> rows, Fn&& fn) {
-  for (const void* p : rows)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+bool with_prep_reg_dim(int64_t D, Fn&& fn) {
   switch (D) {
     case 32: fn(std::integral_constant<int, 32>{}); return true;
     case 64: fn(std::integral_constant<int, 64>{}); return true;
@@ -195,10 +192,10 @@ void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, co
     using T = typename decltype(xtag)::type;
     using W = typename decltype(wtag)::type;
     using C = compute_t<T>;
-    const bool reg = with_prep_reg_dim(D, {q, k, q_out, k_out}, [&](auto d) {  // Note [Head preparation in registers]
+    const bool reg = with_prep_reg_dim(D, [&](auto d) {  // Note [Head preparation in registers]
       constexpr int kD = decltype(d)::value;
-      const int64_t tpb = flash::prep_tokens_per_block<kD, T>(H, Hkv);
-      const size_t smem = flash::prep_forward_smem<kD, T>(tpb);  // the stages, cos and sin of tpb tokens
+      const int64_t tpb = flash::prep_tokens_per_block<flash::prep_lanes<kD>(), C>(H, Hkv, D);
+      const size_t smem = sizeof(C) * static_cast<size_t>(tpb * D);  // cos and sin of tpb tokens
       flash::qk_norm_rope_forward_reg_kernel<kD, T, W>
           <<<static_cast<unsigned>(ceil_div(B * S, tpb)), kThreads, smem, on.s>>>(
               static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq),
@@ -250,8 +247,7 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
       if (part_k > 0) ks.partial = partial.as<C>() + part_q;
       const size_t smem = pq.smem > pk.smem ? pq.smem : pk.smem;  // each side's: <= 48 KB (prep_dw_plan)
       const unsigned nblocks = static_cast<unsigned>(qs.nblocks + ks.nblocks);
-      // Note [Head preparation in registers]
-      const bool reg = with_prep_reg_dim(D, {q, k, dq_out, dk_out, dq, dk}, [&](auto d) {
+      const bool reg = with_prep_reg_dim(D, [&](auto d) {  // Note [Head preparation in registers]
         constexpr int kD = decltype(d)::value;
         flash::qk_norm_rope_backward_onepass_reg_kernel<kD, T, W><<<nblocks, kThreads, smem, on.s>>>(
             qs, ks, static_cast<int>(S), static_cast<int>(D), theta);

@@ -1089,7 +1089,7 @@ qk_norm_rope_dw_tree_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, 
 // with E = 4, G = lanes_for(D); prep_reg_dim) lane L of a group holds its elements L + k*G (k < E)
 // in registers, which are exactly the elements the kernels above give lane L, in the same order,
 // and the RoPE partners of its first-half elements (i and i + D/2 = L + (k + E/2)*G). So:
-//  - a group issues the loads of several rows (prep_rows of x in the forward, prep_bwd_rows of x,
+//  - a group issues the loads of several rows (kPrepRows of x in the forward, kPrepBwdRows of x,
 //    dy and rstd in the backward) before it uses any, a lane loads each element once, w once per
 //    kernel;
 //  - every value is the same expression of the same operands as in the kernels above: the sum of
@@ -1108,15 +1108,11 @@ qk_norm_rope_dw_tree_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, 
 //    row once at the end, before the same block sum.
 // Other head dims take the kernels above. tests/emu/flash_attention_emu.cpp runs both paths and
 // compares them bit for bit (and with the CPU reference and the emulated composition).
-// Measured on the H200 with element-wise loads (lane L loading x[L + k*G] directly): forward 37.8
-// us, one-pass backward ~43 us at dim768's shape (50 and 75 MB: 31% and ~40% of 4.3 TB/s), hence
-// Note [Head preparation in 16-byte packs].
+// Expected on the H200 (not yet measured): the forward moves 50 MB, backward 75 MB at dim768's
+// shape; with 32-48 KB of loads in flight per SM (5 forward / 4 backward blocks by registers),
+// 60-70% of HBM bandwidth: forward ~18 us, one-pass backward ~28 us, dw tree ~4 us.
 // Rows per group whose loads are in flight together: forward (x), backward (x and dy).
-// The forward's: 6 at 2-byte types and D < 128 (3 x 16 bytes of x per lane: Note [Head preparation
-// in 16-byte packs]; 8 spill, as does 6 at D = 128), else 4 (6 would not fit in the registers).
-template <int D, typename T> constexpr int prep_rows() { return sizeof(T) == 2 && D < 128 ? 6 : 4; }
-// The backward's (x and dy): 3 at 2-byte types, 2 at wider ones (3 spill 88 bytes at float32).
-template <typename T> constexpr int prep_bwd_rows() { return sizeof(T) == 2 ? 3 : 2; }
+constexpr int kPrepRows = 4, kPrepBwdRows = 3;
 // Blocks per SM the register budget leaves room for (__launch_bounds__): 5 x 256 threads of the
 // forward at <= 51 registers, 4 of the backward at <= 64 (bf16 and float32; float64 spills some).
 constexpr int kPrepFwdBlocks = 5, kPrepBwdBlocks = 4;
@@ -1140,81 +1136,19 @@ template <int D> constexpr int prep_lanes() {
   return lanes_for(D);
 }
 
-// Note [Head preparation in 16-byte packs]
-// Lane L's elements L + k*G of a row are 2 bytes apart from its neighbours', so loading them
-// directly makes a warp load instruction cover only 32 elements (4 rows x 16 bytes at D = 32), and
-// a row takes E such loads per lane: many instructions for few bytes in flight. Instead the rows
-// move in 16-byte packs (P = 16 / sizeof(T) contiguous elements) through a per-warp stage in shared
-// memory, and each lane still reads exactly its elements L + k*G, so every value, sum and order
-// stays the register kernels' (bitwise; tests/emu compares them with the general kernels):
-//  - a warp's R = 32 / G groups take R consecutive rows per round m (the rows group + m * groups
-//    of the plans above); those R rows are R * D / P = WP packs, so a round of M rows per group
-//    (prep_rows, prep_bwd_rows) is M * WP packs, which the warp's 32 lanes load up front (lane wl:
-//    packs wl, wl + 32, ...; at bf16, D = 32: 3 packs of x per lane forward, 2 of x and 2 of dy
-//    backward), all in flight together;
-//  - per row round: the pack holders write their packs to the stage (R rows of D elements), the
-//    lanes read their elements from it; the results (y, dx) go back into the same places and the
-//    pack holders store them as packs. __syncwarp between the phases; a warp's rounds are uniform
-//    (a warp's rows are consecutive, so its first row decides whether it has any).
-//  - the stage's pack p of row j sits at pack position p ^ swz(j), swz(j) = j * G / P (mod the
-//    row's packs): the R groups' element reads (G consecutive elements each) then fall on distinct
-//    banks, as do the 16-byte writes of each quarter warp.
-// Rows are D * sizeof(T) bytes, a multiple of 16 for D in prep_reg_dim; flash_attention.cu takes
-// the general kernels when a tensor's base pointer is not 16-byte aligned. The forward's stage is
-// extra dynamic shared memory (groups * D elements, 2-8 KB, prep_forward_smem); the backward's
-// lies in its dw rows (acc, groups * D compute-type values), each warp within its own groups' rows,
-// which are written only after its last round.
-// Expected on the H200 (not yet measured), dim768's shape (bf16, D = 32): a warp load or store
-// instruction moves 512 bytes instead of 64 (8 times fewer); the forward's blocks take 4 tokens
-// (192 rows, 12 KB of x in flight at once), the backward's rounds 12 KB of x and dy per block, so
-// 5 / 4 resident blocks keep ~60 / ~48 KB of loads in flight per SM: 60-70% of 4.3 TB/s, forward
-// ~18-20 us, one-pass backward ~26-28 us; D = 64 and 128 the same per byte.
-template <int D, typename T>
-struct PrepStage {
-  static constexpr int G = prep_lanes<D>();
-  static constexpr int R = kWarp / G;                          // rows per warp round
-  static constexpr int P = static_cast<int>(16 / sizeof(T));   // elements per pack
-  static constexpr int RP = D / P;                             // packs per row
-  static constexpr int WP = R * RP;                            // packs per warp round
-  static constexpr int SPAN = G / P > 0 ? G / P : 1;           // packs a group's lanes read at once
-  static_assert(D % P == 0 && (RP & (RP - 1)) == 0, "rows are whole, power-of-two numbers of packs");
-  __device__ __forceinline__ static int swz(int j) { return (j * SPAN) & (RP - 1); }
-  // the stage index of row j's element c, and of its pack p (in packs)
-  __device__ __forceinline__ static int at(int j, int c) { return j * D + ((c / P) ^ swz(j)) * P + c % P; }
-  __device__ __forceinline__ static int pack_at(int j, int p) { return j * RP + (p ^ swz(j)); }
-  // the pack slots (the i of packs wl + i * kWarp) that hold round m's packs in some lane
-  __host__ __device__ static constexpr int first_slot(int m) { return m * WP / kWarp; }
-  __host__ __device__ static constexpr int last_slot(int m) { return ((m + 1) * WP - 1) / kWarp; }
-};
-
-// The packs a lane moves per array in a round of M rows per group.
-template <int D, typename T, int M>
-constexpr int prep_lane_packs() { return (M * PrepStage<D, T>::WP + kWarp - 1) / kWarp; }
-
-// The forward's tokens per block: about prep_rows rows per group, at least one token, the table
-// (tokens * D compute-type values) within 48 KB beside the stage.
-template <int D, typename T>
-int64_t prep_tokens_per_block(int64_t H, int64_t Hkv) {
-  using C = compute_t<T>;
-  constexpr size_t stage = sizeof(T) * static_cast<size_t>(kThreads / prep_lanes<D>()) * D;
-  int64_t t = (kThreads / prep_lanes<D>()) * prep_rows<D, T>() / (H + Hkv);
-  const int64_t fit = static_cast<int64_t>((rmsnorm::kOnePassMaxSmem - stage) / (sizeof(C) * static_cast<size_t>(D)));
+// The forward's tokens per block: about kPrepRows rows per group, at least one token, the table
+// (tokens * D compute-type values) within 48 KB.
+template <int G, typename C>
+int64_t prep_tokens_per_block(int64_t H, int64_t Hkv, int64_t D) {
+  int64_t t = (kThreads / G) * kPrepRows / (H + Hkv);
+  const int64_t fit = static_cast<int64_t>(rmsnorm::kOnePassMaxSmem / (sizeof(C) * static_cast<size_t>(D)));
   if (t > fit) t = fit;
   return t < 1 ? 1 : t;
 }
 
-// The forward's dynamic shared memory: the warps' stages, then the table of tpb tokens.
-template <int D, typename T>
-size_t prep_forward_smem(int64_t tpb) {
-  return sizeof(T) * static_cast<size_t>(kThreads / prep_lanes<D>()) * D +
-         sizeof(compute_t<T>) * static_cast<size_t>(tpb * D);
-}
-
 // Forward, D in prep_reg_dim: block b takes tokens [b * tpb, ...) of the `tokens` = B*S, their q rows then
-// their k rows; group g the block's rows g, g + groups, ... (Note [Head preparation in registers]),
-// moved in 16-byte packs (Note [Head preparation in 16-byte packs]).
-// Dynamic shared memory (prep_forward_smem): the stages, then tpb * D compute-type values (cos, then
-// sin, of each token).
+// their k rows; group g the block's rows g, g + groups, ... (Note [Head preparation in registers]).
+// Dynamic shared memory: tpb * D compute-type values (cos, then sin, of each token).
 // dim == D, as a runtime value: rms_rstd's ss / dim and rope_inv_freq's 2i / dim divide by it as
 // in the kernels above (a constant power of two would let nvcc turn ss / dim + eps into one fma).
 template <int D, typename T, typename W>
@@ -1224,14 +1158,9 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
                                 float* __restrict__ rstd_q, float* __restrict__ rstd_k, int64_t tokens, int S,
                                 HeadRows hr, int tpb, int dim, float eps, float theta) {
   using C = compute_t<T>;
-  using St = PrepStage<D, T>;
-  constexpr int G = St::G, groups = kThreads / G, E = D / G, half = D / 2, E2 = E / 2;
-  constexpr int M = prep_rows<D, T>(), R = St::R, P = St::P, RP = St::RP, WP = St::WP;
-  constexpr int NP = prep_lane_packs<D, T, M>();
-  const int warp = threadIdx.x / kWarp, wl = threadIdx.x % kWarp;
-  T* stage = reinterpret_cast<T*>(dynamic_smem()) + warp * R * D;  // this warp's R rows
-  C* tab = reinterpret_cast<C*>(dynamic_smem() + sizeof(T) * groups * D);  // [tpb][D]: cos, then sin
-  const int lane = threadIdx.x % G, group = threadIdx.x / G, jw = group % R;  // jw: the group's stage row
+  constexpr int G = prep_lanes<D>(), groups = kThreads / G, E = D / G, half = D / 2, E2 = E / 2;
+  C* tab = reinterpret_cast<C*>(dynamic_smem());  // [tpb][D]: cos, then sin
+  const int lane = threadIdx.x % G, group = threadIdx.x / G;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * tpb;
   const int nt = static_cast<int>(tokens - t0 < tpb ? tokens - t0 : tpb);
   const int nq = nt * hr.H, nrows = nq + nt * hr.Hkv;
@@ -1243,22 +1172,15 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
     wqv[e] = static_cast<C>(load(wq, lane + e * G));
     wkv[e] = static_cast<C>(load(wk, lane + e * G));
   }
-  // the block row of the pack wl + i * kWarp of round m0 (-1: none), and its pack within the row
-  const auto pack_row = [&](int m0, int i) {
-    const int Qi = wl + i * kWarp;
-    const int r = warp * R + (Qi % WP) / RP + (m0 + Qi / WP) * groups;
-    return Qi < M * WP && r < nrows ? r : -1;
-  };
-  for (int m0 = 0; m0 * groups < nrows; m0 += M) {  // the same trip count for every thread
-    uint4 xp[NP];
+  for (int m0 = 0; m0 * groups < nrows; m0 += kPrepRows) {  // the same trip count for every thread
+    T xv[kPrepRows][E];
 #pragma unroll
-    for (int i = 0; i < NP; ++i) {
-      const int r = pack_row(m0, i), p = (wl + i * kWarp) % RP;
-      xp[i] = make_uint4(0, 0, 0, 0);
-      if (r >= 0) {
-        const T* x = r < nq ? q + (t0 * hr.H + r) * D : k + (t0 * hr.Hkv + (r - nq)) * D;
-        xp[i] = *reinterpret_cast<const uint4*>(x + p * P);
-      }
+    for (int m = 0; m < kPrepRows; ++m) {
+      const int r = group + (m0 + m) * groups;
+      if (r >= nrows) continue;
+      const T* x = r < nq ? q + (t0 * hr.H + r) * D : k + (t0 * hr.Hkv + (r - nq)) * D;
+#pragma unroll
+      for (int e = 0; e < E; ++e) xv[m][e] = x[lane + e * G];
     }
     if (m0 == 0) {  // the table, while the first rows load
       for (int e = threadIdx.x; e < nt * half; e += kThreads) {
@@ -1271,81 +1193,55 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
       __syncthreads();
     }
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      if (warp * R + (m0 + m) * groups >= nrows) break;  // the warp's first row: uniform in the warp
-#pragma unroll
-      for (int i = St::first_slot(m); i <= St::last_slot(m); ++i)  // a constant index: xp stays in registers
-        if ((wl + i * kWarp) / WP == m)
-          reinterpret_cast<uint4*>(stage)[St::pack_at((wl + i * kWarp) % WP / RP, (wl + i * kWarp) % RP)] = xp[i];
-      __syncwarp();
+    for (int m = 0; m < kPrepRows; ++m) {
       const int r = group + (m0 + m) * groups;
       const bool valid = r < nrows;
       C x[E];
       C ss = 0;  // group_sum_sq's sum
 #pragma unroll
       for (int e = 0; e < E; ++e) {
-        x[e] = valid ? to_compute(stage[St::at(jw, lane + e * G)]) : C(0);
+        x[e] = valid ? to_compute(xv[m][e]) : C(0);
         if (valid) ss = fma_dev(x[e], x[e], ss);
       }
       ss = group_sum<G>(ss);
-      if (valid) {
-        const bool is_q = r < nq;
-        const int t = is_q ? r / hr.H : (r - nq) / hr.Hkv;
-        const int64_t row = is_q ? t0 * hr.H + r : t0 * hr.Hkv + (r - nq);
-        const C inv = rms_rstd(ss, dim, eps);
-        if (lane == 0) (is_q ? rstd_q : rstd_k)[row] = static_cast<float>(inv);
-        const C* tc = tab + t * D;
+      if (!valid) continue;
+      const bool is_q = r < nq;
+      const int t = is_q ? r / hr.H : (r - nq) / hr.Hkv;
+      const int64_t row = is_q ? t0 * hr.H + r : t0 * hr.Hkv + (r - nq);
+      const C inv = rms_rstd(ss, dim, eps);
+      if (lane == 0) (is_q ? rstd_q : rstd_k)[row] = static_cast<float>(inv);
+      T* y = (is_q ? q_out : k_out) + row * D;
+      const C* tc = tab + t * D;
 #pragma unroll
-        for (int e = 0; e < E2; ++e) {
-          const int i = lane + e * G;
-          // rms_scaled's value rounded to T: the normed tensor rope reads
-          const C x1 = rounded<T>(rmsnorm::mul_rn(rmsnorm::mul_rn(x[e], inv), is_q ? wqv[e] : wkv[e]));
-          const C x2 =
-              rounded<T>(rmsnorm::mul_rn(rmsnorm::mul_rn(x[e + E2], inv), is_q ? wqv[e + E2] : wkv[e + E2]));
-          C y1, y2;
-          rope_rotate(x1, x2, tc[i], tc[half + i], &y1, &y2);
-          store(stage, St::at(jw, i), y1);  // where x[e] was: only this lane reads or writes it
-          store(stage, St::at(jw, i + half), y2);
-        }
+      for (int e = 0; e < E2; ++e) {
+        const int i = lane + e * G;
+        // rms_scaled's value rounded to T: the normed tensor rope reads
+        const C x1 = rounded<T>(rmsnorm::mul_rn(rmsnorm::mul_rn(x[e], inv), is_q ? wqv[e] : wkv[e]));
+        const C x2 = rounded<T>(rmsnorm::mul_rn(rmsnorm::mul_rn(x[e + E2], inv), is_q ? wqv[e + E2] : wkv[e + E2]));
+        C y1, y2;
+        rope_rotate(x1, x2, tc[i], tc[half + i], &y1, &y2);
+        store(y, i, y1);
+        store(y, i + half, y2);
       }
-      __syncwarp();
-#pragma unroll
-      for (int i = St::first_slot(m); i <= St::last_slot(m); ++i) {
-        const int Qi = wl + i * kWarp;
-        const int ro = pack_row(m0, i);
-        if (Qi / WP == m && ro >= 0) {
-          T* y = ro < nq ? q_out + (t0 * hr.H + ro) * D : k_out + (t0 * hr.Hkv + (ro - nq)) * D;
-          *reinterpret_cast<uint4*>(y + (Qi % RP) * P) =
-              reinterpret_cast<const uint4*>(stage)[St::pack_at(Qi % WP / RP, Qi % RP)];
-        }
-      }
-      __syncwarp();  // the stage is free for the next row round
     }
   }
 }
 
 // One-pass backward, D in prep_reg_dim: qk_norm_rope_backward_onepass_kernel's plan, rows, order
-// and table, with the rows in registers (Note [Head preparation in registers]), moved in 16-byte
-// packs through a stage in the warp's dw rows (Note [Head preparation in 16-byte packs]); dim == D
-// as in the forward.
+// and table, with the rows in registers (Note [Head preparation in registers]); dim == D as in the
+// forward.
 template <int D, typename T, typename W>
 __global__ void __launch_bounds__(kThreads, kPrepBwdBlocks)
 qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int S, int dim,
                                          float theta) {
   using C = compute_t<T>;
-  using St = PrepStage<D, T>;
-  constexpr int G = St::G, groups = kThreads / G, E = D / G, half = D / 2, E2 = E / 2;
-  constexpr int M = prep_bwd_rows<T>(), R = St::R, P = St::P, RP = St::RP, WP = St::WP;
-  constexpr int NP = prep_lane_packs<D, T, M>();
-  static_assert(sizeof(T) <= sizeof(C), "a warp's stage fits in its groups' dw rows");
+  constexpr int G = prep_lanes<D>(), groups = kThreads / G, E = D / G, half = D / 2, E2 = E / 2;
   const bool is_q = static_cast<int64_t>(blockIdx.x) < q_side.nblocks;
   const OnePassSide<T, W> sd = is_q ? q_side : k_side;  // a copy: a reference would put both in local memory
   const int64_t block = is_q ? blockIdx.x : static_cast<int64_t>(blockIdx.x) - q_side.nblocks;
   C* acc = reinterpret_cast<C*>(dynamic_smem());  // [groups][D], then the table [tab_tokens][D]
   C* tab = acc + groups * D;
-  const int warp = threadIdx.x / kWarp, wl = threadIdx.x % kWarp;
-  T* stage = reinterpret_cast<T*>(acc + warp * R * D);  // within this warp's groups' dw rows
-  const int lane = threadIdx.x % G, group = threadIdx.x / G, jw = group % R;
+  const int lane = threadIdx.x % G, group = threadIdx.x / G;
   const T* __restrict__ xs = sd.x;
   const T* __restrict__ dys = sd.dy;
   T* __restrict__ dxs = sd.dx;
@@ -1361,43 +1257,22 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
   const int64_t r0 = block * sd.rows_per_block;
   const int64_t r1 = sd.rows < r0 + sd.rows_per_block ? sd.rows : r0 + sd.rows_per_block;
   int64_t t_lo = 0, t_hi = 0;  // the table holds tokens [t_lo, t_hi)
-  // the row of the pack wl + i * kWarp of a round, from the round's first row (-1: none of the
-  // round's `left` rows)
-  const auto pack_row = [&](int left, int i) {
-    const int Qi = wl + i * kWarp;
-    const int r = (Qi / WP) * groups + warp * R + (Qi % WP) / RP;
-    return Qi < M * WP && r < left ? r : -1;
-  };
-  // the packs of round m to the stage
-  const auto to_stage = [&](const uint4 (&pk)[NP], int m) {
+  for (int64_t b0 = r0; b0 < r1; b0 += static_cast<int64_t>(kPrepBwdRows) * groups) {
+    T xv[kPrepBwdRows][E], dyv[kPrepBwdRows][E];
+    C inv[kPrepBwdRows];
 #pragma unroll
-    for (int i = St::first_slot(m); i <= St::last_slot(m); ++i)  // a constant index: pk stays in registers
-      if ((wl + i * kWarp) / WP == m)
-        reinterpret_cast<uint4*>(stage)[St::pack_at((wl + i * kWarp) % WP / RP, (wl + i * kWarp) % RP)] = pk[i];
-  };
-  for (int64_t b0 = r0; b0 < r1; b0 += static_cast<int64_t>(M) * groups) {
-    const int left = static_cast<int>(r1 - b0 < M * groups ? r1 - b0 : M * groups);  // the round's rows
-    const T* __restrict__ xb = xs + b0 * D;
-    const T* __restrict__ dyb = dys + b0 * D;
-    uint4 xp[NP], dyp[NP];
-    C inv[M];
-#pragma unroll
-    for (int i = 0; i < NP; ++i) {
-      const int r = pack_row(left, i);
-      const int o = r * D + ((wl + i * kWarp) % RP) * P;
-      xp[i] = dyp[i] = make_uint4(0, 0, 0, 0);
-      if (r >= 0) {
-        xp[i] = *reinterpret_cast<const uint4*>(xb + o);
-        dyp[i] = *reinterpret_cast<const uint4*>(dyb + o);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
+    for (int m = 0; m < kPrepBwdRows; ++m) {
       const int64_t r = b0 + static_cast<int64_t>(m) * groups + group;
-      inv[m] = r < r1 ? static_cast<C>(sd.rstd[r]) : C(0);
+      if (r >= r1) continue;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        xv[m][e] = xs[r * D + lane + e * G];
+        dyv[m][e] = dys[r * D + lane + e * G];
+      }
+      inv[m] = static_cast<C>(sd.rstd[r]);
     }
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
+    for (int m = 0; m < kPrepBwdRows; ++m) {
       const int64_t base = b0 + static_cast<int64_t>(m) * groups;  // a round of the kernel above
       if (base >= r1) break;  // the same for every thread of the block
       const int64_t last = (base + groups < r1 ? base + groups : r1) - 1;
@@ -1415,59 +1290,41 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
         }
         __syncthreads();
       }
-      if (base + warp * R >= r1) continue;  // the warp's first row: uniform in the warp (no barrier follows)
       const int64_t r = base + group;
       const bool valid = r < r1;
       // r / heads - t_lo, with one 64-bit division per round (base's) and a 32-bit one per row
       const int64_t base_t = base / heads;
       const int in_tok = static_cast<int>(base - base_t * heads) + group;
       const C* tc = tab + (valid ? base_t - t_lo + in_tok / static_cast<int>(heads) : 0) * D;
-      C x[E], d[E];
-      T dyv[E];
-      to_stage(xp, m);
-      __syncwarp();
-#pragma unroll
-      for (int e = 0; e < E; ++e) x[e] = to_compute(stage[St::at(jw, lane + e * G)]);
-      __syncwarp();
-      to_stage(dyp, m);
-      __syncwarp();
-#pragma unroll
-      for (int e = 0; e < E; ++e) dyv[e] = stage[St::at(jw, lane + e * G)];
       // d: rms_norm's upstream gradient, as rope's backward stores it (g_at above)
+      C x[E], d[E];
       C dot = 0;
       if (valid) {
 #pragma unroll
         for (int e = 0; e < E2; ++e) {
           const int i = lane + e * G;
           C g1, g2;
-          rope_rotate(to_compute(dyv[e]), to_compute(dyv[e + E2]), tc[i], tc[half + i], &g1, &g2);
+          rope_rotate(to_compute(dyv[m][e]), to_compute(dyv[m][e + E2]), tc[i], tc[half + i], &g1, &g2);
           d[e] = rounded<T>(g1);
           d[e + E2] = rounded<T>(g2);
         }
 #pragma unroll
-        for (int e = 0; e < E; ++e) dot = fma_dev(rmsnorm::mul_rn(d[e], wv[e]), rmsnorm::mul_rn(x[e], inv[m]), dot);
-      }
-      dot = group_sum<G>(dot);
-      if (valid) {
-        const C mean_dot = dot / static_cast<C>(dim);
-#pragma unroll
         for (int e = 0; e < E; ++e) {
-          const C xhat = rmsnorm::mul_rn(x[e], inv[m]);
-          const C v = rmsnorm::mul_rn(inv[m], fma_dev(d[e], wv[e], -rmsnorm::mul_rn(xhat, mean_dot)));
-          store(stage, St::at(jw, lane + e * G), v);  // where dy's element was: only this lane's
-          my[e] = fma_dev(xhat, d[e], my[e]);
+          x[e] = to_compute(xv[m][e]);
+          dot = fma_dev(rmsnorm::mul_rn(d[e], wv[e]), rmsnorm::mul_rn(x[e], inv[m]), dot);
         }
       }
-      __syncwarp();
+      dot = group_sum<G>(dot);
+      if (!valid) continue;
+      const C mean_dot = dot / static_cast<C>(dim);
+      T* dxr = dxs + r * D;
 #pragma unroll
-      for (int i = St::first_slot(m); i <= St::last_slot(m); ++i) {
-        const int Qi = wl + i * kWarp;
-        const int ro = pack_row(left, i);
-        if (Qi / WP == m && ro >= 0)
-          *reinterpret_cast<uint4*>(dxs + b0 * D + ro * D + (Qi % RP) * P) =
-              reinterpret_cast<const uint4*>(stage)[St::pack_at(Qi % WP / RP, Qi % RP)];
+      for (int e = 0; e < E; ++e) {
+        const C xhat = rmsnorm::mul_rn(x[e], inv[m]);
+        const C v = rmsnorm::mul_rn(inv[m], fma_dev(d[e], wv[e], -rmsnorm::mul_rn(xhat, mean_dot)));
+        store(dxr, lane + e * G, v);
+        my[e] = fma_dev(xhat, d[e], my[e]);
       }
-      __syncwarp();  // the stage is free for the next row round
     }
   }
   C* my_row = acc + group * D;

@@ -35,13 +35,11 @@ void launch_norm_rows(const T* x, const rows::RowsNorm& nm, const rows::Weights&
   const size_t smem = norm_rows_smem_bytes(sizeof(T), sizeof(compute_t<T>), M, K);
   // one block even without columns: block 0 writes h
   const auto blocks = static_cast<unsigned>(cols > 0 ? ceil_div(cols, rows::kRowsWarps) : 1);
-  if (M == 1) {
-    const size_t smem1 = kVec ? 0 : smem;  // the 16-byte path keeps the norm in registers
-    rows::norm_linear_rows_kernel<kVec, kGlu, 1, T><<<blocks, rows::kRowsThreads, smem1, on.s>>>(x, nm, ws, out, M, K);
-  } else {
+  if (M == 1)
+    rows::norm_linear_rows_kernel<kVec, kGlu, 1, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, nm, ws, out, M, K);
+  else
     rows::norm_linear_rows_kernel<kVec, kGlu, rows::kMaxRows, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(
         x, nm, ws, out, M, K);
-  }
   XT_LAUNCH_CHECK();
 }
 

@@ -197,18 +197,6 @@ __global__ void __launch_bounds__(kRowsThreads)
 // Cost: a memory round trip for x, res and w (overlapping the weights' first round), two short
 // barrier phases (the sums: K / 32 dependent fmas per lane, ~0.3 us) and a third barrier; the
 // composition paid two more launches and two more graph gaps.
-//  - One row on the 16-byte path (batch 1, the latency-critical case; norm_row_products): no
-//    shared memory and no barrier. Each warp, right after issuing its weight loads, computes the
-//    sum of squares itself, every lane as lane (lane % G) of the group would (so the same bits
-//    in every lane, no broadcast), then builds each of its chunks' h and y in registers (x, res
-//    and w re-read: L1 hits) just before multiplying: the same values, the same order of sums.
-//    The staged path paid, per block, the x/res/w round trip into shared memory, then a barrier,
-//    warp 0 alone summing while three warps waited, a barrier, y, a barrier: a chain of ~1-1.5
-//    us before any product, which the weights' one round in flight (dim 768: the whole row) did
-//    not cover. Now each warp's chain is one round of L1/L2 loads and the sum (~0.5-0.8 us), in
-//    parallel with its weight loads. Registers (ptxas, bf16): 68 (was 72) and the swiglu kernel
-//    102 (was 96): still 7 and 5 blocks of 128 threads per SM. Scalar loads and M > 1 keep the
-//    staged path.
 
 // The norm of norm_linear_rows_kernel: h = x + res (res null: h = x), y = rms_norm(h, w).
 struct RowsNorm {
@@ -219,81 +207,6 @@ struct RowsNorm {
   int G;            // lanes_for(K): rms_norm's group width, which fixes its sum order
   bool w_f32;
 };
-
-// h = x + res at element j of the row (res null: x), rounded to T as add_rms_norm stores it.
-template <typename T, typename C = compute_t<T>>
-__device__ __forceinline__ C norm_input(const T* __restrict__ x, const T* __restrict__ res, int64_t j) {
-  const C v = to_compute(x[j]);
-  return res != nullptr ? rounded<T>(apply_binary(BinaryOp::Add, v, to_compute(res[j]))) : v;
-}
-
-// norm_linear_rows_kernel at one row (R = 1) on the 16-byte path, per warp: every lane computes
-// the row's sum of squares as lane (lane % G) of rms_norm's group does (elements lane % G, + G,
-// ... in order, then the xor tree over G lanes: every aligned group of G lanes holds the same
-// sums, so every lane gets the bits of the group's lane 0), then, for each of its chunks, h (x and
-// res re-read: L1 hits) and y = h * rstd * w rounded to T, and the products as column_sums adds
-// them: chunks in increasing order, a chunk's products in element order. The weight rows' first
-// round (wp, up) was issued before, when valid (the warp has a column); block 0's warp 0 also
-// runs without one, to write h (write_h).
-template <bool kGlu, typename T, typename C = compute_t<T>>
-__device__ __forceinline__ void norm_row_products(const T* __restrict__ x, const RowsNorm& nm,
-                                                  Pack<T, chunk_elems<T>()> (&wp)[kRowsUnroll],
-                                                  Pack<T, chunk_elems<T>()> (&up)[kGlu ? kRowsUnroll : 1],
-                                                  const T* __restrict__ wr, const T* __restrict__ ur, bool valid,
-                                                  bool write_h, T* __restrict__ out, int64_t col0, int64_t n, int64_t K,
-                                                  int64_t nchunks, int lane) {
-  constexpr int V = chunk_elems<T>();
-  const T* __restrict__ res = static_cast<const T*>(nm.res);
-  T* __restrict__ h = write_h ? static_cast<T*>(nm.h) : nullptr;
-  C ss = 0;
-#pragma unroll 8
-  for (int64_t j = lane % nm.G; j < K; j += nm.G) {
-    const C e = norm_input(x, res, j);
-    ss += e * e;
-  }
-  for (int o = nm.G / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);  // group_sum<G>
-  const C r = rms_rstd(ss, K, nm.eps);
-  C acc = 0, acc_u = 0;
-  for (int64_t c0 = lane;; c0 += static_cast<int64_t>(kRowsUnroll) * kWarp) {
-#pragma unroll
-    for (int u = 0; u < kRowsUnroll; ++u) {
-      const int64_t c = c0 + static_cast<int64_t>(u) * kWarp;
-      if (c >= nchunks) continue;
-      Pack<T, V> hp = *reinterpret_cast<const Pack<T, V>*>(x + c * V);
-      if (res != nullptr) {
-        const Pack<T, V> rp = *reinterpret_cast<const Pack<T, V>*>(res + c * V);
-#pragma unroll
-        for (int e = 0; e < V; ++e)
-          hp.v[e] = from_compute<T>(rounded<T>(apply_binary(BinaryOp::Add, to_compute(hp.v[e]), to_compute(rp.v[e]))));
-      }
-      if (h != nullptr) *reinterpret_cast<Pack<T, V>*>(h + c * V) = hp;
-      if (!valid) continue;
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const int64_t j = c * V + e;
-        const C wn = nm.w_f32 ? static_cast<C>(static_cast<const float*>(nm.w)[j])
-                              : to_compute(static_cast<const T*>(nm.w)[j]);
-        // y as the staged path stores it (rms_scaled's expression, rounded to T) and reads it back
-        const C y = to_compute(from_compute<T>(static_cast<C>(to_compute(hp.v[e]) * r * wn)));
-        acc += to_compute(wp[u].v[e]) * y;
-        if constexpr (kGlu) acc_u += to_compute(up[u].v[e]) * y;
-      }
-    }
-    const int64_t next = c0 + static_cast<int64_t>(kRowsUnroll) * kWarp;
-    if (next >= nchunks) break;
-    if (!valid) continue;
-    load_round<true>(wp, wr, K, nchunks, next);
-    if constexpr (kGlu) load_round<true>(up, ur, K, nchunks, next);
-  }
-  if (!valid) return;
-  if constexpr (kGlu) {
-    const C g = rounded<T>(warp_sum(acc)), u = rounded<T>(warp_sum(acc_u));
-    if (lane == 0) out[n] = from_compute<T>(swiglu_value(g, u));
-  } else {
-    const C s = warp_sum(acc);
-    if (lane == 0) out[col0 + n] = from_compute<T>(s);
-  }
-}
 
 // grid: ceil(columns / kRowsWarps) blocks of kRowsThreads, columns = the concatenated weights' (or
 // kGlu: gate's); dynamic shared memory norm_rows_smem_bytes(sizeof(T), sizeof(C), M, K). kVec: K
@@ -321,12 +234,6 @@ __global__ void __launch_bounds__(kRowsThreads)
     if constexpr (kGlu) load_round<kVec>(up, ur, K, nchunks, lane);
   }
 
-  if constexpr (R == 1 && kVec) {  // one row: the norm in registers (Note above), no barrier
-    const bool write_h = blockIdx.x == 0 && warp == 0 && nm.h != nullptr;
-    if (!valid && !write_h) return;  // nothing below waits for other warps
-    norm_row_products<kGlu, T>(x, nm, wp, up, wr, ur, valid, write_h, out, ws.col0[i], n, K, nchunks, lane);
-    return;
-  }
   // The norm (Note above): shared memory y [M, K] (T), then rows [M, K], w [K], rstd [M] (C).
   const int64_t n_x = static_cast<int64_t>(M) * K;
   T* y = reinterpret_cast<T*>(dynamic_smem());

@@ -6,8 +6,7 @@
 //  - dx and dw are written with `=`. dw[j] = sum over rows of dy * x * rstd, deterministic, in one
 //    pass over x and dy (Note [One-pass RMSNorm weight gradient]); rows too long for it use the
 //    dx kernel plus column sums (row chunks summed in order into a scratch row, then the chunks in
-//    chunk order). With 16-byte aligned rows that fit, the one-pass backward reads and writes
-//    16-byte packs, the same bits (Note [One-pass backward from packs], rmsnorm.cuh).
+//    chunk order).
 //  - Forward with a few rows (a decode step): a block per row, all loads of a row in one memory
 //    round trip, the same sums in the same order (Note [Few rows: a block per row], rmsnorm.cuh):
 //    the same bits as the G-lanes-per-row kernels, which take more rows.
@@ -22,7 +21,6 @@
 // order into one partial row, and a small final kernel adds the blocks' partial rows in block
 // order (32 columns x 8 slices per block, slices combined in order). x and dy are read once
 // (before: once for dx and once more for dw). Float atomics: none.
-#include <optional>
 #include <type_traits>
 
 #include "kernels/cuda/rmsnorm.cuh"
@@ -126,29 +124,18 @@ void backward_typed(const T* x, const W* w, const float* rstd, const T* dy, cons
     constexpr int G = decltype(g)::value;
     const OnePassPlan plan = onepass_plan<G, C>(rows, dim);
     if (plan.smem == 0) return;
-    // 16-byte packs when every row starts at a 16-byte boundary (Note [One-pass backward from
-    // packs]); the same bits as the strided kernel, which takes the other cases.
-    const bool aligned16 = aligned_to(x, 16) && aligned_to(dy, 16) && aligned_to(dx, 16) && aligned_to(w, 16) &&
-                           (dres == nullptr || aligned_to(dres, 16));
-    const size_t packed = packed_smem<G, T>(dim, aligned16);
-    std::optional<Scratch> partial;
-    if (plan.nblocks > 1) partial.emplace(sizeof(C) * static_cast<size_t>(plan.nblocks * dim), on);
-    C* part = plan.nblocks > 1 ? partial->as<C>() : nullptr;
-    const unsigned blocks = static_cast<unsigned>(plan.nblocks);
-    if (packed != 0) {
-      with_packed_elems<G, T>(dim, [&](auto e) {
-        constexpr int E = decltype(e)::value;
-        rmsnorm_backward_packed_kernel<G, E, T, W><<<blocks, kThreads, packed, on.s>>>(
-            x, w, rstd, dy, dres, dx, dw, part, rows, dim, plan.rows_per_block);
-      });
+    if (plan.nblocks == 1) {
+      rmsnorm_backward_onepass_kernel<G, T, W><<<1, kThreads, plan.smem, on.s>>>(x, w, rstd, dy, dres, dx, dw, nullptr,
+                                                                              rows, dim, plan.rows_per_block);
+      XT_LAUNCH_CHECK();
     } else {
-      rmsnorm_backward_onepass_kernel<G, T, W><<<blocks, kThreads, plan.smem, on.s>>>(x, w, rstd, dy, dres, dx, dw, part,
-                                                                                   rows, dim, plan.rows_per_block);
-    }
-    XT_LAUNCH_CHECK();
-    if (plan.nblocks > 1) {
+      Scratch partial(sizeof(C) * static_cast<size_t>(plan.nblocks * dim), on);
+      rmsnorm_backward_onepass_kernel<G, T, W><<<static_cast<unsigned>(plan.nblocks), kThreads, plan.smem, on.s>>>(
+          x, w, rstd, dy, dres, dx, dw, partial.as<C>(), rows, dim, plan.rows_per_block);
+      XT_LAUNCH_CHECK();
       rmsnorm_dw_tree_kernel<C, W><<<static_cast<unsigned>(ceil_div(dim, kFinalCols)), kThreads, tree_smem<C>(),
-                                     on.s>>>(part, plan.nblocks, dw, dim);
+                                     on.s>>>(
+          partial.as<C>(), plan.nblocks, dw, dim);
       XT_LAUNCH_CHECK();
     }
     done = true;
