@@ -39,6 +39,21 @@ void check_head_norm_weight(const Tensor& w, const Tensor& q, int64_t D, const c
            " must be float32 or q's dtype, got ", name, " ", w.describe(), " for q ", q.describe());
 }
 
+void check_linear_weights(const Tensor& x, const std::vector<Tensor>& ws, const char* op) {
+  XT_CHECK(!ws.empty(), ValueError, op, ": weights must hold at least one weight");
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const Tensor& w = ws[i];
+    XT_CHECK(w.defined(), ValueError, op, ": weights[", i, "] must be a tensor, got an undefined tensor");
+    XT_CHECK(w.dim() == 2, ValueError, op, ": weights[", i, "] must be [out, in], got ", w.describe());
+    XT_CHECK(w.dtype() == x.dtype(), TypeError, op, ": weights[", i, "] ", w.describe(), " must have x's dtype (x ",
+             x.describe(), ")");
+    XT_CHECK(w.device() == x.device(), ValueError, op, ": weights[", i, "] is on ", w.device().str(), " but x on ",
+             x.device().str());
+    XT_CHECK(w.size(1) == x.shape().back(), ValueError, op, ": x ", x.describe(), " must end in weights[", i,
+             "]'s in_features ", w.size(1), " (weights[", i, "] ", w.describe(), " is [out, in])");
+  }
+}
+
 void* stream_for(Device d) { return d.is_cuda() ? cuda::current_stream(d.index) : nullptr; }
 
 }  // namespace ops

@@ -34,22 +34,25 @@ void check_rows(const Tensor& x, const std::vector<Tensor>& ws, const char* op) 
   check_defined(x, "x");
   check_floating(x, op, "x");
   XT_CHECK(x.dim() == 2, ValueError, op, ": x must be [M, K] (2 dimensions), got ", x.describe());
-  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t M = x.size(0);
   XT_CHECK(M >= 1 && M <= kernels::kLinearRowsMaxRows, ValueError, op, ": x must have 1 to ",
            kernels::kLinearRowsMaxRows, " rows (use linear or linear_multi for more), got ", x.describe());
-  XT_CHECK(!ws.empty(), ValueError, op, ": weights must hold at least one weight");
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const Tensor& w = ws[i];
-    XT_CHECK(w.defined(), ValueError, op, ": weights[", i, "] must be a tensor, got an undefined tensor");
-    XT_CHECK(w.dim() == 2, ValueError, op, ": weights[", i, "] must be [out, in], got ", w.describe());
-    XT_CHECK(w.dtype() == x.dtype(), TypeError, op, ": weights[", i, "] ", w.describe(), " must have x's dtype (x ",
-             x.describe(), ")");
-    XT_CHECK(w.device() == x.device(), ValueError, op, ": weights[", i, "] is on ", w.device().str(), " but x on ",
-             x.device().str());
-    XT_CHECK(w.size(1) == K, ValueError, op, ": x ", x.describe(), " must end in weights[", i, "]'s in_features ",
-             w.size(1), " (weights[", i, "] ", w.describe(), " is [out, in])");
-  }
+  check_linear_weights(x, ws, op);
 }
+
+// The kernels' view of the weights: their data pointers, their rows (out features) and the sum.
+struct WeightList {
+  std::vector<const void*> ptrs;
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+  explicit WeightList(const std::vector<Tensor>& ws) {
+    for (const Tensor& w : ws) {
+      ptrs.push_back(w.data_ptr());
+      sizes.push_back(w.size(0));
+      total += w.size(0);
+    }
+  }
+};
 
 }  // namespace
 
@@ -61,14 +64,8 @@ std::vector<Tensor> linear_rows(const Tensor& x, const std::vector<Tensor>& ws) 
            ": not differentiable (inference only): an input requires grad while grad mode is on; call it under "
            "xtrain.no_grad() or on detached tensors, or use linear_multi");
 
-  int64_t total = 0;
-  std::vector<const void*> ptrs;
-  std::vector<int64_t> sizes;
-  for (const Tensor& w : ws) {
-    total += w.size(0);
-    ptrs.push_back(w.data_ptr());
-    sizes.push_back(w.size(0));
-  }
+  const WeightList wl(ws);
+  const int64_t total = wl.total;
   Tensor buf = Tensor::empty({M * total}, x.dtype(), x.device());
   std::vector<Tensor> out;
   out.reserve(ws.size());
@@ -78,8 +75,8 @@ std::vector<Tensor> linear_rows(const Tensor& x, const std::vector<Tensor>& ws) 
     off += M * w.size(0);
   }
   if (total == 0) return out;
-  XT_KERNEL(x.device(), linear_rows, x.dtype(), x.data_ptr(), M, K, static_cast<int>(ws.size()), ptrs.data(),
-            sizes.data(), buf.data_ptr(), stream_for(x.device()));
+  XT_KERNEL(x.device(), linear_rows, x.dtype(), x.data_ptr(), M, K, static_cast<int>(ws.size()), wl.ptrs.data(),
+            wl.sizes.data(), buf.data_ptr(), stream_for(x.device()));
   return out;
 }
 
@@ -121,14 +118,8 @@ std::pair<Tensor, std::vector<Tensor>> rms_norm_linear_rows(const Tensor& x, con
   }
 
   Tensor h = residual.defined() ? Tensor::empty(x.shape(), x.dtype(), x.device()) : x;
-  int64_t total = 0;
-  std::vector<const void*> ptrs;
-  std::vector<int64_t> sizes;
-  for (const Tensor& w : ws) {
-    total += w.size(0);
-    ptrs.push_back(w.data_ptr());
-    sizes.push_back(w.size(0));
-  }
+  const WeightList wl(ws);
+  const int64_t total = wl.total;
   std::vector<Tensor> out;
   Tensor buf;
   if (swiglu) {
@@ -145,7 +136,7 @@ std::pair<Tensor, std::vector<Tensor>> rms_norm_linear_rows(const Tensor& x, con
   XT_KERNEL(x.device(), rms_norm_linear_rows, x.dtype(), norm_weight.dtype(), x.data_ptr(),
             residual.defined() ? residual.data_ptr() : nullptr, norm_weight.data_ptr(),
             residual.defined() ? h.data_ptr() : nullptr, static_cast<float>(eps), M, K, static_cast<int>(ws.size()),
-            ptrs.data(), sizes.data(), swiglu, buf.data_ptr(), stream_for(x.device()));
+            wl.ptrs.data(), wl.sizes.data(), swiglu, buf.data_ptr(), stream_for(x.device()));
   return {h, out};
 }
 

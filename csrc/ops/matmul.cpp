@@ -202,19 +202,8 @@ void check_linear_multi(const Tensor& x, const std::vector<Tensor>& ws) {
   const char* op = "linear_multi";
   check_defined(x, "x");
   check_floating(x, op, "x");
-  XT_CHECK(!ws.empty(), ValueError, op, ": weights must hold at least one weight");
   XT_CHECK(x.dim() >= 1, ValueError, op, ": x must have at least one dimension, got ", x.describe());
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const Tensor& w = ws[i];
-    XT_CHECK(w.defined(), ValueError, op, ": weights[", i, "] must be a tensor, got an undefined tensor");
-    XT_CHECK(w.dim() == 2, ValueError, op, ": weights[", i, "] must be [out, in], got ", w.describe());
-    XT_CHECK(w.dtype() == x.dtype(), TypeError, op, ": weights[", i, "] ", w.describe(), " must have x's dtype (x ",
-             x.describe(), ")");
-    XT_CHECK(w.device() == x.device(), ValueError, op, ": weights[", i, "] is on ", w.device().str(), " but x on ",
-             x.device().str());
-    XT_CHECK(w.size(1) == x.shape().back(), ValueError, op, ": x ", x.describe(), " must end in weights[", i,
-             "]'s in_features ", w.size(1), " (weights[", i, "] ", w.describe(), " is [out, in])");
-  }
+  check_linear_weights(x, ws, op);
 }
 
 }  // namespace

@@ -35,6 +35,9 @@ void check_same_dtype(const Tensor& a, const Tensor& b, const char* op, const ch
 void check_dim(const Tensor& t, int64_t dim, const char* op, const char* name);
 // A per-head RMSNorm weight (qk_norm_rope, decode_prep): [D] on q's device, float32 or q's dtype.
 void check_head_norm_weight(const Tensor& w, const Tensor& q, int64_t D, const char* op, const char* name);
+// ws non-empty, each a defined [out, in] weight of x's dtype and device whose in_features are x's
+// last dimension (linear_multi, linear_rows).
+void check_linear_weights(const Tensor& x, const std::vector<Tensor>& ws, const char* op);
 void* stream_for(Device d);  // this thread's stream on d (nullptr for the CPU)
 
 // ---- creation and copies (ops/creation.cpp); no history
