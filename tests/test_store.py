@@ -54,6 +54,7 @@ def test_cast_backward_writes_into_the_slot(device):
     slots = _C.GradSlots([w], [slot])
     _cast_loss(w).backward()
     assert w.grad.data_ptr() == slot.data_ptr()  # the slot itself
+    assert _C.last_backward_batched_casts() == 1  # converted at the end of the walk
     np.testing.assert_array_equal(w.grad.numpy(), _reference_grad(a, _cast_loss, device))
     f = flat.numpy()
     assert not f[:5].any() and not f[-5:].any()  # nothing outside the slot
@@ -76,9 +77,12 @@ def test_slot_gets_the_same_gradient_as_without(case, device):
     _, slot = _buffer_for(w)
     slots = _C.GradSlots([w], [slot])
     loss_fn(w).backward()
+    # Note [Batched gradient casts]: only a sole producer's conversion waits for the end of the walk
+    assert _C.last_backward_batched_casts() == (1 if case == "accumulate" else 0)
     want = _reference_grad(a, loss_fn, device)
     if case == "accumulate":  # a second backward without zeroing adds into the slot
         loss_fn(w).backward()
+        assert _C.last_backward_batched_casts() == 0  # the slot holds a gradient: converted and added
         want = want + want
     assert w.grad.data_ptr() == slot.data_ptr()
     np.testing.assert_array_equal(w.grad.numpy(), want)
@@ -86,6 +90,39 @@ def test_slot_gets_the_same_gradient_as_without(case, device):
     assert w.grad is None
     loss_fn(w).backward()
     np.testing.assert_array_equal(w.grad.numpy(), _reference_grad(a, loss_fn, device))
+
+
+def _bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["plain", "recompute"])
+def test_weight_gradients_are_converted_in_one_batch_unless_a_hook_reads_them(recompute):
+    """Note [Batched gradient casts]: a bf16 model's backward converts every Linear weight's bf16
+    gradient into its float32 slot in one call at the end of the walk; without slots each is
+    converted on its own (as with data parallelism's gradient-ready hook, tests/cpp/test_tape.cpp),
+    and with gradients already in the slots each is converted and added. The same bits every way."""
+    config = TransformerConfig(**SMALL, bf16=True, recompute=recompute)
+    x, y = _batch()
+    model = TinyTransformer(config, device="cpu", seed=0)
+    _, loss = model(x, y)
+    loss.backward()
+    assert _C.last_backward_batched_casts() == sum(s.region == 0 for s in model.store.slots)
+    batched = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+
+    plain = TinyTransformer(config, device="cpu", seed=0)
+    plain.store._slots = None  # no slots: each cast's backward converts its weight's gradient at once
+    _, loss = plain(x, y)
+    loss.backward()
+    assert _C.last_backward_batched_casts() == 0
+    for n, p in plain.named_parameters():
+        np.testing.assert_array_equal(_bits(p.grad.numpy()), _bits(batched[n]), err_msg=n)
+
+    _, loss = model(x, y)  # no zeroing: the second backward accumulates into the slots
+    loss.backward()
+    assert _C.last_backward_batched_casts() == 0
+    for n, p in model.named_parameters():
+        np.testing.assert_array_equal(_bits(p.grad.numpy()), _bits(batched[n] + batched[n]), err_msg=n)
 
 
 def test_slots_sync_copies_hand_made_grads_and_reports_missing(device):

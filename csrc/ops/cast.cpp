@@ -1,16 +1,19 @@
 // Casts and device moves: cast, cast_many (one fused forward for a list), cast_many_cached (the
-// casts' values already known), to; their raw forwards and the backward they share.
+// casts' values already known), to; their raw forwards, cast_many_into, and the backward they share.
 //
 // The backward of a cast or a move brings the gradient back to the input's dtype and device
 // (CastBackward / ToBackward). A cast's backward writes a float32 weight gradient straight into
-// the leaf's grad buffer when it has one (data-parallel training: claim_grad_buffer), with the
-// same conversion kernel, so the same bits. cast_many keeps one CastBackward per output: one node
-// with many outputs would hold every weight's gradient until the last one arrived, and the
+// the leaf's grad buffer when it has one (a parameter store: claim_grad_buffer), with the same
+// conversion kernel, so the same bits; when nothing reads it before the walk ends it leaves the
+// conversion to the walk, which runs every such weight's in one launch at its end (Note [Batched
+// gradient casts], tape/engine.cpp). cast_many keeps one CastBackward per output: one node with
+// many outputs would hold every weight's gradient until the last one arrived, and the
 // data-parallel gradient-ready hook needs each as soon as it is final.
 #include <limits>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
+#include "tape/engine.h"
 #include "tape/node.h"
 
 namespace xt {
@@ -60,6 +63,43 @@ std::vector<Tensor> cast_many_forward(const std::vector<Tensor>& xs, DType dtype
   return out;
 }
 
+void cast_many_into(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
+  XT_CHECK(src.size() == dst.size(), ValueError, "cast_many_into: ", src.size(), " sources but ", dst.size(),
+           " destinations");
+  XT_CHECK(src.size() <= static_cast<size_t>(std::numeric_limits<int>::max()), ValueError,
+           "cast_many_into: too many tensors (", src.size(), ")");
+  for (size_t i = 0; i < src.size(); ++i) {
+    XT_CHECK(src[i].defined() && dst[i].defined(), ValueError, "cast_many_into: src[", i, "] and dst[", i,
+             "] must be tensors");
+    XT_CHECK(src[i].numel() == dst[i].numel() && src[i].device() == dst[0].device() &&
+                 dst[i].device() == dst[0].device() && is_floating(src[i].dtype()) && is_floating(dst[i].dtype()),
+             ValueError, "cast_many_into: src[", i, "] ", src[i].describe(), " cannot be cast into dst[", i, "] ",
+             dst[i].describe(), " (same size, one device, floating dtypes)");
+  }
+  if (src.empty()) return;
+  const Device dev = dst[0].device();
+  std::vector<bool> done(src.size(), false);
+  std::vector<const void*> from;
+  std::vector<void*> into;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < src.size(); ++i) {  // one group per dtype pair, in order of first appearance
+    if (done[i]) continue;
+    const DType s_dt = src[i].dtype(), d_dt = dst[i].dtype();
+    from.clear();
+    into.clear();
+    sizes.clear();
+    for (size_t j = i; j < src.size(); ++j) {
+      if (src[j].dtype() != s_dt || dst[j].dtype() != d_dt) continue;
+      done[j] = true;
+      from.push_back(src[j].data_ptr());
+      into.push_back(dst[j].data_ptr());
+      sizes.push_back(src[j].numel());
+    }
+    XT_KERNEL(dev, cast_many, static_cast<int>(from.size()), s_dt, from.data(), d_dt, into.data(), sizes.data(),
+              stream_for(dev));
+  }
+}
+
 namespace {
 
 // Backward of cast and to: bring the gradient back to the input's device and dtype.
@@ -69,11 +109,13 @@ class ToBackward : public Node {
   const char* name() const override { return name_; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (!grads[0].defined()) return {Tensor()};
-    // Data-parallel training: the float32 gradient of a weight goes straight into its slot of
-    // the flat gradient buffer (the same conversion kernel, so the same bits; no extra copy).
+    // A parameter store's weight: the float32 gradient goes straight into its slot of the flat
+    // gradient buffer (no extra copy), converted at the end of the walk with the other weights'
+    // in one launch when nothing reads it earlier (Note [Batched gradient casts], tape/engine.cpp),
+    // else now (data-parallel training's gradient-ready hook). Same conversion, same bits.
     Tensor dst = claim_grad_buffer(next_edges[0], grads[0].shape(), dtype_, device_);
     if (dst.defined()) {
-      copy_(dst, grads[0]);
+      if (!defer_grad_cast(next_edges[0], dst, grads[0])) copy_(dst, grads[0]);
       return {dst};
     }
     return {to_forward(grads[0], device_, dtype_)};

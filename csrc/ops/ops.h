@@ -99,6 +99,10 @@ std::vector<Tensor> cast_many_cached(const std::vector<Tensor>& xs, const std::v
 // one kernel call per source dtype (CUDA: one launch for up to 512 tensors), the bits of cast.
 Tensor cast_forward(const Tensor& x, DType dtype);
 std::vector<Tensor> cast_many_forward(const std::vector<Tensor>& xs, DType dtype);
+// dst[i] = cast(src[i]) into existing tensors (same element count, one device, floating dtypes),
+// one cast_many kernel call per (source, destination) dtype pair: the bits of copy_(dst[i], src[i]).
+// Raw (no version bump, no history): the tape's batched gradient casts (tape/engine.cpp).
+void cast_many_into(const std::vector<Tensor>& src, const std::vector<Tensor>& dst);
 
 // ---- dropout (ops/dropout.cpp): the mask comes from (seed, offset) and is recomputed in
 // backward, never stored. The differentiable op draws (seed, offset) from gen (nullptr: the

@@ -15,6 +15,9 @@ void init_autograd(py::module_& m) {
           run_backward(roots, seeds);
         }, py::arg("roots"), py::arg("seeds"), NoGil(),
         "One backward walk from several roots, each with its upstream gradient (ops with several outputs)");
+  m.def("last_backward_batched_casts", &last_backward_batched_casts,
+        "How many gradient conversions into parameter-store slots the last backward walk on this thread ran "
+        "in one batch at its end (Note [Batched gradient casts])");
   m.def("checkpoint", [](py::function fn, const Tensor& x, const std::vector<Tensor>& params) {
           // The callable is called and destroyed from engine threads that hold no GIL: take it.
           auto* held = new py::function(std::move(fn));

@@ -3,6 +3,26 @@
 // Why decreasing seq_nr: a Node is created after every Node that produced its inputs, so
 // running the reachable Nodes from the newest to the oldest visits every consumer before its
 // producers, without dependency counting, and in the same order on every run.
+//
+// Note [Batched gradient casts]
+// A bf16 model's Linear weights are float32 leaves cast to bf16 (store.compute_weights): each
+// weight's GEMM gives a bf16 gradient that its CastBackward converts into the leaf's float32 slot
+// of the store's gradient buffer. Converting each as it comes costs one launch per weight (dim768:
+// 127 launches of ~3.5 us, each also a CUDA graph node). The conversion only has to happen as soon
+// as the float32 gradient is read, and within a walk nothing reads it when
+//  - no gradient-ready hook is set (data-parallel training's overlapped all-reduce reads each
+//    gradient as soon as it is final, so those walks convert at once, as before), and
+//  - the leaf's sink has exactly one incoming edge in the walk and is not a root: otherwise the
+//    engine adds a second gradient to the slot before the sink runs (a weight used twice).
+// Then CastBackward hands the conversion to the walk (defer_grad_cast) and returns the slot as
+// the gradient; the sink takes the claimed slot as .grad without reading it. At the end of the
+// walk (and before an exception leaves it) one cast_many call converts every deferred gradient,
+// element by element the same conversion as copy_, so the same bits. A slot that already holds a
+// gradient is never claimed (accumulation: to_forward and accumulate_ as before).
+// Cost: the walk keeps each deferred bf16 gradient alive until its end instead of freeing it
+// right after its conversion: at most every Linear weight's, 2 bytes per element (dim768: 166M
+// elements, 317 MiB). They pile up while the activations are being freed, after the lm_head's
+// backward has set the step's peak: dim768's backward peak did not move (docs/store.md).
 #include "tape/engine.h"
 
 #include <algorithm>
@@ -18,6 +38,34 @@ namespace xt {
 namespace {
 
 thread_local GradReadyHook t_grad_ready_hook;
+
+// The conversions one walk defers (Note [Batched gradient casts]).
+struct GradCastBatch {
+  std::unordered_set<const Node*> sole_producer_sinks;  // sinks one edge of the walk feeds, no roots
+  std::vector<Tensor> src, dst;
+};
+thread_local GradCastBatch* t_cast_batch = nullptr;  // the innermost running walk's, if it batches
+thread_local int64_t t_last_batched = 0;
+
+// Installs a walk's batch for its duration (a nested walk, checkpoint's, has its own) and runs
+// it: at the end of the walk, or before an exception leaves it.
+class CastBatchScope {
+ public:
+  explicit CastBatchScope(GradCastBatch* batch) : prev_(t_cast_batch) { t_cast_batch = batch; }
+  ~CastBatchScope() { t_cast_batch = prev_; }
+  CastBatchScope(const CastBatchScope&) = delete;
+  CastBatchScope& operator=(const CastBatchScope&) = delete;
+
+ private:
+  GradCastBatch* prev_;
+};
+
+void run_cast_batch(GradCastBatch& batch) {
+  if (!batch.src.empty()) ops::cast_many_into(batch.src, batch.dst);
+  t_last_batched = static_cast<int64_t>(batch.src.size());
+  batch.src.clear();
+  batch.dst.clear();
+}
 
 std::vector<std::shared_ptr<Node>> reachable_nodes(const std::vector<Edge>& starts) {
   std::vector<std::shared_ptr<Node>> nodes;
@@ -95,6 +143,17 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& s
     for (const Edge& e : node->next_edges)
       if (e.valid() && e.fn->reusable()) ++sink_inputs[e.fn.get()];
 
+  // Without a gradient-ready hook, conversions into sole-producer sinks' slots wait for the end.
+  GradCastBatch batch;
+  const bool batching = !t_grad_ready_hook;
+  if (batching) {
+    for (const auto& [sink, n] : sink_inputs)
+      if (n == 1) batch.sole_producer_sinks.insert(sink);
+    for (const Edge& e : starts) batch.sole_producer_sinks.erase(e.fn.get());
+  }
+  CastBatchScope scope(batching ? &batch : nullptr);
+  t_last_batched = 0;
+
   // Run `node` on its buffered gradients (none reached it: nothing to do).
   const auto run = [&](Node* node) {
     auto it = buffers.find(node);
@@ -121,18 +180,42 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& s
     }
   };
 
-  for (const std::shared_ptr<Node>& node : order) {
-    if (node->reusable()) {
-      run(node.get());  // a sink no op node feeds (a leaf root), or left over: in order, at the end
-      continue;
+  try {
+    for (const std::shared_ptr<Node>& node : order) {
+      if (node->reusable()) {
+        run(node.get());  // a sink no op node feeds (a leaf root), or left over: in order, at the end
+        continue;
+      }
+      run(node.get());
+      for (const Edge& e : node->next_edges) {
+        if (!e.valid() || !e.fn->reusable()) continue;
+        if (--sink_inputs[e.fn.get()] == 0) run(e.fn.get());  // every producer visited: final
+      }
     }
-    run(node.get());
-    for (const Edge& e : node->next_edges) {
-      if (!e.valid() || !e.fn->reusable()) continue;
-      if (--sink_inputs[e.fn.get()] == 0) run(e.fn.get());  // every producer visited: final
+  } catch (...) {
+    // Slots already handed out as .grad get their values; the walk's own error is what surfaces.
+    try {
+      run_cast_batch(batch);
+    } catch (...) {
     }
+    throw;
   }
+  run_cast_batch(batch);
 }
+
+bool defer_grad_cast(const Edge& edge, const Tensor& dst, const Tensor& src) {
+  GradCastBatch* batch = t_cast_batch;
+  if (!batch || !edge.valid() || !batch->sole_producer_sinks.count(edge.fn.get())) return false;
+  if (!dst.defined() || !src.defined() || src.device() != dst.device() || src.numel() != dst.numel() ||
+      !is_floating(src.dtype()) || !is_floating(dst.dtype()))
+    return false;
+  dst.bump_version();  // written, as far as anyone can see, now (copy_ would bump it here)
+  batch->src.push_back(src);
+  batch->dst.push_back(dst);
+  return true;
+}
+
+int64_t last_backward_batched_casts() { return t_last_batched; }
 
 GradReadyHook set_grad_ready_hook(GradReadyHook hook) {
   GradReadyHook prev = std::move(t_grad_ready_hook);

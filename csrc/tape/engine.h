@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "tape/node.h"
 
 namespace xt {
 
@@ -25,5 +26,17 @@ void backward(const Tensor& root);
 // layers' backward still runs (dist::GradReducer). Thread-local; returns the previous hook.
 using GradReadyHook = std::function<void(const Tensor& leaf)>;
 GradReadyHook set_grad_ready_hook(GradReadyHook hook);
+
+// Note [Batched gradient casts] (tape/engine.cpp). Asks the running walk on this thread to do
+// `dst = cast(src)` later, in one kernel call with the walk's other such conversions, where dst is
+// the gradient destination of the leaf behind `edge` (a backward's claim_grad_buffer result) and
+// src a gradient on dst's device in another floating dtype. True when the walk took it (dst counts
+// as written now: its version moves; src is kept alive until the batch runs); false when the
+// caller must convert now: no walk runs, a gradient-ready hook is set (it reads each gradient as
+// soon as it is final), or the leaf has another producer or is a root of this walk (the engine
+// would read dst before the batch wrote it).
+bool defer_grad_cast(const Edge& edge, const Tensor& dst, const Tensor& src);
+// Conversions the last walk on this thread batched (0 when none): a count for tests and profiles.
+int64_t last_backward_batched_casts();
 
 }  // namespace xt

@@ -1,5 +1,6 @@
 // Engine mechanics: topological order on a diamond, accumulation into leaves, saved-tensor
-// release, the freed-graph error, backward_seeded, and the saved tensors' version checks.
+// release, the freed-graph error, backward_seeded, the saved tensors' version checks, and the
+// batched conversions into gradient slots.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -8,6 +9,7 @@
 #include "core/error.h"
 #include "ops/ops.h"
 #include "tape/engine.h"
+#include "tape/grad_slots.h"
 #include "tape/node.h"
 
 using namespace xt;
@@ -202,4 +204,49 @@ TEST(SavedTensors, UnpackIsCheckedOnlyForWhatWasSaved) {
   ops::fill_(x, 5.0);
   EXPECT_THROW(kept.unpack(*node), RuntimeError);
   EXPECT_NO_THROW(empty.unpack(*node));
+}
+
+TEST(Engine, SlotConversionsWaitForTheEndOfTheWalkUnlessAHookReadsThem) {
+  // Note [Batched gradient casts]: a cast's backward into a leaf's gradient slot is deferred to
+  // one batch at the end of the walk; with a gradient-ready hook set it is done at once, so the
+  // hook reads the final value.
+  for (const bool hook : {false, true}) {
+    Tensor w = leaf({1.5f, -2.f, 3.25f});
+    Tensor slot = ops::zeros({3}, DType::Float32, Device::cpu());
+    GradSlots slots({w}, {slot});
+    Tensor y = scale("s", ops::cast(w, DType::BFloat16), 3.0);  // dy/dw = 3, a bf16 gradient
+    std::vector<float> seen;
+    GradReadyHook prev;
+    if (hook) prev = set_grad_ready_hook([&](const Tensor& l) { seen.push_back(l.grad().data<float>()[1]); });
+    backward_seeded(y, ops::full({3}, 1.0, DType::BFloat16, Device::cpu()));
+    if (hook) set_grad_ready_hook(std::move(prev));
+    EXPECT_EQ(last_backward_batched_casts(), hook ? 0 : 1);
+    ASSERT_EQ(w.grad().data_ptr(), slot.data_ptr());
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(slot.data<float>()[i], 3.f);
+    if (hook) {
+      ASSERT_EQ(seen.size(), 1u);
+      EXPECT_EQ(seen[0], 3.f);
+    }
+  }
+}
+
+TEST(Engine, DeferredSlotConversionsRunBeforeAnErrorLeavesTheWalk) {
+  // The cast's backward (newer) runs and hands its slot out as .grad before the older node
+  // raises: the slot still gets its value, and the node's error is what the caller sees.
+  class Raises : public Node {
+   public:
+    std::vector<Tensor> apply(std::vector<Tensor>&) override { throw RuntimeError("raised in backward"); }
+    const char* name() const override { return "Raises"; }
+  };
+  Tensor x = leaf({1.f, 1.f, 1.f});
+  Tensor r = ops::cast(ops::scalar_op(kernels::ScalarOp::Mul, x, 1.0), DType::BFloat16);
+  set_history(r, make_node<Raises>({x}));
+  Tensor w = leaf({1.5f, -2.f, 3.25f});
+  Tensor slot = ops::zeros({3}, DType::Float32, Device::cpu());
+  GradSlots slots({w}, {slot});
+  Tensor y = add("sum", scale("s", ops::cast(w, DType::BFloat16), 3.0), r);
+  EXPECT_THROW(backward_seeded(y, ops::full({3}, 1.0, DType::BFloat16, Device::cpu())), RuntimeError);
+  EXPECT_EQ(last_backward_batched_casts(), 1);
+  ASSERT_EQ(w.grad().data_ptr(), slot.data_ptr());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(slot.data<float>()[i], 3.f);
 }
