@@ -67,11 +67,11 @@ class XtrainTrainer:
 
     def __init__(self, cfg, device, seed, use_graphs: bool = False):
         import xtrain
-        from xtrain import graphs
+        from xtrain import batching, graphs
         from xtrain.models import TinyTransformer
         from xtrain.optim import AdamW
 
-        self.xt, self.graphs, self.device = xtrain, graphs, device
+        self.xt, self.graphs, self.batching, self.device = xtrain, graphs, batching, device
         self.model = TinyTransformer(cfg, device=device, seed=seed)
         self.opt = AdamW(self.model.named_parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
         self.oom = xtrain.OutOfMemoryError
@@ -88,9 +88,9 @@ class XtrainTrainer:
         return self.model.config.recompute
 
     def set_recompute(self, on: bool) -> None:
-        # forward() reads config.recompute on every call; flipping it avoids a second init (the
-        # captured step holds the old setting: a new capture)
-        self.model.config.recompute = on
+        # Every block and the config (batching.set_recompute, as `xtrain train` sets it); flipping
+        # it avoids a second init. The captured step holds the old setting: drop it for a new capture.
+        self.batching.set_recompute(self.model, on)
         self.sg = None
 
     def weights(self):
