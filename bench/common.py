@@ -330,8 +330,6 @@ def env_info(device: str) -> dict:
         info["cuda_runtime"] = xtrain.cuda.runtime_info()
         if hasattr(xtrain.cuda, "allow_tf32"):  # float32 results mean true fp32 only when off
             info["xtrain_allow_tf32"] = xtrain.cuda.allow_tf32()
-        # programmatic dependent launch of xtrain's kernels (sm_90+; XTRAIN_PDL=0 turns it off)
-        info["xtrain_pdl"] = os.environ.get("XTRAIN_PDL", "1") != "0"
     else:
         info["gpu"] = None
         info["cpu"] = platform.processor() or platform.machine()

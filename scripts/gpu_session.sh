@@ -23,8 +23,6 @@
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
 #             `xtrain train` rows, the shard/flat/all-reduce steps, PyTorch DDP)
-# PDL_AB=1: profile and generate run first with XTRAIN_PDL=0 (tag nopdl), then as built: programmatic
-# dependent launch off and on in one call.
 # XTRAIN_COMMIT: the commit under test as a literal hash, written into every result file (the
 # device's copy of .git is stale: `git rev-parse HEAD` evaluated there names an old commit).
 # OUT receives at most 8 files: summary.txt, install.log, gtest.log, pytest.log, bench.log,
@@ -152,15 +150,11 @@ for step in $steps; do
       run_step recompute 420 "$out/bench.log" "$py" bench/recompute.py ${RECOMPUTE_ARGS:-}
       ;;
     profile)  # the step's kernels as xtrain train runs it, replayed graphs (bench/profile_step.py)
-      pargs=${PROFILE_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257}
-      [ -n "${PDL_AB:-}" ] && run_step profile 180 "$out/bench.log" env XTRAIN_PDL=0 "$py" bench/profile_step.py $pargs --tag nopdl
-      run_step profile 180 "$out/bench.log" "$py" bench/profile_step.py $pargs
-      grep -E "^profile_step:" "$out/bench.log" | tail -2 | tee -a "$summary"
+      run_step profile 180 "$out/bench.log" "$py" bench/profile_step.py ${PROFILE_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257}
       ;;
     generate)
-      [ -n "${PDL_AB:-}" ] && run_step generate 240 "$out/bench.log" env XTRAIN_PDL=0 "$py" bench/generate.py ${GENERATE_ARGS:-} --tag nopdl
       run_step generate 240 "$out/bench.log" "$py" bench/generate.py ${GENERATE_ARGS:-}
-      grep -iE "^batch .*cached" "$out/bench.log" | tail -4 | tee -a "$summary"
+      grep -iE "cached|re-run|speed" "$out/bench.log" | tail -12 | tee -a "$summary"
       ;;
     cli)  # xtrain train on the built-in data, graphs on and off: the median tok/s of log.jsonl
       run_step cli 300 "$out/bench.log" bash -c '

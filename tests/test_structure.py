@@ -1,9 +1,6 @@
-"""Structure rules that a refactor could silently break: no import cycles between xtrain's modules
-(imports inside functions count too: a lazy import only hides a cycle), and the CUDA kernels' launch
-rule (every launch through launch(), every kernel opening with pdl_sync(): with programmatic
-dependent launch a kernel that touched memory before waiting would race its predecessor)."""
+"""Structure rules of the Python package that a refactor could silently break: no import cycles
+between xtrain's modules (imports inside functions count too: a lazy import only hides a cycle)."""
 import ast
-import re
 from pathlib import Path
 
 import xtrain
@@ -62,30 +59,3 @@ def test_no_import_cycles_between_xtrain_modules():
         if m not in state:
             visit(m, [m])
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
-
-
-CUDA_DIR = Path(__file__).resolve().parents[1] / "csrc" / "kernels" / "cuda"
-
-
-def _cuda_sources():
-    files = sorted(CUDA_DIR.glob("*.cu")) + sorted(CUDA_DIR.glob("*.cuh"))
-    assert files, f"no CUDA sources under {CUDA_DIR}"
-    return [(f, re.sub(r"//[^\n]*", "", f.read_text())) for f in files]  # comments dropped
-
-
-def test_cuda_kernels_launch_through_launch():
-    bad = [f.name for f, text in _cuda_sources() if "<<<" in text]
-    assert not bad, f"<<<...>>> launches (use launch(), which sets programmatic dependent launch): {bad}"
-
-
-def test_cuda_kernels_open_with_pdl_sync():
-    count, bad = 0, []
-    for f, text in _cuda_sources():
-        for m in re.finditer(r"__global__\b", text):
-            body = text.index("{", m.end())
-            # the parameter list's braces (none in practice) would end the search early: check the name
-            count += 1
-            if not text[body + 1:].lstrip().startswith("pdl_sync();"):
-                bad.append(f"{f.name}: {' '.join(text[m.start():body].split())[:100]}")
-    assert count > 0
-    assert not bad, "kernels whose first statement is not pdl_sync():\n" + "\n".join(bad)

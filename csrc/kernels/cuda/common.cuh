@@ -7,12 +7,9 @@
 //  - Reductions are deterministic: a warp reduces with a xor butterfly (every lane ends with the
 //    same bits), a block reduces its warps' results in warp order, and partial results across
 //    blocks are combined by one more fixed-order pass. No floating-point atomics.
-//  - A launcher makes the stream's device current (OnStream) and launches on that stream with
-//    launch() (never <<<...>>>), which checks the launch. Launch shapes depend only on problem
-//    sizes, never on the GPU model, so the reduction order (and the bits) depends only on the
-//    inputs.
-//  - Every kernel's first statement is pdl_sync() (Note [Programmatic dependent launch]);
-//    tests/test_structure.py checks both rules.
+//  - A launcher makes the stream's device current (OnStream), launches on that stream, and
+//    checks the launch (XT_LAUNCH_CHECK). Launch shapes depend only on problem sizes, never on
+//    the GPU model, so the reduction order (and the bits) depends only on the inputs.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -20,7 +17,6 @@
 
 #include <cstdint>
 #include <type_traits>
-#include <utility>
 
 #include "core/allocator.h"
 #include "core/cuda/cuda_check.h"
@@ -29,6 +25,8 @@
 #include "kernels/common.h"
 #include "kernels/kernels.h"
 
+// After every <<<...>>>: raises RuntimeError naming the CUDA error when the launch failed.
+#define XT_LAUNCH_CHECK() XT_CUDA_CHECK(cudaGetLastError())
 
 #define XT_CUBLAS_CHECK(expr)                                                                  \
   do {                                                                                         \
@@ -54,47 +52,6 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline unsigned grid_for(int64_t n, int threads = kThreads) {
   const int64_t b = ceil_div(n, threads);
   return static_cast<unsigned>(b < kMaxBlocks ? (b > 0 ? b : 1) : kMaxBlocks);
-}
-
-// Note [Programmatic dependent launch]
-// On sm_90 and later a kernel may be launched with programmatic stream serialization: the GPU
-// starts it as soon as every block of the kernel before it has started and signalled (or
-// exited), instead of after that kernel has finished and its writes have been flushed, so the
-// launch latency between two kernels (about a microsecond per edge of a replayed step's graph;
-// known issue 27) overlaps the previous kernel's last wave. Correctness is the kernel's job: its
-// first statement, pdl_sync(), waits (griddepcontrol.wait) until the kernels it depends on have
-// completed and their memory is visible, so nothing it reads or writes is touched early; then it
-// signals (griddepcontrol.launch_dependents) that the next kernel may be scheduled. The work is
-// the same work in the same order, so the bits do not change. launch() sets the attribute on
-// devices of compute capability 9.0 or later unless XTRAIN_PDL=0 (read once per process, for
-// measuring with and without); elsewhere both instructions are absent (they exist from sm_90)
-// and kernels run stream-ordered as before. Stream capture turns these launches into
-// programmatic edges of the graph.
-__device__ __forceinline__ void pdl_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Whether launch() asks for programmatic serialization on the current device.
-bool pdl_enabled();
-
-// kernel<<<grid, block, smem, stream>>>(args...) with programmatic serialization where
-// pdl_enabled(); raises RuntimeError naming the CUDA error when the launch failed.
-template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  XT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 // The launcher's view of its stream: the stream itself, its device, made current for the scope.

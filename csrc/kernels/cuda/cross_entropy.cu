@@ -41,9 +41,10 @@ void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void*
     const dim3 grid(static_cast<unsigned>(rows)), block(row_threads<T>(vocab));
     // The same packs in the same order either way: only the speed depends on the alignment.
     if (rows_vectorizable<T>(x, ld))
-      launch(ce_forward_kernel<T, true>, grid, block, 0, on.s, x, targets, t64, losses, lse, vocab, ld, ignore_index, err);
+      ce_forward_kernel<T, true><<<grid, block, 0, on.s>>>(x, targets, t64, losses, lse, vocab, ld, ignore_index, err);
     else
-      launch(ce_forward_kernel<T, false>, grid, block, 0, on.s, x, targets, t64, losses, lse, vocab, ld, ignore_index, err);
+      ce_forward_kernel<T, false><<<grid, block, 0, on.s>>>(x, targets, t64, losses, lse, vocab, ld, ignore_index, err);
+    XT_LAUNCH_CHECK();
   });
 }
 
@@ -51,7 +52,8 @@ void cross_entropy_reduce(const float* losses, DType t_dt, const void* targets, 
                           int64_t rows, int64_t ignore_index, void* stream) {
   const bool t64 = index_is_64(t_dt, "cross_entropy_reduce");
   OnStream on(stream);
-  launch(ce_reduce_kernel, 1, kReduceThreads, 0, on.s, losses, targets, t64, loss, count, rows, ignore_index);
+  ce_reduce_kernel<<<1, kReduceThreads, 0, on.s>>>(losses, targets, t64, loss, count, rows, ignore_index);
+  XT_LAUNCH_CHECK();
 }
 
 void cross_entropy_backward(DType dt, const void* logits, const float* lse, DType t_dt, const void* targets,
@@ -67,11 +69,12 @@ void cross_entropy_backward(DType dt, const void* logits, const float* lse, DTyp
     auto* dx = static_cast<T*>(dlogits);
     const dim3 grid(static_cast<unsigned>(rows)), block(row_threads<T>(vocab));
     if (rows_vectorizable<T>(x, ld) && rows_vectorizable<T>(dx, ld))
-      launch(ce_backward_kernel<T, true>, grid, block, 0, on.s, x, lse, targets, t64, dloss, count, dx, vocab, ld,
+      ce_backward_kernel<T, true><<<grid, block, 0, on.s>>>(x, lse, targets, t64, dloss, count, dx, vocab, ld,
                                                             ignore_index);
     else
-      launch(ce_backward_kernel<T, false>, grid, block, 0, on.s, x, lse, targets, t64, dloss, count, dx, vocab, ld,
+      ce_backward_kernel<T, false><<<grid, block, 0, on.s>>>(x, lse, targets, t64, dloss, count, dx, vocab, ld,
                                                              ignore_index);
+    XT_LAUNCH_CHECK();
   });
 }
 

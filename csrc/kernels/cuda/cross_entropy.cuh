@@ -159,7 +159,6 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 ce_forward_kernel(const T* __restrict__ logits, const void* __restrict__ targets, bool t64,
                   float* __restrict__ losses, float* __restrict__ lse, int64_t vocab, int64_t ld,
                   int64_t ignore_index, IndexErrorRecord* err) {
-  pdl_sync();
   using C = compute_t<T>;
   constexpr int W = pack_width<T>();
   const int64_t r = blockIdx.x, nt = blockDim.x;
@@ -206,7 +205,6 @@ ce_forward_kernel(const T* __restrict__ logits, const void* __restrict__ targets
 __global__ void __launch_bounds__(kReduceThreads)
 ce_reduce_kernel(const float* losses, const void* targets, bool t64, float* loss, float* count, int64_t rows,
                  int64_t ignore_index) {
-  pdl_sync();
   double sum = 0.0, n = 0.0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
     if (load_index(t64, targets, r) == ignore_index) continue;
@@ -238,7 +236,6 @@ template <typename T, bool Vec>
 __global__ void __launch_bounds__(kMaxRowThreads)
 ce_backward_kernel(const T* logits, const float* lse, const void* targets, bool t64, const float* dloss,
                    const float* count, T* dlogits, int64_t vocab, int64_t ld, int64_t ignore_index) {
-  pdl_sync();
   using C = compute_t<T>;
   constexpr int W = pack_width<T>();
   const int64_t r = blockIdx.x, nt = blockDim.x;

@@ -47,7 +47,6 @@ __device__ __forceinline__ double exp2_c(double x) { return exp2(x); }
 template <typename W>
 __global__ void kv_cache_write_kernel(W* cache, const W* x, const int64_t* pos, int64_t B, int64_t L, int64_t S,
                                       int64_t row_words, IndexErrorRecord* err) {
-  pdl_sync();
   const int64_t per_row = S * row_words;
   XT_GRID_STRIDE(i, B * per_row) {
     const int64_t b = i / per_row, r = i - b * per_row;
@@ -64,9 +63,10 @@ template <typename W>
 void launch_cache_write(void* cache, const void* x, const int64_t* pos, int64_t B, int64_t L, int64_t S,
                         int64_t row_bytes, const OnStream& on) {
   const int64_t row_words = row_bytes / static_cast<int64_t>(sizeof(W));
-  launch(kv_cache_write_kernel<W>, grid_for(B * S * row_words), kThreads, 0, on.s,
+  kv_cache_write_kernel<<<grid_for(B * S * row_words), kThreads, 0, on.s>>>(
       static_cast<W*>(cache), static_cast<const W*>(x), pos, B, L, S, row_words,
       xt::cuda::index_error_record(on.device));
+  XT_LAUNCH_CHECK();
 }
 
 // ------------------------------------------------------------------ attention
@@ -103,7 +103,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
     decode_partial_kernel(const T* q, const T* k, const T* v, const int64_t* len, compute_t<T>* po,
                           compute_t<T>* pm, compute_t<T>* pl, int64_t L, int H, int Hkv, int D, int chunk,
                           int nchunks, compute_t<T> qscale, IndexErrorRecord* err) {
-  pdl_sync();
   using C = compute_t<T>;
   extern __shared__ __align__(16) unsigned char decode_smem[];
   const int G = H / Hkv, tid = threadIdx.x, nthreads = blockDim.x;
@@ -176,7 +175,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
 template <typename T>
 __global__ void decode_combine_kernel(const compute_t<T>* po, const compute_t<T>* pm, const compute_t<T>* pl,
                                       const int64_t* len, T* out, int64_t L, int H, int D, int chunk, int nchunks) {
-  pdl_sync();
   using C = compute_t<T>;
   const int64_t bh = blockIdx.x, b = bh / H;
   const int64_t n = row_length(len, b, L, false, nullptr);
@@ -204,7 +202,6 @@ __global__ void __launch_bounds__(kPrepThreads)
     decode_prep_kernel(const T* q, const T* k, const T* v, const W* wq, const W* wk, T* q_out, T* k_cache,
                        T* v_cache, const int64_t* pos, int64_t L, int H, int Hkv, int D, float eps, float theta,
                        IndexErrorRecord* err) {
-  pdl_sync();
   using C = compute_t<T>;
   extern __shared__ __align__(16) unsigned char prep_smem[];
   C* tab_cos = reinterpret_cast<C*>(prep_smem);
@@ -256,7 +253,6 @@ template <typename T>
 __global__ void __launch_bounds__(kGreedyThreads)
     greedy_next_kernel(const T* logits, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,
                        int64_t stop) {
-  pdl_sync();
   using C = compute_t<T>;
   __shared__ C best_v[kGreedyThreads / kWarp];
   __shared__ int64_t best_i[kGreedyThreads / kWarp];
@@ -325,18 +321,20 @@ void decode_attention(DType dt, const void* q, const void* k_cache, const void* 
       const C qscale = static_cast<C>(scale * kLog2e);
       auto* err = xt::cuda::index_error_record(on.device);
       if (vec)
-        launch(decode_partial_kernel<true, T>, grid, kDecodeThreads, smem(chunk), on.s,
+        decode_partial_kernel<true, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
             qp, kp, vp, len, po, pm, pl, L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), chunk,
             static_cast<int>(nchunks), qscale, err);
       else
-        launch(decode_partial_kernel<false, T>, grid, kDecodeThreads, smem(chunk), on.s,
+        decode_partial_kernel<false, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
             qp, kp, vp, len, po, pm, pl, L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), chunk,
             static_cast<int>(nchunks), qscale, err);
+      XT_LAUNCH_CHECK();
     }
     const int threads = static_cast<int>(ceil_div(D, kWarp) * kWarp);
-    launch(decode_combine_kernel<T>, static_cast<unsigned>(rows), threads, 0, on.s,
+    decode_combine_kernel<T><<<static_cast<unsigned>(rows), threads, 0, on.s>>>(
         po, pm, pl, len, static_cast<T*>(out), L, static_cast<int>(H), static_cast<int>(D), chunk,
         static_cast<int>(nchunks));
+    XT_LAUNCH_CHECK();
   });
 }
 
@@ -355,10 +353,11 @@ void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void*
     with_lanes(D, [&](auto g) {
       constexpr int G = decltype(g)::value;
       const size_t smem = sizeof(compute_t<T>) * static_cast<size_t>(D);  // cos and sin, D/2 each
-      launch(decode_prep_kernel<G, T, W>, static_cast<unsigned>(B), kPrepThreads, smem, on.s,
+      decode_prep_kernel<G, T, W><<<static_cast<unsigned>(B), kPrepThreads, smem, on.s>>>(
           static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const W*>(wq),
           static_cast<const W*>(wk), static_cast<T*>(q_out), static_cast<T*>(k_cache), static_cast<T*>(v_cache), pos,
           L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), eps, theta, err);
+      XT_LAUNCH_CHECK();
     });
   });
 }
@@ -369,8 +368,9 @@ void greedy_next(DType dt, const void* logits, int64_t B, int64_t V, int64_t* st
   XT_CHECK(B <= INT32_MAX, ValueError, "greedy_next: too many rows for CUDA: ", B);
   OnStream on(stream);
   XT_DISPATCH_FLOAT(dt, "greedy_next", T, {
-    launch(greedy_next_kernel<T>, static_cast<unsigned>(B), kGreedyThreads, 0, on.s, static_cast<const T*>(logits), B, V,
+    greedy_next_kernel<T><<<static_cast<unsigned>(B), kGreedyThreads, 0, on.s>>>(static_cast<const T*>(logits), B, V,
                                                                                   state, ring, R, stop);
+    XT_LAUNCH_CHECK();
   });
 }
 

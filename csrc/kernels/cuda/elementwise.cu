@@ -35,7 +35,6 @@ struct MapArgs {
 // and the element index (dropout's counter), so the result never depends on N.
 template <int N, typename TI, int NI, typename TO, int NO, typename F>
 __global__ void map_kernel(MapArgs<TI, NI, TO, NO> a, int64_t n, F f) {
-  pdl_sync();
   using CI = compute_t<TI>;
   using CO = compute_t<TO>;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -79,8 +78,9 @@ void launch_map(const OnStream& on, int64_t n, const MapArgs<TI, NI, TO, NO>& a,
   bool vec = n >= N;
   for (int j = 0; j < NI; ++j) vec = vec && aligned_to(a.in[j], sizeof(Pack<TI, N>));
   for (int j = 0; j < NO; ++j) vec = vec && aligned_to(a.out[j], sizeof(Pack<TO, N>));
-  if (vec) launch(map_kernel<N, TI, NI, TO, NO, F>, grid_for(n / N), kThreads, 0, on.s, a, n, f);
-  else launch(map_kernel<1, TI, NI, TO, NO, F>, grid_for(n), kThreads, 0, on.s, a, n, f);
+  if (vec) map_kernel<N><<<grid_for(n / N), kThreads, 0, on.s>>>(a, n, f);
+  else map_kernel<1><<<grid_for(n), kThreads, 0, on.s>>>(a, n, f);
+  XT_LAUNCH_CHECK();
 }
 
 // The element functions: the formulas of kernels/common.h, which the CPU kernels use too.
@@ -184,7 +184,6 @@ __device__ __forceinline__ bool device_aligned(const void* p, size_t bytes) {
 // pointers are pack-aligned (the branch is uniform over the block), one element per step otherwise.
 template <int N, typename S, typename D>
 __global__ void cast_many_kernel(CastList<S, D> L) {
-  pdl_sync();
   const int b = static_cast<int>(blockIdx.x);
   int lo = 0, hi = L.n - 1;  // the last t with first_block[t] <= b
   while (lo < hi) {
@@ -223,7 +222,8 @@ void launch_cast_many(const OnStream& on, int n_tensors, const void* const* src,
   L.first_block[0] = 0;
   auto flush = [&] {
     if (L.n == 0) return;
-    launch(cast_many_kernel<N, S, D>, static_cast<unsigned>(L.first_block[L.n]), kThreads, 0, on.s, L);
+    cast_many_kernel<N, S, D><<<static_cast<unsigned>(L.first_block[L.n]), kThreads, 0, on.s>>>(L);
+    XT_LAUNCH_CHECK();
     L.n = 0;
   };
   for (int t = 0; t < n_tensors; ++t) {
@@ -244,14 +244,12 @@ void launch_cast_many(const OnStream& on, int n_tensors, const void* const* src,
 
 template <typename T>
 __global__ void fill_kernel(T* out, int64_t n, T value) {
-  pdl_sync();
   XT_GRID_STRIDE(i, n) out[i] = value;
 }
 
 // Casts that involve an integer type (rare: index conversions), through double like the CPU.
 template <typename S, typename D>
 __global__ void cast_kernel(const S* src, D* dst, int64_t n) {
-  pdl_sync();
   XT_GRID_STRIDE(i, n) {
     if constexpr (std::is_same_v<S, D>) dst[i] = src[i];
     else store_any(dst, i, load_any(src, i));
@@ -261,7 +259,6 @@ __global__ void cast_kernel(const S* src, D* dst, int64_t n) {
 // Broadcast: unravel the output index over bc.shape (last dim fastest) into a/b offsets.
 template <typename T>
 __global__ void binary_broadcast_kernel(BinaryOp op, const T* a, const T* b, T* out, int64_t n, Broadcast bc) {
-  pdl_sync();
   using C = compute_t<T>;
   XT_GRID_STRIDE(i, n) {
     int64_t rem = i, aoff = 0, boff = 0;
@@ -277,7 +274,6 @@ __global__ void binary_broadcast_kernel(BinaryOp op, const T* a, const T* b, T* 
 
 template <typename T>
 __global__ void random_fill_kernel(bool normal, T* out, int64_t n, uint64_t seed, uint64_t offset) {
-  pdl_sync();
   XT_GRID_STRIDE(i, n) {
     store_any(out, i, static_cast<double>(random_value(normal, seed, offset + static_cast<uint64_t>(i))));
   }
@@ -285,7 +281,6 @@ __global__ void random_fill_kernel(bool normal, T* out, int64_t n, uint64_t seed
 
 template <typename T>
 __global__ void arange_kernel(T* out, int64_t n, double start, double step) {
-  pdl_sync();
   XT_GRID_STRIDE(i, n) store_any(out, i, start + step * static_cast<double>(i));
 }
 
@@ -299,7 +294,8 @@ void fill(DType dt, void* out, int64_t n, double value, void* stream) {
   XT_DISPATCH_ALL(dt, "fill", T, {
     T v;
     store_any(&v, 0, value);
-    launch(fill_kernel<T>, grid_for(n), kThreads, 0, on.s, static_cast<T*>(out), n, v);
+    fill_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<T*>(out), n, v);
+    XT_LAUNCH_CHECK();
   });
 }
 
@@ -309,7 +305,8 @@ void cast(DType src_dt, const void* src, DType dst_dt, void* dst, int64_t n, voi
   XT_DISPATCH_ALL(src_dt, "cast", S, {
     XT_DISPATCH_ALL(dst_dt, "cast", D, {
       if constexpr (std::is_integral_v<S> || std::is_integral_v<D>) {
-        launch(cast_kernel<S, D>, grid_for(n), kThreads, 0, on.s, static_cast<const S*>(src), static_cast<D*>(dst), n);
+        cast_kernel<S, D><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
+        XT_LAUNCH_CHECK();
       } else {
         launch_map(on, n, MapArgs<S, 1, D, 1>{{static_cast<const S*>(src)}, {static_cast<D*>(dst)}}, CastF{});
       }
@@ -340,7 +337,8 @@ void binary(BinaryOp op, DType dt, const void* a, const void* b, void* out, int6
     const T* pb = static_cast<const T*>(b);
     T* po = static_cast<T*>(out);
     if (bc) {
-      launch(binary_broadcast_kernel<T>, grid_for(n), kThreads, 0, on.s, op, pa, pb, po, n, *bc);
+      binary_broadcast_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(op, pa, pb, po, n, *bc);
+      XT_LAUNCH_CHECK();
     } else {
       launch_map(on, n, MapArgs<T, 2, T, 1>{{pa, pb}, {po}}, BinaryF{op});
     }
@@ -416,8 +414,9 @@ void random_fill(RandomKind kind, DType dt, void* out, int64_t n, uint64_t seed,
   if (n == 0) return;
   OnStream on(stream);
   XT_DISPATCH_FLOAT(dt, "random_fill", T, {
-    launch(random_fill_kernel<T>, grid_for(n), kThreads, 0, on.s, kind == RandomKind::Normal, static_cast<T*>(out), n,
+    random_fill_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(kind == RandomKind::Normal, static_cast<T*>(out), n,
                                                                seed, offset);
+    XT_LAUNCH_CHECK();
   });
 }
 
@@ -425,7 +424,8 @@ void arange(DType dt, void* out, int64_t n, double start, double step, void* str
   if (n == 0) return;
   OnStream on(stream);
   XT_DISPATCH_ALL(dt, "arange", T, {
-    launch(arange_kernel<T>, grid_for(n), kThreads, 0, on.s, static_cast<T*>(out), n, start, step);
+    arange_kernel<T><<<grid_for(n), kThreads, 0, on.s>>>(static_cast<T*>(out), n, start, step);
+    XT_LAUNCH_CHECK();
   });
 }
 

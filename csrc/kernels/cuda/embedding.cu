@@ -23,7 +23,6 @@ namespace {
 template <typename W>
 __global__ void gather_rows_kernel(const W* table, const void* ids, bool ids64, W* out, int64_t n_ids, int64_t vocab,
                                    int64_t row_words, IndexErrorRecord* err) {
-  pdl_sync();
   for (int64_t i = blockIdx.x; i < n_ids; i += gridDim.x) {
     const int64_t id = load_index(ids64, ids, i);
     W* dst = out + i * row_words;
@@ -42,8 +41,9 @@ void launch_gather(const void* table, const void* ids, bool ids64, void* out, in
                    int64_t row_words, const OnStream& on) {
   const int threads = row_words >= kThreads ? kThreads : static_cast<int>(ceil_div(row_words, kWarp) * kWarp);
   const unsigned blocks = static_cast<unsigned>(n_ids < kMaxBlocks ? n_ids : kMaxBlocks);
-  launch(gather_rows_kernel<W>, blocks, threads, 0, on.s, static_cast<const W*>(table), ids, ids64, static_cast<W*>(out),
+  gather_rows_kernel<<<blocks, threads, 0, on.s>>>(static_cast<const W*>(table), ids, ids64, static_cast<W*>(out),
                                                    n_ids, vocab, row_words, xt::cuda::index_error_record(on.device));
+  XT_LAUNCH_CHECK();
 }
 
 // The sort's input: keys[i] = ids[i], or `vocab` for an id outside [0, vocab) (reported), and
@@ -51,7 +51,6 @@ void launch_gather(const void* table, const void* ids, bool ids64, void* out, in
 template <typename K>
 __global__ void sort_input_kernel(const K* ids, int64_t n, int64_t vocab, K* keys, int32_t* pos,
                                   IndexErrorRecord* err) {
-  pdl_sync();
   XT_GRID_STRIDE(i, n) {
     const K id = ids[i];  // unsigned: a negative id is larger than any vocab
     const bool ok = static_cast<uint64_t>(id) < static_cast<uint64_t>(vocab);
@@ -66,7 +65,6 @@ __global__ void sort_input_kernel(const K* ids, int64_t n, int64_t vocab, K* key
 template <typename T, typename K>
 __global__ void segment_sum_kernel(const K* sorted_ids, const int32_t* sorted_pos, const T* dout, T* dtable,
                                    int64_t n_ids, int64_t vocab, int64_t dim) {
-  pdl_sync();
   using C = compute_t<T>;
   const int64_t j = blockIdx.x;
   const K id = sorted_ids[j];
@@ -95,8 +93,9 @@ void backward_sorted(const K* ids, const T* dout, T* dtable, int64_t n_ids, int6
   const int n = static_cast<int>(n_ids);
   Scratch keys_in(sizeof(K) * n, on), pos_in(sizeof(int32_t) * n, on), pos_out(sizeof(int32_t) * n, on),
       keys_out(sizeof(K) * n, on);
-  launch(sort_input_kernel<K>, grid_for(n), kThreads, 0, on.s, ids, n, vocab, keys_in.as<K>(), pos_in.as<int32_t>(),
+  sort_input_kernel<K><<<grid_for(n), kThreads, 0, on.s>>>(ids, n, vocab, keys_in.as<K>(), pos_in.as<int32_t>(),
                                                            xt::cuda::index_error_record(on.device));
+  XT_LAUNCH_CHECK();
   size_t temp_bytes = 0;
   const int end_bit = bits_for(vocab + 1);
   XT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in.as<K>(), keys_out.as<K>(),
@@ -105,8 +104,9 @@ void backward_sorted(const K* ids, const T* dout, T* dtable, int64_t n_ids, int6
   XT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.as<void>(), temp_bytes, keys_in.as<K>(), keys_out.as<K>(),
                                                 pos_in.as<int32_t>(), pos_out.as<int32_t>(), n, 0, end_bit, on.s));
   const int threads = dim >= kThreads ? kThreads : static_cast<int>(ceil_div(dim, kWarp) * kWarp);
-  launch(segment_sum_kernel<T, K>, static_cast<unsigned>(n), threads, 0, on.s, keys_out.as<K>(), pos_out.as<int32_t>(),
+  segment_sum_kernel<T, K><<<static_cast<unsigned>(n), threads, 0, on.s>>>(keys_out.as<K>(), pos_out.as<int32_t>(),
                                                                           dout, dtable, n_ids, vocab, dim);
+  XT_LAUNCH_CHECK();
 }
 
 }  // namespace

@@ -96,17 +96,19 @@ void flash_attention_forward(DType dt, const void* q, const void* k, const void*
       constexpr int kD = decltype(d)::value;
       constexpr int smem = flash::fwd_smem<kD>();
       allow_smem<flash::flash_forward_kernel<kD>>(smem, on.device);
-      launch(flash::flash_forward_kernel<kD>, flash::forward_grid(n), flash::kBlockThreads, smem, on.s,
+      flash::flash_forward_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, smem, on.s>>>(
           static_cast<const bf16_t*>(q), static_cast<const bf16_t*>(k), static_cast<const bf16_t*>(v),
           static_cast<bf16_t*>(out), static_cast<float*>(lse), n);
+      XT_LAUNCH_CHECK();
     });
     return;
   }
   const RowDims n = row_dims(B, S, H, Hkv, D, scale, causal);
   XT_DISPATCH_FLOAT(dt, "flash_attention_forward", T, {
-    launch(flash::row_forward_kernel<T>, flash::row_grid(n, n.H), flash::kRowWarps * kWarp, 0, on.s,
+    flash::row_forward_kernel<T><<<flash::row_grid(n, n.H), flash::kRowWarps * kWarp, 0, on.s>>>(
         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(out),
         static_cast<compute_t<T>*>(lse), n);
+    XT_LAUNCH_CHECK();
   });
 }
 
@@ -124,9 +126,10 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
     // The tensor-core dq kernel writes delta itself (Note [delta inside the dq kernel]).
     if (!tc) with_lanes(D, [&](auto g) {
       constexpr int G = decltype(g)::value;
-      launch(flash::delta_kernel<G, T>, static_cast<unsigned>(ceil_div(rows, rows_per_block<G>())), kThreads, 0, on.s,
+      flash::delta_kernel<G, T><<<static_cast<unsigned>(ceil_div(rows, rows_per_block<G>())), kThreads, 0, on.s>>>(
           static_cast<const T*>(out), static_cast<const T*>(dout), delta.as<C>(), rows, static_cast<int>(S),
           static_cast<int>(H), static_cast<int>(D));
+      XT_LAUNCH_CHECK();
     });
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (tc) {
@@ -136,26 +139,30 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
           constexpr int dq_smem = flash::dq_smem<kD>(), dkdv_smem = flash::dkdv_smem<kD>();
           allow_smem<flash::flash_backward_dq_kernel<kD>>(dq_smem, on.device);
           allow_smem<flash::flash_backward_dkdv_kernel<kD, kBR>>(dkdv_smem, on.device);
-          launch(flash::flash_backward_dq_kernel<kD>, flash::forward_grid(n), flash::kBlockThreads, dq_smem, on.s,
+          flash::flash_backward_dq_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, dq_smem, on.s>>>(
               static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
               static_cast<const T*>(out), static_cast<const T*>(dout), static_cast<const float*>(lse),
               delta.as<float>(), static_cast<T*>(dq), n);
-          launch(flash::flash_backward_dkdv_kernel<kD, kBR>, flash::dkdv_grid(n), flash::kBlockThreads, dkdv_smem, on.s,
+          XT_LAUNCH_CHECK();
+          flash::flash_backward_dkdv_kernel<kD, kBR><<<flash::dkdv_grid(n), flash::kBlockThreads, dkdv_smem, on.s>>>(
               static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
               static_cast<const T*>(dout), static_cast<const float*>(lse), delta.as<float>(), static_cast<T*>(dk),
               static_cast<T*>(dv), n);
+          XT_LAUNCH_CHECK();
         });
         return;
       }
     }
     const RowDims n = row_dims(B, S, H, Hkv, D, scale, causal);
     const auto* lse_c = static_cast<const C*>(lse);
-    launch(flash::row_backward_dq_kernel<T>, flash::row_grid(n, n.H), flash::kRowWarps * kWarp, 0, on.s,
+    flash::row_backward_dq_kernel<T><<<flash::row_grid(n, n.H), flash::kRowWarps * kWarp, 0, on.s>>>(
         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(dout),
         lse_c, delta.as<C>(), static_cast<T*>(dq), n);
-    launch(flash::row_backward_dkdv_kernel<T>, flash::row_grid(n, n.Hkv), flash::kRowWarps * kWarp, 0, on.s,
+    XT_LAUNCH_CHECK();
+    flash::row_backward_dkdv_kernel<T><<<flash::row_grid(n, n.Hkv), flash::kRowWarps * kWarp, 0, on.s>>>(
         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(dout),
         lse_c, delta.as<C>(), static_cast<T*>(dk), static_cast<T*>(dv), n);
+    XT_LAUNCH_CHECK();
   });
 }
 
@@ -189,20 +196,22 @@ void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, co
       constexpr int kD = decltype(d)::value;
       const int64_t tpb = flash::prep_tokens_per_block<flash::prep_lanes<kD>(), C>(H, Hkv, D);
       const size_t smem = sizeof(C) * static_cast<size_t>(tpb * D);  // cos and sin of tpb tokens
-      launch(flash::qk_norm_rope_forward_reg_kernel<kD, T, W>,
-          static_cast<unsigned>(ceil_div(B * S, tpb)), kThreads, smem, on.s,
+      flash::qk_norm_rope_forward_reg_kernel<kD, T, W>
+          <<<static_cast<unsigned>(ceil_div(B * S, tpb)), kThreads, smem, on.s>>>(
               static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq),
               static_cast<const W*>(wk), static_cast<T*>(q_out), static_cast<T*>(k_out), rstd_q, rstd_k, B * S,
               static_cast<int>(S), hr, static_cast<int>(tpb), static_cast<int>(D), eps, theta);
+      XT_LAUNCH_CHECK();
     });
     if (reg) return;
     with_lanes(D, [&](auto g) {
       constexpr int G = decltype(g)::value;
       const size_t smem = sizeof(compute_t<T>) * static_cast<size_t>(D);  // cos and sin, D/2 each
-      launch(flash::qk_norm_rope_forward_kernel<G, T, W>, static_cast<unsigned>(B * S), kPrepThreads, smem, on.s,
+      flash::qk_norm_rope_forward_kernel<G, T, W><<<static_cast<unsigned>(B * S), kPrepThreads, smem, on.s>>>(
           static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq), static_cast<const W*>(wk),
           static_cast<T*>(q_out), static_cast<T*>(k_out), rstd_q, rstd_k, static_cast<int>(S), hr,
           static_cast<int>(D), eps, theta);
+      XT_LAUNCH_CHECK();
     });
   });
 }
@@ -240,17 +249,20 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
       const unsigned nblocks = static_cast<unsigned>(qs.nblocks + ks.nblocks);
       const bool reg = with_prep_reg_dim(D, [&](auto d) {  // Note [Head preparation in registers]
         constexpr int kD = decltype(d)::value;
-        launch(flash::qk_norm_rope_backward_onepass_reg_kernel<kD, T, W>, nblocks, kThreads, smem, on.s,
+        flash::qk_norm_rope_backward_onepass_reg_kernel<kD, T, W><<<nblocks, kThreads, smem, on.s>>>(
             qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+        XT_LAUNCH_CHECK();
       });
       if (!reg) {
-        launch(flash::qk_norm_rope_backward_onepass_kernel<G, T, W>, nblocks, kThreads, smem, on.s,
+        flash::qk_norm_rope_backward_onepass_kernel<G, T, W><<<nblocks, kThreads, smem, on.s>>>(
             qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+        XT_LAUNCH_CHECK();
       }
       if (part_q + part_k > 0) {
-        launch(flash::qk_norm_rope_dw_tree_kernel<T, W>,
-            dim3(static_cast<unsigned>(ceil_div(D, rmsnorm::kFinalCols)), 2), kThreads, rmsnorm::tree_smem<C>(),
-               on.s, qs, ks, static_cast<int>(D));
+        flash::qk_norm_rope_dw_tree_kernel<T, W>
+            <<<dim3(static_cast<unsigned>(ceil_div(D, rmsnorm::kFinalCols)), 2), kThreads, rmsnorm::tree_smem<C>(),
+               on.s>>>(qs, ks, static_cast<int>(D));
+        XT_LAUNCH_CHECK();
       }
       done = true;
     });
@@ -259,10 +271,11 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
     with_lanes(D, [&](auto g) {
       constexpr int G = decltype(g)::value;
       const size_t smem = sizeof(C) * static_cast<size_t>(D);
-      launch(flash::qk_norm_rope_dx_kernel<G, T, W>, static_cast<unsigned>(B * S), kPrepThreads, smem, on.s,
+      flash::qk_norm_rope_dx_kernel<G, T, W><<<static_cast<unsigned>(B * S), kPrepThreads, smem, on.s>>>(
           static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq), static_cast<const W*>(wk),
           rstd_q, rstd_k, static_cast<const T*>(dq_out), static_cast<const T*>(dk_out), static_cast<T*>(dq),
           static_cast<T*>(dk), static_cast<int>(S), hr, static_cast<int>(D), theta);
+      XT_LAUNCH_CHECK();
     });
     // dw: rmsnorm_backward's column sums (column_sum_plan) of each side, both sides per launch.
     const auto side = [&](const void* x, const float* rstd, const void* dy, void* dw, int64_t heads) {
@@ -280,13 +293,15 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
     ks.partial = partial.as<C>() + part_q;
     const ColumnSumPlan plan = column_sum_plan(1, D);  // threads and column blocks depend on D only
     const int max_chunks = qs.nchunks > ks.nchunks ? qs.nchunks : ks.nchunks;
-    launch(flash::qk_norm_rope_dw_partial_kernel<T, W>,
-        dim3(static_cast<unsigned>(plan.col_blocks), static_cast<unsigned>(max_chunks), 2), plan.threads, 0,
-           on.s, qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+    flash::qk_norm_rope_dw_partial_kernel<T, W>
+        <<<dim3(static_cast<unsigned>(plan.col_blocks), static_cast<unsigned>(max_chunks), 2), plan.threads, 0,
+           on.s>>>(qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+    XT_LAUNCH_CHECK();
     if (max_chunks > 1) {
-      launch(flash::qk_norm_rope_dw_final_kernel<T, W>,
-          dim3(static_cast<unsigned>(plan.col_blocks), 1, 2), plan.threads, 0, on.s, qs, ks,
+      flash::qk_norm_rope_dw_final_kernel<T, W>
+          <<<dim3(static_cast<unsigned>(plan.col_blocks), 1, 2), plan.threads, 0, on.s>>>(qs, ks,
                                                                                            static_cast<int>(D));
+      XT_LAUNCH_CHECK();
     }
   });
 }

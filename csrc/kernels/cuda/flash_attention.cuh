@@ -324,7 +324,6 @@ template <int D>
 __global__ void __launch_bounds__(kBlockThreads)
     flash_forward_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                          bf16_t* __restrict__ out, float* __restrict__ lse, Dims n) {
-  pdl_sync();
   constexpr int kLd = D + kPad;
   bf16_t* sQ = reinterpret_cast<bf16_t*>(dynamic_smem());
   bf16_t* sK = sQ + kTile * kLd;  // 2 buffers
@@ -414,7 +413,6 @@ __global__ void __launch_bounds__(kBlockThreads)
                              const bf16_t* __restrict__ v, const bf16_t* __restrict__ out,
                              const bf16_t* __restrict__ dout, const float* __restrict__ lse,
                              float* __restrict__ delta, bf16_t* __restrict__ dq, Dims n) {
-  pdl_sync();
   constexpr int kLd = D + kPad;
   bf16_t* sQ = reinterpret_cast<bf16_t*>(dynamic_smem());
   bf16_t* sdO = sQ + kTile * kLd;
@@ -499,7 +497,6 @@ __global__ void __launch_bounds__(kBlockThreads)
                                const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
                                const float* __restrict__ lse, const float* __restrict__ delta,
                                bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, Dims n) {
-  pdl_sync();
   constexpr int kLd = D + kPad;
   bf16_t* sK = reinterpret_cast<bf16_t*>(dynamic_smem());
   bf16_t* sV = sK + kTile * kLd;
@@ -591,7 +588,6 @@ __global__ void __launch_bounds__(kBlockThreads)
 template <int G, typename T>
 __global__ void delta_kernel(const T* __restrict__ out, const T* __restrict__ dout, compute_t<T>* __restrict__ delta,
                              int64_t rows, int S, int H, int D) {
-  pdl_sync();
   const int64_t r = group_row<G>();
   const bool valid = r < rows;  // every lane takes part in the shuffles
   const int lane = threadIdx.x % G;
@@ -678,7 +674,6 @@ __device__ __forceinline__ int64_t row_offset(const RowDims& n, int b, int s, in
 template <typename T>
 __global__ void __launch_bounds__(kRowWarps * kWarp)
     row_forward_kernel(const T* q, const T* k, const T* v, T* out, compute_t<T>* lse, RowDims n) {
-  pdl_sync();
   using C = compute_t<T>;
   int b, h, i;
   if (!row_of_warp(n, n.H, &b, &h, &i)) return;  // the whole warp leaves together
@@ -707,7 +702,6 @@ template <typename T>
 __global__ void __launch_bounds__(kRowWarps * kWarp)
     row_backward_dq_kernel(const T* q, const T* k, const T* v, const T* dout, const compute_t<T>* lse,
                            const compute_t<T>* delta, T* dq, RowDims n) {
-  pdl_sync();
   using C = compute_t<T>;
   int b, h, i;
   if (!row_of_warp(n, n.H, &b, &h, &i)) return;
@@ -732,7 +726,6 @@ template <typename T>
 __global__ void __launch_bounds__(kRowWarps * kWarp)
     row_backward_dkdv_kernel(const T* q, const T* k, const T* v, const T* dout, const compute_t<T>* lse,
                              const compute_t<T>* delta, T* dk, T* dv, RowDims n) {
-  pdl_sync();
   using C = compute_t<T>;
   int b, hk, j;
   if (!row_of_warp(n, n.Hkv, &b, &hk, &j)) return;
@@ -805,7 +798,6 @@ template <int G, typename T, typename W>
 __global__ void qk_norm_rope_forward_kernel(const T* q, const T* k, const W* wq, const W* wk, T* q_out, T* k_out,
                                             float* rstd_q, float* rstd_k, int S, HeadRows hr, int D, float eps,
                                             float theta) {
-  pdl_sync();
   using C = compute_t<T>;
   C* tab_cos = reinterpret_cast<C*>(dynamic_smem());
   C* tab_sin = tab_cos + D / 2;
@@ -834,7 +826,6 @@ template <int G, typename T, typename W>
 __global__ void qk_norm_rope_dx_kernel(const T* q, const T* k, const W* wq, const W* wk, const float* rstd_q,
                                        const float* rstd_k, const T* dq_out, const T* dk_out, T* dq, T* dk, int S,
                                        HeadRows hr, int D, float theta) {
-  pdl_sync();
   using C = compute_t<T>;
   C* tab_cos = reinterpret_cast<C*>(dynamic_smem());
   C* tab_sin = tab_cos + D / 2;
@@ -901,7 +892,6 @@ __device__ __forceinline__ void dw_partial(const DwSide& sd, int S, int D, float
 
 template <typename T, typename W>
 __global__ void qk_norm_rope_dw_partial_kernel(DwSide q_side, DwSide k_side, int S, int D, float theta) {
-  pdl_sync();
   if (blockIdx.z == 0) dw_partial<T, W>(q_side, S, D, theta);
   else dw_partial<T, W>(k_side, S, D, theta);
 }
@@ -920,7 +910,6 @@ __device__ __forceinline__ void dw_final(const DwSide& sd, int D) {
 
 template <typename T, typename W>
 __global__ void qk_norm_rope_dw_final_kernel(DwSide q_side, DwSide k_side, int D) {
-  pdl_sync();
   if (blockIdx.z == 0) dw_final<T, W>(q_side, D);
   else dw_final<T, W>(k_side, D);
 }
@@ -984,7 +973,6 @@ template <int G, typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
 qk_norm_rope_backward_onepass_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int S, int D,
                                      float theta) {
-  pdl_sync();
   using C = compute_t<T>;
   const bool is_q = static_cast<int64_t>(blockIdx.x) < q_side.nblocks;
   const OnePassSide<T, W>& sd = is_q ? q_side : k_side;
@@ -1061,7 +1049,6 @@ constexpr int kTreeBatch = 32;
 template <typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
 qk_norm_rope_dw_tree_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int D) {
-  pdl_sync();
   using C = compute_t<T>;
   using rmsnorm::kFinalCols;
   using rmsnorm::kFinalSlices;
@@ -1170,7 +1157,6 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
                                 const W* __restrict__ wk, T* __restrict__ q_out, T* __restrict__ k_out,
                                 float* __restrict__ rstd_q, float* __restrict__ rstd_k, int64_t tokens, int S,
                                 HeadRows hr, int tpb, int dim, float eps, float theta) {
-  pdl_sync();
   using C = compute_t<T>;
   constexpr int G = prep_lanes<D>(), groups = kThreads / G, E = D / G, half = D / 2, E2 = E / 2;
   C* tab = reinterpret_cast<C*>(dynamic_smem());  // [tpb][D]: cos, then sin
@@ -1248,7 +1234,6 @@ template <int D, typename T, typename W>
 __global__ void __launch_bounds__(kThreads, kPrepBwdBlocks)
 qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int S, int dim,
                                          float theta) {
-  pdl_sync();
   using C = compute_t<T>;
   constexpr int G = prep_lanes<D>(), groups = kThreads / G, E = D / G, half = D / 2, E2 = E / 2;
   const bool is_q = static_cast<int64_t>(blockIdx.x) < q_side.nblocks;

@@ -13,8 +13,6 @@
 // (cuBLAS's default), so the same shapes give the same algorithm and the same bits.
 #include <atomic>
 #include <climits>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/common.cuh"
 
@@ -54,26 +52,6 @@ thread_local ThreadHandles tl_handles;
 
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
 bool allow_tf32() { return g_allow_tf32.load(); }
-
-bool pdl_enabled() {
-  static const bool allowed = [] {
-    const char* e = std::getenv("XTRAIN_PDL");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  if (!allowed) return false;
-  static std::atomic<int8_t> known[kMaxDevices] = {};  // 0: not asked yet, 1: sm_90+, -1: older
-  int device = 0;
-  XT_CUDA_CHECK(cudaGetDevice(&device));
-  XT_ASSERT(device >= 0 && device < kMaxDevices);
-  int8_t k = known[device].load(std::memory_order_relaxed);
-  if (k == 0) {
-    int major = 0;
-    XT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    k = major >= 9 ? 1 : -1;
-    known[device].store(k, std::memory_order_relaxed);
-  }
-  return k > 0;
-}
 
 cublasHandle_t cublas_handle(const OnStream& on) {
   XT_ASSERT(on.device >= 0 && on.device < kMaxDevices);

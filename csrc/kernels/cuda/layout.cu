@@ -27,7 +27,6 @@ struct PermutePlan {
 
 template <typename W, typename I>
 __global__ void permute_kernel(const W* __restrict__ x, W* __restrict__ out, I n, PermutePlan<I> plan) {
-  pdl_sync();
   for (I o = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; o < n;
        o += static_cast<I>(gridDim.x) * blockDim.x) {
     I rem = o, xoff = 0;
@@ -50,7 +49,7 @@ void launch_permute(const void* x, void* out, int ndim, const int64_t* oshape, c
     plan.oshape[i] = static_cast<I>(oshape[i]);
     plan.ostep[i] = static_cast<I>(ostep[i]);
   }
-  launch(permute_kernel<W, I>, grid_for(n), kThreads, 0, s, static_cast<const W*>(x), static_cast<W*>(out),
+  permute_kernel<W, I><<<grid_for(n), kThreads, 0, s>>>(static_cast<const W*>(x), static_cast<W*>(out),
                                                         static_cast<I>(n), plan);
 }
 
@@ -121,6 +120,7 @@ void permute(DType dt, const void* x, void* out, int ndim, const int64_t* shape,
     case 8: launch_permute_words<uint2>(x, out, m, oshape, ostep, n, on.s); break;
     default: launch_permute_words<uint4>(x, out, m, oshape, ostep, n, on.s); break;
   }
+  XT_LAUNCH_CHECK();
 }
 
 }  // namespace cuda

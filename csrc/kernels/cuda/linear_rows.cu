@@ -21,10 +21,11 @@ void launch_rows(const T* x, const rows::Weights& ws, T* out, int M, int64_t K, 
   const size_t smem = kSmemX ? static_cast<size_t>(M) * static_cast<size_t>(K) * sizeof(T) : 0;
   const auto blocks = static_cast<unsigned>(ceil_div(total, rows::kRowsWarps));
   if (M == 1)
-    launch(rows::linear_rows_kernel<kVec, kSmemX, 1, T>, blocks, rows::kRowsThreads, smem, on.s, x, ws, out, M, K);
+    rows::linear_rows_kernel<kVec, kSmemX, 1, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, ws, out, M, K);
   else
-    launch(rows::linear_rows_kernel<kVec, kSmemX, rows::kMaxRows, T>, blocks, rows::kRowsThreads, smem, on.s, x, ws, out,
+    rows::linear_rows_kernel<kVec, kSmemX, rows::kMaxRows, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, ws, out,
                                                                                                        M, K);
+  XT_LAUNCH_CHECK();
 }
 
 template <bool kVec, bool kGlu, typename T>
@@ -35,10 +36,11 @@ void launch_norm_rows(const T* x, const rows::RowsNorm& nm, const rows::Weights&
   // one block even without columns: block 0 writes h
   const auto blocks = static_cast<unsigned>(cols > 0 ? ceil_div(cols, rows::kRowsWarps) : 1);
   if (M == 1)
-    launch(rows::norm_linear_rows_kernel<kVec, kGlu, 1, T>, blocks, rows::kRowsThreads, smem, on.s, x, nm, ws, out, M, K);
+    rows::norm_linear_rows_kernel<kVec, kGlu, 1, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, nm, ws, out, M, K);
   else
-    launch(rows::norm_linear_rows_kernel<kVec, kGlu, rows::kMaxRows, T>, blocks, rows::kRowsThreads, smem, on.s,
+    rows::norm_linear_rows_kernel<kVec, kGlu, rows::kMaxRows, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(
         x, nm, ws, out, M, K);
+  XT_LAUNCH_CHECK();
 }
 
 }  // namespace

@@ -128,7 +128,6 @@ __device__ __forceinline__ void column_sums(C (&acc)[R], Pack<T, chunk_elems<T>(
 template <bool kVec, bool kSmemX, int R, typename T>
 __global__ void __launch_bounds__(kRowsThreads)
     linear_rows_kernel(const T* __restrict__ x, Weights ws, T* __restrict__ out, int M, int64_t K) {
-  pdl_sync();
   using C = compute_t<T>;
   constexpr int V = chunk_elems<T>();
   const int lane = threadIdx.x % kWarp;
@@ -215,7 +214,6 @@ struct RowsNorm {
 template <bool kVec, bool kGlu, int R, typename T>
 __global__ void __launch_bounds__(kRowsThreads)
     norm_linear_rows_kernel(const T* __restrict__ x, RowsNorm nm, Weights ws, T* __restrict__ out, int M, int64_t K) {
-  pdl_sync();
   using C = compute_t<T>;
   constexpr int V = chunk_elems<T>();
   constexpr int V1 = kVec ? V : 1;  // elements per load of the norm's rows

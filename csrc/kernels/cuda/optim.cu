@@ -61,7 +61,8 @@ void adamw_step(int n_tensors, float* const* params, const float* const* grads, 
   AdamWList L;
   auto flush = [&] {
     if (L.n == 0) return;
-    launch(optim::adamw_kernel, optim::adamw_blocks(L), kOptThreads, 0, on.s, L, k, guard, clip_norm, max_norm, hp.hyper);
+    optim::adamw_kernel<<<optim::adamw_blocks(L), kOptThreads, 0, on.s>>>(L, k, guard, clip_norm, max_norm, hp.hyper);
+    XT_LAUNCH_CHECK();
     L.n = 0;
   };
   L.chunk0[0] = 0;
@@ -95,11 +96,13 @@ void global_norm(int n_tensors, const float* const* tensors, const int64_t* size
   for_each_list(
       n_tensors, sizes, [&](TensorList& L, int slot, int i) { L.a[slot] = const_cast<float*>(tensors[i]); },
       [&](const TensorList& L, unsigned blocks) {
-        launch(optim::sumsq_partial_kernel, blocks, kOptThreads, 0, on.s, L, partial.as<double>() + done);
+        optim::sumsq_partial_kernel<<<blocks, kOptThreads, 0, on.s>>>(L, partial.as<double>() + done);
+        XT_LAUNCH_CHECK();
         done += blocks;
       });
   XT_ASSERT(done == total_blocks);
-  launch(optim::norm_final_kernel, 1, 1024, 0, on.s, partial.as<double>(), total_blocks, out);
+  optim::norm_final_kernel<<<1, 1024, 0, on.s>>>(partial.as<double>(), total_blocks, out);
+  XT_LAUNCH_CHECK();
 }
 
 void clip_by_norm(int n_tensors, float* const* tensors, const int64_t* sizes, const float* norm, float max_norm,
@@ -108,7 +111,8 @@ void clip_by_norm(int n_tensors, float* const* tensors, const int64_t* sizes, co
   for_each_list(
       n_tensors, sizes, [&](TensorList& L, int slot, int i) { L.a[slot] = tensors[i]; },
       [&](const TensorList& L, unsigned blocks) {
-        launch(optim::clip_kernel, blocks, kOptThreads, 0, on.s, L, norm, max_norm);
+        optim::clip_kernel<<<blocks, kOptThreads, 0, on.s>>>(L, norm, max_norm);
+        XT_LAUNCH_CHECK();
       });
 }
 

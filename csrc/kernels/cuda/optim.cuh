@@ -128,7 +128,6 @@ __device__ __forceinline__ int find_range(const AdamWList& L, int64_t c) {
 __global__ void __launch_bounds__(kOptThreads)
 adamw_kernel(const AdamWList L, AdamWConsts k, const float* guard, const float* clip_norm, float max_norm,
              const float* hyper) {
-  pdl_sync();
   if (guard && !isfinite(*guard)) return;  // a non-finite step: no update (the same for every thread)
   const bool clip = clip_norm != nullptr;
   const float coef = clip ? fminf(1.0f, max_norm / (*clip_norm + 1e-6f)) : 1.0f;
@@ -206,7 +205,6 @@ __device__ __forceinline__ int find_tensor(const TensorList& L, int64_t i) {
 
 // Block b: partial[b] = the float64 sum of squares of chunk b (see the Note for the order).
 __global__ void __launch_bounds__(kOptThreads) sumsq_partial_kernel(const TensorList L, double* partial) {
-  pdl_sync();
   __shared__ float staged[kChunk];
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t c1 = L.start[L.n] < c0 + kChunk ? L.start[L.n] : c0 + kChunk;
@@ -240,7 +238,6 @@ __global__ void __launch_bounds__(kOptThreads) sumsq_partial_kernel(const Tensor
 }
 
 __global__ void norm_final_kernel(const double* partial, int64_t nparts, float* out) {
-  pdl_sync();
   double acc = 0.0;
   for (int64_t i = threadIdx.x; i < nparts; i += blockDim.x) acc += partial[i];
   acc = block_sum(acc);
@@ -248,7 +245,6 @@ __global__ void norm_final_kernel(const double* partial, int64_t nparts, float* 
 }
 
 __global__ void clip_kernel(const TensorList L, const float* norm, float max_norm) {
-  pdl_sync();
   const float coef = fminf(1.0f, max_norm / (norm[0] + 1e-6f));
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t c1 = L.start[L.n] < c0 + kChunk ? L.start[L.n] : c0 + kChunk;

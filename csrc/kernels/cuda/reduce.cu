@@ -21,7 +21,6 @@ constexpr int64_t kSumPerThread = 8;  // elements a thread sums before blocks mu
 
 template <typename T>
 __global__ void sum_partials_kernel(const T* x, int64_t n, compute_t<T>* partial) {
-  pdl_sync();
   using C = compute_t<T>;
   C acc = 0;
   XT_GRID_STRIDE(i, n) acc += load(x, i);
@@ -32,7 +31,6 @@ __global__ void sum_partials_kernel(const T* x, int64_t n, compute_t<T>* partial
 // One block: thread t sums partials t, t + blockDim, ... then the block tree.
 template <typename T>
 __global__ void sum_final_kernel(const compute_t<T>* partial, int nparts, T* out) {
-  pdl_sync();
   using C = compute_t<T>;
   C acc = 0;
   for (int i = threadIdx.x; i < nparts; i += blockDim.x) acc += partial[i];
@@ -45,7 +43,6 @@ __global__ void sum_final_kernel(const compute_t<T>* partial, int nparts, T* out
 // One warp per row (short rows).
 template <typename T>
 __global__ void sum_rows_warp_kernel(const T* x, T* out, int64_t rows, int64_t cols) {
-  pdl_sync();
   using C = compute_t<T>;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   if (r >= rows) return;
@@ -60,7 +57,6 @@ __global__ void sum_rows_warp_kernel(const T* x, T* out, int64_t rows, int64_t c
 // One block per row (long rows).
 template <typename T>
 __global__ void sum_rows_block_kernel(const T* x, T* out, int64_t cols) {
-  pdl_sync();
   using C = compute_t<T>;
   const T* xr = x + static_cast<int64_t>(blockIdx.x) * cols;
   C acc = 0;
@@ -85,7 +81,6 @@ struct SumToPlan {
 // one chunk it writes out directly; otherwise it writes a float partial at [chunk, o].
 template <typename T>
 __global__ void sum_to_partial_kernel(const T* in, T* out, compute_t<T>* partial, SumToPlan plan) {
-  pdl_sync();
   using C = compute_t<T>;
   const int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (o >= plan.out_n) return;
@@ -124,7 +119,6 @@ __global__ void sum_to_partial_kernel(const T* in, T* out, compute_t<T>* partial
 // out[o] = partials [0, o] + [1, o] + ... in chunk order.
 template <typename T>
 __global__ void sum_to_final_kernel(const compute_t<T>* partial, int nchunks, T* out, SumToPlan plan) {
-  pdl_sync();
   using C = compute_t<T>;
   const int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (o >= plan.out_n) return;
@@ -155,8 +149,10 @@ void sum_all(DType dt, const void* x, void* out, int64_t n, void* stream) {
     const int64_t want = ceil_div(n, kSumThreads * kSumPerThread);
     const int blocks = static_cast<int>(want < 1 ? 1 : (want > kSumMaxBlocks ? kSumMaxBlocks : want));
     Scratch partial(sizeof(C) * blocks, on);
-    launch(sum_partials_kernel<T>, blocks, kSumThreads, 0, on.s, static_cast<const T*>(x), n, partial.as<C>());
-    launch(sum_final_kernel<T>, 1, kSumThreads, 0, on.s, partial.as<C>(), blocks, static_cast<T*>(out));
+    sum_partials_kernel<T><<<blocks, kSumThreads, 0, on.s>>>(static_cast<const T*>(x), n, partial.as<C>());
+    XT_LAUNCH_CHECK();
+    sum_final_kernel<T><<<1, kSumThreads, 0, on.s>>>(partial.as<C>(), blocks, static_cast<T*>(out));
+    XT_LAUNCH_CHECK();
   });
 }
 
@@ -168,12 +164,13 @@ void sum_lastdim(DType dt, const void* x, void* out, int64_t rows, int64_t cols,
     T* po = static_cast<T*>(out);
     if (cols <= 1024) {
       const int rows_per_block = kThreads / kWarp;
-      launch(sum_rows_warp_kernel<T>, static_cast<unsigned>(ceil_div(rows, rows_per_block)), kThreads, 0, on.s,
+      sum_rows_warp_kernel<T><<<static_cast<unsigned>(ceil_div(rows, rows_per_block)), kThreads, 0, on.s>>>(
           px, po, rows, cols);
     } else {
       XT_CHECK(rows <= INT32_MAX, ValueError, "sum_lastdim: too many rows for CUDA: ", rows);
-      launch(sum_rows_block_kernel<T>, static_cast<unsigned>(rows), 512, 0, on.s, px, po, cols);
+      sum_rows_block_kernel<T><<<static_cast<unsigned>(rows), 512, 0, on.s>>>(px, po, cols);
     }
+    XT_LAUNCH_CHECK();
   });
 }
 
@@ -217,12 +214,15 @@ void sum_to(DType dt, const void* in, void* out, int64_t out_n, const Broadcast*
     T* po = static_cast<T*>(out);
     const dim3 grid(static_cast<unsigned>(ceil_div(out_n, kThreads)), static_cast<unsigned>(nchunks));
     if (nchunks == 1) {
-      launch(sum_to_partial_kernel<T>, grid, kThreads, 0, on.s, pin, po, nullptr, plan);
+      sum_to_partial_kernel<T><<<grid, kThreads, 0, on.s>>>(pin, po, nullptr, plan);
+      XT_LAUNCH_CHECK();
       return;
     }
     Scratch partial(sizeof(C) * static_cast<size_t>(nchunks * out_n), on);
-    launch(sum_to_partial_kernel<T>, grid, kThreads, 0, on.s, pin, po, partial.as<C>(), plan);
-    launch(sum_to_final_kernel<T>, grid.x, kThreads, 0, on.s, partial.as<C>(), static_cast<int>(nchunks), po, plan);
+    sum_to_partial_kernel<T><<<grid, kThreads, 0, on.s>>>(pin, po, partial.as<C>(), plan);
+    XT_LAUNCH_CHECK();
+    sum_to_final_kernel<T><<<grid.x, kThreads, 0, on.s>>>(partial.as<C>(), static_cast<int>(nchunks), po, plan);
+    XT_LAUNCH_CHECK();
   });
 }
 

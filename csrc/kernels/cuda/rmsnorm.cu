@@ -37,7 +37,6 @@ namespace {
 template <int G, typename T, typename W>
 __global__ void rmsnorm_dx_kernel(const T* x, const W* w, const float* rstd, const T* dy, const T* dres, T* dx,
                                   int64_t rows, int64_t dim) {
-  pdl_sync();
   using C = compute_t<T>;
   const int64_t r = group_row<G>();
   const bool valid = r < rows;
@@ -67,7 +66,6 @@ __global__ void rmsnorm_dx_kernel(const T* x, const W* w, const float* rstd, con
 template <typename T, typename W>
 __global__ void rmsnorm_dw_partial_kernel(const T* x, const float* rstd, const T* dy, W* dw,
                                           compute_t<T>* partial, int64_t rows, int64_t dim, int64_t rows_per_chunk) {
-  pdl_sync();
   using C = compute_t<T>;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= dim) return;
@@ -81,7 +79,6 @@ __global__ void rmsnorm_dw_partial_kernel(const T* x, const float* rstd, const T
 
 template <typename C, typename W>
 __global__ void rmsnorm_dw_final_kernel(const C* partial, int nchunks, W* dw, int64_t dim) {
-  pdl_sync();
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= dim) return;
   C acc = 0;
@@ -102,18 +99,19 @@ void forward_typed(const T* x, const T* res, const W* w, T* h, T* y, float* rstd
     if (plan.use) {
       const unsigned blocks = static_cast<unsigned>(rows);
       if (plan.vec)
-        launch(rmsnorm_rows_kernel<G, kAdd, true, T, W>, blocks, plan.threads, plan.smem, on.s, x, res, w, h, y, rstd,
+        rmsnorm_rows_kernel<G, kAdd, true, T, W><<<blocks, plan.threads, plan.smem, on.s>>>(x, res, w, h, y, rstd,
                                                                                            dim, eps);
       else
-        launch(rmsnorm_rows_kernel<G, kAdd, false, T, W>, blocks, plan.threads, plan.smem, on.s, x, res, w, h, y, rstd,
+        rmsnorm_rows_kernel<G, kAdd, false, T, W><<<blocks, plan.threads, plan.smem, on.s>>>(x, res, w, h, y, rstd,
                                                                                             dim, eps);
     } else {
       const unsigned blocks = static_cast<unsigned>(ceil_div(rows, rows_per_block<G>()));
       if constexpr (kAdd)
-        launch(add_rmsnorm_forward_kernel<G, T, W>, blocks, kThreads, 0, on.s, x, res, w, h, y, rstd, rows, dim, eps);
+        add_rmsnorm_forward_kernel<G, T, W><<<blocks, kThreads, 0, on.s>>>(x, res, w, h, y, rstd, rows, dim, eps);
       else
-        launch(rmsnorm_forward_kernel<G, T, W>, blocks, kThreads, 0, on.s, x, w, y, rstd, rows, dim, eps);
+        rmsnorm_forward_kernel<G, T, W><<<blocks, kThreads, 0, on.s>>>(x, w, y, rstd, rows, dim, eps);
     }
+    XT_LAUNCH_CHECK();
   });
 }
 
@@ -127,23 +125,27 @@ void backward_typed(const T* x, const W* w, const float* rstd, const T* dy, cons
     const OnePassPlan plan = onepass_plan<G, C>(rows, dim);
     if (plan.smem == 0) return;
     if (plan.nblocks == 1) {
-      launch(rmsnorm_backward_onepass_kernel<G, T, W>, 1, kThreads, plan.smem, on.s, x, w, rstd, dy, dres, dx, dw, nullptr,
+      rmsnorm_backward_onepass_kernel<G, T, W><<<1, kThreads, plan.smem, on.s>>>(x, w, rstd, dy, dres, dx, dw, nullptr,
                                                                               rows, dim, plan.rows_per_block);
+      XT_LAUNCH_CHECK();
     } else {
       Scratch partial(sizeof(C) * static_cast<size_t>(plan.nblocks * dim), on);
-      launch(rmsnorm_backward_onepass_kernel<G, T, W>, static_cast<unsigned>(plan.nblocks), kThreads, plan.smem, on.s,
+      rmsnorm_backward_onepass_kernel<G, T, W><<<static_cast<unsigned>(plan.nblocks), kThreads, plan.smem, on.s>>>(
           x, w, rstd, dy, dres, dx, dw, partial.as<C>(), rows, dim, plan.rows_per_block);
-      launch(rmsnorm_dw_tree_kernel<C, W>, static_cast<unsigned>(ceil_div(dim, kFinalCols)), kThreads, tree_smem<C>(),
-                                     on.s,
+      XT_LAUNCH_CHECK();
+      rmsnorm_dw_tree_kernel<C, W><<<static_cast<unsigned>(ceil_div(dim, kFinalCols)), kThreads, tree_smem<C>(),
+                                     on.s>>>(
           partial.as<C>(), plan.nblocks, dw, dim);
+      XT_LAUNCH_CHECK();
     }
     done = true;
   });
   if (done) return;
   with_lanes(dim, [&](auto g) {
     constexpr int G = decltype(g)::value;
-    launch(rmsnorm_dx_kernel<G, T, W>, static_cast<unsigned>(ceil_div(rows, rows_per_block<G>())), kThreads, 0, on.s,
+    rmsnorm_dx_kernel<G, T, W><<<static_cast<unsigned>(ceil_div(rows, rows_per_block<G>())), kThreads, 0, on.s>>>(
         x, w, rstd, dy, dres, dx, rows, dim);
+    XT_LAUNCH_CHECK();
   });
   // dw: one thread per column; row chunks summed in order, then the chunks in order.
   const ColumnSumPlan plan = column_sum_plan(rows, dim);
@@ -151,13 +153,16 @@ void backward_typed(const T* x, const W* w, const float* rstd, const T* dy, cons
   const int dw_threads = plan.threads;
   const dim3 grid(static_cast<unsigned>(plan.col_blocks), static_cast<unsigned>(nchunks));
   if (nchunks == 1) {
-    launch(rmsnorm_dw_partial_kernel<T, W>, grid, dw_threads, 0, on.s, x, rstd, dy, dw, nullptr, rows, dim, rows_per_chunk);
+    rmsnorm_dw_partial_kernel<T, W><<<grid, dw_threads, 0, on.s>>>(x, rstd, dy, dw, nullptr, rows, dim, rows_per_chunk);
+    XT_LAUNCH_CHECK();
     return;
   }
   Scratch partial(sizeof(C) * static_cast<size_t>(nchunks * dim), on);
-  launch(rmsnorm_dw_partial_kernel<T, W>, grid, dw_threads, 0, on.s, x, rstd, dy, dw, partial.as<C>(), rows, dim,
+  rmsnorm_dw_partial_kernel<T, W><<<grid, dw_threads, 0, on.s>>>(x, rstd, dy, dw, partial.as<C>(), rows, dim,
                                                                  rows_per_chunk);
-  launch(rmsnorm_dw_final_kernel<C, W>, grid.x, dw_threads, 0, on.s, partial.as<C>(), static_cast<int>(nchunks), dw, dim);
+  XT_LAUNCH_CHECK();
+  rmsnorm_dw_final_kernel<C, W><<<grid.x, dw_threads, 0, on.s>>>(partial.as<C>(), static_cast<int>(nchunks), dw, dim);
+  XT_LAUNCH_CHECK();
 }
 
 }  // namespace

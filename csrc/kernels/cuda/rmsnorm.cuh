@@ -31,7 +31,6 @@ template <int G, typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
 rmsnorm_backward_onepass_kernel(const T* x, const W* w, const float* rstd, const T* dy, const T* dres, T* dx, W* dw,
                                 compute_t<T>* partial, int64_t rows, int64_t dim, int64_t rows_per_block) {
-  pdl_sync();
   using C = compute_t<T>;
   C* acc = reinterpret_cast<C*>(dynamic_smem());  // [groups][dim]
   constexpr int groups = kThreads / G;
@@ -99,7 +98,6 @@ __device__ __forceinline__ void dw_tree(const C* partial, int64_t nparts, W* dw,
 template <typename C, typename W>
 __global__ void __launch_bounds__(kThreads)
 rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
-  pdl_sync();
   dw_tree<C, W>(partial, nparts, dw, dim, blockIdx.x);
 }
 
@@ -107,7 +105,6 @@ rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
 template <int G, typename T, typename W>
 __global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
                                        float* __restrict__ rstd, int64_t rows, int64_t dim, float eps) {
-  pdl_sync();
   using C = compute_t<T>;
   const int64_t r = group_row<G>();
   const bool valid = r < rows;  // every lane takes part in the shuffles
@@ -129,7 +126,6 @@ template <int G, typename T, typename W>
 __global__ void add_rmsnorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ res, const W* __restrict__ w,
                                            T* __restrict__ h, T* __restrict__ y, float* __restrict__ rstd, int64_t rows,
                                            int64_t dim, float eps) {
-  pdl_sync();
   using C = compute_t<T>;
   const int64_t r = group_row<G>();
   const bool valid = r < rows;
@@ -199,7 +195,6 @@ template <int G, bool kAdd, bool kVec, typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
 rmsnorm_rows_kernel(const T* __restrict__ x, const T* __restrict__ res, const W* __restrict__ w, T* __restrict__ h,
                     T* __restrict__ y, float* __restrict__ rstd, int64_t dim, float eps) {
-  pdl_sync();
   using C = compute_t<T>;
   constexpr int V = kVec ? 16 / static_cast<int>(sizeof(T)) : 1;  // elements per pack
   constexpr int P = kRowElems / V;                                  // packs per thread at most

@@ -23,7 +23,6 @@ namespace {
 template <typename T>
 __global__ void rope_rows_kernel(const T* x, T* out, const int64_t* pos, int S, int H, int D, float theta,
                                  bool inverse) {
-  pdl_sync();
   using C = compute_t<T>;
   extern __shared__ unsigned char rope_smem[];
   C* tab_cos = reinterpret_cast<C*>(rope_smem);
@@ -65,9 +64,10 @@ void rope(DType dt, const void* x, void* out, const int64_t* pos, int64_t B, int
   OnStream on(stream);
   XT_DISPATCH_FLOAT(dt, "rope", T, {
     const size_t smem = sizeof(compute_t<T>) * static_cast<size_t>(D);  // cos and sin, D/2 each
-    launch(rope_rows_kernel<T>, static_cast<unsigned>(B * S), kRopeThreads, smem, on.s,
+    rope_rows_kernel<T><<<static_cast<unsigned>(B * S), kRopeThreads, smem, on.s>>>(
         static_cast<const T*>(x), static_cast<T*>(out), pos, static_cast<int>(S), static_cast<int>(H),
         static_cast<int>(D), theta, inverse);
+    XT_LAUNCH_CHECK();
   });
 }
 

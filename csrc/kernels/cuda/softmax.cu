@@ -65,7 +65,6 @@ __device__ void softmax_row(const T* xr, T* yr, int64_t kept, int64_t total, com
 
 template <typename G, typename T>
 __global__ void softmax_forward_kernel(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
-  pdl_sync();
   const int64_t row = G::row();
   if (row >= rows) return;
   softmax_row<G>(x + row * cols, y + row * cols, cols, cols, compute_t<T>(1), log);
@@ -75,7 +74,6 @@ __global__ void softmax_forward_kernel(const T* x, T* y, int64_t rows, int64_t c
 // log_softmax: dx = dy - exp(y) * sum(dy)
 template <typename G, typename T>
 __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols, bool log) {
-  pdl_sync();
   using C = compute_t<T>;
   const int64_t row = G::row();
   if (row >= rows) return;
@@ -98,7 +96,6 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t 
 template <typename G, typename T>
 __global__ void attn_forward_kernel(const T* scores, T* probs, int64_t rows, int64_t seq, compute_t<T> scale,
                                     bool causal) {
-  pdl_sync();
   const int64_t row = G::row();
   if (row >= rows) return;
   const int64_t kept = causal ? row % seq + 1 : seq;
@@ -109,7 +106,6 @@ __global__ void attn_forward_kernel(const T* scores, T* probs, int64_t rows, int
 template <typename G, typename T>
 __global__ void attn_backward_kernel(const T* probs, const T* dprobs, T* dscores, int64_t rows, int64_t seq,
                                      compute_t<T> scale) {
-  pdl_sync();
   using C = compute_t<T>;
   const int64_t row = G::row();
   if (row >= rows) return;
@@ -132,6 +128,7 @@ void launch_rows(int64_t rows, int64_t cols, const OnStream& on, LaunchWarp&& wa
     XT_CHECK(rows <= INT32_MAX, ValueError, "softmax: too many rows for CUDA: ", rows);
     block_fn(static_cast<unsigned>(rows), kBlockRowThreads);
   }
+  XT_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -144,8 +141,8 @@ void softmax_forward(DType dt, const void* x, void* y, int64_t rows, int64_t col
     T* py = static_cast<T*>(y);
     launch_rows(
         rows, cols, on,
-        [&](unsigned g, int b) { launch(softmax_forward_kernel<Group<false>, T>, g, b, 0, on.s, px, py, rows, cols, log); },
-        [&](unsigned g, int b) { launch(softmax_forward_kernel<Group<true>, T>, g, b, 0, on.s, px, py, rows, cols, log); });
+        [&](unsigned g, int b) { softmax_forward_kernel<Group<false>, T><<<g, b, 0, on.s>>>(px, py, rows, cols, log); },
+        [&](unsigned g, int b) { softmax_forward_kernel<Group<true>, T><<<g, b, 0, on.s>>>(px, py, rows, cols, log); });
   });
 }
 
@@ -160,10 +157,10 @@ void softmax_backward(DType dt, const void* y, const void* dy, void* dx, int64_t
     launch_rows(
         rows, cols, on,
         [&](unsigned g, int b) {
-          launch(softmax_backward_kernel<Group<false>, T>, g, b, 0, on.s, py, pdy, pdx, rows, cols, log);
+          softmax_backward_kernel<Group<false>, T><<<g, b, 0, on.s>>>(py, pdy, pdx, rows, cols, log);
         },
         [&](unsigned g, int b) {
-          launch(softmax_backward_kernel<Group<true>, T>, g, b, 0, on.s, py, pdy, pdx, rows, cols, log);
+          softmax_backward_kernel<Group<true>, T><<<g, b, 0, on.s>>>(py, pdy, pdx, rows, cols, log);
         });
   });
 }
@@ -180,8 +177,8 @@ void attn_softmax_forward(DType dt, const void* scores, void* probs, int64_t bat
     const C sc = static_cast<C>(scale);
     launch_rows(
         rows, seq, on,
-        [&](unsigned g, int b) { launch(attn_forward_kernel<Group<false>, T>, g, b, 0, on.s, ps, pp, rows, seq, sc, causal); },
-        [&](unsigned g, int b) { launch(attn_forward_kernel<Group<true>, T>, g, b, 0, on.s, ps, pp, rows, seq, sc, causal); });
+        [&](unsigned g, int b) { attn_forward_kernel<Group<false>, T><<<g, b, 0, on.s>>>(ps, pp, rows, seq, sc, causal); },
+        [&](unsigned g, int b) { attn_forward_kernel<Group<true>, T><<<g, b, 0, on.s>>>(ps, pp, rows, seq, sc, causal); });
   });
 }
 
@@ -198,8 +195,8 @@ void attn_softmax_backward(DType dt, const void* probs, const void* dprobs, void
     const C sc = static_cast<C>(scale);
     launch_rows(
         rows, seq, on,
-        [&](unsigned g, int b) { launch(attn_backward_kernel<Group<false>, T>, g, b, 0, on.s, pp, pdp, pds, rows, seq, sc); },
-        [&](unsigned g, int b) { launch(attn_backward_kernel<Group<true>, T>, g, b, 0, on.s, pp, pdp, pds, rows, seq, sc); });
+        [&](unsigned g, int b) { attn_backward_kernel<Group<false>, T><<<g, b, 0, on.s>>>(pp, pdp, pds, rows, seq, sc); },
+        [&](unsigned g, int b) { attn_backward_kernel<Group<true>, T><<<g, b, 0, on.s>>>(pp, pdp, pds, rows, seq, sc); });
   });
 }
 
