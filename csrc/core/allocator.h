@@ -5,8 +5,9 @@
 //    freed block serves every later request of the same class.
 //  - Each device has its own pool: a free list keyed by (stream, size class) and a mutex, so
 //    threads driving different devices never wait on each other.
-//  - A request is served from the free list when a block of its class is cached (a cache hit);
-//    only on a miss does the pool call the raw backend (malloc / cudaMalloc).
+//  - A request is served from the free list when a block of its class is cached, else by the
+//    smallest cached block of a larger class up to kReuseSpan times its size (a cache hit); only
+//    on a miss does the pool call the raw backend (malloc / cudaMalloc).
 //  - Freed blocks go back to the free list, never to the backend; empty_cache() releases them.
 //  - A per-device limit caps reserved bytes (live + cached). A miss that would pass the limit
 //    first releases the cache, then raises OutOfMemoryError; a backend failure does the same.
@@ -83,6 +84,9 @@ constexpr size_t kSmallRound = 512;
 constexpr size_t kLargeThreshold = 1 << 20;
 // Size classes per power of two for large requests: at most 1/kClassesPerOctave (12.5%) waste.
 constexpr size_t kClassesPerOctave = 8;
+// A request whose class has no cached block takes the smallest cached block of a larger class up
+// to this many times its size before asking the backend (Note [Reusing a larger block]).
+constexpr size_t kReuseSpan = 2;
 // Larger requests fail at once (no device has 4 EiB; it also keeps the byte arithmetic far from
 // overflow).
 constexpr size_t kMaxRequest = size_t(1) << 62;

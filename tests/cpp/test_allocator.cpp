@@ -67,6 +67,45 @@ TEST(AllocatorPolicy, ReusesFreedBlockOfSameClass) {
   pool.empty_cache(&be);
 }
 
+TEST(AllocatorPolicy, ALargerCachedBlockServesAMissUpToTheSpan) {
+  CountingBackend be;
+  DevicePool pool(Device::cpu());
+  int s = 0, other = 0;
+  Block big = pool.allocate(3000, &s, &be);  // 3072
+  Block huge = pool.allocate(5000, &s, &be);  // 5120
+  pool.free(big);
+  pool.free(huge);
+  Block a = pool.allocate(2000, &other, &be);  // another stream's cache: never
+  EXPECT_NE(a.ptr, big.ptr);
+  EXPECT_NE(a.ptr, huge.ptr);
+  Block b = pool.allocate(2000, &s, &be);  // class 2048: none cached; 3072 <= 2 x 2048, the smallest fit
+  EXPECT_EQ(b.ptr, big.ptr);
+  EXPECT_EQ(b.size, 3072u);
+  Block c = pool.allocate(2000, &s, &be);  // 5120 > 2 x 2048: a miss
+  EXPECT_NE(c.ptr, huge.ptr);
+  EXPECT_EQ(be.allocs.load(), 4);
+  MemoryStats st = pool.stats();
+  EXPECT_EQ(st.allocated_bytes, 2048 + 3072 + 2048);  // counted at the blocks' own sizes
+  EXPECT_EQ(st.requested_bytes, 3 * 2000);
+  EXPECT_EQ(st.reserved_bytes, 3072 + 5120 + 2 * 2048);
+  pool.free(b);                                // back under its own class
+  Block d = pool.allocate(3000, &s, &be);
+  EXPECT_EQ(d.ptr, big.ptr);
+
+  pool.create_pool(3, &s);                     // the same rule inside a private pool
+  Block p = pool.allocate(5000, &s, &be, 3, false);
+  pool.free(p);
+  Block q = pool.allocate(3000, &s, &be, 3, false);
+  EXPECT_EQ(q.ptr, p.ptr);
+  EXPECT_EQ(q.size, 5120u);
+  pool.free(q);
+  pool.release_pool(3);
+  for (const Block& x : {a, c, d}) pool.free(x);
+  pool.empty_cache(&be);
+  EXPECT_EQ(pool.stats().reserved_bytes, 0);
+  EXPECT_EQ(be.allocs.load(), be.frees.load());
+}
+
 TEST(AllocatorPolicy, BlocksAreBoundToTheirStream) {
   CountingBackend be;
   DevicePool pool(Device::cpu());
@@ -117,7 +156,7 @@ TEST(AllocatorPolicy, LimitRaisesOutOfMemoryThenRecovers) {
   CountingBackend be;
   DevicePool pool(Device::cpu());
   pool.set_limit(4096, &be);
-  Block a = pool.allocate(3000, nullptr, &be);  // 3072
+  Block a = pool.allocate(3500, nullptr, &be);  // 3584
   try {
     pool.allocate(2000, nullptr, &be);  // 2048 more would pass 4096
     FAIL() << "expected OutOfMemoryError";
@@ -130,13 +169,15 @@ TEST(AllocatorPolicy, LimitRaisesOutOfMemoryThenRecovers) {
   }
   MemoryStats s = pool.stats();
   EXPECT_EQ(s.num_ooms, 1);
-  EXPECT_EQ(s.allocated_bytes, 3072);
-  EXPECT_EQ(s.reserved_bytes, 3072);
+  EXPECT_EQ(s.allocated_bytes, 3584);
+  EXPECT_EQ(s.reserved_bytes, 3584);
   pool.free(a);
-  Block b = pool.allocate(2000, nullptr, &be);  // the cached 3072 block is released to make room
+  // 1024 bytes: the cached 3584 block is more than kReuseSpan times larger, so it is released to
+  // make room
+  Block b = pool.allocate(1000, nullptr, &be);
   s = pool.stats();
-  EXPECT_EQ(s.allocated_bytes, 2048);
-  EXPECT_EQ(s.reserved_bytes, 2048);
+  EXPECT_EQ(s.allocated_bytes, 1024);
+  EXPECT_EQ(s.reserved_bytes, 1024);
   EXPECT_EQ(s.num_raw_free, 1);
   pool.free(b);
   pool.set_limit(-1, &be);
