@@ -28,6 +28,35 @@ Tensor cast_forward(const Tensor& x, DType dtype) {
   return out;
 }
 
+namespace {
+
+// One cast_many launch per (source dtype, destination dtype) pair of src[i] -> dst[i], the groups
+// in order of first appearance, each in index order: the order every caller's kernels run in.
+void launch_cast_groups(const std::vector<Tensor>& src, const std::vector<Tensor>& dst, Device dev) {
+  std::vector<bool> done(src.size(), false);
+  std::vector<const void*> from;
+  std::vector<void*> into;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (done[i]) continue;
+    const DType s_dt = src[i].dtype(), d_dt = dst[i].dtype();
+    from.clear();
+    into.clear();
+    sizes.clear();
+    for (size_t j = i; j < src.size(); ++j) {
+      if (src[j].dtype() != s_dt || dst[j].dtype() != d_dt) continue;
+      done[j] = true;
+      from.push_back(src[j].data_ptr());
+      into.push_back(dst[j].data_ptr());
+      sizes.push_back(src[j].numel());
+    }
+    XT_KERNEL(dev, cast_many, static_cast<int>(from.size()), s_dt, from.data(), d_dt, into.data(), sizes.data(),
+              stream_for(dev));
+  }
+}
+
+}  // namespace
+
 std::vector<Tensor> cast_many_forward(const std::vector<Tensor>& xs, DType dtype) {
   XT_CHECK(xs.size() <= static_cast<size_t>(std::numeric_limits<int>::max()), ValueError,
            "cast_many: too many tensors (", xs.size(), ")");
@@ -38,28 +67,14 @@ std::vector<Tensor> cast_many_forward(const std::vector<Tensor>& xs, DType dtype
   }
   std::vector<Tensor> out(xs);  // an input already of dtype stays itself
   if (xs.empty()) return out;
-  const Device dev = xs[0].device();
-  std::vector<bool> done(xs.size(), false);
-  std::vector<const void*> src;
-  std::vector<void*> dst;
-  std::vector<int64_t> sizes;
-  for (size_t i = 0; i < xs.size(); ++i) {  // one group per source dtype, in order of first appearance
-    const DType src_dt = xs[i].dtype();
-    if (src_dt == dtype || done[i]) continue;
-    src.clear();
-    dst.clear();
-    sizes.clear();
-    for (size_t j = i; j < xs.size(); ++j) {
-      if (xs[j].dtype() != src_dt) continue;
-      done[j] = true;
-      out[j] = Tensor::empty(xs[j].shape(), dtype, dev);
-      src.push_back(xs[j].data_ptr());
-      dst.push_back(out[j].data_ptr());
-      sizes.push_back(xs[j].numel());
-    }
-    XT_KERNEL(dev, cast_many, static_cast<int>(src.size()), src_dt, src.data(), dtype, dst.data(), sizes.data(),
-              stream_for(dev));
+  std::vector<Tensor> src, dst;  // the inputs that change dtype and their new tensors
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (xs[i].dtype() == dtype) continue;
+    out[i] = Tensor::empty(xs[i].shape(), dtype, xs[i].device());
+    src.push_back(xs[i]);
+    dst.push_back(out[i]);
   }
+  launch_cast_groups(src, dst, xs[0].device());
   return out;
 }
 
@@ -76,28 +91,7 @@ void cast_many_into(const std::vector<Tensor>& src, const std::vector<Tensor>& d
              ValueError, "cast_many_into: src[", i, "] ", src[i].describe(), " cannot be cast into dst[", i, "] ",
              dst[i].describe(), " (same size, one device, floating dtypes)");
   }
-  if (src.empty()) return;
-  const Device dev = dst[0].device();
-  std::vector<bool> done(src.size(), false);
-  std::vector<const void*> from;
-  std::vector<void*> into;
-  std::vector<int64_t> sizes;
-  for (size_t i = 0; i < src.size(); ++i) {  // one group per dtype pair, in order of first appearance
-    if (done[i]) continue;
-    const DType s_dt = src[i].dtype(), d_dt = dst[i].dtype();
-    from.clear();
-    into.clear();
-    sizes.clear();
-    for (size_t j = i; j < src.size(); ++j) {
-      if (src[j].dtype() != s_dt || dst[j].dtype() != d_dt) continue;
-      done[j] = true;
-      from.push_back(src[j].data_ptr());
-      into.push_back(dst[j].data_ptr());
-      sizes.push_back(src[j].numel());
-    }
-    XT_KERNEL(dev, cast_many, static_cast<int>(from.size()), s_dt, from.data(), d_dt, into.data(), sizes.data(),
-              stream_for(dev));
-  }
+  if (!src.empty()) launch_cast_groups(src, dst, dst[0].device());
 }
 
 namespace {
