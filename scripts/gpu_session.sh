@@ -17,7 +17,8 @@
 #   ops       bench/ops.py ($OPS_ARGS, e.g. "--only linear --vocab 50257")
 #   attention bench/ops.py rows of the fused attention and head preparation against torch's flash SDPA
 #   data      bench/data_run.py ($DATA_ARGS)
-#   recompute bench/recompute.py ($RECOMPUTE_ARGS), xtrain beside PyTorch eager and torch.compile
+#   recompute bench/recompute.py ($RECOMPUTE_ARGS; default dim768 b32 V=50257, the gate), xtrain beside
+#             PyTorch eager and torch.compile with checkpointed blocks
 #   profile   bench/profile_step.py ($PROFILE_ARGS; default dim768 b32 bf16 V=50257)
 #   generate  bench/generate.py ($GENERATE_ARGS): the KV-cache generator against the re-run
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
@@ -146,8 +147,10 @@ for step in $steps; do
     data)
       run_step data 420 "$out/bench.log" "$py" bench/data_run.py ${DATA_ARGS:-}
       ;;
-    recompute)  # with the compiled peer (two compiles per preset); RECOMPUTE_ARGS="--no-search" saves ~1 min
-      run_step recompute 420 "$out/bench.log" "$py" bench/recompute.py ${RECOMPUTE_ARGS:-}
+    recompute)  # with the compiled peer (two compiles per preset, ~170 s); default: issue 15's gate config
+      run_step recompute 420 "$out/bench.log" "$py" bench/recompute.py \
+        ${RECOMPUTE_ARGS:---presets dim768 --batch 32 --seq 256 --bf16 --vocab 50257 --no-search}
+      grep -E "recompute (on|off):" "$out/bench.log" | tail -6 | tee -a "$summary"
       ;;
     profile)  # the step's kernels as xtrain train runs it, replayed graphs (bench/profile_step.py)
       run_step profile 180 "$out/bench.log" "$py" bench/profile_step.py ${PROFILE_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257}
