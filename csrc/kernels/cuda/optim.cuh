@@ -111,12 +111,14 @@ __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, floa
   v = vi;
 }
 
-// The range holding chunk c (binary search over chunk0).
-__device__ __forceinline__ int find_range(const AdamWList& L, int64_t c) {
-  int lo = 0, hi = L.n - 1;
+// The last of the n ascending starts start[0..n) that is at most x (binary search): the range
+// holding chunk x (start = AdamWList::chunk0), the tensor holding element x (TensorList::start).
+template <size_t N>
+__device__ __forceinline__ int find_start(const int64_t (&start)[N], int n, int64_t x) {
+  int lo = 0, hi = n - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (L.chunk0[mid] <= c) lo = mid;
+    if (start[mid] <= x) lo = mid;
     else hi = mid - 1;
   }
   return lo;
@@ -135,7 +137,7 @@ adamw_kernel(const AdamWList L, AdamWConsts k, const float* guard, const float* 
   const float step_size = hyper ? hyper[1] : k.step_size;
   const float bc2_sqrt = hyper ? hyper[2] : k.bc2_sqrt;
   for (int64_t c = blockIdx.x; c < L.chunk0[L.n]; c += gridDim.x) {
-    const int r = find_range(L, c);
+    const int r = find_start(L.chunk0, L.n, c);
     const int64_t i0 = (c - L.chunk0[r]) * kChunk;
     const int64_t n = L.size[r] - i0 < kChunk ? L.size[r] - i0 : kChunk;
     const float d = L.decays[r] ? decay : k.no_decay;
@@ -192,23 +194,12 @@ __device__ __forceinline__ int advance(const TensorList& L, int t, int64_t i) {
   return t;
 }
 
-// First tensor whose range holds element i (binary search over start).
-__device__ __forceinline__ int find_tensor(const TensorList& L, int64_t i) {
-  int lo = 0, hi = L.n - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (L.start[mid] <= i) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
-
 // Block b: partial[b] = the float64 sum of squares of chunk b (see the Note for the order).
 __global__ void __launch_bounds__(kOptThreads) sumsq_partial_kernel(const TensorList L, double* partial) {
   __shared__ float staged[kChunk];
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t c1 = L.start[L.n] < c0 + kChunk ? L.start[L.n] : c0 + kChunk;
-  int t = find_tensor(L, c0);
+  int t = find_start(L.start, L.n, c0);
   const float* x = L.a[t] + (c0 - L.start[t]);
   double acc = 0.0;
   // The same branch for the whole block (it depends on the chunk only), so the barrier is safe.
@@ -248,7 +239,7 @@ __global__ void clip_kernel(const TensorList L, const float* norm, float max_nor
   const float coef = fminf(1.0f, max_norm / (norm[0] + 1e-6f));
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t c1 = L.start[L.n] < c0 + kChunk ? L.start[L.n] : c0 + kChunk;
-  int t = find_tensor(L, c0);
+  int t = find_start(L.start, L.n, c0);
   for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
     t = advance(L, t, i);
     L.a[t][i - L.start[t]] *= coef;
