@@ -133,6 +133,30 @@ __device__ __forceinline__ void store_pack(T* row, int64_t p, const compute_t<T>
   }
 }
 
+// A thread's packs wholly inside a row, p = threadIdx.x, + nt, ... < full, in that order: kUnroll
+// packs' loads issued before the first is used, then the rest one at a time; f(v, p) takes pack
+// p's values (and may change them). Returns the thread's next pack: full when the thread owns the
+// partial last pack, if there is one.
+template <typename T, bool Vec, typename F>
+__device__ __forceinline__ int64_t for_full_packs(const T* row, int64_t full, int64_t nt, F&& f) {
+  using C = compute_t<T>;
+  constexpr int W = pack_width<T>();
+  int64_t p = threadIdx.x;
+  for (; p + (kUnroll - 1) * nt < full; p += kUnroll * nt) {
+    C v[kUnroll][W];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) load_pack<T, Vec>(row, p + u * nt, v[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) f(v[u], p + u * nt);
+  }
+  for (; p < full; p += nt) {
+    C v[W];
+    load_pack<T, Vec>(row, p, v);
+    f(v, p);
+  }
+  return p;
+}
+
 // (m, s) over the block, in a fixed order; every thread gets the result (blockDim.x a multiple of
 // 32, at most 1024).
 template <typename C>
@@ -165,19 +189,7 @@ ce_forward_kernel(const T* __restrict__ logits, const void* __restrict__ targets
   const T* xr = logits + r * ld;
   const int64_t full = vocab / W;  // packs wholly inside the row
   MaxSum<C> acc{NegInf<C>::get(), C(0)};
-  int64_t p = threadIdx.x;
-  for (; p + (kUnroll - 1) * nt < full; p += kUnroll * nt) {
-    C v[kUnroll][W];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) load_pack<T, Vec>(xr, p + u * nt, v[u]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) absorb(acc, v[u]);
-  }
-  for (; p < full; p += nt) {
-    C v[W];
-    load_pack<T, Vec>(xr, p, v);
-    absorb(acc, v);
-  }
+  const int64_t p = for_full_packs<T, Vec>(xr, full, nt, [&](const C(&v)[W], int64_t) { absorb(acc, v); });
   if (p == full && full * W < vocab) {  // the partial last pack, after this thread's full ones
     C v[W];
 #pragma unroll
@@ -257,23 +269,10 @@ ce_backward_kernel(const T* logits, const float* lse, const void* targets, bool 
   const float cnt = count[0];
   const C coef = static_cast<C>(dloss[0]) / static_cast<C>(cnt > 1.0f ? cnt : 1.0f);
   const C row_lse = static_cast<C>(lse[r]);
-  int64_t p = threadIdx.x;
-  for (; p + (kUnroll - 1) * nt < full; p += kUnroll * nt) {
-    C v[kUnroll][W];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) load_pack<T, Vec>(xr, p + u * nt, v[u]);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      grad_pack(v[u], (p + u * nt) * W, t, row_lse, coef);
-      store_pack<T, Vec>(dr, p + u * nt, v[u]);
-    }
-  }
-  for (; p < full; p += nt) {
-    C v[W];
-    load_pack<T, Vec>(xr, p, v);
-    grad_pack(v, p * W, t, row_lse, coef);
-    store_pack<T, Vec>(dr, p, v);
-  }
+  const int64_t p = for_full_packs<T, Vec>(xr, full, nt, [&](C(&v)[W], int64_t q) {
+    grad_pack(v, q * W, t, row_lse, coef);
+    store_pack<T, Vec>(dr, q, v);
+  });
   if (p == full && tail) {
     for (int64_t j = full * W; j < vocab; ++j) {
       const C x = load(xr, j);
