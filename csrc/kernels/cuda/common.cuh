@@ -111,31 +111,29 @@ __device__ __forceinline__ C warp_max(C v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-// Safe to call repeatedly: the leading barrier protects the shared slots of the previous call.
-template <typename C>
-__device__ C block_sum(C v) {
+// Sum (kMax: maximum) over the block (blockDim.x a multiple of 32, at most 1024): each warp's
+// butterfly, then a butterfly over the warps' results; every thread gets the result. Safe to call
+// repeatedly: the leading barrier protects the shared slots of the previous call (block_sum's and
+// block_max's slots are separate instantiations).
+template <bool kMax, typename C>
+__device__ C block_reduce(C v) {
   __shared__ C partial[32];
+  const auto warp_reduce = [](C x) {
+    if constexpr (kMax) return warp_max(x);
+    else return warp_sum(x);
+  };
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, nwarps = blockDim.x / kWarp;
-  v = warp_sum(v);
+  v = warp_reduce(v);
   __syncthreads();
   if (lane == 0) partial[warp] = v;
   __syncthreads();
-  C r = lane < nwarps ? partial[lane] : C(0);
-  return warp_sum(r);
+  C r = lane < nwarps ? partial[lane] : kMax ? NegInf<C>::get() : C(0);  // the warps past the last: the identity
+  return warp_reduce(r);
 }
-
 template <typename C>
-__device__ C block_max(C v) {
-  __shared__ C partial[32];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, nwarps = blockDim.x / kWarp;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  C r = lane < nwarps ? partial[lane] : NegInf<C>::get();
-  return warp_max(r);
-}
+__device__ __forceinline__ C block_sum(C v) { return block_reduce<false>(v); }
+template <typename C>
+__device__ __forceinline__ C block_max(C v) { return block_reduce<true>(v); }
 
 // ------------------------------------------------------------------ row groups
 
