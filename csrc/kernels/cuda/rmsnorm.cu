@@ -165,21 +165,28 @@ void backward_typed(const T* x, const W* w, const float* rstd, const T* dy, cons
   XT_LAUNCH_CHECK();
 }
 
+// rmsnorm_forward and add_rmsnorm_forward (kAdd false: res and h null); op names the caller.
+template <bool kAdd>
+void forward_any(const char* op, DType dt, DType w_dt, const void* x, const void* res, const void* w, void* h,
+                 void* y, float* rstd, int64_t rows, int64_t dim, float eps, void* stream) {
+  XT_ASSERT(w_dt == dt || w_dt == DType::Float32, op, ": w dtype ", dtype_name(w_dt));
+  if (rows == 0) return;
+  OnStream on(stream);
+  XT_DISPATCH_FLOAT(dt, op, T, {
+    if (w_dt == DType::Float32)
+      forward_typed<kAdd>(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const float*>(w),
+                          static_cast<T*>(h), static_cast<T*>(y), rstd, rows, dim, eps, on);
+    else
+      forward_typed<kAdd>(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w),
+                          static_cast<T*>(h), static_cast<T*>(y), rstd, rows, dim, eps, on);
+  });
+}
+
 }  // namespace
 
 void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y, float* rstd, int64_t rows,
                      int64_t dim, float eps, void* stream) {
-  XT_ASSERT(w_dt == dt || w_dt == DType::Float32, "rmsnorm_forward: w dtype ", dtype_name(w_dt));
-  if (rows == 0) return;
-  OnStream on(stream);
-  XT_DISPATCH_FLOAT(dt, "rmsnorm_forward", T, {
-    if (w_dt == DType::Float32)
-      forward_typed<false>(static_cast<const T*>(x), static_cast<const T*>(nullptr), static_cast<const float*>(w),
-                           static_cast<T*>(nullptr), static_cast<T*>(y), rstd, rows, dim, eps, on);
-    else
-      forward_typed<false>(static_cast<const T*>(x), static_cast<const T*>(nullptr), static_cast<const T*>(w),
-                           static_cast<T*>(nullptr), static_cast<T*>(y), rstd, rows, dim, eps, on);
-  });
+  forward_any<false>("rmsnorm_forward", dt, w_dt, x, nullptr, w, nullptr, y, rstd, rows, dim, eps, stream);
 }
 
 namespace {
@@ -219,17 +226,7 @@ void add_rmsnorm_backward(DType dt, DType w_dt, const void* h, const void* w, co
 
 void add_rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* res, const void* w, void* h, void* y,
                          float* rstd, int64_t rows, int64_t dim, float eps, void* stream) {
-  XT_ASSERT(w_dt == dt || w_dt == DType::Float32, "add_rmsnorm_forward: w dtype ", dtype_name(w_dt));
-  if (rows == 0) return;
-  OnStream on(stream);
-  XT_DISPATCH_FLOAT(dt, "add_rmsnorm_forward", T, {
-    if (w_dt == DType::Float32)
-      forward_typed<true>(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const float*>(w),
-                          static_cast<T*>(h), static_cast<T*>(y), rstd, rows, dim, eps, on);
-    else
-      forward_typed<true>(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const T*>(w),
-                          static_cast<T*>(h), static_cast<T*>(y), rstd, rows, dim, eps, on);
-  });
+  forward_any<true>("add_rmsnorm_forward", dt, w_dt, x, res, w, h, y, rstd, rows, dim, eps, stream);
 }
 
 }  // namespace cuda
