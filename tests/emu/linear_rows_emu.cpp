@@ -101,6 +101,25 @@ void expect_bits(const std::string& what, const std::vector<T>& a, const std::ve
   std::printf("    %-34s %s\n", what.c_str(), ok ? "bitwise equal" : "FAIL (bits differ)");
 }
 
+// The weights of one case in one buffer, each [n, K] starting at a multiple of 8 elements (16
+// bytes for bf16), drawn N(0, 0.05^2) in order.
+template <typename T>
+struct Weights {
+  std::vector<T> buf;
+  std::vector<const T*> ptrs;
+  Weights(const std::vector<int64_t>& N, int64_t K, std::mt19937& gen, std::normal_distribution<float>& nd) {
+    std::vector<size_t> off;
+    size_t size = 0;
+    for (int64_t n : N) {
+      off.push_back(size);
+      size += (static_cast<size_t>(n * K) + 7) / 8 * 8;
+    }
+    buf.resize(size + 8);
+    for (auto& v : buf) v = from_float<T>(nd(gen) * 0.05f);
+    for (size_t o : off) ptrs.push_back(buf.data() + o);
+  }
+};
+
 template <typename T>
 void one_case(int M, int64_t K, const std::vector<int64_t>& N, DType dt, double tol, bool all_paths) {
   int64_t total = 0;
@@ -114,16 +133,8 @@ void one_case(int M, int64_t K, const std::vector<int64_t>& N, DType dt, double 
   std::vector<T> xbuf(static_cast<size_t>(M * K + 8));
   for (auto& v : xbuf) v = from_float<T>(nd(gen));
   const T* x = xbuf.data();
-  std::vector<size_t> woff;
-  size_t wsize = 0;
-  for (int64_t n : N) {
-    woff.push_back(wsize);
-    wsize += (static_cast<size_t>(n * K) + 7) / 8 * 8;
-  }
-  std::vector<T> wbuf(wsize + 8);
-  for (auto& v : wbuf) v = from_float<T>(nd(gen) * 0.05f);
-  std::vector<const T*> w;
-  for (size_t i = 0; i < N.size(); ++i) w.push_back(wbuf.data() + woff[i]);
+  const Weights<T> wts(N, K, gen, nd);
+  const std::vector<const T*>& w = wts.ptrs;
 
   const size_t n_out = static_cast<size_t>(M * total);
   std::vector<T> ref(n_out), got(n_out, from_float<T>(-7.0f));
@@ -250,16 +261,8 @@ void norm_case(int M, int64_t K, const std::vector<int64_t>& N, bool add, bool g
   for (auto& v : res) v = from_float<T>(nd(gen));
   std::vector<W> nw(static_cast<size_t>(K));
   for (auto& v : nw) v = from_float<W>(1.0f + 0.1f * nd(gen));
-  std::vector<size_t> woff;
-  size_t wsize = 0;
-  for (int64_t n : N) {
-    woff.push_back(wsize);
-    wsize += (static_cast<size_t>(n * K) + 7) / 8 * 8;
-  }
-  std::vector<T> wbuf(wsize + 8);
-  for (auto& v : wbuf) v = from_float<T>(nd(gen) * 0.05f);
-  std::vector<const T*> w;
-  for (size_t i = 0; i < N.size(); ++i) w.push_back(wbuf.data() + woff[i]);
+  const Weights<T> wts(N, K, gen, nd);
+  const std::vector<const T*>& w = wts.ptrs;
   const int64_t n_cols = glu ? N[0] : total;
   const size_t n_out = static_cast<size_t>(M * n_cols);
 
