@@ -967,6 +967,48 @@ PrepDwPlan prep_dw_plan(int64_t rows, int64_t heads, int64_t D) {
   return p;
 }
 
+// The table refill of a round of rows [base, min(base + groups, r1)) (the same for every thread
+// of the block, so the barriers are uniform): when the round's tokens run past the tokens
+// [t_lo, t_hi) the table holds, the table takes tab_tokens tokens from base's, cos then the
+// negated sin (the inverse rotation) of each; inv_freq(i) is frequency i's rope_inv_freq.
+template <typename C, typename InvFreq>
+__device__ __forceinline__ void refill_inverse_table(C* tab, int64_t& t_lo, int64_t& t_hi, int64_t base, int64_t r1,
+                                                     int groups, int64_t heads, int64_t tab_tokens, int S, int D,
+                                                     InvFreq&& inv_freq) {
+  const int half = D / 2;
+  const int64_t last = (base + groups < r1 ? base + groups : r1) - 1;
+  if (base / heads < t_lo || last / heads >= t_hi) {
+    __syncthreads();  // every group is done with the old table
+    t_lo = base / heads;
+    t_hi = t_lo + tab_tokens;
+    for (int64_t e = threadIdx.x; e < tab_tokens * half; e += kThreads) {
+      const int64_t t = e / half;
+      const int i = static_cast<int>(e - t * half);
+      C sn, cs;
+      rope_cos_sin(static_cast<float>(static_cast<int>((t_lo + t) % S)) * inv_freq(i), &cs, &sn);
+      tab[t * D + i] = cs;
+      tab[t * D + half + i] = -sn;  // the inverse rotation
+    }
+    __syncthreads();
+  }
+}
+
+// The block's dw row, after its groups' rows in acc [groups][D] are complete: their sum in group
+// order, stored to dw when the side has one block, else as the block's partial row. Index: the
+// type of the row offsets (int64_t for a runtime D; int where D is a constant, which lets nvcc
+// unroll the sum as before).
+template <typename Index, typename C, typename T, typename W>
+__device__ __forceinline__ void store_block_dw(const C* acc, const OnePassSide<T, W>& sd, int64_t block, int groups,
+                                               int D) {
+  __syncthreads();
+  for (int j = threadIdx.x; j < D; j += kThreads) {
+    C s = 0;
+    for (int g = 0; g < groups; ++g) s += acc[static_cast<Index>(g) * D + j];
+    if (sd.nblocks == 1) store(sd.dw, j, static_cast<compute_t<W>>(s));
+    else sd.partial[block * D + j] = s;
+  }
+}
+
 // Blocks [0, q.nblocks) take q's plan, the next k.nblocks k's; dynamic shared memory: the larger
 // side's PrepDwPlan::smem. The loop, sums and stores are rmsnorm_backward_onepass_kernel's.
 template <int G, typename T, typename W>
@@ -988,22 +1030,8 @@ qk_norm_rope_backward_onepass_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W>
   const int64_t r1 = sd.rows < r0 + sd.rows_per_block ? sd.rows : r0 + sd.rows_per_block;
   int64_t t_lo = 0, t_hi = 0;  // the table holds tokens [t_lo, t_hi)
   for (int64_t base = r0; base < r1; base += groups) {
-    // The round's tokens (the same for every thread of the block, so the barriers are uniform).
-    const int64_t last = (base + groups < r1 ? base + groups : r1) - 1;
-    if (base / heads < t_lo || last / heads >= t_hi) {
-      __syncthreads();  // every group is done with the old table
-      t_lo = base / heads;
-      t_hi = t_lo + tab_tokens;
-      for (int64_t e = threadIdx.x; e < tab_tokens * half; e += kThreads) {
-        const int64_t t = e / half;
-        const int i = static_cast<int>(e - t * half);
-        C sn, cs;
-        rope_cos_sin(static_cast<float>(static_cast<int>((t_lo + t) % S)) * rope_inv_freq(theta, i, D), &cs, &sn);
-        tab[t * D + i] = cs;
-        tab[t * D + half + i] = -sn;  // the inverse rotation
-      }
-      __syncthreads();
-    }
+    refill_inverse_table(tab, t_lo, t_hi, base, r1, groups, heads, tab_tokens, S, D,
+                         [&](int i) { return rope_inv_freq(theta, i, D); });
     const int64_t r = base + group;
     const bool valid = r < r1;
     const T* xr = sd.x + (valid ? r : 0) * D;
@@ -1031,13 +1059,7 @@ qk_norm_rope_backward_onepass_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W>
       my[j] += d * xhat;
     }
   }
-  __syncthreads();
-  for (int j = threadIdx.x; j < D; j += kThreads) {
-    C s = 0;
-    for (int g = 0; g < groups; ++g) s += acc[static_cast<int64_t>(g) * D + j];
-    if (sd.nblocks == 1) store(sd.dw, j, static_cast<compute_t<W>>(s));
-    else sd.partial[block * D + j] = s;
-  }
+  store_block_dw<int64_t>(acc, sd, block, groups, D);
 }
 
 // dw of the sides with more than one block (blockIdx.y: 0 = q, 1 = k): rmsnorm::dw_tree's sums
@@ -1275,21 +1297,9 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
     for (int m = 0; m < kPrepBwdRows; ++m) {
       const int64_t base = b0 + static_cast<int64_t>(m) * groups;  // a round of the kernel above
       if (base >= r1) break;  // the same for every thread of the block
-      const int64_t last = (base + groups < r1 ? base + groups : r1) - 1;
-      if (base / heads < t_lo || last / heads >= t_hi) {
-        __syncthreads();  // every group is done with the old table
-        t_lo = base / heads;
-        t_hi = t_lo + tab_tokens;
-        for (int64_t e = threadIdx.x; e < tab_tokens * half; e += kThreads) {
-          const int64_t t = e / half;
-          const int i = static_cast<int>(e - t * half);
-          C sn, cs;
-          rope_cos_sin(static_cast<float>(static_cast<int>((t_lo + t) % S)) * inv_freq, &cs, &sn);
-          tab[t * D + i] = cs;
-          tab[t * D + half + i] = -sn;  // the inverse rotation
-        }
-        __syncthreads();
-      }
+      // a thread's table entries are all of frequency threadIdx.x % half (kThreads % half == 0)
+      refill_inverse_table(tab, t_lo, t_hi, base, r1, groups, heads, tab_tokens, S, D,
+                           [inv_freq](int) { return inv_freq; });
       const int64_t r = base + group;
       const bool valid = r < r1;
       // r / heads - t_lo, with one 64-bit division per round (base's) and a 32-bit one per row
@@ -1330,13 +1340,7 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
   C* my_row = acc + group * D;
 #pragma unroll
   for (int e = 0; e < E; ++e) my_row[lane + e * G] = my[e];
-  __syncthreads();
-  for (int j = threadIdx.x; j < D; j += kThreads) {
-    C s = 0;
-    for (int g = 0; g < groups; ++g) s += acc[g * D + j];
-    if (sd.nblocks == 1) store(sd.dw, j, static_cast<compute_t<W>>(s));
-    else sd.partial[block * D + j] = s;
-  }
+  store_block_dw<int>(acc, sd, block, groups, D);
 }
 
 }  // namespace flash
