@@ -123,6 +123,36 @@ __device__ __forceinline__ void column_sums(C (&acc)[R], Pack<T, chunk_elems<T>(
   }
 }
 
+// The warp's output column col of the concatenated weights (kFirst: of the first weight alone, as
+// kGlu's gate, whose column n of up is the same n): weight i, its column n of N; valid: col is
+// inside (else i and n are those of a column past the end, and the warp computes nothing).
+struct Column {
+  bool valid;
+  int i;
+  int64_t n, N;
+};
+template <bool kFirst>
+__device__ __forceinline__ Column find_column(const Weights& ws, int64_t col) {
+  const int64_t total = kFirst ? ws.col0[1] : ws.col0[ws.n];
+  const bool valid = col < total;
+  int i = 0;
+  if constexpr (!kFirst)
+    while (i + 1 < ws.n && col >= ws.col0[i + 1]) ++i;
+  return {valid, i, col - ws.col0[i], ws.col0[i + 1] - ws.col0[i]};
+}
+
+// The warp's column sums into column n of the [M, N] output block o. Every lane of the warp takes
+// part (the column is the warp's): the butterfly gives each lane the same sums; lane m writes row m.
+template <int R, typename T, typename C>
+__device__ __forceinline__ void store_column(C (&acc)[R], T* o, int M, int64_t N, int64_t n, int lane) {
+#pragma unroll
+  for (int m = 0; m < R; ++m) {
+    if (m >= M) break;
+    const C s = warp_sum(acc[m]);
+    if (lane == m) o[m * N + n] = from_compute<T>(s);
+  }
+}
+
 // grid: ceil(total columns / kRowsWarps) blocks of kRowsThreads; dynamic shared memory M*K*sizeof(T)
 // when kSmemX. x [M, K]; out as the Weights say.
 template <bool kVec, bool kSmemX, int R, typename T>
@@ -132,11 +162,7 @@ __global__ void __launch_bounds__(kRowsThreads)
   constexpr int V = chunk_elems<T>();
   const int lane = threadIdx.x % kWarp;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kRowsWarps + threadIdx.x / kWarp;
-  const int64_t total = ws.col0[ws.n];
-  const bool valid = col < total;
-  int i = 0;
-  while (i + 1 < ws.n && col >= ws.col0[i + 1]) ++i;
-  const int64_t n = col - ws.col0[i], N = ws.col0[i + 1] - ws.col0[i];
+  const auto [valid, i, n, N] = find_column<false>(ws, col);
   const T* wr = static_cast<const T*>(ws.w[i]) + (valid ? n : 0) * K;
   const int64_t nchunks = (K + V - 1) / V;
 
@@ -160,15 +186,7 @@ __global__ void __launch_bounds__(kRowsThreads)
 
   C acc[R];
   column_sums<kVec, R>(acc, wp, wr, xs, M, K, nchunks, lane);
-  // Every lane of the warp takes part (the column is the warp's): the butterfly gives each lane
-  // the same sums; lane m writes row m.
-  T* o = out + M * ws.col0[i];
-#pragma unroll
-  for (int m = 0; m < R; ++m) {
-    if (m >= M) break;
-    const C s = warp_sum(acc[m]);
-    if (lane == m) o[m * N + n] = from_compute<T>(s);
-  }
+  store_column(acc, out + M * ws.col0[i], M, N, n, lane);
 }
 
 // Note [The decode step's norm fused into its matrix-vector product]
@@ -219,12 +237,7 @@ __global__ void __launch_bounds__(kRowsThreads)
   constexpr int V1 = kVec ? V : 1;  // elements per load of the norm's rows
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kRowsWarps + warp;
-  const int64_t total = kGlu ? ws.col0[1] : ws.col0[ws.n];
-  const bool valid = col < total;
-  int i = 0;
-  if constexpr (!kGlu)
-    while (i + 1 < ws.n && col >= ws.col0[i + 1]) ++i;
-  const int64_t n = col - ws.col0[i], N = ws.col0[i + 1] - ws.col0[i];
+  const auto [valid, i, n, N] = find_column<kGlu>(ws, col);
   const T* wr = static_cast<const T*>(ws.w[i]) + (valid ? n : 0) * K;
   const T* ur = kGlu ? static_cast<const T*>(ws.w[1]) + (valid ? n : 0) * K : nullptr;
   const int64_t nchunks = (K + V - 1) / V;
@@ -296,13 +309,7 @@ __global__ void __launch_bounds__(kRowsThreads)
       if (lane == m) out[m * N + n] = from_compute<T>(swiglu_value(g, u));
     }
   } else {
-    T* o = out + M * ws.col0[i];
-#pragma unroll
-    for (int m = 0; m < R; ++m) {
-      if (m >= M) break;
-      const C s = warp_sum(acc[m]);
-      if (lane == m) o[m * N + n] = from_compute<T>(s);
-    }
+    store_column(acc, out + M * ws.col0[i], M, N, n, lane);
   }
 }
 
