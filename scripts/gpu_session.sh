@@ -19,7 +19,8 @@
 #   data      bench/data_run.py ($DATA_ARGS)
 #   recompute bench/recompute.py ($RECOMPUTE_ARGS; default dim768 b32 V=50257, the gate), xtrain beside
 #             PyTorch eager and torch.compile with checkpointed blocks
-#   profile   bench/profile_step.py ($PROFILE_ARGS; default dim768 b32 bf16 V=50257)
+#   profile   bench/profile_step.py ($PROFILE_ARGS, configurations separated by ';'; default dim768 b32 bf16 V=50257)
+#   gemm      bench/lm_head_gemm.py ($GEMM_ARGS): the lm_head GEMM's cuBLAS kernel per API and math mode
 #   generate  bench/generate.py ($GENERATE_ARGS): the KV-cache generator against the re-run
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
@@ -152,8 +153,15 @@ for step in $steps; do
         ${RECOMPUTE_ARGS:---presets dim768 --batch 32 --seq 256 --bf16 --vocab 50257 --no-search}
       grep -E "recompute (on|off):" "$out/bench.log" | tail -6 | tee -a "$summary"
       ;;
-    profile)  # the step's kernels as xtrain train runs it, replayed graphs (bench/profile_step.py)
-      run_step profile 180 "$out/bench.log" "$py" bench/profile_step.py ${PROFILE_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257}
+    profile)  # the step's kernels as xtrain train runs it, replayed graphs (bench/profile_step.py); PROFILE_ARGS: configurations separated by ';'
+      IFS=';' read -ra configs <<<"${PROFILE_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257}"
+      for c in "${configs[@]}"; do
+        run_step profile 180 "$out/bench.log" "$py" bench/profile_step.py $c
+        grep -E "^profile_step:" "$out/bench.log" | tail -1 | tee -a "$summary"
+      done
+      ;;
+    gemm)  # the lm_head GEMM's cuBLAS kernel under each way of calling it (bench/lm_head_gemm.py)
+      run_step gemm 180 "$out/bench.log" "$py" bench/lm_head_gemm.py ${GEMM_ARGS:---rows 8192 32768 --vocab 50257}
       ;;
     generate)
       run_step generate 240 "$out/bench.log" "$py" bench/generate.py ${GENERATE_ARGS:-}

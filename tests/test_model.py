@@ -188,6 +188,35 @@ def test_fused_head_equals_unfused(device, dtype, vocab_size):
             assert _rel_err(got[name], want[name]) < rtol, name
 
 
+@pytest.mark.parametrize("option", [None, "gqa", "tied"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_residual_adds_equal_the_plain_blocks(device, dtype, option):
+    """forward() runs every residual add fused with the norm after it (Block.forward_pending,
+    ops.add_rms_norm); the loss and every parameter gradient are bitwise those of the plain
+    composition (Block.forward: x + attn(norm(x)), then x + mlp(norm(x)); the final norm), on
+    every device: add_rms_norm is bitwise the add then the norm, both ways."""
+    cfg = small_config(bf16=dtype == "bfloat16", **(OPTIONS[option] if option else {}))
+    fused = make_model(cfg, device, weights_seed=1)
+    ids, targets = batch(cfg)
+    _, loss_f = fused(ids, targets)
+    loss_f.backward()
+    plain = make_model(cfg, device, weights_seed=1)
+    B, S = ids.shape
+    with plain.store.bound(plain.store.compute_weights()):
+        x = plain.embed_tokens(xtrain.tensor(ids.reshape(-1), device=device)).to(cfg.dtype)
+        for block in plain.layers:
+            x = block(x, S)
+        x = plain.norm(x)
+        t = xtrain.tensor(targets.reshape(-1), device=device)
+        loss_p, _ = xtrain.ops.linear_cross_entropy(x, plain.head_weight(), t, ignore_index=-100)
+    loss_p.backward()
+    assert bits_equal(loss_f.numpy(), loss_p.numpy())
+    got, want = grads_numpy(fused), grads_numpy(plain)
+    assert set(got) == set(want)
+    for name in want:
+        assert bits_equal(got[name], want[name]), name
+
+
 def test_dropout_only_in_training(device):
     model = make_model(small_config(dropout=0.5), device, weights_seed=1)
     ids, _ = batch(model.config)

@@ -1139,16 +1139,7 @@ constexpr int kPrepRows = 4, kPrepBwdRows = 3;
 // forward at <= 51 registers, 4 of the backward at <= 64 (bf16 and float32; float64 spills some).
 constexpr int kPrepFwdBlocks = 5, kPrepBwdBlocks = 4;
 
-// a * b + c: one rounding on the device (as nvcc contracts the expressions of the kernels above),
-// the host build's two (it evaluates those expressions as written).
-template <typename C>
-__device__ __forceinline__ C fma_dev(C a, C b, C c) {
-#if defined(__CUDA_ARCH__)
-  return fma(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
+using rmsnorm::fma_dev;  // a * b + c, one rounding on the device (rmsnorm.cuh)
 
 // The head dims of the register path: D = E * G for G = lanes_for(D), E even (the RoPE partner of
 // lane L's element L + k*G is its element L + (k + E/2)*G).
@@ -1187,7 +1178,11 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
   const int nt = static_cast<int>(tokens - t0 < tpb ? tokens - t0 : tpb);
   const int nq = nt * hr.H, nrows = nq + nt * hr.Hkv;
   static_assert(kThreads % half == 0, "a thread fills the table's frequency threadIdx.x % half");
-  const float inv_freq = rope_inv_freq(theta, static_cast<int>(threadIdx.x % half), dim);  // before the loads
+  // Only the threads that fill the table need their frequency (a float64 pow each: computed by
+  // every thread of every block, it cost more than the loads it was meant to hide behind).
+  const float inv_freq = static_cast<int>(threadIdx.x) < nt * half
+                             ? rope_inv_freq(theta, static_cast<int>(threadIdx.x % half), dim)
+                             : 0.0f;  // before the loads
   C wqv[E], wkv[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) {

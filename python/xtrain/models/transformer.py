@@ -17,8 +17,9 @@ Decisions:
 - Fewer, larger launches without changing the modules or the parameter names (Qwen3's, so export
   is unchanged): q/k/v and gate/up each run as one batched GEMM (ops.linear_multi; their weights
   sit at uniform distances in the store, and the outputs are views of one buffer, so nothing is
-  copied). ops.add_rms_norm (the residual add fused with the next norm) exists but is not used:
-  on the H200 it was slower than the two ops.
+  copied). Every residual add runs fused with the norm after it (ops.add_rms_norm, one kernel
+  forward and one backward, bitwise the two ops): Block.forward_pending hands its last add to the
+  next block's input norm, the last block's to the final norm.
 - The parameters live in a ParamStore (xtrain.store), built at the end of __init__: flat float32
   buffers for the weights, their gradients and (with the optimizer) the AdamW moments, each
   parameter a view.
@@ -308,10 +309,26 @@ class Block(nn.Module):
         (generation's prefill, under no_grad), filled on the way."""
         if self.recompute and cache is None:
             return self._forward_recompute(x, seq)
-        # ops.add_rms_norm would fuse the add with post_attention_layernorm; on the H200 it ran
-        # at 0.83x the two ops (docs/performance.md), so the block keeps them apart.
         x = x + self.self_attn(self.input_layernorm(x), seq, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_pending(self, x, delta, seq: int):
+        """forward() with each residual add fused into the norm after it (ops.add_rms_norm): the
+        stream x before its pending add delta (None: nothing pending) -> (x', delta'), the block's
+        output being x' + delta' (the model's next norm adds it). add_rms_norm is bitwise the add
+        then the norm both ways (its backward rounds the norm's dx, then adds h's own gradient, as
+        the engine would), so this gives forward()'s bits; it saves a pass over the stream per
+        add forward and two backward. A recompute block resolves the pending add first and runs
+        _forward_recompute (the same bits again)."""
+        if self.recompute:
+            return self._forward_recompute(x if delta is None else x + delta, seq), None
+        if delta is None:
+            h = self.input_layernorm(x)
+        else:
+            x, h = ops.add_rms_norm(x, delta, self.input_layernorm.weight, self.input_layernorm.eps)
+        post = self.post_attention_layernorm
+        x, h = ops.add_rms_norm(x, self.self_attn(h, seq), post.weight, post.eps)
+        return x, self.mlp(h)
 
     def decode(self, x, h, cache, next_norm):
         """One new token per row: the residual stream x (B, dim) and h = input_layernorm(x) ->
@@ -406,9 +423,10 @@ class TinyTransformer(nn.Module):
         with self.store.bound(self.store.compute_weights()):
             x = self.embed_tokens(ids.reshape(B * S))                       # (B*S, dim) float32
             x = self.dropout(x.to(c.dtype))
+            delta = None  # each block's last residual add, fused into the next norm
             for block in self.layers:
-                x = block(x, S)
-            x = self.norm(x)
+                x, delta = block.forward_pending(x, delta, S)
+            x = self.norm(x) if delta is None else ops.add_rms_norm(x, delta, self.norm.weight, self.norm.eps)[1]
             head = self.head_weight()                                       # (V, dim)
             if targets is None:
                 return ops.linear(x, head), None                            # (B*S, V)

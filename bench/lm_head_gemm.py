@@ -1,0 +1,105 @@
+"""Which cuBLAS kernel runs the lm_head GEMM, and how fast, under each way of calling it.
+
+    python bench/lm_head_gemm.py --rows 8192 32768 --vocab 50257
+
+The language-model head's forward, logits [rows, V] = x [rows, K] @ w[V, K]^T, is the largest
+single GEMM of a step. cuBLAS picks its kernel by heuristics from the call: the API (cublasGemmEx
+or the strided-batched entry with batch 1), the math mode (reduced-precision reductions allowed or
+not), and the extent and leading dimension of the vocabulary side. This bench times the same
+product through PyTorch (whose `mm` is cublasGemmEx with the reduced-precision reduction allowed
+by default, and whose `bmm` is the strided-batched entry) with each of those changed, beside
+xtrain's own fused head (`ops.linear_cross_entropy`, whose GEMM covers the vocabulary padded to
+a multiple of 64), and names the kernel each ran (PyTorch's profiler sees every CUDA kernel in the
+process). Prints a table; JSON into bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import common
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[8192, 32768], help="tokens per step (batch x seq)")
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tag", default="")
+    p.add_argument("--out", default=common.RESULTS_DIR)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device, _ = common.resolve_device(args.device)
+    if not common.is_cuda(device):
+        raise SystemExit("lm_head_gemm: needs a CUDA device (cuBLAS kernel names)")
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import xtrain
+    from xtrain import ops as xops
+
+    common.setup_torch(device)
+    matmul = torch.backends.cuda.matmul
+    padded = (args.vocab + 63) // 64 * 64
+    rows_out = []
+
+    def measure(label, rows, fn, flops):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        common.xt_sync(device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.repeats):
+                fn()
+            torch.cuda.synchronize()
+            common.xt_sync(device)
+        kernels = defaultdict(lambda: [0, 0.0])
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                k = kernels[ev.name]
+                k[0] += 1
+                k[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+        name, (calls, us) = max(kernels.items(), key=lambda kv: kv[1][1])
+        us_call = us / max(calls, 1)
+        row = {"rows": rows, "call": label, "kernel": name[:72], "us": us_call,
+               "tflops": flops / (us_call * 1e-6) / 1e12}
+        rows_out.append(row)
+        print(f"{rows:6d}  {label:44s} {us_call:9.1f} us {row['tflops']:6.0f} TFLOP/s  {name[:72]}", flush=True)
+
+    for rows in args.rows:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(rows, args.dim, device="cuda", generator=g).bfloat16()
+        for v in (args.vocab, (args.vocab + 7) // 8 * 8, padded):
+            w = torch.randn(v, args.dim, device="cuda", generator=g).bfloat16() * 0.02
+            flops = 2.0 * rows * args.dim * v
+            for allow in (True, False):
+                matmul.allow_bf16_reduced_precision_reduction = allow
+                measure(f"torch mm V={v} reduced-reduction={'on' if allow else 'off'}", rows,
+                        lambda: torch.mm(x, w.t()), flops)
+                measure(f"torch bmm(batch 1) V={v} reduced-reduction={'on' if allow else 'off'}", rows,
+                        lambda: torch.bmm(x[None], w.t()[None]), flops)
+            matmul.allow_bf16_reduced_precision_reduction = True
+        import numpy as np
+        rng = np.random.default_rng(1)
+        xx = xtrain.tensor(x.float().cpu().numpy(), dtype="bfloat16", device=device)
+        ww = xtrain.tensor((rng.standard_normal((args.vocab, args.dim)) * 0.02).astype(np.float32),
+                           dtype="bfloat16", device=device)
+        tt = xtrain.tensor(rng.integers(0, args.vocab, rows).astype(np.int32), device=device)
+        measure(f"xtrain linear_cross_entropy (GEMM over V={padded})", rows,
+                lambda: xops.linear_cross_entropy(xx, ww, tt), 2.0 * rows * args.dim * padded)
+        del x, xx, ww, tt
+        common.free_torch(device)
+        common.free_xtrain(device)
+    common.write_json(common.result_name("lm_head_gemm", args.tag),
+                      {"benchmark": "lm_head_gemm", "env": common.env_info(device), "args": vars(args),
+                       "rows": rows_out}, args.out)
+
+
+if __name__ == "__main__":
+    main()
