@@ -24,6 +24,7 @@ import common
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=[8192, 32768], help="tokens per step (batch x seq)")
+    p.add_argument("--no-variants", action="store_true", help="skip the torch forward variants (V, API, math mode)")
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
     p.add_argument("--repeats", type=int, default=10)
@@ -49,7 +50,7 @@ def main(argv=None):
     padded = (args.vocab + 63) // 64 * 64
     rows_out = []
 
-    def measure(label, rows, fn, flops):
+    def measure(label, rows, fn, flops, every=False):
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
@@ -65,6 +66,13 @@ def main(argv=None):
                 k = kernels[ev.name]
                 k[0] += 1
                 k[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+        if every:  # each kernel of the call, by time
+            for kname, (kcalls, kus) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:8]:
+                row = {"rows": rows, "call": label, "kernel": kname[:72], "us": kus / args.repeats,
+                       "calls": kcalls / args.repeats}
+                rows_out.append(row)
+                print(f"{rows:6d}  {label:44s} {row['us']:9.1f} us  x{row['calls']:.0f}  {kname[:72]}", flush=True)
+            return
         name, (calls, us) = max(kernels.items(), key=lambda kv: kv[1][1])
         us_call = us / max(calls, 1)
         row = {"rows": rows, "call": label, "kernel": name[:72], "us": us_call,
@@ -73,10 +81,10 @@ def main(argv=None):
         print(f"{rows:6d}  {label:44s} {us_call:9.1f} us {row['tflops']:6.0f} TFLOP/s  {name[:72]}", flush=True)
 
     for rows in args.rows:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(rows, args.dim, device="cuda", generator=g).bfloat16()
-        for v in (args.vocab, (args.vocab + 7) // 8 * 8, padded):
-            w = torch.randn(v, args.dim, device="cuda", generator=g).bfloat16() * 0.02
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(rows, args.dim, device="cuda", generator=gen).bfloat16()
+        for v in () if args.no_variants else (args.vocab, (args.vocab + 7) // 8 * 8, padded):
+            w = torch.randn(v, args.dim, device="cuda", generator=gen).bfloat16() * 0.02
             flops = 2.0 * rows * args.dim * v
             for allow in (True, False):
                 matmul.allow_bf16_reduced_precision_reduction = allow
@@ -93,6 +101,31 @@ def main(argv=None):
         tt = xtrain.tensor(rng.integers(0, args.vocab, rows).astype(np.int32), device=device)
         measure(f"xtrain linear_cross_entropy (GEMM over V={padded})", rows,
                 lambda: xops.linear_cross_entropy(xx, ww, tt), 2.0 * rows * args.dim * padded)
+        # The backward's two GEMMs over the padded vocabulary: dx = g @ w, dw = g^T @ x, and
+        # other spellings of dw (its transpose, the reduction split into chunks as a batch).
+        g = torch.randn(rows, padded, device="cuda", generator=gen).bfloat16() * 1e-3
+        wp = torch.randn(padded, args.dim, device="cuda", generator=gen).bfloat16() * 0.02
+        flops = 2.0 * rows * args.dim * padded
+        measure(f"dx = g @ w (V={padded})", rows, lambda: torch.mm(g, wp), flops)
+        measure(f"dw = g^T @ x (V={padded})", rows, lambda: torch.mm(g.t(), x), flops)
+        measure(f"dw^T = x^T @ g (V={padded})", rows, lambda: torch.mm(x.t(), g), flops)
+        for chunks in (2, 4):
+            n = rows // chunks
+            measure(f"dw as {chunks} chunks: bmm(g^T, x) (V={padded})", rows,
+                    lambda: torch.bmm(g.view(chunks, n, padded).transpose(1, 2), x.view(chunks, n, args.dim)),
+                    flops)
+        xw = xtrain.tensor(x.float().cpu().numpy(), dtype="bfloat16", device=device, requires_grad=True)
+        wg = xtrain.tensor((rng.standard_normal((args.vocab, args.dim)) * 0.02).astype(np.float32),
+                           dtype="bfloat16", device=device, requires_grad=True)
+
+        def fwd_bwd():
+            loss, _ = xops.linear_cross_entropy(xw, wg, tt)
+            loss.backward()
+            xw.grad = None
+            wg.grad = None
+
+        measure("xtrain linear_cross_entropy forward + backward", rows, fwd_bwd, 3 * flops, every=True)
+        del g, wp
         del x, xx, ww, tt
         common.free_torch(device)
         common.free_xtrain(device)
