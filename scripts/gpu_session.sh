@@ -10,8 +10,8 @@
 #             is built at the same time into /tmp/xt-base, for the before/after comparison
 #   gtest     ctest of the C++ suite (CUDA tests included)
 #   pytest    the Python suite on CUDA ($PYTEST_ARGS added; default: the whole tests/ directory)
-#   ab        ($BASE_COMMIT names the base) bench/train_throughput.py, xtrain only, dim768 bf16 batch 32 seq 256 vocabulary 50257:
-#             base, new, base, new (interleaved, so drift hits both alike); needs the base build
+#   ab        ($BASE_COMMIT names the base) bench/train_throughput.py, xtrain only ($AB_ARGS; default dim768 bf16 batch 32
+#             seq 256 vocabulary 50257): base, new, base, new (interleaved, so drift hits both alike); needs the base build
 #   throughput  bench/train_throughput.py with its PyTorch peers ($THROUGHPUT_ARGS: configurations
 #             separated by ';')
 #   ops       bench/ops.py ($OPS_ARGS, e.g. "--only linear --vocab 50257")
@@ -125,7 +125,7 @@ for step in $steps; do
       grep -E "^FAILED|^ERROR" "$out/pytest.log" | head -40 | tee -a "$summary"
       ;;
     ab)
-      args="--preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257 --no-torch --steps ${AB_STEPS:-30} --warmup 8"
+      args="${AB_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257} --no-torch --steps ${AB_STEPS:-30} --warmup 8"
       run_step ab 300 "$out/bench.log" bash -c "for i in 1 2; do throughput base /tmp/xt-base $args; throughput new '' $args; done"
       grep -E "^--- |xtrain .*tok/s|^xtrain" "$out/bench.log" | tail -20 | tee -a "$summary"
       ;;
