@@ -148,7 +148,6 @@ void one_case(int64_t rows, int64_t dim, DType dt, double tol) {
   }
 }
 
-
 // ------------------------------------------------------------------ few rows: a block per row
 
 constexpr emu::Schedule kSchedules[] = {emu::Schedule::Lockstep, emu::Schedule::LockstepReversed,
@@ -261,6 +260,81 @@ void few_rows_case(int64_t rows, int64_t dim, bool all_schedules) {
   if (failed == 0) g_few_rows_runs += runs;
 }
 
+// The wide bf16 backward (Note [Wide RMSNorm backward]) as rmsnorm.cu's backward_wide launches
+// it: against the CPU reference, plain and with dres, then other schedules bit for bit; float32
+// and bf16 weights.
+template <typename W>
+void wide_case(int64_t rows, int64_t dim) {
+  const int nc = rn::wide_chunks(dim);
+  std::printf("wide backward: rows %lld, dim %lld, %s w (%d chunks)\n", static_cast<long long>(rows),
+              static_cast<long long>(dim), std::is_same_v<W, float> ? "float32" : "bfloat16", nc);
+  if (nc == 0) {
+    ++g_failures;
+    std::printf("  FAIL: no wide plan\n");
+    return;
+  }
+  std::mt19937 gen(static_cast<unsigned>(rows * 977 + dim));
+  const size_t n = static_cast<size_t>(rows * dim);
+  const std::vector<bf16_t> x = draw<bf16_t>(n, gen), dy = draw<bf16_t>(n, gen), dh = draw<bf16_t>(n, gen);
+  std::vector<W> w = draw<W>(static_cast<size_t>(dim), gen);
+  std::vector<float> rstd(rows);
+  for (auto& r : rstd) r = 0.5f + std::uniform_real_distribution<float>(0, 1)(gen);
+  const DType wdt = std::is_same_v<W, float> ? DType::Float32 : DType::BFloat16;
+  const rn::OnePassPlan plan = rn::onepass_plan<cu::kWarp, float>(rows, dim);
+  const auto run = [&](const bf16_t* pres, std::vector<bf16_t>& dx, std::vector<W>& dw) {
+    std::vector<float> partial(static_cast<size_t>(plan.nblocks * dim));
+    emu::launch(dim3(unsigned(plan.nblocks)), dim3(cu::kThreads), plan.smem, [&] {
+      switch (nc) {
+        case 1:
+          rn::rmsnorm_backward_wide_kernel<1, W>(x.data(), w.data(), rstd.data(), dy.data(), pres, dx.data(),
+                                                 dw.data(), plan.nblocks == 1 ? nullptr : partial.data(), rows,
+                                                 plan.rows_per_block);
+          break;
+        case 2:
+          rn::rmsnorm_backward_wide_kernel<2, W>(x.data(), w.data(), rstd.data(), dy.data(), pres, dx.data(),
+                                                 dw.data(), plan.nblocks == 1 ? nullptr : partial.data(), rows,
+                                                 plan.rows_per_block);
+          break;
+        default:
+          rn::rmsnorm_backward_wide_kernel<3, W>(x.data(), w.data(), rstd.data(), dy.data(), pres, dx.data(),
+                                                 dw.data(), plan.nblocks == 1 ? nullptr : partial.data(), rows,
+                                                 plan.rows_per_block);
+      }
+    });
+    if (plan.nblocks > 1)
+      emu::launch(dim3(unsigned(cu::ceil_div(dim, rn::kFinalCols))), dim3(cu::kThreads), rn::tree_smem<float>(),
+                  [&] { rn::rmsnorm_dw_tree_kernel<float, W>(partial.data(), plan.nblocks, dw.data(), dim); });
+  };
+  for (const bool with_res : {false, true}) {
+    const std::string tag = with_res ? "add_rms_norm " : "rms_norm ";
+    std::vector<bf16_t> dx_ref(n), dx(n);
+    std::vector<W> dw_ref(dim), dw(dim);
+    if (with_res)
+      cpu::add_rmsnorm_backward(DType::BFloat16, wdt, x.data(), w.data(), rstd.data(), dy.data(), dh.data(),
+                                dx_ref.data(), dw_ref.data(), rows, dim, nullptr);
+    else
+      cpu::rmsnorm_backward(DType::BFloat16, wdt, x.data(), w.data(), rstd.data(), dy.data(), dx_ref.data(),
+                            dw_ref.data(), rows, dim, nullptr);
+    emu::set_schedule(emu::Schedule::Lockstep);
+    std::memset(static_cast<void*>(dx.data()), 0xFF, n * sizeof(bf16_t));  // an unwritten element shows
+    run(with_res ? dh.data() : nullptr, dx, dw);
+    // two bf16 ulps: the dot's order differs from the CPU's, which can move dx by one ulp before
+    // the rounded dx + dres rounds again (inputs with outliers x300, draw())
+    expect_close(tag + "dx", floats(dx), floats(dx_ref), 2e-2);
+    const double dw_tol = std::is_same_v<W, float> ? 1e-5 * std::sqrt(double(rows)) * 300 : 1e-2;
+    expect_close(tag + "dw", floats(dw), floats(dw_ref), dw_tol);
+    for (const emu::Schedule s : {emu::Schedule::LockstepReversed, emu::Schedule::WarpSerialLazy}) {
+      std::vector<bf16_t> dx2(n);
+      std::vector<W> dw2(dim);
+      emu::set_schedule(s);
+      run(with_res ? dh.data() : nullptr, dx2, dw2);
+      expect_bits(tag + "dx, other schedule", dx2, dx);
+      expect_bits(tag + "dw, other schedule", dw2, dw);
+    }
+    emu::set_schedule(emu::Schedule::Lockstep);
+  }
+}
+
 template <typename T, typename W>
 void few_rows_sweep(const std::vector<int64_t>& dims) {
   const int64_t row_counts[] = {1, 2, 3, 5, 8, 13, 16};
@@ -288,6 +362,12 @@ int main() {
   one_case<16, float>(70, 100, DType::Float32, 1e-5);
   one_case<32, float>(300, 200, DType::Float32, 1e-5);
   one_case<32, bf16_t>(41, 768, DType::BFloat16, 1e-2);
+
+  // The wide bf16 backward: one block, several, a last round of warps partly empty.
+  wide_case<float>(5, 256);
+  wide_case<float>(41, 768);
+  wide_case<bf16_t>(300, 512);
+  wide_case<float>(2000, 768);
 
   // The few-row forward: dims across every G, odd ones, ones not a multiple of a pack (8 bf16,
   // 4 float32, 2 float64), up to kFewRowsMaxDim; each with 1 row and with 2..16 rows.

@@ -216,10 +216,39 @@ void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, co
   });
 }
 
+namespace {
+__global__ void iota_kernel(int64_t* out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = i;
+}
+}  // namespace
+
 void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, const void* wq, const void* wk,
                            const float* rstd_q, const float* rstd_k, const void* dq_out, const void* dk_out, void* dq,
                            void* dk, void* dwq, void* dwk, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
                            float theta, void* stream) {
+  if (dt == DType::BFloat16 && rmsnorm::wide_chunks(D) != 0 && B * S * (H + Hkv) > 0) {
+    // rms_norm's backward takes its wide kernel at this width (Note [Wide RMSNorm backward],
+    // rmsnorm.cuh), whose sums no one-pass head kernel repeats: run the composition itself, rope's
+    // inverse into a scratch gradient, then rmsnorm_backward, per side.
+    OnStream on(stream);
+    Scratch pos(sizeof(int64_t) * static_cast<size_t>(S > 0 ? S : 1), on);
+    if (S > 0) {
+      iota_kernel<<<static_cast<unsigned>(ceil_div(S, kThreads)), kThreads, 0, on.s>>>(pos.as<int64_t>(), S);
+      XT_LAUNCH_CHECK();
+    }
+    const auto side = [&](const void* x, const void* w, const float* rstd, const void* dy, void* dx, void* dw,
+                          int64_t heads) {
+      if (heads == 0 || dy == nullptr) return;  // a side without a gradient: nothing to write
+      const int64_t rows = B * S * heads;
+      Scratch g(sizeof(uint16_t) * static_cast<size_t>(rows > 0 ? rows * D : 1), on);
+      rope(dt, dy, g.as<void>(), pos.as<int64_t>(), B, S, heads, D, theta, true, stream);
+      rmsnorm_backward(dt, w_dt, x, w, rstd, g.as<void>(), dx, dw, rows, D, stream);
+    };
+    side(q, wq, rstd_q, dq_out, dq, dwq, H);
+    side(k, wk, rstd_k, dk_out, dk, dwk, Hkv);
+    return;
+  }
   with_prep("qk_norm_rope_backward", dt, w_dt, B, S, H, Hkv, D, stream,
             [&](auto xtag, auto wtag, const OnStream& on, const flash::HeadRows& hr) {
     using T = typename decltype(xtag)::type;

@@ -115,10 +115,44 @@ void forward_typed(const T* x, const T* res, const W* w, T* h, T* y, float* rstd
   });
 }
 
+// The wide backward for bf16 rows of 256, 512 or 768 whose x, dy, dres and dx start
+// at 16-byte boundaries; false (nothing launched) otherwise.
+template <typename W>
+bool backward_wide(const bf16_t* x, const W* w, const float* rstd, const bf16_t* dy, const bf16_t* dres, bf16_t* dx,
+                   W* dw, int64_t rows, int64_t dim, const OnStream& on) {
+  const int nc = wide_chunks(dim);
+  if (nc == 0 || !aligned_to(x, 16) || !aligned_to(dy, 16) || !aligned_to(dx, 16) ||
+      (dres != nullptr && !aligned_to(dres, 16)))
+    return false;
+  const OnePassPlan plan = onepass_plan<kWarp, float>(rows, dim);
+  if (plan.smem == 0) return false;
+  Scratch partial(sizeof(float) * static_cast<size_t>(plan.nblocks > 1 ? plan.nblocks * dim : 1), on);
+  float* part = plan.nblocks > 1 ? partial.as<float>() : nullptr;
+  const auto launch = [&](auto kernel) {
+    kernel<<<static_cast<unsigned>(plan.nblocks), kThreads, plan.smem, on.s>>>(x, w, rstd, dy, dres, dx, dw, part,
+                                                                                rows, plan.rows_per_block);
+    XT_LAUNCH_CHECK();
+  };
+  switch (nc) {
+    case 1: launch(rmsnorm_backward_wide_kernel<1, W>); break;
+    case 2: launch(rmsnorm_backward_wide_kernel<2, W>); break;
+    default: launch(rmsnorm_backward_wide_kernel<3, W>); break;
+  }
+  if (plan.nblocks > 1) {
+    rmsnorm_dw_tree_kernel<float, W><<<static_cast<unsigned>(ceil_div(dim, kFinalCols)), kThreads, tree_smem<float>(),
+                                       on.s>>>(part, plan.nblocks, dw, dim);
+    XT_LAUNCH_CHECK();
+  }
+  return true;
+}
+
 template <typename T, typename W>
 void backward_typed(const T* x, const W* w, const float* rstd, const T* dy, const T* dres, T* dx, W* dw, int64_t rows,
                     int64_t dim, const OnStream& on) {
   using C = compute_t<T>;
+  if constexpr (std::is_same_v<T, bf16_t>) {  // Note [Wide RMSNorm backward] (rmsnorm.cuh)
+    if (backward_wide(x, w, rstd, dy, dres, dx, dw, rows, dim, on)) return;
+  }
   bool done = false;
   with_lanes(dim, [&](auto g) {
     constexpr int G = decltype(g)::value;

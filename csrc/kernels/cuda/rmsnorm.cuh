@@ -95,6 +95,102 @@ rmsnorm_backward_onepass_kernel(const T* __restrict__ x, const W* __restrict__ w
   }
 }
 
+// Note [Wide RMSNorm backward]
+// bf16 rows of dim = 256 * NC (NC <= kWideMaxChunks: widths 256, 512, 768) take a kernel
+// whose lane L owns the 8 consecutive elements [256c + 8L, 256c + 8L + 8) of each chunk c, so x,
+// dy, dres and dx move in 16-byte packs: a warp's request covers 512 bytes instead of 64. The
+// lane-strided kernel above issues 2-byte accesses and stayed at ~50% of HBM bandwidth even with
+// its loops unrolled (103 us per call for 32768 rows of 768 on the H200, 201 MB). A warp takes a
+// row (group = warp, G = 32), all of the row's loads (x, dy, dres, rstd) issued together; the
+// lane's dw partials stay in registers across its rows, w sits widened in shared memory. The
+// blocks, the rows of each warp and
+// their order, the block sum and the final pass are onepass_plan<32>'s, as above; the difference
+// is the order of a row's dot (a lane's elements chunk by chunk, then group_sum<32>), so dx and
+// dw differ from the lane-strided kernel in the last bits. Nothing else has to agree with it
+// bitwise but qk_norm_rope's one-pass backward at such head dims, which runs the composition
+// itself there (rope's inverse, then rmsnorm_backward: kernels/cuda/flash_attention.cu).
+constexpr int kWideChunk = 256;  // elements per chunk: 32 lanes x 8 bf16 (16 bytes)
+// At most 3 chunks: under kWideBlocks' 128 registers 4 (dim 1024) spill 232 bytes per thread.
+constexpr int kWideMaxChunks = 3;
+// Blocks per SM the registers must leave room for: with w in registers too, dim 768 took 152
+// registers (one block of 8 warps per SM, 8 rows in flight); w is read from shared memory instead.
+constexpr int kWideBlocks = 2;
+constexpr int wide_chunks(int64_t dim) {
+  return dim >= kWideChunk && dim % kWideChunk == 0 && dim / kWideChunk <= kWideMaxChunks
+             ? static_cast<int>(dim / kWideChunk)
+             : 0;
+}
+
+template <int NC, typename W>
+__global__ void __launch_bounds__(kThreads, kWideBlocks)
+rmsnorm_backward_wide_kernel(const bf16_t* __restrict__ x, const W* __restrict__ w, const float* __restrict__ rstd,
+                             const bf16_t* __restrict__ dy, const bf16_t* __restrict__ dres, bf16_t* __restrict__ dx,
+                             W* __restrict__ dw, float* __restrict__ partial, int64_t rows, int64_t rows_per_block) {
+  using T = bf16_t;
+  using C = float;
+  using P = Pack<T, 8>;
+  constexpr int dim = NC * kWideChunk, groups = kThreads / kWarp;
+  C* acc_s = reinterpret_cast<C*>(dynamic_smem());  // [groups][dim]; w widened in row 0 until the rows are done
+  const int lane = threadIdx.x % kWarp, group = threadIdx.x / kWarp;
+  for (int j = threadIdx.x; j < dim; j += kThreads) acc_s[j] = static_cast<C>(load(w, j));
+  C acc[NC][8];
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[c][e] = 0;
+  __syncthreads();
+  const C* wl = acc_s + lane * 8;  // this lane's w: wl[c * kWideChunk + e]
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = rows < r0 + rows_per_block ? rows : r0 + rows_per_block;
+  for (int64_t r = r0 + group; r < r1; r += groups) {  // the whole warp takes row r
+    const int64_t off = r * dim + lane * 8;
+    P xp[NC], dp[NC], rp[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      xp[c] = *reinterpret_cast<const P*>(x + off + c * kWideChunk);
+      dp[c] = *reinterpret_cast<const P*>(dy + off + c * kWideChunk);
+      if (dres != nullptr) rp[c] = *reinterpret_cast<const P*>(dres + off + c * kWideChunk);
+    }
+    const C inv = static_cast<C>(rstd[r]);
+    C dot = 0;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        dot = fma_dev(mul_rn(to_compute(dp[c].v[e]), wl[c * kWideChunk + e]), mul_rn(to_compute(xp[c].v[e]), inv),
+                      dot);
+    dot = group_sum<kWarp>(dot);
+    const C mean_dot = dot / static_cast<C>(dim);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      P o;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const C xhat = mul_rn(to_compute(xp[c].v[e]), inv);
+        const C d = to_compute(dp[c].v[e]);
+        C v = mul_rn(inv, fma_dev(d, wl[c * kWideChunk + e], -mul_rn(xhat, mean_dot)));
+        if (dres != nullptr) v = to_compute(from_compute<T>(v)) + to_compute(rp[c].v[e]);
+        o.v[e] = from_compute<T>(v);
+        acc[c][e] = fma_dev(xhat, d, acc[c][e]);
+      }
+      *reinterpret_cast<P*>(dx + off + c * kWideChunk) = o;
+    }
+  }
+  __syncthreads();  // every warp is done reading w from row 0
+  C* my = acc_s + group * dim;
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) my[c * kWideChunk + lane * 8 + e] = acc[c][e];
+  __syncthreads();
+  for (int j = threadIdx.x; j < dim; j += kThreads) {
+    C sum = 0;
+    for (int g = 0; g < groups; ++g) sum += acc_s[g * dim + j];
+    if (gridDim.x == 1) store(dw, j, static_cast<compute_t<W>>(sum));
+    else partial[static_cast<int64_t>(blockIdx.x) * dim + j] = sum;
+  }
+}
+
 // dw[j] = sum over the nparts partial rows in order: block = 32 columns x 8 slices; slice s adds
 // rows s, s + 8, ... in order, then slice 0 adds the 8 slice sums in order.
 constexpr int kFinalCols = 32, kFinalSlices = kThreads / kFinalCols;
