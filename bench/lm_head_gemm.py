@@ -1,22 +1,25 @@
-"""Which cuBLAS kernel runs the lm_head GEMM, and how fast, under each way of calling it.
+"""Which cuBLAS kernel runs each lm_head GEMM, and how fast, under each way of calling it.
 
     python bench/lm_head_gemm.py --rows 8192 32768 --vocab 50257
 
-The language-model head's forward, logits [rows, V] = x [rows, K] @ w[V, K]^T, is the largest
-single GEMM of a step. cuBLAS picks its kernel by heuristics from the call: the API (cublasGemmEx
-or the strided-batched entry with batch 1), the math mode (reduced-precision reductions allowed or
-not), and the extent and leading dimension of the vocabulary side. This bench times the same
-product through PyTorch (whose `mm` is cublasGemmEx with the reduced-precision reduction allowed
-by default, and whose `bmm` is the strided-batched entry) with each of those changed, beside
-xtrain's own fused head (`ops.linear_cross_entropy`, whose GEMM covers the vocabulary padded to
-a multiple of 64), and names the kernel each ran (PyTorch's profiler sees every CUDA kernel in the
-process). Prints a table; JSON into bench/results/.
+The language-model head's GEMMs (forward logits [rows, V] = x [rows, K] @ w[V, K]^T; backward
+dx = dlogits @ w and dw = dlogits^T @ x) are the largest of a step. cuBLAS picks each kernel by
+heuristics from the call: the API (cublasGemmEx or the strided-batched entry with batch 1), the
+math mode (reduced-precision reductions allowed or not), and the extent and leading dimension of
+the vocabulary side. This bench times the forward through PyTorch (whose `mm` is cublasGemmEx with
+the reduced-precision reduction allowed by default, and whose `bmm` is the strided-batched entry)
+with each of those changed (`--no-variants` skips them), the backward GEMMs over the padded
+vocabulary in several spellings, and xtrain's own fused head (`ops.linear_cross_entropy`) forward
+and forward + backward kernel by kernel, naming the kernel each ran (PyTorch's profiler sees every
+CUDA kernel in the process). Prints a table; JSON into bench/results/.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections import defaultdict
+
+import numpy as np
 
 import common
 
@@ -50,7 +53,7 @@ def main(argv=None):
     padded = (args.vocab + 63) // 64 * 64
     rows_out = []
 
-    def measure(label, rows, fn, flops, every=False):
+    def measure(label, rows, fn, flops=None, every=False):
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
@@ -80,7 +83,7 @@ def main(argv=None):
         rows_out.append(row)
         print(f"{rows:6d}  {label:44s} {us_call:9.1f} us {row['tflops']:6.0f} TFLOP/s  {name[:72]}", flush=True)
 
-    for rows in args.rows:
+    def one_size(rows):  # its tensors are freed when it returns
         gen = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(rows, args.dim, device="cuda", generator=gen).bfloat16()
         for v in () if args.no_variants else (args.vocab, (args.vocab + 7) // 8 * 8, padded):
@@ -93,7 +96,6 @@ def main(argv=None):
                 measure(f"torch bmm(batch 1) V={v} reduced-reduction={'on' if allow else 'off'}", rows,
                         lambda: torch.bmm(x[None], w.t()[None]), flops)
             matmul.allow_bf16_reduced_precision_reduction = True
-        import numpy as np
         rng = np.random.default_rng(1)
         xx = xtrain.tensor(x.float().cpu().numpy(), dtype="bfloat16", device=device)
         ww = xtrain.tensor((rng.standard_normal((args.vocab, args.dim)) * 0.02).astype(np.float32),
@@ -124,9 +126,10 @@ def main(argv=None):
             xw.grad = None
             wg.grad = None
 
-        measure("xtrain linear_cross_entropy forward + backward", rows, fwd_bwd, 3 * flops, every=True)
-        del g, wp
-        del x, xx, ww, tt
+        measure("xtrain linear_cross_entropy forward + backward", rows, fwd_bwd, every=True)
+
+    for rows in args.rows:
+        one_size(rows)
         common.free_torch(device)
         common.free_xtrain(device)
     common.write_json(common.result_name("lm_head_gemm", args.tag),

@@ -203,6 +203,14 @@ def config_for(preset: str, vocab_size: int, **overrides) -> TransformerConfig:
 
 # ---- the modules
 
+def add_norm(x, delta, norm):
+    """A pending residual add fused into the norm after it: (x' = x + delta, norm(x')) in one
+    ops.add_rms_norm (x itself and norm(x) when delta is None); bitwise the add then the norm."""
+    if delta is None:
+        return x, norm(x)
+    return ops.add_rms_norm(x, delta, norm.weight, norm.eps)
+
+
 def decode_norm_rows(x, delta, norm, weights, swiglu=False):
     """A decode step's residual add and norm fused into the matrix-vector products after them
     (B <= DECODE_GEMV_MAX_ROWS): x' = delta + x (x itself when delta is None) and
@@ -322,12 +330,8 @@ class Block(nn.Module):
         _forward_recompute (the same bits again)."""
         if self.recompute:
             return self._forward_recompute(x if delta is None else x + delta, seq), None
-        if delta is None:
-            h = self.input_layernorm(x)
-        else:
-            x, h = ops.add_rms_norm(x, delta, self.input_layernorm.weight, self.input_layernorm.eps)
-        post = self.post_attention_layernorm
-        x, h = ops.add_rms_norm(x, self.self_attn(h, seq), post.weight, post.eps)
+        x, h = add_norm(x, delta, self.input_layernorm)
+        x, h = add_norm(x, self.self_attn(h, seq), self.post_attention_layernorm)
         return x, self.mlp(h)
 
     def decode(self, x, h, cache, next_norm):
@@ -426,7 +430,7 @@ class TinyTransformer(nn.Module):
             delta = None  # each block's last residual add, fused into the next norm
             for block in self.layers:
                 x, delta = block.forward_pending(x, delta, S)
-            x = self.norm(x) if delta is None else ops.add_rms_norm(x, delta, self.norm.weight, self.norm.eps)[1]
+            x = add_norm(x, delta, self.norm)[1]
             head = self.head_weight()                                       # (V, dim)
             if targets is None:
                 return ops.linear(x, head), None                            # (B*S, V)
