@@ -28,8 +28,17 @@
 # XTRAIN_COMMIT: the commit under test as a literal hash, written into every result file (the
 # device's copy of .git is stale: `git rev-parse HEAD` evaluated there names an old commit).
 # OUT receives at most 8 files: summary.txt, install.log, gtest.log, pytest.log, bench.log,
-# results.tgz (every bench/results file written during the call), and the step logs' tails.
+# results.tgz (every bench/results file written during the call), autotune.tgz (INDUCTOR_CACHE),
+# and the step logs' tails.
 # The GPU machine has no package registry: carry .whl/ (scipy-openblas32) and .gpu/.
+# INDUCTOR_CACHE=1: torch.compile's autotuning results persist across calls, for a compile peer
+# whose autotuning outlasts one call (mode="max-autotune-no-cudagraphs", known issue 22). Inductor
+# runs with its cache in /tmp/inductor-cache (FX graph and AOT autograd caches off, so every graph
+# is lowered afresh and only the autotuning is read back); .inductor/autotune.tgz, when carried, is
+# unpacked into it first; after every step the autotuning results (Inductor's local autotune cache,
+# cache/, and the Triton kernels' *.best_config files) are packed into OUT/autotune.tgz. Copy that
+# file to .inductor/autotune.tgz and carry .inductor in the next call: each call resumes where the
+# last one stopped.
 set -u
 out=${1:-${OUT:-/tmp/gpu-out}}
 mkdir -p "$out"
@@ -45,6 +54,23 @@ summary="$out/summary.txt"
 : >"$summary"
 
 note() { echo "$*" | tee -a "$summary"; }
+
+if [ -n "${INDUCTOR_CACHE:-}" ]; then
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0
+  mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
+  if [ -f .inductor/autotune.tgz ]; then
+    tar xzf .inductor/autotune.tgz -C "$TORCHINDUCTOR_CACHE_DIR" \
+      && note "inductor cache: $(tar tzf .inductor/autotune.tgz | grep -c .) autotuning files read back"
+  fi
+fi
+
+# autotune.tgz (INDUCTOR_CACHE set): the autotuning results Inductor has written so far.
+pack_autotune() {
+  [ -n "${INDUCTOR_CACHE:-}" ] || return 0
+  (cd "$TORCHINDUCTOR_CACHE_DIR" && find . -path ./cache -prune -o -name '*.best_config' -print \
+      | { cat; [ -d cache ] && echo ./cache; } | tar czf "$out/autotune.tgz" -T - 2>/dev/null)
+  return 0
+}
 
 # results.tgz: every bench/results file written since the call began.
 pack_results() {
@@ -186,7 +212,9 @@ for step in $steps; do
       ;;
   esac
   pack_results  # after every step, so a call cut short by the device's limit still returns them
+  pack_autotune
 done
 
 pack_results
+pack_autotune
 note "call took $(( $(date +%s) - t_call ))s; new result files: $(wc -l < /tmp/new_results.txt)"
