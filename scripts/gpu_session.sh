@@ -60,7 +60,7 @@ if [ -n "${INDUCTOR_CACHE:-}" ]; then
   mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
   if [ -f .inductor/autotune.tgz ]; then
     tar xzf .inductor/autotune.tgz -C "$TORCHINDUCTOR_CACHE_DIR" \
-      && note "inductor cache: $(tar tzf .inductor/autotune.tgz | grep -c .) autotuning files read back"
+      && note "inductor cache: $(tar tzf .inductor/autotune.tgz | grep -vc '/$') autotuning files read back"
   fi
 fi
 
@@ -68,9 +68,18 @@ fi
 pack_autotune() {
   [ -n "${INDUCTOR_CACHE:-}" ] || return 0
   (cd "$TORCHINDUCTOR_CACHE_DIR" && find . -path ./cache -prune -o -name '*.best_config' -print \
-      | { cat; [ -d cache ] && echo ./cache; } | tar czf "$out/autotune.tgz" -T - 2>/dev/null)
+      | { cat; [ -d cache ] && echo ./cache; } | tar czf "$out/.autotune.tgz" -T - 2>/dev/null) \
+    && mv -f "$out/.autotune.tgz" "$out/autotune.tgz"  # whole or not at all
   return 0
 }
+# Also every 20 s in the background: a call cut off by the device's limit ends inside a step.
+if [ -n "${INDUCTOR_CACHE:-}" ]; then
+  export -f pack_autotune
+  export out
+  bash -c 'while sleep 20; do pack_autotune; done' &
+  autotune_packer=$!
+  trap 'kill $autotune_packer 2>/dev/null' EXIT
+fi
 
 # results.tgz: every bench/results file written since the call began.
 pack_results() {
