@@ -55,15 +55,6 @@ summary="$out/summary.txt"
 
 note() { echo "$*" | tee -a "$summary"; }
 
-if [ -n "${INDUCTOR_CACHE:-}" ]; then
-  export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0
-  mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
-  if [ -f .inductor/autotune.tgz ]; then
-    tar xzf .inductor/autotune.tgz -C "$TORCHINDUCTOR_CACHE_DIR" \
-      && note "inductor cache: $(tar tzf .inductor/autotune.tgz | grep -vc '/$') autotuning files read back"
-  fi
-fi
-
 # autotune.tgz (INDUCTOR_CACHE set): the autotuning results Inductor has written so far.
 pack_autotune() {
   [ -n "${INDUCTOR_CACHE:-}" ] || return 0
@@ -72,8 +63,15 @@ pack_autotune() {
     && mv -f "$out/.autotune.tgz" "$out/autotune.tgz"  # whole or not at all
   return 0
 }
-# Also every 20 s in the background: a call cut off by the device's limit ends inside a step.
 if [ -n "${INDUCTOR_CACHE:-}" ]; then
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0
+  mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
+  if [ -f .inductor/autotune.tgz ]; then
+    tar xzf .inductor/autotune.tgz -C "$TORCHINDUCTOR_CACHE_DIR" \
+      && note "inductor cache: $(tar tzf .inductor/autotune.tgz | grep -vc '/$') autotuning files read back"
+  fi
+  # Packed after every step and also every 20 s in the background: a call cut off by the
+  # device's limit ends inside a step.
   export -f pack_autotune
   export out
   bash -c 'while sleep 20; do pack_autotune; done' &
