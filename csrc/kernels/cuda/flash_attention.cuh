@@ -993,22 +993,6 @@ __device__ __forceinline__ void refill_inverse_table(C* tab, int64_t& t_lo, int6
   }
 }
 
-// The block's dw row, after its groups' rows in acc [groups][D] are complete: their sum in group
-// order, stored to dw when the side has one block, else as the block's partial row. Index: the
-// type of the row offsets (int64_t for a runtime D; int where D is a constant, which lets nvcc
-// unroll the sum as before).
-template <typename Index, typename C, typename T, typename W>
-__device__ __forceinline__ void store_block_dw(const C* acc, const OnePassSide<T, W>& sd, int64_t block, int groups,
-                                               int D) {
-  __syncthreads();
-  for (int j = threadIdx.x; j < D; j += kThreads) {
-    C s = 0;
-    for (int g = 0; g < groups; ++g) s += acc[static_cast<Index>(g) * D + j];
-    if (sd.nblocks == 1) store(sd.dw, j, static_cast<compute_t<W>>(s));
-    else sd.partial[block * D + j] = s;
-  }
-}
-
 // Blocks [0, q.nblocks) take q's plan, the next k.nblocks k's; dynamic shared memory: the larger
 // side's PrepDwPlan::smem. The loop, sums and stores are rmsnorm_backward_onepass_kernel's.
 template <int G, typename T, typename W>
@@ -1059,7 +1043,7 @@ qk_norm_rope_backward_onepass_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W>
       my[j] += d * xhat;
     }
   }
-  store_block_dw<int64_t>(acc, sd, block, groups, D);
+  rmsnorm::store_block_dw<int64_t>(acc, groups, D, sd.nblocks == 1, sd.dw, sd.partial, block);
 }
 
 // dw of the sides with more than one block (blockIdx.y: 0 = q, 1 = k): rmsnorm::dw_tree's sums
@@ -1335,7 +1319,7 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
   C* my_row = acc + group * D;
 #pragma unroll
   for (int e = 0; e < E; ++e) my_row[lane + e * G] = my[e];
-  store_block_dw<int>(acc, sd, block, groups, D);
+  rmsnorm::store_block_dw<int>(acc, groups, D, sd.nblocks == 1, sd.dw, sd.partial, block);
 }
 
 }  // namespace flash

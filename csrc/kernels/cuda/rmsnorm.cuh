@@ -37,6 +37,22 @@ __device__ __forceinline__ C fma_dev(C a, C b, C c) {
 #endif
 }
 
+// The block's dw row once its groups' rows acc [groups][dim] are complete: their sum in group
+// order, stored to dw when the plan has one block, else as the block's partial row (the one-pass
+// backwards here and qk_norm_rope's). Index: the type of the row offsets (int where dim is a
+// constant, which lets nvcc unroll the sum).
+template <typename Index, typename C, typename W>
+__device__ __forceinline__ void store_block_dw(const C* acc, int groups, int dim, bool one_block, W* dw, C* partial,
+                                               int64_t block) {
+  __syncthreads();
+  for (int j = threadIdx.x; j < dim; j += kThreads) {
+    C s = 0;
+    for (int g = 0; g < groups; ++g) s += acc[static_cast<Index>(g) * dim + j];
+    if (one_block) store(dw, j, static_cast<compute_t<W>>(s));
+    else partial[block * dim + j] = s;
+  }
+}
+
 // One block: rows [blockIdx.x * rows_per_block, ...); group g of G lanes takes rows r0 + g,
 // r0 + g + groups, ... in order. dres (may be null): dx = round(dx) + dres. Writes dx, and dw
 // directly when there is one block, else the block's partial row partial[blockIdx.x, :].
@@ -86,13 +102,7 @@ rmsnorm_backward_onepass_kernel(const T* __restrict__ x, const W* __restrict__ w
       my[j] = fma_dev(xhat, d, my[j]);
     }
   }
-  __syncthreads();
-  for (int64_t j = threadIdx.x; j < dim; j += kThreads) {
-    C s = 0;
-    for (int g = 0; g < groups; ++g) s += acc[static_cast<int64_t>(g) * dim + j];
-    if (gridDim.x == 1) store(dw, j, static_cast<compute_t<W>>(s));
-    else partial[static_cast<int64_t>(blockIdx.x) * dim + j] = s;
-  }
+  store_block_dw<int64_t>(acc, groups, static_cast<int>(dim), gridDim.x == 1, dw, partial, blockIdx.x);
 }
 
 // Note [Wide RMSNorm backward]
@@ -183,13 +193,7 @@ rmsnorm_backward_wide_kernel(const bf16_t* __restrict__ x, const W* __restrict__
   for (int c = 0; c < NC; ++c)
 #pragma unroll
     for (int e = 0; e < 8; ++e) my[c * kWideChunk + lane * 8 + e] = acc[c][e];
-  __syncthreads();
-  for (int j = threadIdx.x; j < dim; j += kThreads) {
-    C sum = 0;
-    for (int g = 0; g < groups; ++g) sum += acc_s[g * dim + j];
-    if (gridDim.x == 1) store(dw, j, static_cast<compute_t<W>>(sum));
-    else partial[static_cast<int64_t>(blockIdx.x) * dim + j] = sum;
-  }
+  store_block_dw<int>(acc_s, groups, dim, gridDim.x == 1, dw, partial, blockIdx.x);
 }
 
 // dw[j] = sum over the nparts partial rows in order: block = 32 columns x 8 slices; slice s adds
