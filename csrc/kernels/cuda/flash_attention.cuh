@@ -52,8 +52,8 @@ template <int D> constexpr int dkdv_rows() { return D == 128 ? 32 : 64; }
 // Shared memory (bytes) of each kernel for head dim D.
 template <int D> constexpr int fwd_smem() { return (kTile + 4 * kTile) * (D + kPad) * 2; }
 template <int D> constexpr int dq_smem() { return (2 * kTile + 4 * kTile) * (D + kPad) * 2 + kTile * 4; }
-template <int D> constexpr int dkdv_smem() {
-  return (2 * kTile + 4 * dkdv_rows<D>()) * (D + kPad) * 2 + 4 * dkdv_rows<D>() * 4;
+template <int D, int BR = dkdv_rows<D>()> constexpr int dkdv_smem() {
+  return (2 * kTile + 4 * BR) * (D + kPad) * 2 + 4 * BR * 4;
 }
 
 struct Dims {
@@ -320,8 +320,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[N / 8][4], float (&o)[
     }
 }
 
-template <int D>
-__global__ void __launch_bounds__(kBlockThreads)
+template <int D, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocks)
     flash_forward_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                          bf16_t* __restrict__ out, float* __restrict__ lse, Dims n) {
   constexpr int kLd = D + kPad;
@@ -407,8 +407,8 @@ __device__ __forceinline__ compute_t<T> group_row_dot(const T* o, const T* dO, i
 
 // dq for 64 queries of one (b, h): delta of its rows (Note [delta inside the dq kernel]), then a
 // loop over the visible key tiles.
-template <int D>
-__global__ void __launch_bounds__(kBlockThreads)
+template <int D, bool kQInRegs = false, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocks)
     flash_backward_dq_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                              const bf16_t* __restrict__ v, const bf16_t* __restrict__ out,
                              const bf16_t* __restrict__ dout, const float* __restrict__ lse,
@@ -458,6 +458,10 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) dl[r] = row + 8 * r < n.S ? sDl[row + 8 * r - qt.q0] : 0.f;
   float acc[D / 8][4] = {};
+  constexpr int kQFrags = kQInRegs ? D / 16 : 1;
+  uint32_t qa[kQFrags][4], oa[kQFrags][4];  // the warp's Q and dO rows as A fragments, or unused
+  load_a_frags<D, kQInRegs>(qa, sQ + warp * 16 * kLd, lane);
+  load_a_frags<D, kQInRegs>(oa, sdO + warp * 16 * kLd, lane);
   for (int j = 0; j < qt.n_kv_tiles; ++j) {
     begin_step(j, qt.n_kv_tiles,
                [&] { load_kv_tile<D>(sK, sV, (j + 1) % 2, kh, vh, qt.ldkv, (j + 1) * kTile, n.S); });
@@ -465,8 +469,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     const bf16_t* sVj = sV + j % 2 * kTile * kLd;
     const int k0 = j * kTile;
     float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
-    warp_gemm_nt<D, kTile>(s, sQ + warp * 16 * kLd, sKj, lane);
-    warp_gemm_nt<D, kTile>(dp, sdO + warp * 16 * kLd, sVj, lane);
+    warp_gemm_nt<D, kTile, kQInRegs>(s, qa, sQ + warp * 16 * kLd, sKj, lane);
+    warp_gemm_nt<D, kTile, kQInRegs>(dp, oa, sdO + warp * 16 * kLd, sVj, lane);
     const bool masked = k0 + kTile > n.S || qt.q0 + kTile > n.S || (n.causal && k0 + kTile > qt.q0);
 #pragma unroll
     for (int nb = 0; nb < kTile / 8; ++nb)
@@ -491,8 +495,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // dk, dv for 64 keys of one (b, kv head): loops over the group's query heads in order and, for
 // each, over the query tiles of BR rows that see these keys.
-template <int D, int BR>
-__global__ void __launch_bounds__(kBlockThreads)
+template <int D, int BR, bool kKVInRegs = (D <= 64), int kMinBlocks = 1>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocks)
     flash_backward_dkdv_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
                                const float* __restrict__ lse, const float* __restrict__ delta,
@@ -533,7 +537,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   // The warp's K and V rows as A fragments from step 0 on, except at D = 128 (Note [A fragments
   // kept in registers]).
-  constexpr bool kKVInRegs = D <= 64;
   constexpr int kFrags = kKVInRegs ? D / 16 : 1;
   const bf16_t* sKw = sK + warp * 16 * kLd;
   const bf16_t* sVw = sV + warp * 16 * kLd;
