@@ -21,7 +21,6 @@
 #             PyTorch eager and torch.compile with checkpointed blocks
 #   profile   bench/profile_step.py ($PROFILE_ARGS, configurations separated by ';'; default dim768 b32 bf16 V=50257)
 #   gemm      bench/lm_head_gemm.py ($GEMM_ARGS): the lm_head GEMM's cuBLAS kernel per API and math mode
-#   tune      bench/flash_tune.py ($TUNE_ARGS): the flash kernels' variants (XT_FLASH_TUNE), bits and times
 #   generate  bench/generate.py ($GENERATE_ARGS): the KV-cache generator against the re-run
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
@@ -196,10 +195,6 @@ for step in $steps; do
       ;;
     gemm)  # the lm_head GEMM's cuBLAS kernel under each way of calling it (bench/lm_head_gemm.py)
       run_step gemm 180 "$out/bench.log" "$py" bench/lm_head_gemm.py ${GEMM_ARGS:---rows 8192 32768 --vocab 50257}
-      ;;
-    tune)
-      run_step tune 300 "$out/bench.log" "$py" bench/flash_tune.py ${TUNE_ARGS:-}
-      grep -E "^flash_tune" "$out/bench.log" | tail -90 | tee -a "$summary"
       ;;
     generate)
       run_step generate 240 "$out/bench.log" "$py" bench/generate.py ${GENERATE_ARGS:-}

@@ -14,8 +14,6 @@
 //    registers]), other D the general ones; the same bits either way.
 //  - Launch shapes depend only on the problem sizes (never on the GPU), so the bits do too.
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 
 #include "kernels/cuda/flash_attention.cuh"
@@ -85,22 +83,6 @@ RowDims row_dims(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, double
                  static_cast<int>(D), scale, causal};
 }
 
-// Kernel variants for tuning (XT_FLASH_TUNE="fqk", a digit each for the forward, dq and dk/dv
-// kernels; 0 = the default). Every variant computes the same bits.
-struct Tune {
-  int f = 0, q = 0, k = 0;
-};
-Tune flash_tune() {
-  Tune t;
-  const char* e = std::getenv("XT_FLASH_TUNE");
-  if (e != nullptr && std::strlen(e) >= 3) {
-    t.f = e[0] - '0';
-    t.q = e[1] - '0';
-    t.k = e[2] - '0';
-  }
-  return t;
-}
-
 }  // namespace
 
 void flash_attention_forward(DType dt, const void* q, const void* k, const void* v, void* out, void* lse, int64_t B,
@@ -110,22 +92,14 @@ void flash_attention_forward(DType dt, const void* q, const void* k, const void*
   OnStream on(stream);
   if (tensor_core_path(dt, D, {q, k, v, out})) {
     const Dims n = flash::make_dims(B, S, H, Hkv, scale, causal);
-    const Tune tune = flash_tune();
     with_head_dim(D, [&](auto d) {
       constexpr int kD = decltype(d)::value;
-      const auto launch = [&](auto kmin) {
-        constexpr int kMin = decltype(kmin)::value;
-        constexpr int smem = flash::fwd_smem<kD>();
-        allow_smem<flash::flash_forward_kernel<kD, kMin>>(smem, on.device);
-        flash::flash_forward_kernel<kD, kMin><<<flash::forward_grid(n), flash::kBlockThreads, smem, on.s>>>(
-            static_cast<const bf16_t*>(q), static_cast<const bf16_t*>(k), static_cast<const bf16_t*>(v),
-            static_cast<bf16_t*>(out), static_cast<float*>(lse), n);
-        XT_LAUNCH_CHECK();
-      };
-      if constexpr (kD <= 64) {
-        if (tune.f == 1) return launch(std::integral_constant<int, kD == 32 ? 5 : 4>{});
-      }
-      launch(std::integral_constant<int, 1>{});
+      constexpr int smem = flash::fwd_smem<kD>();
+      allow_smem<flash::flash_forward_kernel<kD>>(smem, on.device);
+      flash::flash_forward_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, smem, on.s>>>(
+          static_cast<const bf16_t*>(q), static_cast<const bf16_t*>(k), static_cast<const bf16_t*>(v),
+          static_cast<bf16_t*>(out), static_cast<float*>(lse), n);
+      XT_LAUNCH_CHECK();
     });
     return;
   }
@@ -160,51 +134,23 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (tc) {
         const Dims n = flash::make_dims(B, S, H, Hkv, scale, causal);
-        const Tune tune = flash_tune();
         with_head_dim(D, [&](auto d) {
-          constexpr int kD = decltype(d)::value;
-          const auto run_dq = [&](auto qregs, auto qmin) {
-            constexpr bool kQR = decltype(qregs)::value;
-            constexpr int kQMin = decltype(qmin)::value, dq_smem = flash::dq_smem<kD>();
-            allow_smem<flash::flash_backward_dq_kernel<kD, kQR, kQMin>>(dq_smem, on.device);
-            flash::flash_backward_dq_kernel<kD, kQR, kQMin>
-                <<<flash::forward_grid(n), flash::kBlockThreads, dq_smem, on.s>>>(
-                    static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-                    static_cast<const T*>(out), static_cast<const T*>(dout), static_cast<const float*>(lse),
-                    delta.as<float>(), static_cast<T*>(dq), n);
-            XT_LAUNCH_CHECK();
-          };
-          const auto run_dkdv = [&](auto br, auto kvregs, auto kmin) {
-            constexpr int kBR = decltype(br)::value, kKMin = decltype(kmin)::value;
-            constexpr bool kKVR = decltype(kvregs)::value;
-            constexpr int dkdv_smem = flash::dkdv_smem<kD, kBR>();
-            allow_smem<flash::flash_backward_dkdv_kernel<kD, kBR, kKVR, kKMin>>(dkdv_smem, on.device);
-            flash::flash_backward_dkdv_kernel<kD, kBR, kKVR, kKMin>
-                <<<flash::dkdv_grid(n), flash::kBlockThreads, dkdv_smem, on.s>>>(
-                    static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-                    static_cast<const T*>(dout), static_cast<const float*>(lse), delta.as<float>(),
-                    static_cast<T*>(dk), static_cast<T*>(dv), n);
-            XT_LAUNCH_CHECK();
-          };
-          using std::integral_constant;
-          using True = std::true_type;
-          using False = std::false_type;
-          constexpr int kBR = flash::dkdv_rows<kD>();
-          if constexpr (kD <= 64) {
-            constexpr int kMinQ = kD == 32 ? 4 : 3;
-            if (tune.q == 1) run_dq(True{}, integral_constant<int, kMinQ>{});
-            else if (tune.q == 2) run_dq(False{}, integral_constant<int, kMinQ>{});
-            else run_dq(False{}, integral_constant<int, 1>{});
-            if (tune.k == 1) run_dkdv(integral_constant<int, 64>{}, False{}, integral_constant<int, 3>{});
-            else if (tune.k == 2) run_dkdv(integral_constant<int, kD == 32 ? 64 : 32>{}, True{}, integral_constant<int, 3>{});
-            else if (tune.k == 3)
-              run_dkdv(integral_constant<int, kD == 32 ? 64 : 32>{}, False{},
-                   integral_constant<int, kD == 32 ? 4 : 3>{});
-            else run_dkdv(integral_constant<int, kBR>{}, True{}, integral_constant<int, 1>{});
-          } else {
-            run_dq(False{}, integral_constant<int, 1>{});
-            run_dkdv(integral_constant<int, kBR>{}, False{}, integral_constant<int, 1>{});
-          }
+          // Each kernel's form and occupancy per D: Notes [A fragments kept in registers] and
+          // [Backward occupancy] (flash_attention.cuh).
+          constexpr int kD = decltype(d)::value, kBR = flash::dkdv_rows<kD>();
+          constexpr int dq_smem = flash::dq_smem<kD>(), dkdv_smem = flash::dkdv_smem<kD>();
+          allow_smem<flash::flash_backward_dq_kernel<kD>>(dq_smem, on.device);
+          allow_smem<flash::flash_backward_dkdv_kernel<kD, kBR>>(dkdv_smem, on.device);
+          flash::flash_backward_dq_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, dq_smem, on.s>>>(
+              static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+              static_cast<const T*>(out), static_cast<const T*>(dout), static_cast<const float*>(lse),
+              delta.as<float>(), static_cast<T*>(dq), n);
+          XT_LAUNCH_CHECK();
+          flash::flash_backward_dkdv_kernel<kD, kBR><<<flash::dkdv_grid(n), flash::kBlockThreads, dkdv_smem, on.s>>>(
+              static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+              static_cast<const T*>(dout), static_cast<const float*>(lse), delta.as<float>(), static_cast<T*>(dk),
+              static_cast<T*>(dv), n);
+          XT_LAUNCH_CHECK();
         });
         return;
       }

@@ -49,10 +49,18 @@ constexpr float kLn2 = 0.6931471805599453f;
 // Queries per step of the dk/dv kernel: 64, or 32 for D = 128 (dk and dv take 128 registers).
 template <int D> constexpr int dkdv_rows() { return D == 128 ? 32 : 64; }
 
+// Blocks per SM that the backward kernels' __launch_bounds__ ask register room for (Note
+// [Backward occupancy]): 4 at D = 32, 3 at D = 64; at D = 128 the compiler's choice (2).
+template <int D> constexpr int bwd_min_blocks() { return D == 32 ? 4 : D == 64 ? 3 : 1; }
+// Whether the dq kernel keeps its Q and dO rows as A fragments in registers (Note [A fragments
+// kept in registers]); at D = 128 they would not fit beside the accumulators.
+template <int D> constexpr bool dq_frags_in_regs() { return D <= 64; }
+
 // Shared memory (bytes) of each kernel for head dim D.
 template <int D> constexpr int fwd_smem() { return (kTile + 4 * kTile) * (D + kPad) * 2; }
 template <int D> constexpr int dq_smem() { return (2 * kTile + 4 * kTile) * (D + kPad) * 2 + kTile * 4; }
-template <int D, int BR = dkdv_rows<D>()> constexpr int dkdv_smem() {
+template <int D> constexpr int dkdv_smem() {
+  constexpr int BR = dkdv_rows<D>();
   return (2 * kTile + 4 * BR) * (D + kPad) * 2 + 4 * BR * 4;
 }
 
@@ -149,16 +157,27 @@ __device__ __forceinline__ void warp_gemm_nt(float (&acc)[N / 8][4], const bf16_
 }
 
 // Note [A fragments kept in registers]
-// The forward's Q rows and the dk/dv kernel's K and V rows are the A operand of a product at every
-// step of their loops and never change, yet warp_gemm_nt read them from shared memory each time:
-// D/16 of the step's ldmatrix.x4 per product, 1 in 9 of a forward step's shared-memory loads
-// and 1 in 9 of a dk/dv step's (both D = 32 and 64). Those kernels now load the fragments once
-// (load_a_frag, at step 0 after its barrier) and keep them in registers: D/8 (forward) or D/4
-// (dk/dv) more registers, which no occupancy pays for (ptxas, sm_90: forward 115 / 146 / 237
-// registers at D = 32 / 64 / 128, still 4 / 3 / 2 blocks per SM; dk/dv 139 / 240 at D = 32 / 64,
-// still 3 / 2). The dk/dv kernel at D = 128 keeps reading shared memory: it already holds 248
-// registers, and the fragments would spill. The same mma.sync calls run in the same order on the
-// same operand values, so every output keeps its bits (tests/emu compares before and after).
+// The forward's Q rows and the dq kernel's Q and dO rows are the A operand of a product at every
+// step of their loops and never change, so those kernels load the fragments once (load_a_frag,
+// after the barrier that lands the rows) and keep them in registers instead of re-reading them
+// with D/16 ldmatrix.x4 per product: D/8 (forward) or D/4 (dq) more registers. In dq that is only
+// at D <= 64 (dq_frags_in_regs); at D = 128 the accumulators leave no room. The dk/dv kernel did
+// the same with its K and V rows until its register count cost it a block per SM (Note [Backward
+// occupancy]). The same mma.sync calls run in the same order on the same operand values, so every
+// output keeps its bits whichever way the fragments arrive (tests/emu compares both).
+
+// Note [Backward occupancy]
+// At 4 warps per block the backward kernels are latency-bound on their shared-memory loads and
+// exp2 between the products, so blocks per SM decide their speed. Left to itself ptxas gave dq
+// 161 / 218 registers and dk/dv 172 / 238 (D = 32 / 64): 3 / 2 and 2 / 2 blocks per SM. With
+// __launch_bounds__ asking for 4 blocks at D = 32 and 3 at D = 64 (bwd_min_blocks) both fit
+// without spills once dk/dv reads K and V from shared memory (ptxas, sm_90: dq 126 / 168, dk/dv
+// 128 / 168 registers), and dq gains the Q/dO fragments in registers on top. Measured on the
+// H200 (bench/flash_tune.py's one call, every variant bitwise the old kernels; forward +
+// backward): [32, 24, 256, 32] 0.179 -> 0.148 ms, [128, 24, 256, 32] 0.676 -> 0.542,
+// [8, 24, 1024, 32] 0.371 -> 0.318, [4, 12, 2048, 64] 0.521 -> 0.478, [2, 24, 4096, 32] 1.155 ->
+// 1.021. Keeping K/V fragments in registers at 3 blocks (D = 64, 32-query steps) measured the
+// same as this at D = 64 and slower at D = 32, so dk/dv has one form at every D.
 
 // The same product with A held in registers (a[kk] from load_a_frag), or, when kInRegs is false,
 // read from the warp's 16 rows of sa (a unused).
@@ -320,8 +339,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[N / 8][4], float (&o)[
     }
 }
 
-template <int D, int kMinBlocks = 1>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocks)
+template <int D>
+__global__ void __launch_bounds__(kBlockThreads)
     flash_forward_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                          bf16_t* __restrict__ out, float* __restrict__ lse, Dims n) {
   constexpr int kLd = D + kPad;
@@ -407,8 +426,8 @@ __device__ __forceinline__ compute_t<T> group_row_dot(const T* o, const T* dO, i
 
 // dq for 64 queries of one (b, h): delta of its rows (Note [delta inside the dq kernel]), then a
 // loop over the visible key tiles.
-template <int D, bool kQInRegs = false, int kMinBlocks = 1>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocks)
+template <int D, bool kQInRegs = dq_frags_in_regs<D>()>
+__global__ void __launch_bounds__(kBlockThreads, bwd_min_blocks<D>())
     flash_backward_dq_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                              const bf16_t* __restrict__ v, const bf16_t* __restrict__ out,
                              const bf16_t* __restrict__ dout, const float* __restrict__ lse,
@@ -495,8 +514,8 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocks)
 
 // dk, dv for 64 keys of one (b, kv head): loops over the group's query heads in order and, for
 // each, over the query tiles of BR rows that see these keys.
-template <int D, int BR, bool kKVInRegs = (D <= 64), int kMinBlocks = 1>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocks)
+template <int D, int BR>
+__global__ void __launch_bounds__(kBlockThreads, bwd_min_blocks<D>())
     flash_backward_dkdv_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                                const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
                                const float* __restrict__ lse, const float* __restrict__ delta,
@@ -535,18 +554,11 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocks)
   const int key = k0 + warp * 16 + lane / 4;  // this thread's keys: key, key + 8
   const int col = 2 * (lane % 4);             // and queries q0 + col + 8 nb + (0, 1) of a step
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
-  // The warp's K and V rows as A fragments from step 0 on, except at D = 128 (Note [A fragments
-  // kept in registers]).
-  constexpr int kFrags = kKVInRegs ? D / 16 : 1;
+  // The warp's K and V rows are read from shared memory at every step (Note [Backward occupancy]).
   const bf16_t* sKw = sK + warp * 16 * kLd;
   const bf16_t* sVw = sV + warp * 16 * kLd;
-  uint32_t ka[kFrags][4], va[kFrags][4];
   for (int t = 0; t < n_steps; ++t) {
     begin_step(t, n_steps, [&] { load_step(t + 1, (t + 1) % 2); });
-    if (t == 0) {
-      load_a_frags<D, kKVInRegs>(ka, sKw, lane);
-      load_a_frags<D, kKVInRegs>(va, sVw, lane);
-    }
     const int buf = t % 2, q0 = (first + t % per_head) * BR;
     const bf16_t* sQt = sQ + buf * BR * kLd;
     const bf16_t* sdOt = sdO + buf * BR * kLd;
@@ -554,7 +566,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocks)
     const float* sDlt = sDl + buf * BR;
     // P^T (16 keys x BR queries per warp), recomputed from lse.
     float pt[BR / 8][4] = {};
-    warp_gemm_nt<D, BR, kKVInRegs>(pt, ka, sKw, sQt, lane);
+    warp_gemm_nt<D, BR>(pt, sKw, sQt, lane);
     const bool masked = q0 + BR > n.S || (n.causal && q0 < k0 + kTile);
 #pragma unroll
     for (int nb = 0; nb < BR / 8; ++nb)
@@ -571,7 +583,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocks)
     warp_gemm_nn<BR, D>(dv_acc, a, sdOt, lane);  // dv += P^T dO
     // dS^T = P^T (dP^T - delta), dP^T = V dO^T.
     float dst[BR / 8][4] = {};
-    warp_gemm_nt<D, BR, kKVInRegs>(dst, va, sVw, sdOt, lane);
+    warp_gemm_nt<D, BR>(dst, sVw, sdOt, lane);
 #pragma unroll
     for (int nb = 0; nb < BR / 8; ++nb)
 #pragma unroll
