@@ -325,7 +325,7 @@ def env_info(device: str) -> dict:
     except ImportError:
         info["torch"] = None
     if is_cuda(device):
-        idx = int(device.split(":")[1])
+        idx = int(device.split(":")[1]) if ":" in device else 0  # "cuda" is device 0, as resolve_device has it
         info["gpu"] = xtrain.cuda.device_name(idx)
         info["cuda_runtime"] = xtrain.cuda.runtime_info()
         if hasattr(xtrain.cuda, "allow_tf32"):  # float32 results mean true fp32 only when off
