@@ -247,6 +247,9 @@ void prep_dw_tree_cases() {
     }
 }
 
+// Rows in flight of the register one-pass backward that fused_onepass launches (0: the default).
+int g_prep_bwd_rows = 0;
+
 // The register-path forward (Note [Head preparation in registers]) as flash_attention.cu launches
 // it, bit for bit against the general kernel's outputs (yq, yk, rstd), under the schedules.
 template <typename T>
@@ -254,30 +257,39 @@ void prep_forward_reg(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const 
                       const Buf<T>& yq, const Buf<T>& yk, const std::vector<float>& rsq, const std::vector<float>& rsk,
                       int B, int S, int H, int Hkv, int D, float eps, float theta) {
   using C = xt::kernels::compute_t<T>;
-  const auto run = [&](auto d, emu::Schedule schedule) {
-    constexpr int kD = decltype(d)::value;
-    const int64_t tpb = fl::prep_tokens_per_block<fl::prep_lanes<kD>(), C>(H, Hkv, D);
+  const auto run = [&](auto d, emu::Schedule schedule, auto rows, int mult) {
+    constexpr int kD = decltype(d)::value, kR = decltype(rows)::value;
+    const int64_t tpb = fl::prep_tokens_per_block<fl::prep_lanes<kD>(), C>(H, Hkv, D, kR, mult);
     Buf<T> oq(yq.v.size()), ok(yk.v.size());
     std::vector<float> sq(rsq.size(), -1.f), sk(rsk.size(), -1.f);
     emu::set_schedule(schedule);
     emu::launch(dim3(unsigned(cu::ceil_div(int64_t(B) * S, tpb))), dim3(cu::kThreads), sizeof(C) * size_t(tpb * D), [&] {
-      fl::qk_norm_rope_forward_reg_kernel<kD, T, float>(q.p(), k.p(), wq.data(), wk.data(), oq.p(), ok.p(), sq.data(),
-                                                       sk.data(), int64_t(B) * S, S, fl::HeadRows{H, Hkv}, int(tpb), D,
-                                                       eps, theta);
+      fl::qk_norm_rope_forward_reg_kernel<kD, T, float, kR>(q.p(), k.p(), wq.data(), wk.data(), oq.p(), ok.p(),
+                                                           sq.data(), sk.data(), int64_t(B) * S, S,
+                                                           fl::HeadRows{H, Hkv}, int(tpb), D, eps, theta);
     });
     emu::set_schedule(emu::Schedule::Lockstep);
-    const std::string tag = "  register forward (" + std::to_string(tpb) + " tokens per block) ";
+    const std::string tag = "  register forward (" + std::to_string(kR) + " rows in flight, " + std::to_string(tpb) +
+                            " tokens per block) ";
     expect(tag + "q bitwise the general kernel's", oq.v.size() == yq.v.size() &&
                                                        std::memcmp(oq.v.data(), yq.v.data(), sizeof(T) * yq.v.size()) == 0);
     expect(tag + "k bitwise the general kernel's", ok.v.size() == yk.v.size() &&
                                                        std::memcmp(ok.v.data(), yk.v.data(), sizeof(T) * yk.v.size()) == 0);
     expect(tag + "rstd bitwise the general kernel's", sq == rsq && sk == rsk);
   };
+  using std::integral_constant;
   const auto each = [&](emu::Schedule schedule) {
+    const integral_constant<int, fl::kPrepRows> rows{};
     switch (D) {
-      case 32: run(std::integral_constant<int, 32>{}, schedule); break;
-      case 64: run(std::integral_constant<int, 64>{}, schedule); break;
-      default: run(std::integral_constant<int, 128>{}, schedule); break;
+      case 32:
+        run(integral_constant<int, 32>{}, schedule, rows, 1);
+        // the tuning call's variants (XT_PREP_TUNE): rows in flight and tokens per block
+        run(integral_constant<int, 32>{}, schedule, integral_constant<int, 2>{}, 1);
+        run(integral_constant<int, 32>{}, schedule, integral_constant<int, 8>{}, 4);
+        run(integral_constant<int, 32>{}, schedule, integral_constant<int, 16>{}, 2);
+        break;
+      case 64: run(integral_constant<int, 64>{}, schedule, rows, 1); break;
+      default: run(integral_constant<int, 128>{}, schedule, rows, 1); break;
     }
   };
   each(emu::Schedule::Lockstep);
@@ -438,8 +450,14 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
     if constexpr (G == cu::lanes_for(32) || G == cu::lanes_for(64) || G == cu::lanes_for(128)) {
       constexpr int kD = G == cu::lanes_for(32) ? 32 : G == cu::lanes_for(64) ? 64 : 128;
       if (D != kD) expect("register path's head dim", false);
-      emu::launch(grid, dim3(cu::kThreads), smem,
-                  [&] { fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float>(qs, ks, S, D, theta); });
+      emu::launch(grid, dim3(cu::kThreads), smem, [&] {
+        switch (g_prep_bwd_rows) {  // the tuning call's variants (XT_PREP_TUNE): rows in flight
+          case 1: fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 1>(qs, ks, S, D, theta); break;
+          case 2: fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 2>(qs, ks, S, D, theta); break;
+          case 4: fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 4>(qs, ks, S, D, theta); break;
+          default: fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float>(qs, ks, S, D, theta); break;
+        }
+      });
     } else {
       expect("register path's head dim", false);
     }
@@ -493,6 +511,14 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
       expect("register kernel bitwise the general one",
              got == fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta, false, false,
                                         nullptr));
+    if (reg)
+      for (const int rb : {1, 2, 4}) {
+        g_prep_bwd_rows = rb;
+        const PrepGrads r = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta, false,
+                                                true, nullptr);
+        g_prep_bwd_rows = 0;
+        expect("register kernel with " + std::to_string(rb) + " rows in flight bitwise the default", r == got);
+      }
     expect("dq bitwise the composition", got.dq == want.dq);
     expect("dk bitwise the composition", got.dk == want.dk);
     expect("dwq bitwise the composition", got.dwq == want.dwq);

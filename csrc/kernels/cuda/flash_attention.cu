@@ -14,6 +14,8 @@
 //    registers]), other D the general ones; the same bits either way.
 //  - Launch shapes depend only on the problem sizes (never on the GPU), so the bits do too.
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 
 #include "kernels/cuda/flash_attention.cuh"
@@ -81,6 +83,23 @@ void check_sizes(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D) {
 RowDims row_dims(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale, bool causal) {
   return RowDims{static_cast<int>(B), static_cast<int>(S), static_cast<int>(H), static_cast<int>(Hkv),
                  static_cast<int>(D), scale, causal};
+}
+
+// Head-preparation variants for one tuning call (XT_PREP_TUNE="fmb": forward rows in flight and
+// blocks per SM, forward tokens per block x1/x2/x4, backward rows in flight and blocks per SM; 0 =
+// the defaults; bf16 rows, float32 weights, head dim 32 only). Every variant computes the same bits.
+struct PrepTune {
+  int f = 0, m = 0, b = 0;
+};
+PrepTune prep_tune() {
+  PrepTune t;
+  const char* e = std::getenv("XT_PREP_TUNE");
+  if (e != nullptr && std::strlen(e) >= 3) {
+    t.f = e[0] - '0';
+    t.m = e[1] - '0';
+    t.b = e[2] - '0';
+  }
+  return t;
 }
 
 }  // namespace
@@ -196,14 +215,31 @@ void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, co
     using C = compute_t<T>;
     const bool reg = with_prep_reg_dim(D, [&](auto d) {  // Note [Head preparation in registers]
       constexpr int kD = decltype(d)::value;
-      const int64_t tpb = flash::prep_tokens_per_block<flash::prep_lanes<kD>(), C>(H, Hkv, D);
-      const size_t smem = sizeof(C) * static_cast<size_t>(tpb * D);  // cos and sin of tpb tokens
-      flash::qk_norm_rope_forward_reg_kernel<kD, T, W>
-          <<<static_cast<unsigned>(ceil_div(B * S, tpb)), kThreads, smem, on.s>>>(
-              static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq),
-              static_cast<const W*>(wk), static_cast<T*>(q_out), static_cast<T*>(k_out), rstd_q, rstd_k, B * S,
-              static_cast<int>(S), hr, static_cast<int>(tpb), static_cast<int>(D), eps, theta);
-      XT_LAUNCH_CHECK();
+      const auto launch = [&](auto rows, auto min_blocks, int mult) {
+        constexpr int kR = decltype(rows)::value, kMin = decltype(min_blocks)::value;
+        const int64_t tpb = flash::prep_tokens_per_block<flash::prep_lanes<kD>(), C>(H, Hkv, D, kR, mult);
+        const size_t smem = sizeof(C) * static_cast<size_t>(tpb * D);  // cos and sin of tpb tokens
+        flash::qk_norm_rope_forward_reg_kernel<kD, T, W, kR, kMin>
+            <<<static_cast<unsigned>(ceil_div(B * S, tpb)), kThreads, smem, on.s>>>(
+                static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq),
+                static_cast<const W*>(wk), static_cast<T*>(q_out), static_cast<T*>(k_out), rstd_q, rstd_k, B * S,
+                static_cast<int>(S), hr, static_cast<int>(tpb), static_cast<int>(D), eps, theta);
+        XT_LAUNCH_CHECK();
+      };
+      using std::integral_constant;
+      if constexpr (kD == 32 && std::is_same_v<T, bf16_t> && std::is_same_v<W, float>) {
+        const PrepTune t = prep_tune();
+        const int mult = t.m == 1 ? 2 : t.m == 2 ? 4 : 1;
+        switch (t.f) {
+          case 1: return launch(integral_constant<int, 2>{}, integral_constant<int, 5>{}, mult);
+          case 2: return launch(integral_constant<int, 8>{}, integral_constant<int, 4>{}, mult);
+          case 3: return launch(integral_constant<int, 8>{}, integral_constant<int, 3>{}, mult);
+          case 4: return launch(integral_constant<int, 16>{}, integral_constant<int, 2>{}, mult);
+          default: return launch(integral_constant<int, flash::kPrepRows>{},
+                                 integral_constant<int, flash::kPrepFwdBlocks>{}, mult);
+        }
+      }
+      launch(integral_constant<int, flash::kPrepRows>{}, integral_constant<int, flash::kPrepFwdBlocks>{}, 1);
     });
     if (reg) return;
     with_lanes(D, [&](auto g) {
@@ -280,9 +316,24 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
       const unsigned nblocks = static_cast<unsigned>(qs.nblocks + ks.nblocks);
       const bool reg = with_prep_reg_dim(D, [&](auto d) {  // Note [Head preparation in registers]
         constexpr int kD = decltype(d)::value;
-        flash::qk_norm_rope_backward_onepass_reg_kernel<kD, T, W><<<nblocks, kThreads, smem, on.s>>>(
-            qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
-        XT_LAUNCH_CHECK();
+        const auto launch = [&](auto rows, auto min_blocks) {
+          constexpr int kR = decltype(rows)::value, kMin = decltype(min_blocks)::value;
+          flash::qk_norm_rope_backward_onepass_reg_kernel<kD, T, W, kR, kMin><<<nblocks, kThreads, smem, on.s>>>(
+              qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+          XT_LAUNCH_CHECK();
+        };
+        using std::integral_constant;
+        if constexpr (kD == 32 && std::is_same_v<T, bf16_t> && std::is_same_v<W, float>) {
+          switch (prep_tune().b) {
+            case 1: return launch(integral_constant<int, 2>{}, integral_constant<int, 4>{});
+            case 2: return launch(integral_constant<int, 3>{}, integral_constant<int, 3>{});
+            case 3: return launch(integral_constant<int, 1>{}, integral_constant<int, 4>{});
+            case 4: return launch(integral_constant<int, 2>{}, integral_constant<int, 3>{});
+            case 5: return launch(integral_constant<int, 4>{}, integral_constant<int, 3>{});
+            default: break;
+          }
+        }
+        launch(integral_constant<int, flash::kPrepBwdRows>{}, integral_constant<int, flash::kPrepBwdBlocks>{});
       });
       if (!reg) {
         flash::qk_norm_rope_backward_onepass_kernel<G, T, W><<<nblocks, kThreads, smem, on.s>>>(

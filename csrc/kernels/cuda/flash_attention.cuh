@@ -1151,8 +1151,8 @@ template <int D> constexpr int prep_lanes() {
 // The forward's tokens per block: about kPrepRows rows per group, at least one token, the table
 // (tokens * D compute-type values) within 48 KB.
 template <int G, typename C>
-int64_t prep_tokens_per_block(int64_t H, int64_t Hkv, int64_t D) {
-  int64_t t = (kThreads / G) * kPrepRows / (H + Hkv);
+int64_t prep_tokens_per_block(int64_t H, int64_t Hkv, int64_t D, int rows = kPrepRows, int mult = 1) {
+  int64_t t = (kThreads / G) * rows / (H + Hkv) * mult;
   const int64_t fit = static_cast<int64_t>(rmsnorm::kOnePassMaxSmem / (sizeof(C) * static_cast<size_t>(D)));
   if (t > fit) t = fit;
   return t < 1 ? 1 : t;
@@ -1163,8 +1163,8 @@ int64_t prep_tokens_per_block(int64_t H, int64_t Hkv, int64_t D) {
 // Dynamic shared memory: tpb * D compute-type values (cos, then sin, of each token).
 // dim == D, as a runtime value: rms_rstd's ss / dim and rope_inv_freq's 2i / dim divide by it as
 // in the kernels above (a constant power of two would let nvcc turn ss / dim + eps into one fma).
-template <int D, typename T, typename W>
-__global__ void __launch_bounds__(kThreads, kPrepFwdBlocks)
+template <int D, typename T, typename W, int R = kPrepRows, int kMinBlocks = kPrepFwdBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
 qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k, const W* __restrict__ wq,
                                 const W* __restrict__ wk, T* __restrict__ q_out, T* __restrict__ k_out,
                                 float* __restrict__ rstd_q, float* __restrict__ rstd_k, int64_t tokens, int S,
@@ -1188,10 +1188,10 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
     wqv[e] = static_cast<C>(load(wq, lane + e * G));
     wkv[e] = static_cast<C>(load(wk, lane + e * G));
   }
-  for (int m0 = 0; m0 * groups < nrows; m0 += kPrepRows) {  // the same trip count for every thread
-    T xv[kPrepRows][E];
+  for (int m0 = 0; m0 * groups < nrows; m0 += R) {  // the same trip count for every thread
+    T xv[R][E];
 #pragma unroll
-    for (int m = 0; m < kPrepRows; ++m) {
+    for (int m = 0; m < R; ++m) {
       const int r = group + (m0 + m) * groups;
       if (r >= nrows) continue;
       const T* x = r < nq ? q + (t0 * hr.H + r) * D : k + (t0 * hr.Hkv + (r - nq)) * D;
@@ -1209,7 +1209,7 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
       __syncthreads();
     }
 #pragma unroll
-    for (int m = 0; m < kPrepRows; ++m) {
+    for (int m = 0; m < R; ++m) {
       const int r = group + (m0 + m) * groups;
       const bool valid = r < nrows;
       C x[E];
@@ -1246,8 +1246,8 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
 // One-pass backward, D in prep_reg_dim: qk_norm_rope_backward_onepass_kernel's plan, rows, order
 // and table, with the rows in registers (Note [Head preparation in registers]); dim == D as in the
 // forward.
-template <int D, typename T, typename W>
-__global__ void __launch_bounds__(kThreads, kPrepBwdBlocks)
+template <int D, typename T, typename W, int RB = kPrepBwdRows, int kMinBlocks = kPrepBwdBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
 qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int S, int dim,
                                          float theta) {
   using C = compute_t<T>;
@@ -1273,11 +1273,11 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
   const int64_t r0 = block * sd.rows_per_block;
   const int64_t r1 = sd.rows < r0 + sd.rows_per_block ? sd.rows : r0 + sd.rows_per_block;
   int64_t t_lo = 0, t_hi = 0;  // the table holds tokens [t_lo, t_hi)
-  for (int64_t b0 = r0; b0 < r1; b0 += static_cast<int64_t>(kPrepBwdRows) * groups) {
-    T xv[kPrepBwdRows][E], dyv[kPrepBwdRows][E];
-    C inv[kPrepBwdRows];
+  for (int64_t b0 = r0; b0 < r1; b0 += static_cast<int64_t>(RB) * groups) {
+    T xv[RB][E], dyv[RB][E];
+    C inv[RB];
 #pragma unroll
-    for (int m = 0; m < kPrepBwdRows; ++m) {
+    for (int m = 0; m < RB; ++m) {
       const int64_t r = b0 + static_cast<int64_t>(m) * groups + group;
       if (r >= r1) continue;
 #pragma unroll
@@ -1288,7 +1288,7 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
       inv[m] = static_cast<C>(sd.rstd[r]);
     }
 #pragma unroll
-    for (int m = 0; m < kPrepBwdRows; ++m) {
+    for (int m = 0; m < RB; ++m) {
       const int64_t base = b0 + static_cast<int64_t>(m) * groups;  // a round of the kernel above
       if (base >= r1) break;  // the same for every thread of the block
       // a thread's table entries are all of frequency threadIdx.x % half (kThreads % half == 0)
