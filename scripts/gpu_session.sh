@@ -22,6 +22,7 @@
 #   profile   bench/profile_step.py ($PROFILE_ARGS, configurations separated by ';'; default dim768 b32 bf16 V=50257)
 #   gemm      bench/lm_head_gemm.py ($GEMM_ARGS): the lm_head GEMM's cuBLAS kernel per API and math mode
 #   preptune  bench/prep_tune.py ($PREPTUNE_ARGS): the head preparation's kernel variants (XT_PREP_TUNE), bits and times
+#   fwdtune   bench/fwd_tune.py ($FWDTUNE_ARGS): the flash forward in 128-query blocks (XT_FLASH_FWD), bits and times
 #   generate  bench/generate.py ($GENERATE_ARGS): the KV-cache generator against the re-run
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
@@ -200,6 +201,10 @@ for step in $steps; do
     preptune)
       run_step preptune 300 "$out/bench.log" "$py" bench/prep_tune.py ${PREPTUNE_ARGS:-}
       grep -E "^prep_tune" "$out/bench.log" | tail -60 | tee -a "$summary"
+      ;;
+    fwdtune)
+      run_step fwdtune 240 "$out/bench.log" "$py" bench/fwd_tune.py ${FWDTUNE_ARGS:-}
+      grep -E "^fwd_tune" "$out/bench.log" | tail -20 | tee -a "$summary"
       ;;
     generate)
       run_step generate 240 "$out/bench.log" "$py" bench/generate.py ${GENERATE_ARGS:-}

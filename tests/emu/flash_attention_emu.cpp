@@ -173,6 +173,13 @@ void tensor_core_case(Case c, bool race_check) {
                                              n);
     });
     expect("tc: dq with Q/dO fragments from shared memory bitwise the register form", dq.floats() == got.dq);
+    // Note [Forward tiles of 128 queries]: the 8-warp forward gives the 4-warp one's bits
+    Buf<bf16_t> out2(c.q_size());
+    std::vector<float> lse2(c.stat_size());
+    constexpr int kQT = fl::kFwdWideRows;
+    emu::launch(fl::forward_grid(n, kQT), dim3(kQT / 16 * cu::kWarp), fl::fwd_smem<D, kQT>(),
+                [&] { fl::flash_forward_wide_kernel<D>(q.p(), k.p(), v.p(), out2.p(), lse2.data(), n); });
+    expect("tc: forward in 128-query blocks bitwise the 64-query blocks", out2.floats() == got.out && lse2 == got.lse);
   }
   if (!race_check) return;
   const auto rerun = [&](emu::Schedule schedule) {

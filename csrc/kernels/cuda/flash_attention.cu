@@ -113,6 +113,18 @@ void flash_attention_forward(DType dt, const void* q, const void* k, const void*
     const Dims n = flash::make_dims(B, S, H, Hkv, scale, causal);
     with_head_dim(D, [&](auto d) {
       constexpr int kD = decltype(d)::value;
+      if constexpr (kD <= 64) {  // Note [Forward tiles of 128 queries]: a tuning variant for now
+        const char* e = std::getenv("XT_FLASH_FWD");
+        if (e != nullptr && e[0] == '1') {
+          constexpr int kQT = flash::kFwdWideRows, smem = flash::fwd_smem<kD, kQT>();
+          allow_smem<flash::flash_forward_wide_kernel<kD>>(smem, on.device);
+          flash::flash_forward_wide_kernel<kD><<<flash::forward_grid(n, kQT), kQT / 16 * kWarp, smem, on.s>>>(
+              static_cast<const bf16_t*>(q), static_cast<const bf16_t*>(k), static_cast<const bf16_t*>(v),
+              static_cast<bf16_t*>(out), static_cast<float*>(lse), n);
+          XT_LAUNCH_CHECK();
+          return;
+        }
+      }
       constexpr int smem = flash::fwd_smem<kD>();
       allow_smem<flash::flash_forward_kernel<kD>>(smem, on.device);
       flash::flash_forward_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, smem, on.s>>>(
