@@ -21,8 +21,8 @@
 #             PyTorch eager and torch.compile with checkpointed blocks
 #   profile   bench/profile_step.py ($PROFILE_ARGS, configurations separated by ';'; default dim768 b32 bf16 V=50257)
 #   gemm      bench/lm_head_gemm.py ($GEMM_ARGS): the lm_head GEMM's cuBLAS kernel per API and math mode
-#   preptune  bench/prep_tune.py ($PREPTUNE_ARGS): the head preparation's kernel variants (XT_PREP_TUNE), bits and times
-#   fwdtune   bench/fwd_tune.py ($FWDTUNE_ARGS): the flash forward in 128-query blocks (XT_FLASH_FWD), bits and times
+#   ktune     bench/kernel_tune.py for each case in $KTUNE (default "prep fwd"): kernel variants
+#             selected by an environment knob, bits and times
 #   generate  bench/generate.py ($GENERATE_ARGS): the KV-cache generator against the re-run
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
@@ -198,13 +198,11 @@ for step in $steps; do
     gemm)  # the lm_head GEMM's cuBLAS kernel under each way of calling it (bench/lm_head_gemm.py)
       run_step gemm 180 "$out/bench.log" "$py" bench/lm_head_gemm.py ${GEMM_ARGS:---rows 8192 32768 --vocab 50257}
       ;;
-    preptune)
-      run_step preptune 300 "$out/bench.log" "$py" bench/prep_tune.py ${PREPTUNE_ARGS:-}
-      grep -E "^prep_tune" "$out/bench.log" | tail -60 | tee -a "$summary"
-      ;;
-    fwdtune)
-      run_step fwdtune 240 "$out/bench.log" "$py" bench/fwd_tune.py ${FWDTUNE_ARGS:-}
-      grep -E "^fwd_tune" "$out/bench.log" | tail -20 | tee -a "$summary"
+    ktune)
+      for what in ${KTUNE:-prep fwd}; do
+        run_step ktune 300 "$out/bench.log" "$py" bench/kernel_tune.py "$what"
+        grep -E "^kernel_tune $what" "$out/bench.log" | tail -60 | tee -a "$summary"
+      done
       ;;
     generate)
       run_step generate 240 "$out/bench.log" "$py" bench/generate.py ${GENERATE_ARGS:-}
