@@ -10,7 +10,7 @@
 #             is built at the same time into /tmp/xt-base, for the before/after comparison
 #   gtest     ctest of the C++ suite (CUDA tests included)
 #   pytest    the Python suite on CUDA ($PYTEST_ARGS added; default: the whole tests/ directory)
-#   ab        ($BASE_COMMIT names the base) bench/train_throughput.py, xtrain only ($AB_ARGS; default dim768 bf16 batch 32
+#   ab        (the base is .gpu/base.tar's commit; $BASE_COMMIT, if given, must match it) bench/train_throughput.py, xtrain only ($AB_ARGS; default dim768 bf16 batch 32
 #             seq 256 vocabulary 50257): base, new, base, new (interleaved, so drift hits both alike); needs the base build
 #   throughput  bench/train_throughput.py with its PyTorch peers ($THROUGHPUT_ARGS: configurations
 #             separated by ';')
@@ -50,6 +50,17 @@ cd "$root"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=4
 py=$(command -v python3)
 steps=${STEPS:-install gtest pytest}
+# The base tree's commit, from the pax header `git archive` writes: BASE_COMMIT defaults to it, and
+# a BASE_COMMIT that names another commit stops the call before anything is built.
+if [ -f .gpu/base.tar ]; then
+  tar_commit=$("$py" -c "import sys, tarfile; print(tarfile.open(sys.argv[1]).pax_headers.get('comment', ''))" \
+               .gpu/base.tar 2>/dev/null || true)
+  if [ -n "${BASE_COMMIT:-}" ] && [ -n "$tar_commit" ] && [ "$BASE_COMMIT" != "$tar_commit" ]; then
+    echo "gpu_session: BASE_COMMIT=$BASE_COMMIT but .gpu/base.tar is commit $tar_commit" >&2
+    exit 2
+  fi
+  export BASE_COMMIT=${BASE_COMMIT:-$tar_commit}
+fi
 t_call=$(date +%s)
 touch /tmp/.gpu_session_start
 summary="$out/summary.txt"
