@@ -19,7 +19,8 @@
 #   data      bench/data_run.py ($DATA_ARGS)
 #   recompute bench/recompute.py ($RECOMPUTE_ARGS; default dim768 b32 V=50257, the gate), xtrain beside
 #             PyTorch eager and torch.compile with checkpointed blocks
-#   profile   bench/profile_step.py ($PROFILE_ARGS, configurations separated by ';'; default dim768 b32 bf16 V=50257)
+#   profile   bench/profile_step.py ($PROFILE_ARGS, configurations separated by ';', each optionally led by
+#             NAME=VALUE words for its environment, e.g. "XT_FLASH_DQ=1 --preset dim768 ..."; default dim768 b32 bf16 V=50257)
 #   gemm      bench/lm_head_gemm.py ($GEMM_ARGS): the lm_head GEMM's cuBLAS kernel per API and math mode
 #   ktune     bench/kernel_tune.py for each case in $KTUNE (default "prep fwd"): kernel variants
 #             selected by an environment knob, bits and times
@@ -202,8 +203,12 @@ for step in $steps; do
     profile)  # the step's kernels as xtrain train runs it, replayed graphs (bench/profile_step.py); PROFILE_ARGS: configurations separated by ';'
       IFS=';' read -ra configs <<<"${PROFILE_ARGS:---preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257}"
       for c in "${configs[@]}"; do
-        run_step profile 180 "$out/bench.log" "$py" bench/profile_step.py $c
-        grep -E "^profile_step:" "$out/bench.log" | tail -1 | tee -a "$summary"
+        envs=() args=()  # leading NAME=VALUE words: the environment of that configuration's run
+        for w in $c; do
+          if [ ${#args[@]} -eq 0 ] && [[ $w =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=("$w"); else args+=("$w"); fi
+        done
+        run_step profile 180 "$out/bench.log" env "${envs[@]}" "$py" bench/profile_step.py "${args[@]}"
+        grep -E "^profile_step:" "$out/bench.log" | tail -1 | sed "s|^|${envs[*]:+${envs[*]} }|" | tee -a "$summary"
       done
       ;;
     gemm)  # the lm_head GEMM's cuBLAS kernel under each way of calling it (bench/lm_head_gemm.py)

@@ -170,13 +170,24 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
           // [Backward occupancy] (flash_attention.cuh).
           constexpr int kD = decltype(d)::value, kBR = flash::dkdv_rows<kD>();
           constexpr int dq_smem = flash::dq_smem<kD>(), dkdv_smem = flash::dkdv_smem<kD>();
-          allow_smem<flash::flash_backward_dq_kernel<kD>>(dq_smem, on.device);
+          // XT_FLASH_DQ=1 (a diagnostic for known issue 26): the dq kernel as before a4d2b13, Q/dO
+          // from shared memory at the compiler's occupancy; the same bits.
+          const char* dq_env = std::getenv("XT_FLASH_DQ");
+          const auto run_dq = [&](auto kernel) {
+            allow_smem<decltype(kernel)::value>(dq_smem, on.device);
+            decltype(kernel)::value<<<flash::forward_grid(n), flash::kBlockThreads, dq_smem, on.s>>>(
+                static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                static_cast<const T*>(out), static_cast<const T*>(dout), static_cast<const float*>(lse),
+                delta.as<float>(), static_cast<T*>(dq), n);
+            XT_LAUNCH_CHECK();
+          };
+          if (kD <= 64 && dq_env != nullptr && dq_env[0] == '1')
+            run_dq(std::integral_constant<decltype(&flash::flash_backward_dq_kernel<kD, false, 1>),
+                                          &flash::flash_backward_dq_kernel<kD, false, 1>>{});
+          else
+            run_dq(std::integral_constant<decltype(&flash::flash_backward_dq_kernel<kD>),
+                                          &flash::flash_backward_dq_kernel<kD>>{});
           allow_smem<flash::flash_backward_dkdv_kernel<kD, kBR>>(dkdv_smem, on.device);
-          flash::flash_backward_dq_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, dq_smem, on.s>>>(
-              static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-              static_cast<const T*>(out), static_cast<const T*>(dout), static_cast<const float*>(lse),
-              delta.as<float>(), static_cast<T*>(dq), n);
-          XT_LAUNCH_CHECK();
           flash::flash_backward_dkdv_kernel<kD, kBR><<<flash::dkdv_grid(n), flash::kBlockThreads, dkdv_smem, on.s>>>(
               static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
               static_cast<const T*>(dout), static_cast<const float*>(lse), delta.as<float>(), static_cast<T*>(dk),

@@ -459,8 +459,8 @@ __device__ __forceinline__ compute_t<T> group_row_dot(const T* o, const T* dO, i
 
 // dq for 64 queries of one (b, h): delta of its rows (Note [delta inside the dq kernel]), then a
 // loop over the visible key tiles.
-template <int D, bool kQInRegs = dq_frags_in_regs<D>()>
-__global__ void __launch_bounds__(kBlockThreads, bwd_min_blocks<D>())
+template <int D, bool kQInRegs = dq_frags_in_regs<D>(), int kMinBlocks = bwd_min_blocks<D>()>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocks)
     flash_backward_dq_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                              const bf16_t* __restrict__ v, const bf16_t* __restrict__ out,
                              const bf16_t* __restrict__ dout, const float* __restrict__ lse,
