@@ -108,7 +108,8 @@ struct AttnResult {
   }
 };
 
-template <int D>
+// kQR: the dq kernel's form (Q/dO fragments in registers or read from shared memory at every step).
+template <int D, bool kQR = fl::dq_frags_in_regs<D>()>
 AttnResult run_tensor_core(const Case& c, Buf<bf16_t>& q, Buf<bf16_t>& k, Buf<bf16_t>& v, Buf<bf16_t>& dout) {
   Buf<bf16_t> out(c.q_size()), dq(c.q_size()), dk(c.kv_size()), dv(c.kv_size());
   std::vector<float> lse(c.stat_size()), delta(c.stat_size());
@@ -117,7 +118,7 @@ AttnResult run_tensor_core(const Case& c, Buf<bf16_t>& q, Buf<bf16_t>& k, Buf<bf
               [&] { fl::flash_forward_kernel<D>(q.p(), k.p(), v.p(), out.p(), lse.data(), n); });
   // delta from the dq kernel (Note [delta inside the dq kernel]); it must be delta_kernel's bits.
   emu::launch(fl::forward_grid(n), dim3(fl::kBlockThreads), fl::dq_smem<D>(), [&] {
-    fl::flash_backward_dq_kernel<D>(q.p(), k.p(), v.p(), out.p(), dout.p(), lse.data(), delta.data(), dq.p(), n);
+    fl::flash_backward_dq_kernel<D, kQR>(q.p(), k.p(), v.p(), out.p(), dout.p(), lse.data(), delta.data(), dq.p(), n);
   });
   std::vector<float> delta_ref(c.stat_size());
   const int64_t rows = int64_t(c.B) * c.S * c.H;
@@ -162,18 +163,11 @@ void tensor_core_case(Case c, bool race_check) {
   Buf<bf16_t> q(randn(c.q_size(), 1)), k(randn(c.kv_size(), 2)), v(randn(c.kv_size(), 3)), dout(randn(c.q_size(), 4));
   const AttnResult got = run_tensor_core<D>(c, q, k, v, dout);
   compare("tc", got, reference(c, q, k, v, dout, DType::BFloat16), 1e-2, 2e-2);
-  if constexpr (fl::dq_frags_in_regs<D>()) {  // dq with Q/dO read from shared memory at every step: the same bits
-    const fl::Dims n = fl::make_dims(c.B, c.S, c.H, c.Hkv, c.scale(), c.causal);
-    Buf<bf16_t> out(c.q_size()), dq(c.q_size());
-    std::vector<float> lse(c.stat_size()), delta(c.stat_size());
-    emu::launch(fl::forward_grid(n), dim3(fl::kBlockThreads), fl::fwd_smem<D>(),
-                [&] { fl::flash_forward_kernel<D>(q.p(), k.p(), v.p(), out.p(), lse.data(), n); });
-    emu::launch(fl::forward_grid(n), dim3(fl::kBlockThreads), fl::dq_smem<D>(), [&] {
-      fl::flash_backward_dq_kernel<D, false>(q.p(), k.p(), v.p(), out.p(), dout.p(), lse.data(), delta.data(), dq.p(),
-                                             n);
-    });
-    expect("tc: dq with Q/dO fragments from shared memory bitwise the register form", dq.floats() == got.dq);
+  if constexpr (fl::dq_frags_in_regs<D>()) {  // Note [A fragments kept in registers]: either form, the same bits
+    expect("tc: dq with Q/dO fragments from shared memory bitwise the register form",
+           run_tensor_core<D, false>(c, q, k, v, dout) == got);
     // Note [Forward tiles of 128 queries]: the 8-warp forward gives the 4-warp one's bits
+    const fl::Dims n = fl::make_dims(c.B, c.S, c.H, c.Hkv, c.scale(), c.causal);
     Buf<bf16_t> out2(c.q_size());
     std::vector<float> lse2(c.stat_size());
     constexpr int kQT = fl::kFwdWideRows;
