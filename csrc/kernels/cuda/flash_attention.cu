@@ -277,13 +277,6 @@ void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, co
   });
 }
 
-namespace {
-__global__ void iota_kernel(int64_t* out, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = i;
-}
-}  // namespace
-
 void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, const void* wq, const void* wk,
                            const float* rstd_q, const float* rstd_k, const void* dq_out, const void* dk_out, void* dq,
                            void* dk, void* dwq, void* dwk, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
@@ -294,10 +287,7 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
     // inverse into a scratch gradient, then rmsnorm_backward, per side.
     OnStream on(stream);
     Scratch pos(sizeof(int64_t) * static_cast<size_t>(S > 0 ? S : 1), on);
-    if (S > 0) {
-      iota_kernel<<<static_cast<unsigned>(ceil_div(S, kThreads)), kThreads, 0, on.s>>>(pos.as<int64_t>(), S);
-      XT_LAUNCH_CHECK();
-    }
+    arange(DType::Int64, pos.as<void>(), S, 0.0, 1.0, stream);  // positions 0 .. S-1
     const auto side = [&](const void* x, const void* w, const float* rstd, const void* dy, void* dx, void* dw,
                           int64_t heads) {
       if (heads == 0 || dy == nullptr) return;  // a side without a gradient: nothing to write

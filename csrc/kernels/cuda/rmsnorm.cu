@@ -115,6 +115,21 @@ void forward_typed(const T* x, const T* res, const W* w, T* h, T* y, float* rstd
   });
 }
 
+// A one-pass backward over plan's blocks: launch(partial) runs the row kernel (partial null when
+// one block writes dw itself), then with more than one block the dw tree sums the partial rows.
+template <typename C, typename W, typename Launch>
+void onepass_with_tree(const OnePassPlan& plan, W* dw, int64_t dim, const OnStream& on, Launch&& launch) {
+  if (plan.nblocks == 1) {
+    launch(static_cast<C*>(nullptr));
+    return;
+  }
+  Scratch partial(sizeof(C) * static_cast<size_t>(plan.nblocks * dim), on);
+  launch(partial.as<C>());
+  rmsnorm_dw_tree_kernel<C, W><<<static_cast<unsigned>(ceil_div(dim, kFinalCols)), kThreads, tree_smem<C>(), on.s>>>(
+      partial.as<C>(), plan.nblocks, dw, dim);
+  XT_LAUNCH_CHECK();
+}
+
 // The wide backward for bf16 rows of 256, 512 or 768 whose x, dy, dres and dx start
 // at 16-byte boundaries; false (nothing launched) otherwise.
 template <typename W>
@@ -126,23 +141,18 @@ bool backward_wide(const bf16_t* x, const W* w, const float* rstd, const bf16_t*
     return false;
   const OnePassPlan plan = onepass_plan<kWarp, float>(rows, dim);
   if (plan.smem == 0) return false;
-  Scratch partial(sizeof(float) * static_cast<size_t>(plan.nblocks > 1 ? plan.nblocks * dim : 1), on);
-  float* part = plan.nblocks > 1 ? partial.as<float>() : nullptr;
-  const auto launch = [&](auto kernel) {
-    kernel<<<static_cast<unsigned>(plan.nblocks), kThreads, plan.smem, on.s>>>(x, w, rstd, dy, dres, dx, dw, part,
-                                                                                rows, plan.rows_per_block);
-    XT_LAUNCH_CHECK();
-  };
-  switch (nc) {
-    case 1: launch(rmsnorm_backward_wide_kernel<1, W>); break;
-    case 2: launch(rmsnorm_backward_wide_kernel<2, W>); break;
-    default: launch(rmsnorm_backward_wide_kernel<3, W>); break;
-  }
-  if (plan.nblocks > 1) {
-    rmsnorm_dw_tree_kernel<float, W><<<static_cast<unsigned>(ceil_div(dim, kFinalCols)), kThreads, tree_smem<float>(),
-                                       on.s>>>(part, plan.nblocks, dw, dim);
-    XT_LAUNCH_CHECK();
-  }
+  onepass_with_tree<float>(plan, dw, dim, on, [&](float* part) {
+    const auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(plan.nblocks), kThreads, plan.smem, on.s>>>(x, w, rstd, dy, dres, dx, dw, part,
+                                                                                  rows, plan.rows_per_block);
+      XT_LAUNCH_CHECK();
+    };
+    switch (nc) {
+      case 1: launch(rmsnorm_backward_wide_kernel<1, W>); break;
+      case 2: launch(rmsnorm_backward_wide_kernel<2, W>); break;
+      default: launch(rmsnorm_backward_wide_kernel<3, W>); break;
+    }
+  });
   return true;
 }
 
@@ -158,20 +168,11 @@ void backward_typed(const T* x, const W* w, const float* rstd, const T* dy, cons
     constexpr int G = decltype(g)::value;
     const OnePassPlan plan = onepass_plan<G, C>(rows, dim);
     if (plan.smem == 0) return;
-    if (plan.nblocks == 1) {
-      rmsnorm_backward_onepass_kernel<G, T, W><<<1, kThreads, plan.smem, on.s>>>(x, w, rstd, dy, dres, dx, dw, nullptr,
-                                                                              rows, dim, plan.rows_per_block);
-      XT_LAUNCH_CHECK();
-    } else {
-      Scratch partial(sizeof(C) * static_cast<size_t>(plan.nblocks * dim), on);
+    onepass_with_tree<C>(plan, dw, dim, on, [&](C* partial) {
       rmsnorm_backward_onepass_kernel<G, T, W><<<static_cast<unsigned>(plan.nblocks), kThreads, plan.smem, on.s>>>(
-          x, w, rstd, dy, dres, dx, dw, partial.as<C>(), rows, dim, plan.rows_per_block);
+          x, w, rstd, dy, dres, dx, dw, partial, rows, dim, plan.rows_per_block);
       XT_LAUNCH_CHECK();
-      rmsnorm_dw_tree_kernel<C, W><<<static_cast<unsigned>(ceil_div(dim, kFinalCols)), kThreads, tree_smem<C>(),
-                                     on.s>>>(
-          partial.as<C>(), plan.nblocks, dw, dim);
-      XT_LAUNCH_CHECK();
-    }
+    });
     done = true;
   });
   if (done) return;
