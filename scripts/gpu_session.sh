@@ -20,10 +20,8 @@
 #   recompute bench/recompute.py ($RECOMPUTE_ARGS; default dim768 b32 V=50257, the gate), xtrain beside
 #             PyTorch eager and torch.compile with checkpointed blocks
 #   profile   bench/profile_step.py ($PROFILE_ARGS, configurations separated by ';', each optionally led by
-#             NAME=VALUE words for its environment, e.g. "XT_FLASH_DQ=1 --preset dim768 ..."; default dim768 b32 bf16 V=50257)
+#             NAME=VALUE words: that run's environment; default dim768 b32 bf16 V=50257)
 #   gemm      bench/lm_head_gemm.py ($GEMM_ARGS): the lm_head GEMM's cuBLAS kernel per API and math mode
-#   ktune     bench/kernel_tune.py for each case in $KTUNE (default "prep fwd"): kernel variants
-#             selected by an environment knob, bits and times
 #   generate  bench/generate.py ($GENERATE_ARGS): the KV-cache generator against the re-run
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
@@ -213,12 +211,6 @@ for step in $steps; do
       ;;
     gemm)  # the lm_head GEMM's cuBLAS kernel under each way of calling it (bench/lm_head_gemm.py)
       run_step gemm 180 "$out/bench.log" "$py" bench/lm_head_gemm.py ${GEMM_ARGS:---rows 8192 32768 --vocab 50257}
-      ;;
-    ktune)
-      for what in ${KTUNE:-prep fwd}; do
-        run_step ktune 300 "$out/bench.log" "$py" bench/kernel_tune.py "$what"
-        grep -E "^kernel_tune $what" "$out/bench.log" | tail -60 | tee -a "$summary"
-      done
       ;;
     generate)
       run_step generate 240 "$out/bench.log" "$py" bench/generate.py ${GENERATE_ARGS:-}

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/bf16.h"
@@ -163,18 +164,9 @@ void tensor_core_case(Case c, bool race_check) {
   Buf<bf16_t> q(randn(c.q_size(), 1)), k(randn(c.kv_size(), 2)), v(randn(c.kv_size(), 3)), dout(randn(c.q_size(), 4));
   const AttnResult got = run_tensor_core<D>(c, q, k, v, dout);
   compare("tc", got, reference(c, q, k, v, dout, DType::BFloat16), 1e-2, 2e-2);
-  if constexpr (fl::dq_frags_in_regs<D>()) {  // Note [A fragments kept in registers]: either form, the same bits
+  if constexpr (fl::dq_frags_in_regs<D>())  // Note [A fragments kept in registers]: either form, the same bits
     expect("tc: dq with Q/dO fragments from shared memory bitwise the register form",
            run_tensor_core<D, false>(c, q, k, v, dout) == got);
-    // Note [Forward tiles of 128 queries]: the 8-warp forward gives the 4-warp one's bits
-    const fl::Dims n = fl::make_dims(c.B, c.S, c.H, c.Hkv, c.scale(), c.causal);
-    Buf<bf16_t> out2(c.q_size());
-    std::vector<float> lse2(c.stat_size());
-    constexpr int kQT = fl::kFwdWideRows;
-    emu::launch(fl::forward_grid(n, kQT), dim3(kQT / 16 * cu::kWarp), fl::fwd_smem<D, kQT>(),
-                [&] { fl::flash_forward_wide_kernel<D>(q.p(), k.p(), v.p(), out2.p(), lse2.data(), n); });
-    expect("tc: forward in 128-query blocks bitwise the 64-query blocks", out2.floats() == got.out && lse2 == got.lse);
-  }
   if (!race_check) return;
   const auto rerun = [&](emu::Schedule schedule) {
     emu::set_schedule(schedule);
@@ -248,7 +240,8 @@ void prep_dw_tree_cases() {
     }
 }
 
-// Rows in flight of the register one-pass backward that fused_onepass launches (0: the default).
+// Rows in flight of the register one-pass backward that fused_onepass launches (0: the launch
+// shape of Note [Head preparation occupancy]).
 int g_prep_bwd_rows = 0;
 
 // The register-path forward (Note [Head preparation in registers]) as flash_attention.cu launches
@@ -258,20 +251,25 @@ void prep_forward_reg(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const 
                       const Buf<T>& yq, const Buf<T>& yk, const std::vector<float>& rsq, const std::vector<float>& rsk,
                       int B, int S, int H, int Hkv, int D, float eps, float theta) {
   using C = xt::kernels::compute_t<T>;
-  const auto run = [&](auto d, emu::Schedule schedule, auto rows, int mult) {
+  // rows: rows in flight (0: the launch shape of Note [Head preparation occupancy]); tpb_override:
+  // tokens per block (0: prep_tokens_per_block's). Neither may change a bit.
+  const auto run = [&](auto d, emu::Schedule schedule, auto rows, int64_t tpb_override) {
     constexpr int kD = decltype(d)::value, kR = decltype(rows)::value;
-    const int64_t tpb = fl::prep_tokens_per_block<fl::prep_lanes<kD>(), C>(H, Hkv, D, kR, mult);
+    const int64_t tpb = tpb_override > 0 ? tpb_override : fl::prep_tokens_per_block<kD, T>(H, Hkv);
     Buf<T> oq(yq.v.size()), ok(yk.v.size());
     std::vector<float> sq(rsq.size(), -1.f), sk(rsk.size(), -1.f);
     emu::set_schedule(schedule);
     emu::launch(dim3(unsigned(cu::ceil_div(int64_t(B) * S, tpb))), dim3(cu::kThreads), sizeof(C) * size_t(tpb * D), [&] {
-      fl::qk_norm_rope_forward_reg_kernel<kD, T, float, kR>(q.p(), k.p(), wq.data(), wk.data(), oq.p(), ok.p(),
-                                                           sq.data(), sk.data(), int64_t(B) * S, S,
-                                                           fl::HeadRows{H, Hkv}, int(tpb), D, eps, theta);
+      const auto args = std::make_tuple(q.p(), k.p(), wq.data(), wk.data(), oq.p(), ok.p(), sq.data(), sk.data(),
+                                        int64_t(B) * S, S, fl::HeadRows{H, Hkv}, int(tpb), D, eps, theta);
+      if constexpr (kR == 0)
+        std::apply(fl::qk_norm_rope_forward_reg_kernel<kD, T, float>, args);
+      else
+        std::apply(fl::qk_norm_rope_forward_reg_kernel<kD, T, float, kR>, args);
     });
     emu::set_schedule(emu::Schedule::Lockstep);
-    const std::string tag = "  register forward (" + std::to_string(kR) + " rows in flight, " + std::to_string(tpb) +
-                            " tokens per block) ";
+    const std::string tag = "  register forward (" + (kR == 0 ? std::string("launch shape") : std::to_string(kR) +
+                            " rows in flight") + ", " + std::to_string(tpb) + " tokens per block) ";
     expect(tag + "q bitwise the general kernel's", oq.v.size() == yq.v.size() &&
                                                        std::memcmp(oq.v.data(), yq.v.data(), sizeof(T) * yq.v.size()) == 0);
     expect(tag + "k bitwise the general kernel's", ok.v.size() == yk.v.size() &&
@@ -280,17 +278,15 @@ void prep_forward_reg(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const 
   };
   using std::integral_constant;
   const auto each = [&](emu::Schedule schedule) {
-    const integral_constant<int, fl::kPrepRows> rows{};
+    const integral_constant<int, 0> shape{};
     switch (D) {
       case 32:
-        run(integral_constant<int, 32>{}, schedule, rows, 1);
-        // the tuning call's variants (XT_PREP_TUNE): rows in flight and tokens per block
-        run(integral_constant<int, 32>{}, schedule, integral_constant<int, 2>{}, 1);
-        run(integral_constant<int, 32>{}, schedule, integral_constant<int, 8>{}, 4);
-        run(integral_constant<int, 32>{}, schedule, integral_constant<int, 16>{}, 2);
+        run(integral_constant<int, 32>{}, schedule, shape, 0);
+        run(integral_constant<int, 32>{}, schedule, integral_constant<int, 3>{}, 1);
+        run(integral_constant<int, 32>{}, schedule, integral_constant<int, 16>{}, 3);
         break;
-      case 64: run(integral_constant<int, 64>{}, schedule, rows, 1); break;
-      default: run(integral_constant<int, 128>{}, schedule, rows, 1); break;
+      case 64: run(integral_constant<int, 64>{}, schedule, shape, 0); break;
+      default: run(integral_constant<int, 128>{}, schedule, shape, 0); break;
     }
   };
   each(emu::Schedule::Lockstep);
@@ -452,9 +448,8 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
       constexpr int kD = G == cu::lanes_for(32) ? 32 : G == cu::lanes_for(64) ? 64 : 128;
       if (D != kD) expect("register path's head dim", false);
       emu::launch(grid, dim3(cu::kThreads), smem, [&] {
-        switch (g_prep_bwd_rows) {  // the tuning call's variants (XT_PREP_TUNE): rows in flight
+        switch (g_prep_bwd_rows) {  // rows in flight other than the launch shape's: the same bits
           case 1: fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 1>(qs, ks, S, D, theta); break;
-          case 2: fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 2>(qs, ks, S, D, theta); break;
           case 4: fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 4>(qs, ks, S, D, theta); break;
           default: fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float>(qs, ks, S, D, theta); break;
         }
@@ -513,12 +508,12 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
              got == fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta, false, false,
                                         nullptr));
     if (reg)
-      for (const int rb : {1, 2, 4}) {
+      for (const int rb : {1, 4}) {
         g_prep_bwd_rows = rb;
         const PrepGrads r = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta, false,
                                                 true, nullptr);
         g_prep_bwd_rows = 0;
-        expect("register kernel with " + std::to_string(rb) + " rows in flight bitwise the default", r == got);
+        expect("register kernel with " + std::to_string(rb) + " rows in flight bitwise the launch shape's", r == got);
       }
     expect("dq bitwise the composition", got.dq == want.dq);
     expect("dk bitwise the composition", got.dk == want.dk);
@@ -543,7 +538,7 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
       // Blocks of more rows than a batch of the register kernel holds (onepass_plan's blocks of
       // 8 * G rows and more at > 1024 * 64 / G rows): its batch loop, partial batches and table
       // refills, bit for bit against the general kernel under the same plan.
-      for (const int64_t rpb : {int64_t(cu::kThreads / G) * fl::kPrepBwdRows + 5, int64_t(200)})
+      for (const int64_t rpb : {int64_t(cu::kThreads / G) * fl::prep_shape<G == cu::lanes_for(32) ? 32 : G == cu::lanes_for(64) ? 64 : 128, T>().bwd_rows + 5, int64_t(200)})
         for (const bool min_table : {false, true}) {
           const auto plan_run = [&](bool use_reg, emu::Schedule schedule) {
             emu::set_schedule(schedule);

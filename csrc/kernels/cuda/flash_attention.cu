@@ -14,8 +14,6 @@
 //    registers]), other D the general ones; the same bits either way.
 //  - Launch shapes depend only on the problem sizes (never on the GPU), so the bits do too.
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 
 #include "kernels/cuda/flash_attention.cuh"
@@ -85,23 +83,6 @@ RowDims row_dims(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, double
                  static_cast<int>(D), scale, causal};
 }
 
-// Head-preparation variants for one tuning call (XT_PREP_TUNE="fmb": forward rows in flight and
-// blocks per SM, forward tokens per block x1/x2/x4, backward rows in flight and blocks per SM; 0 =
-// the defaults; bf16 rows, float32 weights, head dim 32 only). Every variant computes the same bits.
-struct PrepTune {
-  int f = 0, m = 0, b = 0;
-};
-PrepTune prep_tune() {
-  PrepTune t;
-  const char* e = std::getenv("XT_PREP_TUNE");
-  if (e != nullptr && std::strlen(e) >= 3) {
-    t.f = e[0] - '0';
-    t.m = e[1] - '0';
-    t.b = e[2] - '0';
-  }
-  return t;
-}
-
 }  // namespace
 
 void flash_attention_forward(DType dt, const void* q, const void* k, const void* v, void* out, void* lse, int64_t B,
@@ -113,18 +94,6 @@ void flash_attention_forward(DType dt, const void* q, const void* k, const void*
     const Dims n = flash::make_dims(B, S, H, Hkv, scale, causal);
     with_head_dim(D, [&](auto d) {
       constexpr int kD = decltype(d)::value;
-      if constexpr (kD <= 64) {  // Note [Forward tiles of 128 queries]: a tuning variant for now
-        const char* e = std::getenv("XT_FLASH_FWD");
-        if (e != nullptr && e[0] == '1') {
-          constexpr int kQT = flash::kFwdWideRows, smem = flash::fwd_smem<kD, kQT>();
-          allow_smem<flash::flash_forward_wide_kernel<kD>>(smem, on.device);
-          flash::flash_forward_wide_kernel<kD><<<flash::forward_grid(n, kQT), kQT / 16 * kWarp, smem, on.s>>>(
-              static_cast<const bf16_t*>(q), static_cast<const bf16_t*>(k), static_cast<const bf16_t*>(v),
-              static_cast<bf16_t*>(out), static_cast<float*>(lse), n);
-          XT_LAUNCH_CHECK();
-          return;
-        }
-      }
       constexpr int smem = flash::fwd_smem<kD>();
       allow_smem<flash::flash_forward_kernel<kD>>(smem, on.device);
       flash::flash_forward_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, smem, on.s>>>(
@@ -170,24 +139,13 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
           // [Backward occupancy] (flash_attention.cuh).
           constexpr int kD = decltype(d)::value, kBR = flash::dkdv_rows<kD>();
           constexpr int dq_smem = flash::dq_smem<kD>(), dkdv_smem = flash::dkdv_smem<kD>();
-          // XT_FLASH_DQ=1 (a diagnostic for known issue 26): the dq kernel as before a4d2b13, Q/dO
-          // from shared memory at the compiler's occupancy; the same bits.
-          const char* dq_env = std::getenv("XT_FLASH_DQ");
-          const auto run_dq = [&](auto kernel) {
-            allow_smem<decltype(kernel)::value>(dq_smem, on.device);
-            decltype(kernel)::value<<<flash::forward_grid(n), flash::kBlockThreads, dq_smem, on.s>>>(
-                static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-                static_cast<const T*>(out), static_cast<const T*>(dout), static_cast<const float*>(lse),
-                delta.as<float>(), static_cast<T*>(dq), n);
-            XT_LAUNCH_CHECK();
-          };
-          if (kD <= 64 && dq_env != nullptr && dq_env[0] == '1')
-            run_dq(std::integral_constant<decltype(&flash::flash_backward_dq_kernel<kD, false, 1>),
-                                          &flash::flash_backward_dq_kernel<kD, false, 1>>{});
-          else
-            run_dq(std::integral_constant<decltype(&flash::flash_backward_dq_kernel<kD>),
-                                          &flash::flash_backward_dq_kernel<kD>>{});
+          allow_smem<flash::flash_backward_dq_kernel<kD>>(dq_smem, on.device);
           allow_smem<flash::flash_backward_dkdv_kernel<kD, kBR>>(dkdv_smem, on.device);
+          flash::flash_backward_dq_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, dq_smem, on.s>>>(
+              static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+              static_cast<const T*>(out), static_cast<const T*>(dout), static_cast<const float*>(lse),
+              delta.as<float>(), static_cast<T*>(dq), n);
+          XT_LAUNCH_CHECK();
           flash::flash_backward_dkdv_kernel<kD, kBR><<<flash::dkdv_grid(n), flash::kBlockThreads, dkdv_smem, on.s>>>(
               static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
               static_cast<const T*>(dout), static_cast<const float*>(lse), delta.as<float>(), static_cast<T*>(dk),
@@ -238,31 +196,14 @@ void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, co
     using C = compute_t<T>;
     const bool reg = with_prep_reg_dim(D, [&](auto d) {  // Note [Head preparation in registers]
       constexpr int kD = decltype(d)::value;
-      const auto launch = [&](auto rows, auto min_blocks, int mult) {
-        constexpr int kR = decltype(rows)::value, kMin = decltype(min_blocks)::value;
-        const int64_t tpb = flash::prep_tokens_per_block<flash::prep_lanes<kD>(), C>(H, Hkv, D, kR, mult);
-        const size_t smem = sizeof(C) * static_cast<size_t>(tpb * D);  // cos and sin of tpb tokens
-        flash::qk_norm_rope_forward_reg_kernel<kD, T, W, kR, kMin>
-            <<<static_cast<unsigned>(ceil_div(B * S, tpb)), kThreads, smem, on.s>>>(
-                static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq),
-                static_cast<const W*>(wk), static_cast<T*>(q_out), static_cast<T*>(k_out), rstd_q, rstd_k, B * S,
-                static_cast<int>(S), hr, static_cast<int>(tpb), static_cast<int>(D), eps, theta);
-        XT_LAUNCH_CHECK();
-      };
-      using std::integral_constant;
-      if constexpr (kD == 32 && std::is_same_v<T, bf16_t> && std::is_same_v<W, float>) {
-        const PrepTune t = prep_tune();
-        const int mult = t.m == 1 ? 2 : t.m == 2 ? 4 : 1;
-        switch (t.f) {
-          case 1: return launch(integral_constant<int, 2>{}, integral_constant<int, 5>{}, mult);
-          case 2: return launch(integral_constant<int, 8>{}, integral_constant<int, 4>{}, mult);
-          case 3: return launch(integral_constant<int, 8>{}, integral_constant<int, 3>{}, mult);
-          case 4: return launch(integral_constant<int, 16>{}, integral_constant<int, 2>{}, mult);
-          default: return launch(integral_constant<int, flash::kPrepRows>{},
-                                 integral_constant<int, flash::kPrepFwdBlocks>{}, mult);
-        }
-      }
-      launch(integral_constant<int, flash::kPrepRows>{}, integral_constant<int, flash::kPrepFwdBlocks>{}, 1);
+      const int64_t tpb = flash::prep_tokens_per_block<kD, T>(H, Hkv);  // Note [Head preparation occupancy]
+      const size_t smem = sizeof(C) * static_cast<size_t>(tpb * D);  // cos and sin of tpb tokens
+      flash::qk_norm_rope_forward_reg_kernel<kD, T, W>
+          <<<static_cast<unsigned>(ceil_div(B * S, tpb)), kThreads, smem, on.s>>>(
+              static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq),
+              static_cast<const W*>(wk), static_cast<T*>(q_out), static_cast<T*>(k_out), rstd_q, rstd_k, B * S,
+              static_cast<int>(S), hr, static_cast<int>(tpb), static_cast<int>(D), eps, theta);
+      XT_LAUNCH_CHECK();
     });
     if (reg) return;
     with_lanes(D, [&](auto g) {
@@ -329,24 +270,9 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
       const unsigned nblocks = static_cast<unsigned>(qs.nblocks + ks.nblocks);
       const bool reg = with_prep_reg_dim(D, [&](auto d) {  // Note [Head preparation in registers]
         constexpr int kD = decltype(d)::value;
-        const auto launch = [&](auto rows, auto min_blocks) {
-          constexpr int kR = decltype(rows)::value, kMin = decltype(min_blocks)::value;
-          flash::qk_norm_rope_backward_onepass_reg_kernel<kD, T, W, kR, kMin><<<nblocks, kThreads, smem, on.s>>>(
-              qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
-          XT_LAUNCH_CHECK();
-        };
-        using std::integral_constant;
-        if constexpr (kD == 32 && std::is_same_v<T, bf16_t> && std::is_same_v<W, float>) {
-          switch (prep_tune().b) {
-            case 1: return launch(integral_constant<int, 2>{}, integral_constant<int, 4>{});
-            case 2: return launch(integral_constant<int, 3>{}, integral_constant<int, 3>{});
-            case 3: return launch(integral_constant<int, 1>{}, integral_constant<int, 4>{});
-            case 4: return launch(integral_constant<int, 2>{}, integral_constant<int, 3>{});
-            case 5: return launch(integral_constant<int, 4>{}, integral_constant<int, 3>{});
-            default: break;
-          }
-        }
-        launch(integral_constant<int, flash::kPrepBwdRows>{}, integral_constant<int, flash::kPrepBwdBlocks>{});
+        flash::qk_norm_rope_backward_onepass_reg_kernel<kD, T, W><<<nblocks, kThreads, smem, on.s>>>(
+            qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+        XT_LAUNCH_CHECK();
       });
       if (!reg) {
         flash::qk_norm_rope_backward_onepass_kernel<G, T, W><<<nblocks, kThreads, smem, on.s>>>(

@@ -57,7 +57,7 @@ template <int D> constexpr int bwd_min_blocks() { return D == 32 ? 4 : D == 64 ?
 template <int D> constexpr bool dq_frags_in_regs() { return D <= 64; }
 
 // Shared memory (bytes) of each kernel for head dim D.
-template <int D, int QT = kTile> constexpr int fwd_smem() { return (QT + 4 * kTile) * (D + kPad) * 2; }
+template <int D> constexpr int fwd_smem() { return (kTile + 4 * kTile) * (D + kPad) * 2; }
 template <int D> constexpr int dq_smem() { return (2 * kTile + 4 * kTile) * (D + kPad) * 2 + kTile * 4; }
 template <int D> constexpr int dkdv_smem() {
   constexpr int BR = dkdv_rows<D>();
@@ -78,8 +78,8 @@ inline Dims make_dims(int64_t B, int64_t S, int64_t H, int64_t Hkv, double scale
 }
 
 // Launch geometry (the launchers and tests/emu use these): x = (b, head), y = tile.
-inline dim3 forward_grid(const Dims& n, int rows = kTile) {  // and the dq kernel's
-  return dim3(static_cast<unsigned>(n.B * n.H), static_cast<unsigned>((n.S + rows - 1) / rows));
+inline dim3 forward_grid(const Dims& n) {  // and the dq kernel's
+  return dim3(static_cast<unsigned>(n.B * n.H), static_cast<unsigned>((n.S + kTile - 1) / kTile));
 }
 inline dim3 dkdv_grid(const Dims& n) {
   return dim3(static_cast<unsigned>(n.B * n.Hkv), static_cast<unsigned>((n.S + kTile - 1) / kTile));
@@ -101,13 +101,13 @@ __device__ __forceinline__ void store_pair(bf16_t* p, float lo, float hi) {
 
 // cp.async rows [row0, row0 + R) of one head (row r at g + r * ld) into a shared tile [R][D + kPad];
 // rows at or past S are zero-filled. The whole block calls it; no commit here.
-template <int R, int D, int kThr = kBlockThreads>
+template <int R, int D>
 __device__ __forceinline__ void load_rows(bf16_t* sm, const bf16_t* g, int64_t ld, int row0, int S) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  static_assert(R * kChunks % kThr == 0, "a tile copy splits evenly over the block");
+  static_assert(R * kChunks % kBlockThreads == 0, "a tile copy splits evenly over the block");
 #pragma unroll
-  for (int it = 0; it < R * kChunks / kThr; ++it) {
-    const int c = it * kThr + static_cast<int>(threadIdx.x);
+  for (int it = 0; it < R * kChunks / kBlockThreads; ++it) {
+    const int c = it * kBlockThreads + static_cast<int>(threadIdx.x);
     const int r = c / kChunks, col = c % kChunks * 8;
     const bool valid = row0 + r < S;
     cp_async16(sm + r * (D + kPad) + col, valid ? g + (row0 + r) * ld + col : g, valid);
@@ -240,11 +240,11 @@ __device__ __forceinline__ bool visible(int qi, int kj, int S, bool causal) {
 }
 
 // K and V rows [k0, k0 + kTile) of one kv head into buffer `buf` of sK and sV.
-template <int D, int kThr = kBlockThreads>
+template <int D>
 __device__ __forceinline__ void load_kv_tile(bf16_t* sK, bf16_t* sV, int buf, const bf16_t* kh, const bf16_t* vh,
                                              int64_t ldkv, int k0, int S) {
-  load_rows<kTile, D, kThr>(sK + buf * kTile * (D + kPad), kh, ldkv, k0, S);
-  load_rows<kTile, D, kThr>(sV + buf * kTile * (D + kPad), vh, ldkv, k0, S);
+  load_rows<kTile, D>(sK + buf * kTile * (D + kPad), kh, ldkv, k0, S);
+  load_rows<kTile, D>(sV + buf * kTile * (D + kPad), vh, ldkv, k0, S);
 }
 
 // Starts step t of a double-buffered loop of n steps: issues step t + 1's copies (prefetch(), into
@@ -271,13 +271,13 @@ struct QueryTile {
   int64_t ldq, ldkv;    // row strides (elements)
 };
 
-template <int D, int QT = kTile>
+template <int D>
 __device__ __forceinline__ QueryTile query_tile(const Dims& n) {
   QueryTile t;
   t.b = blockIdx.x / n.H;
   t.h = blockIdx.x % n.H;
-  t.q0 = (gridDim.y - 1 - blockIdx.y) * QT;
-  const int kv_end = n.causal ? imin(t.q0 + QT, n.S) : n.S;  // keys [0, kv_end) are visible
+  t.q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
+  const int kv_end = n.causal ? imin(t.q0 + kTile, n.S) : n.S;  // keys [0, kv_end) are visible
   t.n_kv_tiles = (kv_end + kTile - 1) / kTile;
   t.qoff = head_offset(t.b, n.S, t.h, n.H, D);
   t.kvoff = head_offset(t.b, n.S, t.h / (n.H / n.Hkv), n.Hkv, D);
@@ -339,55 +339,47 @@ __device__ __forceinline__ void online_softmax(float (&s)[N / 8][4], float (&o)[
     }
 }
 
-// QT query rows per block (QT / 16 warps; Note [Forward tiles of 128 queries]).
-template <int D, int QT>
-__device__ __forceinline__ void flash_forward_block(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
-                                                    const bf16_t* __restrict__ v, bf16_t* __restrict__ out,
-                                                    float* __restrict__ lse, const Dims& n) {
-  constexpr int kLd = D + kPad, kThr = QT / 16 * kWarp;
-  static_assert(QT % kTile == 0, "whole 64-row sub-tiles");
+template <int D>
+__global__ void __launch_bounds__(kBlockThreads)
+    flash_forward_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                         bf16_t* __restrict__ out, float* __restrict__ lse, Dims n) {
+  constexpr int kLd = D + kPad;
   bf16_t* sQ = reinterpret_cast<bf16_t*>(dynamic_smem());
-  bf16_t* sK = sQ + QT * kLd;  // 2 buffers
+  bf16_t* sK = sQ + kTile * kLd;  // 2 buffers
   bf16_t* sV = sK + 2 * kTile * kLd;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const QueryTile qt = query_tile<D, QT>(n);
+  const QueryTile qt = query_tile<D>(n);
   const bf16_t* kh = k + qt.kvoff;
   const bf16_t* vh = v + qt.kvoff;
-  load_rows<QT, D, kThr>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
-  load_kv_tile<D, kThr>(sK, sV, 0, kh, vh, qt.ldkv, 0, n.S);
+  load_rows<kTile, D>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
+  load_kv_tile<D>(sK, sV, 0, kh, vh, qt.ldkv, 0, n.S);
   cp_async_commit();
 
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row = qt.q0 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
   const int col = 2 * (lane % 4);                // and columns col + 8 nb + (0, 1) of a tile
-  // The 64-row sub-tile holding this warp's rows: it takes the key tiles that a 64-row block
-  // would (the same steps in the same order, so the same bits), the others skip theirs.
-  const int q64 = qt.q0 + warp * 16 / kTile * kTile;
-  const int my_tiles = q64 >= n.S ? 0 : n.causal ? (imin(q64 + kTile, n.S) + kTile - 1) / kTile : qt.n_kv_tiles;
   uint32_t qa[D / 16][4];  // the warp's Q rows as A fragments, from step 0 on (Note [A fragments kept in registers])
   for (int j = 0; j < qt.n_kv_tiles; ++j) {
     begin_step(j, qt.n_kv_tiles,
-               [&] { load_kv_tile<D, kThr>(sK, sV, (j + 1) % 2, kh, vh, qt.ldkv, (j + 1) * kTile, n.S); });
+               [&] { load_kv_tile<D>(sK, sV, (j + 1) % 2, kh, vh, qt.ldkv, (j + 1) * kTile, n.S); });
     const bf16_t* sKj = sK + j % 2 * kTile * kLd;
     const bf16_t* sVj = sV + j % 2 * kTile * kLd;
     const int k0 = j * kTile;
     if (j == 0) load_a_frags<D>(qa, sQ + warp * 16 * kLd, lane);
-    if (j < my_tiles) {  // warp-uniform
-      float s[kTile / 8][4] = {};
-      warp_gemm_nt<D, kTile>(s, qa, sQ + warp * 16 * kLd, sKj, lane);
-      if (k0 + kTile > n.S || (n.causal && k0 + kTile > q64)) {
+    float s[kTile / 8][4] = {};
+    warp_gemm_nt<D, kTile>(s, qa, sQ + warp * 16 * kLd, sKj, lane);
+    if (k0 + kTile > n.S || (n.causal && k0 + kTile > qt.q0)) {
 #pragma unroll
-        for (int nb = 0; nb < kTile / 8; ++nb)
+      for (int nb = 0; nb < kTile / 8; ++nb)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (!visible(row + 8 * (e / 2), k0 + col + 8 * nb + e % 2, n.S, n.causal)) s[nb][e] = -INFINITY;
-      }
-      online_softmax<kTile, D>(s, o, m, l, n.scale_log2);
-      uint32_t p[kTile / 16][4];
-      to_a_frags<kTile>(p, s);
-      warp_gemm_nn<kTile, D>(o, p, sVj, lane);
+        for (int e = 0; e < 4; ++e)
+          if (!visible(row + 8 * (e / 2), k0 + col + 8 * nb + e % 2, n.S, n.causal)) s[nb][e] = -INFINITY;
     }
+    online_softmax<kTile, D>(s, o, m, l, n.scale_log2);
+    uint32_t p[kTile / 16][4];
+    to_a_frags<kTile>(p, s);
+    warp_gemm_nn<kTile, D>(o, p, sVj, lane);
     __syncthreads();  // before the next prefetch overwrites this tile's buffer
   }
 
@@ -403,31 +395,6 @@ __device__ __forceinline__ void flash_forward_block(const bf16_t* __restrict__ q
   }
   store_tile<D>(out + qt.qoff, qt.ldq, row, col, n.S, o, inv);
 }
-
-template <int D>
-__global__ void __launch_bounds__(kBlockThreads)
-    flash_forward_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-                         bf16_t* __restrict__ out, float* __restrict__ lse, Dims n) {
-  flash_forward_block<D, kTile>(q, k, v, out, lse, n);
-}
-
-// 128 queries per block (8 warps), 3 blocks per SM at D = 32, 2 at D = 64.
-constexpr int kFwdWideRows = 128;
-template <int D>
-__global__ void __launch_bounds__(kFwdWideRows / 16 * kWarp, D == 32 ? 3 : 2)
-    flash_forward_wide_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
-                              const bf16_t* __restrict__ v, bf16_t* __restrict__ out, float* __restrict__ lse,
-                              Dims n) {
-  flash_forward_block<D, kFwdWideRows>(q, k, v, out, lse, n);
-}
-
-// Note [Forward tiles of 128 queries]
-// A forward block of 64 queries (4 warps) loads each 64-key K/V tile for 64 rows; with 128 (8
-// warps) each load serves twice the rows, and the block count halves. Under the causal mask the
-// block's first four warps see one key tile fewer than its last four: they skip that step's
-// products (their rows' steps are exactly those of a 64-row block, in the same order, so every
-// output keeps its bits; tests/emu compares both forms). A tuning variant (XT_FLASH_FWD=1) until
-// measured.
 
 // ------------------------------------------------------------------ backward
 
@@ -459,8 +426,8 @@ __device__ __forceinline__ compute_t<T> group_row_dot(const T* o, const T* dO, i
 
 // dq for 64 queries of one (b, h): delta of its rows (Note [delta inside the dq kernel]), then a
 // loop over the visible key tiles.
-template <int D, bool kQInRegs = dq_frags_in_regs<D>(), int kMinBlocks = bwd_min_blocks<D>()>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocks)
+template <int D, bool kQInRegs = dq_frags_in_regs<D>()>
+__global__ void __launch_bounds__(kBlockThreads, bwd_min_blocks<D>())
     flash_backward_dq_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
                              const bf16_t* __restrict__ v, const bf16_t* __restrict__ out,
                              const bf16_t* __restrict__ dout, const float* __restrict__ lse,
@@ -1143,8 +1110,8 @@ qk_norm_rope_dw_tree_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, 
 // with E = 4, G = lanes_for(D); prep_reg_dim) lane L of a group holds its elements L + k*G (k < E)
 // in registers, which are exactly the elements the kernels above give lane L, in the same order,
 // and the RoPE partners of its first-half elements (i and i + D/2 = L + (k + E/2)*G). So:
-//  - a group issues the loads of several rows (kPrepRows of x in the forward, kPrepBwdRows of x,
-//    dy and rstd in the backward) before it uses any, a lane loads each element once, w once per
+//  - a group issues the loads of several rows (PrepShape's fwd_rows of x in the forward, bwd_rows
+//    of x, dy and rstd in the backward) before it uses any, a lane loads each element once, w once per
 //    kernel;
 //  - every value is the same expression of the same operands as in the kernels above: the sum of
 //    squares and the dot in increasing element order per lane then group_sum's tree, rms_rstd,
@@ -1162,14 +1129,33 @@ qk_norm_rope_dw_tree_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, 
 //    row once at the end, before the same block sum.
 // Other head dims take the kernels above. tests/emu/flash_attention_emu.cpp runs both paths and
 // compares them bit for bit (and with the CPU reference and the emulated composition).
-// Expected on the H200 (not yet measured): the forward moves 50 MB, backward 75 MB at dim768's
-// shape; with 32-48 KB of loads in flight per SM (5 forward / 4 backward blocks by registers),
-// 60-70% of HBM bandwidth: forward ~18 us, one-pass backward ~28 us, dw tree ~4 us.
-// Rows per group whose loads are in flight together: forward (x), backward (x and dy).
-constexpr int kPrepRows = 4, kPrepBwdRows = 3;
-// Blocks per SM the register budget leaves room for (__launch_bounds__): 5 x 256 threads of the
-// forward at <= 51 registers, 4 of the backward at <= 64 (bf16 and float32; float64 spills some).
-constexpr int kPrepFwdBlocks = 5, kPrepBwdBlocks = 4;
+// How many rows a group keeps in flight, how many blocks share an SM and how many tokens a forward
+// block takes change no bits (each row's arithmetic is the same; the backward's blocks are
+// onepass_plan's whatever the rows in flight); they are PrepShape below, chosen by measurement
+// (Note [Head preparation occupancy]).
+
+// Note [Head preparation occupancy]
+// The bitwise-neutral launch shape of the register kernels, per head dim and row type:
+//  - fwd_rows: rows of x per group whose loads are in flight together; fwd_blocks: blocks per SM
+//    asked of the register allocator (__launch_bounds__); fwd_token_mult: the forward's tokens per
+//    block as a multiple of "fwd_rows rows per group" (prep_tokens_per_block);
+//  - bwd_rows, bwd_blocks: the same for the one-pass backward (rows of x and dy).
+// The default (4, 5, x1; 3, 4) keeps 5 forward blocks of 256 threads at <= 51 registers and 4
+// backward at <= 64 (bf16 and float32; float64 spills some). At head dim 32 with bf16 rows (the
+// presets) 22 shapes were timed on the H200, every one bitwise the default (e54a624,
+// bench/results/kernel_tune-prep-20261202-010809.json): the forward gives a block only 2 tokens at
+// dim768 (96 rows, 3 per group), so each block waits one memory round trip behind its own cos/sin
+// table; 8 rows in flight at 4 blocks per SM with twice the tokens per block (10 tokens, 480 rows)
+// took the forward from 110.3 to 96.4 us at [128, 256, 24 + 24, 32], and 2 backward rows in
+// flight (4 blocks) the forward + backward from 259.6 to 233.5 us (x1.11; x1.06 at batch 32).
+struct PrepShape {
+  int fwd_rows, fwd_blocks, fwd_token_mult, bwd_rows, bwd_blocks;
+};
+template <int D, typename T>
+constexpr PrepShape prep_shape() {
+  if constexpr (D == 32 && std::is_same_v<T, bf16_t>) return PrepShape{8, 4, 2, 2, 4};
+  return PrepShape{4, 5, 1, 3, 4};
+}
 
 using rmsnorm::fma_dev;  // a * b + c, one rounding on the device (rmsnorm.cuh)
 
@@ -1181,11 +1167,13 @@ template <int D> constexpr int prep_lanes() {
   return lanes_for(D);
 }
 
-// The forward's tokens per block: about kPrepRows rows per group, at least one token, the table
-// (tokens * D compute-type values) within 48 KB.
-template <int G, typename C>
-int64_t prep_tokens_per_block(int64_t H, int64_t Hkv, int64_t D, int rows = kPrepRows, int mult = 1) {
-  int64_t t = (kThreads / G) * rows / (H + Hkv) * mult;
+// The forward's tokens per block: about fwd_rows rows per group times fwd_token_mult, at least one
+// token, the table (tokens * D compute-type values) within 48 KB.
+template <int D, typename T>
+int64_t prep_tokens_per_block(int64_t H, int64_t Hkv) {
+  using C = compute_t<T>;
+  constexpr PrepShape ps = prep_shape<D, T>();
+  int64_t t = (kThreads / prep_lanes<D>()) * ps.fwd_rows / (H + Hkv) * ps.fwd_token_mult;
   const int64_t fit = static_cast<int64_t>(rmsnorm::kOnePassMaxSmem / (sizeof(C) * static_cast<size_t>(D)));
   if (t > fit) t = fit;
   return t < 1 ? 1 : t;
@@ -1196,7 +1184,8 @@ int64_t prep_tokens_per_block(int64_t H, int64_t Hkv, int64_t D, int rows = kPre
 // Dynamic shared memory: tpb * D compute-type values (cos, then sin, of each token).
 // dim == D, as a runtime value: rms_rstd's ss / dim and rope_inv_freq's 2i / dim divide by it as
 // in the kernels above (a constant power of two would let nvcc turn ss / dim + eps into one fma).
-template <int D, typename T, typename W, int R = kPrepRows, int kMinBlocks = kPrepFwdBlocks>
+template <int D, typename T, typename W, int R = prep_shape<D, T>().fwd_rows,
+          int kMinBlocks = prep_shape<D, T>().fwd_blocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
 qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k, const W* __restrict__ wq,
                                 const W* __restrict__ wk, T* __restrict__ q_out, T* __restrict__ k_out,
@@ -1279,7 +1268,8 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
 // One-pass backward, D in prep_reg_dim: qk_norm_rope_backward_onepass_kernel's plan, rows, order
 // and table, with the rows in registers (Note [Head preparation in registers]); dim == D as in the
 // forward.
-template <int D, typename T, typename W, int RB = kPrepBwdRows, int kMinBlocks = kPrepBwdBlocks>
+template <int D, typename T, typename W, int RB = prep_shape<D, T>().bwd_rows,
+          int kMinBlocks = prep_shape<D, T>().bwd_blocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
 qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int S, int dim,
                                          float theta) {
