@@ -310,12 +310,20 @@ def git_commit() -> dict:
     return {"commit": commit or os.environ.get("XTRAIN_COMMIT"), "dirty": dirty}
 
 
+_ENV_PREFIXES = ("XT_", "XTRAIN_", "NCCL_", "TORCHINDUCTOR_", "CUBLAS_", "CUDA_")
+
+
 def env_info(device: str) -> dict:
     import xtrain
 
     info = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "host_cpu": _cpu_model(), "python": platform.python_version(),
             "xtrain": xtrain.__version__, "device": device, **git_commit(), **host_load()}
+    # settings that change what ran (knobs of a tuning call, NCCL, Inductor's cache), as set
+    settings = {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(_ENV_PREFIXES) and k != "XTRAIN_COMMIT"}
+    if settings:
+        info["env_vars"] = settings
     try:
         import torch
 

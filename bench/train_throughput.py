@@ -181,13 +181,20 @@ def _train_torch(args, cfg, batches, weights, device, compile):
 
 def fresh_compile_caches() -> None:
     """Each compile starts from nothing: dynamo's caches reset, and Inductor's on-disk cache moved
-    to a new directory (otherwise a second compile would reuse the first one's kernels)."""
+    to a new directory (otherwise a second compile would reuse the first one's kernels).
+
+    XTRAIN_BENCH_INDUCTOR_CACHE=keep leaves TORCHINDUCTOR_CACHE_DIR where it is, so that the
+    autotuning results written there persist: scripts/gpu_session.sh's INDUCTOR_CACHE=1 carries
+    them across device calls for a max-autotune peer whose tuning outlasts one call (it turns the
+    FX graph and AOT autograd caches off, so each compile is still lowered afresh)."""
     import os
     import tempfile
 
     import torch
 
     torch._dynamo.reset()
+    if os.environ.get("XTRAIN_BENCH_INDUCTOR_CACHE") == "keep":
+        return
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="xtrain-bench-inductor-")
     try:  # the in-process module cache too, so kernels (and their autotuned configs) are new
         from torch._inductor.codecache import PyCodeCache

@@ -77,6 +77,7 @@ pack_autotune() {
 }
 if [ -n "${INDUCTOR_CACHE:-}" ]; then
   export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0
+  export XTRAIN_BENCH_INDUCTOR_CACHE=keep  # bench/train_throughput.py keeps this cache dir for its compiles
   mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
   if [ -f .inductor/autotune.tgz ]; then
     tar xzf .inductor/autotune.tgz -C "$TORCHINDUCTOR_CACHE_DIR" \
