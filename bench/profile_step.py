@@ -21,6 +21,47 @@ from collections import defaultdict
 import common
 
 
+def timeline(intervals, steps: int, per_step: int, top: int = 10) -> dict:
+    """The GPU's busy and idle stretches from the recorded activities.
+
+    intervals: (start_us, end_us, name) of every GPU activity in the profiled window (kernels,
+    memsets, copies), any order; steps: steps in the window; per_step: activities per step (the
+    graph's nodes). Idle is the time in the window no activity covers (overlapping activities
+    count once), split into the gaps where the GPU went from busy to idle: their count, median,
+    90th percentile and total per step, the largest ones with the activities around them, and the
+    last whole step's activities in order (name, start from the step's first, duration), which says
+    which node precedes which gap (e.g. which GEMM comes with a cuBLAS memset)."""
+    iv = sorted((float(a), float(b), str(n)) for a, b, n in intervals)
+    if not iv or steps <= 0:
+        return {}
+    gaps = []  # (length_us, name before, name after)
+    busy = 0.0
+    cur_start, cur_end, cur_name = iv[0]
+    for a, b, n in iv[1:]:
+        if a > cur_end:
+            busy += cur_end - cur_start
+            gaps.append((a - cur_end, cur_name, n))
+            cur_start, cur_end, cur_name = a, b, n
+        elif b >= cur_end:
+            cur_end, cur_name = b, n
+    busy += cur_end - cur_start
+    lengths = sorted(g[0] for g in gaps)
+
+    def pct(q):
+        return lengths[min(len(lengths) - 1, int(q * len(lengths)))] if lengths else 0.0
+    seq = []
+    if per_step > 0 and len(iv) >= per_step:
+        last = iv[(len(iv) // per_step - 1) * per_step:][:per_step]
+        t0 = last[0][0]
+        seq = [[n[:80], round(a - t0, 2), round(b - a, 2)] for a, b, n in last]
+    return {"window_ms": (iv[-1][1] - iv[0][0]) / 1000, "busy_ms_per_step": busy / 1000 / steps,
+            "idle_ms_per_step": sum(lengths) / 1000 / steps, "gaps_per_step": len(lengths) / steps,
+            "gap_us_median": pct(0.5), "gap_us_p90": pct(0.9),
+            "largest_gaps": [{"us": round(g, 2), "after": x[:80], "before": y[:80]}
+                             for g, x, y in sorted(gaps, reverse=True)[:top]],
+            "step_sequence": seq}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     common.add_shape_args(p)
@@ -77,12 +118,14 @@ def main(argv=None):
         wall_ms = (time.perf_counter() - t0) * 1000 / args.steps
 
     kernels = defaultdict(lambda: [0, 0.0])  # name -> [calls, device microseconds]
+    intervals = []  # (start, end, name) in microseconds: timeline()
     if cuda:
         for ev in prof.events():
             if ev.device_type == torch.autograd.DeviceType.CUDA:
                 k = kernels[ev.name]
                 k[0] += 1
                 k[1] += ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+                intervals.append((ev.time_range.start, ev.time_range.end, ev.name))
     kernel_ms = sum(us for _, us in kernels.values()) / 1000 / args.steps
     rows = [{"kernel": name[:90], "calls/step": calls / args.steps, "ms/step": us / 1000 / args.steps,
              "share": us / 1000 / args.steps / kernel_ms if kernel_ms else 0.0}
@@ -95,6 +138,12 @@ def main(argv=None):
         head += (f", kernels {kernel_ms:.2f} ms/step ({sum(r['calls/step'] for r in rows):.0f} launches/step), "
                  f"GPU idle {max(0.0, wall_ms - kernel_ms):.2f} ms/step")
     print(head)
+    tl = timeline(intervals, args.steps, round(len(intervals) / args.steps)) if intervals else {}
+    if tl:
+        big = ", ".join(f"{g['us']:.1f} us after {g['after'][:40]}" for g in tl["largest_gaps"][:3])
+        print(f"timeline: busy {tl['busy_ms_per_step']:.2f} ms/step, idle {tl['idle_ms_per_step']:.2f} ms/step "
+              f"in {tl['gaps_per_step']:.0f} gaps per step (median {tl['gap_us_median']:.2f} us, p90 "
+              f"{tl['gap_us_p90']:.2f} us); largest: {big}")
     if rows:
         common.print_table(rows[:args.top], [("kernel", "kernel", "s"), ("calls/step", "calls/step", ".1f"),
                                              ("ms/step", "ms/step", ".3f"), ("share", "share", ".1%")])
@@ -103,7 +152,7 @@ def main(argv=None):
                        "step": mode, "graph_nodes_per_step": sg.num_nodes,
                        "wall_ms_per_step": wall_ms, "kernel_ms_per_step": kernel_ms,
                        "gpu_idle_ms_per_step": max(0.0, wall_ms - kernel_ms) if cuda else None,
-                       "kernels": rows},
+                       "kernels": rows, "timeline": tl},
                       args.out)
 
 

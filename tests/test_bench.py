@@ -26,3 +26,24 @@ def test_recompute_bench_turns_recompute_on(tmp_path):
     assert set(rows) == {False, True}
     # With the blocks' checkpoints the forward keeps far fewer activations: a lower peak.
     assert rows[True]["peak_allocated"] < 0.95 * rows[False]["peak_allocated"], rows
+
+
+def test_profile_timeline_counts_overlap_once_and_names_the_gaps():
+    sys.path.insert(0, str(BENCH))
+    try:
+        from profile_step import timeline
+    finally:
+        sys.path.remove(str(BENCH))
+    # two steps of three activities; in each, "b" overlaps "a", then a 2 us gap before "c"
+    iv = []
+    for t in (0.0, 100.0):
+        iv += [(t + 0, t + 10, "a"), (t + 5, t + 12, "b"), (t + 14, t + 20, "c")]
+    tl = timeline(list(reversed(iv)), steps=2, per_step=3)
+    assert tl["busy_ms_per_step"] * 1000 == 18.0  # [0, 12] and [14, 20]
+    # gaps: 2 us inside each step, 80 us between the steps (20 -> 100)
+    assert tl["gaps_per_step"] == 1.5
+    assert abs(tl["idle_ms_per_step"] * 1000 - (2 + 2 + 80) / 2) < 1e-9
+    assert tl["largest_gaps"][0] == {"us": 80.0, "after": "c", "before": "a"}
+    assert tl["largest_gaps"][1]["after"] == "b" and tl["largest_gaps"][1]["before"] == "c"
+    assert tl["step_sequence"] == [["a", 0.0, 10.0], ["b", 5.0, 7.0], ["c", 14.0, 6.0]]
+    assert timeline([], 2, 3) == {}
