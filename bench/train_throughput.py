@@ -225,11 +225,19 @@ def main(argv=None):
 
     batches = common.random_batches(args.vocab, args.batch, args.seq, n=4, seed=args.seed)
     results = []
+
+    def announce(r):  # each row as soon as it is measured: a run cut off later still leaves it
+        if "seconds" in r:
+            print(f"measured: {r['framework']}: {1e3 * r['seconds'] / args.steps:.2f} ms/step, "
+                  f"{tokens * args.steps / r['seconds']:,.0f} tok/s, peak "
+                  f"{common.gib(r['peak_allocated']):.2f} GiB", flush=True)
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.cuda_graphs]
     xt, weights = run_xtrain(args, cfg, batches, device, use_graphs=modes[0])
     results.append(xt)
+    announce(xt)
     for more in modes[1:]:
         results.append(run_xtrain(args, cfg, batches, device, use_graphs=more)[0])
+        announce(results[-1])
     if not args.no_torch:
         runs = [(None, 0)] + [(mode, i) for mode in ([] if args.no_compile else args.compile_modes)
                               for i in range(max(1, args.compile_repeats))]
@@ -243,6 +251,7 @@ def main(argv=None):
                 r = run_torch(args, cfg, batches, weights, tdevice, compile=compile)
                 r["framework"] = label
                 results.append(r)
+                announce(r)
             except Exception as e:  # e.g. no compiler toolchain for inductor: keep the rest
                 print(f"{label} failed: {type(e).__name__}: {e}", flush=True)
                 results.append({"framework": label,

@@ -181,7 +181,7 @@ for step in $steps; do
         # Each fresh compile of the peer (--compile-repeats N) costs about two minutes.
         repeats=$(sed -n 's/.*--compile-repeats[ =]\([0-9]*\).*/\1/p' <<<"$c")
         run_step throughput "${THROUGHPUT_TIMEOUT:-$((120 + 120 * ${repeats:-1}))}" "$out/bench.log" bash -c "throughput new '' $c"
-        grep -E "^xtrain /|^xtrain |^torch" "$out/bench.log" | tail -6 | tee -a "$summary"
+        grep -E "^measured:|^xtrain /|^xtrain launches" "$out/bench.log" | tail -8 | tee -a "$summary"
       done
       ;;
     ops)
