@@ -207,7 +207,7 @@ for step in $steps; do
           if [ ${#args[@]} -eq 0 ] && [[ $w =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=("$w"); else args+=("$w"); fi
         done
         run_step profile 180 "$out/bench.log" env "${envs[@]}" "$py" bench/profile_step.py "${args[@]}"
-        grep -E "^profile_step:" "$out/bench.log" | tail -1 | sed "s|^|${envs[*]:+${envs[*]} }|" | tee -a "$summary"
+        grep -E "^profile_step:|^timeline:" "$out/bench.log" | tail -2 | sed "s|^|${envs[*]:+${envs[*]} }|" | tee -a "$summary"
       done
       ;;
     gemm)  # the lm_head GEMM's cuBLAS kernel under each way of calling it (bench/lm_head_gemm.py)
