@@ -47,3 +47,23 @@ def test_profile_timeline_counts_overlap_once_and_names_the_gaps():
     assert tl["largest_gaps"][1]["after"] == "b" and tl["largest_gaps"][1]["before"] == "c"
     assert tl["step_sequence"] == [["a", 0.0, 10.0], ["b", 5.0, 7.0], ["c", 14.0, 6.0]]
     assert timeline([], 2, 3) == {}
+
+
+def test_fresh_compile_caches_keeps_a_carried_inductor_cache(monkeypatch, tmp_path):
+    """gpu_session's INDUCTOR_CACHE=1 carries max-autotune's tuning between calls: the bench must
+    leave that cache directory in place (it moved every compile to a new one before e5ecece)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from train_throughput import fresh_compile_caches
+    finally:
+        sys.path.remove(str(BENCH))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "carried"))
+    monkeypatch.setenv("XTRAIN_BENCH_INDUCTOR_CACHE", "keep")
+    fresh_compile_caches()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "carried")
+    monkeypatch.delenv("XTRAIN_BENCH_INDUCTOR_CACHE")
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the fresh directory lands here
+    fresh_compile_caches()
+    fresh = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert fresh != str(tmp_path / "carried") and fresh.startswith(str(tmp_path))
