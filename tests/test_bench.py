@@ -10,6 +10,15 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
+def _bench_function(module: str, name: str):
+    """A function of a bench/ script, imported with bench/ on the path (its `import common`)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        return getattr(__import__(module), name)
+    finally:
+        sys.path.remove(str(BENCH))
+
+
 def _run(script: str, out: Path, *args: str) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     proc = subprocess.run([sys.executable, str(BENCH / script), "--device", "cpu", "--out", str(out), *args],
@@ -29,11 +38,7 @@ def test_recompute_bench_turns_recompute_on(tmp_path):
 
 
 def test_profile_timeline_counts_overlap_once_and_names_the_gaps():
-    sys.path.insert(0, str(BENCH))
-    try:
-        from profile_step import timeline
-    finally:
-        sys.path.remove(str(BENCH))
+    timeline = _bench_function("profile_step", "timeline")
     # two steps of three activities; in each, "b" overlaps "a", then a 2 us gap before "c"
     iv = []
     for t in (0.0, 100.0):
@@ -52,11 +57,7 @@ def test_profile_timeline_counts_overlap_once_and_names_the_gaps():
 def test_fresh_compile_caches_keeps_a_carried_inductor_cache(monkeypatch, tmp_path):
     """gpu_session's INDUCTOR_CACHE=1 carries max-autotune's tuning between calls: the bench must
     leave that cache directory in place (it moved every compile to a new one before e5ecece)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        from train_throughput import fresh_compile_caches
-    finally:
-        sys.path.remove(str(BENCH))
+    fresh_compile_caches = _bench_function("train_throughput", "fresh_compile_caches")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "carried"))
     monkeypatch.setenv("XTRAIN_BENCH_INDUCTOR_CACHE", "keep")
     fresh_compile_caches()

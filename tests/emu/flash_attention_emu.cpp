@@ -244,6 +244,12 @@ void prep_dw_tree_cases() {
 // shape of Note [Head preparation occupancy]).
 int g_prep_bwd_rows = 0;
 
+// The register path's head dim whose group has G lanes (G = lanes_for(D), D in 32, 64, 128).
+template <int G>
+constexpr int reg_dim_of() {
+  return G == cu::lanes_for(32) ? 32 : G == cu::lanes_for(64) ? 64 : 128;
+}
+
 // The register-path forward (Note [Head preparation in registers]) as flash_attention.cu launches
 // it, bit for bit against the general kernel's outputs (yq, yk, rstd), under the schedules.
 template <typename T>
@@ -445,7 +451,7 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
                 [&] { fl::qk_norm_rope_backward_onepass_kernel<G, T, float>(qs, ks, S, D, theta); });
   } else {  // the register path of flash_attention.cu's D in {32, 64, 128}
     if constexpr (G == cu::lanes_for(32) || G == cu::lanes_for(64) || G == cu::lanes_for(128)) {
-      constexpr int kD = G == cu::lanes_for(32) ? 32 : G == cu::lanes_for(64) ? 64 : 128;
+      constexpr int kD = reg_dim_of<G>();
       if (D != kD) expect("register path's head dim", false);
       emu::launch(grid, dim3(cu::kThreads), smem, [&] {
         switch (g_prep_bwd_rows) {  // rows in flight other than the launch shape's: the same bits
@@ -538,7 +544,8 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
       // Blocks of more rows than a batch of the register kernel holds (onepass_plan's blocks of
       // 8 * G rows and more at > 1024 * 64 / G rows): its batch loop, partial batches and table
       // refills, bit for bit against the general kernel under the same plan.
-      for (const int64_t rpb : {int64_t(cu::kThreads / G) * fl::prep_shape<G == cu::lanes_for(32) ? 32 : G == cu::lanes_for(64) ? 64 : 128, T>().bwd_rows + 5, int64_t(200)})
+      for (const int64_t rpb : {int64_t(cu::kThreads / G) * fl::prep_shape<reg_dim_of<G>(), T>().bwd_rows + 5,
+                                int64_t(200)})
         for (const bool min_table : {false, true}) {
           const auto plan_run = [&](bool use_reg, emu::Schedule schedule) {
             emu::set_schedule(schedule);
