@@ -5,7 +5,7 @@ no-op, AdamW's device-resident per-step constants (bitwise equal to launch argum
 StepGraphs bookkeeping around a capture with a stand-in Graph that runs the captured work at once
 (capture step equal to an eager step, both fallbacks). On a GPU (skipped without one): the capture
 facility (replay, private pool, refusals inside a capture) and N training steps with graphs equal
-to N eager steps, bitwise (fp32, bf16, accumulation, recompute, a poisoned step)."""
+to N eager steps, bitwise (fp32, bf16, accumulation, recompute, dropout, a poisoned step)."""
 
 import json
 import math
@@ -83,7 +83,8 @@ def test_graph_blockers():
     assert graphs.graph_blockers("cpu", model) == "not a CUDA device"
     assert "data-parallel" in graphs.graph_blockers("cuda:0", model, data_parallel=True)
     dropped = TinyTransformer(TransformerConfig(**SMALL, dropout=0.1), device="cpu")
-    assert "dropout 0.1" in graphs.graph_blockers("cuda:0", dropped)
+    # dropout no longer blocks (Note [Random draws in captured graphs])
+    assert graphs.graph_blockers("cuda:0", dropped) == graphs.graph_blockers("cuda:0", model)
     if not xtrain.cuda.is_available():
         assert graphs.graph_blockers("cuda:0", model) == "CUDA is not available"
 
@@ -192,7 +193,8 @@ def _eager_step(model, opt, x, y, accum):
 
 @pytest.mark.parametrize("fail_at", [None, 1, 2])
 @pytest.mark.parametrize("accum", [1, 2])
-def test_capture_step_bookkeeping(monkeypatch, fail_at, accum):
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_capture_step_bookkeeping(monkeypatch, fail_at, accum, dropout):
     monkeypatch.setattr(xtrain.cuda, "Graph", _RunAtOnce)
     monkeypatch.setattr(_RunAtOnce, "made", 0)
     monkeypatch.setattr(_RunAtOnce, "fail_at", fail_at)
@@ -200,7 +202,8 @@ def test_capture_step_bookkeeping(monkeypatch, fail_at, accum):
     batches = [(b, b) for b in (rng.integers(0, 64, (2 * accum, 16)) for _ in range(4))]
     results = []
     for use_graphs in (False, True):
-        model = TinyTransformer(TransformerConfig(**SMALL), device="cpu", seed=0)
+        xtrain.manual_seed(5)  # the dropout masks: the same generator states in both runs
+        model = TinyTransformer(TransformerConfig(**SMALL, dropout=dropout), device="cpu", seed=0)
         opt = AdamW(model.named_parameters(), lr=1e-2)
         notes, settled = [], []
         sg = graphs.StepGraphs(model, opt, accum, 1.0, note=notes.append)
@@ -213,9 +216,11 @@ def test_capture_step_bookkeeping(monkeypatch, fail_at, accum):
             else:
                 values.append((out[0].item(), out[1].item()))
         results.append((values, {n: p.numpy().copy() for n, p in model.named_parameters()},
-                        opt.moment_arrays(), opt.step_count))
+                        opt.moment_arrays(), opt.step_count, xtrain.default_generator("cpu").get_state()))
         if use_graphs:
             if fail_at is None:
+                # the capture drew the step's dropout counters relative to device words it keeps
+                assert (sg.draws > 0) == (dropout > 0) and (sg.rng is not None) == (dropout > 0)
                 assert sg.active and sg.num_nodes == 30 and settled == [2]
                 assert "captured after 2 eager steps, 30 nodes per replay" in notes[0]
                 assert all(p.grad is None for p in opt.params)  # as zero_grad(set_to_none=True) leaves it
@@ -230,8 +235,9 @@ def test_capture_step_bookkeeping(monkeypatch, fail_at, accum):
                 assert sg.disabled.startswith(f"capture of the {stage} failed: RuntimeError")
                 assert "CUDA graphs off" in notes[0] and not sg.active
                 assert sg.step(*batches[3]) is None  # off for good
-    (v0, p0, (m0, s0), c0), (v1, p1, (m1, s1), c1) = results
+    (v0, p0, (m0, s0), c0, g0), (v1, p1, (m1, s1), c1, g1) = results
     assert v0 == v1 and c0 == c1 == 3
+    assert g0 == g1, "the capture step advances the generator as an eager step does"
     for n in p0:
         np.testing.assert_array_equal(p0[n], p1[n], err_msg=n)
         np.testing.assert_array_equal(m0[n], m1[n], err_msg=n)
@@ -318,8 +324,10 @@ def test_replay_from_another_thread_is_refused():
 # ---------------------------------------------------------------- training with graphs (GPU)
 
 @needs_gpu
-@pytest.mark.parametrize("kw", [{}, {"bf16": True}, {"grad_accum": 2}, {"recompute": True, "bf16": True}],
-                         ids=["fp32", "bf16", "accum2", "recompute-bf16"])
+@pytest.mark.parametrize("kw", [{}, {"bf16": True}, {"grad_accum": 2}, {"recompute": True, "bf16": True},
+                                {"dropout": 0.1, "bf16": True},
+                                {"dropout": 0.1, "recompute": True, "grad_accum": 2}],
+                         ids=["fp32", "bf16", "accum2", "recompute-bf16", "dropout-bf16", "dropout-recompute-accum2"])
 def test_graph_steps_equal_eager_steps_bitwise(tmp_path, data, kw):
     steps = 8
     # evaluations between replays: their bf16 weight copies must be cast from the replayed updates
@@ -352,10 +360,37 @@ def test_poisoned_steps_are_skipped_the_same_with_graphs(tmp_path, data):
 
 
 @needs_gpu
-def test_dropout_runs_eagerly_and_says_why(tmp_path, data, capsys):
-    train(tiny_run(tmp_path / "d", data, 4, "cuda", dropout=0.1))
-    assert "CUDA graphs off: dropout 0.1" in capsys.readouterr().out
-    assert not any(r.get("graph") for r in run_log(tmp_path / "d"))
+def test_captured_dropout_outside_capture_mode_raises():
+    # a hand-made capture whose generator is not in capture mode would replay one mask forever
+    x = xtrain.tensor(np.ones(64, np.float32), device="cuda")
+    g = xtrain.cuda.Graph(0)
+    with pytest.raises(RuntimeError, match="needs its generator in capture mode"):
+        with xtrain.cuda.graph(g):
+            ops.dropout(x, 0.5)
+    assert not g.captured and not xtrain.cuda.is_capturing()
+
+
+@needs_gpu
+def test_hand_captured_dropout_draws_fresh_masks_per_replay():
+    x = xtrain.tensor(np.ones(4096, np.float32), device="cuda")
+    gen = xtrain.Generator(9)
+    eager = [ops.dropout(x, 0.5, generator=gen).numpy() for _ in range(3)]
+    gen.set_state((9, 0))
+    words = xtrain.zeros((2,), dtype="int64", device="cuda")
+    g = xtrain.cuda.Graph(0)
+    gen.begin_capture(words)
+    try:
+        with xtrain.cuda.graph(g):
+            y = ops.dropout(x, 0.5, generator=gen)
+    finally:
+        draws = gen.end_capture()
+    assert draws == 4096
+    for want in eager:
+        seed, offset = gen.get_state()
+        words.copy_(xtrain.tensor(np.array([seed, offset], np.uint64).view(np.int64)))
+        gen.set_state((seed, offset + draws))
+        g.replay()
+        np.testing.assert_array_equal(y.numpy(), want)
 
 
 @needs_gpu

@@ -176,6 +176,64 @@ def test_dropout_generator_advances_and_replays(device):
     assert np.all(ops.dropout(x, 1.0).numpy() == 0)
 
 
+def _words(seed, offset, device):
+    """A generator state as the two device words a captured graph's dropout kernels read."""
+    return xtrain.tensor(np.array([seed, offset], dtype=np.uint64).view(np.int64), device=device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dropout_in_capture_mode_draws_from_the_device_words(dtype, device):
+    # Note [Random draws in captured graphs]: relative offsets plus the words the replay fills
+    x = xtrain.tensor(randn(3, 700), dtype=dtype, device=device, requires_grad=True)
+    eager_g = xtrain.Generator(7)
+    eager_g.set_state((7, 5000))
+    want = [ops.dropout(x, 0.3, generator=eager_g), ops.dropout(x, 0.3, generator=eager_g)]
+    (want[0] + want[1]).backward_seeded(xtrain.ones((3, 700), dtype=dtype, device=device))
+    want_grad = bits(x.grad)
+    x.grad = None
+
+    g = xtrain.Generator(123)              # another seed: the words decide
+    g.set_state((123, 99))
+    base = _words(7, 5000, device)
+    g.begin_capture(base)
+    assert g.capturing and g.get_state() == (123, 0)  # the relative counter
+    got = [ops.dropout(x, 0.3, generator=g), ops.dropout(x, 0.3, generator=g)]
+    assert g.end_capture() == 2 * 3 * 700 and not g.capturing
+    assert g.get_state() == (123, 99), "a capture leaves the generator's own counter alone"
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(bits(a), bits(b))
+    (got[0] + got[1]).backward_seeded(xtrain.ones((3, 700), dtype=dtype, device=device))
+    np.testing.assert_array_equal(bits(x.grad), want_grad)  # the backward reads the same words
+    # the words are read when the kernel runs: new words, new masks (a replay's next step)
+    g.begin_capture(base)
+    base.copy_(_words(7, 5000 + 2 * 3 * 700, device))
+    nxt = ops.dropout(x, 0.3, generator=g)
+    g.end_capture()
+    np.testing.assert_array_equal(bits(nxt), bits(ops.dropout(x, 0.3, generator=eager_g)))
+
+
+def test_generator_capture_mode_refusals(device):
+    g = xtrain.Generator(1)
+    base = _words(1, 0, device)
+    with pytest.raises(ValueError, match="int64 tensor of 2 elements"):
+        g.begin_capture(xtrain.zeros(3, dtype="int64", device=device))
+    with pytest.raises(RuntimeError, match="not capturing"):
+        g.end_capture()
+    g.begin_capture(base)
+    try:
+        with pytest.raises(RuntimeError, match="already capturing"):
+            g.begin_capture(base)
+        with pytest.raises(RuntimeError, match="random tensors cannot be drawn inside a captured CUDA graph"):
+            xtrain.rand(4, generator=g, device=device)
+        with pytest.raises(RuntimeError, match="seed cannot change"):
+            g.manual_seed(2)
+        g.set_state((1, 40))                # a recompute's restore: the relative counter
+        assert g.get_state() == (1, 40)
+    finally:
+        assert g.end_capture() == 40
+    assert g.get_state() == (1, 0)
+
+
 # ---------------------------------------------------------------- reductions
 
 @pytest.mark.parametrize("dtype", DTYPES)

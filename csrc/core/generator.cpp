@@ -8,25 +8,61 @@
 
 namespace xt {
 
-uint64_t Generator::reserve(uint64_t n, uint64_t* seed_out) {
+uint64_t Generator::reserve(uint64_t n, uint64_t* seed_out, const uint64_t** base_out) {
   std::lock_guard<std::mutex> lock(mu_);
   *seed_out = state_.seed;
-  uint64_t off = state_.offset;
+  if (capture_base_ != nullptr) {  // Note [Random draws in captured graphs]
+    XT_CHECK(base_out != nullptr, RuntimeError,
+             "random tensors cannot be drawn inside a captured CUDA graph: a replay would repeat the same "
+             "numbers (dropout can: it reads its offset from device memory); draw them before the capture");
+    *base_out = capture_base_;
+    const uint64_t off = capture_offset_;
+    capture_offset_ += n;
+    return off;
+  }
+  if (base_out != nullptr) *base_out = nullptr;
+  const uint64_t off = state_.offset;
   state_.offset += n;
   return off;
 }
 
 GeneratorState Generator::state() {
   std::lock_guard<std::mutex> lock(mu_);
-  return state_;
+  return capture_base_ != nullptr ? GeneratorState{state_.seed, capture_offset_} : state_;
 }
 
 void Generator::set_state(GeneratorState s) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (capture_base_ != nullptr) {  // a checkpointed recompute inside the capture: the relative counter
+    XT_CHECK(s.seed == state_.seed, RuntimeError, "a generator's seed cannot change while a CUDA graph is "
+             "being captured with it");
+    capture_offset_ = s.offset;
+    return;
+  }
   state_ = s;
 }
 
 void Generator::manual_seed(uint64_t seed) { set_state(GeneratorState{seed, 0}); }
+
+void Generator::begin_capture(const uint64_t* base) {
+  XT_CHECK(base != nullptr, ValueError, "begin_capture: no device words for the replays' (seed, offset)");
+  std::lock_guard<std::mutex> lock(mu_);
+  XT_CHECK(capture_base_ == nullptr, RuntimeError, "begin_capture: this generator is already capturing");
+  capture_base_ = base;
+  capture_offset_ = 0;
+}
+
+uint64_t Generator::end_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  XT_CHECK(capture_base_ != nullptr, RuntimeError, "end_capture: this generator is not capturing");
+  capture_base_ = nullptr;
+  return capture_offset_;
+}
+
+bool Generator::capturing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return capture_base_ != nullptr;
+}
 
 namespace {
 struct DefaultGenerators {

@@ -99,9 +99,10 @@ inline float adamw_no_decay(const AdamWParams& hp) { return 1.0f - hp.lr * 0.0f;
   void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64_t n, void* stream);  \
   void swiglu_backward(DType dt, const void* gate, const void* up, const void* dout, void* dgate,       \
                        void* dup, int64_t n, void* stream);                                             \
-  /* keep with prob 1-p, scale kept by 1/(1-p); mask from philox(seed, offset + i) */                  \
+  /* keep with prob 1-p, scale kept by 1/(1-p); mask from philox(seed, offset + i), where base      */ \
+  /* (device words [seed, offset] or nullptr) replaces seed and adds its offset: captured graphs    */ \
   void dropout(DType dt, const void* x, void* out, int64_t n, float p, uint64_t seed, uint64_t offset,  \
-               void* stream);                                                                           \
+               const uint64_t* base, void* stream);                                                     \
   void random_fill(RandomKind kind, DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset,     \
                    void* stream);                                                                       \
   /* out[i] = i*step + start */                                                                         \

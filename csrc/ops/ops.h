@@ -108,7 +108,7 @@ void cast_many_into(const std::vector<Tensor>& src, const std::vector<Tensor>& d
 // backward, never stored. The differentiable op draws (seed, offset) from gen (nullptr: the
 // device's default generator); x itself when not training or p == 0.
 Tensor dropout(const Tensor& x, double p, bool training, const std::shared_ptr<Generator>& gen);
-Tensor dropout_forward(const Tensor& x, float p, uint64_t seed, uint64_t offset);
+Tensor dropout_forward(const Tensor& x, float p, uint64_t seed, uint64_t offset, const uint64_t* base = nullptr);
 
 // ---- reductions (ops/reduce.cpp): dim = -1 (last) or all dims (all = true)
 Tensor sum(const Tensor& x, bool all, bool keepdim);

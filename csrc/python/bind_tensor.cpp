@@ -148,7 +148,21 @@ void init_tensor(py::module_& m) {
       .def("get_state", [](Generator& g) { auto s = g.state(); return py::make_tuple(s.seed, s.offset); },
            "The state as a (seed, offset) tuple")
       .def("set_state", [](Generator& g, std::pair<uint64_t, uint64_t> s) { g.set_state({s.first, s.second}); },
-           py::arg("state"), "Restore a state from get_state()");
+           py::arg("state"), "Restore a state from get_state()")
+      .def("begin_capture",
+           [](Generator& g, const Tensor& base) {
+             XT_CHECK(base.defined() && base.dtype() == DType::Int64 && base.numel() == 2, ValueError,
+                      "begin_capture: base must be an int64 tensor of 2 elements (seed, offset), got ",
+                      base.defined() ? base.describe() : std::string("None"));
+             g.begin_capture(static_cast<const uint64_t*>(base.data_ptr()));
+           },
+           py::arg("base"),
+           "Capture mode for a CUDA graph (Note [Random draws in captured graphs]): dropout draws offsets "
+           "relative to the capture's start and reads (seed, offset) from `base` (int64 [2], on the device, "
+           "kept alive by the caller), which the owner fills before each replay")
+      .def("end_capture", &Generator::end_capture,
+           "Leave capture mode; returns the counters the captured work draws per replay")
+      .def_property_readonly("capturing", &Generator::capturing, "True between begin_capture and end_capture");
 
   m.def("default_generator", [](const py::object& device) { return default_generator(device_arg(device, Device::cpu())); },
         py::arg("device") = py::none(), "The default generator of a device");

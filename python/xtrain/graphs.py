@@ -19,8 +19,11 @@ Per-step values a captured kernel would otherwise freeze, and where each comes f
   - the batch: the static ids/targets buffers, written before graph 1;
   - the accumulation seed 1/accum: a constant tensor made once, before the capture;
   - the bf16 weight copies: the cast is captured (forced at capture), so every replay recasts;
-  - dropout's Philox seed and offset are host-side generator state passed as kernel arguments:
-    a model with dropout > 0 stays eager (graph_blockers says so);
+  - dropout's Philox (seed, offset): during the capture the device's default generator is in
+    capture mode (Note [Random draws in captured graphs], core/generator.h), so the captured
+    kernels add their offsets to two device words; before graph 1 the host writes the
+    generator's (seed, offset) into them (a 16-byte host-to-device copy, only when the step draws)
+    and advances the generator by the step's draws, as an eager step would;
   - the loss/norm log read: read_async of the graphs' output tensors after the replay (their
     addresses are fixed), never inside a capture.
 
@@ -30,8 +33,8 @@ it), and the store's record of which float32 weights its bf16 copies were cast f
 after each replay, so an eager forward such as evaluation recasts).
 
 Falls back to the eager step, saying why, when: the device is not CUDA, graphs are switched off,
-the run is data-parallel (the NCCL collectives stay eager), the model has dropout, the batch shape
-differs from the captured one (that step only), or the capture fails (for the rest of the run).
+the run is data-parallel (the NCCL collectives stay eager), the batch shape differs from the
+captured one (that step only), or the capture fails (for the rest of the run).
 """
 
 from __future__ import annotations
@@ -51,10 +54,6 @@ def graph_blockers(device: str, model, data_parallel: bool = False) -> str | Non
         return "not a CUDA device"
     if data_parallel:
         return "data-parallel training keeps its NCCL collectives eager"
-    dropouts = [m for _, m in model.named_modules() if isinstance(m, xtrain.nn.Dropout) and m.p > 0]
-    if dropouts:
-        return (f"dropout {dropouts[0].p:g} draws each step's mask from host-side generator offsets, "
-                f"which a replay would repeat")
     if not xtrain.cuda.is_available():
         return "CUDA is not available"
     return None
@@ -103,6 +102,8 @@ class StepGraphs:
         self.shape = None                  # the captured batch shape
         self.fwd = self.upd = None         # xtrain.cuda.Graph: forward+backward, clip+AdamW
         self.x = self.y = self.seed = None  # static inputs
+        self.rng = None                    # device words [seed, offset] of the captured draws (dropout)
+        self.draws = 0                     # generator counters one replay draws
         self.loss = self.norm = None       # the graphs' outputs
         self._shape_noted = False
 
@@ -150,8 +151,22 @@ class StepGraphs:
                     src = xtrain.tensor(np.ascontiguousarray(src, dtype=np.int64), device="cpu")
                 dst.copy_(src)
 
+    def _draw(self) -> None:
+        """The replay's random draws: the generator's (seed, offset) into the device words the
+        captured dropout kernels read, then the generator advanced past them (an eager step draws
+        the same counters)."""
+        if self.rng is None:
+            return
+        gen = xtrain.default_generator(self.model.device)
+        seed, offset = gen.get_state()
+        words = np.array([seed, offset], dtype=np.uint64).view(np.int64)
+        with xtrain.no_grad():
+            self.rng.copy_(xtrain.tensor(words, device="cpu"))
+        gen.set_state((seed, offset + self.draws))
+
     def _replay(self, x, y, settle):
         self._upload(x, y)
+        self._draw()
         self.fwd.replay()
         if settle is not None:
             settle()               # the previous step's values (and its skip) before this update
@@ -174,6 +189,8 @@ class StepGraphs:
         device = model.device
         index = int(str(device).split(":")[1]) if ":" in str(device) else 0
         stage = "forward and backward"
+        gen = xtrain.default_generator(device)
+        rng_state = gen.get_state()  # restored when the capture fails: the step then runs eagerly
         try:
             opt.use_device_hyper()
             if self.x is None:
@@ -182,6 +199,10 @@ class StepGraphs:
                 if self.accum > 1:
                     self.seed = xtrain.tensor(np.float32(1.0 / self.accum), device=device)
             self._upload(x, y)
+            if self.rng is None:
+                self.rng = xtrain.zeros((2,), dtype="int64", device=device)
+            self.draws = 0
+            self._draw()  # the words this step's draws add to (draws 0: the generator stays)
             # The warm-up's cached activations go back to the driver, so the graph's pool takes
             # their place instead of adding to them (a sync point, once).
             xtrain.cuda.empty_cache(device)
@@ -189,11 +210,20 @@ class StepGraphs:
             if getattr(model, "store", None) is not None:
                 model.store._compute_version = None  # the bf16 cast is part of every replay
             fwd = xtrain.cuda.Graph(index)
-            with xtrain.cuda.graph(fwd):
-                loss = forward_backward(model, self.x, self.y, self.accum, self.seed)
+            gen.begin_capture(self.rng)  # Note [Random draws in captured graphs]
+            try:
+                with xtrain.cuda.graph(fwd):
+                    loss = forward_backward(model, self.x, self.y, self.accum, self.seed)
+            finally:
+                self.draws = gen.end_capture()
         except Exception as e:  # nothing of this step ran: the caller runs it eagerly
+            gen.set_state(rng_state)
+            self.rng, self.draws = None, 0
             self._give_up(stage, e)
             return None
+        gen.set_state((rng_state[0], rng_state[1] + self.draws))  # past this step's draws, as eagerly
+        if self.draws == 0:
+            self.rng = None  # nothing to write before a replay
         fwd.replay()
         if settle is not None:
             settle()

@@ -29,8 +29,8 @@ CUDA graph capture empties the allocator's cache.
 CUDA graphs (one GPU, TrainConfig.cuda_graphs, on by default): after two eager steps the step is
 captured as two graphs (forward + backward; clip + AdamW) and replayed, with the batch copied into
 static buffers and the step's LR and AdamW constants written to device memory before each replay,
-bitwise equal to the eager step (xtrain.graphs, docs/training.md). Data parallelism and dropout
-keep the eager step.
+bitwise equal to the eager step (xtrain.graphs, docs/training.md), dropout included. Data
+parallelism keeps the eager step.
 """
 
 from __future__ import annotations

@@ -241,11 +241,16 @@ TEST(KernelsBasic, AccumulateAndDropout) {
 
   std::vector<double> x(1000, 3.0), y(1000);
   const float p = 0.25f;
-  cpu::dropout(DType::Float64, x.data(), y.data(), 1000, p, 42, 17, nullptr);
+  cpu::dropout(DType::Float64, x.data(), y.data(), 1000, p, 42, 17, nullptr, nullptr);
   for (int i = 0; i < 1000; ++i) {
     const bool dropped = philox_uniform(42, 17 + i) < p;
     EXPECT_EQ(y[i], dropped ? 0.0 : 3.0 / (1.0 - 0.25)) << i;
   }
+  // With device words (a captured graph's): their seed, their offset plus the relative one.
+  const uint64_t base[2] = {42, 10};
+  std::vector<double> z(1000);
+  cpu::dropout(DType::Float64, x.data(), z.data(), 1000, p, 999, 7, base, nullptr);
+  EXPECT_EQ(z, y);
 }
 
 }  // namespace

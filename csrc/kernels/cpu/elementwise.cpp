@@ -124,7 +124,12 @@ void swiglu_backward(DType dt, const void* gate, const void* up, const void* dou
   });
 }
 
-void dropout(DType dt, const void* x, void* out, int64_t n, float p, uint64_t seed, uint64_t offset, void*) {
+void dropout(DType dt, const void* x, void* out, int64_t n, float p, uint64_t seed, uint64_t offset,
+             const uint64_t* base, void*) {
+  if (base != nullptr) {  // Note [Random draws in captured graphs] (core/generator.h)
+    seed = base[0];
+    offset += base[1];
+  }
   XT_DISPATCH_FLOAT(dt, "dropout", T, {
     const T* px = static_cast<const T*>(x);
     T* po = static_cast<T*>(out);

@@ -137,8 +137,10 @@ struct SwigluBackwardF {
 struct DropoutF {
   float p;
   uint64_t seed, offset;
+  const uint64_t* base;  // device words [seed, offset] of a captured graph, or nullptr
   template <typename C> __device__ void operator()(int64_t i, const C (&x)[1], C (&y)[1]) const {
-    y[0] = dropout_value(x[0], p, seed, offset + static_cast<uint64_t>(i));
+    const uint64_t s = base != nullptr ? base[0] : seed, o = base != nullptr ? base[1] + offset : offset;
+    y[0] = dropout_value(x[0], p, s, o + static_cast<uint64_t>(i));
   }
 };
 
@@ -401,12 +403,13 @@ void swiglu_backward(DType dt, const void* gate, const void* up, const void* dou
   });
 }
 
-void dropout(DType dt, const void* x, void* out, int64_t n, float p, uint64_t seed, uint64_t offset, void* stream) {
+void dropout(DType dt, const void* x, void* out, int64_t n, float p, uint64_t seed, uint64_t offset,
+             const uint64_t* base, void* stream) {
   if (n == 0) return;
   OnStream on(stream);
   XT_DISPATCH_FLOAT(dt, "dropout", T, {
     launch_map(on, n, MapArgs<T, 1, T, 1>{{static_cast<const T*>(x)}, {static_cast<T*>(out)}},
-               DropoutF{p, seed, offset});
+               DropoutF{p, seed, offset, base});
   });
 }
 
