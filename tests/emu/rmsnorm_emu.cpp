@@ -162,6 +162,19 @@ const char* schedule_name(emu::Schedule s) {
   return "?";
 }
 
+// Outputs filled with NaN bits before a run: an element the kernel does not write shows as a
+// difference.
+template <typename T>
+struct Poisoned {
+  std::vector<T> h, y;
+  std::vector<float> rstd;
+  Poisoned(size_t n, int64_t rows) : h(n), y(n), rstd(static_cast<size_t>(rows)) {
+    std::memset(static_cast<void*>(h.data()), 0xFF, n * sizeof(T));
+    std::memset(static_cast<void*>(y.data()), 0xFF, n * sizeof(T));
+    std::memset(rstd.data(), 0xFF, rstd.size() * sizeof(float));
+  }
+};
+
 template <typename T> const char* dtype_label() {
   if constexpr (std::is_same_v<T, float>) return "float32";
   else if constexpr (std::is_same_v<T, double>) return "float64";
@@ -225,12 +238,10 @@ void few_rows_case(int64_t rows, int64_t dim, bool all_schedules) {
     if (vec && !plan.vec) continue;  // no packs for this dim: the scalar run below covers it
     for (const emu::Schedule s : kSchedules) {
       if (!all_schedules && s != emu::Schedule::Lockstep && s != emu::Schedule::WarpSerialLazy) continue;
-      // NaN-filled outputs: an element the kernel does not write shows as a difference.
-      std::vector<T> h(n), y(n);
-      std::vector<float> rstd(rows);
-      std::memset(static_cast<void*>(h.data()), 0xFF, n * sizeof(T));
-      std::memset(static_cast<void*>(y.data()), 0xFF, n * sizeof(T));
-      std::memset(rstd.data(), 0xFF, rows * sizeof(float));
+      Poisoned<T> out(n, rows);
+      std::vector<T>& h = out.h;
+      std::vector<T>& y = out.y;
+      std::vector<float>& rstd = out.rstd;
       emu::set_schedule(s);
       cu::with_lanes(dim, [&](auto g) {
         constexpr int G = decltype(g)::value;
@@ -375,28 +386,21 @@ void wide_forward_case(int64_t rows, int64_t dim) {
   }
   for (const bool vec : {true, false})
     for (const emu::Schedule s : kSchedules) {
-      std::vector<T> h(n), y(n);
-      std::vector<float> rstd(rows);
-      std::memset(static_cast<void*>(h.data()), 0xFF, n * sizeof(T));
-      std::memset(static_cast<void*>(y.data()), 0xFF, n * sizeof(T));
-      std::memset(rstd.data(), 0xFF, rows * sizeof(float));
+      Poisoned<T> got(n, rows);
       emu::set_schedule(s);
       rn::with_wide_chunks(nc, [&](auto c) {
         constexpr int NC = decltype(c)::value;
+        const auto kernel = vec ? rn::rmsnorm_forward_wide_kernel<NC, kAdd, true, W>
+                                : rn::rmsnorm_forward_wide_kernel<NC, kAdd, false, W>;
         emu::launch(dim3(unsigned(cu::ceil_div(rows, int64_t(cu::kThreads / cu::kWarp)))), dim3(cu::kThreads), 0,
                     [&] {
-                      if (vec)
-                        rn::rmsnorm_forward_wide_kernel<NC, kAdd, true, W>(x.data(), res.data(), w.data(), h.data(),
-                                                                           y.data(), rstd.data(), rows, 1e-6f);
-                      else
-                        rn::rmsnorm_forward_wide_kernel<NC, kAdd, false, W>(x.data(), res.data(), w.data(), h.data(),
-                                                                            y.data(), rstd.data(), rows, 1e-6f);
+                      kernel(x.data(), res.data(), w.data(), got.h.data(), got.y.data(), got.rstd.data(), rows, 1e-6f);
                     });
       });
       const std::string tag = what + (vec ? ", 16-byte packs" : ", scalar") + ", " + schedule_name(s);
-      if (kAdd) expect_bits(tag + ": h", h, h_ref);
-      expect_bits(tag + ": y", y, y_ref);
-      expect_bits(tag + ": rstd", rstd, rstd_ref);
+      if (kAdd) expect_bits(tag + ": h", got.h, h_ref);
+      expect_bits(tag + ": y", got.y, y_ref);
+      expect_bits(tag + ": rstd", got.rstd, rstd_ref);
     }
   emu::set_schedule(emu::Schedule::Lockstep);
 }
