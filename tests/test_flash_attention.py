@@ -313,8 +313,10 @@ def test_flash_attention_bad_inputs(device):
 
 PREP_SHAPES = [(1, 1, 1, 1, 2), (2, 3, 4, 4, 8), (2, 5, 4, 2, 32), (2, 7, 3, 1, 64), (1, 9, 2, 2, 128),
                (2, 64, 8, 2, 32),  # many rows: the weight gradients sum in row chunks
-               (1, 5, 2, 1, 256)]  # past the register path; on CUDA in bf16 the composition route of
+               (1, 5, 2, 1, 256),  # past the register path; on CUDA in bf16 the composition route of
                                    # rms_norm's wide backward (Note [Wide RMSNorm backward])
+               (2, 40, 2, 1, 256)]  # more rows than the few-row kernel takes: rms_norm's wide forward
+                                    # (Note [Wide RMSNorm forward]) against the fused kernel's sums
 
 
 def composed(q, k, wq, wk, eps, theta):

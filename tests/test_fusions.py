@@ -204,7 +204,7 @@ def test_add_rms_norm_matches_torch(device, dtype, shape):
 
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("use_h", [True, False])
-@pytest.mark.parametrize("shape", [(6, 40), (9, 768), (3, 2048)])
+@pytest.mark.parametrize("shape", [(6, 40), (9, 768), (3, 2048), (200, 768), (150, 1024)])
 def test_add_rms_norm_bitwise_equals_add_then_rms_norm(device, dtype, use_h, shape):
     """The fused op gives the bits of add + rms_norm: h, y, and the gradients of x, r and w, with
     h's own gradient added (use_h) or not."""

@@ -162,6 +162,19 @@ const char* schedule_name(emu::Schedule s) {
   return "?";
 }
 
+// Outputs filled with NaN bits before a run: an element the kernel does not write shows as a
+// difference.
+template <typename T>
+struct Poisoned {
+  std::vector<T> h, y;
+  std::vector<float> rstd;
+  Poisoned(size_t n, int64_t rows) : h(n), y(n), rstd(static_cast<size_t>(rows)) {
+    std::memset(static_cast<void*>(h.data()), 0xFF, n * sizeof(T));
+    std::memset(static_cast<void*>(y.data()), 0xFF, n * sizeof(T));
+    std::memset(rstd.data(), 0xFF, rstd.size() * sizeof(float));
+  }
+};
+
 template <typename T> const char* dtype_label() {
   if constexpr (std::is_same_v<T, float>) return "float32";
   else if constexpr (std::is_same_v<T, double>) return "float64";
@@ -225,12 +238,10 @@ void few_rows_case(int64_t rows, int64_t dim, bool all_schedules) {
     if (vec && !plan.vec) continue;  // no packs for this dim: the scalar run below covers it
     for (const emu::Schedule s : kSchedules) {
       if (!all_schedules && s != emu::Schedule::Lockstep && s != emu::Schedule::WarpSerialLazy) continue;
-      // NaN-filled outputs: an element the kernel does not write shows as a difference.
-      std::vector<T> h(n), y(n);
-      std::vector<float> rstd(rows);
-      std::memset(static_cast<void*>(h.data()), 0xFF, n * sizeof(T));
-      std::memset(static_cast<void*>(y.data()), 0xFF, n * sizeof(T));
-      std::memset(rstd.data(), 0xFF, rows * sizeof(float));
+      Poisoned<T> out(n, rows);
+      std::vector<T>& h = out.h;
+      std::vector<T>& y = out.y;
+      std::vector<float>& rstd = out.rstd;
       emu::set_schedule(s);
       cu::with_lanes(dim, [&](auto g) {
         constexpr int G = decltype(g)::value;
@@ -335,6 +346,65 @@ void wide_case(int64_t rows, int64_t dim) {
   }
 }
 
+// The wide forward (Note [Wide RMSNorm forward]) as rmsnorm.cu launches it, with and without
+// 16-byte packs, rms_norm and add_rms_norm: bit for bit the group-per-row kernels (which take the
+// wide order for these rows) under the schedules, and close to the CPU reference.
+template <bool kAdd, typename W>
+void wide_forward_case(int64_t rows, int64_t dim) {
+  using T = bf16_t;
+  const size_t n = static_cast<size_t>(rows * dim);
+  std::mt19937 gen(static_cast<unsigned>(rows * 104729 + dim * 17 + kAdd));
+  const std::vector<T> x = draw<T>(n, gen), res = draw<T>(n, gen);
+  const std::vector<W> w = draw<W>(static_cast<size_t>(dim), gen);
+  const DType wdt = std::is_same_v<W, float> ? DType::Float32 : DType::BFloat16;
+  std::vector<T> h_ref(n), y_ref(n), h_cpu(n), y_cpu(n);
+  std::vector<float> rstd_ref(rows), rstd_cpu(rows);
+  emu::set_schedule(emu::Schedule::Lockstep);
+  emu::launch(dim3(unsigned(cu::ceil_div(rows, cu::rows_per_block<32>()))), dim3(cu::kThreads), 0, [&] {
+    if constexpr (kAdd)
+      rn::add_rmsnorm_forward_kernel<32, T, W>(x.data(), res.data(), w.data(), h_ref.data(), y_ref.data(),
+                                               rstd_ref.data(), rows, dim, 1e-6f);
+    else
+      rn::rmsnorm_forward_kernel<32, T, W>(x.data(), w.data(), y_ref.data(), rstd_ref.data(), rows, dim, 1e-6f);
+  });
+  if constexpr (kAdd)
+    cpu::add_rmsnorm_forward(DType::BFloat16, wdt, x.data(), res.data(), w.data(), h_cpu.data(), y_cpu.data(),
+                             rstd_cpu.data(), rows, dim, 1e-6f, nullptr);
+  else
+    cpu::rmsnorm_forward(DType::BFloat16, wdt, x.data(), w.data(), y_cpu.data(), rstd_cpu.data(), rows, dim, 1e-6f,
+                         nullptr);
+  const std::string what = std::string(kAdd ? "add_rms_norm" : "rms_norm") + " wide, rows " + std::to_string(rows) +
+                           ", dim " + std::to_string(dim) + ", " + dtype_label<W>() + " w";
+  if (kAdd) expect_bits(what + ": h against the CPU", h_ref, h_cpu);
+  expect_close(what + ": y against the CPU", floats(y_ref), floats(y_cpu), 1e-2);
+  expect_close(what + ": rstd against the CPU", rstd_ref, rstd_cpu, 1e-5);
+  const int nc = rn::wide_forward_chunks<T>(dim);
+  if (nc == 0) {
+    std::printf("  %s: not a wide row\n", what.c_str());
+    ++g_failures;
+    return;
+  }
+  for (const bool vec : {true, false})
+    for (const emu::Schedule s : kSchedules) {
+      Poisoned<T> got(n, rows);
+      emu::set_schedule(s);
+      rn::with_wide_chunks(nc, [&](auto c) {
+        constexpr int NC = decltype(c)::value;
+        const auto kernel = vec ? rn::rmsnorm_forward_wide_kernel<NC, kAdd, true, W>
+                                : rn::rmsnorm_forward_wide_kernel<NC, kAdd, false, W>;
+        emu::launch(dim3(unsigned(cu::ceil_div(rows, int64_t(cu::kThreads / cu::kWarp)))), dim3(cu::kThreads), 0,
+                    [&] {
+                      kernel(x.data(), res.data(), w.data(), got.h.data(), got.y.data(), got.rstd.data(), rows, 1e-6f);
+                    });
+      });
+      const std::string tag = what + (vec ? ", 16-byte packs" : ", scalar") + ", " + schedule_name(s);
+      if (kAdd) expect_bits(tag + ": h", got.h, h_ref);
+      expect_bits(tag + ": y", got.y, y_ref);
+      expect_bits(tag + ": rstd", got.rstd, rstd_ref);
+    }
+  emu::set_schedule(emu::Schedule::Lockstep);
+}
+
 template <typename T, typename W>
 void few_rows_sweep(const std::vector<int64_t>& dims) {
   const int64_t row_counts[] = {1, 2, 3, 5, 8, 13, 16};
@@ -368,6 +438,16 @@ int main() {
   wide_case<float>(41, 768);
   wide_case<bf16_t>(300, 512);
   wide_case<float>(2000, 768);
+
+  // The wide forward: every width, rows that fill no block, one, several and a partial last one.
+  for (const int64_t dim : {256, 512, 768, 1024})
+    for (const int64_t rows : {1, 7, 9, 300}) {
+      wide_forward_case<true, float>(rows, dim);
+      wide_forward_case<false, float>(rows, dim);
+    }
+  wide_forward_case<true, bf16_t>(33, 768);
+  wide_forward_case<false, bf16_t>(33, 768);
+  std::printf("wide forward: %s\n", g_failures == 0 ? "ok" : "FAIL");
 
   // The few-row forward: dims across every G, odd ones, ones not a multiple of a pack (8 bf16,
   // 4 float32, 2 float64), up to kFewRowsMaxDim; each with 1 row and with 2..16 rows.

@@ -23,6 +23,7 @@
 //    then a reduction that keeps the better value and, of equal ones, the lower index (so the
 //    result does not depend on the order: the row's first maximum); thread 0 updates the state.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/rmsnorm.cuh"  // row_sum_sq: rms_norm's order
 
 namespace xt {
 namespace kernels {
@@ -225,7 +226,7 @@ __global__ void __launch_bounds__(kPrepThreads)
     const bool valid = r < H + Hkv, is_q = r < H;
     const T* x = !valid ? q : is_q ? q + (b * H + r) * D : k + (b * Hkv + (r - H)) * D;
     // Every lane of the group takes part in the sum's shuffles, valid or not.
-    const C inv = norm ? rms_rstd(group_sum_sq<G>(x, D, lane, valid), D, eps) : C(0);
+    const C inv = norm ? rms_rstd(rmsnorm::row_sum_sq<G>(x, D, lane, valid), D, eps) : C(0);  // rms_norm's order
     if (!valid || (!is_q && !slot_ok)) continue;
     const W* w = is_q ? wq : wk;
     T* y = is_q ? q_out + (b * H + r) * D : k_cache + ((b * L + p) * Hkv + (r - H)) * D;

@@ -25,7 +25,7 @@
 //
 // Head preparation: one block per token (b, s) with the position's cos/sin tabulated in shared
 // memory, G lanes per head row (common.cuh's lanes_for), rms_norm then rope with rmsnorm.cu's sum
-// order (group_sum_sq) and rounding points and kernels/common.h's row math (rms_rstd, rms_scaled,
+// order (row_sum_sq, Note [Wide RMSNorm forward]) and rounding points and kernels/common.h's row math (rms_rstd, rms_scaled,
 // rope_inv_freq, rope_cos_sin, rope_rotate) that rmsnorm.cu and rope.cu use: bitwise the composition.
 // For D in {32, 64, 128} the register kernels compute the same values with each row loaded once
 // and several rows in flight (Note [Head preparation in registers]).
@@ -820,7 +820,7 @@ __global__ void qk_norm_rope_forward_kernel(const T* q, const T* k, const W* wq,
   const int lane = threadIdx.x % G, half = D / 2;
   for_token_rows<G>(hr, [&](bool is_q, int64_t row, bool valid) {
     const T* x = (is_q ? q : k) + row * D;
-    const C ss = group_sum_sq<G>(x, D, lane, valid);
+    const C ss = rmsnorm::row_sum_sq<G>(x, D, lane, valid);  // rms_norm's order (Note [Wide RMSNorm forward])
     if (!valid) return;
     const C inv = rms_rstd(ss, D, eps);
     const W* w = is_q ? wq : wk;

@@ -31,6 +31,7 @@
 #pragma once
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"  // dynamic_smem()
+#include "kernels/cuda/rmsnorm.cuh"  // the norm's order (Note [Wide RMSNorm forward])
 
 namespace xt {
 namespace kernels {
@@ -201,8 +202,9 @@ __global__ void __launch_bounds__(kRowsThreads)
 //  - The norm's bits are rmsnorm_rows_kernel's (Note [Few rows: a block per row],
 //    kernels/cuda/rmsnorm.cuh), hence the group-per-row kernels': the same elementwise add and
 //    rounding; per row, lanes 0..G-1 of one warp (G = lanes_for(K)) sum the squares of elements
-//    l, l + G, ... in increasing order with `ss += e * e`, then group_sum's xor tree over G
-//    lanes; rms_rstd; y = v * rstd * w rounded once. The products are linear_rows_kernel's sums
+//    l, l + G, ... in increasing order with `ss += e * e` (wide bf16 rows: in the wide order of
+//    Note [Wide RMSNorm forward]), then group_sum's xor tree over G lanes; rms_rstd; y = v *
+//    rstd * w rounded once. The products are linear_rows_kernel's sums
 //    (same chunks, same order, same butterfly) over that y, so the output is bitwise the
 //    composition the unfused decode step ran.
 //  - kGlu (the MLP's gate and up, ws = {gate, up}): a warp takes column n of both weights, so
@@ -278,7 +280,10 @@ __global__ void __launch_bounds__(kRowsThreads)
   // Phase 2: row m's sum of squares by lanes 0..G-1 of warp m % kRowsWarps, in rms_norm's order.
   for (int m = warp; m < M; m += kRowsWarps) {
     C ss = 0;
-    if (lane < nm.G)
+    const int nc = nm.G == kWarp ? rmsnorm::wide_forward_chunks<T>(K) : 0;
+    if (nc > 0)  // Note [Wide RMSNorm forward] (rmsnorm.cuh)
+      ss = rmsnorm::wide_lane_sum_sq<C>(nc, lane, [&](int64_t j) { return rows[m * K + j]; });
+    else if (lane < nm.G)
 #pragma unroll 8
       for (int64_t j = lane; j < K; j += nm.G) {
         const C e = rows[m * K + j];

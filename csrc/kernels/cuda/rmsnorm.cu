@@ -87,7 +87,8 @@ __global__ void rmsnorm_dw_final_kernel(const C* partial, int nchunks, W* dw, in
 }
 
 // rms_norm (kAdd false: res and h null) and add_rms_norm forward: a block per row for a few rows
-// (Note [Few rows: a block per row], rmsnorm.cuh), else G lanes per row. Both give the same bits.
+// (Note [Few rows: a block per row], rmsnorm.cuh), else a warp per wide bf16 row (Note [Wide
+// RMSNorm forward]), else G lanes per row. All give the same bits for a given row.
 template <bool kAdd, typename T, typename W>
 void forward_typed(const T* x, const T* res, const W* w, T* h, T* y, float* rstd, int64_t rows, int64_t dim,
                    float eps, const OnStream& on) {
@@ -104,6 +105,19 @@ void forward_typed(const T* x, const T* res, const W* w, T* h, T* y, float* rstd
       else
         rmsnorm_rows_kernel<G, kAdd, false, T, W><<<blocks, plan.threads, plan.smem, on.s>>>(x, res, w, h, y, rstd,
                                                                                             dim, eps);
+    } else if (const int nc = wide_forward_chunks<T>(dim); nc > 0) {  // Note [Wide RMSNorm forward]
+      if constexpr (std::is_same_v<T, bf16_t>) {
+        const unsigned blocks = static_cast<unsigned>(ceil_div(rows, int64_t(kThreads / kWarp)));
+        with_wide_chunks(nc, [&](auto c) {
+          constexpr int NC = decltype(c)::value;
+          if (aligned16)
+            rmsnorm_forward_wide_kernel<NC, kAdd, true, W><<<blocks, kThreads, 0, on.s>>>(x, res, w, h, y, rstd, rows,
+                                                                                          eps);
+          else
+            rmsnorm_forward_wide_kernel<NC, kAdd, false, W><<<blocks, kThreads, 0, on.s>>>(x, res, w, h, y, rstd,
+                                                                                           rows, eps);
+        });
+      }
     } else {
       const unsigned blocks = static_cast<unsigned>(ceil_div(rows, rows_per_block<G>()));
       if constexpr (kAdd)

@@ -224,6 +224,141 @@ rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
   dw_tree<C, W>(partial, nparts, dw, dim, blockIdx.x);
 }
 
+// Note [Wide RMSNorm forward]
+// The forward's sum of squares fixes rstd's bits, so every kernel that normalises a row must add
+// the squares in one order. For bf16 rows of dim = 256 * NC (wide_forward_chunks: NC = 1..4, the
+// model widths 256 to 1024) that order is the wide kernel's: lane L of the row's warp adds its
+// elements [256c + 8L, 256c + 8L + 8) chunk by chunk (c = 0, 1, ..., each chunk's 8 in order),
+// each as ss = fma(v, v, ss) from 0, then group_sum<32>. So a lane's elements are 16 contiguous
+// bytes per chunk, and rmsnorm_forward_wide_kernel moves x, res, h and y in 16-byte packs (a
+// warp's request covers 512 bytes instead of the lane-strided kernels' 64: those ran add_rms_norm
+// at ~2.9 TB/s, 69 us per call for 32768 rows of 768 on the H200, 200 MB). The other kernels
+// that sum such a row's squares take the same order through row_sum_sq / wide_lane_sum_sq: the
+// group-per-row rms_norm, the few-row kernel (Note [Few rows: a block per row]), the decode
+// step's fused norm (linear_rows.cuh) and the head preparations (qk_norm_rope's general forward,
+// decode_prep) at head dims 256 and up; lanes_for gives every such row G = 32. Other widths and
+// types keep group_sum_sq's lane-strided order. Elementwise values (h, y = v * rstd * w) do not
+// depend on the order. tests/emu/rmsnorm_emu.cpp and linear_rows_emu.cpp compare the kernels
+// bit for bit.
+constexpr int kWideFwdMaxChunks = 4;
+template <typename T>
+constexpr int wide_forward_chunks(int64_t dim) {
+  return std::is_same_v<T, bf16_t> && dim >= kWideChunk && dim % kWideChunk == 0 &&
+                 dim / kWideChunk <= kWideFwdMaxChunks
+             ? static_cast<int>(dim / kWideChunk)
+             : 0;
+}
+
+// Lane `lane`'s part of a wide row's sum of squares, at(j) giving element j in the compute type.
+template <typename C, typename F>
+__device__ __forceinline__ C wide_lane_sum_sq(int nc, int lane, F&& at) {
+  C ss = 0;
+  for (int c = 0; c < nc; ++c)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const C v = at(static_cast<int64_t>(c) * kWideChunk + lane * 8 + e);
+      ss = fma_dev(v, v, ss);
+    }
+  return ss;
+}
+
+// A row's sum of squares over its group (every lane gets it) in the order Note [Wide RMSNorm
+// forward] fixes: the wide order for wide rows, else group_sum_sq's.
+template <int G, typename T>
+__device__ __forceinline__ compute_t<T> row_sum_sq(const T* x, int64_t dim, int lane, bool valid) {
+  using C = compute_t<T>;
+  if constexpr (G == kWarp) {
+    const int nc = wide_forward_chunks<T>(dim);
+    if (nc > 0)
+      return group_sum<G>(valid ? wide_lane_sum_sq<C>(nc, lane, [&](int64_t j) { return load(x, j); }) : C(0));
+  }
+  return group_sum_sq<G>(x, dim, lane, valid);
+}
+
+// rms_norm (kAdd false: res and h unused) or add_rms_norm forward of wide bf16 rows, a warp per
+// row (Note [Wide RMSNorm forward]); kVec: 16-byte packs (x, res, h, y 16-byte aligned), else the
+// same elements one by one (the same bits).
+template <int NC, bool kAdd, bool kVec, typename W>
+__global__ void __launch_bounds__(kThreads)
+rmsnorm_forward_wide_kernel(const bf16_t* __restrict__ x, const bf16_t* __restrict__ res, const W* __restrict__ w,
+                            bf16_t* __restrict__ h, bf16_t* __restrict__ y, float* __restrict__ rstd, int64_t rows,
+                            float eps) {
+  using T = bf16_t;
+  using C = float;
+  using P = Pack<T, 8>;
+  constexpr int dim = NC * kWideChunk;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / kWarp) + threadIdx.x / kWarp;
+  if (r >= rows) return;  // a whole warp: the shuffles below are the warp's own
+  const int64_t base = r * dim + lane * 8;
+  P a[NC], b[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {  // every load of the row before any use
+    if constexpr (kVec) {
+      a[c] = *reinterpret_cast<const P*>(x + base + c * kWideChunk);
+      if constexpr (kAdd) b[c] = *reinterpret_cast<const P*>(res + base + c * kWideChunk);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        a[c].v[e] = x[base + c * kWideChunk + e];
+        if constexpr (kAdd) b[c].v[e] = res[base + c * kWideChunk + e];
+      }
+    }
+  }
+  C v[NC][8];
+  C ss = 0;
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      C t = to_compute(a[c].v[e]);
+      if constexpr (kAdd) {
+        t = rounded<T>(apply_binary(BinaryOp::Add, t, to_compute(b[c].v[e])));  // h as ops::add rounds it
+        a[c].v[e] = from_compute<T>(t);
+      }
+      v[c][e] = t;
+      ss = fma_dev(t, t, ss);  // wide_lane_sum_sq's order and expression
+    }
+  if constexpr (kAdd) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      if constexpr (kVec) {
+        *reinterpret_cast<P*>(h + base + c * kWideChunk) = a[c];
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) h[base + c * kWideChunk + e] = a[c].v[e];
+      }
+    }
+  }
+  ss = group_sum<kWarp>(ss);
+  const C inv = rms_rstd(ss, dim, eps);
+  if (lane == 0) rstd[r] = static_cast<float>(inv);
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    P o;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      o.v[e] = from_compute<T>(static_cast<C>(v[c][e] * inv * static_cast<C>(load(w, c * kWideChunk + lane * 8 + e))));
+    if constexpr (kVec) {
+      *reinterpret_cast<P*>(y + base + c * kWideChunk) = o;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) y[base + c * kWideChunk + e] = o.v[e];
+    }
+  }
+}
+
+// Calls fn(std::integral_constant<int, NC>{}) for NC = wide_forward_chunks (1..kWideFwdMaxChunks).
+template <typename Fn>
+void with_wide_chunks(int nc, Fn&& fn) {
+  switch (nc) {
+    case 1: fn(std::integral_constant<int, 1>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 3: fn(std::integral_constant<int, 3>{}); break;
+    default: fn(std::integral_constant<int, 4>{}); break;
+  }
+}
+
 // y = rmsnorm(x): G lanes per row (group_row), rows_per_block<G>() rows per block.
 template <int G, typename T, typename W>
 __global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
@@ -233,7 +368,7 @@ __global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const W* __restr
   const bool valid = r < rows;  // every lane takes part in the shuffles
   const int lane = threadIdx.x % G;
   const T* xr = x + (valid ? r : 0) * dim;
-  const C ss = group_sum_sq<G>(xr, dim, lane, valid);
+  const C ss = row_sum_sq<G>(xr, dim, lane, valid);  // Note [Wide RMSNorm forward]
   if (!valid) return;
   T* yr = y + r * dim;
   const C inv = rms_rstd(ss, dim, eps);
@@ -267,6 +402,13 @@ __global__ void add_rmsnorm_forward_kernel(const T* __restrict__ x, const T* __r
       store(hr, j, v);
       ss += v * v;
     }
+  }
+  if constexpr (G == kWarp) {  // Note [Wide RMSNorm forward]: a wide row's squares in the wide order
+    const int nc = wide_forward_chunks<T>(dim);
+    if (nc > 0 && valid)
+      ss = wide_lane_sum_sq<C>(nc, lane, [&](int64_t j) {
+        return rounded<T>(apply_binary(BinaryOp::Add, load(xr, j), load(rr, j)));
+      });
   }
   ss = group_sum<G>(ss);
   if (!valid) return;
@@ -358,7 +500,10 @@ rmsnorm_rows_kernel(const T* __restrict__ x, const T* __restrict__ res, const W*
   // takes part in group_sum's shuffles; lanes G..31 are another group's and are not used).
   if (tid < kWarp) {
     C ss = 0;
-    if (tid < G)
+    const int nc = G == kWarp ? wide_forward_chunks<T>(dim) : 0;
+    if (nc > 0)  // Note [Wide RMSNorm forward]
+      ss = wide_lane_sum_sq<C>(nc, tid, [&](int64_t j) { return row[j]; });
+    else if (tid < G)
 #pragma unroll 8
       for (int64_t j = tid; j < dim; j += G) {
         const C e = row[j];
