@@ -222,9 +222,9 @@ void prep_dw_tree_cases() {
       const std::vector<float> pq = randn(size_t(nparts) * D, 31 + nparts), pk = randn(size_t(nparts) * D, 32 + D);
       std::vector<float> want_q(D), want_k(D), got_q(D, -1.f), got_k(D, -1.f);
       const dim3 grid(unsigned(cu::ceil_div(D, rn::kFinalCols)));
-      emu::launch(grid, dim3(cu::kThreads), rn::tree_smem<float>(),
+      emu::launch(grid, dim3(rn::kTreeThreads), rn::tree_smem<float>(),
                   [&] { rn::rmsnorm_dw_tree_kernel<float, float>(pq.data(), nparts, want_q.data(), D); });
-      emu::launch(grid, dim3(cu::kThreads), rn::tree_smem<float>(),
+      emu::launch(grid, dim3(rn::kTreeThreads), rn::tree_smem<float>(),
                   [&] { rn::rmsnorm_dw_tree_kernel<float, float>(pk.data(), nparts, want_k.data(), D); });
       fl::OnePassSide<float, float> qs{}, ks{};
       qs.partial = const_cast<float*>(pq.data());
@@ -232,7 +232,7 @@ void prep_dw_tree_cases() {
       qs.dw = got_q.data();
       ks.dw = got_k.data();
       qs.nblocks = ks.nblocks = nparts;
-      emu::launch(dim3(grid.x, 2), dim3(cu::kThreads), rn::tree_smem<float>(),
+      emu::launch(dim3(grid.x, 2), dim3(rn::kTreeThreads), rn::tree_smem<float>(),
                   [&] { fl::qk_norm_rope_dw_tree_kernel<float, float>(qs, ks, D); });
       expect("dw tree bitwise rmsnorm_dw_tree_kernel's, D " + std::to_string(D) + ", " + std::to_string(nparts) +
                  " partial rows",
@@ -396,7 +396,7 @@ void composed_side(const Buf<T>& x, const std::vector<float>& w, const std::vect
                                                      plan.rows_per_block);
   });
   if (plan.nblocks > 1)
-    emu::launch(dim3(unsigned(cu::ceil_div(D, rn::kFinalCols))), dim3(cu::kThreads), rn::tree_smem<C>(),
+    emu::launch(dim3(unsigned(cu::ceil_div(D, rn::kFinalCols))), dim3(rn::kTreeThreads), rn::tree_smem<C>(),
                 [&] { rn::rmsnorm_dw_tree_kernel<C, float>(partial.data(), plan.nblocks, dw.data(), D); });
 }
 
@@ -465,7 +465,7 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
     }
   }
   if (qs.nblocks > 1 || ks.nblocks > 1)
-    emu::launch(dim3(unsigned(cu::ceil_div(D, rn::kFinalCols)), 2), dim3(cu::kThreads), rn::tree_smem<C>(),
+    emu::launch(dim3(unsigned(cu::ceil_div(D, rn::kFinalCols)), 2), dim3(rn::kTreeThreads), rn::tree_smem<C>(),
                 [&] { fl::qk_norm_rope_dw_tree_kernel<T, float>(qs, ks, D); });
   if (info)
     *info = "G " + std::to_string(G) + "; q: " + std::to_string(qs.nblocks) + " blocks of " +

@@ -90,7 +90,7 @@ void cuda_backward(const std::vector<T>& x, const std::vector<float>& w, const s
                                                      dim, plan.rows_per_block);
   });
   if (plan.nblocks > 1)
-    emu::launch(dim3(unsigned(cu::ceil_div(dim, rn::kFinalCols))), dim3(cu::kThreads), rn::tree_smem<C>(),
+    emu::launch(dim3(unsigned(cu::ceil_div(dim, rn::kFinalCols))), dim3(rn::kTreeThreads), rn::tree_smem<C>(),
                 [&] { rn::rmsnorm_dw_tree_kernel<C, float>(partial.data(), plan.nblocks, dw.data(), dim); });
   std::printf("  (G %d, %lld blocks of %lld rows)\n", G, static_cast<long long>(plan.nblocks),
               static_cast<long long>(plan.rows_per_block));
@@ -313,7 +313,7 @@ void wide_case(int64_t rows, int64_t dim) {
       }
     });
     if (plan.nblocks > 1)
-      emu::launch(dim3(unsigned(cu::ceil_div(dim, rn::kFinalCols))), dim3(cu::kThreads), rn::tree_smem<float>(),
+      emu::launch(dim3(unsigned(cu::ceil_div(dim, rn::kFinalCols))), dim3(rn::kTreeThreads), rn::tree_smem<float>(),
                   [&] { rn::rmsnorm_dw_tree_kernel<float, W>(partial.data(), plan.nblocks, dw.data(), dim); });
   };
   for (const bool with_res : {false, true}) {

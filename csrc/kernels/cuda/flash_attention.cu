@@ -281,7 +281,8 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
       }
       if (part_q + part_k > 0) {
         flash::qk_norm_rope_dw_tree_kernel<T, W>
-            <<<dim3(static_cast<unsigned>(ceil_div(D, rmsnorm::kFinalCols)), 2), kThreads, rmsnorm::tree_smem<C>(),
+            <<<dim3(static_cast<unsigned>(ceil_div(D, rmsnorm::kFinalCols)), 2), rmsnorm::kTreeThreads,
+               rmsnorm::tree_smem<C>(),
                on.s>>>(qs, ks, static_cast<int>(D));
         XT_LAUNCH_CHECK();
       }

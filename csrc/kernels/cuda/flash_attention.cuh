@@ -1062,13 +1062,13 @@ qk_norm_rope_backward_onepass_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W>
 }
 
 // dw of the sides with more than one block (blockIdx.y: 0 = q, 1 = k): rmsnorm::dw_tree's sums
-// (block = kFinalCols columns x kFinalSlices slices; slice s adds partial rows s, s + 8, ... in
-// order, then slice 0 adds the slice sums in order), with a slice's rows loaded kTreeBatch at a
-// time before they are added: two blocks (one per side) walk up to 128 rows per thread, and a
-// load-then-add loop waited for a memory round trip every few rows (10 us on the H200).
+// (block = kFinalCols columns x kFinalSlices slices; slice s adds partial rows s, s +
+// kFinalSlices, ... in order, then slice 0 adds the slice sums in order), with a slice's rows
+// loaded kTreeBatch at a time before they are added: at head dims <= 32 there are only two blocks
+// (one per side), and a load-then-add loop waited for a memory round trip every few rows.
 constexpr int kTreeBatch = 32;
 template <typename T, typename W>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(rmsnorm::kTreeThreads)
 qk_norm_rope_dw_tree_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int D) {
   using C = compute_t<T>;
   using rmsnorm::kFinalCols;

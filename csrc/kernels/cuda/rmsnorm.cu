@@ -139,7 +139,7 @@ void onepass_with_tree(const OnePassPlan& plan, W* dw, int64_t dim, const OnStre
   }
   Scratch partial(sizeof(C) * static_cast<size_t>(plan.nblocks * dim), on);
   launch(partial.as<C>());
-  rmsnorm_dw_tree_kernel<C, W><<<static_cast<unsigned>(ceil_div(dim, kFinalCols)), kThreads, tree_smem<C>(), on.s>>>(
+  rmsnorm_dw_tree_kernel<C, W><<<static_cast<unsigned>(ceil_div(dim, kFinalCols)), kTreeThreads, tree_smem<C>(), on.s>>>(
       partial.as<C>(), plan.nblocks, dw, dim);
   XT_LAUNCH_CHECK();
 }
