@@ -15,6 +15,7 @@ measured (the profiler cannot see xtrain's CPU kernels). JSON into bench/results
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from collections import defaultdict
 
@@ -30,17 +31,23 @@ def timeline(intervals, steps: int, per_step: int, top: int = 10) -> dict:
     count once), split into the gaps where the GPU went from busy to idle: their count, median,
     90th percentile and total per step, the largest ones with the activities around them, and the
     last whole step's activities in order (name, start from the step's first, duration), which says
-    which node precedes which gap (e.g. which GEMM comes with a cuBLAS memset)."""
+    which node precedes which gap (e.g. which GEMM comes with a cuBLAS memset). When the window
+    holds exactly steps x per_step activities, each gap also counts towards the step of the
+    activity after it (so a step's idle includes the wait before its first node): the median and
+    largest step's idle, which tell a steady step from a one-off host stall in the window."""
     iv = sorted((float(a), float(b), str(n)) for a, b, n in intervals)
     if not iv or steps <= 0:
         return {}
     gaps = []  # (length_us, name before, name after)
+    by_step = [0.0] * steps if per_step > 0 and len(iv) == steps * per_step else None
     busy = 0.0
     cur_start, cur_end, cur_name = iv[0]
-    for a, b, n in iv[1:]:
+    for i, (a, b, n) in enumerate(iv[1:], start=1):
         if a > cur_end:
             busy += cur_end - cur_start
             gaps.append((a - cur_end, cur_name, n))
+            if by_step is not None:
+                by_step[i // per_step] += a - cur_end
             cur_start, cur_end, cur_name = a, b, n
         elif b >= cur_end:
             cur_end, cur_name = b, n
@@ -56,6 +63,8 @@ def timeline(intervals, steps: int, per_step: int, top: int = 10) -> dict:
         seq = [[n[:80], round(a - t0, 2), round(b - a, 2)] for a, b, n in last]
     return {"window_ms": (iv[-1][1] - iv[0][0]) / 1000, "busy_ms_per_step": busy / 1000 / steps,
             "idle_ms_per_step": sum(lengths) / 1000 / steps, "gaps_per_step": len(lengths) / steps,
+            "idle_ms_step_median": statistics.median(by_step) / 1000 if by_step else None,
+            "idle_ms_step_max": max(by_step) / 1000 if by_step else None,
             "gap_us_median": pct(0.5), "gap_us_p90": pct(0.9),
             "largest_gaps": [{"us": round(g, 2), "after": x[:80], "before": y[:80]}
                              for g, x, y in sorted(gaps, reverse=True)[:top]],
@@ -130,7 +139,8 @@ def main(argv=None):
     rows = [{"kernel": name[:90], "calls/step": calls / args.steps, "ms/step": us / 1000 / args.steps,
              "share": us / 1000 / args.steps / kernel_ms if kernel_ms else 0.0}
             for name, (calls, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1])]
-    mode = f"CUDA graphs ({sg.num_nodes} nodes per step)" if sg.active else f"eager ({sg.disabled})"
+    mode = (f"CUDA graphs ({sg.num_nodes} nodes per step, {sg.memsets_as_kernels} memsets as kernels)"
+            if sg.active else f"eager ({sg.disabled})")
     head = (f"profile_step: {args.preset} batch {args.batch} x seq {args.seq}, "
             f"{'bf16' if args.bf16 else 'fp32'}{', recompute' if args.recompute else ''}, vocab {args.vocab}, "
             f"{device}, {mode}: wall {wall_ms:.2f} ms/step")
@@ -141,7 +151,9 @@ def main(argv=None):
     tl = timeline(intervals, args.steps, round(len(intervals) / args.steps)) if intervals else {}
     if tl:
         big = ", ".join(f"{g['us']:.1f} us after {g['after'][:40]}" for g in tl["largest_gaps"][:3])
-        print(f"timeline: busy {tl['busy_ms_per_step']:.2f} ms/step, idle {tl['idle_ms_per_step']:.2f} ms/step "
+        per = (f" (per step: median {tl['idle_ms_step_median']:.3f}, largest {tl['idle_ms_step_max']:.3f} ms)"
+               if tl["idle_ms_step_median"] is not None else "")
+        print(f"timeline: busy {tl['busy_ms_per_step']:.2f} ms/step, idle {tl['idle_ms_per_step']:.2f} ms/step{per} "
               f"in {tl['gaps_per_step']:.0f} gaps per step (median {tl['gap_us_median']:.2f} us, p90 "
               f"{tl['gap_us_p90']:.2f} us); largest: {big}")
     if rows:

@@ -51,6 +51,16 @@ def test_profile_timeline_counts_overlap_once_and_names_the_gaps():
     assert tl["largest_gaps"][0] == {"us": 80.0, "after": "c", "before": "a"}
     assert tl["largest_gaps"][1]["after"] == "b" and tl["largest_gaps"][1]["before"] == "c"
     assert tl["step_sequence"] == [["a", 0.0, 10.0], ["b", 5.0, 7.0], ["c", 14.0, 6.0]]
+    # per step: the first step's 2 us; the second's 80 us wait before it and its own 2 us
+    assert abs(tl["idle_ms_step_max"] * 1000 - 82.0) < 1e-9
+    assert abs(tl["idle_ms_step_median"] * 1000 - 42.0) < 1e-9
+    # three steps, one with a stall before it: the median is a steady step's idle
+    iv3 = [(t + a, t + b, n) for t in (0.0, 30.0, 500.0) for a, b, n in iv[:3]]
+    tl3 = timeline(iv3, steps=3, per_step=3)
+    assert abs(tl3["idle_ms_step_median"] * 1000 - 12.0) < 1e-9  # 2 inside + 10 before it
+    assert abs(tl3["idle_ms_step_max"] * 1000 - 452.0) < 1e-9
+    # a window that is not whole steps has no per-step split
+    assert timeline(iv[:5], steps=2, per_step=3)["idle_ms_step_median"] is None
     assert timeline([], 2, 3) == {}
 
 

@@ -168,7 +168,7 @@ class _RunAtOnce:
     def __init__(self, device=0, share_pool_with=None):
         type(self).made += 1
         self.index = type(self).made
-        self.num_nodes, self.replays = 10 * self.index, 0
+        self.num_nodes, self.replays, self.memsets_as_kernels = 10 * self.index, 0, self.index
 
     def capture_begin(self):
         if self.index == type(self).fail_at:

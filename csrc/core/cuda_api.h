@@ -89,6 +89,8 @@ class Graph {
   bool capturing() const { return capturing_; }
   bool captured() const { return exec_ != nullptr; }
   int64_t num_nodes() const { return nodes_; }  // kernels, copies, memsets of the graph
+  // memset nodes written as kernel nodes (Note [Memset nodes as kernels] in graph_memset.cu)
+  int64_t memsets_as_kernels() const { return memsets_as_kernels_; }
   int64_t replays() const { return replays_; }
   int device() const { return device_; }
   uint64_t pool_id() const;
@@ -100,6 +102,7 @@ class Graph {
   void* exec_ = nullptr;  // cudaGraphExec_t
   bool capturing_ = false;
   int64_t nodes_ = 0;
+  int64_t memsets_as_kernels_ = 0;
   int64_t replays_ = 0;
   std::shared_ptr<GraphPool> pool_;
   std::unique_ptr<PoolRedirect> redirect_;  // this capture's allocator redirect

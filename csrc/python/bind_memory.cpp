@@ -159,6 +159,9 @@ void init_memory(py::module_& m) {
       .def_property_readonly("captured", &cuda::Graph::captured)
       .def_property_readonly("num_nodes", &cuda::Graph::num_nodes,
                              "Nodes of the graph: kernels, copies and memsets, i.e. the launches one replay saves")
+      .def_property_readonly("memsets_as_kernels", &cuda::Graph::memsets_as_kernels,
+                             "Captured memsets written as kernel nodes (Note [Memset nodes as kernels]; "
+                             "0 under XT_GRAPH_KEEP_MEMSETS=1)")
       .def_property_readonly("replays", &cuda::Graph::replays)
       .def_property_readonly("device", &cuda::Graph::device)
       .def_property_readonly("pool_id", &cuda::Graph::pool_id, "The private pool's id (0 before the capture)");

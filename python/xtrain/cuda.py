@@ -53,7 +53,7 @@ def empty_cache(device=None):
 
 # ---- CUDA graphs (docs/cuda.md, "Graph capture")
 # Graph(device, share_pool_with=None): capture_begin(), capture_end(), replay(), abort_capture(),
-# num_nodes, replays. CPU-only builds have the class, and constructing one raises RuntimeError.
+# num_nodes, memsets_as_kernels, replays. CPU-only builds have the class, and constructing one raises RuntimeError.
 Graph = _C.cuda.Graph
 is_capturing = _C.cuda.is_capturing
 

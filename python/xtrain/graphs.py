@@ -117,6 +117,11 @@ class StepGraphs:
         return (self.fwd.num_nodes + self.upd.num_nodes) if self.active else 0
 
     @property
+    def memsets_as_kernels(self) -> int:
+        """Of num_nodes, the captured memsets replayed as kernel nodes (Note [Memset nodes as kernels])."""
+        return (self.fwd.memsets_as_kernels + self.upd.memsets_as_kernels) if self.active else 0
+
+    @property
     def replays(self) -> int:
         return self.upd.replays if self.active else 0
 
@@ -245,7 +250,7 @@ class StepGraphs:
         self._weights_changed()
         self.fwd, self.upd, self.shape, self.loss, self.norm = fwd, upd, shape, loss, norm
         self.note(f"xtrain: CUDA graphs: step captured after {self.eager_steps} eager steps, "
-                  f"{self.num_nodes} nodes per replay (graph memory "
+                  f"{self.num_nodes} nodes per replay ({self.memsets_as_kernels} memsets as kernels; graph memory "
                   f"{xtrain.memory_stats(device)['pool_bytes.current'] / 2**20:,.0f} MiB)")
         return loss, norm
 

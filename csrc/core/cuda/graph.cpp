@@ -9,10 +9,16 @@
 //    the pool is destroyed.
 //  - Replays run on the capturing thread's stream, so the pool's blocks (bound to that stream) and
 //    the eager work around each replay are ordered by the stream alone: no host sync, no event.
+//  - Before instantiation the captured memset nodes become kernel nodes writing the same bytes
+//    (Note [Memset nodes as kernels] in graph_memset.cu; XT_GRAPH_KEEP_MEMSETS=1 keeps them).
 #include <cuda_runtime.h>
 
 #include "core/allocator.h"
+#include <cstdlib>
+#include <cstring>
+
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/graph_memset.h"
 #include "core/cuda_api.h"
 #include "core/error.h"
 
@@ -111,6 +117,14 @@ void Graph::capture_end() {
   if (err != cudaSuccess || graph == nullptr) {
     if (graph) cudaGraphDestroy(graph);
     throw_capture_error(err != cudaSuccess ? err : cudaErrorStreamCaptureInvalidated, "capture");
+  }
+  const char* keep = std::getenv("XT_GRAPH_KEEP_MEMSETS");
+  if (!(keep && std::strcmp(keep, "1") == 0)) {
+    memsets_as_kernels_ = memset_nodes_to_kernels(graph, &err);
+    if (err != cudaSuccess) {
+      cudaGraphDestroy(graph);
+      throw_capture_error(err, "memset rewrite (Note [Memset nodes as kernels])");
+    }
   }
   size_t n = 0;
   err = cudaGraphGetNodes(graph, nullptr, &n);
