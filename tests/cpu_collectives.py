@@ -60,6 +60,10 @@ class RankCollectives:
     def barrier(self):
         self._gather(("barrier",), np.zeros(1, np.float32))
 
+    def note_replay(self):
+        """A replayed graph's collectives (RankComm.note_replay): nothing to time here."""
+        self.calls.append("note_replay")
+
 
 class ThreadCollectives:
     """The shared side for `world` rank threads; rank(r) is rank r's RankCollectives. abort() and

@@ -298,9 +298,9 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     graphs_note = None
     if device.startswith("cuda"):  # on the CPU the switch is a no-op: every step is eager
         blocked = None if cfg.cuda_graphs else "switched off (--no-cuda-graphs)"
-        blocked = blocked or graphs.graph_blockers(device, model, data_parallel=dp is not None)
+        blocked = blocked or graphs.graph_blockers(device, model)
         run.graphs = graphs.StepGraphs(model, optimizer, plan.accum, cfg.grad_clip, blocked=blocked,
-                                       note=lambda msg: _note(run, msg))
+                                       note=lambda msg: _note(run, msg), dp=dp)
         graphs_note = (f"CUDA graphs: the step is captured after {run.graphs.warmup} eager steps and replayed"
                        if blocked is None else f"CUDA graphs off: {blocked}; every step runs eagerly")
     if ctx.is_main:
