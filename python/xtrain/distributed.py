@@ -582,15 +582,17 @@ class DataParallelAdamW:
         if self.shard:  # ZeRO-1: this rank's moments only (already so for AdamW(..., shard=(rank, world)))
             optimizer.keep_moments(self.chunks)
 
-    def step(self, max_norm: float | None, extra=(), guard=None, prepared: bool = False):
+    def step(self, max_norm: float | None, extra=(), guard=None, prepared: bool = False,
+             zero_grad: bool = True):
         """Average the gradients over the ranks, clip them to `max_norm` (None or <= 0: no clip),
         update the parameters and clear the gradients. `extra`: float32/bf16 tensors (the step's
         detached loss) averaged in the same launch. guard: a scalar tensor (the loss, once averaged
         as one of `extra`): the update is skipped on every rank when it or the global norm is not
         finite (AdamW.step's guard). prepared: AdamW.prepare_step() already advanced the step count
         and wrote its constants to the device (the step captured into a CUDA graph,
-        xtrain.graphs.StepGraphs). Returns the global gradient norm before clipping (a device
-        scalar; no host sync)."""
+        xtrain.graphs.StepGraphs). zero_grad=False leaves the gradients set (the capture: the
+        gradients must still be there should the step have to run eagerly after all). Returns the
+        global gradient norm before clipping (a device scalar; no host sync)."""
         opt, store, comm = self.opt, self.store, self.ctx.comm
         missing = store.sync_grads()
         if missing:
@@ -600,7 +602,8 @@ class DataParallelAdamW:
         if not self.shard:
             comm.all_reduce([store.grads, *extra], "avg")
             norm = opt.clip_and_step(max_norm, guard, prepared=prepared)
-            opt.zero_grad(set_to_none=True)
+            if zero_grad:
+                opt.zero_grad(set_to_none=True)
             return norm
         comm.reduce_scatter(self._region_grads, "avg", extra)
         norm = _C.optim.global_norm(self.grad_chunks)
@@ -618,7 +621,8 @@ class DataParallelAdamW:
             store.mark_compute_current(partial=True)
         else:
             comm.all_gather(self._region_params)
-        opt.zero_grad(set_to_none=True)
+        if zero_grad:
+            opt.zero_grad(set_to_none=True)
         return norm
 
     def replayed(self) -> None:

@@ -95,10 +95,10 @@ class StepGraphs:
     Data parallel (dp: an xtrain.distributed.DataParallelAdamW): the second graph is dp.step (the
     gradient average, clipping and AdamW, with their NCCL collectives), and every rank captures
     at the same step (the same warm-up, the same batch shapes). Each capture's outcome is agreed
-    over the ranks (dp.ctx.exchange) before anything captured runs, so the ranks' collectives
-    always meet: a failed forward capture on any rank makes every rank run the step eagerly; a
-    failed update capture makes that rank finish the step eagerly while the others replay their
-    update once (the same collectives in the same order); either way all stay eager after."""
+    over the ranks (dp.ctx.exchange) before anything captured runs: NCCL requires a collective
+    to be launched from a graph on every rank or on none. A capture that failed on any rank makes
+    every rank run that part of the step eagerly (a captured graph is dropped unlaunched; the
+    captured update leaves the gradients set for that), and all stay eager after."""
 
     def __init__(self, model, optimizer, accum: int, max_norm: float | None, *,
                  warmup: int = WARMUP_STEPS, note=print, blocked: str | None = None, dp=None):
@@ -194,7 +194,7 @@ class StepGraphs:
         """The second graph's work (clip + AdamW; data parallel: with the gradient average)."""
         if self.dp is None:
             return self.opt.clip_and_step(self.max_norm, loss, prepared=prepared)
-        return self.dp.step(self.max_norm, extra=[loss], guard=loss, prepared=prepared)
+        return self.dp.step(self.max_norm, extra=[loss], guard=loss, prepared=prepared, zero_grad=not prepared)
 
     def _agreed(self, stage: str, ok: bool) -> bool:
         """Data parallel: True when every rank's capture of `stage` succeeded (a host exchange,
@@ -280,10 +280,12 @@ class StepGraphs:
                 norm = self._update(loss, prepared=True)
         except Exception as e:
             failure = e
-        agreed = self._agreed(stage, failure is None)
+        if not self._agreed(stage, failure is None) and failure is None:
+            # NCCL: whether a collective runs from a graph must be the same on every rank, so a
+            # graph whose capture succeeded here is dropped unlaunched when another rank's failed
+            failure = RuntimeError("another rank's capture failed")
         if failure is not None:
-            # forward and backward ran (graph 1): finish the step eagerly (data parallel: the ranks
-            # whose capture succeeded replay it once below, issuing the same collectives)
+            # forward and backward ran (graph 1): finish the step eagerly, from its gradients
             self._give_up(stage, failure, keep_grads=True)
             opt.step_count -= 1
             norm = self._update(loss, prepared=False)
@@ -296,12 +298,6 @@ class StepGraphs:
         self._weights_changed()
         if self.dp is not None:
             self.dp.replayed()
-        if not agreed:
-            # Another rank's capture failed and it ran this update eagerly: this replay issued the
-            # same collectives in the same order. From the next step on every rank runs eagerly.
-            self._give_up(stage, RuntimeError("another rank's capture failed"), keep_grads=True)
-            del fwd, upd
-            return loss, norm
         self.fwd, self.upd, self.shape, self.loss, self.norm = fwd, upd, shape, loss, norm
         self.note(f"xtrain: CUDA graphs: step captured after {self.eager_steps} eager steps, "
                   f"{self.num_nodes} nodes per replay ({self.memsets_as_kernels} memsets as kernels; graph memory "
