@@ -91,6 +91,29 @@ class ThreadCollectives:
         pass
 
 
+def run_rank_threads(shared, fn, timeout=60):
+    """fn(rank) on one thread per rank of `shared` (a ThreadCollectives; threads named rank0,
+    rank1, ...); returns the results in rank order. A rank that raises breaks the others'
+    collectives (their barrier aborts); the first exception is re-raised."""
+    results, errors = [None] * shared.world, []
+
+    def main(rank):
+        try:
+            results[rank] = fn(rank)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+            shared.barrier.abort()
+
+    threads = [threading.Thread(target=main, args=(r,), name=f"rank{r}") for r in range(shared.world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if errors:
+        raise errors[0]
+    return results
+
+
 class FileCollectives(RankCollectives):
     """This process's rank, exchanging arrays as .npy files in `directory` (call k of rank r writes
     k.r.npy and waits for every rank's k.*.npy). Also the communicator run_process wants: made by

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import xtrain
-from cpu_collectives import ThreadCollectives
+from cpu_collectives import ThreadCollectives, run_rank_threads
 from modelhelp import prepared_stories, run_log, tiny_run
 from xtrain import graphs, ops, runconfig
 from xtrain.distributed import DataParallelAdamW, RankContext
@@ -323,46 +323,34 @@ def _dp_run(world, shard, bf16, use_graphs, steps=3, defer=False):
     launch = SimpleNamespace(shared={}, stop=threading.Event(), origin=None, devices=list(range(world)))
     rng = np.random.default_rng(3)
     batches = [rng.integers(0, 64, (2 * world, 17)) for _ in range(steps + 1)]
-    results, errors = [None] * world, []
 
     def main(rank):
-        try:
-            comm = shared.rank(rank)
-            ctx = RankContext(rank, world, "cpu", _CapturedCollectives(comm) if defer else comm, launch)
-            model = TinyTransformer(TransformerConfig(**SMALL, bf16=bf16), device="cpu", seed=0)
-            opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)
-            dp = DataParallelAdamW(opt, ctx, shard=shard)
-            notes = []
-            sg = graphs.StepGraphs(model, opt, 1, 1.0, note=notes.append, dp=dp) if use_graphs else None
-            values = []
-            for w in batches[:steps]:
-                w = w[2 * rank:2 * rank + 2]
-                out = sg.step(w[:, :-1], w[:, 1:]) if sg is not None else None
-                if out is None:
-                    loss = graphs.forward_backward(model, w[:, :-1], w[:, 1:], 1)
-                    norm = dp.step(1.0, extra=[loss], guard=loss)
-                    if sg is not None:
-                        sg.eager()
-                    out = (loss, norm)
-                values.append((out[0].item(), out[1].item()))
-            if sg is not None and sg.active:  # one replay: nothing runs (stand-in), bookkeeping only
-                w = batches[steps][2 * rank:2 * rank + 2]
-                assert sg.step(w[:, :-1], w[:, 1:]) is not None
-            dp.gather_state()
-            results[rank] = (values, {n: p.numpy().copy() for n, p in model.named_parameters()},
-                             opt.moment_arrays(), opt.step_count, notes, sg, ctx.comm.calls, model.store)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-            shared.barrier.abort()
+        comm = shared.rank(rank)
+        ctx = RankContext(rank, world, "cpu", _CapturedCollectives(comm) if defer else comm, launch)
+        model = TinyTransformer(TransformerConfig(**SMALL, bf16=bf16), device="cpu", seed=0)
+        opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)
+        dp = DataParallelAdamW(opt, ctx, shard=shard)
+        notes = []
+        sg = graphs.StepGraphs(model, opt, 1, 1.0, note=notes.append, dp=dp) if use_graphs else None
+        values = []
+        for w in batches[:steps]:
+            w = w[2 * rank:2 * rank + 2]
+            out = sg.step(w[:, :-1], w[:, 1:]) if sg is not None else None
+            if out is None:
+                loss = graphs.forward_backward(model, w[:, :-1], w[:, 1:], 1)
+                norm = dp.step(1.0, extra=[loss], guard=loss)
+                if sg is not None:
+                    sg.eager()
+                out = (loss, norm)
+            values.append((out[0].item(), out[1].item()))
+        if sg is not None and sg.active:  # one replay: nothing runs (stand-in), bookkeeping only
+            w = batches[steps][2 * rank:2 * rank + 2]
+            assert sg.step(w[:, :-1], w[:, 1:]) is not None
+        dp.gather_state()
+        return (values, {n: p.numpy().copy() for n, p in model.named_parameters()},
+                opt.moment_arrays(), opt.step_count, notes, sg, ctx.comm.calls, model.store)
 
-    threads = [threading.Thread(target=main, args=(r,), name=f"rank{r}") for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return results
+    return run_rank_threads(shared, main)
 
 
 @pytest.mark.parametrize("fail_at", [None, ("rank1", 1), ("rank0", 1)],
@@ -380,7 +368,7 @@ def test_data_parallel_capture_step_equals_eager_on_every_rank(monkeypatch, shar
     eager = _dp_run(2, shard, bf16, use_graphs=False)
     captured = _dp_run(2, shard, bf16, use_graphs=True)
     for rank in range(2):
-        (v0, p0, (m0, s0), c0, _, _, _, _), (v1, p1, (m1, s1), c1, notes, sg, calls, store) = eager[rank], captured[rank]
+        (v0, p0, (m0, s0), c0, _, _, _, _), (v1, p1, (m1, s1), c1, _, sg, calls, store) = eager[rank], captured[rank]
         assert v0 == v1, rank
         for n in p0:
             np.testing.assert_array_equal(p0[n], p1[n], err_msg=f"rank {rank} {n}")
