@@ -84,9 +84,31 @@ def timed(fn, device: str) -> tuple[float, np.ndarray]:
     return time.perf_counter() - t0, out
 
 
+def decode_gaps(intervals) -> dict:
+    """The GPU's idle in the second half of a generate() call's window, by then only replayed
+    decode steps (the prefill, the warm-up step and the capture come first): the idle share of
+    that half, and its gaps (count, median, the largest with the activities around them, the
+    last step's sequence: profile_step.timeline). intervals: (start_us, end_us, name)."""
+    from profile_step import timeline
+
+    iv = sorted(intervals)
+    if not iv:
+        return {}
+    mid = (iv[0][0] + iv[-1][1]) / 2
+    tail = [x for x in iv if x[0] >= mid]
+    if len(tail) < 2:
+        return {}
+    tl = timeline(tail, 1, 0, top=5)
+    window_ms = tl["window_ms"]
+    return {"tail_window_ms": window_ms, "tail_idle_share": tl["idle_ms_per_step"] / window_ms if window_ms else 0.0,
+            "gaps": int(tl["gaps_per_step"]), "gap_us_median": tl["gap_us_median"], "gap_us_p90": tl["gap_us_p90"],
+            "largest_gaps": tl["largest_gaps"]}
+
+
 def profile_cached(generate, steps: int) -> dict:
-    """GPU kernel time of one cached generate() call per decode step, and the top kernels (the
-    profiler sees the kernels of replayed graphs as well)."""
+    """GPU kernel time of one cached generate() call per decode step, the top kernels (the
+    profiler sees the kernels of replayed graphs as well) and the idle between them
+    (decode_gaps)."""
     from collections import defaultdict
 
     from torch.profiler import ProfilerActivity, profile
@@ -94,14 +116,17 @@ def profile_cached(generate, steps: int) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         generate()
     per_name = defaultdict(lambda: [0, 0.0])
+    intervals = []
     for e in prof.events():
         if e.device_type.name == "CUDA":
             per_name[e.name][0] += 1
             per_name[e.name][1] += e.device_time / 1e3
+            intervals.append((e.time_range.start, e.time_range.end, e.name))
     total = sum(ms for _, ms in per_name.values())
     top = sorted(per_name.items(), key=lambda kv: -kv[1][1])[:12]
     return {"gpu_ms_per_step": total / steps, "kernels_per_step": sum(n for n, _ in per_name.values()) / steps,
-            "top": [{"kernel": k[:90], "calls_per_step": n / steps, "ms_per_step": ms / steps} for k, (n, ms) in top]}
+            "top": [{"kernel": k[:90], "calls_per_step": n / steps, "ms_per_step": ms / steps} for k, (n, ms) in top],
+            "idle": decode_gaps(intervals)}
 
 
 def main(argv=None) -> None:
@@ -150,6 +175,12 @@ def main(argv=None) -> None:
                   f"{row['profile']['kernels_per_step']:.0f} kernels per step, graph nodes {row['graph_nodes']}")
             for k in row["profile"]["top"]:
                 print(f"  {k['ms_per_step']:.4f} ms {k['calls_per_step']:5.1f}x  {k['kernel']}")
+            idle = row["profile"]["idle"]
+            if idle:
+                big = ", ".join(f"{g['us']:.1f} us before {g['before'][:40]}" for g in idle["largest_gaps"][:3])
+                print(f"  replayed steps (the call's second half): GPU idle {100 * idle['tail_idle_share']:.1f}%, "
+                      f"{idle['gaps']} gaps (median {idle['gap_us_median']:.2f} us, p90 {idle['gap_us_p90']:.2f} us); "
+                      f"largest: {big}")
         model.generate(prompts, 4, greedy=True, cuda_graphs=False)
         t, eager = timed(lambda: model.generate(prompts, args.new_tokens, greedy=True, cuda_graphs=False), device)
         row.update(eager_s=t, eager_tok_s=B * args.new_tokens / t, eager_step_ms=1e3 * t / args.new_tokens,

@@ -64,6 +64,22 @@ def test_profile_timeline_counts_overlap_once_and_names_the_gaps():
     assert timeline([], 2, 3) == {}
 
 
+def test_decode_gaps_reads_the_second_half_of_the_window():
+    decode_gaps = _bench_function("generate", "decode_gaps")
+    # a 50 us prefill with a 30 us gap inside it, then steps of two 4 us kernels 1 us apart and
+    # 2 us between steps: only the steps (the window's second half) are read
+    iv = [(0.0, 10.0, "prefill"), (40.0, 50.0, "prefill")]
+    t = 50.0
+    for _ in range(20):
+        iv += [(t + 2, t + 6, "a"), (t + 7, t + 11, "b")]
+        t += 11
+    out = decode_gaps(list(reversed(iv)))
+    assert out["gap_us_median"] == 1.0 and out["largest_gaps"][0]["us"] == 2.0
+    assert out["largest_gaps"][0]["after"] == "b" and out["largest_gaps"][0]["before"] == "a"
+    assert abs(out["tail_idle_share"] - 3 / 11) < 0.05  # 3 us idle per 11 us step
+    assert decode_gaps([]) == {}
+
+
 def test_fresh_compile_caches_keeps_a_carried_inductor_cache(monkeypatch, tmp_path):
     """gpu_session's INDUCTOR_CACHE=1 carries max-autotune's tuning between calls: the bench must
     leave that cache directory in place (it moved every compile to a new one before e5ecece)."""
