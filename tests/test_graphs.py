@@ -313,12 +313,13 @@ def _rank_generators(monkeypatch):
                         lambda device=None: gens.setdefault(threading.current_thread().name, xtrain._C.Generator()))
 
 
-def _dp_run(world, shard, bf16, use_graphs, steps=3, defer=False):
+def _dp_run(world, shard, bf16, use_graphs, steps=3, defer=False, gather_between=False):
     """`world` rank threads (stand-in collectives), each a TinyTransformer + DataParallelAdamW over
     its rows of the same batches; with use_graphs through StepGraphs(dp=...), else dp.step. Returns
     per rank: the (loss, norm) values, the weights, the moments, the step count, the notes, the
     StepGraphs and the collectives called. defer: collectives queued inside a capture are
-    recorded, not run (_CapturedCollectives)."""
+    recorded, not run (_CapturedCollectives). gather_between: after the replay, gather_state()
+    (a checkpoint's) and one more replay."""
     shared = ThreadCollectives(world)
     launch = SimpleNamespace(shared={}, stop=threading.Event(), origin=None, devices=list(range(world)))
     rng = np.random.default_rng(3)
@@ -346,6 +347,9 @@ def _dp_run(world, shard, bf16, use_graphs, steps=3, defer=False):
         if sg is not None and sg.active:  # one replay: nothing runs (stand-in), bookkeeping only
             w = batches[steps][2 * rank:2 * rank + 2]
             assert sg.step(w[:, :-1], w[:, 1:]) is not None
+            if gather_between:
+                dp.gather_state()
+                assert sg.step(w[:, :-1], w[:, 1:]) is not None
         dp.gather_state()
         return (values, {n: p.numpy().copy() for n, p in model.named_parameters()},
                 opt.moment_arrays(), opt.step_count, notes, sg, ctx.comm.calls, model.store)
@@ -432,8 +436,10 @@ def test_data_parallel_replay_keeps_gathered_bf16_copies_current(monkeypatch):
         seen.append((store._partial, store._compute_version == store._params_version()))
 
     monkeypatch.setattr(graphs.StepGraphs, "_weights_changed", spy)
-    _dp_run(2, shard=True, bf16=True, use_graphs=True)
-    assert seen and all(partial and current for partial, current in seen), seen
+    _dp_run(2, shard=True, bf16=True, use_graphs=True, gather_between=True)
+    # per rank: the capture step, a replay, and a replay after gather_state() made the float32
+    # weights whole (and the store's record not partial): the copies marked current each time
+    assert len(seen) == 6 and all(partial and current for partial, current in seen), seen
 
 
 def test_blocked_step_graphs_never_capture():
@@ -550,7 +556,9 @@ def test_data_parallel_graph_steps_equal_eager_steps_bitwise(tmp_path, data, dev
     if len(devices) > xtrain.cuda.device_count():
         pytest.skip(f"needs {len(devices)} GPUs")
     steps = 8
-    ev = dict(eval_every=3, eval_batches=1)
+    # a checkpoint at step 4 gathers the sharded weights between replays; the evaluations after
+    # it must still read the bf16 copies the replayed updates gathered
+    ev = dict(eval_every=3, eval_batches=1, save_every=4)
     for name, on in (("eager", False), ("graphs", True)):
         train_data_parallel(tiny_run(tmp_path / name, data, steps, "cuda", cuda_graphs=on, **ev, **kw), devices)
     assert _step_values(tmp_path / "graphs") == _step_values(tmp_path / "eager")

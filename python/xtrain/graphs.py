@@ -203,16 +203,21 @@ class StepGraphs:
             return ok
         return all(self.dp.ctx.exchange(f"xtrain.graphs:{stage}", bool(ok)))
 
+    def _gathers_copies(self) -> bool:
+        """Sharded data parallel with bf16 copies: the update gathers the copies, and the float32
+        weights are then current in this rank's chunk only (DataParallelAdamW._cast)."""
+        return self.dp is not None and self.dp._cast
+
     def _weights_changed(self) -> None:
         # The update wrote the float32 weights on the device without the host seeing it. One
         # device: the bf16 copies must be cast again by the next eager forward (the replayed graph
         # always casts). Sharded data parallel with bf16 copies: the update gathered the copies
         # themselves (only this rank's chunk of the float32 weights is current), as an eager
-        # step leaves them.
+        # step leaves them, whatever gather_state() made of the store's record in between.
         store = getattr(self.model, "store", None)
         if store is None:
             return
-        if store._partial:
+        if self._gathers_copies():
             store.mark_compute_current(partial=True)
         else:
             store._compute_version = None
@@ -243,10 +248,12 @@ class StepGraphs:
             xtrain.cuda.empty_cache(device)
             opt.zero_grad(set_to_none=True)   # the first backward writes the slots (=), as eagerly
             store = getattr(model, "store", None)
-            if store is not None and not store._partial:
-                # the bf16 cast is part of every replay (sharded data parallel: the update gathers
-                # the copies, so the forward graph reads them as they are)
-                store._compute_version = None
+            if store is not None and not self._gathers_copies():
+                store._compute_version = None  # the bf16 cast is part of every replay
+            elif store is not None and store._compute_version != store._params_version():
+                # sharded bf16: the forward graph reads the copies the update gathers and must not
+                # cast (every replay would cast from float32 weights current in one chunk only)
+                raise RuntimeError("the bf16 weight copies are not current before the capture")
             fwd = xtrain.cuda.Graph(index)
             gen.begin_capture(self.rng)  # Note [Random draws in captured graphs]
             try:
