@@ -87,8 +87,8 @@ def timed(fn, device: str) -> tuple[float, np.ndarray]:
 def decode_gaps(intervals) -> dict:
     """The GPU's idle in the second half of a generate() call's window, by then only replayed
     decode steps (the prefill, the warm-up step and the capture come first): the idle share of
-    that half, and its gaps (count, median, the largest with the activities around them, the
-    last step's sequence: profile_step.timeline). intervals: (start_us, end_us, name)."""
+    that half, and its gaps (count, median, 90th percentile, the largest with the activities
+    around them; profile_step.timeline). intervals: (start_us, end_us, name)."""
     from profile_step import timeline
 
     iv = sorted(intervals)

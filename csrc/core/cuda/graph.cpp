@@ -13,10 +13,10 @@
 //    (Note [Memset nodes as kernels] in graph_memset.cu; XT_GRAPH_KEEP_MEMSETS=1 keeps them).
 #include <cuda_runtime.h>
 
-#include "core/allocator.h"
 #include <cstdlib>
 #include <cstring>
 
+#include "core/allocator.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/graph_memset.h"
 #include "core/cuda_api.h"
