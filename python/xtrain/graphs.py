@@ -49,8 +49,8 @@ import xtrain
 WARMUP_STEPS = 2
 
 
-def graph_blockers(device: str, model) -> str | None:
-    """Why the training step of `model` on `device` cannot be captured, or None when it can."""
+def graph_blockers(device: str) -> str | None:
+    """Why the training step on `device` cannot be captured, or None when it can."""
     if not str(device).startswith("cuda"):
         return "not a CUDA device"
     if not xtrain.cuda.is_available():

@@ -298,7 +298,7 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     graphs_note = None
     if device.startswith("cuda"):  # on the CPU the switch is a no-op: every step is eager
         blocked = None if cfg.cuda_graphs else "switched off (--no-cuda-graphs)"
-        blocked = blocked or graphs.graph_blockers(device, model)
+        blocked = blocked or graphs.graph_blockers(device)
         run.graphs = graphs.StepGraphs(model, optimizer, plan.accum, cfg.grad_clip, blocked=blocked,
                                        note=lambda msg: _note(run, msg), dp=dp)
         graphs_note = (f"CUDA graphs: the step is captured after {run.graphs.warmup} eager steps and replayed"
