@@ -442,6 +442,19 @@ def test_data_parallel_replay_keeps_gathered_bf16_copies_current(monkeypatch):
     assert len(seen) == 6 and all(partial and current for partial, current in seen), seen
 
 
+def test_closed_step_graphs_run_eagerly(monkeypatch):
+    monkeypatch.setattr(xtrain.cuda, "Graph", _RunAtOnce)
+    monkeypatch.setattr(_RunAtOnce, "made", 0)
+    monkeypatch.setattr(_RunAtOnce, "fail_at", None)
+    model = TinyTransformer(TransformerConfig(**SMALL), device="cpu", seed=0)
+    sg = graphs.StepGraphs(model, AdamW(model.named_parameters(), lr=1e-2), 1, 1.0, note=lambda m: None, warmup=0)
+    ids = np.zeros((2, 16), np.int64)
+    assert sg.step(ids, ids) is not None and sg.active
+    sg.close()
+    assert not sg.active and sg.loss is None and sg.disabled.startswith("closed")
+    assert sg.step(ids, ids) is None  # the caller runs it eagerly
+
+
 def test_blocked_step_graphs_never_capture():
     model = TinyTransformer(TransformerConfig(**SMALL), device="cpu")
     sg = graphs.StepGraphs(model, AdamW(model.named_parameters()), 1, 1.0, blocked="switched off", warmup=0)
@@ -517,6 +530,45 @@ def test_replay_from_another_thread_is_refused():
     t.start()
     t.join()
     assert errors and "thread that captured it" in errors[0]
+
+
+@needs_gpu
+def test_graph_replayed_on_an_ended_thread_is_freed_safely():
+    # a data-parallel rank's graphs can outlive its thread (freed later by the garbage collector,
+    # elsewhere): that thread's stream is destroyed at its exit, so the graph must not sync it
+    held = []
+
+    def rank():
+        x = xtrain.tensor(np.ones(1 << 16, np.float32), device="cuda")
+        g = xtrain.cuda.Graph(0)
+        with xtrain.cuda.graph(g):
+            y = ops.mul(x, 2.0)
+        g.replay()
+        held.append((g, y.numpy()))
+
+    t = threading.Thread(target=rank)
+    t.start()
+    t.join()
+    g, y = held.pop()
+    assert g.replays == 1 and float(y[0]) == 2.0
+    del g
+    xtrain.cuda.synchronize()
+    assert ops.sum(ops.mul(xtrain.tensor(np.ones(4, np.float32), device="cuda"), 2.0)).item() == 8.0
+
+
+@needs_gpu
+def test_train_drops_its_graphs_when_the_steps_end(tmp_path, data, monkeypatch):
+    closed = []
+    real = graphs.StepGraphs.close
+
+    def close(self):
+        closed.append(self.replays)
+        real(self)
+        assert self.fwd is None and self.upd is None and not self.active
+
+    monkeypatch.setattr(graphs.StepGraphs, "close", close)
+    train(tiny_run(tmp_path, data, 5, "cuda", cuda_graphs=True))
+    assert closed == [5 - graphs.WARMUP_STEPS]
 
 
 # ---------------------------------------------------------------- training with graphs (GPU)

@@ -158,6 +158,9 @@ class _OneRankContext:
         self.calls.append(("exchange", key))
         return [value]
 
+    def note_replay(self):
+        self.calls.append("note_replay")
+
     def describe(self):
         return f"1 GPU ({self.device})"
 

@@ -133,6 +133,17 @@ class StepGraphs:
     def replays(self) -> int:
         return self.upd.replays if self.active else 0
 
+    def close(self) -> None:
+        """Drop the captured graphs; any later step runs eagerly. Call it on the thread that
+        captured them once the steps are done: their memory is bound to that thread's stream, and
+        (data parallel) NCCL keeps a communicator alive while a graph holding its collectives
+        exists (destroying the communicator waits for those graphs), so the rank's graphs must go
+        before the launcher destroys it, not whenever the garbage collector frees them."""
+        if self.disabled is None:
+            self.disabled = "closed after the run's steps"
+        self.fwd = self.upd = None
+        self.loss = self.norm = None
+
     def eager(self) -> None:
         """The caller ran a step eagerly (counts towards the warm-up)."""
         self.eager_steps += 1
