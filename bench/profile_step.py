@@ -102,7 +102,7 @@ def main(argv=None):
             for x, y in common.random_batches(args.vocab, args.batch, args.seq, 4, args.seed)]
     # train.py's step: clip + AdamW in one pass; on a GPU replayed as CUDA graphs after
     # graphs.WARMUP_STEPS eager steps and the capture, unless --no-cuda-graphs
-    blocked = graphs.graph_blockers(device, model) if args.cuda_graphs else "--no-cuda-graphs"
+    blocked = graphs.graph_blockers(device) if args.cuda_graphs else "--no-cuda-graphs"
     sg = graphs.StepGraphs(model, opt, 1, 1.0, blocked=blocked, note=lambda m: print(m, flush=True))
 
     def step(i):

@@ -75,7 +75,7 @@ class XtrainTrainer:
         self.model = TinyTransformer(cfg, device=device, seed=seed)
         self.opt = AdamW(self.model.named_parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
         self.oom = xtrain.OutOfMemoryError
-        self.blocked = graphs.graph_blockers(device, self.model) if use_graphs else "--cuda-graphs off"
+        self.blocked = graphs.graph_blockers(device) if use_graphs else "--cuda-graphs off"
         self.sg = None  # StepGraphs of the current setting, made at the first step
 
     @property

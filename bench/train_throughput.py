@@ -78,7 +78,7 @@ def _train_xtrain(args, cfg, batches, device, use_graphs: bool = False):
     state = {"i": 0, "loss": None}
     # train.py's step: on a GPU, captured after graphs.WARMUP_STEPS eager steps and replayed (the
     # batch is copied into the graph's static inputs first: a device-to-device copy of the ids).
-    blocked = graphs.graph_blockers(device, model) if use_graphs else "the eager row (--cuda-graphs)"
+    blocked = graphs.graph_blockers(device) if use_graphs else "the eager row (--cuda-graphs)"
     sg = graphs.StepGraphs(model, opt, 1, 1.0, blocked=blocked, note=lambda m: print(m, flush=True))
 
     def step():

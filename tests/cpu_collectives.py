@@ -60,6 +60,10 @@ class RankCollectives:
     def barrier(self):
         self._gather(("barrier",), np.zeros(1, np.float32))
 
+    def note_replay(self):
+        """A replayed graph's collectives (RankComm.note_replay): nothing to time here."""
+        self.calls.append("note_replay")
+
 
 class ThreadCollectives:
     """The shared side for `world` rank threads; rank(r) is rank r's RankCollectives. abort() and
@@ -85,6 +89,29 @@ class ThreadCollectives:
 
     def close(self):
         pass
+
+
+def run_rank_threads(shared, fn, timeout=60):
+    """fn(rank) on one thread per rank of `shared` (a ThreadCollectives; threads named rank0,
+    rank1, ...); returns the results in rank order. A rank that raises breaks the others'
+    collectives (their barrier aborts); the first exception is re-raised."""
+    results, errors = [None] * shared.world, []
+
+    def main(rank):
+        try:
+            results[rank] = fn(rank)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+            shared.barrier.abort()
+
+    threads = [threading.Thread(target=main, args=(r,), name=f"rank{r}") for r in range(shared.world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if errors:
+        raise errors[0]
+    return results
 
 
 class FileCollectives(RankCollectives):

@@ -9,13 +9,17 @@ to N eager steps, bitwise (fp32, bf16, accumulation, recompute, dropout, a poiso
 
 import json
 import math
+import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import xtrain
+from cpu_collectives import ThreadCollectives, run_rank_threads
 from modelhelp import prepared_stories, run_log, tiny_run
 from xtrain import graphs, ops, runconfig
+from xtrain.distributed import DataParallelAdamW, RankContext
 from xtrain.models import TinyTransformer, TransformerConfig
 from xtrain.optim import AdamW
 from xtrain.train import TrainConfig, train
@@ -79,14 +83,13 @@ def test_switch_is_a_no_op_on_the_cpu(tmp_path, data):
 
 
 def test_graph_blockers():
-    model = TinyTransformer(TransformerConfig(**SMALL), device="cpu")
-    assert graphs.graph_blockers("cpu", model) == "not a CUDA device"
-    assert "data-parallel" in graphs.graph_blockers("cuda:0", model, data_parallel=True)
-    dropped = TinyTransformer(TransformerConfig(**SMALL, dropout=0.1), device="cpu")
-    # dropout no longer blocks (Note [Random draws in captured graphs])
-    assert graphs.graph_blockers("cuda:0", dropped) == graphs.graph_blockers("cuda:0", model)
+    # the device alone decides: neither dropout (Note [Random draws in captured graphs]) nor data
+    # parallel (StepGraphs(dp=...)) blocks the capture any more
+    assert graphs.graph_blockers("cpu") == "not a CUDA device"
     if not xtrain.cuda.is_available():
-        assert graphs.graph_blockers("cuda:0", model) == "CUDA is not available"
+        assert graphs.graph_blockers("cuda:0") == "CUDA is not available"
+    else:
+        assert graphs.graph_blockers("cuda:0") is None
 
 
 def test_graph_needs_a_gpu():
@@ -244,6 +247,214 @@ def test_capture_step_bookkeeping(monkeypatch, fail_at, accum, dropout):
         np.testing.assert_array_equal(s0[n], s1[n], err_msg=n)
 
 
+class _RankGraph(_RunAtOnce):
+    """_RunAtOnce for rank threads: fail_at = (thread name, n): that thread's n-th graph fails to
+    capture (1: its forward+backward, 2: its update). capturing(): whether this thread is inside
+    a capture."""
+    counts = {}
+    _local = threading.local()
+
+    def __init__(self, device=0, share_pool_with=None):
+        super().__init__(device, share_pool_with)
+        me = threading.current_thread().name
+        self.counts[me] = self.counts.get(me, 0) + 1
+        self.nth = (me, self.counts[me])
+
+    def capture_begin(self):
+        if self.nth == type(self).fail_at:
+            raise RuntimeError("a host-to-device copy cannot run while this thread captures a CUDA graph")
+        self.deferred = []
+        self._local.graph = self
+
+    def capture_end(self):
+        self._local.graph = None
+
+    def abort_capture(self):
+        self._local.graph = None
+
+    def replay(self):
+        super().replay()
+        for run in getattr(self, "deferred", []):
+            run()
+
+    @classmethod
+    def capturing(cls):
+        """The stand-in graph this thread is capturing, or None."""
+        return getattr(cls._local, "graph", None)
+
+
+class _CapturedCollectives:
+    """A rank's stand-in collectives that, as NCCL's, do not run while the thread captures: they
+    run at each replay of the stand-in graph (the other captured work ran at once)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if name not in ("all_reduce", "reduce_scatter", "all_gather", "broadcast"):
+            return attr
+
+        def collective(*args, **kw):
+            g = _RankGraph.capturing()
+            if g is not None:
+                self.inner.calls.append(f"captured {name}")
+                g.deferred.append(lambda: attr(*args, **kw))
+                return None
+            return attr(*args, **kw)
+        return collective
+
+
+def _rank_generators(monkeypatch):
+    """One generator per rank thread for StepGraphs' capture bookkeeping: the rank threads of these
+    CPU tests share the one CPU device (on GPUs each rank's device has its own generator)."""
+    gens = {}
+    monkeypatch.setattr(xtrain, "default_generator",
+                        lambda device=None: gens.setdefault(threading.current_thread().name, xtrain._C.Generator()))
+
+
+def _dp_run(world, shard, bf16, use_graphs, steps=3, defer=False, gather_between=False):
+    """`world` rank threads (stand-in collectives), each a TinyTransformer + DataParallelAdamW over
+    its rows of the same batches; with use_graphs through StepGraphs(dp=...), else dp.step. Returns
+    per rank: the (loss, norm) values, the weights, the moments, the step count, the notes, the
+    StepGraphs and the collectives called. defer: collectives queued inside a capture are
+    recorded, not run (_CapturedCollectives). gather_between: after the replay, gather_state()
+    (a checkpoint's) and one more replay."""
+    shared = ThreadCollectives(world)
+    launch = SimpleNamespace(shared={}, stop=threading.Event(), origin=None, devices=list(range(world)))
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(0, 64, (2 * world, 17)) for _ in range(steps + 1)]
+
+    def main(rank):
+        comm = shared.rank(rank)
+        ctx = RankContext(rank, world, "cpu", _CapturedCollectives(comm) if defer else comm, launch)
+        model = TinyTransformer(TransformerConfig(**SMALL, bf16=bf16), device="cpu", seed=0)
+        opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)
+        dp = DataParallelAdamW(opt, ctx, shard=shard)
+        notes = []
+        sg = graphs.StepGraphs(model, opt, 1, 1.0, note=notes.append, dp=dp) if use_graphs else None
+        values = []
+        for w in batches[:steps]:
+            w = w[2 * rank:2 * rank + 2]
+            out = sg.step(w[:, :-1], w[:, 1:]) if sg is not None else None
+            if out is None:
+                loss = graphs.forward_backward(model, w[:, :-1], w[:, 1:], 1)
+                norm = dp.step(1.0, extra=[loss], guard=loss)
+                if sg is not None:
+                    sg.eager()
+                out = (loss, norm)
+            values.append((out[0].item(), out[1].item()))
+        if sg is not None and sg.active:  # one replay: nothing runs (stand-in), bookkeeping only
+            w = batches[steps][2 * rank:2 * rank + 2]
+            assert sg.step(w[:, :-1], w[:, 1:]) is not None
+            if gather_between:
+                dp.gather_state()
+                assert sg.step(w[:, :-1], w[:, 1:]) is not None
+        dp.gather_state()
+        return (values, {n: p.numpy().copy() for n, p in model.named_parameters()},
+                opt.moment_arrays(), opt.step_count, notes, sg, ctx.comm.calls, model.store)
+
+    return run_rank_threads(shared, main)
+
+
+@pytest.mark.parametrize("fail_at", [None, ("rank1", 1), ("rank0", 1)],
+                         ids=["captured", "rank1-forward-fails", "rank0-forward-fails"])
+@pytest.mark.parametrize("shard,bf16", [(True, True), (True, False), (False, True)],
+                         ids=["shard-bf16", "shard-fp32", "allreduce-bf16"])
+def test_data_parallel_capture_step_equals_eager_on_every_rank(monkeypatch, shard, bf16, fail_at):
+    """StepGraphs(dp=...): the capture step (the stand-in runs the captured work at once) gives
+    every rank the eager data-parallel step's values, weights and moments; a capture that fails on
+    one rank turns the graphs off on every rank, agreed before anything captured runs."""
+    monkeypatch.setattr(xtrain.cuda, "Graph", _RankGraph)
+    monkeypatch.setattr(_RankGraph, "counts", {})
+    monkeypatch.setattr(_RankGraph, "fail_at", fail_at)
+    _rank_generators(monkeypatch)
+    eager = _dp_run(2, shard, bf16, use_graphs=False)
+    captured = _dp_run(2, shard, bf16, use_graphs=True)
+    for rank in range(2):
+        (v0, p0, (m0, s0), c0, _, _, _, _), (v1, p1, (m1, s1), c1, _, sg, calls, store) = eager[rank], captured[rank]
+        assert v0 == v1, rank
+        for n in p0:
+            np.testing.assert_array_equal(p0[n], p1[n], err_msg=f"rank {rank} {n}")
+            np.testing.assert_array_equal(m0[n], m1[n], err_msg=f"rank {rank} {n}")
+            np.testing.assert_array_equal(s0[n], s1[n], err_msg=f"rank {rank} {n}")
+        if fail_at is None:
+            # captured at step 2 on both ranks, then one replay: its count, its watchdog note
+            assert sg.active and sg.replays == 2 and c1 == c0 + 1 == 4
+            assert calls.count("note_replay") == 2
+            # sharded bf16: the update gathers the bf16 copies, which stay current after a replay
+            # (only this rank's chunk of the float32 weights is); else the next eager forward casts
+            assert store._partial is False  # gather_state() at the end made the weights whole
+        else:
+            assert not sg.active and sg.disabled.startswith("capture of the forward and backward failed")
+            own = fail_at[0] == f"rank{rank}"
+            assert ("RuntimeError: a host-to-device copy" in sg.disabled) == own, sg.disabled
+            assert ("another rank's capture failed" in sg.disabled) == (not own), sg.disabled
+            assert "note_replay" not in calls and c1 == c0 == 3
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_data_parallel_update_capture_failing_on_one_rank(monkeypatch, failing):
+    """The update's capture fails on one rank only: no rank launches its captured update (NCCL
+    wants a collective graph-launched on every rank or on none); every rank runs the update
+    eagerly from the gradients the capture left set, and eagerly from then on. The stand-in
+    collectives of a capture are recorded, not run (as NCCL's: they run at a replay), so only the
+    bookkeeping is compared here; the values are the GPU tests'."""
+    monkeypatch.setattr(xtrain.cuda, "Graph", _RankGraph)
+    monkeypatch.setattr(_RankGraph, "counts", {})
+    monkeypatch.setattr(_RankGraph, "fail_at", (f"rank{failing}", 2))
+    _rank_generators(monkeypatch)
+    results = _dp_run(2, True, True, use_graphs=True, defer=True)
+    for rank, (values, _, _, count, notes, sg, calls, _) in enumerate(results):
+        own = rank == failing
+        assert len(values) == 3 and count == 3 and not sg.active, rank
+        assert sg.disabled.startswith("capture of the gradient average + clip + AdamW failed"), sg.disabled
+        assert ("another rank's capture failed" in sg.disabled) == (not own), sg.disabled
+        captured = [c for c in calls if c.startswith("captured")]
+        # the rank whose capture succeeded queued its collectives into the graph, never launched
+        assert (captured == ["captured reduce_scatter", "captured all_reduce", "captured all_gather"]) == (not own), calls
+        assert "note_replay" not in calls, calls
+        # then the same eager collectives on both ranks: 2 warm-up steps and this one
+        eager = [c for c in calls if c in ("reduce_scatter", "all_reduce", "all_gather")]
+        assert eager[:9] == ["reduce_scatter", "all_reduce", "all_gather"] * 3, calls
+
+
+def test_data_parallel_replay_keeps_gathered_bf16_copies_current(monkeypatch):
+    """Sharded bf16: after a replay the store marks the compute copies current (the update graph
+    gathered them), so an eager forward between replays (an evaluation) reads them instead of
+    casting from float32 weights that are current in this rank's chunk only."""
+    monkeypatch.setattr(xtrain.cuda, "Graph", _RankGraph)
+    monkeypatch.setattr(_RankGraph, "counts", {})
+    monkeypatch.setattr(_RankGraph, "fail_at", None)
+    _rank_generators(monkeypatch)
+    seen = []
+    real = graphs.StepGraphs._weights_changed
+
+    def spy(self):
+        real(self)
+        store = self.model.store
+        seen.append((store._partial, store._compute_version == store._params_version()))
+
+    monkeypatch.setattr(graphs.StepGraphs, "_weights_changed", spy)
+    _dp_run(2, shard=True, bf16=True, use_graphs=True, gather_between=True)
+    # per rank: the capture step, a replay, and a replay after gather_state() made the float32
+    # weights whole (and the store's record not partial): the copies marked current each time
+    assert len(seen) == 6 and all(partial and current for partial, current in seen), seen
+
+
+def test_closed_step_graphs_run_eagerly(monkeypatch):
+    monkeypatch.setattr(xtrain.cuda, "Graph", _RunAtOnce)
+    monkeypatch.setattr(_RunAtOnce, "made", 0)
+    monkeypatch.setattr(_RunAtOnce, "fail_at", None)
+    model = TinyTransformer(TransformerConfig(**SMALL), device="cpu", seed=0)
+    sg = graphs.StepGraphs(model, AdamW(model.named_parameters(), lr=1e-2), 1, 1.0, note=lambda m: None, warmup=0)
+    ids = np.zeros((2, 16), np.int64)
+    assert sg.step(ids, ids) is not None and sg.active
+    sg.close()
+    assert not sg.active and sg.loss is None and sg.disabled.startswith("closed")
+    assert sg.step(ids, ids) is None  # the caller runs it eagerly
+
+
 def test_blocked_step_graphs_never_capture():
     model = TinyTransformer(TransformerConfig(**SMALL), device="cpu")
     sg = graphs.StepGraphs(model, AdamW(model.named_parameters()), 1, 1.0, blocked="switched off", warmup=0)
@@ -321,6 +532,45 @@ def test_replay_from_another_thread_is_refused():
     assert errors and "thread that captured it" in errors[0]
 
 
+@needs_gpu
+def test_graph_replayed_on_an_ended_thread_is_freed_safely():
+    # a data-parallel rank's graphs can outlive its thread (freed later by the garbage collector,
+    # elsewhere): that thread's stream is destroyed at its exit, so the graph must not sync it
+    held = []
+
+    def rank():
+        x = xtrain.tensor(np.ones(1 << 16, np.float32), device="cuda")
+        g = xtrain.cuda.Graph(0)
+        with xtrain.cuda.graph(g):
+            y = ops.mul(x, 2.0)
+        g.replay()
+        held.append((g, y.numpy()))
+
+    t = threading.Thread(target=rank)
+    t.start()
+    t.join()
+    g, y = held.pop()
+    assert g.replays == 1 and float(y[0]) == 2.0
+    del g
+    xtrain.cuda.synchronize()
+    assert ops.sum(ops.mul(xtrain.tensor(np.ones(4, np.float32), device="cuda"), 2.0)).item() == 8.0
+
+
+@needs_gpu
+def test_train_drops_its_graphs_when_the_steps_end(tmp_path, data, monkeypatch):
+    closed = []
+    real = graphs.StepGraphs.close
+
+    def close(self):
+        closed.append(self.replays)
+        real(self)
+        assert self.fwd is None and self.upd is None and not self.active
+
+    monkeypatch.setattr(graphs.StepGraphs, "close", close)
+    train(tiny_run(tmp_path, data, 5, "cuda", cuda_graphs=True))
+    assert closed == [5 - graphs.WARMUP_STEPS]
+
+
 # ---------------------------------------------------------------- training with graphs (GPU)
 
 @needs_gpu
@@ -341,6 +591,34 @@ def test_graph_steps_equal_eager_steps_bitwise(tmp_path, data, kw):
     replayed = [r["step"] for r in run_log(tmp_path / "graphs") if r.get("graph")]
     assert replayed == list(range(graphs.WARMUP_STEPS, steps))  # the capture step and the replays
     assert not any(r.get("graph") for r in run_log(tmp_path / "eager"))
+    _same_checkpoints(tmp_path / "graphs", tmp_path / "eager")
+
+
+@pytest.mark.skipif(not xtrain.distributed.is_available(), reason="needs an NCCL build of xtrain and a GPU")
+@pytest.mark.parametrize("devices", [[0], [0, 1]], ids=["one-rank", "two-ranks"])
+@pytest.mark.parametrize("kw", [{"bf16": True}, {"bf16": True, "shard_optimizer": False}, {},
+                                {"dropout": 0.1, "bf16": True, "grad_accum": 2}],
+                         ids=["shard-bf16", "allreduce-bf16", "shard-fp32", "dropout-bf16-accum2"])
+def test_data_parallel_graph_steps_equal_eager_steps_bitwise(tmp_path, data, devices, kw):
+    """Data parallel with the step captured (its NCCL collectives inside the update graph) against
+    the same run eager: the same losses, norms, evaluations and checkpoints, bit for bit; with one
+    rank on one GPU, and with two where there are two."""
+    from xtrain.train import train_data_parallel
+
+    if len(devices) > xtrain.cuda.device_count():
+        pytest.skip(f"needs {len(devices)} GPUs")
+    steps = 8
+    # a checkpoint at step 4 gathers the sharded weights between replays; the evaluations after
+    # it must still read the bf16 copies the replayed updates gathered
+    ev = dict(eval_every=3, eval_batches=1, save_every=4)
+    for name, on in (("eager", False), ("graphs", True)):
+        train_data_parallel(tiny_run(tmp_path / name, data, steps, "cuda", cuda_graphs=on, **ev, **kw), devices)
+    assert _step_values(tmp_path / "graphs") == _step_values(tmp_path / "eager")
+    vals = [[(r["step"], r["val_loss"]) for r in run_log(tmp_path / name) if "val_loss" in r]
+            for name in ("eager", "graphs")]
+    assert vals[0] == vals[1] and [s for s, _ in vals[0]] == [0, 3, 6, 8]
+    replayed = [r["step"] for r in run_log(tmp_path / "graphs") if r.get("graph")]
+    assert replayed == list(range(graphs.WARMUP_STEPS, steps))
     _same_checkpoints(tmp_path / "graphs", tmp_path / "eager")
 
 

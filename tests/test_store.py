@@ -4,13 +4,12 @@ its slot of one flat buffer, a cast's backward directly); AdamW and clipping ove
 xtrain.distributed.DataParallelAdamW (unsharded and ZeRO-1 sharded) against the plain AdamW step
 on the averaged gradients, on the CPU with stand-in collectives. The NCCL collectives themselves
 run in tests/test_distributed.py on two GPUs."""
-import threading
 
 import numpy as np
 import pytest
 
 import xtrain
-from cpu_collectives import ThreadCollectives
+from cpu_collectives import ThreadCollectives, run_rank_threads
 from xtrain import _C, ops, state as state_mod, store as store_mod
 from xtrain.distributed import DataParallelAdamW, RankContext
 from xtrain.models import TinyTransformer, TransformerConfig
@@ -329,24 +328,7 @@ def _batches(world, seed=0):
 
 def _run_ranks(world, fn):
     shared = ThreadCollectives(world)
-    results, errors = [None] * world, []
-
-    def main(rank):
-        try:
-            ctx = RankContext(rank, world, "cpu", shared.rank(rank), None)
-            results[rank] = fn(ctx)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-            shared.barrier.abort()
-
-    threads = [threading.Thread(target=main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return results
+    return run_rank_threads(shared, lambda rank: fn(RankContext(rank, world, "cpu", shared.rank(rank), None)))
 
 
 def _model_and_adamw(config, resume, shard=None):

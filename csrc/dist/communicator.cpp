@@ -403,6 +403,10 @@ std::string Communicator::wait_host_progress(Rank& r, const char* op) {
 }
 
 void Communicator::track(Rank& r, void* stream, const char* op) {
+  // A collective queued into a CUDA graph capture runs at each replay, not now: an event recorded
+  // here would be part of the capture and cannot be queried. The caller tracks each replay instead
+  // (note_replay).
+  if (cuda::capturing()) return;
   cudaEvent_t ev = nullptr;
   {
     std::lock_guard<std::mutex> lock(r.pending_mu);
@@ -619,7 +623,23 @@ void Communicator::broadcast(int rank, const std::vector<Tensor>& tensors, int r
   });
 }
 
+void Communicator::note_replay(int rank) {
+  Rank& r = rank_at(rank, "note_replay");
+  cuda::check_not_capturing("Communicator.note_replay");
+  std::string err;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    err = check_usable(r, "a replayed graph's collectives");
+    if (err.empty()) {
+      cuda::DeviceGuard guard(r.device);
+      track(r, cuda::current_stream(r.device), "a replayed graph's collectives");
+    }
+  }
+  if (!err.empty()) fail(err);
+}
+
 void Communicator::barrier(int rank) {
+  cuda::check_not_capturing("Communicator.barrier (a sync point)");
   Rank& r = rank_at(rank, "barrier");
   const Device dev = Device::cuda(r.device);
   Tensor token = Tensor::empty({1}, DType::Float32, dev);

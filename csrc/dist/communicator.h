@@ -105,6 +105,9 @@ class Communicator {
   // Sync point: returns once every rank has reached its barrier and this rank's earlier
   // collectives are done; raises RuntimeError on abort or timeout instead of waiting forever.
   void barrier(int rank);
+  // After a replay of a CUDA graph holding this rank's collectives (queued during a capture, where
+  // nothing is tracked): the watchdog then times the replay's work on the rank's stream as one.
+  void note_replay(int rank);
 
   // Tear down every rank with ncclCommAbort (any thread; idempotent; the first reason is kept).
   void abort(const std::string& reason);

@@ -127,6 +127,11 @@ void init_dist(py::module_& m) {
              py::gil_scoped_release nogil;
              h.comm->barrier(h.rank);
            }, "Sync point: wait until every rank reached its barrier")
+      .def("note_replay", [](const RankHandle& h) {
+             py::gil_scoped_release nogil;
+             h.comm->note_replay(h.rank);
+           }, "After replaying a CUDA graph that holds this rank's collectives: the watchdog times the replay "
+              "(collectives queued during a capture are not tracked)")
       .def("abort", [](const RankHandle& h, const std::string& reason) {
              py::gil_scoped_release nogil;
              h.comm->abort(reason);

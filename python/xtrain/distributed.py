@@ -582,13 +582,17 @@ class DataParallelAdamW:
         if self.shard:  # ZeRO-1: this rank's moments only (already so for AdamW(..., shard=(rank, world)))
             optimizer.keep_moments(self.chunks)
 
-    def step(self, max_norm: float | None, extra=(), guard=None):
+    def step(self, max_norm: float | None, extra=(), guard=None, prepared: bool = False,
+             zero_grad: bool = True):
         """Average the gradients over the ranks, clip them to `max_norm` (None or <= 0: no clip),
         update the parameters and clear the gradients. `extra`: float32/bf16 tensors (the step's
         detached loss) averaged in the same launch. guard: a scalar tensor (the loss, once averaged
         as one of `extra`): the update is skipped on every rank when it or the global norm is not
-        finite (AdamW.step's guard). Returns the global gradient norm before clipping (a device
-        scalar; no host sync)."""
+        finite (AdamW.step's guard). prepared: AdamW.prepare_step() already advanced the step count
+        and wrote its constants to the device (the step captured into a CUDA graph,
+        xtrain.graphs.StepGraphs). zero_grad=False leaves the gradients set (the capture: the
+        gradients must still be there should the step have to run eagerly after all). Returns the
+        global gradient norm before clipping (a device scalar; no host sync)."""
         opt, store, comm = self.opt, self.store, self.ctx.comm
         missing = store.sync_grads()
         if missing:
@@ -597,8 +601,9 @@ class DataParallelAdamW:
         extra = _as_list(extra)
         if not self.shard:
             comm.all_reduce([store.grads, *extra], "avg")
-            norm = opt.clip_and_step(max_norm, guard)
-            opt.zero_grad(set_to_none=True)
+            norm = opt.clip_and_step(max_norm, guard, prepared=prepared)
+            if zero_grad:
+                opt.zero_grad(set_to_none=True)
             return norm
         comm.reduce_scatter(self._region_grads, "avg", extra)
         norm = _C.optim.global_norm(self.grad_chunks)
@@ -607,7 +612,7 @@ class DataParallelAdamW:
             comm.all_reduce([sq], "sum")
             norm = xtrain.ops.sqrt(sq)
         clip = (norm, float(max_norm)) if max_norm is not None and max_norm > 0 else (None, 0.0)
-        opt.step_count += 1  # AdamW reads the chunk's gradients clipped (one pass: no clip kernel)
+        opt.begin_step(prepared)  # AdamW reads the chunk's gradients clipped (one pass: no clip kernel)
         opt._step_flat(store.params, store.grads, self._runs, step_guard(norm, guard), clip)
         if self._cast:
             lo, hi = self.chunks[0]  # region 0: the Linear weights, gathered as their bf16 copies
@@ -616,8 +621,16 @@ class DataParallelAdamW:
             store.mark_compute_current(partial=True)
         else:
             comm.all_gather(self._region_params)
-        opt.zero_grad(set_to_none=True)
+        if zero_grad:
+            opt.zero_grad(set_to_none=True)
         return norm
+
+    def replayed(self) -> None:
+        """After a replay of the captured step (xtrain.graphs.StepGraphs): the moments changed
+        without the host seeing it (a gathered copy is stale), and the watchdog times the replay's
+        collectives, which the capture did not track."""
+        self.opt._gathered = None
+        self.ctx.comm.note_replay()
 
     def gather_state(self, root: int | None = None) -> None:
         """Make the weights complete on every rank and bring a full copy of the moments to the host

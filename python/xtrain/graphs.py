@@ -30,11 +30,12 @@ Per-step values a captured kernel would otherwise freeze, and where each comes f
 Host state the eager step changes and a replay does not, restored by hand: AdamW.step_count
 (prepare_step), the leaves' .grad (None after the step, as zero_grad(set_to_none=True) leaves
 it), and the store's record of which float32 weights its bf16 copies were cast from (set stale
-after each replay, so an eager forward such as evaluation recasts).
+after each replay, so an eager forward such as evaluation recasts; sharded data parallel with
+bf16 copies: marked current, the update graph having gathered them).
 
 Falls back to the eager step, saying why, when: the device is not CUDA, graphs are switched off,
-the run is data-parallel (the NCCL collectives stay eager), the batch shape differs from the
-captured one (that step only), or the capture fails (for the rest of the run).
+the batch shape differs from the captured one (that step only), or the capture fails, on this
+rank or (data parallel) on another (for the rest of the run).
 """
 
 from __future__ import annotations
@@ -48,12 +49,10 @@ import xtrain
 WARMUP_STEPS = 2
 
 
-def graph_blockers(device: str, model, data_parallel: bool = False) -> str | None:
-    """Why the training step of `model` on `device` cannot be captured, or None when it can."""
+def graph_blockers(device: str) -> str | None:
+    """Why the training step on `device` cannot be captured, or None when it can."""
     if not str(device).startswith("cuda"):
         return "not a CUDA device"
-    if data_parallel:
-        return "data-parallel training keeps its NCCL collectives eager"
     if not xtrain.cuda.is_available():
         return "CUDA is not available"
     return None
@@ -91,11 +90,20 @@ class StepGraphs:
     """The two graphs of a training step and their static buffers, for one model and optimizer on
     one GPU. step() returns None when the caller must run this step eagerly (warm-up, another
     batch shape, graphs off), else (loss, norm): device scalars at fixed addresses, overwritten
-    by the next replay (read them with xtrain.cuda.read_async before the next step)."""
+    by the next replay (read them with xtrain.cuda.read_async before the next step).
+
+    Data parallel (dp: an xtrain.distributed.DataParallelAdamW): the second graph is dp.step (the
+    gradient average, clipping and AdamW, with their NCCL collectives), and every rank captures
+    at the same step (the same warm-up, the same batch shapes). Each capture's outcome is agreed
+    over the ranks (dp.ctx.exchange) before anything captured runs: NCCL requires a collective
+    to be launched from a graph on every rank or on none. A capture that failed on any rank makes
+    every rank run that part of the step eagerly (a captured graph is dropped unlaunched; the
+    captured update leaves the gradients set for that), and all stay eager after."""
 
     def __init__(self, model, optimizer, accum: int, max_norm: float | None, *,
-                 warmup: int = WARMUP_STEPS, note=print, blocked: str | None = None):
+                 warmup: int = WARMUP_STEPS, note=print, blocked: str | None = None, dp=None):
         self.model, self.opt, self.accum, self.max_norm = model, optimizer, int(accum), max_norm
+        self.dp = dp
         self.warmup, self.note = int(warmup), note
         self.disabled = blocked            # why graphs are off, or None
         self.eager_steps = 0               # eager steps run so far (the warm-up)
@@ -124,6 +132,17 @@ class StepGraphs:
     @property
     def replays(self) -> int:
         return self.upd.replays if self.active else 0
+
+    def close(self) -> None:
+        """Drop the captured graphs; any later step runs eagerly. Call it on the thread that
+        captured them once the steps are done: their memory is bound to that thread's stream, and
+        (data parallel) NCCL keeps a communicator alive while a graph holding its collectives
+        exists (destroying the communicator waits for those graphs), so the rank's graphs must go
+        before the launcher destroys it, not whenever the garbage collector frees them."""
+        if self.disabled is None:
+            self.disabled = "closed after the run's steps"
+        self.fwd = self.upd = None
+        self.loss = self.norm = None
 
     def eager(self) -> None:
         """The caller ran a step eagerly (counts towards the warm-up)."""
@@ -178,13 +197,40 @@ class StepGraphs:
         self.opt.prepare_step()    # step count + this step's constants into device memory
         self.upd.replay()
         self._weights_changed()
+        if self.dp is not None:
+            self.dp.replayed()
         return self.loss, self.norm
 
+    def _update(self, loss, prepared: bool):
+        """The second graph's work (clip + AdamW; data parallel: with the gradient average)."""
+        if self.dp is None:
+            return self.opt.clip_and_step(self.max_norm, loss, prepared=prepared)
+        return self.dp.step(self.max_norm, extra=[loss], guard=loss, prepared=prepared, zero_grad=not prepared)
+
+    def _agreed(self, stage: str, ok: bool) -> bool:
+        """Data parallel: True when every rank's capture of `stage` succeeded (a host exchange,
+        every rank calls it); one device: ok."""
+        if self.dp is None:
+            return ok
+        return all(self.dp.ctx.exchange(f"xtrain.graphs:{stage}", bool(ok)))
+
+    def _gathers_copies(self) -> bool:
+        """Sharded data parallel with bf16 copies: the update gathers the copies, and the float32
+        weights are then current in this rank's chunk only (DataParallelAdamW._cast)."""
+        return self.dp is not None and self.dp._cast
+
     def _weights_changed(self) -> None:
-        # The update wrote the float32 weights on the device without the host seeing it: the bf16
-        # copies must be cast again by the next eager forward (the replayed graph always casts).
+        # The update wrote the float32 weights on the device without the host seeing it. One
+        # device: the bf16 copies must be cast again by the next eager forward (the replayed graph
+        # always casts). Sharded data parallel with bf16 copies: the update gathered the copies
+        # themselves (only this rank's chunk of the float32 weights is current), as an eager
+        # step leaves them, whatever gather_state() made of the store's record in between.
         store = getattr(self.model, "store", None)
-        if store is not None:
+        if store is None:
+            return
+        if self._gathers_copies():
+            store.mark_compute_current(partial=True)
+        else:
             store._compute_version = None
 
     # ---- capture
@@ -212,8 +258,13 @@ class StepGraphs:
             # their place instead of adding to them (a sync point, once).
             xtrain.cuda.empty_cache(device)
             opt.zero_grad(set_to_none=True)   # the first backward writes the slots (=), as eagerly
-            if getattr(model, "store", None) is not None:
-                model.store._compute_version = None  # the bf16 cast is part of every replay
+            store = getattr(model, "store", None)
+            if store is not None and not self._gathers_copies():
+                store._compute_version = None  # the bf16 cast is part of every replay
+            elif store is not None and store._compute_version != store._params_version():
+                # sharded bf16: the forward graph reads the copies the update gathers and must not
+                # cast (every replay would cast from float32 weights current in one chunk only)
+                raise RuntimeError("the bf16 weight copies are not current before the capture")
             fwd = xtrain.cuda.Graph(index)
             gen.begin_capture(self.rng)  # Note [Random draws in captured graphs]
             try:
@@ -225,6 +276,12 @@ class StepGraphs:
             gen.set_state(rng_state)
             self.rng, self.draws = None, 0
             self._give_up(stage, e)
+            self._agreed(stage, False)
+            return None
+        if not self._agreed(stage, True):  # another rank's capture failed: all run it eagerly
+            gen.set_state(rng_state)
+            self.rng, self.draws = None, 0
+            self._give_up(stage, RuntimeError("another rank's capture failed"))
             return None
         gen.set_state((rng_state[0], rng_state[1] + self.draws))  # past this step's draws, as eagerly
         if self.draws == 0:
@@ -233,21 +290,32 @@ class StepGraphs:
         if settle is not None:
             settle()
         opt.prepare_step()
-        stage = "clip + AdamW"
+        stage = "clip + AdamW" if self.dp is None else "gradient average + clip + AdamW"
+        failure = None
         try:
             upd = xtrain.cuda.Graph(index, share_pool_with=fwd)
             with xtrain.cuda.graph(upd):
-                norm = opt.clip_and_step(self.max_norm, loss, prepared=True)
-        except Exception as e:  # forward and backward ran (graph 1): finish the step eagerly
-            self._give_up(stage, e, keep_grads=True)
+                norm = self._update(loss, prepared=True)
+        except Exception as e:
+            failure = e
+        if not self._agreed(stage, failure is None) and failure is None:
+            # NCCL: whether a collective runs from a graph must be the same on every rank, so a
+            # graph whose capture succeeded here is dropped unlaunched when another rank's failed
+            failure = RuntimeError("another rank's capture failed")
+        if failure is not None:
+            # forward and backward ran (graph 1): finish the step eagerly, from its gradients
+            self._give_up(stage, failure, keep_grads=True)
             opt.step_count -= 1
-            norm = opt.clip_and_step(self.max_norm, loss)
-            opt.zero_grad(set_to_none=True)
+            norm = self._update(loss, prepared=False)
+            if self.dp is None:
+                opt.zero_grad(set_to_none=True)
             del fwd
             return loss, norm
         upd.replay()
         opt.zero_grad(set_to_none=True)  # host state as after an eager step: .grad is None
         self._weights_changed()
+        if self.dp is not None:
+            self.dp.replayed()
         self.fwd, self.upd, self.shape, self.loss, self.norm = fwd, upd, shape, loss, norm
         self.note(f"xtrain: CUDA graphs: step captured after {self.eager_steps} eager steps, "
                   f"{self.num_nodes} nodes per replay ({self.memsets_as_kernels} memsets as kernels; graph memory "
@@ -258,6 +326,7 @@ class StepGraphs:
         self.disabled = f"capture of the {stage} failed: {type(e).__name__}: {e}"
         if not keep_grads:  # a captured backward set them, but never ran
             self.opt.zero_grad(set_to_none=True)
-        if getattr(self.model, "store", None) is not None:
-            self.model.store._compute_version = None
+        store = getattr(self.model, "store", None)
+        if store is not None and not store._partial:  # (sharded bf16: the copies are as they were)
+            store._compute_version = None
         self.note(f"xtrain: CUDA graphs off, the steps run eagerly ({self.disabled})")

@@ -191,6 +191,18 @@ class AdamW:
         self.step_count += 1
         self._write_hyper()
 
+    def begin_step(self, prepared: bool = False) -> None:
+        """The step count and device constants of the update about to launch: advanced here, or
+        (prepared) already by prepare_step(). For the steps of AdamW.step and
+        DataParallelAdamW.step."""
+        if prepared:
+            if self.hyper_dev is None:
+                raise RuntimeError("AdamW.step(prepared=True) needs use_device_hyper() and prepare_step()")
+            return
+        self.step_count += 1
+        if self.hyper_dev is not None:
+            self._write_hyper()
+
     def _write_hyper(self) -> None:
         """One host-to-device copy of the constants of (lr, step_count), as the fused step computes
         them for the decaying group (the other group's decay constant, 1 - lr * 0, is the same
@@ -213,13 +225,7 @@ class AdamW:
         if self.sharded:
             raise RuntimeError("AdamW.step: the moments are sharded over the data-parallel ranks "
                                "(keep_moments); step with DataParallelAdamW.step")
-        if prepared:
-            if self.hyper_dev is None:
-                raise RuntimeError("AdamW.step(prepared=True) needs use_device_hyper() and prepare_step()")
-        else:
-            self.step_count += 1
-            if self.hyper_dev is not None:
-                self._write_hyper()
+        self.begin_step(prepared)
         clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
         if self.store is not None and not self.store.sync_grads():
             self._step_flat(self.store.params, self.store.grads, self.runs(), guard, clip)

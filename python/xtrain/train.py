@@ -26,11 +26,12 @@ waiting; the GPU idles only while Python fetches the next batch and launches the
 kernel); (2) one read per evaluation; (3) checkpoint saves; (4) sampling; (5) once per run, the
 CUDA graph capture empties the allocator's cache.
 
-CUDA graphs (one GPU, TrainConfig.cuda_graphs, on by default): after two eager steps the step is
-captured as two graphs (forward + backward; clip + AdamW) and replayed, with the batch copied into
-static buffers and the step's LR and AdamW constants written to device memory before each replay,
-bitwise equal to the eager step (xtrain.graphs, docs/training.md), dropout included. Data
-parallelism keeps the eager step.
+CUDA graphs (TrainConfig.cuda_graphs, on by default on CUDA): after two eager steps the step is
+captured as two graphs (forward + backward; clip + AdamW, with the gradient average's NCCL
+collectives under data parallelism) and replayed, with the batch copied into static buffers and
+the step's LR and AdamW constants written to device memory before each replay, bitwise equal to
+the eager step (xtrain.graphs, docs/training.md), dropout included. The graphs are dropped on the
+training thread when the steps end.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class TrainConfig:
                                        # of a validation document
     progress: bool = True
     shard_optimizer: bool = True       # several GPUs: ZeRO-1 step (distributed.DataParallelAdamW)
-    cuda_graphs: bool = True           # one GPU: capture the step as CUDA graphs after warm-up
+    cuda_graphs: bool = True           # CUDA: capture the step as CUDA graphs after warm-up
                                        # (xtrain.graphs); a no-op on the CPU
     trackers: tuple = ()               # metric sinks beside log.jsonl: "tensorboard", "wandb"
 
@@ -186,15 +187,20 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
     rank 0 logs, saves, plots and samples."""
     t_start = time.time()
     run = setup(cfg, ctx, prepared)
-    with batching.explain_oom(run):  # an OOM names the flags that change it
-        while run.step < cfg.steps:
-            run.ctx.check()  # another rank failed: stop here
-            if cfg.eval_every > 0 and run.step % cfg.eval_every == 0:
-                log_eval(run, evaluate(run))
-            train_step(run)
-            if cfg.save_every > 0 and run.step % cfg.save_every == 0 and run.step < cfg.steps:
-                save(run)
-        settle(run)
+    try:
+        with batching.explain_oom(run):  # an OOM names the flags that change it
+            while run.step < cfg.steps:
+                run.ctx.check()  # another rank failed: stop here
+                if cfg.eval_every > 0 and run.step % cfg.eval_every == 0:
+                    log_eval(run, evaluate(run))
+                train_step(run)
+                if cfg.save_every > 0 and run.step % cfg.save_every == 0 and run.step < cfg.steps:
+                    save(run)
+            settle(run)
+    finally:
+        if run.graphs is not None:  # on this (rank) thread, before its communicator goes
+            run.graphs.close()
+    with batching.explain_oom(run):
         if cfg.eval_every > 0:
             log_eval(run, evaluate(run))
     save(run)
@@ -298,9 +304,9 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     graphs_note = None
     if device.startswith("cuda"):  # on the CPU the switch is a no-op: every step is eager
         blocked = None if cfg.cuda_graphs else "switched off (--no-cuda-graphs)"
-        blocked = blocked or graphs.graph_blockers(device, model, data_parallel=dp is not None)
+        blocked = blocked or graphs.graph_blockers(device)
         run.graphs = graphs.StepGraphs(model, optimizer, plan.accum, cfg.grad_clip, blocked=blocked,
-                                       note=lambda msg: _note(run, msg))
+                                       note=lambda msg: _note(run, msg), dp=dp)
         graphs_note = (f"CUDA graphs: the step is captured after {run.graphs.warmup} eager steps and replayed"
                        if blocked is None else f"CUDA graphs off: {blocked}; every step runs eagerly")
     if ctx.is_main:

@@ -15,6 +15,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "core/allocator.h"
 #include "core/cuda/cuda_check.h"
@@ -65,8 +66,17 @@ Graph::~Graph() {
   if (exec_) {
     int prev = -1;
     if (cudaGetDevice(&prev) == cudaSuccess && (prev == device_ || cudaSetDevice(device_) == cudaSuccess)) {
-      // Sync point (a graph's destruction): a replay still running reads the pool's blocks.
-      if (replays_ > 0) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+      // Sync point (a graph's destruction): a replay still running reads the pool's blocks. On
+      // another thread than the capturing one (a graph freed by the garbage collector after its
+      // rank thread ended) stream_ may be gone with that thread (its streams are destroyed at
+      // thread exit, after a synchronize), so wait for the whole device instead.
+      if (replays_ > 0) {
+        if (std::this_thread::get_id() == owner_) {
+          cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+        } else {
+          cudaDeviceSynchronize();
+        }
+      }
       cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
       if (prev >= 0 && prev != device_) cudaSetDevice(prev);
     }
@@ -88,6 +98,7 @@ void Graph::capture_begin() {
            "Graph.capture_begin: the graph shares its pool with one captured by another thread; capture both "
            "on the same thread");
   stream_ = s;
+  owner_ = std::this_thread::get_id();
   redirect_ = std::make_unique<PoolRedirect>(PoolRedirect{Device::cuda(device_), s, pool_->id});
   prev_redirect_ = Allocator::set_redirect(redirect_.get());
   capture_depth_add(1);

@@ -30,6 +30,10 @@ class RankComm:
         """
         In place: every rank gets root's values (asynchronous)
         """
+    def note_replay(self) -> None:
+        """
+        After replaying a CUDA graph that holds this rank's collectives: the watchdog times the replay (collectives queued during a capture are not tracked)
+        """
     def reduce_scatter(self, flats: typing.Any, op: str = 'avg', extra: collections.abc.Sequence[xtrain._C.Tensor] = []) -> None:
         """
         In place, for a tensor or each of a list: this rank's chunk (numel / world_size elements, in rank order) becomes the reduction over the ranks; the other chunks are left unspecified. `extra` tensors are all-reduced in the same launch (asynchronous)
