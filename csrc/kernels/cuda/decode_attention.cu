@@ -192,6 +192,127 @@ __global__ void decode_combine_kernel(const compute_t<T>* po, const compute_t<T>
   }
 }
 
+// ------------------------------------------------------------------ attention in one pass
+
+// Note [Decode attention in one pass]
+// A decode step at batch 1 has B*Hkv = 24 (b, kv head) pairs at dim768; the split kernels above
+// then make 10 chunks of 32 keys each and a combine, and both are latency: ~7 us for the partial
+// kernel (its phases wait on each other, each with a few loads per thread) plus ~3 us for the
+// combine, per layer, for ~40 KB of keys and values. When the pairs are few (B*Hkv <= 256) and the
+// row short (L <= 1024), one block of 512 threads per pair does all of a row's keys in one launch:
+//  - scores thread-per-key, as the partial kernel (q pre-scaled, the same dot_key order);
+//  - the max and the sum of exp2(s - m) over the whole row by the block reductions;
+//  - o = sum_t p_t v_t with each thread owning one 16-byte pack of one query head's output and
+//    every R-th key (R = 512 / (G * D / pack) key subgroups: 128 at G = 1, D = 32, bf16), four
+//    keys' loads in flight; the subgroups' sums then added by a fixed tree over the subgroups in
+//    shared memory, and divided by the sum once (one rounding, as the combine).
+// Deterministic: the launch shape and every order depend only on (B, L, H, Hkv, D, dtype) and the
+// row's length. The results differ from the split kernels' in the last bits (another order).
+constexpr int kOneThreads = 512;
+constexpr int64_t kOneMaxKeys = 1024;
+constexpr int64_t kOneMaxBlocks = 256;
+
+template <int kV, typename T>
+__global__ void __launch_bounds__(kOneThreads)
+    decode_one_pass_kernel(const T* q, const T* k, const T* v, const int64_t* len, T* out, int64_t L, int H,
+                           int Hkv, int D, compute_t<T> qscale, IndexErrorRecord* err) {
+  using C = compute_t<T>;
+  extern __shared__ __align__(16) unsigned char decode_smem[];
+  const int G = H / Hkv, tid = threadIdx.x, nthreads = blockDim.x;
+  C* qs = reinterpret_cast<C*>(decode_smem);  // [G][D]
+  C* inv_l = qs + G * D;                       // [G]
+  C* ps = inv_l + G;                           // [G][n] scores, then p; then the subgroups' sums
+  const int64_t b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
+  const int n = static_cast<int>(row_length(len, b, L, hk == 0 && tid == 0, err));
+  const int64_t qh0 = b * H + hk * G;  // the group's first query head, as a (b, h) row
+  if (n == 0) {                        // nothing to attend to: zeros, as the combine writes
+    for (int i = tid; i < G * D; i += nthreads) store(out, qh0 * D + i, C(0));
+    return;
+  }
+  for (int i = tid; i < G * D; i += nthreads) qs[i] = load(q, qh0 * D + i) * qscale;
+  __syncthreads();
+
+  const int64_t kstride = static_cast<int64_t>(Hkv) * D;
+  const T* kbase = k + (b * L * Hkv + hk) * D;
+  const T* vbase = v + (b * L * Hkv + hk) * D;
+  for (int t = tid; t < n; t += nthreads)
+    for (int g = 0; g < G; ++g) ps[g * n + t] = dot_key<(kV > 1)>(qs + g * D, kbase + t * kstride, D);
+  __syncthreads();
+
+  for (int g = 0; g < G; ++g) {
+    C m = NegInf<C>::get();
+    for (int t = tid; t < n; t += nthreads) m = xmax(m, ps[g * n + t]);
+    m = block_max(m);
+    C l = 0;
+    for (int t = tid; t < n; t += nthreads) {
+      const C p = exp2_c(ps[g * n + t] - m);
+      ps[g * n + t] = p;
+      l += p;
+    }
+    l = block_sum(l);
+    if (tid == 0) inv_l[g] = C(1) / l;
+  }
+  __syncthreads();
+
+  // Thread (r, it): output pack it (query head g, elements j*kV ..) over the keys r, r + R, ...
+  const int P = D / kV, items = G * P, R = nthreads / items;
+  const int r = tid / items, it = tid % items, g = it / P, j = it % P;
+  C acc[kV];
+#pragma unroll
+  for (int e = 0; e < kV; ++e) acc[e] = 0;
+  if (r < R) {
+    const C* pg = ps + g * n;
+    const T* vcol = vbase + j * kV;
+    auto take = [&](const Pack<T, kV>& pk, C p) {
+#pragma unroll
+      for (int e = 0; e < kV; ++e) acc[e] += p * to_compute(pk.v[e]);
+    };
+    int t = r;
+    for (; t + 3 * R < n; t += 4 * R) {  // four keys' loads in flight; the sum's order is still t, t + R, ..
+      const Pack<T, kV> v0 = *reinterpret_cast<const Pack<T, kV>*>(vcol + t * kstride);
+      const Pack<T, kV> v1 = *reinterpret_cast<const Pack<T, kV>*>(vcol + (t + R) * kstride);
+      const Pack<T, kV> v2 = *reinterpret_cast<const Pack<T, kV>*>(vcol + (t + 2 * R) * kstride);
+      const Pack<T, kV> v3 = *reinterpret_cast<const Pack<T, kV>*>(vcol + (t + 3 * R) * kstride);
+      take(v0, pg[t]);
+      take(v1, pg[t + R]);
+      take(v2, pg[t + 2 * R]);
+      take(v3, pg[t + 3 * R]);
+    }
+    for (; t < n; t += R) take(*reinterpret_cast<const Pack<T, kV>*>(vcol + t * kstride), pg[t]);
+  }
+  __syncthreads();  // every thread is done with p: its space takes the subgroups' sums
+  C* red = ps;      // [R][items][kV]
+  if (r < R) {
+#pragma unroll
+    for (int e = 0; e < kV; ++e) red[tid * kV + e] = acc[e];
+  }
+  __syncthreads();
+  int span = 1;
+  while (span < R) span *= 2;
+  for (int s = span / 2; s > 0; s /= 2) {  // a fixed tree over the subgroups: row r += row r + s
+    if (r < s && r + s < R) {
+#pragma unroll
+      for (int e = 0; e < kV; ++e) red[tid * kV + e] += red[(tid + s * items) * kV + e];
+    }
+    __syncthreads();
+  }
+  if (r == 0) {
+#pragma unroll
+    for (int e = 0; e < kV; ++e) store(out, (qh0 + g) * D + j * kV + e, red[it * kV + e] * inv_l[g]);
+  }
+}
+
+// The one-pass kernel's dynamic shared memory, or 0 when the problem is not one for it.
+template <typename T>
+size_t one_pass_smem(int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, int kV) {
+  using C = compute_t<T>;
+  const int64_t G = H / Hkv;
+  if (B * Hkv > kOneMaxBlocks || L > kOneMaxKeys || D % kV != 0 || G * (D / kV) > kOneThreads) return 0;
+  const int64_t keys = G * L > int64_t{kOneThreads} * kV ? G * L : int64_t{kOneThreads} * kV;
+  const size_t bytes = static_cast<size_t>(G * D + G + keys) * sizeof(C);
+  return bytes <= kDecodeSmem ? bytes : 0;
+}
+
 // ------------------------------------------------------------------ decode head preparation
 
 // Enough groups for every head row of a token at once at D <= 64 (G = 8 or 16 lanes per row):
@@ -308,14 +429,32 @@ void decode_attention(DType dt, const void* q, const void* k_cache, const void* 
     const int64_t nchunks = ceil_div(L, chunk);
     XT_CHECK(nchunks <= 65535 && B * Hkv <= (int64_t{1} << 31) - 1, ValueError,
              "decode_attention: the cache is too large for one launch (B = ", B, ", L = ", L, ", H_kv = ", Hkv, ")");
+    const T* qp = static_cast<const T*>(q);
+    const T* kp = static_cast<const T*>(k_cache);
+    const T* vp = static_cast<const T*>(v_cache);
+    constexpr int kPackElems = 16 / static_cast<int>(sizeof(T));
+    const bool packs = D % kPackElems == 0 && aligned_to(k_cache, 16) && aligned_to(v_cache, 16);
+    const size_t one_smem = packs ? one_pass_smem<T>(B, L, H, Hkv, D, kPackElems) : one_pass_smem<T>(B, L, H, Hkv, D, 1);
+    if (one_smem > 0 && B * Hkv > 0) {  // Note [Decode attention in one pass]
+      const C qscale = static_cast<C>(scale * kLog2e);
+      auto* err = xt::cuda::index_error_record(on.device);
+      const unsigned blocks = static_cast<unsigned>(B * Hkv);
+      if (packs)
+        decode_one_pass_kernel<kPackElems, T><<<blocks, kOneThreads, one_smem, on.s>>>(
+            qp, kp, vp, len, static_cast<T*>(out), L, static_cast<int>(H), static_cast<int>(Hkv),
+            static_cast<int>(D), qscale, err);
+      else
+        decode_one_pass_kernel<1, T><<<blocks, kOneThreads, one_smem, on.s>>>(
+            qp, kp, vp, len, static_cast<T*>(out), L, static_cast<int>(H), static_cast<int>(Hkv),
+            static_cast<int>(D), qscale, err);
+      XT_LAUNCH_CHECK();
+      return;
+    }
     const int64_t rows = B * H;
     Scratch part(static_cast<size_t>(rows * (nchunks > 0 ? nchunks : 1) * (D + 2)) * sizeof(C), on);
     C* po = part.as<C>();
     C* pm = po + rows * nchunks * D;
     C* pl = pm + rows * nchunks;
-    const T* qp = static_cast<const T*>(q);
-    const T* kp = static_cast<const T*>(k_cache);
-    const T* vp = static_cast<const T*>(v_cache);
     if (nchunks > 0) {
       const dim3 grid(static_cast<unsigned>(B * Hkv), static_cast<unsigned>(nchunks));
       const bool vec = D % (16 / static_cast<int64_t>(sizeof(T))) == 0 && aligned_to(k_cache, 16);
