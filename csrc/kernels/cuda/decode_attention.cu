@@ -199,18 +199,40 @@ __global__ void decode_combine_kernel(const compute_t<T>* po, const compute_t<T>
 // then make 10 chunks of 32 keys each and a combine, and both are latency: ~7 us for the partial
 // kernel (its phases wait on each other, each with a few loads per thread) plus ~3 us for the
 // combine, per layer, for ~40 KB of keys and values. When the pairs are few (B*Hkv <= 256) and the
-// row short (L <= 1024), one block of 512 threads per pair does all of a row's keys in one launch:
+// row short (L <= 1024), one block of 512 threads per pair does all of a row's keys in one launch,
+// with as few block-wide barriers as the data flow allows (each costs a round of the block's warps):
 //  - scores thread-per-key, as the partial kernel (q pre-scaled, the same dot_key order);
-//  - the max and the sum of exp2(s - m) over the whole row by the block reductions;
-//  - o = sum_t p_t v_t with each thread owning one 16-byte pack of one query head's output and
-//    every R-th key (R = 512 / (G * D / pack) key subgroups: 128 at G = 1, D = 32, bf16), four
-//    keys' loads in flight; the subgroups' sums then added by a fixed tree over the subgroups in
-//    shared memory, and divided by the sum once (one rounding, as the combine).
+//  - each thread's (max m, sum l of exp2(s - m)) over its keys, merged pairwise (m = max of the
+//    two, each l rescaled to it; a merge is commutative bit for bit, so both lanes of a butterfly
+//    step agree) over the warp, then over the warps by warp g for query head g;
+//  - o = sum_t exp2(s_t - m) v_t with each thread owning one 16-byte pack of one query head's
+//    output and every R-th key (R = 512 / (G * D / pack) key subgroups: 128 at G = 1, D = 32,
+//    bf16), four keys' loads in flight; the subgroups' sums added by a butterfly within each warp
+//    (when a warp holds whole subgroups) and over the warps in warp order, else by a fixed tree
+//    in shared memory; then divided by l once (one rounding, as the combine).
 // Deterministic: the launch shape and every order depend only on (B, L, H, Hkv, D, dtype) and the
 // row's length. The results differ from the split kernels' in the last bits (another order).
 constexpr int kOneThreads = 512;
+constexpr int kOneWarps = kOneThreads / kWarp;
 constexpr int64_t kOneMaxKeys = 1024;
 constexpr int64_t kOneMaxBlocks = 256;
+constexpr int64_t kOneMaxGroup = kOneWarps;  // query heads per kv head: one warp merges each one's statistics
+
+// (m, l) += (om, ol): the softmax statistics of two sets of scores as one (m = -inf, l = 0: empty).
+template <typename C>
+__device__ __forceinline__ void merge_stats(C& m, C& l, C om, C ol) {
+  const C M = xmax(m, om);
+  l = (m == M ? l : l * exp2_c(m - M)) + (om == M ? ol : ol * exp2_c(om - M));
+  m = M;
+}
+
+template <typename C>
+__device__ __forceinline__ void warp_merge_stats(C& m, C& l) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    const C om = __shfl_xor_sync(0xffffffffu, m, o), ol = __shfl_xor_sync(0xffffffffu, l, o);
+    merge_stats(m, l, om, ol);
+  }
+}
 
 template <int kV, typename T>
 __global__ void __launch_bounds__(kOneThreads)
@@ -219,9 +241,13 @@ __global__ void __launch_bounds__(kOneThreads)
   using C = compute_t<T>;
   extern __shared__ __align__(16) unsigned char decode_smem[];
   const int G = H / Hkv, tid = threadIdx.x, nthreads = blockDim.x;
+  const int lane = tid % kWarp, warp = tid / kWarp, nwarps = nthreads / kWarp;
   C* qs = reinterpret_cast<C*>(decode_smem);  // [G][D]
-  C* inv_l = qs + G * D;                       // [G]
-  C* ps = inv_l + G;                           // [G][n] scores, then p; then the subgroups' sums
+  C* stat_m = qs + G * D;                      // [G][nwarps] the warps' statistics
+  C* stat_l = stat_m + G * nwarps;
+  C* row_m = stat_l + G * nwarps;              // [G] the row's max and 1 / sum
+  C* row_inv = row_m + G;
+  C* ps = row_inv + G;                         // [G][n] scores; then the key subgroups' sums
   const int64_t b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
   const int n = static_cast<int>(row_length(len, b, L, hk == 0 && tid == 0, err));
   const int64_t qh0 = b * H + hk * G;  // the group's first query head, as a (b, h) row
@@ -235,22 +261,22 @@ __global__ void __launch_bounds__(kOneThreads)
   const int64_t kstride = static_cast<int64_t>(Hkv) * D;
   const T* kbase = k + (b * L * Hkv + hk) * D;
   const T* vbase = v + (b * L * Hkv + hk) * D;
-  for (int t = tid; t < n; t += nthreads)
-    for (int g = 0; g < G; ++g) ps[g * n + t] = dot_key<(kV > 1)>(qs + g * D, kbase + t * kstride, D);
-  __syncthreads();
-
   for (int g = 0; g < G; ++g) {
-    C m = NegInf<C>::get();
-    for (int t = tid; t < n; t += nthreads) m = xmax(m, ps[g * n + t]);
-    m = block_max(m);
-    C l = 0;
+    C m = NegInf<C>::get(), l = 0;
     for (int t = tid; t < n; t += nthreads) {
-      const C p = exp2_c(ps[g * n + t] - m);
-      ps[g * n + t] = p;
-      l += p;
+      const C sc = dot_key<(kV > 1)>(qs + g * D, kbase + t * kstride, D);
+      ps[g * n + t] = sc;
+      merge_stats(m, l, sc, C(1));
     }
-    l = block_sum(l);
-    if (tid == 0) inv_l[g] = C(1) / l;
+    warp_merge_stats(m, l);
+    if (lane == 0) stat_m[g * nwarps + warp] = m, stat_l[g * nwarps + warp] = l;
+  }
+  __syncthreads();
+  if (warp < G) {  // warp g: query head g's statistics over the warps, in one butterfly
+    C m = lane < nwarps ? stat_m[warp * nwarps + lane] : NegInf<C>::get();
+    C l = lane < nwarps ? stat_l[warp * nwarps + lane] : C(0);
+    warp_merge_stats(m, l);
+    if (lane == 0) row_m[warp] = m, row_inv[warp] = C(1) / l;
   }
   __syncthreads();
 
@@ -261,9 +287,11 @@ __global__ void __launch_bounds__(kOneThreads)
 #pragma unroll
   for (int e = 0; e < kV; ++e) acc[e] = 0;
   if (r < R) {
-    const C* pg = ps + g * n;
+    const C* sg = ps + g * n;
+    const C mg = row_m[g];
     const T* vcol = vbase + j * kV;
-    auto take = [&](const Pack<T, kV>& pk, C p) {
+    auto take = [&](const Pack<T, kV>& pk, C sc) {
+      const C p = exp2_c(sc - mg);
 #pragma unroll
       for (int e = 0; e < kV; ++e) acc[e] += p * to_compute(pk.v[e]);
     };
@@ -273,32 +301,53 @@ __global__ void __launch_bounds__(kOneThreads)
       const Pack<T, kV> v1 = *reinterpret_cast<const Pack<T, kV>*>(vcol + (t + R) * kstride);
       const Pack<T, kV> v2 = *reinterpret_cast<const Pack<T, kV>*>(vcol + (t + 2 * R) * kstride);
       const Pack<T, kV> v3 = *reinterpret_cast<const Pack<T, kV>*>(vcol + (t + 3 * R) * kstride);
-      take(v0, pg[t]);
-      take(v1, pg[t + R]);
-      take(v2, pg[t + 2 * R]);
-      take(v3, pg[t + 3 * R]);
+      take(v0, sg[t]);
+      take(v1, sg[t + R]);
+      take(v2, sg[t + 2 * R]);
+      take(v3, sg[t + 3 * R]);
     }
-    for (; t < n; t += R) take(*reinterpret_cast<const Pack<T, kV>*>(vcol + t * kstride), pg[t]);
+    for (; t < n; t += R) take(*reinterpret_cast<const Pack<T, kV>*>(vcol + t * kstride), sg[t]);
   }
-  __syncthreads();  // every thread is done with p: its space takes the subgroups' sums
-  C* red = ps;      // [R][items][kV]
-  if (r < R) {
+  C* red = ps;  // the subgroups' sums, in the scores' space
+  if (kWarp % items == 0) {
+    // A warp holds 32 / items whole subgroups (and R * items = nthreads): a butterfly over them,
+    // then the warps' sums in warp order.
+    for (int o = items; o < kWarp; o *= 2) {
+#pragma unroll
+      for (int e = 0; e < kV; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
+    }
+    __syncthreads();  // every thread is done with the scores
+    if (lane < items) {
+#pragma unroll
+      for (int e = 0; e < kV; ++e) red[(warp * items + lane) * kV + e] = acc[e];
+    }
+    __syncthreads();
+    for (int x = tid; x < items * kV; x += nthreads) {
+      const int ix = x / kV, e = x % kV;
+      C sum = 0;
+      for (int w = 0; w < nwarps; ++w) sum += red[(w * items + ix) * kV + e];
+      store(out, (qh0 + ix / P) * D + (ix % P) * kV + e, sum * row_inv[ix / P]);
+    }
+    return;
+  }
+  __syncthreads();  // every thread is done with the scores
+  if (r < R) {      // red: [R][items][kV]
 #pragma unroll
     for (int e = 0; e < kV; ++e) red[tid * kV + e] = acc[e];
   }
   __syncthreads();
   int span = 1;
   while (span < R) span *= 2;
-  for (int s = span / 2; s > 0; s /= 2) {  // a fixed tree over the subgroups: row r += row r + s
-    if (r < s && r + s < R) {
+  for (int s2 = span / 2; s2 > 0; s2 /= 2) {  // a fixed tree over the subgroups: row r += row r + s2
+    if (r < s2 && r + s2 < R) {
 #pragma unroll
-      for (int e = 0; e < kV; ++e) red[tid * kV + e] += red[(tid + s * items) * kV + e];
+      for (int e = 0; e < kV; ++e) red[tid * kV + e] += red[(tid + s2 * items) * kV + e];
     }
     __syncthreads();
   }
   if (r == 0) {
 #pragma unroll
-    for (int e = 0; e < kV; ++e) store(out, (qh0 + g) * D + j * kV + e, red[it * kV + e] * inv_l[g]);
+    for (int e = 0; e < kV; ++e) store(out, (qh0 + g) * D + j * kV + e, red[it * kV + e] * row_inv[g]);
   }
 }
 
@@ -307,9 +356,10 @@ template <typename T>
 size_t one_pass_smem(int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, int kV) {
   using C = compute_t<T>;
   const int64_t G = H / Hkv;
-  if (B * Hkv > kOneMaxBlocks || L > kOneMaxKeys || D % kV != 0 || G * (D / kV) > kOneThreads) return 0;
+  if (B * Hkv > kOneMaxBlocks || L > kOneMaxKeys || G > kOneMaxGroup || D % kV != 0 || G * (D / kV) > kOneThreads)
+    return 0;
   const int64_t keys = G * L > int64_t{kOneThreads} * kV ? G * L : int64_t{kOneThreads} * kV;
-  const size_t bytes = static_cast<size_t>(G * D + G + keys) * sizeof(C);
+  const size_t bytes = static_cast<size_t>(G * D + 2 * G * kOneWarps + 2 * G + keys) * sizeof(C);
   return bytes <= kDecodeSmem ? bytes : 0;
 }
 
