@@ -78,7 +78,8 @@ SIGNATURES = {
     "to_heads": "T dim dim Topt scalar scalar", "linear_cross_entropy": "T T ids scalar bool",
     "flash_attention": "T T T bool scalar bool", "qk_norm_rope": "T T T T scalar scalar",
     "decode_attention": "T T T T scalar", "kv_cache_write_": "T T T",
-    "decode_prep": "T T T T T T Topt Topt scalar scalar", "greedy_next_": "T T T scalar", "linear_rows": "T Tlist",
+    "decode_prep": "T T T T T T Topt Topt scalar scalar",
+    "decode_prep_attention": "T T T T T T T Topt Topt scalar scalar scalar", "greedy_next_": "T T T scalar", "linear_rows": "T Tlist",
     "rms_norm_linear_rows": "T Tlist T scalar Topt bool",
 }
 OPS = sorted(SIGNATURES)

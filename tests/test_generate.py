@@ -165,6 +165,57 @@ def test_decode_prep_is_the_composition_bitwise(device, dtype, w_dtype, H, Hkv, 
         assert np.array_equal(a.numpy(), b.numpy())
 
 
+# On CUDA the first three run the fused one-pass kernel (Note [Decode head preparation inside the
+# one-pass attention]); the last (L > 1024) decode_prep then the split attention kernels.
+@pytest.mark.parametrize("dtype, w_dtype", [("float32", "float32"), ("bfloat16", "float32"),
+                                            ("bfloat16", "bfloat16"), ("float64", "float64")])
+@pytest.mark.parametrize("H, Hkv, D, L", [(4, 4, 8, 9), (4, 2, 32, 40), (6, 1, 64, 300), (2, 2, 32, 1100)])
+@pytest.mark.parametrize("norm", [True, False])
+def test_decode_prep_attention_is_prep_then_attention_bitwise(device, dtype, w_dtype, H, Hkv, D, L, norm):
+    rng = np.random.default_rng(H * D + L)
+    B = 3
+
+    def t(*shape, dt=dtype):
+        return xtrain.tensor(rng.standard_normal(shape).astype(np.float32), device=device).to(dt)
+    q, k, v = t(B, H, D), t(B, Hkv, D), t(B, Hkv, D)
+    wq, wk = (t(D, dt=w_dtype), t(D, dt=w_dtype)) if norm else (None, None)
+    positions = xtrain.tensor(np.array([0, L - 1, L // 3]), device=device)
+    lengths = xtrain.tensor(np.array([1, L, L // 3 + 1]), device=device)
+    base = rng.standard_normal((B, L, Hkv, D)).astype(np.float32)
+    caches = [[xtrain.tensor(base, device=device).to(dtype) for _ in range(2)] for _ in range(2)]
+    qp = ops.decode_prep(q, k, v, *caches[0], positions, wq, wk, eps=1e-5, theta=5000.0)
+    want = ops.decode_attention(qp, *caches[0], lengths, 0.3)
+    got = ops.decode_prep_attention(q, k, v, *caches[1], positions, lengths, wq, wk, eps=1e-5, theta=5000.0, scale=0.3)
+    assert got.dtype == q.dtype and tuple(got.shape) == (B, H, D)
+    assert np.array_equal(got.numpy(), want.numpy())
+    for a, b in zip(caches[0], caches[1]):
+        assert np.array_equal(a.numpy(), b.numpy())
+    # the attention itself, against the float64 reference over the prepared q and the caches
+    ref = decode_reference(as64(qp), as64(caches[1][0]), as64(caches[1][1]), lengths.numpy(), 0.3)
+    rtol, atol = TOL[dtype]
+    np.testing.assert_allclose(as64(got), ref, rtol=rtol, atol=atol * 10)
+
+
+def test_decode_prep_attention_bad_arguments(device):
+    q, k = xtrain.ones(2, 2, 4, device=device), xtrain.ones(2, 1, 4, device=device)
+    cache = xtrain.zeros(2, 5, 1, 4, device=device)
+    pos = xtrain.tensor(np.array([0, 4]), device=device)
+    with pytest.raises(ValueError, match="lengths must have shape"):
+        ops.decode_prep_attention(q, k, k, cache, cache, pos, xtrain.tensor(np.array([1]), device=device))
+    with pytest.raises(TypeError, match="lengths must be int64"):
+        ops.decode_prep_attention(q, k, k, cache, cache, pos, xtrain.zeros(2, device=device))
+    with pytest.raises(ValueError, match="both q_norm_weight and k_norm_weight"):
+        ops.decode_prep_attention(q, k, k, cache, cache, pos, pos, xtrain.ones(4, device=device), None)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        ops.decode_prep_attention(q, k, k, cache, cache, pos, pos, scale=float("nan"))
+    with pytest.raises(IndexError, match="lengths"):
+        ops.decode_prep_attention(q, k, k, cache, cache, pos, xtrain.tensor(np.array([1, 6]), device=device)).numpy()
+    with pytest.raises(IndexError, match="positions"):
+        ops.decode_prep_attention(q, k, k, cache, cache, xtrain.tensor(np.array([5, 0]), device=device), pos).numpy()
+    ok = ops.decode_prep_attention(q, k, k, cache, cache, pos, xtrain.tensor(np.array([1, 5]), device=device))
+    assert np.isfinite(ok.numpy()).all()  # the stream and the op work again after the raises
+
+
 def test_decode_prep_bad_arguments(device):
     q, k = xtrain.ones(2, 2, 4, device=device), xtrain.ones(2, 1, 4, device=device)
     cache = xtrain.zeros(2, 5, 1, 4, device=device)

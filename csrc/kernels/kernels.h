@@ -233,6 +233,14 @@ inline float adamw_no_decay(const AdamWParams& hp) { return 1.0f - hp.lr * 0.0f;
                    const void* wk, void* q_out, void* k_cache, void* v_cache, const int64_t* pos,       \
                    int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps, float theta,     \
                    void* stream);                                                                       \
+  /* decode_prep_attention: decode_prep (q_out kept internal) then decode_attention(q_out, the */    \
+  /* caches, len, scale) -> out [B, H, D], bitwise that composition; CUDA runs both in one kernel */  \
+  /* where decode_attention's one-pass kernel applies (Note [Decode attention in one pass]). */        \
+  void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, const void* v,         \
+                             const void* wq, const void* wk, void* k_cache, void* v_cache,              \
+                             const int64_t* pos, const int64_t* len, void* out, int64_t B, int64_t L,   \
+                             int64_t H, int64_t Hkv, int64_t D, float eps, float theta, double scale,   \
+                             void* stream);                                                             \
   /* greedy_next: per row b of logits [B, V] (dt), tok = argmax (the first of equal maxima; NaN */     \
   /* above every number, the first NaN). state int64 [6, B] rows: 0 token, 1 position, 2 length, */   \
   /* 3 limit, 4 done, 5 count. A row not done whose position + 1 < limit takes tok: token = tok, */   \

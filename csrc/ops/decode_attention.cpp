@@ -11,6 +11,9 @@
 //  - decode_prep(q, k, v, k_cache, v_cache, positions, wq, wk) is a decode step's head
 //    preparation in one op: q's and k's rms_norm (when wq, wk are given) and rope at each row's
 //    position, k and v written into their cache slots; returns q. Bitwise rms_norm then rope.
+//  - decode_prep_attention(q, k, v, k_cache, v_cache, positions, lengths, wq, wk) is decode_prep
+//    then decode_attention over lengths, bitwise; on CUDA one kernel where the one-pass attention
+//    applies (the batch-1 decode step: one launch per layer fewer).
 //  - greedy_next_(logits, state, ring, stop) picks each row's most likely token on the device and
 //    advances the row's decode state (token, position, length), so a greedy decode loop needs no
 //    host round trip per token (generation's replayed steps read the ring every R tokens).
@@ -101,9 +104,11 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   return out;
 }
 
-Tensor decode_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
-                   const Tensor& positions, const Tensor& wq, const Tensor& wk, double eps, double theta) {
-  const char* op = "decode_prep";
+namespace {
+
+// decode_prep's (and decode_prep_attention's) argument checks.
+void check_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
+                const Tensor& positions, const Tensor& wq, const Tensor& wk, double eps, double theta, const char* op) {
   check_cache(k_cache, op, "k_cache");
   check_floating(v_cache, op, "v_cache");
   XT_CHECK(v_cache.shape() == k_cache.shape(), ValueError, op, ": v_cache must have k_cache's shape, got k_cache ",
@@ -133,6 +138,14 @@ Tensor decode_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   }
   XT_CHECK(std::isfinite(theta) && theta > 0, ValueError, op, ": theta must be finite and > 0, got ", theta);
   check_rows(positions, k_cache, B, 0, L - 1, op, "positions");
+}
+
+}  // namespace
+
+Tensor decode_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
+                   const Tensor& positions, const Tensor& wq, const Tensor& wk, double eps, double theta) {
+  check_prep(q, k, v, k_cache, v_cache, positions, wq, wk, eps, theta, "decode_prep");
+  const int64_t B = k_cache.size(0), L = k_cache.size(1), Hkv = k_cache.size(2), D = k_cache.size(3);
   k_cache.bump_version();
   v_cache.bump_version();
   Tensor q_out = Tensor::empty(q.shape(), q.dtype(), q.device());
@@ -142,6 +155,28 @@ Tensor decode_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
             q_out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), positions.data<int64_t>(), B, L, q.size(1), Hkv,
             D, static_cast<float>(eps), static_cast<float>(theta), stream_for(q.device()));
   return q_out;
+}
+
+Tensor decode_prep_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                             const Tensor& v_cache, const Tensor& positions, const Tensor& lengths, const Tensor& wq,
+                             const Tensor& wk, double eps, double theta, double scale) {
+  const char* op = "decode_prep_attention";
+  check_prep(q, k, v, k_cache, v_cache, positions, wq, wk, eps, theta, op);
+  const int64_t B = k_cache.size(0), L = k_cache.size(1), Hkv = k_cache.size(2), D = k_cache.size(3), H = q.size(1);
+  XT_CHECK(H >= 1 && H % Hkv == 0, ValueError, op, ": the query heads H must be a positive multiple of the kv heads H_kv, got q ",
+           q.describe(), ", k_cache ", k_cache.describe());
+  check_rows(lengths, k_cache, B, 0, L, op, "lengths");
+  XT_CHECK(std::isfinite(scale), ValueError, op, ": scale must be finite, got ", scale);
+  const double sc = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+  k_cache.bump_version();
+  v_cache.bump_version();
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  if (out.numel() == 0) return out;
+  XT_KERNEL(q.device(), decode_prep_attention, q.dtype(), wq.defined() ? wq.dtype() : q.dtype(), q.data_ptr(),
+            k.data_ptr(), v.data_ptr(), wq.defined() ? wq.data_ptr() : nullptr, wk.defined() ? wk.data_ptr() : nullptr,
+            k_cache.data_ptr(), v_cache.data_ptr(), positions.data<int64_t>(), lengths.data<int64_t>(), out.data_ptr(),
+            B, L, H, Hkv, D, static_cast<float>(eps), static_cast<float>(theta), sc, stream_for(q.device()));
+  return out;
 }
 
 void greedy_next_(const Tensor& logits, const Tensor& state, const Tensor& ring, int64_t stop) {

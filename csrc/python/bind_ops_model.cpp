@@ -1,6 +1,7 @@
 // Bindings for the model ops (xtrain.ops.*): rms_norm, add_rms_norm, rope, to_heads, from_heads, sdpa,
-// flash_attention, qk_norm_rope, kv_cache_write_, decode_attention, decode_prep, greedy_next_, linear_rows,
-// rms_norm_linear_rows, softmax, log_softmax, cross_entropy, linear_cross_entropy. Argument conversion only; the ops live in csrc/ops/.
+// flash_attention, qk_norm_rope, kv_cache_write_, decode_attention, decode_prep, decode_prep_attention,
+// greedy_next_, linear_rows, rms_norm_linear_rows, softmax, log_softmax, cross_entropy, linear_cross_entropy.
+// Argument conversion only; the ops live in csrc/ops/.
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -95,6 +96,21 @@ void init_ops_model(py::module_& ops) {
           "rms_norm(eps) then rope(theta) of q and k at each row's slot positions[b] (int64 [B]), without them rope "
           "only; k and v written into k_cache, v_cache [B, L, H_kv, D] at that slot; returns q. Bitwise rms_norm "
           "then rope; not differentiable");
+  ops.def("decode_prep_attention", [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
+                                      const Tensor& v_cache, const Tensor& positions, const Tensor& lengths,
+                                      const std::optional<Tensor>& q_norm_weight,
+                                      const std::optional<Tensor>& k_norm_weight, double eps, double theta,
+                                      std::optional<double> scale) {
+            py::gil_scoped_release nogil;
+            return ops::decode_prep_attention(q, k, v, k_cache, v_cache, positions, lengths,
+                                              q_norm_weight.value_or(Tensor()), k_norm_weight.value_or(Tensor()), eps,
+                                              theta, scale ? *scale : 0.0);
+          }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("v_cache"), py::arg("positions"),
+          py::arg("lengths"), py::arg("q_norm_weight") = py::none(), py::arg("k_norm_weight") = py::none(),
+          py::arg("eps") = 1e-6, py::arg("theta") = 10000.0, py::arg("scale") = py::none(),
+          "decode_prep (k and v into their cache slots at positions[b], q normed and rotated) then decode_attention "
+          "of that q over each row's first lengths[b] slots; returns [B, H, D]. Bitwise the two ops; on CUDA one "
+          "kernel where the one-pass attention applies; not differentiable");
   ops.def("greedy_next_", [](const Tensor& logits, const Tensor& state, const Tensor& ring,
                              std::optional<int64_t> stop_token) {
             XT_CHECK(!stop_token || *stop_token >= 0, ValueError,

@@ -9,6 +9,7 @@
 //  - decode_prep is the composition it fuses on CUDA: rmsnorm_forward (when there are norm
 //    weights) then rope at each row's position, through this backend's own kernels, then the
 //    cache writes.
+//  - decode_prep_attention: decode_prep into a scratch q, then decode_attention (what CUDA fuses).
 //  - greedy_next: a scan of each row for its first maximum, then the row's state update.
 #include <algorithm>
 #include <cmath>
@@ -96,6 +97,15 @@ void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void*
   side(k, wk, k_out.data(), Hkv);
   kv_cache_write(dt, k_cache, k_out.data(), pos, B, L, 1, Hkv * D, stream);
   kv_cache_write(dt, v_cache, v, pos, B, L, 1, Hkv * D, stream);
+}
+
+void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq,
+                           const void* wk, void* k_cache, void* v_cache, const int64_t* pos, const int64_t* len,
+                           void* out, int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps, float theta,
+                           double scale, void* stream) {
+  std::vector<unsigned char> q_out(static_cast<size_t>(B * H * D) * dtype_size(dt));
+  decode_prep(dt, w_dt, q, k, v, wq, wk, q_out.data(), k_cache, v_cache, pos, B, L, H, Hkv, D, eps, theta, stream);
+  decode_attention(dt, q_out.data(), k_cache, v_cache, len, out, B, L, H, Hkv, D, scale, stream);
 }
 
 void greedy_next(DType dt, const void* logits_, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,

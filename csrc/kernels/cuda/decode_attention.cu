@@ -19,6 +19,9 @@
 //    shared memory, then G lanes per q or k head row with rms_norm's sum of squares and rounding
 //    (the same lanes_for(D) groups as the rms_norm kernel, so the same sums) and rope's rotation,
 //    k written straight into its cache slot; v copied into its slot.
+//  - decode_prep_attention: where the one-pass attention applies, one kernel whose block (b, kv
+//    head) prepares its own query rows and k/v head, then attends (Note [Decode head preparation
+//    inside the one-pass attention]); elsewhere decode_prep then decode_attention.
 //  - greedy_next: one block per row, each thread's first maximum over a strided share of the row,
 //    then a reduction that keeps the better value and, of equal ones, the lower index (so the
 //    result does not depend on the order: the row's first maximum); thread 0 updates the state.
@@ -234,15 +237,16 @@ __device__ __forceinline__ void warp_merge_stats(C& m, C& l) {
   }
 }
 
+// The block (b, kv head hk) = (blockIdx.x / Hkv, blockIdx.x % Hkv): qg is the group's G query rows
+// [G, D] (global or shared memory), smem the block's one_pass_smem bytes.
 template <int kV, typename T>
-__global__ void __launch_bounds__(kOneThreads)
-    decode_one_pass_kernel(const T* q, const T* k, const T* v, const int64_t* len, T* out, int64_t L, int H,
-                           int Hkv, int D, compute_t<T> qscale, IndexErrorRecord* err) {
+__device__ __forceinline__ void one_pass_attention(const T* qg, const T* k, const T* v, const int64_t* len, T* out,
+                                                   int64_t L, int H, int Hkv, int D, compute_t<T> qscale,
+                                                   IndexErrorRecord* err, unsigned char* smem) {
   using C = compute_t<T>;
-  extern __shared__ __align__(16) unsigned char decode_smem[];
   const int G = H / Hkv, tid = threadIdx.x, nthreads = blockDim.x;
   const int lane = tid % kWarp, warp = tid / kWarp, nwarps = nthreads / kWarp;
-  C* qs = reinterpret_cast<C*>(decode_smem);  // [G][D]
+  C* qs = reinterpret_cast<C*>(smem);         // [G][D]
   C* stat_m = qs + G * D;                      // [G][nwarps] the warps' statistics
   C* stat_l = stat_m + G * nwarps;
   C* row_m = stat_l + G * nwarps;              // [G] the row's max and 1 / sum
@@ -255,7 +259,7 @@ __global__ void __launch_bounds__(kOneThreads)
     for (int i = tid; i < G * D; i += nthreads) store(out, qh0 * D + i, C(0));
     return;
   }
-  for (int i = tid; i < G * D; i += nthreads) qs[i] = load(q, qh0 * D + i) * qscale;
+  for (int i = tid; i < G * D; i += nthreads) qs[i] = load(qg, i) * qscale;
   __syncthreads();
 
   const int64_t kstride = static_cast<int64_t>(Hkv) * D;
@@ -351,6 +355,15 @@ __global__ void __launch_bounds__(kOneThreads)
   }
 }
 
+template <int kV, typename T>
+__global__ void __launch_bounds__(kOneThreads, 1)
+    decode_one_pass_kernel(const T* q, const T* k, const T* v, const int64_t* len, T* out, int64_t L, int H,
+                           int Hkv, int D, compute_t<T> qscale, IndexErrorRecord* err) {
+  extern __shared__ __align__(16) unsigned char decode_smem[];
+  const int64_t b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
+  one_pass_attention<kV>(q + (b * H + hk * (H / Hkv)) * D, k, v, len, out, L, H, Hkv, D, qscale, err, decode_smem);
+}
+
 // The one-pass kernel's dynamic shared memory, or 0 when the problem is not one for it.
 template <typename T>
 size_t one_pass_smem(int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, int kV) {
@@ -369,40 +382,40 @@ size_t one_pass_smem(int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, in
 // with one block per sequence, a decode step has few blocks and each round of rows is latency.
 constexpr int kPrepThreads = 512;
 
-template <int G, typename T, typename W>
-__global__ void __launch_bounds__(kPrepThreads)
-    decode_prep_kernel(const T* q, const T* k, const T* v, const W* wq, const W* wk, T* q_out, T* k_cache,
-                       T* v_cache, const int64_t* pos, int64_t L, int H, int Hkv, int D, float eps, float theta,
-                       IndexErrorRecord* err) {
-  using C = compute_t<T>;
-  extern __shared__ __align__(16) unsigned char prep_smem[];
-  C* tab_cos = reinterpret_cast<C*>(prep_smem);
-  const int half = D / 2;
-  C* tab_sin = tab_cos + half;
-  const int64_t b = blockIdx.x;
-  const int64_t p = pos[b];
-  const bool slot_ok = p >= 0 && p < L;
-  if (!slot_ok && threadIdx.x == 0) report_bad_index(err, IndexSite::DecodePrep, p, L, 0);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    C sn, cs;  // rope_rows_kernel's table: the float32 angle of position p
+// The rope table of position p (rope_rows_kernel's: the float32 angle) by the block's threads.
+template <typename C>
+__device__ __forceinline__ void rope_table(C* tab_cos, C* tab_sin, int64_t p, int D, float theta) {
+  for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
+    C sn, cs;
     rope_cos_sin(static_cast<float>(p) * rope_inv_freq(theta, i, D), &cs, &sn);
     tab_cos[i] = cs;
     tab_sin[i] = sn;
   }
-  __syncthreads();
-  const int lane = threadIdx.x % G, group = threadIdx.x / G, groups = blockDim.x / G;
+}
+
+// The block's head rows: nq rows of qx [nq, D] -> qy, nk rows of kx -> ky (skipped when !k_ok),
+// each rms_norm'ed (w non-null) and rotated by the table, by Gl lanes per row (rms_norm's groups
+// for D, so rms_norm's sums) in rounds of blockDim.x / Gl rows. A row's bits do not depend on
+// which group or round takes it.
+template <int Gl, typename T, typename W>
+__device__ __forceinline__ void prep_rows(const T* qx, T* qy, int nq, const T* kx, T* ky, int nk, const W* wq,
+                                          const W* wk, int D, float eps, const compute_t<T>* tab_cos,
+                                          const compute_t<T>* tab_sin, bool k_ok) {
+  using C = compute_t<T>;
+  const int half = D / 2;
+  const int lane = threadIdx.x % Gl, group = threadIdx.x / Gl, groups = blockDim.x / Gl;
   const bool norm = wq != nullptr;
-  for (int r0 = 0; r0 < H + Hkv; r0 += groups) {
+  for (int r0 = 0; r0 < nq + nk; r0 += groups) {
     const int r = r0 + group;
-    const bool valid = r < H + Hkv, is_q = r < H;
-    const T* x = !valid ? q : is_q ? q + (b * H + r) * D : k + (b * Hkv + (r - H)) * D;
+    const bool valid = r < nq + nk, is_q = r < nq;
+    const T* x = !valid ? qx : is_q ? qx + r * D : kx + (r - nq) * D;
     // Every lane of the group takes part in the sum's shuffles, valid or not.
-    const C inv = norm ? rms_rstd(rmsnorm::row_sum_sq<G>(x, D, lane, valid), D, eps) : C(0);  // rms_norm's order
-    if (!valid || (!is_q && !slot_ok)) continue;
+    const C inv = norm ? rms_rstd(rmsnorm::row_sum_sq<Gl>(x, D, lane, valid), D, eps) : C(0);  // rms_norm's order
+    if (!valid || (!is_q && !k_ok)) continue;
     const W* w = is_q ? wq : wk;
-    T* y = is_q ? q_out + (b * H + r) * D : k_cache + ((b * L + p) * Hkv + (r - H)) * D;
+    T* y = is_q ? qy + r * D : ky + (r - nq) * D;
 #pragma unroll 4
-    for (int j = lane; j < D; j += G) {
+    for (int j = lane; j < D; j += Gl) {
       const int i = j < half ? j : j - half;
       // rms_norm's output as stored and read back by rope (rounded to T), or the input itself
       const C x1 = norm ? rounded<T>(rms_scaled(x, w, i, inv)) : load(x, i);
@@ -412,9 +425,61 @@ __global__ void __launch_bounds__(kPrepThreads)
       store(y, j, j < half ? y1 : y2);
     }
   }
+}
+
+template <int Gl, typename T, typename W>
+__global__ void __launch_bounds__(kPrepThreads)
+    decode_prep_kernel(const T* q, const T* k, const T* v, const W* wq, const W* wk, T* q_out, T* k_cache,
+                       T* v_cache, const int64_t* pos, int64_t L, int H, int Hkv, int D, float eps, float theta,
+                       IndexErrorRecord* err) {
+  using C = compute_t<T>;
+  extern __shared__ __align__(16) unsigned char prep_smem[];
+  C* tab_cos = reinterpret_cast<C*>(prep_smem);
+  C* tab_sin = tab_cos + D / 2;
+  const int64_t b = blockIdx.x;
+  const int64_t p = pos[b];
+  const bool slot_ok = p >= 0 && p < L;
+  if (!slot_ok && threadIdx.x == 0) report_bad_index(err, IndexSite::DecodePrep, p, L, 0);
+  rope_table(tab_cos, tab_sin, p, D, theta);
+  __syncthreads();
+  const int64_t n = static_cast<int64_t>(Hkv) * D, slot = (b * L + (slot_ok ? p : 0)) * n;
+  prep_rows<Gl>(q + b * H * D, q_out + b * H * D, H, k + b * n, k_cache + slot, Hkv, wq, wk, D, eps, tab_cos,
+                tab_sin, slot_ok);
   if (!slot_ok) return;
-  const int64_t n = static_cast<int64_t>(Hkv) * D;
-  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) v_cache[(b * L + p) * n + e] = v[b * n + e];
+  for (int64_t e = threadIdx.x; e < n; e += blockDim.x) v_cache[slot + e] = v[b * n + e];
+}
+
+// Note [Decode head preparation inside the one-pass attention]
+// decode_prep_attention where the one-pass kernel applies: block (b, hk) first prepares what it
+// attends with, its G query rows (into shared memory) and kv head hk's k (into its cache slot), as
+// decode_prep_kernel prepares them (prep_rows, the same bits), copies v's head hk into its slot,
+// and after a barrier (the block's own global writes are then visible to it) runs the one-pass
+// attention, reading q from shared memory. Blocks touch disjoint kv heads, so no block waits on
+// another: one launch instead of two, bitwise decode_prep then decode_attention.
+template <int Gl, int kV, typename T, typename W>
+__global__ void __launch_bounds__(kOneThreads, 1)
+    decode_prep_one_pass_kernel(const T* q, const T* k, const T* v, const W* wq, const W* wk, T* k_cache, T* v_cache,
+                                const int64_t* pos, const int64_t* len, T* out, int64_t L, int H, int Hkv, int D,
+                                float eps, float theta, compute_t<T> qscale, int attn_smem, IndexErrorRecord* err) {
+  using C = compute_t<T>;
+  extern __shared__ __align__(16) unsigned char decode_smem[];
+  const int G = H / Hkv;
+  const int64_t b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
+  C* tab_cos = reinterpret_cast<C*>(decode_smem + attn_smem);  // past the attention's own space
+  C* tab_sin = tab_cos + D / 2;
+  T* qn = reinterpret_cast<T*>(tab_sin + D / 2);                // [G][D]: the prepared query rows
+  const int64_t p = pos[b];
+  const bool slot_ok = p >= 0 && p < L;
+  if (!slot_ok && hk == 0 && threadIdx.x == 0) report_bad_index(err, IndexSite::DecodePrep, p, L, 0);
+  rope_table(tab_cos, tab_sin, p, D, theta);
+  __syncthreads();
+  const int64_t slot = ((b * L + (slot_ok ? p : 0)) * Hkv + hk) * D;
+  prep_rows<Gl>(q + (b * H + hk * G) * D, qn, G, k + (b * Hkv + hk) * D, k_cache + slot, 1, wq, wk, D, eps, tab_cos,
+                tab_sin, slot_ok);
+  if (slot_ok)
+    for (int e = threadIdx.x; e < D; e += blockDim.x) v_cache[slot + e] = v[(b * Hkv + hk) * D + e];
+  __syncthreads();
+  one_pass_attention<kV>(qn, k_cache, v_cache, len, out, L, H, Hkv, D, qscale, err, decode_smem);
 }
 
 // ------------------------------------------------------------------ greedy pick
@@ -550,6 +615,46 @@ void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void*
       XT_LAUNCH_CHECK();
     });
   });
+}
+
+void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq,
+                           const void* wk, void* k_cache, void* v_cache, const int64_t* pos, const int64_t* len,
+                           void* out, int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps, float theta,
+                           double scale, void* stream) {
+  if (B == 0 || D == 0) return;
+  XT_ASSERT(D % 2 == 0, "decode_prep_attention: odd head dim ", D);
+  OnStream on(stream);
+  bool fused = false;
+  dispatch_float_weight(dt, w_dt, "decode_prep_attention", [&](auto xtag, auto wtag) {
+    using T = typename decltype(xtag)::type;
+    using W = typename decltype(wtag)::type;
+    using C = compute_t<T>;
+    constexpr int kPackElems = 16 / static_cast<int>(sizeof(T));
+    const bool packs = D % kPackElems == 0 && aligned_to(k_cache, 16) && aligned_to(v_cache, 16);
+    const size_t attn = packs ? one_pass_smem<T>(B, L, H, Hkv, D, kPackElems) : one_pass_smem<T>(B, L, H, Hkv, D, 1);
+    if (attn == 0) return;
+    const size_t attn_al = (attn + 15) / 16 * 16;
+    const size_t total = attn_al + static_cast<size_t>(D) * sizeof(C) + static_cast<size_t>(H / Hkv * D) * sizeof(T);
+    if (total > kDecodeSmem) return;
+    fused = true;  // Note [Decode head preparation inside the one-pass attention]
+    const C qscale = static_cast<C>(scale * kLog2e);
+    auto* err = xt::cuda::index_error_record(on.device);
+    const unsigned blocks = static_cast<unsigned>(B * Hkv);
+    with_lanes(D, [&](auto g) {
+      constexpr int Gl = decltype(g)::value;
+      auto kernel = packs ? decode_prep_one_pass_kernel<Gl, kPackElems, T, W> : decode_prep_one_pass_kernel<Gl, 1, T, W>;
+      kernel<<<blocks, kOneThreads, total, on.s>>>(
+          static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const W*>(wq),
+          static_cast<const W*>(wk), static_cast<T*>(k_cache), static_cast<T*>(v_cache), pos, len, static_cast<T*>(out),
+          L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), eps, theta, qscale,
+          static_cast<int>(attn_al), err);
+      XT_LAUNCH_CHECK();
+    });
+  });
+  if (fused) return;
+  Scratch q_out(static_cast<size_t>(B * H * D) * dtype_size(dt), on);
+  decode_prep(dt, w_dt, q, k, v, wq, wk, q_out.as<void>(), k_cache, v_cache, pos, B, L, H, Hkv, D, eps, theta, stream);
+  decode_attention(dt, q_out.as<void>(), k_cache, v_cache, len, out, B, L, H, Hkv, D, scale, stream);
 }
 
 void greedy_next(DType dt, const void* logits, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,

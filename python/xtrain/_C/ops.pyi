@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'flash_attention', 'from_heads', 'gelu', 'greedy_next_', 'kv_cache_write_', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'to_heads', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep', 'decode_prep_attention', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'flash_attention', 'from_heads', 'gelu', 'greedy_next_', 'kv_cache_write_', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'to_heads', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -37,6 +37,10 @@ def decode_attention(q: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xt
 def decode_prep(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xtrain._C.Tensor, positions: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor | None = None, k_norm_weight: xtrain._C.Tensor | None = None, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0) -> xtrain._C.Tensor:
     """
     A decode step's head preparation in one kernel: q [B, H, D], k, v [B, H_kv, D]; with the norm weights rms_norm(eps) then rope(theta) of q and k at each row's slot positions[b] (int64 [B]), without them rope only; k and v written into k_cache, v_cache [B, L, H_kv, D] at that slot; returns q. Bitwise rms_norm then rope; not differentiable
+    """
+def decode_prep_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xtrain._C.Tensor, positions: xtrain._C.Tensor, lengths: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor | None = None, k_norm_weight: xtrain._C.Tensor | None = None, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0, scale: typing.SupportsFloat | typing.SupportsIndex | None = None) -> xtrain._C.Tensor:
+    """
+    decode_prep (k and v into their cache slots at positions[b], q normed and rotated) then decode_attention of that q over each row's first lengths[b] slots; returns [B, H, D]. Bitwise the two ops; on CUDA one kernel where the one-pass attention applies; not differentiable
     """
 def div(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """

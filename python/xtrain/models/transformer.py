@@ -44,13 +44,13 @@ Decisions:
   from the lm_head and stay differentiable.
 - Generation (xtrain.models.generate) uses a KV cache: forward_cached prefills it with the blocks'
   own forward and then runs Block.decode / Attention.decode, one token per row at the row's own
-  position, attending to the cache with ops.decode_attention. A decode step is ~10 kernels per
-  layer: one q/k/v GEMM, ops.decode_prep (q/k norm, RoPE and both cache writes in one kernel),
-  attention, o_proj, the residual adds fused with the norms after them (ops.add_rms_norm), the
+  position, attending to the cache. A decode step is ~9 kernels per layer: one q/k/v GEMM,
+  ops.decode_prep_attention (q/k norm, RoPE and both cache writes, then the attention: one kernel
+  on CUDA where the one-pass attention applies, two otherwise), o_proj, the residual adds fused with the norms after them (ops.add_rms_norm), the
   gate/up GEMM, swiglu and down_proj. At batch <= DECODE_GEMV_MAX_ROWS (Block.decode_rows) the
   linears are matrix-vector kernels instead, and each residual add + norm runs inside the linears
   after it (ops.rms_norm_linear_rows: q/k/v, gate/up with swiglu, the head; ops.linear_rows for
-  o_proj and down_proj): 7 kernels per layer, bitwise the same step.
+  o_proj and down_proj): 5 kernels per layer at batch 1 on CUDA, bitwise the same step.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Options for pretrained checkpoints (TransformerConfig): n_kv_heads (grouped-query attention:
   k/v_proj narrower, flash_attention reads fewer kv heads), qk_norm off (Llama: no q/k_norm, q and
@@ -260,9 +260,10 @@ class Attention(nn.Module):
 
     def decode(self, x, cache):
         """One new token per row: x (B, dim), already normed -> (B, dim), attending to the row's
-        cached keys and values plus its own. q, k, v from one batched GEMM; ops.decode_prep then
-        norms (q/k RMSNorm) and rotates q and k at each row's position (cache.positions) and writes
-        k and v into the row's cache slot, in one kernel and bitwise rms_norm then rope."""
+        cached keys and values plus its own. q, k, v from one batched GEMM; ops.decode_prep_attention
+        then norms (q/k RMSNorm) and rotates q and k at each row's position (cache.positions), writes
+        k and v into the row's cache slot (bitwise rms_norm then rope) and attends (on CUDA at batch
+        1: one kernel)."""
         q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
         return self.o_proj(self.decode_heads(q, k, v, cache))
 
@@ -270,9 +271,8 @@ class Attention(nn.Module):
         """decode's attention from q (B, H*D), k and v (B, Hkv*D) -> (B, H*D), before o_proj."""
         B, H, Hkv, D = q.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
         norms = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
-        q = ops.decode_prep(q.reshape(B, H, D), k.reshape(B, Hkv, D), v.reshape(B, Hkv, D), cache.k, cache.v,
-                            cache.positions, *norms, eps=self.eps, theta=self.rope_theta)
-        return cache.attend(q, scale=1.0 / math.sqrt(D)).reshape(B, H * D)   # (B, H, D) -> (B, H*D)
+        return cache.prep_attend(q.reshape(B, H, D), k.reshape(B, Hkv, D), v.reshape(B, Hkv, D), *norms, eps=self.eps,
+                                 theta=self.rope_theta, scale=1.0 / math.sqrt(D)).reshape(B, H * D)
 
 
 class MLP(nn.Module):
@@ -348,7 +348,7 @@ class Block(nn.Module):
         stream x (B, dim) before its pending add delta (None: nothing pending) -> (x', delta'), the
         block's output being x' + delta'. Each add + norm runs inside the matrix-vector kernel
         after it (decode_norm_rows), the MLP's swiglu inside the gate/up kernel; per layer
-        norm+q/k/v, decode_prep, attention (2), o_proj, norm+gate/up+swiglu, down_proj. Bitwise decode."""
+        norm+q/k/v, decode_prep_attention (1 or 3), o_proj, norm+gate/up+swiglu, down_proj. Bitwise decode."""
         attn, mlp = self.self_attn, self.mlp
         x, (q, k, v) = decode_norm_rows(x, delta, self.input_layernorm,
                                         [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
