@@ -25,6 +25,9 @@
 //  - greedy_next: one block per row, each thread's first maximum over a strided share of the row,
 //    then a reduction that keeps the better value and, of equal ones, the lower index (so the
 //    result does not depend on the order: the row's first maximum); thread 0 updates the state.
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/rmsnorm.cuh"  // row_sum_sq: rms_norm's order
 
@@ -625,7 +628,12 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
   XT_ASSERT(D % 2 == 0, "decode_prep_attention: odd head dim ", D);
   OnStream on(stream);
   bool fused = false;
-  dispatch_float_weight(dt, w_dt, "decode_prep_attention", [&](auto xtag, auto wtag) {
+  // XT_DECODE_PREP_UNFUSED=1: decode_prep then decode_attention everywhere (the A/B of the fusion).
+  static const bool unfused = [] {
+    const char* e = std::getenv("XT_DECODE_PREP_UNFUSED");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  if (!unfused) dispatch_float_weight(dt, w_dt, "decode_prep_attention", [&](auto xtag, auto wtag) {
     using T = typename decltype(xtag)::type;
     using W = typename decltype(wtag)::type;
     using C = compute_t<T>;
