@@ -55,6 +55,20 @@ void check_rows(const Tensor& t, const Tensor& like, int64_t B, int64_t lo, int6
              ", ", hi, "] for ", like.describe());
 }
 
+// The query heads H of q [B, H, D] against a cache of H_kv heads: a positive multiple of H_kv.
+int64_t check_query_heads(const Tensor& q, const Tensor& k_cache, const char* op) {
+  const int64_t H = q.size(1), Hkv = k_cache.size(2);
+  XT_CHECK(H >= 1 && H % Hkv == 0, ValueError, op, ": the query heads H must be a positive multiple of the kv heads H_kv, got q ",
+           q.describe(), ", k_cache ", k_cache.describe());
+  return H;
+}
+
+// The attention's scale: finite; <= 0 selects 1/sqrt(D).
+double attention_scale(double scale, int64_t D, const char* op) {
+  XT_CHECK(std::isfinite(scale), ValueError, op, ": scale must be finite, got ", scale);
+  return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+}
+
 }  // namespace
 
 void kv_cache_write_(const Tensor& cache, const Tensor& x, const Tensor& positions) {
@@ -87,16 +101,13 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
   const int64_t B = k_cache.size(0), L = k_cache.size(1), Hkv = k_cache.size(2), D = k_cache.size(3);
   XT_CHECK(q.dim() == 3 && q.size(0) == B && q.size(2) == D, ValueError, op,
            ": q must be [B, H, D] with the cache's B and D, got q ", q.describe(), " for k_cache ", k_cache.describe());
-  const int64_t H = q.size(1);
-  XT_CHECK(H >= 1 && H % Hkv == 0, ValueError, op, ": the query heads H must be a positive multiple of the kv heads H_kv, got q ",
-           q.describe(), ", k_cache ", k_cache.describe());
+  const int64_t H = check_query_heads(q, k_cache, op);
   check_same_dtype(q, k_cache, op, "q", "k_cache");
   check_same_dtype(q, v_cache, op, "q", "v_cache");
   check_same_device(q, k_cache, op, "q", "k_cache");
   check_same_device(q, v_cache, op, "q", "v_cache");
   check_rows(lengths, k_cache, B, 0, L, op, "lengths");
-  XT_CHECK(std::isfinite(scale), ValueError, op, ": scale must be finite, got ", scale);
-  const double sc = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+  const double sc = attention_scale(scale, D, op);
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   if (out.numel() == 0) return out;
   XT_KERNEL(q.device(), decode_attention, q.dtype(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
@@ -162,12 +173,10 @@ Tensor decode_prep_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
                              const Tensor& wk, double eps, double theta, double scale) {
   const char* op = "decode_prep_attention";
   check_prep(q, k, v, k_cache, v_cache, positions, wq, wk, eps, theta, op);
-  const int64_t B = k_cache.size(0), L = k_cache.size(1), Hkv = k_cache.size(2), D = k_cache.size(3), H = q.size(1);
-  XT_CHECK(H >= 1 && H % Hkv == 0, ValueError, op, ": the query heads H must be a positive multiple of the kv heads H_kv, got q ",
-           q.describe(), ", k_cache ", k_cache.describe());
+  const int64_t B = k_cache.size(0), L = k_cache.size(1), Hkv = k_cache.size(2), D = k_cache.size(3);
+  const int64_t H = check_query_heads(q, k_cache, op);
   check_rows(lengths, k_cache, B, 0, L, op, "lengths");
-  XT_CHECK(std::isfinite(scale), ValueError, op, ": scale must be finite, got ", scale);
-  const double sc = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+  const double sc = attention_scale(scale, D, op);
   k_cache.bump_version();
   v_cache.bump_version();
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());

@@ -245,8 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     graphs = t.add_mutually_exclusive_group()
     graphs.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_const", const=True, default=True,
                         help="on a GPU, capture the training step as CUDA graphs after two eager steps and "
-                             "replay them (the default; bitwise the same results; one GPU, else the steps stay "
-                             "eager and the run says why)")
+                             "replay them (the default; bitwise the same results; data-parallel ranks too; a "
+                             "capture that fails leaves the steps eager and the run says why)")
     graphs.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_const", const=False,
                         help="run every step eagerly (no graph capture)")
     t.add_argument("--vocab-size", type=_positive_int, default=4096,
