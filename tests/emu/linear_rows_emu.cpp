@@ -198,10 +198,12 @@ void one_case(int M, int64_t K, const std::vector<int64_t>& N, DType dt, double 
 }
 
 // rms_norm_linear_rows' launcher (linear_rows.cu), with <<<>>> replaced by emu::launch; scalar
-// forces the scalar loads.
+// forces the scalar loads, staged the shared-memory kernel where the register one would run (Note
+// [A lone row's norm in registers]), rows8 that kernel compiled for 8 rows.
 template <typename T, typename W>
 void cuda_norm_rows(const T* x, const T* res, const W* nw, T* h, int M, int64_t K, const std::vector<const T*>& w,
-                    const std::vector<int64_t>& N, bool glu, T* out, bool scalar, bool rows8 = false) {
+                    const std::vector<int64_t>& N, bool glu, T* out, bool scalar, bool rows8 = false,
+                    bool staged = false, bool* used_registers = nullptr) {
   using C = xt::kernels::compute_t<T>;
   constexpr int V = lr::chunk_elems<T>();
   const bool io_vec = !scalar && K % V == 0 && cu::aligned_to(x, 16) &&
@@ -227,6 +229,27 @@ void cuda_norm_rows(const T* x, const T* res, const W* nw, T* h, int M, int64_t 
       return;
     }
     const dim3 grid(unsigned(cols > 0 ? cu::ceil_div(cols, lr::kRowsWarps) : 1)), block(lr::kRowsThreads);
+    bool in_registers = false;
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      const auto go = [&](auto nc) {
+        constexpr int NC = decltype(nc)::value;
+        if (in_registers || !lr::norm_row_in_registers<NC>(M, K)) return;
+        in_registers = true;
+        emu::launch(grid, block, 0, [&] {
+          if (glu && res != nullptr) lr::norm_linear_row_kernel<NC, true, true, W>(x, nm, ws, o);
+          else if (glu) lr::norm_linear_row_kernel<NC, true, false, W>(x, nm, ws, o);
+          else if (res != nullptr) lr::norm_linear_row_kernel<NC, false, true, W>(x, nm, ws, o);
+          else lr::norm_linear_row_kernel<NC, false, false, W>(x, nm, ws, o);
+        });
+      };
+      if (vec && !staged && !rows8 && nm.G == cu::kWarp && cu::aligned_to(nw, 16)) {
+        go(std::integral_constant<int, 1>{});
+        go(std::integral_constant<int, 2>{});
+        go(std::integral_constant<int, 3>{});
+        go(std::integral_constant<int, 4>{});
+      }
+    }
+    if (used_registers != nullptr) *used_registers = in_registers;
     const auto run = [&](auto r) {
       constexpr int R = decltype(r)::value;
       emu::launch(grid, block, smem, [&] {
@@ -239,8 +262,13 @@ void cuda_norm_rows(const T* x, const T* res, const W* nw, T* h, int M, int64_t 
         }
       });
     };
-    if (M == 1 && !rows8) run(std::integral_constant<int, 1>{});
-    else run(std::integral_constant<int, lr::kMaxRows>{});
+    if (in_registers) {
+      // launched above
+    } else if (M == 1 && !rows8) {
+      run(std::integral_constant<int, 1>{});
+    } else {
+      run(std::integral_constant<int, lr::kMaxRows>{});
+    }
     o += M * cols;
   }
 }
@@ -307,6 +335,18 @@ void norm_case(int M, int64_t K, const std::vector<int64_t>& N, bool add, bool g
     cuda_norm_rows<T, W>(x.data(), add ? res.data() : nullptr, nw.data(), add ? h.data() : nullptr, M, K, w, N, glu,
                          got.data(), false, true);
     expect_bits("compiled for 8 rows: out", got, ref);
+    bool in_registers = false;  // which kernel the 16-byte runs above took
+    std::vector<T> h2(n_x, from_float<T>(-7.0f)), got2(n_out, from_float<T>(-7.0f));
+    cuda_norm_rows<T, W>(x.data(), add ? res.data() : nullptr, nw.data(), add ? h2.data() : nullptr, M, K, w, N, glu,
+                         got2.data(), false, false, false, &in_registers);
+    if (in_registers) {  // the shared-memory kernel compiled for one row on the same data
+      std::vector<T> h3(n_x, from_float<T>(-7.0f)), got3(n_out, from_float<T>(-7.0f));
+      cuda_norm_rows<T, W>(x.data(), add ? res.data() : nullptr, nw.data(), add ? h3.data() : nullptr, M, K, w, N,
+                           glu, got3.data(), false, false, true);
+      expect_bits("registers vs staged: out", got2, got3);
+      if (add) expect_bits("registers vs staged: h", h2, h3);
+    }
+    std::printf("    %-34s %s\n", "norm in registers", in_registers ? "yes" : "no");
   }
 
   // The CPU reference (its own norm's summation order): within tolerance of the output's scale.
@@ -353,6 +393,15 @@ int main() {
   norm_case<double, double>(4, 130, {7, 5}, true, false, DType::Float64, DType::Float64, 1e-13);
   norm_case<double, float>(1, 31, {6, 6}, false, true, DType::Float64, DType::Float32, 1e-13);  // G 4, odd K
   norm_case<float, float>(2, 64, {0}, true, false, DType::Float32, DType::Float32, 1e-5);        // no columns: h only
+  // The lone row's norm in registers (bf16, M = 1, K = 256 * NC): every width, both norm weight
+  // types, with and without the residual, swiglu, several launches, a grid of one block with
+  // idle warps, no columns (h only).
+  norm_case<bf16_t, bf16_t>(1, 256, {7, 3}, true, false, DType::BFloat16, DType::BFloat16, 2e-2);
+  norm_case<bf16_t, float>(1, 512, {33, 33}, true, true, DType::BFloat16, DType::Float32, 2e-2);
+  norm_case<bf16_t, bf16_t>(1, 1024, {9}, false, false, DType::BFloat16, DType::BFloat16, 2e-2);
+  norm_case<bf16_t, float>(1, 1024, {21, 21}, false, true, DType::BFloat16, DType::Float32, 2e-2);
+  norm_case<bf16_t, float>(1, 256, {3, 1, 4, 1, 5, 9, 2, 6, 5, 3}, true, false, DType::BFloat16, DType::Float32, 2e-2);
+  norm_case<bf16_t, float>(1, 768, {0}, true, false, DType::BFloat16, DType::Float32, 2e-2);
   std::printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "passed", g_failures);
   return g_failures ? 1 : 0;
 }

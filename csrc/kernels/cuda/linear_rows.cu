@@ -9,6 +9,10 @@
 //    writing its own blocks of out. Launch shapes depend only on M, K, the N's and the dtype.
 #include "kernels/cuda/linear_rows.cuh"
 
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
 namespace xt {
 namespace kernels {
 namespace cuda {
@@ -41,6 +45,46 @@ void launch_norm_rows(const T* x, const rows::RowsNorm& nm, const rows::Weights&
     rows::norm_linear_rows_kernel<kVec, kGlu, rows::kMaxRows, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(
         x, nm, ws, out, M, K);
   XT_LAUNCH_CHECK();
+}
+
+// Note [A lone row's norm in registers] (linear_rows.cuh): M = 1, a wide bf16 row, the 16-byte
+// path. Returns false (nothing launched) where it does not apply.
+template <bool kGlu, typename T>
+bool launch_norm_row_in_registers(const T* x, const rows::RowsNorm& nm, const rows::Weights& ws, T* out, int M,
+                                  int64_t K, const OnStream& on) {
+  // XT_NORM_ROWS_STAGED=1: the staged kernel everywhere (the A/B of the register path).
+  static const bool staged = [] {
+    const char* e = std::getenv("XT_NORM_ROWS_STAGED");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  if constexpr (!std::is_same_v<T, bf16_t>) {
+    return false;
+  } else {
+    if (staged || M != 1 || nm.G != kWarp || !aligned_to(nm.w, 16)) return false;
+    const int64_t cols = kGlu ? ws.col0[1] : ws.col0[ws.n];
+    const auto blocks = static_cast<unsigned>(cols > 0 ? ceil_div(cols, rows::kRowsWarps) : 1);
+    bool launched = false;
+    const auto go = [&](auto nc, auto wtag) {
+      constexpr int NC = decltype(nc)::value;
+      using W = typename decltype(wtag)::type;
+      if (launched || !rows::norm_row_in_registers<NC>(M, K)) return;
+      if (nm.res != nullptr)
+        rows::norm_linear_row_kernel<NC, kGlu, true, W><<<blocks, rows::kRowsThreads, 0, on.s>>>(x, nm, ws, out);
+      else
+        rows::norm_linear_row_kernel<NC, kGlu, false, W><<<blocks, rows::kRowsThreads, 0, on.s>>>(x, nm, ws, out);
+      XT_LAUNCH_CHECK();
+      launched = true;
+    };
+    const auto each_width = [&](auto wtag) {
+      go(std::integral_constant<int, 1>{}, wtag);
+      go(std::integral_constant<int, 2>{}, wtag);
+      go(std::integral_constant<int, 3>{}, wtag);
+      go(std::integral_constant<int, 4>{}, wtag);
+    };
+    if (nm.w_f32) each_width(TypeTag<float>{});
+    else each_width(TypeTag<bf16_t>{});
+    return launched;
+  }
 }
 
 }  // namespace
@@ -81,7 +125,10 @@ void rms_norm_linear_rows(DType dt, DType w_dt, const void* x, const void* res, 
       if (cols > 0 || nm.h != nullptr) {
         const T* xt = static_cast<const T*>(x);
         const int m = static_cast<int>(M);
-        if (glu) {
+        if (vec && (glu ? launch_norm_row_in_registers<true>(xt, nm, ws, o, m, K, on)
+                        : launch_norm_row_in_registers<false>(xt, nm, ws, o, m, K, on))) {
+          // launched: the lone row's norm in registers
+        } else if (glu) {
           if (vec) launch_norm_rows<true, true>(xt, nm, ws, o, m, K, on);
           else launch_norm_rows<false, true>(xt, nm, ws, o, m, K, on);
         } else {

@@ -318,6 +318,99 @@ __global__ void __launch_bounds__(kRowsThreads)
   }
 }
 
+// Note [A lone row's norm in registers]
+// At batch 1 (M = 1) of a wide bf16 row (K = 256 * NC, NC = 1..4: rmsnorm::wide_forward_chunks)
+// on the 16-byte path, the chunks a lane multiplies (lane, lane + 32, ...: elements [256c + 8 lane,
+// 256c + 8 lane + 8) for c < NC) are exactly the elements the wide norm order gives that lane
+// (Note [Wide RMSNorm forward]). So norm_linear_row_kernel lets every warp normalise the row
+// itself, in registers: the lane loads its NC 16-byte packs of x (and res) and of the norm weight,
+// forms h rounded to bf16, sums its squares in the wide order, warp_sum (group_sum<32>), rms_rstd,
+// y = h * rstd * w rounded once, then multiplies y with its weight rows. No shared memory and no
+// barrier: norm_linear_rows_kernel's three barrier phases (and their ~2 us at dim 768) disappear,
+// at the price of each warp reading the 1.5 KB row (3 KB with res) from L2 instead of each block.
+// Warp 0 of block 0 writes h. The bits are norm_linear_rows_kernel's: the same sums in the same
+// order, the same rounding points (tests/emu/linear_rows_emu.cpp compares them).
+template <int NC>
+constexpr bool norm_row_in_registers(int64_t M, int64_t K) {
+  return M == 1 && K == static_cast<int64_t>(NC) * rmsnorm::kWideChunk;
+}
+
+// grid: ceil(columns / kRowsWarps) blocks (at least one: block 0 writes h) of kRowsThreads, no
+// shared memory. x, res, h, the norm weight w (W) and every weight start at 16-byte boundaries.
+template <int NC, bool kGlu, bool kAdd, typename W>
+__global__ void __launch_bounds__(kRowsThreads)
+    norm_linear_row_kernel(const bf16_t* __restrict__ x, RowsNorm nm, Weights ws, bf16_t* __restrict__ out) {
+  using T = bf16_t;
+  using C = float;
+  using P = Pack<T, 8>;
+  constexpr int kPW = 16 / static_cast<int>(sizeof(W));  // norm weights per 16-byte pack
+  constexpr int kW = 8 / kPW;                             // 16-byte packs of the norm weight per chunk
+  using PW = Pack<W, kPW>;
+  constexpr int64_t K = static_cast<int64_t>(NC) * rmsnorm::kWideChunk;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kRowsWarps + warp;
+  const auto [valid, i, n, N] = find_column<kGlu>(ws, col);
+  T* __restrict__ h = blockIdx.x == 0 && warp == 0 ? static_cast<T*>(nm.h) : nullptr;
+  if (!valid && h == nullptr) return;  // no barrier below
+  const int64_t base = lane * 8;       // the lane's element in each chunk of 256
+  const T* wr = static_cast<const T*>(ws.w[i]) + (valid ? n : 0) * K + base;
+  const T* ur = kGlu ? static_cast<const T*>(ws.w[1]) + (valid ? n : 0) * K + base : nullptr;
+  P wp[NC], up[kGlu ? NC : 1];
+  if (valid) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      wp[c] = *reinterpret_cast<const P*>(wr + c * rmsnorm::kWideChunk);
+      if constexpr (kGlu) up[c] = *reinterpret_cast<const P*>(ur + c * rmsnorm::kWideChunk);
+    }
+  }
+  // The norm: every load of the row before any use, then norm_linear_rows_kernel's expressions.
+  const T* __restrict__ res = kAdd ? static_cast<const T*>(nm.res) : nullptr;
+  const W* __restrict__ nw = static_cast<const W*>(nm.w) + base;
+  P a[NC], b[NC];
+  PW g[NC][kW];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    a[c] = *reinterpret_cast<const P*>(x + base + c * rmsnorm::kWideChunk);
+    if constexpr (kAdd) b[c] = *reinterpret_cast<const P*>(res + base + c * rmsnorm::kWideChunk);
+#pragma unroll
+    for (int k = 0; k < kW; ++k) g[c][k] = *reinterpret_cast<const PW*>(nw + c * rmsnorm::kWideChunk + k * kPW);
+  }
+  C ss = 0;  // h stays in a (bf16 to float is exact: a[c].v[e] is the value the staged kernel keeps)
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      C t = to_compute(a[c].v[e]);
+      if constexpr (kAdd) {
+        t = rounded<T>(apply_binary(BinaryOp::Add, t, to_compute(b[c].v[e])));  // h as add_rms_norm stores it
+        a[c].v[e] = from_compute<T>(t);
+      }
+      ss = rmsnorm::fma_dev(t, t, ss);  // wide_lane_sum_sq's order and expression
+    }
+  if (kAdd && h != nullptr)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) *reinterpret_cast<P*>(h + base + c * rmsnorm::kWideChunk) = a[c];
+  if (!valid) return;
+  const C r = rms_rstd(warp_sum(ss), K, nm.eps);
+  C acc = 0, acc_u = 0;
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const C wn = static_cast<C>(to_compute(g[c][e / kPW].v[e % kPW]));
+      const C y = to_compute(from_compute<T>(static_cast<C>(to_compute(a[c].v[e]) * r * wn)));  // y as the staged kernel rounds it
+      acc += to_compute(wp[c].v[e]) * y;
+      if constexpr (kGlu) acc_u += to_compute(up[c].v[e]) * y;
+    }
+  if constexpr (kGlu) {
+    const C gs = rounded<T>(warp_sum(acc)), us = rounded<T>(warp_sum(acc_u));
+    if (lane == 0) out[n] = from_compute<T>(swiglu_value(gs, us));
+  } else {
+    const C s = warp_sum(acc);
+    if (lane == 0) out[ws.col0[i] + n] = from_compute<T>(s);
+  }
+}
+
 }  // namespace rows
 }  // namespace cuda
 }  // namespace kernels
