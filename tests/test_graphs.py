@@ -493,6 +493,7 @@ def test_capture_and_replay_follow_the_static_input():
     ("device-to-host copy", lambda x: x.numpy()),
     ("host-to-device copy", lambda x: xtrain.tensor(np.ones(3, np.float32), device="cuda")),
     ("read_async", lambda x: xtrain.cuda.read_async([ops.sum(x)])),
+    ("read_async", lambda x: xtrain.cuda.read_array_async(x)),
     ("synchronize", lambda x: xtrain.cuda.synchronize()),
     ("empty_cache", lambda x: xtrain.cuda.empty_cache()),
 ])

@@ -285,3 +285,23 @@ def test_read_async_gives_the_values(device):
     assert pending.wait() == [5.0, 7, 2.5] and pending.ready()
     with pytest.raises(ValueError, match="one-element"):
         xtrain.cuda.read_async([xtrain.zeros((2,), device=device)])
+
+
+def test_read_array_async_gives_the_tensor_as_queued(device):
+    """xtrain.cuda.read_array_async: a whole tensor's values at the point the read was queued (generate's
+    token ring), any size (pinned slots beyond the scalar reads' 64 bytes), reused across reads."""
+    ring = xtrain.tensor(np.arange(32 * 3, dtype=np.int64).reshape(32, 3), device=device)
+    first = xtrain.cuda.read_array_async(ring)
+    ring.copy_(xtrain.tensor(2 * np.arange(96).reshape(32, 3), device=device))  # queued after the read
+    second = xtrain.cuda.read_array_async(ring)
+    got = first.wait()
+    assert got.dtype == np.int64 and got.shape == (32, 3) and first.ready()
+    np.testing.assert_array_equal(got, np.arange(96).reshape(32, 3))
+    np.testing.assert_array_equal(second.wait(), 2 * np.arange(96).reshape(32, 3))
+    for shape, dtype in [((5,), "float32"), ((2, 2), "float64"), ((0, 4), "int64"), ((300,), "int32")]:
+        want = np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
+        out = xtrain.cuda.read_array_async(xtrain.tensor(want, device=device)).wait()
+        assert out.dtype == want.dtype
+        np.testing.assert_array_equal(out, want)
+    with pytest.raises(TypeError, match="bfloat16"):
+        xtrain.cuda.read_array_async(xtrain.zeros((2,), device=device).to("bfloat16"))

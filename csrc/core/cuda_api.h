@@ -44,7 +44,9 @@ void memset_zero(void* dst, Device dev, size_t nbytes);  // async on the current
 // host does not wait when it asks. wait() is the sync point: it blocks until the event (not the
 // whole stream: work queued later keeps the GPU busy), raises what the device-side index checks
 // found, and returns the bytes.
-constexpr size_t kHostReadMax = 64;  // bytes per HostRead: a few scalars
+// Any size: the pinned slots are pooled by capacity (the greedy decode loop reads its token ring,
+// R x B int64, this way).
+constexpr size_t kHostReadMax = 64;  // bytes of the smallest slot: a few scalars
 class HostRead {
  public:
   HostRead(const void* src, int device, size_t nbytes);
@@ -56,6 +58,7 @@ class HostRead {
  private:
   void* host_ = nullptr;
   void* event_ = nullptr;
+  size_t bytes_ = 0;  // the slot's capacity
   int device_ = 0;
 };
 

@@ -1,4 +1,5 @@
 // Bindings: allocator stats and limits, CUDA runtime queries.
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,6 +66,50 @@ class PendingValues {
   std::vector<DType> dtypes_;
   std::vector<std::unique_ptr<cuda::HostRead>> reads_;
   std::vector<std::vector<char>> cpu_;
+};
+
+// A whole tensor read without waiting for the stream (cuda::HostRead of its bytes): the copy of a
+// CUDA tensor is queued behind the work queued so far, a CPU tensor's bytes are taken at once;
+// wait() gives a numpy array of the tensor's shape and dtype (a copy). bf16 has no numpy dtype:
+// TypeError (cast first).
+class PendingArray {
+ public:
+  explicit PendingArray(const Tensor& t) : dtype_(t.dtype()), shape_(t.shape().begin(), t.shape().end()) {
+    XT_CHECK(t.defined(), ValueError, "read_array_async: the tensor is undefined");
+    XT_CHECK(t.dtype() != DType::BFloat16, TypeError,
+             "read_array_async: numpy has no bfloat16; cast the tensor first (to float32)");
+    nbytes_ = static_cast<size_t>(t.nbytes());
+    if (t.device().is_cuda()) {
+      read_ = std::make_unique<cuda::HostRead>(t.data_ptr(), t.device().index, nbytes_);
+    } else {
+      const char* p = static_cast<const char*>(t.data_ptr());
+      cpu_.assign(p, p + nbytes_);
+    }
+  }
+  PendingArray(const PendingArray&) = delete;
+  PendingArray& operator=(const PendingArray&) = delete;
+  bool ready() const { return !read_ || read_->ready(); }
+  py::array wait() {
+    const void* bytes = nullptr;
+    {
+      py::gil_scoped_release nogil;
+      bytes = read_ ? read_->wait() : cpu_.data();
+    }
+    py::dtype dt = dtype_ == DType::Float32   ? py::dtype::of<float>()
+                   : dtype_ == DType::Float64 ? py::dtype::of<double>()
+                   : dtype_ == DType::Int32   ? py::dtype::of<int32_t>()
+                                              : py::dtype::of<int64_t>();
+    py::array out(dt, shape_);
+    if (nbytes_) std::memcpy(out.mutable_data(), bytes, nbytes_);
+    return out;
+  }
+
+ private:
+  DType dtype_;
+  std::vector<py::ssize_t> shape_;
+  size_t nbytes_ = 0;
+  std::unique_ptr<cuda::HostRead> read_;
+  std::vector<char> cpu_;
 };
 
 py::dict stats_dict(const MemoryStats& s) {
@@ -142,6 +187,12 @@ void init_memory(py::module_& m) {
         py::arg("tensors"),
         "Queue copies of one-element tensors to the host without waiting for the stream; "
         ".wait() returns their values (and waits only for the work queued before this call)");
+  py::class_<PendingArray>(c, "PendingArray", "A tensor's values on their way to the host (read_array_async)")
+      .def("ready", &PendingArray::ready, "True once the copy has landed (never waits)")
+      .def("wait", &PendingArray::wait, "The values as a numpy array (a copy); waits for them (a sync point)");
+  c.def("read_array_async", [](const Tensor& t) { return new PendingArray(t); }, py::arg("tensor"),
+        "Queue a copy of a whole tensor (not bfloat16) to the host without waiting for the stream; "
+        ".wait() returns it as a numpy array and waits only for the work queued before this call");
   c.def("runtime_info", &cuda::runtime_info, "Driver, runtime and cuBLAS versions");
   py::class_<cuda::Graph>(c, "Graph",
                           "A CUDA graph of the work this thread queues on its stream of one device between "

@@ -18,6 +18,10 @@ allow_tf32 = _C.cuda.allow_tf32
 # the host without waiting for the stream (waits, at .wait(), only for the work queued before).
 read_async = _C.cuda.read_async
 PendingValues = _C.cuda.PendingValues
+# read_array_async(t).wait() -> numpy array: a whole tensor (not bfloat16), the same way (generate's
+# token ring).
+read_array_async = _C.cuda.read_array_async
+PendingArray = _C.cuda.PendingArray
 
 
 def _dev(device):

@@ -350,33 +350,41 @@ std::string runtime_info() {
 }
 
 // HostRead slots: pinned buffers with their events, reused per (thread, device) so a read per step
-// allocates nothing (cudaFreeHost could wait for the device).
+// allocates nothing (cudaFreeHost could wait for the device). A slot holds at least kHostReadMax
+// bytes; a larger read takes the smallest free slot that fits, or a new one of its size rounded up
+// to 256 bytes (the decode loop's token ring: the same size every time, so one allocation).
 namespace {
 struct ReadSlot {
   void* host = nullptr;
   cudaEvent_t event = nullptr;
+  size_t bytes = 0;
 };
 thread_local std::vector<ReadSlot> tl_read_slots[kMaxDevices];
 }  // namespace
 
 HostRead::HostRead(const void* src, int device, size_t nbytes) : device_(device) {
-  XT_CHECK(nbytes <= kHostReadMax, ValueError, "HostRead: at most ", kHostReadMax, " bytes, got ", nbytes);
   // Its event could not be waited on while the stream captures; read the graph's output after
   // the replay instead.
   check_not_capturing("read_async");
   DeviceGuard guard(device);
   cudaStream_t s = static_cast<cudaStream_t>(current_stream(device));
   std::vector<ReadSlot>& free_slots = tl_read_slots[device];
+  size_t best = free_slots.size();
+  for (size_t k = 0; k < free_slots.size(); ++k)
+    if (free_slots[k].bytes >= nbytes && (best == free_slots.size() || free_slots[k].bytes < free_slots[best].bytes))
+      best = k;
   ReadSlot slot;
-  if (!free_slots.empty()) {
-    slot = free_slots.back();
-    free_slots.pop_back();
+  if (best < free_slots.size()) {
+    slot = free_slots[best];
+    free_slots.erase(free_slots.begin() + static_cast<std::ptrdiff_t>(best));
   } else {
-    XT_CUDA_CHECK(cudaHostAlloc(&slot.host, kHostReadMax, cudaHostAllocDefault));
+    slot.bytes = nbytes <= kHostReadMax ? kHostReadMax : (nbytes + 255) / 256 * 256;
+    XT_CUDA_CHECK(cudaHostAlloc(&slot.host, slot.bytes, cudaHostAllocDefault));
     XT_CUDA_CHECK(cudaEventCreateWithFlags(&slot.event, cudaEventDisableTiming));
   }
   host_ = slot.host;
   event_ = slot.event;
+  bytes_ = slot.bytes;
   if (nbytes) XT_CUDA_CHECK(cudaMemcpyAsync(host_, src, nbytes, cudaMemcpyDeviceToHost, s));
   XT_CUDA_CHECK(cudaEventRecord(slot.event, s));
 }
@@ -384,7 +392,7 @@ HostRead::HostRead(const void* src, int device, size_t nbytes) : device_(device)
 HostRead::~HostRead() {
   if (!host_) return;
   cudaEventSynchronize(static_cast<cudaEvent_t>(event_));  // the copy must land before the slot is reused
-  tl_read_slots[device_].push_back(ReadSlot{host_, static_cast<cudaEvent_t>(event_)});
+  tl_read_slots[device_].push_back(ReadSlot{host_, static_cast<cudaEvent_t>(event_), bytes_});
 }
 
 bool HostRead::ready() const { return cudaEventQuery(static_cast<cudaEvent_t>(event_)) == cudaSuccess; }

@@ -22,8 +22,9 @@ Decisions:
 - Greedy decoding picks on the device: ops.greedy_next_ takes each row's argmax of the step's
   logits (the first of equal maxima, as numpy's argmax) and advances the row's state (token fed
   next, position, length, done) in device memory, and writes the token into a ring of R steps. The
-  host launches R steps back to back and reads the ring once per R tokens, so it never waits on
-  the GPU in between (the one sync point per step was most of a batch-1 step's time).
+  host launches R steps back to back, queues an asynchronous read of the ring, launches the next
+  R, and only then waits for the first read: it never waits on the GPU in between (the one sync
+  point per step was most of a batch-1 step's time), and the GPU is never left without work.
 - Sampling runs on the host (numpy, float64) from the step's (B, V) logits, the one sync point
   per step. Order: temperature, top-k, top-p, then one draw per active row in row order from one
   numpy Generator (seeded with `seed`, or the caller's `generator`), so the same call repeats.
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import numbers
 import sys
+from collections import deque
 
 import numpy as np
 
@@ -179,7 +181,8 @@ class DecodeGraph:
 
 
 # The greedy path's ring: steps launched back to back between two reads of the tokens (the host
-# learns of a stop token up to this many steps late; the extra steps change nothing it keeps).
+# reads a chunk of this many steps while the next is queued, so it learns of a stop token up to
+# twice this many steps late; the extra steps change nothing it keeps).
 GREEDY_RING = 32
 # Tests set this False to run greedy decoding through pick() on the host (the reference).
 DEVICE_GREEDY = True
@@ -260,26 +263,36 @@ def _decode_greedy(model, cache, logits, out, lens, limit, stop_token, capture) 
 
     runner = DecodeGraph(model, step, capture)
     cur, finished = lens.copy(), lens >= limit
-    read, calls = 0, 1                        # ring entries read so far, greedy_next_ calls made
+    # Calls are launched in chunks of R (call c writes ring slot c % R), each followed by an
+    # asynchronous read of the ring; a chunk's tokens are taken in only once the next chunk is
+    # queued, so the GPU always has a chunk of steps ahead while the host waits and unpacks
+    # (reading right after a chunk left it idle from the read until the next launch).
+    pending = deque()                         # (first call, end call, the ring's read) per chunk
+    start, calls = 0, 1                       # the next chunk's first call; greedy_next_ calls made
     while True:
-        if calls - read == R or calls == picks:
-            # Sync point, once per R steps: the ring's tokens come to the host.
-            toks = ring.numpy()
-            for c in range(read, calls):
-                row = toks[c % R]
-                taken = row >= 0
-                finished |= ~taken
-                idx = np.flatnonzero(taken)
-                out[idx, cur[idx]] = row[idx]
-                cur[idx] += 1
-                if stop_token is not None:
-                    finished[idx[row[idx] == stop_token]] = True
-            read = calls
-            finished |= cur >= limit
-            if finished.all() or calls == picks:
-                return cur
-        runner.run()
-        calls += 1
+        if start < picks:
+            end = min(start + R, picks)
+            while calls < end:
+                runner.run()
+                calls += 1
+            pending.append((start, end, xtrain.cuda.read_array_async(ring)))
+            start = end
+            if len(pending) < 2 and start < picks:
+                continue
+        first, end, read = pending.popleft()
+        toks = read.wait()                    # sync point: waits for this chunk only
+        for c in range(first, end):
+            row = toks[c % R]
+            taken = row >= 0
+            finished |= ~taken
+            idx = np.flatnonzero(taken)
+            out[idx, cur[idx]] = row[idx]
+            cur[idx] += 1
+            if stop_token is not None:
+                finished[idx[row[idx] == stop_token]] = True
+        finished |= cur >= limit
+        if finished.all() or end == picks:
+            return cur
 
 
 def _decode_sampled(model, cache, logits, out, lens, limit, temperature, top_k, top_p, greedy, rng, stop_token,
