@@ -188,6 +188,10 @@ def test_decode_prep_attention_is_prep_then_attention_bitwise(device, dtype, w_d
     got = ops.decode_prep_attention(q, k, v, *caches[1], positions, lengths, wq, wk, eps=1e-5, theta=5000.0, scale=0.3)
     assert got.dtype == q.dtype and tuple(got.shape) == (B, H, D)
     assert np.array_equal(got.numpy(), want.numpy())
+    # The L2 hint changes no value (the same slots rewritten with the same values)
+    hinted = ops.decode_prep_attention(q, k, v, *caches[1], positions, lengths, wq, wk, eps=1e-5, theta=5000.0,
+                                       scale=0.3, prefetch=[q, caches[0][0], xtrain.zeros(0, device=device)])
+    assert np.array_equal(hinted.numpy(), want.numpy())
     for a, b in zip(caches[0], caches[1]):
         assert np.array_equal(a.numpy(), b.numpy())
     # the attention itself, against the float64 reference over the prepared q and the caches
@@ -208,6 +212,13 @@ def test_decode_prep_attention_bad_arguments(device):
         ops.decode_prep_attention(q, k, k, cache, cache, pos, pos, xtrain.ones(4, device=device), None)
     with pytest.raises(ValueError, match="scale must be finite"):
         ops.decode_prep_attention(q, k, k, cache, cache, pos, pos, scale=float("nan"))
+    with pytest.raises(ValueError, match="at most 8 prefetch"):
+        ops.decode_prep_attention(q, k, k, cache, cache, pos, pos, prefetch=[q] * 9)
+    with pytest.raises(TypeError):
+        ops.decode_prep_attention(q, k, k, cache, cache, pos, pos, prefetch=[None])
+    if device != "cpu":
+        with pytest.raises(ValueError, match="on q's device"):
+            ops.decode_prep_attention(q, k, k, cache, cache, pos, pos, prefetch=[xtrain.ones(3)])
     with pytest.raises(IndexError, match="lengths"):
         ops.decode_prep_attention(q, k, k, cache, cache, pos, xtrain.tensor(np.array([1, 6]), device=device)).numpy()
     with pytest.raises(IndexError, match="positions"):

@@ -38,6 +38,8 @@ enum class RandomKind : int { Uniform, Normal };
 
 // linear_rows takes at most this many rows (the decode step's batch at which it replaces GEMMs).
 constexpr int64_t kLinearRowsMaxRows = 8;
+// decode_prep_attention's L2 hint: at most this many byte ranges.
+constexpr int kMaxL2Prefetch = 8;
 
 // rms_norm_linear_rows' CUDA kernel keeps M rows of K elements, normed, in one block's shared
 // memory (Note [The decode step's norm fused into its matrix-vector product],
@@ -235,12 +237,14 @@ inline float adamw_no_decay(const AdamWParams& hp) { return 1.0f - hp.lr * 0.0f;
                    void* stream);                                                                       \
   /* decode_prep_attention: decode_prep (q_out kept internal) then decode_attention(q_out, the */    \
   /* caches, len, scale) -> out [B, H, D], bitwise that composition; CUDA runs both in one kernel */  \
-  /* where decode_attention's one-pass kernel applies (Note [Decode attention in one pass]). */        \
+  /* where decode_attention's one-pass kernel applies (Note [Decode attention in one pass]). The */   \
+  /* n_pf byte ranges (pf[i], pf_bytes[i]) are a hint: CUDA's fused kernel asks L2 for them on */     \
+  /* SMs the attention leaves idle (Note [The next matrices into L2 during the decode attention]). */ \
   void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, const void* v,         \
                              const void* wq, const void* wk, void* k_cache, void* v_cache,              \
                              const int64_t* pos, const int64_t* len, void* out, int64_t B, int64_t L,   \
                              int64_t H, int64_t Hkv, int64_t D, float eps, float theta, double scale,   \
-                             void* stream);                                                             \
+                             int n_pf, const void* const* pf, const int64_t* pf_bytes, void* stream);   \
   /* greedy_next: per row b of logits [B, V] (dt), tok = argmax (the first of equal maxima; NaN */     \
   /* above every number, the first NaN). state int64 [6, B] rows: 0 token, 1 position, 2 length, */   \
   /* 3 limit, 4 done, 5 count. A row not done whose position + 1 < limit takes tok: token = tok, */   \

@@ -170,9 +170,22 @@ Tensor decode_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 
 Tensor decode_prep_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                              const Tensor& v_cache, const Tensor& positions, const Tensor& lengths, const Tensor& wq,
-                             const Tensor& wk, double eps, double theta, double scale) {
+                             const Tensor& wk, double eps, double theta, double scale,
+                             const std::vector<Tensor>& prefetch) {
   const char* op = "decode_prep_attention";
   check_prep(q, k, v, k_cache, v_cache, positions, wq, wk, eps, theta, op);
+  XT_CHECK(static_cast<int>(prefetch.size()) <= kMaxL2Prefetch, ValueError, op, ": at most ", kMaxL2Prefetch,
+           " prefetch tensors, got ", prefetch.size());
+  std::vector<const void*> pf;
+  std::vector<int64_t> pf_bytes;
+  for (size_t i = 0; i < prefetch.size(); ++i) {
+    const Tensor& t = prefetch[i];
+    XT_CHECK(t.defined(), ValueError, op, ": prefetch[", i, "] is undefined");
+    XT_CHECK(t.device() == q.device(), ValueError, op, ": prefetch[", i, "] must be on q's device ",
+             q.device().str(), ", got ", t.describe());
+    pf.push_back(t.data_ptr());
+    pf_bytes.push_back(t.nbytes());
+  }
   const int64_t B = k_cache.size(0), L = k_cache.size(1), Hkv = k_cache.size(2), D = k_cache.size(3);
   const int64_t H = check_query_heads(q, k_cache, op);
   check_rows(lengths, k_cache, B, 0, L, op, "lengths");
@@ -184,7 +197,8 @@ Tensor decode_prep_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
   XT_KERNEL(q.device(), decode_prep_attention, q.dtype(), wq.defined() ? wq.dtype() : q.dtype(), q.data_ptr(),
             k.data_ptr(), v.data_ptr(), wq.defined() ? wq.data_ptr() : nullptr, wk.defined() ? wk.data_ptr() : nullptr,
             k_cache.data_ptr(), v_cache.data_ptr(), positions.data<int64_t>(), lengths.data<int64_t>(), out.data_ptr(),
-            B, L, H, Hkv, D, static_cast<float>(eps), static_cast<float>(theta), sc, stream_for(q.device()));
+            B, L, H, Hkv, D, static_cast<float>(eps), static_cast<float>(theta), sc, static_cast<int>(pf.size()),
+            pf.data(), pf_bytes.data(), stream_for(q.device()));
   return out;
 }
 

@@ -236,9 +236,13 @@ Tensor decode_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 // decode_prep_attention: decode_prep (its arguments and checks) then decode_attention of the
 // prepared q over lengths (int64 [B] in [0, L]) with scale (<= 0: 1/sqrt(D)) -> out [B, H, D];
 // bitwise that composition, in one kernel on CUDA where the one-pass attention applies.
+// prefetch: up to kMaxL2Prefetch tensors on q's device that the ops after this one read (the
+// decode step's next weight matrices); a hint, no value depends on it (CPU: ignored).
+using kernels::kMaxL2Prefetch;
 Tensor decode_prep_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                              const Tensor& v_cache, const Tensor& positions, const Tensor& lengths, const Tensor& wq,
-                             const Tensor& wk, double eps, double theta, double scale);
+                             const Tensor& wk, double eps, double theta, double scale,
+                             const std::vector<Tensor>& prefetch = {});
 // greedy_next_: logits [B, V]; state int64 [6, B] (token, position, length, limit, done, count per
 // row; kernels.h's greedy_next has the rules); ring int64 [R, B]; stop < 0 means no stop token.
 void greedy_next_(const Tensor& logits, const Tensor& state, const Tensor& ring, int64_t stop);

@@ -100,17 +100,19 @@ void init_ops_model(py::module_& ops) {
                                       const Tensor& v_cache, const Tensor& positions, const Tensor& lengths,
                                       const std::optional<Tensor>& q_norm_weight,
                                       const std::optional<Tensor>& k_norm_weight, double eps, double theta,
-                                      std::optional<double> scale) {
+                                      std::optional<double> scale, const std::vector<Tensor>& prefetch) {
             py::gil_scoped_release nogil;
             return ops::decode_prep_attention(q, k, v, k_cache, v_cache, positions, lengths,
                                               q_norm_weight.value_or(Tensor()), k_norm_weight.value_or(Tensor()), eps,
-                                              theta, scale ? *scale : 0.0);
+                                              theta, scale ? *scale : 0.0, prefetch);
           }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("k_cache"), py::arg("v_cache"), py::arg("positions"),
           py::arg("lengths"), py::arg("q_norm_weight") = py::none(), py::arg("k_norm_weight") = py::none(),
           py::arg("eps") = 1e-6, py::arg("theta") = 10000.0, py::arg("scale") = py::none(),
+          py::arg("prefetch") = std::vector<Tensor>{},
           "decode_prep (k and v into their cache slots at positions[b], q normed and rotated) then decode_attention "
           "of that q over each row's first lengths[b] slots; returns [B, H, D]. Bitwise the two ops; on CUDA one "
-          "kernel where the one-pass attention applies; not differentiable");
+          "kernel where the one-pass attention applies; not differentiable. prefetch: up to 8 tensors on q's device "
+          "that the next ops read, asked into L2 by the SMs the attention leaves idle (a hint: no value changes)");
   ops.def("greedy_next_", [](const Tensor& logits, const Tensor& state, const Tensor& ring,
                              std::optional<int64_t> stop_token) {
             XT_CHECK(!stop_token || *stop_token >= 0, ValueError,

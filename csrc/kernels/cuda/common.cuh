@@ -87,6 +87,14 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
   (void)p;
 #endif
 }
+// The same into L2 only (for another kernel's later loads).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#ifndef XT_CUDA_EMULATION
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
 
 // ------------------------------------------------------------------ out-of-range indices
 

@@ -25,6 +25,7 @@
 //  - greedy_next: one block per row, each thread's first maximum over a strided share of the row,
 //    then a reduction that keeps the better value and, of equal ones, the lower index (so the
 //    result does not depend on the order: the row's first maximum); thread 0 updates the state.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -475,6 +476,33 @@ __global__ void __launch_bounds__(kPrepThreads)
   for (int64_t e = threadIdx.x; e < n; e += blockDim.x) v_cache[slot + e] = v[b * n + e];
 }
 
+// Note [The next matrices into L2 during the decode attention]
+// At batch 1 the one-pass attention has B * Hkv blocks (24 at dim768) on an H200's 132 SMs, for
+// ~6-9 us in which DRAM is idle: its keys and values come from L2. The matrix-vector kernels after
+// it (o_proj, gate/up, down_proj: 10.6 MB at dim768) each start by waiting on DRAM. So the fused
+// kernel takes up to kMaxL2Prefetch byte ranges (the op's `prefetch` tensors) and launches extra
+// blocks after its attention blocks that only ask L2 for those ranges' lines (prefetch.global.L2,
+// a few per thread) and exit; the later kernels' weight loads then hit L2. A hint: no value changes.
+struct L2Ranges {
+  const char* p[kMaxL2Prefetch];
+  int64_t lines[kMaxL2Prefetch + 1];  // prefix sums of the ranges' 128-byte lines
+  int n;
+  int64_t first;                      // the first prefetching block (after the attention's)
+};
+constexpr int64_t kL2LinesPerThread = 8;
+constexpr int64_t kL2MaxBlocks = 64;
+
+// This block's share of the ranges' lines (blocks first..gridDim.x-1 share them, thread-strided).
+__device__ __forceinline__ void prefetch_l2_ranges(const L2Ranges& r, int64_t first) {
+  const int64_t nthreads = (gridDim.x - first) * static_cast<int64_t>(blockDim.x);
+  int i = 0;
+  for (int64_t x = (blockIdx.x - first) * static_cast<int64_t>(blockDim.x) + threadIdx.x; x < r.lines[r.n];
+       x += nthreads) {
+    while (x >= r.lines[i + 1]) ++i;
+    prefetch_l2(r.p[i] + (x - r.lines[i]) * 128);
+  }
+}
+
 // Note [Decode head preparation inside the one-pass attention]
 // decode_prep_attention where the one-pass kernel applies: block (b, hk) first prepares what it
 // attends with, its G query rows (into shared memory) and kv head hk's k (into its cache slot), as
@@ -486,9 +514,14 @@ template <int Gl, int kV, typename T, typename W>
 __global__ void __launch_bounds__(kOneThreads, 1)
     decode_prep_one_pass_kernel(const T* q, const T* k, const T* v, const W* wq, const W* wk, T* k_cache, T* v_cache,
                                 const int64_t* pos, const int64_t* len, T* out, int64_t L, int H, int Hkv, int D,
-                                float eps, float theta, compute_t<T> qscale, int attn_smem, IndexErrorRecord* err) {
+                                float eps, float theta, compute_t<T> qscale, int attn_smem, L2Ranges pf,
+                                IndexErrorRecord* err) {
   using C = compute_t<T>;
   extern __shared__ __align__(16) unsigned char decode_smem[];
+  if (blockIdx.x >= pf.first) {  // Note [The next matrices into L2 during the decode attention]
+    prefetch_l2_ranges(pf, pf.first);
+    return;
+  }
   const int G = H / Hkv;
   const int64_t b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
   C* tab_cos = reinterpret_cast<C*>(decode_smem + attn_smem);  // past the attention's own space
@@ -663,9 +696,10 @@ void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void*
 void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq,
                            const void* wk, void* k_cache, void* v_cache, const int64_t* pos, const int64_t* len,
                            void* out, int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps, float theta,
-                           double scale, void* stream) {
+                           double scale, int n_pf, const void* const* pf, const int64_t* pf_bytes, void* stream) {
   if (B == 0 || D == 0) return;
   XT_ASSERT(D % 2 == 0, "decode_prep_attention: odd head dim ", D);
+  XT_ASSERT(n_pf >= 0 && n_pf <= kMaxL2Prefetch, "decode_prep_attention: ", n_pf, " prefetch ranges");
   OnStream on(stream);
   bool fused = false;
   // XT_DECODE_PREP_UNFUSED=1: decode_prep then decode_attention everywhere (the A/B of the fusion).
@@ -687,7 +721,20 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
     fused = true;  // Note [Decode head preparation inside the one-pass attention]
     const C qscale = static_cast<C>(scale * kLog2e);
     auto* err = xt::cuda::index_error_record(on.device);
-    const unsigned blocks = static_cast<unsigned>(B * Hkv);
+    L2Ranges ranges{};  // Note [The next matrices into L2 during the decode attention]
+    ranges.first = B * Hkv;
+    for (int i = 0; i < n_pf; ++i) {
+      if (pf_bytes[i] <= 0) continue;
+      const char* p = static_cast<const char*>(pf[i]);
+      const auto start = reinterpret_cast<uintptr_t>(p) / 128 * 128;  // whole lines
+      ranges.p[ranges.n] = reinterpret_cast<const char*>(start);
+      ranges.lines[ranges.n + 1] =
+          ranges.lines[ranges.n] + ceil_div(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) - start) + pf_bytes[i], 128);
+      ++ranges.n;
+    }
+    const int64_t pf_blocks = ranges.n == 0 ? 0
+                              : std::min(kL2MaxBlocks, ceil_div(ranges.lines[ranges.n], kL2LinesPerThread * kOneThreads));
+    const unsigned blocks = static_cast<unsigned>(B * Hkv + pf_blocks);
     with_lanes(D, [&](auto g) {
       constexpr int Gl = decltype(g)::value;
       auto kernel = packs ? decode_prep_one_pass_kernel<Gl, kPackElems, T, W> : decode_prep_one_pass_kernel<Gl, 1, T, W>;
@@ -695,7 +742,7 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
           static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const W*>(wq),
           static_cast<const W*>(wk), static_cast<T*>(k_cache), static_cast<T*>(v_cache), pos, len, static_cast<T*>(out),
           L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), eps, theta, qscale,
-          static_cast<int>(attn_al), err);
+          static_cast<int>(attn_al), ranges, err);
       XT_LAUNCH_CHECK();
     });
   });

@@ -38,9 +38,9 @@ def decode_prep(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, k
     """
     A decode step's head preparation in one kernel: q [B, H, D], k, v [B, H_kv, D]; with the norm weights rms_norm(eps) then rope(theta) of q and k at each row's slot positions[b] (int64 [B]), without them rope only; k and v written into k_cache, v_cache [B, L, H_kv, D] at that slot; returns q. Bitwise rms_norm then rope; not differentiable
     """
-def decode_prep_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xtrain._C.Tensor, positions: xtrain._C.Tensor, lengths: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor | None = None, k_norm_weight: xtrain._C.Tensor | None = None, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0, scale: typing.SupportsFloat | typing.SupportsIndex | None = None) -> xtrain._C.Tensor:
+def decode_prep_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xtrain._C.Tensor, positions: xtrain._C.Tensor, lengths: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor | None = None, k_norm_weight: xtrain._C.Tensor | None = None, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, prefetch: collections.abc.Sequence[xtrain._C.Tensor] = []) -> xtrain._C.Tensor:
     """
-    decode_prep (k and v into their cache slots at positions[b], q normed and rotated) then decode_attention of that q over each row's first lengths[b] slots; returns [B, H, D]. Bitwise the two ops; on CUDA one kernel where the one-pass attention applies; not differentiable
+    decode_prep (k and v into their cache slots at positions[b], q normed and rotated) then decode_attention of that q over each row's first lengths[b] slots; returns [B, H, D]. Bitwise the two ops; on CUDA one kernel where the one-pass attention applies; not differentiable. prefetch: up to 8 tensors on q's device that the next ops read, asked into L2 by the SMs the attention leaves idle (a hint: no value changes)
     """
 def div(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """

@@ -72,12 +72,14 @@ class LayerKV:
         """q (B, H, D) against each row's first lengths[b] slots -> (B, H, D)."""
         return ops.decode_attention(q, self.k, self.v, self.cache.lengths, scale)
 
-    def prep_attend(self, q, k, v, q_norm_weight, k_norm_weight, eps: float, theta: float, scale: float):
+    def prep_attend(self, q, k, v, q_norm_weight, k_norm_weight, eps: float, theta: float, scale: float,
+                    prefetch=()):
         """A decode step's heads: q (B, H, D), k, v (B, H_kv, D) normed and rotated at positions[b],
         k and v written into that slot, then q against the first lengths[b] slots -> (B, H, D)
-        (ops.decode_prep_attention: ops.decode_prep then attend, bitwise)."""
+        (ops.decode_prep_attention: ops.decode_prep then attend, bitwise; prefetch: its L2 hint)."""
         return ops.decode_prep_attention(q, k, v, self.k, self.v, self.cache.positions, self.cache.lengths,
-                                         q_norm_weight, k_norm_weight, eps=eps, theta=theta, scale=scale)
+                                         q_norm_weight, k_norm_weight, eps=eps, theta=theta, scale=scale,
+                                         prefetch=list(prefetch))
 
 
 class KVCache:

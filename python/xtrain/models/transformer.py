@@ -81,6 +81,10 @@ INIT_STD = 0.02
 # cuBLAS's GEMMs took ~4.8 us a call on the H200, far more than their bytes need); larger batches
 # keep the GEMMs (ops.linear_multi, ops.linear). 0 keeps the GEMMs at every batch.
 DECODE_GEMV_MAX_ROWS = 8
+# At those batches the decode attention also asks L2 for the block's o_proj, gate/up and down_proj
+# weights (ops.decode_prep_attention's prefetch: a hint, no value changes), so the matrix-vector
+# kernels after it stop waiting on DRAM. False leaves it out (the A/B of the hint).
+DECODE_L2_PREFETCH = True
 
 
 @dataclass
@@ -267,12 +271,13 @@ class Attention(nn.Module):
         q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
         return self.o_proj(self.decode_heads(q, k, v, cache))
 
-    def decode_heads(self, q, k, v, cache):
-        """decode's attention from q (B, H*D), k and v (B, Hkv*D) -> (B, H*D), before o_proj."""
+    def decode_heads(self, q, k, v, cache, prefetch=()):
+        """decode's attention from q (B, H*D), k and v (B, Hkv*D) -> (B, H*D), before o_proj.
+        prefetch: tensors the ops after it read, asked into L2 meanwhile (a hint)."""
         B, H, Hkv, D = q.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
         norms = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
         return cache.prep_attend(q.reshape(B, H, D), k.reshape(B, Hkv, D), v.reshape(B, Hkv, D), *norms, eps=self.eps,
-                                 theta=self.rope_theta, scale=1.0 / math.sqrt(D)).reshape(B, H * D)
+                                 theta=self.rope_theta, scale=1.0 / math.sqrt(D), prefetch=prefetch).reshape(B, H * D)
 
 
 class MLP(nn.Module):
@@ -352,7 +357,8 @@ class Block(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         x, (q, k, v) = decode_norm_rows(x, delta, self.input_layernorm,
                                         [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-        o = ops.linear_rows(attn.decode_heads(q, k, v, cache), [attn.o_proj.weight])[0]
+        nxt = [attn.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
+        o = ops.linear_rows(attn.decode_heads(q, k, v, cache, nxt if DECODE_L2_PREFETCH else ()), nxt[:1])[0]
         x, (g,) = decode_norm_rows(x, o, self.post_attention_layernorm,
                                    [mlp.gate_proj.weight, mlp.up_proj.weight], swiglu=True)
         return x, mlp.dropout(ops.linear_rows(g, [mlp.down_proj.weight])[0])
