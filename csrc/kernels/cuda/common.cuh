@@ -77,17 +77,8 @@ struct alignas(sizeof(T) * N) Pack {
 };
 inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// A hint: bring the 128-byte line holding p into this SM's L1 (no value, no wait; a no-op under
-// the host emulation). Later loads of that line by the block then hit L1 instead of waiting on L2
-// or DRAM; the block's own stores to it stay visible (L1 is coherent with its SM's stores).
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-#ifndef XT_CUDA_EMULATION
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-#else
-  (void)p;
-#endif
-}
-// The same into L2 only (for another kernel's later loads).
+// A hint: bring the 128-byte line holding p into L2, for a later kernel's loads (no value, no
+// wait; a no-op under the host emulation).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
 #ifndef XT_CUDA_EMULATION
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));

@@ -81,10 +81,11 @@ INIT_STD = 0.02
 # cuBLAS's GEMMs took ~4.8 us a call on the H200, far more than their bytes need); larger batches
 # keep the GEMMs (ops.linear_multi, ops.linear). 0 keeps the GEMMs at every batch.
 DECODE_GEMV_MAX_ROWS = 8
-# At those batches the decode attention also asks L2 for the block's o_proj, gate/up and down_proj
-# weights (ops.decode_prep_attention's prefetch: a hint, no value changes), so the matrix-vector
-# kernels after it stop waiting on DRAM. False leaves it out (the A/B of the hint).
-DECODE_L2_PREFETCH = True
+# At those batches each block's decode attention also asks L2 for the weights the step reads next
+# (ops.decode_prep_attention's prefetch, a hint: no value changes): the block's o_proj, gate/up and
+# down_proj, then the next block's q/k/v or the head, in that order while they fit this many bytes
+# (a share of the H200's 50 MB L2, which also holds the KV cache). 0 asks for nothing.
+DECODE_L2_PREFETCH_BYTES = 24 << 20
 
 
 @dataclass
@@ -348,17 +349,23 @@ class Block(nn.Module):
         x, h = ops.add_rms_norm(self.self_attn.decode(h, cache), x, post.weight, post.eps)
         return ops.add_rms_norm(self.mlp.decode(h), x, next_norm.weight, next_norm.eps)
 
-    def decode_rows(self, x, delta, cache):
+    def decode_rows(self, x, delta, cache, after=()):
         """decode at B <= DECODE_GEMV_MAX_ROWS with every residual add left to the next kernel: the
         stream x (B, dim) before its pending add delta (None: nothing pending) -> (x', delta'), the
         block's output being x' + delta'. Each add + norm runs inside the matrix-vector kernel
         after it (decode_norm_rows), the MLP's swiglu inside the gate/up kernel; per layer
-        norm+q/k/v, decode_prep_attention (1 or 3), o_proj, norm+gate/up+swiglu, down_proj. Bitwise decode."""
+        norm+q/k/v, decode_prep_attention (1 or 3), o_proj, norm+gate/up+swiglu, down_proj. Bitwise decode.
+        after: the weights the step reads after this block (DECODE_L2_PREFETCH_BYTES)."""
         attn, mlp = self.self_attn, self.mlp
         x, (q, k, v) = decode_norm_rows(x, delta, self.input_layernorm,
                                         [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-        nxt = [attn.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
-        o = ops.linear_rows(attn.decode_heads(q, k, v, cache, nxt if DECODE_L2_PREFETCH else ()), nxt[:1])[0]
+        nxt, room = [], DECODE_L2_PREFETCH_BYTES
+        for w in [attn.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, *after]:
+            if w.nbytes > room:
+                break
+            nxt.append(w)
+            room -= w.nbytes
+        o = ops.linear_rows(attn.decode_heads(q, k, v, cache, nxt), [attn.o_proj.weight])[0]
         x, (g,) = decode_norm_rows(x, o, self.post_attention_layernorm,
                                    [mlp.gate_proj.weight, mlp.up_proj.weight], swiglu=True)
         return x, mlp.dropout(ops.linear_rows(g, [mlp.down_proj.weight])[0])
@@ -475,8 +482,13 @@ class TinyTransformer(nn.Module):
                 return ops.linear(self.norm(x), self.head_weight())            # (B, V)
             if B <= DECODE_GEMV_MAX_ROWS:
                 delta = None                                                   # the stream is x + delta
-                for block, layer in zip(self.layers, cache.layers):
-                    x, delta = block.decode_rows(x, delta, layer)
+                for i, (block, layer) in enumerate(zip(self.layers, cache.layers)):
+                    if i + 1 < len(self.layers):
+                        a = self.layers[i + 1].self_attn
+                        after = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+                    else:
+                        after = [self.head_weight()]
+                    x, delta = block.decode_rows(x, delta, layer, after)
                 return decode_norm_rows(x, delta, self.norm, [self.head_weight()])[1][0]   # (B, V)
             h = self.layers[0].input_layernorm(x)
             next_norms = [block.input_layernorm for block in self.layers[1:]] + [self.norm]
