@@ -375,18 +375,7 @@ __global__ void __launch_bounds__(kRowsThreads)
 #pragma unroll
     for (int k = 0; k < kW; ++k) g[c][k] = *reinterpret_cast<const PW*>(nw + c * rmsnorm::kWideChunk + k * kPW);
   }
-  C ss = 0;  // h stays in a (bf16 to float is exact: a[c].v[e] is the value the staged kernel keeps)
-#pragma unroll
-  for (int c = 0; c < NC; ++c)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      C t = to_compute(a[c].v[e]);
-      if constexpr (kAdd) {
-        t = rounded<T>(apply_binary(BinaryOp::Add, t, to_compute(b[c].v[e])));  // h as add_rms_norm stores it
-        a[c].v[e] = from_compute<T>(t);
-      }
-      ss = rmsnorm::fma_dev(t, t, ss);  // wide_lane_sum_sq's order and expression
-    }
+  const C ss = rmsnorm::wide_add_sum_sq<NC, kAdd>(a, b);  // h as add_rms_norm stores it, in a
   if (kAdd && h != nullptr)
 #pragma unroll
     for (int c = 0; c < NC; ++c) *reinterpret_cast<P*>(h + base + c * rmsnorm::kWideChunk) = a[c];

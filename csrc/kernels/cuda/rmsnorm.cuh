@@ -278,6 +278,26 @@ __device__ __forceinline__ compute_t<T> row_sum_sq(const T* x, int64_t dim, int 
   return group_sum_sq<G>(x, dim, lane, valid);
 }
 
+// A lane's part of a wide bf16 row (its NC packs of 8): with kAdd, h = a + b rounded to bf16 as
+// ops::add rounds it, left in a; returns the lane's sum of squares of h (of a without kAdd) in
+// wide_lane_sum_sq's order and expression. h stays in bf16: its float value is exact from a.
+template <int NC, bool kAdd>
+__device__ __forceinline__ float wide_add_sum_sq(Pack<bf16_t, 8> (&a)[NC], const Pack<bf16_t, 8> (&b)[NC]) {
+  float ss = 0;
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float t = to_compute(a[c].v[e]);
+      if constexpr (kAdd) {
+        t = rounded<bf16_t>(apply_binary(BinaryOp::Add, t, to_compute(b[c].v[e])));
+        a[c].v[e] = from_compute<bf16_t>(t);
+      }
+      ss = fma_dev(t, t, ss);
+    }
+  return ss;
+}
+
 // rms_norm (kAdd false: res and h unused) or add_rms_norm forward of wide bf16 rows, a warp per
 // row (Note [Wide RMSNorm forward]); kVec: 16-byte packs (x, res, h, y 16-byte aligned), else the
 // same elements one by one (the same bits).
@@ -308,20 +328,7 @@ rmsnorm_forward_wide_kernel(const bf16_t* __restrict__ x, const bf16_t* __restri
       }
     }
   }
-  C v[NC][8];
-  C ss = 0;
-#pragma unroll
-  for (int c = 0; c < NC; ++c)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      C t = to_compute(a[c].v[e]);
-      if constexpr (kAdd) {
-        t = rounded<T>(apply_binary(BinaryOp::Add, t, to_compute(b[c].v[e])));  // h as ops::add rounds it
-        a[c].v[e] = from_compute<T>(t);
-      }
-      v[c][e] = t;
-      ss = fma_dev(t, t, ss);  // wide_lane_sum_sq's order and expression
-    }
+  C ss = wide_add_sum_sq<NC, kAdd>(a, b);
   if constexpr (kAdd) {
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
@@ -341,7 +348,8 @@ rmsnorm_forward_wide_kernel(const bf16_t* __restrict__ x, const bf16_t* __restri
     P o;
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-      o.v[e] = from_compute<T>(static_cast<C>(v[c][e] * inv * static_cast<C>(load(w, c * kWideChunk + lane * 8 + e))));
+      o.v[e] = from_compute<T>(
+          static_cast<C>(to_compute(a[c].v[e]) * inv * static_cast<C>(load(w, c * kWideChunk + lane * 8 + e))));
     if constexpr (kVec) {
       *reinterpret_cast<P*>(y + base + c * kWideChunk) = o;
     } else {
