@@ -17,6 +17,7 @@ using NoGil = py::call_guard<py::gil_scoped_release>;
 // Argument conversion helpers (bind_tensor.cpp).
 DType dtype_arg(const py::object& o, DType fallback);  // None, str, or xtrain dtype name
 Device device_arg(const py::object& o, Device fallback);  // None, str, or Device
+py::dtype numpy_dtype(DType dt);  // a tensor's values in numpy (bf16 as float32)
 
 void init_tensor(py::module_& m);          // bind_tensor.cpp: Tensor, creation, numpy
 void init_dlpack(py::module_& m);          // dlpack.cpp

@@ -95,11 +95,7 @@ class PendingArray {
       py::gil_scoped_release nogil;
       bytes = read_ ? read_->wait() : cpu_.data();
     }
-    py::dtype dt = dtype_ == DType::Float32   ? py::dtype::of<float>()
-                   : dtype_ == DType::Float64 ? py::dtype::of<double>()
-                   : dtype_ == DType::Int32   ? py::dtype::of<int32_t>()
-                                              : py::dtype::of<int64_t>();
-    py::array out(dt, shape_);
+    py::array out(numpy_dtype(dtype_), shape_);
     if (nbytes_) std::memcpy(out.mutable_data(), bytes, nbytes_);
     return out;
   }

@@ -72,16 +72,6 @@ Shape shape_arg(const py::object& o) {
   return s;
 }
 
-py::dtype numpy_dtype(DType dt) {
-  switch (dt) {
-    case DType::Float32: return py::dtype::of<float>();
-    case DType::Float64: return py::dtype::of<double>();
-    case DType::Int32: return py::dtype::of<int32_t>();
-    case DType::Int64: return py::dtype::of<int64_t>();
-    case DType::BFloat16: return py::dtype::of<float>();  // numpy has no bfloat16: values as float32
-  }
-  return py::dtype::of<float>();
-}
 
 // numpy array -> tensor of `dtype` on `device` (always a copy; bf16 rounds to nearest even).
 Tensor from_numpy(py::array arr, DType dtype, Device device) {
@@ -139,6 +129,18 @@ Tensor make_random(const py::object& shape, kernels::RandomKind kind, const py::
 }
 
 }  // namespace
+
+// The numpy dtype of a tensor's values (bf16: float32, numpy has none).
+py::dtype numpy_dtype(DType dt) {
+  switch (dt) {
+    case DType::Float32: return py::dtype::of<float>();
+    case DType::Float64: return py::dtype::of<double>();
+    case DType::Int32: return py::dtype::of<int32_t>();
+    case DType::Int64: return py::dtype::of<int64_t>();
+    case DType::BFloat16: return py::dtype::of<float>();  // numpy has no bfloat16: values as float32
+  }
+  return py::dtype::of<float>();
+}
 
 void init_tensor(py::module_& m) {
   py::class_<Generator, std::shared_ptr<Generator>>(m, "Generator",

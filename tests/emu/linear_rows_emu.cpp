@@ -231,10 +231,9 @@ void cuda_norm_rows(const T* x, const T* res, const W* nw, T* h, int M, int64_t 
     const dim3 grid(unsigned(cols > 0 ? cu::ceil_div(cols, lr::kRowsWarps) : 1)), block(lr::kRowsThreads);
     bool in_registers = false;
     if constexpr (std::is_same_v<T, bf16_t>) {
-      const auto go = [&](auto nc) {
-        constexpr int NC = decltype(nc)::value;
-        if (in_registers || !lr::norm_row_in_registers<NC>(M, K)) return;
-        in_registers = true;
+      const int nc = M == 1 ? rn::wide_forward_chunks<bf16_t>(K) : 0;
+      const auto go = [&](auto ncw) {
+        constexpr int NC = decltype(ncw)::value;
         emu::launch(grid, block, 0, [&] {
           if (glu && res != nullptr) lr::norm_linear_row_kernel<NC, true, true, W>(x, nm, ws, o);
           else if (glu) lr::norm_linear_row_kernel<NC, true, false, W>(x, nm, ws, o);
@@ -242,11 +241,12 @@ void cuda_norm_rows(const T* x, const T* res, const W* nw, T* h, int M, int64_t 
           else lr::norm_linear_row_kernel<NC, false, false, W>(x, nm, ws, o);
         });
       };
-      if (vec && !staged && !rows8 && nm.G == cu::kWarp && cu::aligned_to(nw, 16)) {
-        go(std::integral_constant<int, 1>{});
-        go(std::integral_constant<int, 2>{});
-        go(std::integral_constant<int, 3>{});
-        go(std::integral_constant<int, 4>{});
+      in_registers = vec && !staged && !rows8 && nc > 0 && nm.G == cu::kWarp && cu::aligned_to(nw, 16);
+      if (in_registers) {
+        if (nc == 1) go(std::integral_constant<int, 1>{});
+        else if (nc == 2) go(std::integral_constant<int, 2>{});
+        else if (nc == 3) go(std::integral_constant<int, 3>{});
+        else go(std::integral_constant<int, 4>{});
       }
     }
     if (used_registers != nullptr) *used_registers = in_registers;

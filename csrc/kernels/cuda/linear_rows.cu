@@ -60,30 +60,30 @@ bool launch_norm_row_in_registers(const T* x, const rows::RowsNorm& nm, const ro
   if constexpr (!std::is_same_v<T, bf16_t>) {
     return false;
   } else {
-    if (staged || M != 1 || nm.G != kWarp || !aligned_to(nm.w, 16)) return false;
+    const int nc = M == 1 ? rmsnorm::wide_forward_chunks<bf16_t>(K) : 0;  // K = 256 * nc
+    if (staged || nc == 0 || nm.G != kWarp || !aligned_to(nm.w, 16)) return false;
     const int64_t cols = kGlu ? ws.col0[1] : ws.col0[ws.n];
     const auto blocks = static_cast<unsigned>(cols > 0 ? ceil_div(cols, rows::kRowsWarps) : 1);
-    bool launched = false;
-    const auto go = [&](auto nc, auto wtag) {
-      constexpr int NC = decltype(nc)::value;
+    const auto go = [&](auto ncw, auto wtag) {
+      constexpr int NC = decltype(ncw)::value;
       using W = typename decltype(wtag)::type;
-      if (launched || !rows::norm_row_in_registers<NC>(M, K)) return;
       if (nm.res != nullptr)
         rows::norm_linear_row_kernel<NC, kGlu, true, W><<<blocks, rows::kRowsThreads, 0, on.s>>>(x, nm, ws, out);
       else
         rows::norm_linear_row_kernel<NC, kGlu, false, W><<<blocks, rows::kRowsThreads, 0, on.s>>>(x, nm, ws, out);
       XT_LAUNCH_CHECK();
-      launched = true;
     };
-    const auto each_width = [&](auto wtag) {
-      go(std::integral_constant<int, 1>{}, wtag);
-      go(std::integral_constant<int, 2>{}, wtag);
-      go(std::integral_constant<int, 3>{}, wtag);
-      go(std::integral_constant<int, 4>{}, wtag);
+    const auto by_width = [&](auto wtag) {
+      switch (nc) {
+        case 1: go(std::integral_constant<int, 1>{}, wtag); break;
+        case 2: go(std::integral_constant<int, 2>{}, wtag); break;
+        case 3: go(std::integral_constant<int, 3>{}, wtag); break;
+        default: go(std::integral_constant<int, rmsnorm::kWideFwdMaxChunks>{}, wtag); break;
+      }
     };
-    if (nm.w_f32) each_width(TypeTag<float>{});
-    else each_width(TypeTag<bf16_t>{});
-    return launched;
+    if (nm.w_f32) by_width(TypeTag<float>{});
+    else by_width(TypeTag<bf16_t>{});
+    return true;
   }
 }
 

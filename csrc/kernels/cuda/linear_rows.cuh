@@ -330,11 +330,6 @@ __global__ void __launch_bounds__(kRowsThreads)
 // at the price of each warp reading the 1.5 KB row (3 KB with res) from L2 instead of each block.
 // Warp 0 of block 0 writes h. The bits are norm_linear_rows_kernel's: the same sums in the same
 // order, the same rounding points (tests/emu/linear_rows_emu.cpp compares them).
-template <int NC>
-constexpr bool norm_row_in_registers(int64_t M, int64_t K) {
-  return M == 1 && K == static_cast<int64_t>(NC) * rmsnorm::kWideChunk;
-}
-
 // grid: ceil(columns / kRowsWarps) blocks (at least one: block 0 writes h) of kRowsThreads, no
 // shared memory. x, res, h, the norm weight w (W) and every weight start at 16-byte boundaries.
 template <int NC, bool kGlu, bool kAdd, typename W>
