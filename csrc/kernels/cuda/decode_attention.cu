@@ -97,13 +97,16 @@ __device__ __forceinline__ C dot_key(const C* qs, const T* kr, int D) {
   return s;
 }
 
-// The row's valid length; a bad one is reported once (by block (b*Hkv, 0)'s thread 0) and read as 0.
-__device__ __forceinline__ int64_t row_length(const int64_t* len, int64_t b, int64_t L, bool reporter,
-                                              IndexErrorRecord* err) {
-  const int64_t n = len[b];
+// The row's valid length n (read from len[b]); a bad one is reported once (by block (b*Hkv, 0)'s
+// thread 0) and read as 0.
+__device__ __forceinline__ int64_t checked_length(int64_t n, int64_t L, bool reporter, IndexErrorRecord* err) {
   if (n >= 0 && n <= L) return n;
   if (reporter && err) report_bad_index(err, IndexSite::DecodeAttention, n, L + 1, 0);
   return 0;
+}
+__device__ __forceinline__ int64_t row_length(const int64_t* len, int64_t b, int64_t L, bool reporter,
+                                              IndexErrorRecord* err) {
+  return checked_length(len[b], L, reporter, err);
 }
 
 template <bool kVec, typename T>
@@ -242,9 +245,10 @@ __device__ __forceinline__ void warp_merge_stats(C& m, C& l) {
 }
 
 // The block (b, kv head hk) = (blockIdx.x / Hkv, blockIdx.x % Hkv): qg is the group's G query rows
-// [G, D] (global or shared memory), smem the block's one_pass_smem bytes.
+// [G, D] (global or shared memory), smem the block's one_pass_smem bytes, n_row the row's len[b] (read
+// by the caller first thing, so its round trip overlaps the caller's other work).
 template <int kV, typename T>
-__device__ __forceinline__ void one_pass_attention(const T* qg, const T* k, const T* v, const int64_t* len, T* out,
+__device__ __forceinline__ void one_pass_attention(const T* qg, const T* k, const T* v, int64_t n_row, T* out,
                                                    int64_t L, int H, int Hkv, int D, compute_t<T> qscale,
                                                    IndexErrorRecord* err, unsigned char* smem) {
   using C = compute_t<T>;
@@ -257,7 +261,7 @@ __device__ __forceinline__ void one_pass_attention(const T* qg, const T* k, cons
   C* row_inv = row_m + G;
   C* ps = row_inv + G;                         // [G][n] scores; then the key subgroups' sums
   const int64_t b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
-  const int n = static_cast<int>(row_length(len, b, L, hk == 0 && tid == 0, err));
+  const int n = static_cast<int>(checked_length(n_row, L, hk == 0 && tid == 0, err));
   const int64_t qh0 = b * H + hk * G;  // the group's first query head, as a (b, h) row
   if (n == 0) {                        // nothing to attend to: zeros, as the combine writes
     for (int i = tid; i < G * D; i += nthreads) store(out, qh0 * D + i, C(0));
@@ -365,7 +369,7 @@ __global__ void __launch_bounds__(kOneThreads, 1)
                            int Hkv, int D, compute_t<T> qscale, IndexErrorRecord* err) {
   extern __shared__ __align__(16) unsigned char decode_smem[];
   const int64_t b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
-  one_pass_attention<kV>(q + (b * H + hk * (H / Hkv)) * D, k, v, len, out, L, H, Hkv, D, qscale, err, decode_smem);
+  one_pass_attention<kV>(q + (b * H + hk * (H / Hkv)) * D, k, v, len[b], out, L, H, Hkv, D, qscale, err, decode_smem);
 }
 
 // The one-pass kernel's dynamic shared memory, or 0 when the problem is not one for it.
@@ -506,7 +510,7 @@ __global__ void __launch_bounds__(kOneThreads, 1)
   C* tab_cos = reinterpret_cast<C*>(decode_smem + attn_smem);  // past the attention's own space
   C* tab_sin = tab_cos + D / 2;
   T* qn = reinterpret_cast<T*>(tab_sin + D / 2);                // [G][D]: the prepared query rows
-  const int64_t p = pos[b];
+  const int64_t p = pos[b], n_row = len[b];  // both loads in flight before either is used
   const bool slot_ok = p >= 0 && p < L;
   if (!slot_ok && hk == 0 && threadIdx.x == 0) report_bad_index(err, IndexSite::DecodePrep, p, L, 0);
   rope_table(tab_cos, tab_sin, p, D, theta);
@@ -517,7 +521,7 @@ __global__ void __launch_bounds__(kOneThreads, 1)
   if (slot_ok)
     for (int e = threadIdx.x; e < D; e += blockDim.x) v_cache[slot + e] = v[(b * Hkv + hk) * D + e];
   __syncthreads();
-  one_pass_attention<kV>(qn, k_cache, v_cache, len, out, L, H, Hkv, D, qscale, err, decode_smem);
+  one_pass_attention<kV>(qn, k_cache, v_cache, n_row, out, L, H, Hkv, D, qscale, err, decode_smem);
 }
 
 // ------------------------------------------------------------------ greedy pick
