@@ -97,13 +97,16 @@ __device__ __forceinline__ C dot_key(const C* qs, const T* kr, int D) {
   return s;
 }
 
-// The row's valid length; a bad one is reported once (by block (b*Hkv, 0)'s thread 0) and read as 0.
-__device__ __forceinline__ int64_t row_length(const int64_t* len, int64_t b, int64_t L, bool reporter,
-                                              IndexErrorRecord* err) {
-  const int64_t n = len[b];
+// The row's valid length n (read from len[b]); a bad one is reported once (by block (b*Hkv, 0)'s
+// thread 0) and read as 0.
+__device__ __forceinline__ int64_t checked_length(int64_t n, int64_t L, bool reporter, IndexErrorRecord* err) {
   if (n >= 0 && n <= L) return n;
   if (reporter && err) report_bad_index(err, IndexSite::DecodeAttention, n, L + 1, 0);
   return 0;
+}
+__device__ __forceinline__ int64_t row_length(const int64_t* len, int64_t b, int64_t L, bool reporter,
+                                              IndexErrorRecord* err) {
+  return checked_length(len[b], L, reporter, err);
 }
 
 template <bool kVec, typename T>
@@ -242,9 +245,10 @@ __device__ __forceinline__ void warp_merge_stats(C& m, C& l) {
 }
 
 // The block (b, kv head hk) = (blockIdx.x / Hkv, blockIdx.x % Hkv): qg is the group's G query rows
-// [G, D] (global or shared memory), smem the block's one_pass_smem bytes.
+// [G, D] (global or shared memory), smem the block's one_pass_smem bytes, n_row the row's len[b] (read
+// by the caller first thing, so its round trip overlaps the caller's other work).
 template <int kV, typename T>
-__device__ __forceinline__ void one_pass_attention(const T* qg, const T* k, const T* v, const int64_t* len, T* out,
+__device__ __forceinline__ void one_pass_attention(const T* qg, const T* k, const T* v, int64_t n_row, T* out,
                                                    int64_t L, int H, int Hkv, int D, compute_t<T> qscale,
                                                    IndexErrorRecord* err, unsigned char* smem) {
   using C = compute_t<T>;
@@ -257,7 +261,7 @@ __device__ __forceinline__ void one_pass_attention(const T* qg, const T* k, cons
   C* row_inv = row_m + G;
   C* ps = row_inv + G;                         // [G][n] scores; then the key subgroups' sums
   const int64_t b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
-  const int n = static_cast<int>(row_length(len, b, L, hk == 0 && tid == 0, err));
+  const int n = static_cast<int>(checked_length(n_row, L, hk == 0 && tid == 0, err));
   const int64_t qh0 = b * H + hk * G;  // the group's first query head, as a (b, h) row
   if (n == 0) {                        // nothing to attend to: zeros, as the combine writes
     for (int i = tid; i < G * D; i += nthreads) store(out, qh0 * D + i, C(0));
@@ -365,7 +369,7 @@ __global__ void __launch_bounds__(kOneThreads, 1)
                            int Hkv, int D, compute_t<T> qscale, IndexErrorRecord* err) {
   extern __shared__ __align__(16) unsigned char decode_smem[];
   const int64_t b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
-  one_pass_attention<kV>(q + (b * H + hk * (H / Hkv)) * D, k, v, len, out, L, H, Hkv, D, qscale, err, decode_smem);
+  one_pass_attention<kV>(q + (b * H + hk * (H / Hkv)) * D, k, v, len[b], out, L, H, Hkv, D, qscale, err, decode_smem);
 }
 
 // The one-pass kernel's dynamic shared memory, or 0 when the problem is not one for it.
@@ -386,10 +390,12 @@ size_t one_pass_smem(int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, in
 // with one block per sequence, a decode step has few blocks and each round of rows is latency.
 constexpr int kPrepThreads = 512;
 
-// The rope table of position p (rope_rows_kernel's: the float32 angle) by the block's threads.
-template <typename C>
+// The rope table of position p (rope_rows_kernel's: the float32 angle) by the block's threads;
+// kLast: by its last threads (entry i by thread blockDim.x - 1 - i), which the head rows leave idle.
+template <bool kLast = false, typename C>
 __device__ __forceinline__ void rope_table(C* tab_cos, C* tab_sin, int64_t p, int D, float theta) {
-  for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
+  const int t = kLast ? static_cast<int>(blockDim.x) - 1 - static_cast<int>(threadIdx.x) : threadIdx.x;
+  for (int i = t; i < D / 2; i += blockDim.x) {
     C sn, cs;
     rope_cos_sin(static_cast<float>(p) * rope_inv_freq(theta, i, D), &cs, &sn);
     tab_cos[i] = cs;
@@ -400,8 +406,12 @@ __device__ __forceinline__ void rope_table(C* tab_cos, C* tab_sin, int64_t p, in
 // The block's head rows: nq rows of qx [nq, D] -> qy, nk rows of kx -> ky (skipped when !k_ok),
 // each rms_norm'ed (w non-null) and rotated by the table, by Gl lanes per row (rms_norm's groups
 // for D, so rms_norm's sums) in rounds of blockDim.x / Gl rows. A row's bits do not depend on
-// which group or round takes it.
-template <int Gl, typename T, typename W>
+// which group or round takes it. kTableBarrier (table_overlaps below): the table is still being
+// written, by threads that take no row; every row is in the first round, and each lane computes
+// its normed pairs (x1, x2) into registers, waits for the table at a block barrier, then rotates:
+// the rows' loads, sums and norms overlap the table's pow and sincos. The same values either way.
+constexpr int kPrepRegPairs = 8;  // the most pairs a lane holds across the barrier
+template <int Gl, bool kTableBarrier = false, typename T, typename W>
 __device__ __forceinline__ void prep_rows(const T* qx, T* qy, int nq, const T* kx, T* ky, int nk, const W* wq,
                                           const W* wk, int D, float eps, const compute_t<T>* tab_cos,
                                           const compute_t<T>* tab_sin, bool k_ok) {
@@ -415,9 +425,33 @@ __device__ __forceinline__ void prep_rows(const T* qx, T* qy, int nq, const T* k
     const T* x = !valid ? qx : is_q ? qx + r * D : kx + (r - nq) * D;
     // Every lane of the group takes part in the sum's shuffles, valid or not.
     const C inv = norm ? rms_rstd(rmsnorm::row_sum_sq<Gl>(x, D, lane, valid), D, eps) : C(0);  // rms_norm's order
-    if (!valid || (!is_q && !k_ok)) continue;
+    const bool act = valid && (is_q || k_ok);
     const W* w = is_q ? wq : wk;
     T* y = is_q ? qy + r * D : ky + (r - nq) * D;
+    if constexpr (kTableBarrier) {  // one round: every thread reaches the barrier once
+      C x1s[kPrepRegPairs], x2s[kPrepRegPairs];
+#pragma unroll
+      for (int u = 0; u < kPrepRegPairs; ++u) {
+        const int j = lane + u * Gl, i = j < half ? j : j - half;
+        if (act && j < D) {
+          x1s[u] = norm ? rounded<T>(rms_scaled(x, w, i, inv)) : load(x, i);
+          x2s[u] = norm ? rounded<T>(rms_scaled(x, w, i + half, inv)) : load(x, i + half);
+        }
+      }
+      __syncthreads();  // the table is written
+      if (!act) continue;
+#pragma unroll
+      for (int u = 0; u < kPrepRegPairs; ++u) {
+        const int j = lane + u * Gl, i = j < half ? j : j - half;
+        if (j < D) {
+          C y1, y2;
+          rope_rotate(x1s[u], x2s[u], tab_cos[i], tab_sin[i], &y1, &y2);
+          store(y, j, j < half ? y1 : y2);
+        }
+      }
+      continue;
+    }
+    if (!act) continue;
 #pragma unroll 4
     for (int j = lane; j < D; j += Gl) {
       const int i = j < half ? j : j - half;
@@ -506,18 +540,27 @@ __global__ void __launch_bounds__(kOneThreads, 1)
   C* tab_cos = reinterpret_cast<C*>(decode_smem + attn_smem);  // past the attention's own space
   C* tab_sin = tab_cos + D / 2;
   T* qn = reinterpret_cast<T*>(tab_sin + D / 2);                // [G][D]: the prepared query rows
-  const int64_t p = pos[b];
+  const int64_t p = pos[b], n_row = len[b];  // both loads in flight before either is used
   const bool slot_ok = p >= 0 && p < L;
   if (!slot_ok && hk == 0 && threadIdx.x == 0) report_bad_index(err, IndexSite::DecodePrep, p, L, 0);
-  rope_table(tab_cos, tab_sin, p, D, theta);
-  __syncthreads();
+  // The table by the block's last threads while the rows' groups load, sum and norm (prep_rows
+  // waits for it before rotating) when the G + 1 rows leave those threads free and a lane's pairs
+  // fit its registers; else the table goes first, as decode_prep_kernel does it.
   const int64_t slot = ((b * L + (slot_ok ? p : 0)) * Hkv + hk) * D;
-  prep_rows<Gl>(q + (b * H + hk * G) * D, qn, G, k + (b * Hkv + hk) * D, k_cache + slot, 1, wq, wk, D, eps, tab_cos,
-                tab_sin, slot_ok);
+  if ((G + 1) * Gl + D / 2 <= static_cast<int>(blockDim.x) && D <= kPrepRegPairs * Gl) {
+    rope_table<true>(tab_cos, tab_sin, p, D, theta);
+    prep_rows<Gl, true>(q + (b * H + hk * G) * D, qn, G, k + (b * Hkv + hk) * D, k_cache + slot, 1, wq, wk, D, eps,
+                        tab_cos, tab_sin, slot_ok);
+  } else {
+    rope_table(tab_cos, tab_sin, p, D, theta);
+    __syncthreads();
+    prep_rows<Gl>(q + (b * H + hk * G) * D, qn, G, k + (b * Hkv + hk) * D, k_cache + slot, 1, wq, wk, D, eps,
+                  tab_cos, tab_sin, slot_ok);
+  }
   if (slot_ok)
     for (int e = threadIdx.x; e < D; e += blockDim.x) v_cache[slot + e] = v[(b * Hkv + hk) * D + e];
   __syncthreads();
-  one_pass_attention<kV>(qn, k_cache, v_cache, len, out, L, H, Hkv, D, qscale, err, decode_smem);
+  one_pass_attention<kV>(qn, k_cache, v_cache, n_row, out, L, H, Hkv, D, qscale, err, decode_smem);
 }
 
 // ------------------------------------------------------------------ greedy pick
