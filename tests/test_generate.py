@@ -669,3 +669,67 @@ def test_decode_graph_many_steps_and_zero_raw_allocations(monkeypatch):
     graphed = model.generate(prompts, 256, greedy=True)
     assert np.array_equal(eager, graphed)
     assert len(raw) == 255 and len(set(raw[2:])) == 1  # from the first replay on
+
+
+def test_early_launch_scope_sets_and_restores():
+    """xtrain.cuda.early_launch: the thread's request inside the block, the previous one after it
+    (also when the block raises), and nested blocks restore in order. Without CUDA nothing launches
+    early."""
+    assert xtrain._C.cuda.set_early_launch(False) is False
+    with xtrain.cuda.early_launch():
+        assert xtrain._C.cuda.set_early_launch(True) is True      # asked for inside
+        with xtrain.cuda.early_launch(False):
+            assert xtrain._C.cuda.set_early_launch(False) is False
+        assert xtrain._C.cuda.set_early_launch(True) is True      # the outer request is back
+    assert xtrain._C.cuda.set_early_launch(False) is False
+    with pytest.raises(KeyError):
+        with xtrain.cuda.early_launch():
+            raise KeyError("x")
+    assert xtrain._C.cuda.set_early_launch(False) is False
+    if not xtrain.cuda.is_available():
+        with xtrain.cuda.early_launch():
+            assert xtrain._C.cuda.early_launch(0) is False
+
+
+def _sm_major():
+    import re
+    m = re.search(r"sm_(\d+)", xtrain.cuda.runtime_info())
+    return int(m.group(1)) // 10 if m else 0
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_early_launch_changes_no_bit(monkeypatch, dtype, cuda_graphs):
+    """On a GPU: the decode step's kernels launched early (Note [Early launch of the decode step's
+    kernels]: they load their weights before waiting for the kernel ahead) give the plain launches'
+    tokens and every step's logits bit for bit: greedy (the pick launched early too) and sampled,
+    batch 1 and a batch of three prompt lengths, eager and replayed, 64 steps each; a width of 256
+    takes the lone row's norm-in-registers kernel at batch 1 in bf16. On sm_90 and later the
+    request really is in force inside the step."""
+    cfg = small_config(vocab_size=300, dim=256, n_layers=3, n_heads=8, head_dim=32, n_kv_heads=4, ffn_dim=512,
+                       max_seq=160, bf16=dtype == "bfloat16")
+    model = make_model(cfg, "cuda", weights_seed=4)
+    real = xtrain.cuda.early_launch
+    in_force = []
+
+    class Watched(real):
+        def __enter__(self):
+            r = super().__enter__()
+            in_force.append(xtrain._C.cuda.early_launch(0))
+            return r
+
+    prompts = [[[7, 8, 9]], [list(range(1, 9)), [5], list(range(20, 50))]]
+    kws = [dict(greedy=True), dict(temperature=0.9, top_k=40, seed=3)]
+
+    def run():
+        return [_generate_recording(monkeypatch, model, p, 64, cuda_graphs=cuda_graphs, **kw)
+                for p in prompts for kw in kws]
+
+    monkeypatch.setattr(xtrain.cuda, "early_launch", Watched)
+    early = run()
+    assert in_force and all(on == (_sm_major() >= 9) for on in in_force)
+    monkeypatch.setattr(xtrain.cuda, "early_launch", lambda on=True: real(False))
+    plain = run()
+    for a, b in zip(early, plain):
+        _same_steps(a, b)

@@ -116,6 +116,18 @@ class Graph {
 
 // True while this thread captures a graph (on any device).
 bool capturing();
+
+// ---- Early launch (Note [Early launch of the decode step's kernels], kernels/cuda/common.cuh)
+//
+// set_early_launch(true) lets this thread's launches of the kernels that support it start before
+// the kernel queued ahead of them has finished (programmatic dependent launch); it returns the
+// previous setting. The caller promises that nothing such a kernel reads before its wait (its
+// weights, its norm weights and residual, the KV cache's earlier slots, positions and lengths)
+// is written by the launch just before it: the generator's decode step keeps that promise.
+// early_launch(device): whether a launch on that device starts early now: asked for by this
+// thread, the device is sm_90 or later, and XT_EARLY_LAUNCH is not 0 (the A/B switch).
+bool set_early_launch(bool on);
+bool early_launch(int device);
 // RuntimeError when this thread is capturing: `what` cannot run inside a CUDA graph.
 void check_not_capturing(const char* what);
 

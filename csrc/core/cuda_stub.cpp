@@ -46,6 +46,13 @@ uint64_t Graph::pool_id() const { return 0; }
 void Graph::end_redirect() {}
 bool capturing() { return false; }
 void check_not_capturing(const char*) {}
+bool set_early_launch(bool on) {  // kept, though no launch happens without CUDA
+  static thread_local bool requested = false;
+  const bool prev = requested;
+  requested = on;
+  return prev;
+}
+bool early_launch(int) { return false; }
 
 }  // namespace cuda
 }  // namespace xt

@@ -63,6 +63,28 @@ Graph = _C.cuda.Graph
 is_capturing = _C.cuda.is_capturing
 
 
+class early_launch:
+    """`with xtrain.cuda.early_launch():` this thread's launches of the decode step's kernels
+    (the matrix-vector products, the fused decode attention, the greedy pick) may start before the
+    kernel ahead of them has finished: they load their weights while it drains, then wait for it
+    (programmatic dependent launch, sm_90 and later; `XT_EARLY_LAUNCH=0` switches it off). The
+    values do not change. The block promises that nothing such a kernel reads before its wait (its
+    weights, norm weights and residual input, the KV cache's earlier slots, positions, lengths) is
+    written by the launch just before it; the generator's decode step keeps that promise, other
+    code should not enter it (Note [Early launch of the decode step's kernels])."""
+
+    def __init__(self, on: bool = True):
+        self.on = bool(on)
+
+    def __enter__(self):
+        self._prev = _C.cuda.set_early_launch(self.on)
+        return self
+
+    def __exit__(self, *exc):
+        _C.cuda.set_early_launch(self._prev)
+        return False
+
+
 # Captures in progress in this process (rank threads capture at once) and whether the garbage
 # collector was on before the first of them: it stays off until the last one ends.
 _gc_hold = threading.Lock()

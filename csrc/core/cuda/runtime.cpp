@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -64,6 +65,7 @@ const DeviceTable& devices() {
 
 thread_local int tl_device = 0;
 thread_local int tl_capture_depth = 0;  // graphs this thread is capturing (core/cuda/graph.cpp)
+thread_local bool tl_early_launch = false;  // set_early_launch
 
 // This thread's streams, one per device; synchronised and destroyed at thread exit. Errors
 // are ignored there: at process exit the driver may already be shutting down.
@@ -227,6 +229,28 @@ int stream_device(void* stream) {
 void capture_depth_add(int delta) { tl_capture_depth += delta; }
 
 bool capturing() { return tl_capture_depth > 0; }
+
+bool set_early_launch(bool on) {
+  const bool prev = tl_early_launch;
+  tl_early_launch = on;
+  return prev;
+}
+
+bool early_launch(int device) {
+  if (!tl_early_launch) return false;
+  static const bool switched_off = [] {
+    const char* e = std::getenv("XT_EARLY_LAUNCH");
+    return e != nullptr && std::strcmp(e, "0") == 0;
+  }();
+  if (switched_off || device < 0 || device >= kMaxDevices) return false;
+  static std::atomic<int> major[kMaxDevices] = {};  // 0: not asked yet
+  int m = major[device].load(std::memory_order_relaxed);
+  if (m == 0) {
+    XT_CUDA_CHECK(cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device));
+    major[device].store(m, std::memory_order_relaxed);
+  }
+  return m >= 9;
+}
 
 void check_not_capturing(const char* what) {
   XT_CHECK(tl_capture_depth == 0, RuntimeError, what,

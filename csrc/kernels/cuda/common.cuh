@@ -17,9 +17,11 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "core/allocator.h"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda_api.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/common.h"
@@ -62,6 +64,52 @@ struct OnStream {
   explicit OnStream(void* stream)
       : s(static_cast<cudaStream_t>(stream)), device(xt::cuda::stream_device(stream)), guard(device) {}
 };
+
+// Note [Early launch of the decode step's kernels]
+// A decode step at batch 1 is ~95 kernels of a few microseconds each, and each spends its first
+// microsecond or so getting its blocks resident and waiting for its first weight loads, after the
+// kernel ahead of it has drained. Programmatic dependent launch (sm_90+) lets a kernel start while
+// the one ahead still runs: launch_early() sets the launch attribute when
+// xt::cuda::early_launch(device) says so (a thread-local request: xtrain.cuda.early_launch(),
+// entered by the generator's decode step), and such a kernel
+//  - first issues the loads of what the kernel ahead cannot be writing (its weights, norm
+//    weights, residual input; the attention's positions, lengths and earlier cache slots, and
+//    the rope table it computes from them): the request's promise is that the launch just before
+//    writes none of these;
+//  - then calls wait_prior_grids(): griddepcontrol.wait returns once every kernel it depends on
+//    has completed and its writes are visible (at once when launched without the attribute), and
+//    launch_dependents then lets the next early kernel start. Signalling only after the wait
+//    makes the chain safe by induction: when a kernel starts, the one ahead has passed its own
+//    wait, so every launch before that one has completed, which is what "not written by the
+//    launch just before" needs;
+//  - reads its activation input (the output of the kernel ahead) and writes only after the wait.
+// The values and their order are those of the plain launch: the bits do not change. Without the
+// request, on older GPUs or with XT_EARLY_LAUNCH=0 the launch is the plain <<<...>>> one (the
+// instructions then return at once). An earlier attempt made every kernel wait first thing
+// (85920a9, reverted): nothing moved ahead of the wait, and the decode step got slower.
+__device__ __forceinline__ void wait_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(XT_CUDA_EMULATION)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, on.s>>>(args...), with programmatic stream serialization when
+// xt::cuda::early_launch(on.device) (Note above); checks the launch.
+template <typename... Params, typename... Args>
+void launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, const OnStream& on, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = on.s;
+  cfg.attrs = attr;
+  cfg.numAttrs = xt::cuda::early_launch(on.device) ? 1 : 0;
+  XT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 #define XT_GRID_STRIDE(i, n)                                                              \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \

@@ -549,11 +549,13 @@ __global__ void __launch_bounds__(kOneThreads, 1)
   const int64_t slot = ((b * L + (slot_ok ? p : 0)) * Hkv + hk) * D;
   if ((G + 1) * Gl + D / 2 <= static_cast<int>(blockDim.x) && D <= kPrepRegPairs * Gl) {
     rope_table<true>(tab_cos, tab_sin, p, D, theta);
+    wait_prior_grids();  // q, k, v are the kernel ahead's output (Note [Early launch of the decode step's kernels])
     prep_rows<Gl, true>(q + (b * H + hk * G) * D, qn, G, k + (b * Hkv + hk) * D, k_cache + slot, 1, wq, wk, D, eps,
                         tab_cos, tab_sin, slot_ok);
   } else {
     rope_table(tab_cos, tab_sin, p, D, theta);
     __syncthreads();
+    wait_prior_grids();
     prep_rows<Gl>(q + (b * H + hk * G) * D, qn, G, k + (b * Hkv + hk) * D, k_cache + slot, 1, wq, wk, D, eps,
                   tab_cos, tab_sin, slot_ok);
   }
@@ -576,6 +578,7 @@ __global__ void __launch_bounds__(kGreedyThreads)
   __shared__ int64_t best_i[kGreedyThreads / kWarp];
   const int64_t b = blockIdx.x;
   const T* row = logits + b * V;
+  wait_prior_grids();  // the logits are the kernel ahead's output (Note [Early launch of the decode step's kernels])
   C v = load(row, 0);
   int64_t idx = 0;
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
@@ -743,12 +746,11 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
     with_lanes(D, [&](auto g) {
       constexpr int Gl = decltype(g)::value;
       auto kernel = packs ? decode_prep_one_pass_kernel<Gl, kPackElems, T, W> : decode_prep_one_pass_kernel<Gl, 1, T, W>;
-      kernel<<<blocks, kOneThreads, total, on.s>>>(
-          static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const W*>(wq),
-          static_cast<const W*>(wk), static_cast<T*>(k_cache), static_cast<T*>(v_cache), pos, len, static_cast<T*>(out),
-          L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), eps, theta, qscale,
-          static_cast<int>(attn_al), ranges, err);
-      XT_LAUNCH_CHECK();
+      launch_early(kernel, blocks, kOneThreads, total, on, static_cast<const T*>(q), static_cast<const T*>(k),
+                   static_cast<const T*>(v), static_cast<const W*>(wq), static_cast<const W*>(wk), static_cast<T*>(k_cache),
+                   static_cast<T*>(v_cache), pos, len, static_cast<T*>(out), L, static_cast<int>(H),
+                   static_cast<int>(Hkv), static_cast<int>(D), eps, theta, qscale, static_cast<int>(attn_al), ranges,
+                   err);
     });
   });
   if (fused) return;
@@ -763,9 +765,8 @@ void greedy_next(DType dt, const void* logits, int64_t B, int64_t V, int64_t* st
   XT_CHECK(B <= INT32_MAX, ValueError, "greedy_next: too many rows for CUDA: ", B);
   OnStream on(stream);
   XT_DISPATCH_FLOAT(dt, "greedy_next", T, {
-    greedy_next_kernel<T><<<static_cast<unsigned>(B), kGreedyThreads, 0, on.s>>>(static_cast<const T*>(logits), B, V,
-                                                                                  state, ring, R, stop);
-    XT_LAUNCH_CHECK();
+    launch_early(greedy_next_kernel<T>, static_cast<unsigned>(B), kGreedyThreads, 0, on, static_cast<const T*>(logits),
+                 B, V, state, ring, R, stop);
   });
 }
 

@@ -24,12 +24,8 @@ void launch_rows(const T* x, const rows::Weights& ws, T* out, int M, int64_t K, 
   const int64_t total = ws.col0[ws.n];
   const size_t smem = kSmemX ? static_cast<size_t>(M) * static_cast<size_t>(K) * sizeof(T) : 0;
   const auto blocks = static_cast<unsigned>(ceil_div(total, rows::kRowsWarps));
-  if (M == 1)
-    rows::linear_rows_kernel<kVec, kSmemX, 1, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, ws, out, M, K);
-  else
-    rows::linear_rows_kernel<kVec, kSmemX, rows::kMaxRows, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, ws, out,
-                                                                                                       M, K);
-  XT_LAUNCH_CHECK();
+  launch_early(M == 1 ? rows::linear_rows_kernel<kVec, kSmemX, 1, T> : rows::linear_rows_kernel<kVec, kSmemX, rows::kMaxRows, T>,
+               blocks, rows::kRowsThreads, smem, on, x, ws, out, M, K);
 }
 
 template <bool kVec, bool kGlu, typename T>
@@ -39,12 +35,8 @@ void launch_norm_rows(const T* x, const rows::RowsNorm& nm, const rows::Weights&
   const size_t smem = norm_rows_smem_bytes(sizeof(T), sizeof(compute_t<T>), M, K);
   // one block even without columns: block 0 writes h
   const auto blocks = static_cast<unsigned>(cols > 0 ? ceil_div(cols, rows::kRowsWarps) : 1);
-  if (M == 1)
-    rows::norm_linear_rows_kernel<kVec, kGlu, 1, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(x, nm, ws, out, M, K);
-  else
-    rows::norm_linear_rows_kernel<kVec, kGlu, rows::kMaxRows, T><<<blocks, rows::kRowsThreads, smem, on.s>>>(
-        x, nm, ws, out, M, K);
-  XT_LAUNCH_CHECK();
+  launch_early(M == 1 ? rows::norm_linear_rows_kernel<kVec, kGlu, 1, T> : rows::norm_linear_rows_kernel<kVec, kGlu, rows::kMaxRows, T>,
+               blocks, rows::kRowsThreads, smem, on, x, nm, ws, out, M, K);
 }
 
 // Note [A lone row's norm in registers] (linear_rows.cuh): M = 1, a wide bf16 row, the 16-byte
@@ -67,11 +59,9 @@ bool launch_norm_row_in_registers(const T* x, const rows::RowsNorm& nm, const ro
     const auto go = [&](auto ncw, auto wtag) {
       constexpr int NC = decltype(ncw)::value;
       using W = typename decltype(wtag)::type;
-      if (nm.res != nullptr)
-        rows::norm_linear_row_kernel<NC, kGlu, true, W><<<blocks, rows::kRowsThreads, 0, on.s>>>(x, nm, ws, out);
-      else
-        rows::norm_linear_row_kernel<NC, kGlu, false, W><<<blocks, rows::kRowsThreads, 0, on.s>>>(x, nm, ws, out);
-      XT_LAUNCH_CHECK();
+      launch_early(nm.res != nullptr ? rows::norm_linear_row_kernel<NC, kGlu, true, W>
+                                     : rows::norm_linear_row_kernel<NC, kGlu, false, W>,
+                   blocks, rows::kRowsThreads, 0, on, x, nm, ws, out);
     };
     const auto by_width = [&](auto wtag) {
       switch (nc) {

@@ -170,6 +170,7 @@ __global__ void __launch_bounds__(kRowsThreads)
   // The first round of chunks, in flight while x is staged.
   Pack<T, V> wp[kRowsUnroll];
   if (valid) load_round<kVec>(wp, wr, K, nchunks, lane);
+  wait_prior_grids();  // x is the kernel ahead's output (Note [Early launch of the decode step's kernels])
   const T* xs = x;
   if constexpr (kSmemX) {
     T* sx = reinterpret_cast<T*>(dynamic_smem());
@@ -257,7 +258,12 @@ __global__ void __launch_bounds__(kRowsThreads)
   C* inv = wn + K;
   const T* __restrict__ res = static_cast<const T*>(nm.res);
   T* __restrict__ h = blockIdx.x == 0 ? static_cast<T*>(nm.h) : nullptr;
-  // Phase 1: x (+ res) and w, every load issued before any value is used.
+  // Phase 1: w, then (once the kernel ahead is done: Note [Early launch of the decode step's
+  // kernels]) x (+ res), every load issued before any value is used.
+#pragma unroll 4
+  for (int64_t j = threadIdx.x; j < K; j += kRowsThreads)
+    wn[j] = nm.w_f32 ? static_cast<C>(static_cast<const float*>(nm.w)[j]) : to_compute(static_cast<const T*>(nm.w)[j]);
+  wait_prior_grids();
 #pragma unroll 4
   for (int64_t p = threadIdx.x; p < n_x / V1; p += kRowsThreads) {
     Pack<T, V1> a = *reinterpret_cast<const Pack<T, V1>*>(x + p * V1), b;
@@ -273,9 +279,6 @@ __global__ void __launch_bounds__(kRowsThreads)
     }
     if (h != nullptr) *reinterpret_cast<Pack<T, V1>*>(h + p * V1) = a;
   }
-#pragma unroll 4
-  for (int64_t j = threadIdx.x; j < K; j += kRowsThreads)
-    wn[j] = nm.w_f32 ? static_cast<C>(static_cast<const float*>(nm.w)[j]) : to_compute(static_cast<const T*>(nm.w)[j]);
   __syncthreads();
   // Phase 2: row m's sum of squares by lanes 0..G-1 of warp m % kRowsWarps, in rms_norm's order.
   for (int m = warp; m < M; m += kRowsWarps) {
@@ -358,18 +361,22 @@ __global__ void __launch_bounds__(kRowsThreads)
       if constexpr (kGlu) up[c] = *reinterpret_cast<const P*>(ur + c * rmsnorm::kWideChunk);
     }
   }
-  // The norm: every load of the row before any use, then norm_linear_rows_kernel's expressions.
+  // The norm: every load of the row before any use, then norm_linear_rows_kernel's expressions;
+  // the residual and the norm weight before the wait, x (the kernel ahead's output) after it
+  // (Note [Early launch of the decode step's kernels]).
   const T* __restrict__ res = kAdd ? static_cast<const T*>(nm.res) : nullptr;
   const W* __restrict__ nw = static_cast<const W*>(nm.w) + base;
   P a[NC], b[NC];
   PW g[NC][kW];
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
-    a[c] = *reinterpret_cast<const P*>(x + base + c * rmsnorm::kWideChunk);
     if constexpr (kAdd) b[c] = *reinterpret_cast<const P*>(res + base + c * rmsnorm::kWideChunk);
 #pragma unroll
     for (int k = 0; k < kW; ++k) g[c][k] = *reinterpret_cast<const PW*>(nw + c * rmsnorm::kWideChunk + k * kPW);
   }
+  wait_prior_grids();
+#pragma unroll
+  for (int c = 0; c < NC; ++c) a[c] = *reinterpret_cast<const P*>(x + base + c * rmsnorm::kWideChunk);
   const C ss = rmsnorm::wide_add_sum_sq<NC, kAdd>(a, b);  // h as add_rms_norm stores it, in a
   if (kAdd && h != nullptr)
 #pragma unroll

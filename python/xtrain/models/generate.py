@@ -261,7 +261,9 @@ def _decode_greedy(model, cache, logits, out, lens, limit, stop_token, capture) 
     ops.greedy_next_(logits, state, ring, stop_token)       # the token after each prompt
 
     def step():
-        ops.greedy_next_(model.forward_cached(ids, cache), state, ring, stop_token)
+        logits = model.forward_cached(ids, cache)
+        with xtrain.cuda.early_launch():      # the pick reads nothing before its wait
+            ops.greedy_next_(logits, state, ring, stop_token)
 
     runner = DecodeGraph(model, step, capture)
     cur, finished = lens.copy(), lens >= limit

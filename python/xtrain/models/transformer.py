@@ -481,15 +481,20 @@ class TinyTransformer(nn.Module):
                 x = ops.embedding(x, last)                                     # (B, dim)
                 return ops.linear(self.norm(x), self.head_weight())            # (B, V)
             if B <= DECODE_GEMV_MAX_ROWS:
-                delta = None                                                   # the stream is x + delta
-                for i, (block, layer) in enumerate(zip(self.layers, cache.layers)):
-                    if i + 1 < len(self.layers):
-                        a = self.layers[i + 1].self_attn
-                        after = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
-                    else:
-                        after = [self.head_weight()]
-                    x, delta = block.decode_rows(x, delta, layer, after)
-                return decode_norm_rows(x, delta, self.norm, [self.head_weight()])[1][0]   # (B, V)
+                # Each kernel of the layers and the head reads before its wait only weights, the
+                # residual, the cache's earlier slots, positions and lengths, none of which the
+                # launch before it writes (the embedding's cast or gather comes first): the promise
+                # xtrain.cuda.early_launch asks for.
+                with xtrain.cuda.early_launch():
+                    delta = None                                               # the stream is x + delta
+                    for i, (block, layer) in enumerate(zip(self.layers, cache.layers)):
+                        if i + 1 < len(self.layers):
+                            a = self.layers[i + 1].self_attn
+                            after = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+                        else:
+                            after = [self.head_weight()]
+                        x, delta = block.decode_rows(x, delta, layer, after)
+                    return decode_norm_rows(x, delta, self.norm, [self.head_weight()])[1][0]   # (B, V)
             h = self.layers[0].input_layernorm(x)
             next_norms = [block.input_layernorm for block in self.layers[1:]] + [self.norm]
             for block, layer, next_norm in zip(self.layers, cache.layers, next_norms):
