@@ -165,22 +165,25 @@ def test_decode_prep_is_the_composition_bitwise(device, dtype, w_dtype, H, Hkv, 
         assert np.array_equal(a.numpy(), b.numpy())
 
 
-# On CUDA the first three run the fused one-pass kernel (Note [Decode head preparation inside the
-# one-pass attention]); the last (L > 1024) decode_prep then the split attention kernels.
+# On CUDA all but the last run the fused one-pass kernel (Note [Decode head preparation inside the
+# one-pass attention]; L = 700: rows longer than its 512 threads, past the slots it loads before its
+# wait); the last (L > 1024) decode_prep then the split attention kernels. The fourth row's new slot
+# lies inside the slots it attends to (length past position + 1).
 @pytest.mark.parametrize("dtype, w_dtype", [("float32", "float32"), ("bfloat16", "float32"),
                                             ("bfloat16", "bfloat16"), ("float64", "float64")])
-@pytest.mark.parametrize("H, Hkv, D, L", [(4, 4, 8, 9), (4, 2, 32, 40), (6, 1, 64, 300), (2, 2, 32, 1100)])
+@pytest.mark.parametrize("H, Hkv, D, L", [(4, 4, 8, 9), (4, 2, 32, 40), (6, 1, 64, 300), (2, 2, 32, 700),
+                                          (2, 2, 32, 1100)])
 @pytest.mark.parametrize("norm", [True, False])
 def test_decode_prep_attention_is_prep_then_attention_bitwise(device, dtype, w_dtype, H, Hkv, D, L, norm):
     rng = np.random.default_rng(H * D + L)
-    B = 3
+    B = 4
 
     def t(*shape, dt=dtype):
         return xtrain.tensor(rng.standard_normal(shape).astype(np.float32), device=device).to(dt)
     q, k, v = t(B, H, D), t(B, Hkv, D), t(B, Hkv, D)
     wq, wk = (t(D, dt=w_dtype), t(D, dt=w_dtype)) if norm else (None, None)
-    positions = xtrain.tensor(np.array([0, L - 1, L // 3]), device=device)
-    lengths = xtrain.tensor(np.array([1, L, L // 3 + 1]), device=device)
+    positions = xtrain.tensor(np.array([0, L - 1, L // 3, L // 2]), device=device)
+    lengths = xtrain.tensor(np.array([1, L, L // 3 + 1, L]), device=device)
     base = rng.standard_normal((B, L, Hkv, D)).astype(np.float32)
     caches = [[xtrain.tensor(base, device=device).to(dtype) for _ in range(2)] for _ in range(2)]
     qp = ops.decode_prep(q, k, v, *caches[0], positions, wq, wk, eps=1e-5, theta=5000.0)

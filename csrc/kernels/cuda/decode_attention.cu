@@ -244,13 +244,61 @@ __device__ __forceinline__ void warp_merge_stats(C& m, C& l) {
   }
 }
 
+// Note [The cache's earlier slots before the wait]
+// The fused kernel (decode_prep_one_pass_kernel) is launched early (Note [Early launch of the decode
+// step's kernels]); the slots before the new one were written by earlier steps, so the block loads
+// them before its wait: each thread its first key row of the scores (key tid, when the row is at
+// most kPreKPacks packs) and its first kPreVKeys value packs of the weighted sum (keys r, r + R,
+// ...), into registers. The new slot, which the block itself writes after the wait, is read from
+// the cache as before. The attention takes the registers where it would have loaded the same
+// bytes, in the same order: the same bits. The row's length and slot are read before the wait too.
+constexpr int kPreKPacks = 4;
+constexpr int kPreVKeys = 4;
+template <int kV, typename T>
+struct CachePreload {
+  Pack<T, kV> k[kPreKPacks];
+  Pack<T, kV> v[kPreVKeys];
+  bool k_ok;  // k holds key tid's row
+  int skip;   // the slot the block writes (read from the cache after the barrier); -1: none
+};
+
+// pre: the block's earlier slots (above) for the row length n_row and new slot `slot` (-1: none).
+template <int kV, typename T>
+__device__ __forceinline__ void preload_cache(CachePreload<kV, T>& pre, const T* k, const T* v, int64_t n_row,
+                                              int64_t slot, int64_t L, int H, int Hkv, int D) {
+  const int G = H / Hkv, tid = threadIdx.x, nthreads = blockDim.x;
+  const int64_t b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv;
+  const int n = n_row >= 0 && n_row <= L ? static_cast<int>(n_row) : 0;  // checked_length's value
+  pre.skip = slot >= 0 && slot < L ? static_cast<int>(slot) : -1;
+  const int64_t kstride = static_cast<int64_t>(Hkv) * D;
+  const T* kbase = k + (b * L * Hkv + hk) * D;
+  const T* vbase = v + (b * L * Hkv + hk) * D;
+  pre.k_ok = D <= kPreKPacks * kV && tid < n && tid != pre.skip;
+  if (pre.k_ok) {
+#pragma unroll
+    for (int c = 0; c < kPreKPacks; ++c)
+      if (c * kV < D) pre.k[c] = *reinterpret_cast<const Pack<T, kV>*>(kbase + tid * kstride + c * kV);
+  }
+  const int P = D / kV, items = G * P, R = nthreads / items;
+  const int r = tid / items, j = (tid % items) % P;
+  if (r >= R) return;
+#pragma unroll
+  for (int u = 0; u < kPreVKeys; ++u) {
+    const int t = r + u * R;
+    if (t < n && t != pre.skip) pre.v[u] = *reinterpret_cast<const Pack<T, kV>*>(vbase + j * kV + t * kstride);
+  }
+}
+
 // The block (b, kv head hk) = (blockIdx.x / Hkv, blockIdx.x % Hkv): qg is the group's G query rows
 // [G, D] (global or shared memory), smem the block's one_pass_smem bytes, n_row the row's len[b] (read
 // by the caller first thing, so its round trip overlaps the caller's other work).
+// pre: the block's earlier slots, loaded before the kernel's wait (Note [The cache's earlier slots
+// before the wait]), or null.
 template <int kV, typename T>
 __device__ __forceinline__ void one_pass_attention(const T* qg, const T* k, const T* v, int64_t n_row, T* out,
                                                    int64_t L, int H, int Hkv, int D, compute_t<T> qscale,
-                                                   IndexErrorRecord* err, unsigned char* smem) {
+                                                   IndexErrorRecord* err, unsigned char* smem,
+                                                   const CachePreload<kV, T>* pre = nullptr) {
   using C = compute_t<T>;
   const int G = H / Hkv, tid = threadIdx.x, nthreads = blockDim.x;
   const int lane = tid % kWarp, warp = tid / kWarp, nwarps = nthreads / kWarp;
@@ -276,7 +324,18 @@ __device__ __forceinline__ void one_pass_attention(const T* qg, const T* k, cons
   for (int g = 0; g < G; ++g) {
     C m = NegInf<C>::get(), l = 0;
     for (int t = tid; t < n; t += nthreads) {
-      const C sc = dot_key<(kV > 1)>(qs + g * D, kbase + t * kstride, D);
+      C sc;
+      if (pre != nullptr && t == tid && pre->k_ok) {  // dot_key's order over the registers
+        sc = 0;
+#pragma unroll
+        for (int c = 0; c < kPreKPacks; ++c)
+          if (c * kV < D) {
+#pragma unroll
+            for (int e = 0; e < kV; ++e) sc += qs[g * D + c * kV + e] * to_compute(pre->k[c].v[e]);
+          }
+      } else {
+        sc = dot_key<(kV > 1)>(qs + g * D, kbase + t * kstride, D);
+      }
       ps[g * n + t] = sc;
       merge_stats(m, l, sc, C(1));
     }
@@ -308,6 +367,15 @@ __device__ __forceinline__ void one_pass_attention(const T* qg, const T* k, cons
       for (int e = 0; e < kV; ++e) acc[e] += p * to_compute(pk.v[e]);
     };
     int t = r;
+    if (pre != nullptr) {  // the first kPreVKeys keys from the registers, but the block's own slot
+#pragma unroll
+      for (int u = 0; u < kPreVKeys; ++u, t += R) {
+        if (t >= n) continue;
+        Pack<T, kV> pk = pre->v[u];
+        if (t == pre->skip) pk = *reinterpret_cast<const Pack<T, kV>*>(vcol + t * kstride);
+        take(pk, sg[t]);
+      }
+    }
     for (; t + 3 * R < n; t += 4 * R) {  // four keys' loads in flight; the sum's order is still t, t + R, ..
       const Pack<T, kV> v0 = *reinterpret_cast<const Pack<T, kV>*>(vcol + t * kstride);
       const Pack<T, kV> v1 = *reinterpret_cast<const Pack<T, kV>*>(vcol + (t + R) * kstride);
@@ -523,7 +591,9 @@ __device__ __forceinline__ void prefetch_l2_ranges(const L2Ranges& r, int64_t fi
 // and after a barrier (the block's own global writes are then visible to it) runs the one-pass
 // attention, reading q from shared memory. Blocks touch disjoint kv heads, so no block waits on
 // another: one launch instead of two, bitwise decode_prep then decode_attention.
-template <int Gl, int kV, typename T, typename W>
+// kPre (16-byte packs only): the block's earlier slots before the wait (Note [The cache's earlier
+// slots before the wait]).
+template <int Gl, int kV, bool kPre, typename T, typename W>
 __global__ void __launch_bounds__(kOneThreads, 1)
     decode_prep_one_pass_kernel(const T* q, const T* k, const T* v, const W* wq, const W* wk, T* k_cache, T* v_cache,
                                 const int64_t* pos, const int64_t* len, T* out, int64_t L, int H, int Hkv, int D,
@@ -542,6 +612,8 @@ __global__ void __launch_bounds__(kOneThreads, 1)
   T* qn = reinterpret_cast<T*>(tab_sin + D / 2);                // [G][D]: the prepared query rows
   const int64_t p = pos[b], n_row = len[b];  // both loads in flight before either is used
   const bool slot_ok = p >= 0 && p < L;
+  CachePreload<kV, T> pre;  // Note [The cache's earlier slots before the wait]
+  if constexpr (kPre) preload_cache<kV>(pre, k_cache, v_cache, n_row, slot_ok ? p : -1, L, H, Hkv, D);
   if (!slot_ok && hk == 0 && threadIdx.x == 0) report_bad_index(err, IndexSite::DecodePrep, p, L, 0);
   // The table by the block's last threads while the rows' groups load, sum and norm (prep_rows
   // waits for it before rotating) when the G + 1 rows leave those threads free and a lane's pairs
@@ -562,7 +634,8 @@ __global__ void __launch_bounds__(kOneThreads, 1)
   if (slot_ok)
     for (int e = threadIdx.x; e < D; e += blockDim.x) v_cache[slot + e] = v[(b * Hkv + hk) * D + e];
   __syncthreads();
-  one_pass_attention<kV>(qn, k_cache, v_cache, n_row, out, L, H, Hkv, D, qscale, err, decode_smem);
+  one_pass_attention<kV>(qn, k_cache, v_cache, n_row, out, L, H, Hkv, D, qscale, err, decode_smem,
+                         kPre ? &pre : nullptr);
 }
 
 // ------------------------------------------------------------------ greedy pick
@@ -715,6 +788,12 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
     const char* e = std::getenv("XT_DECODE_PREP_UNFUSED");
     return e != nullptr && std::strcmp(e, "1") == 0;
   }();
+  // XT_DECODE_CACHE_PRELOAD=0: the attention loads every slot after the wait (the A/B of Note [The
+  // cache's earlier slots before the wait]).
+  static const bool preload = [] {
+    const char* e = std::getenv("XT_DECODE_CACHE_PRELOAD");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
   if (!unfused) dispatch_float_weight(dt, w_dt, "decode_prep_attention", [&](auto xtag, auto wtag) {
     using T = typename decltype(xtag)::type;
     using W = typename decltype(wtag)::type;
@@ -745,7 +824,9 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
     const unsigned blocks = static_cast<unsigned>(B * Hkv + pf_blocks);
     with_lanes(D, [&](auto g) {
       constexpr int Gl = decltype(g)::value;
-      auto kernel = packs ? decode_prep_one_pass_kernel<Gl, kPackElems, T, W> : decode_prep_one_pass_kernel<Gl, 1, T, W>;
+      auto kernel = !packs    ? decode_prep_one_pass_kernel<Gl, 1, false, T, W>
+                    : preload ? decode_prep_one_pass_kernel<Gl, kPackElems, true, T, W>
+                              : decode_prep_one_pass_kernel<Gl, kPackElems, false, T, W>;
       launch_early(kernel, blocks, kOneThreads, total, on, static_cast<const T*>(q), static_cast<const T*>(k),
                    static_cast<const T*>(v), static_cast<const W*>(wq), static_cast<const W*>(wk), static_cast<T*>(k_cache),
                    static_cast<T*>(v_cache), pos, len, static_cast<T*>(out), L, static_cast<int>(H),
