@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import xtrain
-from modelhelp import make_model, small_config
+from modelhelp import make_model, random_weights, small_config
 from xtrain import ops
 from xtrain.models import generate as gen
 from xtrain.models.generate import KVCache, pick
@@ -617,6 +617,83 @@ def test_decode_graph_plumbing_with_a_stand_in(monkeypatch, capsys, name):
     assert "xtrain" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("kw", [dict(greedy=True), dict(temperature=0.9, top_k=20, seed=3)])
+def test_kept_decode_step_replays_for_the_next_call_of_its_shape(monkeypatch, kw):
+    """generate() keeps its captured step (KeptDecode): a later call of the same shape with other
+    prompts makes no new graph and replays from its first decode step, with the eager path's
+    tokens and logits; new weights (load_state_dict writes the same buffers) are seen; another
+    shape, release_decode, KEEP_DECODE = False and a cache over KEEP_DECODE_MAX_BYTES each make a
+    new one. Run with the CPU stand-in for the graph (every replay reruns the captured step from the
+    buffers it was captured with, so a stale buffer would show)."""
+    model = _model("cpu")
+    made = _made_graphs(monkeypatch)
+    _stand_in_graphs(monkeypatch)
+    a = [[1, 2, 3], [5, 6, 7]]
+    b = [[9, 8, 7], [30, 31, 32]]      # the same lengths: the same shape
+
+    def check(prompts, n=8, new_graph=False, **extra):
+        graphs = len(_Rerun.made)
+        eager = _generate_recording(monkeypatch, model, prompts, n, cuda_graphs=False, **kw, **extra)
+        made.clear()
+        got = _generate_recording(monkeypatch, model, prompts, n, **kw, **extra)
+        _same_steps(eager, got)
+        assert len(made) == (1 if new_graph else 0) and len(_Rerun.made) == graphs + (1 if new_graph else 0)
+        return got
+
+    check(a, new_graph=True)
+    (g,) = _Rerun.made
+    before = g.replays
+    check(b)                                            # kept: replays only, from the first decode step
+    assert g.replays == before + 7                      # 8 picks: the prefill's, then 7 replayed steps
+    check(a)
+    model.load_state_dict(random_weights(model, 9))     # new weights in the same buffers
+    check(b)
+    check(a, n=9, new_graph=True)                       # another shape (the cache's slots)
+    check([[1, 2, 3]], n=9, new_graph=True)             # another batch
+    check([[1, 2, 3]], n=9)
+    gen.release_decode(model)
+    check([[1, 2, 3]], n=9, new_graph=True)
+    monkeypatch.setattr(gen, "KEEP_DECODE", False)
+    check([[1, 2, 3]], n=9, new_graph=True)
+    check([[1, 2, 3]], n=9, new_graph=True)
+    monkeypatch.setattr(gen, "KEEP_DECODE", True)
+    check([[1, 2, 3]], n=9)                             # what was kept before is still there
+    gen.release_decode(model)
+    monkeypatch.setattr(gen, "KEEP_DECODE_MAX_BYTES", 64)
+    check([[1, 2, 3]], n=9, new_graph=True)
+    check([[1, 2, 3]], n=9, new_graph=True)
+
+
+def test_kept_decode_step_keys(monkeypatch):
+    """A kept step is replayed only where it is the same step: greedy and sampled, the stop token
+    and the greedy ring's length each make a new one; a model without a parameter store keeps
+    nothing; the keeping thread's step is not replayed on another thread."""
+    model = _model("cpu")
+    made = _made_graphs(monkeypatch)
+    _stand_in_graphs(monkeypatch)
+    prompts = [[1, 2, 3], [5, 6, 7]]
+
+    def new_graphs(**kw):
+        made.clear()
+        model.generate(prompts, 8, **kw)
+        return len(made)
+
+    assert new_graphs(greedy=True) == 1 and new_graphs(greedy=True) == 0
+    assert new_graphs(temperature=0.5, seed=1) == 1 and new_graphs(temperature=0.7, seed=2) == 0
+    assert new_graphs(greedy=True) == 1
+    assert new_graphs(greedy=True, stop_token=5) == 1 and new_graphs(greedy=True, stop_token=5) == 0
+    assert new_graphs(greedy=True, stop_token=6) == 1
+    monkeypatch.setattr(gen, "GREEDY_RING", 4)          # picks > ring: the ring is 4 long, not 8
+    assert new_graphs(greedy=True, stop_token=6) == 1
+    import threading
+    counts = []
+    t = threading.Thread(target=lambda: counts.append(new_graphs(greedy=True, stop_token=6)))
+    t.start()
+    t.join()
+    assert counts == [1]
+    assert gen._keep_key(object(), ("greedy", 4, None), 2, 8) is None
+
+
 def test_decode_graph_capture_failure_falls_back_once(monkeypatch, capsys):
     model = _model("cpu")
     eager = _generate_recording(monkeypatch, model, PROMPTS, 8, greedy=True, cuda_graphs=False)
@@ -729,6 +806,7 @@ def test_early_launch_changes_no_bit(monkeypatch, dtype, cuda_graphs):
         return [_generate_recording(monkeypatch, model, p, 64, cuda_graphs=cuda_graphs, **kw)
                 for p in prompts for kw in kws]
 
+    monkeypatch.setattr(gen, "KEEP_DECODE", False)  # each call captures its own step
     monkeypatch.setattr(xtrain.cuda, "early_launch", Watched)
     early = run()
     assert in_force and all(on == (_sm_major() >= 9) for on in in_force)

@@ -35,12 +35,19 @@ Decisions:
   the inputs or the greedy state, the ring, the logits buffer), so a replay is the same kernels
   with the same values in the same order: the tokens and logits are bitwise those of the eager
   step. cuda_graphs=False, the CPU, or a failed capture (noted once) run it eagerly.
+- The captured step outlives its call (KeptDecode): the model keeps its last graph with the KV cache
+  and the buffers it reads, and the next call of the same shape (rows, slots, greedy ring, stop
+  token, decode path, on the same thread, with the same weight buffers) prefills into that cache,
+  rewrites the buffers and replays at once: no eager warm-up step, capture or instantiation per
+  call. The weights are read at replay time, so training between calls is seen. One shape is kept
+  per model, and only a cache of at most KEEP_DECODE_MAX_BYTES; release_decode(model) frees it.
 """
 
 from __future__ import annotations
 
 import numbers
 import sys
+import threading
 from collections import deque
 
 import numpy as np
@@ -182,6 +189,57 @@ class DecodeGraph:
         return self.graph.num_nodes if self.graph is not None else 0
 
 
+# generate() keeps its decode graph for the next call of the same shape (KeptDecode) when this is
+# True and the KV cache takes at most KEEP_DECODE_MAX_BYTES.
+KEEP_DECODE = True
+KEEP_DECODE_MAX_BYTES = 256 << 20
+
+
+class KeptDecode:
+    """A generate() call's decode step kept for the next call of the same shape: the KV cache, the
+    buffers the step reads and writes (greedy: the state and the ring; sampled: the inputs and the
+    logits buffer), the views the cache and the step take of them, and the DecodeGraph whose
+    capture baked in all of their addresses. key: what must match for a replay to be that step."""
+
+    def __init__(self, key: tuple, cache: "KVCache"):
+        self.key, self.cache = key, cache
+        self.runner = None
+        self.buffers = {}
+
+    def nbytes(self) -> int:
+        return sum(layer.k.nbytes + layer.v.nbytes for layer in self.cache.layers)
+
+
+def _keep_key(model, path: tuple, B: int, T: int):
+    """What a kept decode step depends on beyond its buffers: the path (greedy ring and stop token,
+    or sampled), the cache's shape, the thread (its stream), the device, the weight buffers' addresses
+    (the graph reads them) and the decode switches the step was built under."""
+    from xtrain.models import transformer
+
+    store = getattr(model, "store", None)
+    if store is None:
+        return None
+    weights = (store.params.data_ptr(), store.compute.data_ptr() if store.compute is not None else 0)
+    return (path, B, T, threading.get_ident(), str(model.device), weights, transformer.DECODE_GEMV_MAX_ROWS,
+            transformer.DECODE_L2_PREFETCH_BYTES)
+
+
+def _kept(model, key):
+    kept = model.__dict__.get("_kept_decode")
+    return kept if kept is not None and key is not None and kept.key == key else None
+
+
+def _keep(model, kept: KeptDecode) -> None:
+    """Keep `kept` on the model for the next call (replacing what it kept), or keep nothing when it
+    is too large."""
+    model.__dict__["_kept_decode"] = kept if kept.nbytes() <= KEEP_DECODE_MAX_BYTES else None
+
+
+def release_decode(model) -> None:
+    """Free the decode graph, KV cache and buffers generate() kept on `model` (KeptDecode)."""
+    model.__dict__.pop("_kept_decode", None)
+
+
 # The greedy path's ring: steps launched back to back between two reads of the tokens (the host
 # reads a chunk of this many steps while the next is queued, so it learns of a stop token up to
 # twice this many steps late; the extra steps change nothing it keeps).
@@ -206,7 +264,8 @@ def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_
     to the smallest set of most likely tokens whose probability reaches top_p (at least one token),
     drawn from `generator` (a numpy Generator) or a PCG64 seeded with `seed`.
     cuda_graphs: on CUDA, capture the decode step once as a CUDA graph and replay it for every
-    token (DecodeGraph; bitwise the eager step's tokens and logits); a no-op on the CPU.
+    token (DecodeGraph; bitwise the eager step's tokens and logits), kept for the next call of the
+    same shape (KeptDecode, release_decode); a no-op on the CPU.
     Runs under no_grad in eval mode (the model's mode is restored)."""
     rows = _prompt_rows(prompts)
     c = model.config
@@ -229,43 +288,62 @@ def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_
     model.eval()
     try:
         with xtrain.no_grad():
-            cache = KVCache(model, B, T)
+            capture = decode_graph_blocker(model, cuda_graphs) is None
+            device_greedy = greedy and DEVICE_GREEDY
+            path = ("greedy", min(GREEDY_RING, int((limit - lens).max())), stop_token) if device_greedy else ("sampled",)
+            key = _keep_key(model, path, B, T) if capture and KEEP_DECODE else None
+            kept = _kept(model, key)
+            if kept is None:
+                kept = KeptDecode(key, KVCache(model, B, T))
+            cache = kept.cache
+            cache.empty = True
             cache.at(np.zeros(B, dtype=np.int64))
             ids = xtrain.tensor(out[:, :P], device=model.device)            # right-padded (B, P)
             last = xtrain.tensor(np.arange(B) * P + lens - 1, device=model.device)
             logits = model.forward_cached(ids, cache, last)
             cache.empty = False
-            capture = decode_graph_blocker(model, cuda_graphs) is None
-            if greedy and DEVICE_GREEDY:
-                cur = _decode_greedy(model, cache, logits, out, lens, limit, stop_token, capture)
+            if device_greedy:
+                cur = _decode_greedy(model, kept, logits, out, lens, limit, stop_token, capture)
             else:
-                cur = _decode_sampled(model, cache, logits, out, lens, limit, temperature, top_k, top_p,
+                cur = _decode_sampled(model, kept, logits, out, lens, limit, temperature, top_k, top_p,
                                       greedy, rng, stop_token, capture)
     finally:
         model.train(was_training)
     return out[:, :int(cur.max())]
 
 
-def _decode_greedy(model, cache, logits, out, lens, limit, stop_token, capture) -> np.ndarray:
+def _decode_greedy(model, kept, logits, out, lens, limit, stop_token, capture) -> np.ndarray:
     """Greedy decoding with the pick on the device (ops.greedy_next_); fills out, returns each row's
     final length. The state's rows: token fed next, position (its slot), length = position + 1,
-    limit, done, count; positions and lengths are the cache's, token the step's input."""
+    limit, done, count; positions and lengths are the cache's, token the step's input. kept: the
+    cache, and the state, ring and step of an earlier call of this shape (then the state is
+    rewritten in place and the step replays at once) or none yet (made here, then kept)."""
     B = len(lens)
-    state = xtrain.tensor(np.stack([np.zeros(B), lens - 1, lens, limit, lens >= limit, np.zeros(B)]).astype(np.int64),
-                          device=model.device)
-    ids = state._storage_view(0, (B, 1))
-    cache.positions, cache.lengths = state._storage_view(B, (B,)), state._storage_view(2 * B, (B,))
+    cache = kept.cache
+    host_state = np.stack([np.zeros(B), lens - 1, lens, limit, lens >= limit, np.zeros(B)]).astype(np.int64)
     picks = int((limit - lens).max())        # picks the longest row needs, the prompt's included
     R = min(GREEDY_RING, picks)
-    ring = xtrain.zeros((R, B), dtype="int64", device=model.device)
+    if kept.runner is None:
+        state = xtrain.tensor(host_state, device=model.device)
+        ring = xtrain.zeros((R, B), dtype="int64", device=model.device)
+        ids = state._storage_view(0, (B, 1))
+        cache.positions, cache.lengths = state._storage_view(B, (B,)), state._storage_view(2 * B, (B,))
+
+        def step():
+            logits = model.forward_cached(ids, cache)
+            with xtrain.cuda.early_launch():      # the pick reads nothing before its wait
+                ops.greedy_next_(logits, state, ring, stop_token)
+
+        kept.buffers = dict(state=state, ring=ring, positions=cache.positions, lengths=cache.lengths)
+        kept.runner = DecodeGraph(model, step, capture)
+        if kept.key is not None:
+            _keep(model, kept)
+    else:
+        state, ring = kept.buffers["state"], kept.buffers["ring"]
+        state.copy_(xtrain.tensor(host_state, device="cpu"))                 # outside any capture
+        cache.positions, cache.lengths = kept.buffers["positions"], kept.buffers["lengths"]
+    runner = kept.runner
     ops.greedy_next_(logits, state, ring, stop_token)       # the token after each prompt
-
-    def step():
-        logits = model.forward_cached(ids, cache)
-        with xtrain.cuda.early_launch():      # the pick reads nothing before its wait
-            ops.greedy_next_(logits, state, ring, stop_token)
-
-    runner = DecodeGraph(model, step, capture)
     cur, finished = lens.copy(), lens >= limit
     # Calls are launched in chunks of R (call c writes ring slot c % R), each followed by an
     # asynchronous read of the ring; a chunk's tokens are taken in only once the next chunk is
@@ -299,23 +377,32 @@ def _decode_greedy(model, cache, logits, out, lens, limit, stop_token, capture) 
             return cur
 
 
-def _decode_sampled(model, cache, logits, out, lens, limit, temperature, top_k, top_p, greedy, rng, stop_token,
+def _decode_sampled(model, kept, logits, out, lens, limit, temperature, top_k, top_p, greedy, rng, stop_token,
                     capture) -> np.ndarray:
     """Decoding with the pick on the host (pick()); fills out, returns each row's final length.
     What changes from token to token goes to the device in one int64 buffer the step reads,
     `inputs` (3 * B,): the tokens fed (B, 1), the rows' write positions (B,) and the lengths
     attended to (B,) = positions + 1, by one host-to-device copy (pinned staging, no wait) before
-    each step; the step's logits land in one (B, V) buffer."""
+    each step; the step's logits land in one (B, V) buffer. kept: as _decode_greedy's."""
     B = len(lens)
-    inputs = xtrain.zeros((3 * B,), dtype="int64", device=model.device)
-    ids = inputs._storage_view(0, (B, 1))
-    cache.positions, cache.lengths = inputs._storage_view(B, (B,)), inputs._storage_view(2 * B, (B,))
-    buf = xtrain.empty(*logits.shape, dtype=logits.dtype, device=model.device)
+    cache = kept.cache
+    if kept.runner is None:
+        inputs = xtrain.zeros((3 * B,), dtype="int64", device=model.device)
+        ids = inputs._storage_view(0, (B, 1))
+        cache.positions, cache.lengths = inputs._storage_view(B, (B,)), inputs._storage_view(2 * B, (B,))
+        buf = xtrain.empty(*logits.shape, dtype=logits.dtype, device=model.device)
 
-    def step():
-        buf.copy_(model.forward_cached(ids, cache))
+        def step():
+            buf.copy_(model.forward_cached(ids, cache))
 
-    runner = DecodeGraph(model, step, capture)
+        kept.buffers = dict(inputs=inputs, buf=buf, positions=cache.positions, lengths=cache.lengths)
+        kept.runner = DecodeGraph(model, step, capture)
+        if kept.key is not None:
+            _keep(model, kept)
+    else:
+        inputs, buf = kept.buffers["inputs"], kept.buffers["buf"]
+        cache.positions, cache.lengths = kept.buffers["positions"], kept.buffers["lengths"]
+    runner = kept.runner
     cur = lens.copy()                                             # tokens in each row so far
     active = cur < limit
     while True:
