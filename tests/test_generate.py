@@ -13,6 +13,7 @@ import xtrain
 from modelhelp import make_model, random_weights, small_config
 from xtrain import ops
 from xtrain.models import generate as gen
+from xtrain.models import transformer
 from xtrain.models.generate import KVCache, pick
 
 TOL = {"float32": (1e-5, 1e-6), "bfloat16": (2e-2, 2e-2), "float64": (1e-12, 1e-12)}
@@ -692,6 +693,9 @@ def test_kept_decode_step_keys(monkeypatch):
     t.join()
     assert counts == [1]
     assert gen._keep_key(object(), ("greedy", 4, None), 2, 8) is None
+    key = gen._keep_key(model, ("greedy", 4, None), 2, 8)
+    monkeypatch.setattr(transformer, "DECODE_L2_PREFETCH_BYTES", 1 << 20)   # the step is built differently
+    assert gen._keep_key(model, ("greedy", 4, None), 2, 8) != key
 
 
 def test_decode_graph_capture_failure_falls_back_once(monkeypatch, capsys):

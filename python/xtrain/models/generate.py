@@ -212,16 +212,13 @@ class KeptDecode:
 
 def _keep_key(model, path: tuple, B: int, T: int):
     """What a kept decode step depends on beyond its buffers: the path (greedy ring and stop token,
-    or sampled), the cache's shape, the thread (its stream), the device, the weight buffers' addresses
-    (the graph reads them) and the decode switches the step was built under."""
-    from xtrain.models import transformer
-
-    store = getattr(model, "store", None)
-    if store is None:
+    or sampled), the cache's shape, the thread (its stream), the device, and the model's
+    decode_signature() (its weight buffers' addresses, which the graph reads, and the decode
+    switches the step was built under); None (keep nothing) for a model without one."""
+    signature = getattr(model, "decode_signature", None)
+    if signature is None:
         return None
-    weights = (store.params.data_ptr(), store.compute.data_ptr() if store.compute is not None else 0)
-    return (path, B, T, threading.get_ident(), str(model.device), weights, transformer.DECODE_GEMV_MAX_ROWS,
-            transformer.DECODE_L2_PREFETCH_BYTES)
+    return (path, B, T, threading.get_ident(), str(model.device), signature())
 
 
 def _kept(model, key):

@@ -465,6 +465,13 @@ class TinyTransformer(nn.Module):
     def device(self) -> str:
         return self.store.device
 
+    def decode_signature(self) -> tuple:
+        """What a captured decode step (generate's KeptDecode) depends on besides its own buffers:
+        the addresses of the weight buffers it reads and the decode switches it was built under."""
+        s = self.store
+        return (s.params.data_ptr(), s.compute.data_ptr() if s.compute is not None else 0, DECODE_GEMV_MAX_ROWS,
+                DECODE_L2_PREFETCH_BYTES)
+
     def forward_cached(self, ids, cache, last=None):
         """Generation's forward, under no_grad: new tokens ids int (B, S) and a KV cache
         (xtrain.models.generate.KVCache) -> logits (B, V) in the compute dtype, one row per sequence.
