@@ -693,6 +693,25 @@ def test_kept_decode_step_keys(monkeypatch):
     t.join()
     assert counts == [1]
     assert gen._keep_key(object(), ("greedy", 4, None), 2, 8) is None
+    # release_decode (and a kept step replaced by another) frees the cache at once, without a
+    # garbage collection: nothing of it is in a reference cycle
+    import gc
+    import weakref
+    gc.disable()
+    try:
+        made.clear()
+        _Rerun.made.clear()                             # the test's own lists hold every step
+        kept = weakref.ref(model.__dict__["_kept_decode"].cache)
+        gen.release_decode(model)
+        assert kept() is None
+        model.generate(prompts, 8, greedy=True)
+        kept = weakref.ref(model.__dict__["_kept_decode"].cache)
+        made.clear()
+        _Rerun.made.clear()
+        model.generate(prompts, 9, greedy=True)
+        assert kept() is None and model.__dict__["_kept_decode"] is not None
+    finally:
+        gc.enable()
     key = gen._keep_key(model, ("greedy", 4, None), 2, 8)
     monkeypatch.setattr(transformer, "DECODE_L2_PREFETCH_BYTES", 1 << 20)   # the step is built differently
     assert gen._keep_key(model, ("greedy", 4, None), 2, 8) != key

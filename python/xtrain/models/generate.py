@@ -48,6 +48,7 @@ from __future__ import annotations
 import numbers
 import sys
 import threading
+import weakref
 from collections import deque
 
 import numpy as np
@@ -61,10 +62,15 @@ TOP_P_CANDIDATES = 1024
 
 
 class LayerKV:
-    """One layer's cache: k and v (B, L, H_kv, D), and the positions/lengths its KVCache holds."""
+    """One layer's cache: k and v (B, L, H_kv, D), and the positions/lengths its KVCache holds (a
+    weak reference: no cycle, so a dropped cache frees its device memory at once)."""
 
     def __init__(self, cache: "KVCache", k, v):
-        self.cache, self.k, self.v = cache, k, v
+        self._cache, self.k, self.v = weakref.ref(cache), k, v
+
+    @property
+    def cache(self) -> "KVCache":
+        return self._cache()
 
     @property
     def positions(self):
