@@ -8,8 +8,9 @@
 //    same bits), a block reduces its warps' results in warp order, and partial results across
 //    blocks are combined by one more fixed-order pass. No floating-point atomics.
 //  - A launcher makes the stream's device current (OnStream), launches on that stream, and
-//    checks the launch (XT_LAUNCH_CHECK). Launch shapes depend only on problem sizes, never on
-//    the GPU model, so the reduction order (and the bits) depends only on the inputs.
+//    checks the launch (XT_LAUNCH_CHECK, or launch_early for the decode step's kernels: Note
+//    [Early launch of the decode step's kernels]). Launch shapes depend only on problem sizes,
+//    never on the GPU model, so the reduction order (and the bits) depends only on the inputs.
 #pragma once
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
