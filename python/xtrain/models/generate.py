@@ -215,6 +215,20 @@ class KeptDecode:
     def nbytes(self) -> int:
         return sum(layer.k.nbytes + layer.v.nbytes for layer in self.cache.layers)
 
+    def build(self, model, step, capture: bool, **buffers) -> None:
+        """The first call of this shape: the step's buffers (with the views of positions and
+        lengths the cache now holds) and its DecodeGraph; kept on the model when it has a key."""
+        self.buffers = dict(buffers, positions=self.cache.positions, lengths=self.cache.lengths)
+        self.runner = DecodeGraph(model, step, capture)
+        if self.key is not None:
+            _keep(model, self)
+
+    def resume(self) -> dict:
+        """A later call: the cache attends through the kept positions and lengths again; returns
+        the kept buffers."""
+        self.cache.positions, self.cache.lengths = self.buffers["positions"], self.buffers["lengths"]
+        return self.buffers
+
 
 def _keep_key(model, path: tuple, B: int, T: int):
     """What a kept decode step depends on beyond its buffers: the path (greedy ring and stop token,
@@ -337,14 +351,11 @@ def _decode_greedy(model, kept, logits, out, lens, limit, stop_token, capture) -
             with xtrain.cuda.early_launch():      # the pick reads nothing before its wait
                 ops.greedy_next_(logits, state, ring, stop_token)
 
-        kept.buffers = dict(state=state, ring=ring, positions=cache.positions, lengths=cache.lengths)
-        kept.runner = DecodeGraph(model, step, capture)
-        if kept.key is not None:
-            _keep(model, kept)
+        kept.build(model, step, capture, state=state, ring=ring)
     else:
-        state, ring = kept.buffers["state"], kept.buffers["ring"]
+        kept_buffers = kept.resume()
+        state, ring = kept_buffers["state"], kept_buffers["ring"]
         state.copy_(xtrain.tensor(host_state, device="cpu"))                 # outside any capture
-        cache.positions, cache.lengths = kept.buffers["positions"], kept.buffers["lengths"]
     runner = kept.runner
     ops.greedy_next_(logits, state, ring, stop_token)       # the token after each prompt
     cur, finished = lens.copy(), lens >= limit
@@ -398,13 +409,10 @@ def _decode_sampled(model, kept, logits, out, lens, limit, temperature, top_k, t
         def step():
             buf.copy_(model.forward_cached(ids, cache))
 
-        kept.buffers = dict(inputs=inputs, buf=buf, positions=cache.positions, lengths=cache.lengths)
-        kept.runner = DecodeGraph(model, step, capture)
-        if kept.key is not None:
-            _keep(model, kept)
+        kept.build(model, step, capture, inputs=inputs, buf=buf)
     else:
-        inputs, buf = kept.buffers["inputs"], kept.buffers["buf"]
-        cache.positions, cache.lengths = kept.buffers["positions"], kept.buffers["lengths"]
+        kept_buffers = kept.resume()
+        inputs, buf = kept_buffers["inputs"], kept_buffers["buf"]
     runner = kept.runner
     cur = lens.copy()                                             # tokens in each row so far
     active = cur < limit
