@@ -242,7 +242,7 @@ bool early_launch(int device) {
     const char* e = std::getenv("XT_EARLY_LAUNCH");
     return e != nullptr && std::strcmp(e, "0") == 0;
   }();
-  if (switched_off || device < 0 || device >= kMaxDevices) return false;
+  if (switched_off || device < 0 || device >= devices().count) return false;  // no driver: no devices
   static std::atomic<int> major[kMaxDevices] = {};  // 0: not asked yet
   int m = major[device].load(std::memory_order_relaxed);
   if (m == 0) {
