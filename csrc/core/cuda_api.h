@@ -116,6 +116,8 @@ class Graph {
 
 // True while this thread captures a graph (on any device).
 bool capturing();
+// RuntimeError when this thread is capturing: `what` cannot run inside a CUDA graph.
+void check_not_capturing(const char* what);
 
 // ---- Early launch (Note [Early launch of the decode step's kernels], kernels/cuda/common.cuh)
 //
@@ -128,8 +130,6 @@ bool capturing();
 // thread, the device is sm_90 or later, and XT_EARLY_LAUNCH is not 0 (the A/B switch).
 bool set_early_launch(bool on);
 bool early_launch(int device);
-// RuntimeError when this thread is capturing: `what` cannot run inside a CUDA graph.
-void check_not_capturing(const char* what);
 
 }  // namespace cuda
 }  // namespace xt

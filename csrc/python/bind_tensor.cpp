@@ -72,7 +72,6 @@ Shape shape_arg(const py::object& o) {
   return s;
 }
 
-
 // numpy array -> tensor of `dtype` on `device` (always a copy; bf16 rounds to nearest even).
 Tensor from_numpy(py::array arr, DType dtype, Device device) {
   Shape shape(arr.shape(), arr.shape() + arr.ndim());
