@@ -86,7 +86,7 @@ def parse_args(argv=None):
     if args.steps < 1:
         p.error("--steps must be at least 1")
     if args.lr is None:
-        from xtrain.train import PRESET_LR
+        from xtrain.trainer.train import PRESET_LR
 
         if args.preset not in PRESET_LR:
             p.error(f"no default LR for preset {args.preset!r}: pass --lr")

@@ -12,7 +12,7 @@ Three parts, one JSON (bench/results/data_run-PRESET-bB-sS-DATE.json, or --out) 
    then the StreamLoader itself with N worker processes for each N in --workers, fed as fast as it
    can deliver --batch x --seq batches (tokens per second it sustains).
 2. The same training run twice, as `xtrain train --preset P --bf16 --batch B --seq S --steps N
-   --eval-every E` runs it (xtrain.train.train, same seed and initial weights): on the stream,
+   --eval-every E` runs it (xtrain.trainer.train.train, same seed and initial weights): on the stream,
    then on a prepared copy of the stream's stories written to shards first (write_stream_copy,
    --copy-factor times the tokens the run reads, so random windows rarely meet twice; the same
    tokenizer and held-out set). Per run: median and mean tokens/s of the training steps (each
@@ -149,7 +149,7 @@ def entropy_bound(stream) -> dict:
 # ---- 2. the two training runs
 
 def train_run(args, data: str, out: Path, workers) -> dict:
-    from xtrain.train import TrainConfig, train
+    from xtrain.trainer.train import TrainConfig, train
 
     cfg = TrainConfig(preset=args.preset, data=data, out=str(out), device=args.device,
                       bf16=args.bf16, batch=args.batch, seq=args.seq, steps=args.steps,
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
     import xtrain
     from xtrain.data import open_stream, write_stream_copy
     from xtrain.data.stream import resolve_workers
-    from xtrain.train import resolve_device
+    from xtrain.trainer.train import resolve_device
 
     args.device = resolve_device(args.device)
     t_all = time.perf_counter()

@@ -67,7 +67,8 @@ class XtrainTrainer:
 
     def __init__(self, cfg, device, seed, use_graphs: bool = False):
         import xtrain
-        from xtrain import batching, graphs
+        from xtrain.trainer import batching
+        from xtrain import graphs
         from xtrain.models import TinyTransformer
         from xtrain.optim import AdamW
 

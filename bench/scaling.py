@@ -4,8 +4,8 @@
     python bench/scaling.py --gpus 1 2 4 --steps 50
     python bench/scaling.py --launch threads processes --cli    # both modes, and `xtrain train` itself
 
-`--launch`: how xtrain's ranks run on several GPUs: threads (one process, xtrain.distributed.launch)
-and/or processes (one per GPU under a torchrun-style environment: xtrain.distributed.run_process,
+`--launch`: how xtrain's ranks run on several GPUs: threads (one process, xtrain.launch.distributed.launch)
+and/or processes (one per GPU under a torchrun-style environment: xtrain.launch.distributed.run_process,
 the rendezvous and a one-rank NCCL communicator each). `--cli` adds rows for the `xtrain train`
 command itself (the built-in stories, the same model and batch) on one GPU and on each launch mode:
 tok/s from its log (the median step time after `--cli-warmup` steps), peak memory from its log.
@@ -14,8 +14,8 @@ Both sides train the same architecture from the same initial weights (xtrain's T
 PyTorch's bench/torch_model.py peer, the one bench/train_throughput.py uses: bf16 autocast,
 flash SDPA, fused AdamW) with the same step: forward, backward, gradient average over the GPUs,
 clip at 1.0, AdamW, on random token windows uploaded from the host every step. xtrain runs one
-process with a thread per GPU (xtrain.distributed.launch) and on several GPUs takes the training
-loop's step, xtrain.distributed.DataParallelAdamW sharded with the model's bf16 weight copies
+process with a thread per GPU (xtrain.launch.distributed.launch) and on several GPUs takes the training
+loop's step, xtrain.launch.distributed.DataParallelAdamW sharded with the model's bf16 weight copies
 (`--steps-dp` adds rows for the flat all-reduce step and the per-tensor all_reduce_gradients step;
 `--overlap` one that averages while backward runs, GradientReducer); PyTorch runs one process per GPU under torchrun with
 DistributedDataParallel (bucketed, overlapped; none on one GPU). Each measurement is its own
@@ -87,7 +87,7 @@ def timed(step, sync, warmup: int, steps: int) -> tuple[float, float]:
 
 def xtrain_worker(args) -> None:
     import xtrain
-    from xtrain.distributed import (DataParallelAdamW, GradientReducer, all_reduce_gradients, broadcast_parameters,
+    from xtrain.launch.distributed import (DataParallelAdamW, GradientReducer, all_reduce_gradients, broadcast_parameters,
                                     launch)
     from xtrain.models import TinyTransformer
     from xtrain.optim import AdamW, clip_grad_norm_
@@ -156,7 +156,7 @@ def xtrain_worker(args) -> None:
     if args.n == 1:
         results = [run(None, "cuda:0")]
     elif args.launch == "processes":  # this process is one rank; rank 0 reports for all
-        from xtrain.distributed import run_process
+        from xtrain.launch.distributed import run_process
 
         results = run_process(lambda ctx: ctx.exchange("result", list(run(ctx, ctx.device))))
         if int(os.environ["RANK"]) != 0:

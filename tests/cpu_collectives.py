@@ -1,7 +1,7 @@
 """NCCL's in-place collectives for CPU tensors, as stand-ins for the tests that run the data-parallel
-code without GPUs: between rank threads of one process (ThreadCollectives, xtrain.distributed's
+code without GPUs: between rank threads of one process (ThreadCollectives, xtrain.launch.distributed's
 thread launcher) or between processes through files in a shared directory (FileCollectives,
-xtrain.distributed.run_process). The average is the sum over ranks in rank order, then / ranks,
+xtrain.launch.distributed.run_process). The average is the sum over ranks in rank order, then / ranks,
 in float32, as the tests' references compute it. Results are written with copy_, so in-place
 writes bump the tensors' versions as NCCL's do."""
 
@@ -67,7 +67,7 @@ class RankCollectives:
 
 class ThreadCollectives:
     """The shared side for `world` rank threads; rank(r) is rank r's RankCollectives. abort() and
-    close() make it a communicator for xtrain.distributed._Launch."""
+    close() make it a communicator for xtrain.launch.distributed._Launch."""
 
     def __init__(self, world):
         self.world, self.barrier, self.slots = world, threading.Barrier(world, timeout=30), {}

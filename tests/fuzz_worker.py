@@ -11,7 +11,7 @@ Case kinds:
         build the arguments from their specs (see build()), call, and when the result is a
         Tensor, read it back (numpy) and backpropagate through it if it can.
     {"kind": "cli", "argv": [...], "cwd": dir}
-        xtrain.cli.main(argv) in `cwd`, with stdout/stderr captured.
+        xtrain.trainer.cli.main(argv) in `cwd`, with stdout/stderr captured.
     {"kind": "checkpoint", "path": dir, "export_to": dir}
         open a checkpoint the way sample/train/export do: load, build the model, load the
         optimizer, restore the generators, load the tokenizer, export.
@@ -98,7 +98,7 @@ def run_call(case):
 
 
 def run_cli(case):
-    from xtrain import cli
+    from xtrain.trainer import cli
 
     out, err = io.StringIO(), io.StringIO()
     cwd = os.getcwd()
@@ -115,8 +115,8 @@ def run_cli(case):
 
 
 def run_checkpoint(case):
-    from xtrain import state
-    from xtrain.export import export
+    from xtrain.io import state
+    from xtrain.io.export import export
     from xtrain.optim import AdamW
 
     ckpt = state.load(case["path"])

@@ -82,7 +82,7 @@ def bits_equal(a, b) -> bool:
 def tiny_run(out, data, steps, device="cpu", **kw):
     """The TrainConfig of a short tiny-preset run (batch 4 x 32, no evaluation, no saves but the
     last, no progress bar) of `steps` steps on prepared data, writing into `out`; kw overrides."""
-    from xtrain.train import TrainConfig
+    from xtrain.trainer.train import TrainConfig
 
     base = dict(preset="tiny", data=str(data), out=str(out), device=device, batch=4, seq=32,
                 steps=steps, lr=3e-3, warmup=2, eval_every=0, save_every=0, sample_tokens=8,

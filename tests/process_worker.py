@@ -1,12 +1,12 @@
 """One process of the CPU process-group tests (tests/test_process_group.py):
-xtrain.distributed.run_process with stand-in communicator and unique id (this build has no NCCL).
+xtrain.launch.distributed.run_process with stand-in communicator and unique id (this build has no NCCL).
 The launcher's variables come from the environment; argv[1] is the scenario, JSON:
 
     {"exchanges": 2,                                      # exchange() calls before the failure point
      "fail": {"rank": 1, "how": "raise" | "exit" | "stop", "after": 0.3},   # optional
      "key": {"rank": 1, "name": "other"},                 # optional: this rank exchanges another key
      "out": DIR}                                          # optional: the result also in DIR/RANK.json
-    {"train": {TrainConfig fields}, "collectives": DIR}   # xtrain.train.train_processes on the CPU,
+    {"train": {TrainConfig fields}, "collectives": DIR}   # xtrain.trainer.train.train_processes on the CPU,
                                                           # collectives through files in DIR
     {"gpu": {"steps": 20, "flags": {...}, "step": "shard"}, "fail": {"rank": 1, "at": 3}}
         # two GPUs, real NCCL: test_distributed's training run (its CONFIG and batches), or with
@@ -24,8 +24,8 @@ import sys
 import threading
 import time
 
-from xtrain import distributed
-from xtrain.rendezvous import EXIT_STOPPED, RankStopped
+from xtrain.launch import distributed
+from xtrain.launch.rendezvous import EXIT_STOPPED, RankStopped
 
 
 class StandInComm:
@@ -65,7 +65,7 @@ def gpu_run(ctx, scenario):
 
     import xtrain
     import test_distributed as td
-    from xtrain.distributed import DataParallelAdamW
+    from xtrain.launch.distributed import DataParallelAdamW
     from xtrain.models import TinyTransformer, TransformerConfig
     from xtrain.optim import AdamW
 
@@ -122,10 +122,10 @@ def main() -> int:
     try:
         if "train" in scenario:
             from cpu_collectives import FileCollectives
-            from xtrain import launch_env
-            from xtrain.train import TrainConfig, train_processes
+            from xtrain.launch import env as launch_env
+            from xtrain.trainer.train import TrainConfig, train_processes
 
-            from xtrain.rundir import claim_run
+            from xtrain.io.rundir import claim_run
 
             cfg = TrainConfig(**scenario["train"])
             summary = train_processes(cfg, launch_env.detect(), claim=lambda: claim_run(cfg.out, cfg.resume),

@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from xtrain import rendezvous
+from xtrain.launch import rendezvous
 
 WORKER = Path(__file__).with_name("process_worker.py")
 WAIT_S = 60                # no scenario may take longer than this (a hang fails the test here)

@@ -1,4 +1,4 @@
-"""Gradient accumulation (xtrain.train.accumulate_gradients and the loop around it): N micro-batches
+"""Gradient accumulation (xtrain.trainer.train.accumulate_gradients and the loop around it): N micro-batches
 give the gradient of one N-times-larger batch (float32 and bf16), deterministically, bitwise the
 same with recompute; train() with accumulation matches the large batch, runs one collective per
 optimizer step on the data-parallel path, logs the global-batch mean loss, and resumes bit-exactly."""
@@ -12,7 +12,7 @@ from modelhelp import (batch, bits_equal, grads_numpy, make_model, prepared_stor
                        tiny_run)
 from test_distributed import two_gpus
 from test_train import _OneRankContext
-from xtrain.train import accumulate_gradients, train
+from xtrain.trainer.train import accumulate_gradients, train
 
 
 cuda = pytest.mark.skipif(not xtrain.cuda.is_available(), reason="needs a CUDA GPU")

@@ -1,4 +1,4 @@
-"""The batch plan (xtrain.batching): --batch-tokens arithmetic and its errors, the micro-batch search
+"""The batch plan (xtrain.trainer.batching): --batch-tokens arithmetic and its errors, the micro-batch search
 (logic with a stand-in for the probe, then the real probe under a CPU memory limit), --recompute
 auto, and an OOM during training becoming an error that names the flags."""
 
@@ -7,10 +7,10 @@ import pytest
 
 import xtrain
 from modelhelp import prepared_stories
-from xtrain import batching
+from xtrain.trainer import batching
 from xtrain.models import TinyTransformer, config_for
-from xtrain.runconfig import ConfigError
-from xtrain.train import TrainConfig, train
+from xtrain.trainer.runconfig import ConfigError
+from xtrain.trainer.train import TrainConfig, train
 
 
 def test_explicit_plans_and_their_errors():

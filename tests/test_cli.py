@@ -7,7 +7,7 @@ import json
 import pytest
 
 from modelhelp import prepared_stories, run_cli
-from xtrain.cli import parse_size
+from xtrain.trainer.cli import parse_size
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_sample_batched_prompts_and_sampling_flags(trained):
 
 
 def test_sample_cuda_graphs_switch(trained):
-    from xtrain.cli import build_parser
+    from xtrain.trainer.cli import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["sample", "--ckpt", "x"]).cuda_graphs is True

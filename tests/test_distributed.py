@@ -1,4 +1,4 @@
-"""Data-parallel training (xtrain.distributed, xtrain._C.dist).
+"""Data-parallel training (xtrain.launch.distributed, xtrain._C.dist).
 
 CPU (always): device resolution, the launcher's failure handling against a fake communicator
 (original exception re-raised, peers stopped, bounded joins), and clear errors where NCCL or GPUs
@@ -30,8 +30,8 @@ import pytest
 
 import xtrain
 from modelhelp import prepared_stories, run_cli
-from xtrain import distributed
-from xtrain.distributed import (DataParallelAdamW, GradientReducer, RankStopped, all_reduce_gradients,
+from xtrain.launch import distributed
+from xtrain.launch.distributed import (DataParallelAdamW, GradientReducer, RankStopped, all_reduce_gradients,
                                 broadcast_parameters, launch, resolve_devices)
 from xtrain.models import TinyTransformer, TransformerConfig
 from xtrain.optim import AdamW, clip_grad_norm_
@@ -206,7 +206,7 @@ def test_launch_without_backend_raises_clearly():
     called = []
     with pytest.raises(RuntimeError, match="NCCL|CUDA") as info:
         launch(called.append, devices=2)
-    assert "xtrain.distributed.launch" in str(info.value)
+    assert "xtrain.launch.distributed.launch" in str(info.value)
     assert not called and not _rank_threads()
 
 
@@ -664,7 +664,7 @@ def test_two_processes_match_two_threads_and_one_gpu(flags):
 def test_a_raising_process_stops_the_other_within_seconds():
     """Rank 1 raises before its reduce-scatter; rank 0 is left waiting inside NCCL for it. The
     rendezvous tells rank 0, which aborts its communicator and exits with EXIT_STOPPED, naming rank 1."""
-    from xtrain.rendezvous import EXIT_STOPPED
+    from xtrain.launch.rendezvous import EXIT_STOPPED
 
     runs = _processes({"gpu": {"steps": 50}, "fail": {"rank": 1, "at": 3}}, wait_s=120)
     code1, _, err1, t1 = runs[1]
@@ -721,7 +721,7 @@ def test_cli_a_killed_process_ends_the_run_within_10_s(tmp_path, victim):
     import signal
 
     from procgroup import Group
-    from xtrain.rendezvous import EXIT_STOPPED
+    from xtrain.launch.rendezvous import EXIT_STOPPED
 
     data = prepared_stories(tmp_path)
     out = tmp_path / "run"

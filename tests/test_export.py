@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from modelhelp import batch, make_model, small_config
-from xtrain import state
+from xtrain.io import state
 from xtrain.data import generate_stories, train_bpe
-from xtrain.export import export, hf_name
+from xtrain.io.export import export, hf_name
 
 transformers = pytest.importorskip("transformers")
 PROMPT = "Once upon a time"

@@ -11,7 +11,7 @@ import pytest
 
 from tokhelp import (cli_run, documents, fake_gpt2, hf_tokenizer, one_error_line, token_stream,
                      word_level_tokenizer, write_llmc_shard, write_nanogpt)
-from xtrain import state
+from xtrain.io import state
 from xtrain.data import DataError, open_dataset, open_tokenizer, prepare, read_header
 from xtrain.data.formats import ConcatTokens
 

@@ -136,7 +136,7 @@ def _foreign_tokenizers(root: Path) -> None:
     """Tokenizer files (a tokenizer.json, a corrupt one, a SentencePiece model when the package is
     there), the sandbox checkpoint re-saved with each foreign kind, and token directories: a
     nanoGPT one as nanoGPT leaves it, one prepared in place, an llm.c one with a bad magic."""
-    from xtrain import state
+    from xtrain.io import state
     from xtrain.data import open_tokenizer, prepare
     from xtrain.optim import AdamW
 

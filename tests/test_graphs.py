@@ -18,11 +18,12 @@ import pytest
 import xtrain
 from cpu_collectives import ThreadCollectives, run_rank_threads
 from modelhelp import prepared_stories, run_log, tiny_run
-from xtrain import graphs, ops, runconfig
-from xtrain.distributed import DataParallelAdamW, RankContext
+from xtrain import graphs, ops
+from xtrain.trainer import runconfig
+from xtrain.launch.distributed import DataParallelAdamW, RankContext
 from xtrain.models import TinyTransformer, TransformerConfig
 from xtrain.optim import AdamW
-from xtrain.train import TrainConfig, train
+from xtrain.trainer.train import TrainConfig, train
 
 needs_gpu = pytest.mark.skipif(not xtrain.cuda.is_available(),
                                reason="needs a CUDA GPU (the lead runs these on the H200)")
@@ -48,7 +49,7 @@ def _same_checkpoints(a, b):
 # ---------------------------------------------------------------- the switch (CPU)
 
 def test_cli_flag_config_file_and_record(tmp_path):
-    from xtrain.cli import _train_values, build_parser
+    from xtrain.trainer.cli import _train_values, build_parser
 
     parser = build_parser()
     assert _train_values(parser.parse_args(["train", "--device", "cpu"]))["cuda_graphs"] is True
@@ -65,7 +66,7 @@ def test_cli_flag_config_file_and_record(tmp_path):
 
 
 def test_help_lists_the_switch(capsys):
-    from xtrain.cli import build_parser
+    from xtrain.trainer.cli import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--help"])
@@ -595,7 +596,7 @@ def test_graph_steps_equal_eager_steps_bitwise(tmp_path, data, kw):
     _same_checkpoints(tmp_path / "graphs", tmp_path / "eager")
 
 
-@pytest.mark.skipif(not xtrain.distributed.is_available(), reason="needs an NCCL build of xtrain and a GPU")
+@pytest.mark.skipif(not xtrain.launch.distributed.is_available(), reason="needs an NCCL build of xtrain and a GPU")
 @pytest.mark.parametrize("devices", [[0], [0, 1]], ids=["one-rank", "two-ranks"])
 @pytest.mark.parametrize("kw", [{"bf16": True}, {"bf16": True, "shard_optimizer": False}, {},
                                 {"dropout": 0.1, "bf16": True, "grad_accum": 2}],
@@ -604,7 +605,7 @@ def test_data_parallel_graph_steps_equal_eager_steps_bitwise(tmp_path, data, dev
     """Data parallel with the step captured (its NCCL collectives inside the update graph) against
     the same run eager: the same losses, norms, evaluations and checkpoints, bit for bit; with one
     rank on one GPU, and with two where there are two."""
-    from xtrain.train import train_data_parallel
+    from xtrain.trainer.train import train_data_parallel
 
     if len(devices) > xtrain.cuda.device_count():
         pytest.skip(f"needs {len(devices)} GPUs")
@@ -625,7 +626,7 @@ def test_data_parallel_graph_steps_equal_eager_steps_bitwise(tmp_path, data, dev
 
 @needs_gpu
 def test_poisoned_steps_are_skipped_the_same_with_graphs(tmp_path, data):
-    from xtrain.train import NonFiniteStepsError
+    from xtrain.trainer.train import NonFiniteStepsError
 
     for name, on in (("eager", False), ("graphs", True)):
         cfg = tiny_run(tmp_path / name, data, 40, "cuda", lr=1e6, warmup=1, save_every=2, nonfinite_limit=3,

@@ -1,4 +1,4 @@
-"""Import of Hugging Face Qwen3 and Llama directories (xtrain.hf_import, TinyTransformer.
+"""Import of Hugging Face Qwen3 and Llama directories (xtrain.models.hf_import, TinyTransformer.
 from_pretrained, `xtrain train --init-from`): small random models built and saved by transformers
 itself (no downloads), their float32 logits against transformers' forward, import -> export bit for
 bit, sharded files, training from an imported model, and bad inputs."""
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from modelhelp import bits_equal, run_cli
-from xtrain import hf_import, state
+from xtrain.models import hf_import
+from xtrain.io import state
 from xtrain.data import generate_stories, prepare, train_bpe, write_corpus
-from xtrain.export import export
+from xtrain.io.export import export
 from xtrain.models import TinyTransformer, TransformerConfig
 
 torch = pytest.importorskip("torch")

@@ -1,5 +1,5 @@
-"""One process per GPU, on the CPU (no NCCL here): the launcher environment (xtrain.launch_env),
-the rendezvous and its failure watch (xtrain.rendezvous), and xtrain.distributed.run_process with a
+"""One process per GPU, on the CPU (no NCCL here): the launcher environment (xtrain.launch.env),
+the rendezvous and its failure watch (xtrain.launch.rendezvous), and xtrain.launch.distributed.run_process with a
 stand-in communicator, with real processes on 127.0.0.1 (tests/process_worker.py) where processes
 matter (a rank that raises, exits, hangs; a port that cannot be used) and threads where they do
 not. Ports come free from the OS. The NCCL side runs in tests/test_distributed.py on two GPUs.
@@ -20,10 +20,10 @@ import pytest
 
 from modelhelp import run_cli
 from procgroup import WAIT_S, WORKER, Group, clean_environ, free_port, torchrun_env
-from xtrain import rendezvous
-from xtrain.distributed import pick_device
-from xtrain.launch_env import LaunchEnv, LaunchError, detect, first_host
-from xtrain.rendezvous import EXIT_STOPPED, RankStopped, RendezvousError
+from xtrain.launch import rendezvous
+from xtrain.launch.distributed import pick_device
+from xtrain.launch.env import LaunchEnv, LaunchError, detect, first_host
+from xtrain.launch.rendezvous import EXIT_STOPPED, RankStopped, RendezvousError
 
 STOP_S = 10                # after a rank fails, every other rank has ended within this
 
@@ -203,7 +203,7 @@ def test_the_cli_refuses_a_bad_master_port_and_a_partial_environment():
     assert r.returncode == 2 and "LOCAL_RANK" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-@pytest.mark.skipif(__import__("xtrain").distributed.is_available(), reason="NCCL and a GPU are available here")
+@pytest.mark.skipif(__import__("xtrain.launch.distributed").launch.distributed.is_available(), reason="NCCL and a GPU are available here")
 def test_the_cli_under_a_launcher_without_nccl_says_so_with_its_rank():
     r = run_cli("train", "--steps", "1", env=clean_environ(**torchrun_env(1, 2, free_port())))
     assert r.returncode == 2, (r.stdout, r.stderr)

@@ -1,4 +1,4 @@
-"""The training loop as a process group, on the CPU: `xtrain.train.train_processes` in two worker
+"""The training loop as a process group, on the CPU: `xtrain.trainer.train.train_processes` in two worker
 processes (collectives through files: tests/cpu_collectives.py) against the thread launcher's two
 rank threads (the same stand-in collectives in memory). The checkpoint is the same file for the
 same run in both modes, and a run saved in one mode resumes in the other bit for bit. The GPU runs
@@ -13,8 +13,8 @@ import xtrain
 from cpu_collectives import ThreadCollectives
 from modelhelp import prepared_stories
 from procgroup import Group
-from xtrain import distributed
-from xtrain.train import TrainConfig, open_inputs, train
+from xtrain.launch import distributed
+from xtrain.trainer.train import TrainConfig, open_inputs, train
 
 WORLD = 2
 RUN = dict(preset="tiny", seq=32, batch=2, lr=3e-3, warmup=1, decay_steps=4, eval_every=0, save_every=0,

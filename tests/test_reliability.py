@@ -28,9 +28,10 @@ import pytest
 
 import xtrain
 from modelhelp import make_model, prepared_stories, small_config
-from xtrain import cli, rundir, schema, state
+from xtrain.trainer import cli
+from xtrain.io import rundir, schema, state
 from xtrain.data import DataError, generate_stories, prepare, train_bpe
-from xtrain.export import export
+from xtrain.io.export import export
 from xtrain.optim import AdamW, clip_grad_norm_
 
 
@@ -68,7 +69,7 @@ def _relist(path, name):
 
 
 def _cli(capsys, *argv):
-    """xtrain.cli.main in this process: (exit status, stderr lines)."""
+    """xtrain.trainer.cli.main in this process: (exit status, stderr lines)."""
     try:
         code = cli.main([str(a) for a in argv])
     except SystemExit as e:
@@ -170,7 +171,7 @@ def _hold_lock(path):
     """A process holding `path`'s lock until killed; returns it once the lock is taken."""
     code = textwrap.dedent("""
         import sys, time
-        from xtrain.rundir import DirLock
+        from xtrain.io.rundir import DirLock
         DirLock(sys.argv[1], "holder").acquire()
         print("locked", flush=True)
         time.sleep(300)
@@ -265,7 +266,7 @@ def test_full_disk_during_save_is_one_clear_error_and_leaves_nothing(tmp_path, t
 FULL_DISK_SCRIPT = """
 import json, subprocess, sys
 from pathlib import Path
-from xtrain import state
+from xtrain.io import state
 data, mnt = sys.argv[1], Path(sys.argv[2])
 args = [sys.executable, "-m", "xtrain", "train", "--data", data, "--out", str(mnt / "run"), *sys.argv[3:]]
 first = subprocess.run(args, capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""Config files, the record of a run and --resume (xtrain.runconfig, xtrain.cli), the up-front checks
+"""Config files, the record of a run and --resume (xtrain.trainer.runconfig, xtrain.trainer.cli), the up-front checks
 of every numeric flag, small own data with the defaults, and the sample prompt's default."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 
 from modelhelp import prepared_stories, run_cli
-from xtrain import runconfig
-from xtrain.cli import main
-from xtrain.train import plan_eval
+from xtrain.trainer import runconfig
+from xtrain.trainer.cli import main
+from xtrain.trainer.train import plan_eval
 
 
 @pytest.fixture(scope="module")

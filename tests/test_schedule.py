@@ -1,12 +1,12 @@
-"""LR schedules (xtrain.schedule): the shape of each, cosine_lr unchanged, and the notes a run
+"""LR schedules (xtrain.trainer.schedule): the shape of each, cosine_lr unchanged, and the notes a run
 prints (peak never reached, steps past the schedule's end, a schedule changed on resume)."""
 
 import math
 
 import pytest
 
-from xtrain.optim import cosine_lr
-from xtrain.schedule import Schedule
+from xtrain.trainer.schedule import cosine_lr
+from xtrain.trainer.schedule import Schedule
 
 
 def _lrs(kind, steps=120, **kw):

@@ -8,7 +8,7 @@ import pytest
 
 import xtrain
 from modelhelp import batch, bits_equal, make_model, small_config
-from xtrain import state
+from xtrain.io import state
 from xtrain.data import generate_stories, train_bpe
 from xtrain.optim import AdamW
 

@@ -1,7 +1,7 @@
 """The parameter store (xtrain.store): parameters, gradient slots, moments and bf16 compute copies
 in flat buffers; gradient slots in the tape (_C.GradSlots: backward writes a leaf's gradient into
 its slot of one flat buffer, a cast's backward directly); AdamW and clipping over the flats; and
-xtrain.distributed.DataParallelAdamW (unsharded and ZeRO-1 sharded) against the plain AdamW step
+xtrain.launch.distributed.DataParallelAdamW (unsharded and ZeRO-1 sharded) against the plain AdamW step
 on the averaged gradients, on the CPU with stand-in collectives. The NCCL collectives themselves
 run in tests/test_distributed.py on two GPUs."""
 
@@ -10,8 +10,9 @@ import pytest
 
 import xtrain
 from cpu_collectives import ThreadCollectives, run_rank_threads
-from xtrain import _C, ops, state as state_mod, store as store_mod
-from xtrain.distributed import DataParallelAdamW, RankContext
+from xtrain import _C, ops, store as store_mod
+from xtrain.io import state as state_mod
+from xtrain.launch.distributed import DataParallelAdamW, RankContext
 from xtrain.models import TinyTransformer, TransformerConfig
 from xtrain.optim import AdamW, clip_grad_norm_
 

@@ -197,7 +197,7 @@ def test_default_dataset_is_a_copy_of_the_stream(tmp_path, monkeypatch):
 
 
 def test_training_on_the_stream_resumes_bit_exactly(stream, tmp_path):
-    from xtrain.train import TrainConfig, train
+    from xtrain.trainer.train import TrainConfig, train
 
     def run(out, steps, **kw):
         cfg = TrainConfig(preset="tiny", data=str(stream.path), out=str(out), device="cpu",
@@ -219,19 +219,19 @@ def test_training_on_the_stream_resumes_bit_exactly(stream, tmp_path):
 
 
 def test_cli_trains_the_machine_default(monkeypatch):
-    import xtrain.train
-    from xtrain import cli
+    import xtrain.trainer.train
+    from xtrain.trainer import cli
 
     seen = []
-    monkeypatch.setattr(xtrain.train, "train", seen.append)
+    monkeypatch.setattr(xtrain.trainer.train, "train", seen.append)
     for device, preset, bf16, batch in (("cpu", "tiny", False, 16), ("cuda:0", "dim768", True, 32)):
-        monkeypatch.setattr(xtrain.train, "resolve_device", lambda d, device=device: device)
+        monkeypatch.setattr(xtrain.trainer.train, "resolve_device", lambda d, device=device: device)
         assert cli.main(["train"]) == 0
         cfg = seen.pop()
         assert (cfg.preset, cfg.bf16, cfg.batch, cfg.data, cfg.out) == \
             (preset, bf16, batch, None, f"runs/{preset}")
         assert (cfg.seq, cfg.steps, cfg.eval_every) == tuple(
-            xtrain.train.MACHINE_DEFAULTS["cuda" if bf16 else "cpu"][k]
+            xtrain.trainer.train.MACHINE_DEFAULTS["cuda" if bf16 else "cpu"][k]
             for k in ("seq", "steps", "eval_every"))
     assert cli.main(["train", "--fp32", "--batch", "4", "--preset", "dim384"]) == 0  # on "cuda"
     cfg = seen.pop()

@@ -1,11 +1,19 @@
-"""Structure rules of the Python package that a refactor could silently break: no import cycles
-between xtrain's modules (imports inside functions count too: a lazy import only hides a cycle)."""
+"""Structure rules of the Python package that a refactor could silently break:
+- no import cycles between xtrain's modules;
+- the layers import only downward: the engine surface (the top-level modules: tensor, ops, nn,
+  optim, cuda, graphs, store) < xtrain.data < xtrain.models < xtrain.io < xtrain.launch <
+  xtrain.trainer. A module may import its own layer and the layers below it, never one above.
+Imports inside functions count too: a lazy import only hides a cycle or an upward dependency. The
+package root (__init__, which gathers the public surface) and __main__ (the command's entry) are
+exempt from the layer rule."""
 import ast
 from pathlib import Path
 
 import xtrain
 
 PKG = Path(xtrain.__file__).resolve().parent
+LAYERS = ["xtrain", "xtrain.data", "xtrain.models", "xtrain.io", "xtrain.launch", "xtrain.trainer"]
+EXEMPT = {"xtrain", "xtrain.__main__"}
 
 
 def _module_name(path: Path) -> str:
@@ -39,11 +47,20 @@ def _imports(path: Path, modules: set) -> set:
     return out
 
 
-def test_no_import_cycles_between_xtrain_modules():
-    files = [p for p in PKG.rglob("*.py")]
+def _graph() -> dict:
+    files = list(PKG.rglob("*.py"))
     modules = {_module_name(p) for p in files}
-    graph = {_module_name(p): _imports(p, modules) for p in files}
-    assert len(graph) > 10 and "xtrain.train" in graph
+    return {_module_name(p): _imports(p, modules) for p in files}
+
+
+def layer_of(module: str) -> int:
+    """Index in LAYERS of the deepest layer whose package holds `module` (top-level modules: 0)."""
+    return max(i for i, pkg in enumerate(LAYERS) if module == pkg or module.startswith(pkg + "."))
+
+
+def test_no_import_cycles_between_xtrain_modules():
+    graph = _graph()
+    assert len(graph) > 10 and "xtrain.trainer.train" in graph
     cycles, state = [], {}
 
     def visit(m, path):
@@ -59,3 +76,28 @@ def test_no_import_cycles_between_xtrain_modules():
         if m not in state:
             visit(m, [m])
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_layers_import_only_downward():
+    graph = _graph()
+    upward = [f"{m} ({LAYERS[layer_of(m)]}) imports {n} ({LAYERS[layer_of(n)]})"
+              for m, deps in sorted(graph.items()) if m not in EXEMPT
+              for n in sorted(deps) if layer_of(n) > layer_of(m)]
+    assert not upward, "imports against the layers:\n" + "\n".join(upward)
+
+
+def test_every_module_sits_in_a_layer_package():
+    """The top level holds the engine surface only; everything else lives in a layer's package,
+    so a new module cannot quietly land beside the engine."""
+    engine = {"xtrain._libs", "xtrain._tensor_methods", "xtrain.tensor", "xtrain.ops", "xtrain.nn",
+              "xtrain.optim", "xtrain.cuda", "xtrain.graphs", "xtrain.store", "xtrain.settings"}
+    top = {m for m in _graph() if m.count(".") == 1 and m not in EXEMPT and m not in LAYERS}
+    top -= {m for m in top if any(m == p for p in LAYERS)}
+    assert top <= engine, f"top-level modules outside the engine surface: {sorted(top - engine)}"
+
+
+def test_layer_rule_catches_an_upward_import():
+    """The rule itself: a model module importing the trainer is flagged."""
+    assert layer_of("xtrain.models.transformer") < layer_of("xtrain.trainer.train")
+    assert layer_of("xtrain.nn") == 0 and layer_of("xtrain.data.stream") == 1
+    assert layer_of("xtrain.launch.env") > layer_of("xtrain.io.state")

@@ -10,7 +10,8 @@ import pytest
 
 from tokhelp import (cli_run, hf_tokenizer, one_error_line, spm_model, word_level_tokenizer,
                      write_corpus)
-from xtrain import cli, state
+from xtrain.trainer import cli
+from xtrain.io import state
 from xtrain.data import (DataError, HFTokenizer, SentencePieceTokenizer, load_tokenizer,
                          open_dataset, open_tokenizer, prepare)
 
@@ -184,7 +185,7 @@ def test_round_trip_to_transformers(kind, hf_file, spm_file, tmp_path, capsys):
 
 
 def test_sample_continues_the_prompt_with_its_spaces(spm_file):
-    from xtrain.train import sample_text
+    from xtrain.trainer.train import sample_text
 
     tok = open_tokenizer(spm_file)
 

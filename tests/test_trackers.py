@@ -1,4 +1,4 @@
-"""Trackers (xtrain.trackers): the log's scalars reach TensorBoard (read back with tensorboard's own
+"""Trackers (xtrain.trainer.trackers): the log's scalars reach TensorBoard (read back with tensorboard's own
 event reader) and an offline Weights & Biases run directory; a missing extra is a clear error."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 
 from modelhelp import prepared_stories
-from xtrain import trackers
-from xtrain.runconfig import ConfigError
-from xtrain.train import TrainConfig, train
+from xtrain.trainer import trackers
+from xtrain.trainer.runconfig import ConfigError
+from xtrain.trainer.train import TrainConfig, train
 
 
 @pytest.fixture(scope="module")

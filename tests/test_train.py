@@ -11,9 +11,10 @@ import torch
 import xtrain
 from xtrain import graphs, ops
 from modelhelp import prepared_stories, run_log, tiny_run
-from xtrain import runconfig
-from xtrain.optim import AdamW, clip_grad_norm_, cosine_lr
-from xtrain.train import train
+from xtrain.trainer import runconfig
+from xtrain.optim import AdamW, clip_grad_norm_
+from xtrain.trainer.schedule import cosine_lr
+from xtrain.trainer.train import train
 
 SHAPES = {"w1": (8, 6), "b1": (6,), "emb": (10, 4), "norm": (4,)}
 
@@ -131,7 +132,7 @@ def test_resume_rejects_another_preset(tmp_path, data, device):
 
 
 class _OneRankContext:
-    """A one-rank stand-in for xtrain.distributed.RankContext on any device: the collectives are
+    """A one-rank stand-in for xtrain.launch.distributed.RankContext on any device: the collectives are
     the identity, so the data-parallel code path of train() must give the single-device run."""
 
     def __init__(self, device):
@@ -169,7 +170,7 @@ def test_data_parallel_path_of_train_matches_one_device(tmp_path, data, device):
     """train(cfg, ctx=...) is the loop every rank of `xtrain train --devices N` runs; with one rank
     and identity collectives it must reproduce train(cfg) bit for bit, with no --lr given (the
     preset's learning rate)."""
-    from xtrain import state as ckpt_state
+    from xtrain.io import state as ckpt_state
     from xtrain.data import open_dataset
 
     kw = dict(lr=None, eval_every=3, eval_batches=2)
@@ -200,7 +201,7 @@ def test_data_parallel_path_of_train_matches_one_device(tmp_path, data, device):
 def test_data_parallel_resume_with_dropout_is_bit_exact(tmp_path, data, device):
     """The rank path saves every rank's device generator ("rank_rng") and each rank restores its
     own, so a resumed run with dropout draws the masks the uninterrupted run draws."""
-    from xtrain import state as ckpt_state
+    from xtrain.io import state as ckpt_state
     from xtrain.data import open_dataset
 
     def run(out, steps, resume=False):
@@ -254,8 +255,8 @@ def test_a_non_finite_step_updates_nothing(device):
 
 
 def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, data, device):
-    from xtrain.cli import main
-    from xtrain.train import NonFiniteStepsError
+    from xtrain.trainer.cli import main
+    from xtrain.trainer.train import NonFiniteStepsError
 
     # lr 1e6 ruins the weights within a few steps; the loss then stays NaN, and the run stops.
     cfg = tiny_run(tmp_path / "run", data, 40, device, lr=1e6, warmup=1, save_every=2, nonfinite_limit=3)
@@ -265,7 +266,7 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, data, d
     skipped = [r for r in records if r.get("skipped")]
     assert len(skipped) == 3 and all(not (np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])) for r in skipped)
     assert [r["step"] for r in skipped] == list(range(skipped[0]["step"], skipped[0]["step"] + 3))
-    from xtrain import state as ckpt_state
+    from xtrain.io import state as ckpt_state
 
     # the checkpoints written meanwhile hold the last finite weights (skipped steps change nothing)
     ckpt = ckpt_state.load(tmp_path / "run" / "ckpt")

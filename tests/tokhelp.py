@@ -133,7 +133,7 @@ def write_llmc_shard(path: Path, tokens: np.ndarray, magic=20240520, version=1, 
 
 def cli_run(capsys, *argv) -> tuple[int, str]:
     """`xtrain ARGV` in this process: (exit status, stderr)."""
-    from xtrain import cli
+    from xtrain.trainer import cli
 
     code = cli.main([str(a) for a in argv])
     return code, capsys.readouterr().err

@@ -1,6 +1,6 @@
-"""`python -m xtrain ...` runs the `xtrain` command (xtrain/cli.py)."""
+"""`python -m xtrain ...` runs the `xtrain` command (xtrain/trainer/cli.py)."""
 import sys
 
-from xtrain.cli import main
+from xtrain.trainer.cli import main
 
 sys.exit(main())

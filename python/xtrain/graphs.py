@@ -92,7 +92,7 @@ class StepGraphs:
     batch shape, graphs off), else (loss, norm): device scalars at fixed addresses, overwritten
     by the next replay (read them with xtrain.cuda.read_async before the next step).
 
-    Data parallel (dp: an xtrain.distributed.DataParallelAdamW): the second graph is dp.step (the
+    Data parallel (dp: an xtrain.launch.distributed.DataParallelAdamW): the second graph is dp.step (the
     gradient average, clipping and AdamW, with their NCCL collectives), and every rank captures
     at the same step (the same warm-up, the same batch shapes). Each capture's outcome is agreed
     over the ranks (dp.ctx.exchange) before anything captured runs: NCCL requires a collective

@@ -1,5 +1,5 @@
-"""AdamW on the fused C++ step and global-norm gradient clipping (the LR schedules live in
-xtrain.schedule; cosine_lr is re-exported here).
+"""AdamW on the fused C++ step and global-norm gradient clipping (the LR schedules are the
+trainer's: xtrain.trainer.schedule).
 
 - AdamW follows torch.optim.AdamW (decoupled weight decay, bias correction) and nanoGPT's grouping:
   tensors with 2 or more dims (linear and embedding weights) decay, the rest (norm weights) do not.
@@ -33,7 +33,6 @@ import numpy as np
 
 import xtrain
 from xtrain import _C
-from xtrain.schedule import cosine_lr  # noqa: F401  (re-exported)
 from xtrain.store import ParamStore
 
 

@@ -14,7 +14,7 @@ What lives on the flats, each as one buffer of the same layout:
   weights (the weights of every nn.Linear): one cast launch over the region, reused until the
   float32 weights change (their storage version moves).
 The optimizer adds its moments in the same layout (xtrain.optim.AdamW), so clipping, AdamW, the
-gradient average and ZeRO-1 sharding each work on whole regions (xtrain.distributed).
+gradient average and ZeRO-1 sharding each work on whole regions (xtrain.launch.distributed).
 
 Layout, fixed at construction from the module's named_parameters() order:
 - Region 0: the parameters `compute` picks (a model passes nn.matmul_weights: the weights of its

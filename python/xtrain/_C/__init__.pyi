@@ -168,7 +168,7 @@ class Tensor:
     @property
     def _grad_buffer(self) -> typing.Any:
         """
-        Where backward puts this leaf's gradient when .grad is None (a view into a flat buffer; see xtrain.distributed.DataParallelAdamW), or None
+        Where backward puts this leaf's gradient when .grad is None (a view into a flat buffer; see xtrain.launch.distributed.DataParallelAdamW), or None
         """
     @_grad_buffer.setter
     def _grad_buffer(self, arg1: typing.Any) -> None:

@@ -1,6 +1,7 @@
 """xtrain.data: corpus readers, tokenizers, token shards, the batch loader and the built-in stories.
 
-Pure Python (numpy, tokenizers, pyarrow for parquet, tqdm); nothing here imports the engine.
+Pure Python (numpy, tokenizers, pyarrow for parquet, tqdm); nothing here uses the engine (it
+reads its environment settings through xtrain.settings).
 
 Typical use by the training loop:
 

@@ -49,6 +49,8 @@ from typing import Callable
 
 import numpy as np
 
+from xtrain import settings
+
 from .dataset import Dataset, open_dataset
 from .errors import DataError
 from .layout import FORMAT_VERSION, META_FILE, TRAIN_FILE, VAL_FILE, read_meta
@@ -104,7 +106,7 @@ class StreamDataset(Dataset):
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("XTRAIN_CACHE") or Path.home() / ".cache" / "xtrain" / "default")
+    return Path(settings.get("XTRAIN_CACHE") or Path.home() / ".cache" / "xtrain" / "default")
 
 
 def open_stream(path: str | os.PathLike | None = None, seed: int | None = None,
@@ -415,11 +417,12 @@ def resolve_workers(workers: int | str, world_size: int = 1) -> int:
     _check_workers(workers)
     if workers != "auto":
         return int(workers)
-    if os.environ.get("XTRAIN_DATA_WORKERS"):
-        env = os.environ["XTRAIN_DATA_WORKERS"]
-        if not env.isdigit():
-            raise DataError(f"XTRAIN_DATA_WORKERS must be an integer >= 0, got {env!r}")
-        return int(env)
+    try:
+        env = settings.get("XTRAIN_DATA_WORKERS")
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    if env is not None:
+        return env
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(0, min(MAX_AUTO_WORKERS, (cores or 1) // (2 * world_size) - 1))
 

@@ -57,7 +57,7 @@ Decisions:
   k through ops.rope alone), tie_embeddings (no lm_head: the head reads embed_tokens.weight, one
   parameter whose gradient sums both uses; in bf16 a cast of it per forward, since the embedding
   lookup reads the float32 master). from_pretrained imports a Hugging Face Qwen3/Llama directory
-  (xtrain.hf_import).
+  (xtrain.models.hf_import).
 - Init as GPT-2/nanoGPT: N(0, 0.02) everywhere, residual projections (o_proj, down_proj) scaled by
   1/sqrt(2L), norms ones; drawn on the CPU from one seeded xtrain.Generator in construction order,
   then uploaded into the store in one copy, so the same seed gives the same weights on any device.
@@ -402,8 +402,8 @@ class TinyTransformer(nn.Module):
         """A Hugging Face Qwen3 or Llama directory (config.json + model.safetensors, or shards with
         model.safetensors.index.json) as a TinyTransformer on `device`; `bf16` (or dtype="bfloat16")
         and `overrides` (recompute, dropout, max_seq) set the run options. The tokenizer beside the
-        weights, if any, is `model.tokenizer`. See xtrain.hf_import."""
-        from xtrain import hf_import  # knows the Hugging Face side only: no import cycle
+        weights, if any, is `model.tokenizer`. See xtrain.models.hf_import."""
+        from xtrain.models import hf_import  # knows the Hugging Face side only: no import cycle
 
         if dtype is not None:
             if dtype not in ("float32", "bfloat16"):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import xtrain
-from xtrain.runconfig import ConfigError
+from xtrain.trainer.runconfig import ConfigError
 
 # Share of --memory-limit the search leaves free: evaluation, the optimizer step's temporaries,
 # collectives and allocator fragmentation over a long run need some room beside the step itself.

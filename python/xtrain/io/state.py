@@ -11,7 +11,7 @@ A checkpoint is a directory:
                         and the size and sha256 of every other file
 
 Decisions:
-- No pickle (DESIGN.md invariant 7): tensors in safetensors, everything else in sorted JSON.
+- No pickle (loading a checkpoint never runs code): tensors in safetensors, everything else in sorted JSON.
 - Atomic replacement. save() writes everything into NAME.tmp beside the target, fsyncs each file
   and the directory, then renames NAME -> NAME.old, NAME.tmp -> NAME, fsyncs the parent and
   removes NAME.old. A crash at any point leaves a loadable checkpoint: before the first rename NAME
@@ -42,10 +42,10 @@ from pathlib import Path
 import numpy as np
 
 import xtrain
-from xtrain import schema
+from xtrain.io import schema
 from xtrain.models import TinyTransformer, TransformerConfig
 from xtrain.data.layout import file_sha256
-from xtrain.rundir import ensure_dir, staging_dir
+from xtrain.io.rundir import ensure_dir, staging_dir
 
 FORMAT = "xtrain-checkpoint"
 VERSION = 1
@@ -273,7 +273,7 @@ def exists(path) -> bool:
 
 
 def load(path, verify: bool = True) -> Checkpoint:
-    """Open a checkpoint: parse state.json and check it against the schema (xtrain.schema),
+    """Open a checkpoint: parse state.json and check it against the schema (xtrain.io.schema),
     check every listed file's size and (verify=True) sha256, then the tensor headers against the
     config. Nothing is allocated from an unchecked number."""
     path = resolve(path)

@@ -35,7 +35,7 @@ LOCK_FILE = ".xtrain.lock"
 # (OUT/data, raw data prepared by a run, is a reusable cache and stays on --overwrite.)
 RUN_MARKERS = ("ckpt", "ckpt.old", "log.jsonl")
 RUN_OUTPUTS = RUN_MARKERS + ("ckpt.tmp", "log.jsonl.tmp", "loss.png", "sample.txt")
-# The files of a checkpoint directory that identify it as one (xtrain.state writes both).
+# The files of a checkpoint directory that identify it as one (xtrain.io.state writes both).
 _CKPT_FILES = ("state.json", "model.safetensors")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 

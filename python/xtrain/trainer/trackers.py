@@ -16,7 +16,7 @@ Decisions:
   points a crashed run wrote after its checkpoint, as log.jsonl does.
 - Weights & Biases in offline mode by default (WANDB_MODE in the environment overrides it):
   the run is written under OUT/wandb and `wandb sync` uploads it later; nothing here needs the
-  network. The run's config is the record of the run (xtrain.runconfig).
+  network. The run's config is the record of the run (xtrain.trainer.runconfig).
 - A tracker whose package is missing is a ConfigError naming the extra to install, raised before
   training starts (check_available).
 """
@@ -27,7 +27,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from xtrain.runconfig import ConfigError
+from xtrain.trainer.runconfig import ConfigError
 
 TRACKERS = ("tensorboard", "wandb")
 # log.jsonl key -> tracker tag

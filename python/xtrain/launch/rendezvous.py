@@ -47,14 +47,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from xtrain import settings
+
 MAGIC = b"XTRAINRV"
 VERSION = 1
 # Exit status of a process that stopped because another rank failed (the failing rank exits with
 # its own error's status, 1 or 2). Any non-zero status makes torchrun, srun and mpirun end the job.
 EXIT_STOPPED = 3
 
-DEFAULT_JOIN_TIMEOUT = 600.0        # seconds every rank has to join (XTRAIN_RENDEZVOUS_TIMEOUT)
-DEFAULT_HEARTBEAT_TIMEOUT = 30.0    # a rank silent this long has failed (XTRAIN_HEARTBEAT_TIMEOUT)
 DEFAULT_STOP_TIMEOUT = 30.0         # after a failure, a process still alive this long exits itself
 DEFAULT_WAIT_TIMEOUT = 600.0        # exchange() and finish() wait this long for the slowest rank
 HEARTBEAT_INTERVAL = 1.0            # at most; a fifth of the heartbeat timeout when that is shorter
@@ -83,29 +83,16 @@ class Failure:
     reason: str
 
 
-def env_seconds(name: str, default: float) -> float:
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise ValueError(f"{name}={text!r} must be > 0 seconds")
-    return value
-
-
 # ---------------------------------------------------------------- joining
 
 def join(env, method: str = "tcp", *, payload: bytes | None = None, timeout: float | None = None,
          heartbeat_timeout: float | None = None, stop_timeout: float | None = None) -> tuple["Channel", bytes]:
-    """Meet the other ranks of `env` (a launch_env.LaunchEnv); returns this rank's Channel and
+    """Meet the other ranks of `env` (a launch.env.LaunchEnv); returns this rank's Channel and
     rank 0's `payload`. `method`: tcp, tcp:HOST:PORT, file:PATH or mpi. Timeouts default to the
-    XTRAIN_RENDEZVOUS_TIMEOUT / XTRAIN_HEARTBEAT_TIMEOUT environment variables, else
-    DEFAULT_JOIN_TIMEOUT / DEFAULT_HEARTBEAT_TIMEOUT."""
-    timeout = env_seconds("XTRAIN_RENDEZVOUS_TIMEOUT", DEFAULT_JOIN_TIMEOUT) if timeout is None else float(timeout)
-    hb = env_seconds("XTRAIN_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT) if heartbeat_timeout is None \
+    XTRAIN_RENDEZVOUS_TIMEOUT / XTRAIN_HEARTBEAT_TIMEOUT settings (xtrain.settings: 600 s and
+    30 s when unset)."""
+    timeout = settings.get("XTRAIN_RENDEZVOUS_TIMEOUT") if timeout is None else float(timeout)
+    hb = settings.get("XTRAIN_HEARTBEAT_TIMEOUT") if heartbeat_timeout is None \
         else float(heartbeat_timeout)
     stop = DEFAULT_STOP_TIMEOUT if stop_timeout is None else float(stop_timeout)
     kind, _, arg = method.partition(":")
@@ -184,7 +171,7 @@ def _join_by_record(env, payload, deadline, hb, stop, record) -> tuple["Channel"
 def _advertised_host(env) -> str:
     """Where the other ranks reach rank 0: XTRAIN_RENDEZVOUS_HOST, else 127.0.0.1 when every rank
     is on this machine, else MASTER_ADDR, else this machine's name."""
-    return (os.environ.get("XTRAIN_RENDEZVOUS_HOST") or ("127.0.0.1" if env.single_node else None)
+    return (settings.get("XTRAIN_RENDEZVOUS_HOST") or ("127.0.0.1" if env.single_node else None)
             or env.master_addr or socket.getfqdn())
 
 

@@ -42,8 +42,9 @@ import re
 import sys
 from pathlib import Path
 
+from xtrain import settings
 from xtrain.models.transformer import PRESETS
-from xtrain.schedule import DEFAULT_DECAY_FRAC, SCHEDULES
+from xtrain.trainer.schedule import DEFAULT_DECAY_FRAC, SCHEDULES
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
           "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -347,11 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{_who(args)}interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        if os.environ.get("XTRAIN_DEBUG"):
+        if settings.get("XTRAIN_DEBUG"):
             raise
         import xtrain
-        from xtrain.rendezvous import EXIT_STOPPED, RankStopped, RendezvousError
-        from xtrain.train import NonFiniteStepsError
+        from xtrain.launch.rendezvous import EXIT_STOPPED, RankStopped, RendezvousError
+        from xtrain.trainer.train import NonFiniteStepsError
 
         who = _who(args)
         if isinstance(e, RankStopped):  # another rank failed; its own message says why
@@ -381,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
 def _who(args) -> str:
     """The message prefix: "xtrain: ", or "xtrain: rank R: " in a process of a process group."""
     if getattr(args, "command", None) == "train":
-        from xtrain import launch_env
+        from xtrain.launch import env as launch_env
 
         try:
             env = launch_env.detect()
@@ -398,9 +399,9 @@ def _first_line(e: BaseException) -> str:
 
 
 def cmd_train(args) -> int:
-    from xtrain import runconfig
-    from xtrain.rundir import claim_run
-    from xtrain.train import TrainConfig, train
+    from xtrain.trainer import runconfig
+    from xtrain.io.rundir import claim_run
+    from xtrain.trainer.train import TrainConfig, train
 
     group = _process_group()
     values = _train_values(args, group)
@@ -418,7 +419,7 @@ def cmd_train(args) -> int:
             yield lock
 
     if group is not None:  # one process per GPU: rank 0 holds the run directory
-        from xtrain.train import train_processes
+        from xtrain.trainer.train import train_processes
 
         train_processes(cfg, group, rendezvous=values["rendezvous"], claim=claimed)
         return 0
@@ -428,16 +429,16 @@ def cmd_train(args) -> int:
         if values["devices"] == 1:
             train(cfg)
         else:
-            from xtrain.train import train_data_parallel
+            from xtrain.trainer.train import train_data_parallel
 
             train_data_parallel(cfg, values["devices"])
     return 0
 
 
 def _process_group():
-    """The launch this process is one rank of (xtrain.launch_env.LaunchEnv), or None: no launcher,
+    """The launch this process is one rank of (xtrain.launch.env.LaunchEnv), or None: no launcher,
     or a world of one process (which trains as a plain single-GPU run)."""
-    from xtrain import launch_env
+    from xtrain.launch import env as launch_env
 
     try:
         env = launch_env.detect()
@@ -450,7 +451,7 @@ def _check_train_config(cfg, devices, group=None) -> None:
     """The configuration errors that need no data or model, now: values, trackers, and the batch
     arithmetic (the whole plan where nothing is probed; else whether probing is possible)."""
     import xtrain
-    from xtrain import batching, runconfig, trackers
+    from xtrain.trainer import batching, runconfig, trackers
 
     runconfig.validate(cfg)
     trackers.check_available(cfg.trackers)
@@ -458,7 +459,7 @@ def _check_train_config(cfg, devices, group=None) -> None:
     if group is not None:
         world, devices = group.world_size, group.world_size
     elif devices != 1:
-        from xtrain import distributed
+        from xtrain.launch import distributed
 
         world = len(distributed.resolve_devices(devices))
     on_gpu = devices != 1 or cfg.device.startswith("cuda") or (cfg.device == "auto" and xtrain.cuda.is_available())
@@ -468,13 +469,14 @@ def _check_train_config(cfg, devices, group=None) -> None:
 
 
 def _train_values(args, group=None) -> dict:
-    """The train flags' values: their defaults, then the machine's defaults (xtrain.train.
+    """The train flags' values: their defaults, then the machine's defaults (xtrain.trainer.train.
     MACHINE_DEFAULTS: a GPU trains dim768 in bf16, a CPU the tiny model), then the resumed run's
     record (OUT/config.toml), then the --config file, then the flags given on the command line
-    (xtrain.runconfig). `group`: the process group this process is a rank of (its GPU count
+    (xtrain.trainer.runconfig). `group`: the process group this process is a rank of (its GPU count
     replaces --devices, which picks threads)."""
-    from xtrain import runconfig, state
-    from xtrain.train import CKPT_DIR, machine_defaults, resolve_device
+    from xtrain.trainer import runconfig
+    from xtrain.io import state
+    from xtrain.trainer.train import CKPT_DIR, machine_defaults, resolve_device
 
     parser = args._parser
     given = {k: v for k, v in vars(args).items() if not isinstance(v, _Default) and k not in ("command", "_parser")}
@@ -489,14 +491,14 @@ def _train_values(args, group=None) -> dict:
             raise UsageError(f"--devices {devices} runs one process with a thread per GPU; under {group.launcher} "
                              f"(world size {group.world_size}) each process drives one GPU: drop --devices")
         devices = group.world_size
-        from xtrain import distributed
+        from xtrain.launch import distributed
 
         try:
             distributed.require_available("one process per GPU")
         except RuntimeError as e:
             raise UsageError(f"{group.launcher} started {group.world_size} processes: {e}") from None
     elif devices != 1:
-        from xtrain import distributed
+        from xtrain.launch import distributed
 
         try:
             distributed.require_available()
@@ -531,7 +533,7 @@ def _train_values(args, group=None) -> dict:
 
 def _coerce(parser, values: dict, where: str) -> dict:
     """Config-file or record values (TOML types) as the flags' own parsing would give them."""
-    from xtrain import runconfig
+    from xtrain.trainer import runconfig
 
     actions = {}
     for a in parser._actions:  # the first flag of a dest names it (--bf16, not --fp32)
@@ -567,7 +569,7 @@ def cmd_prepare(args) -> int:
     from xtrain.data import detect_format
     from xtrain.data.hub import default_out_dir, hub_source
     from xtrain.data.saved import is_saved_dataset
-    from xtrain.rundir import DirLock
+    from xtrain.io.rundir import DirLock
 
     name = args.source[0] if len(args.source) == 1 else None
     hub = hub_source(name, args.text_column, args.split, args.val_split) if name else None
@@ -622,8 +624,8 @@ def _prepare_into(args, name, hub, out, progress: bool):
 
 
 def cmd_sample(args) -> int:
-    from xtrain import state
-    from xtrain.train import SAMPLE_PROMPT, resolve_device, sample_texts
+    from xtrain.io import state
+    from xtrain.trainer.train import SAMPLE_PROMPT, resolve_device, sample_texts
 
     if args.greedy and (args.temperature is not None or args.top_k is not None or args.top_p is not None):
         raise UsageError("--greedy cannot be combined with --temperature, --top-k or --top-p")
@@ -647,7 +649,7 @@ def cmd_sample(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from xtrain.export import export
+    from xtrain.io.export import export
 
     out = export(args.ckpt, args.out, dtype=args.dtype, overwrite=args.overwrite)
     print(f"exported {args.ckpt} to {out} ({args.dtype})")

@@ -82,7 +82,7 @@ def write_record(path, record: dict, notes=()) -> Path:
 def read_record(ckpt_path) -> dict:
     """The record the run of checkpoint `ckpt_path` was made with: RUN/config.toml beside the
     checkpoint directory when present, else the checkpoint's own copy (train_args)."""
-    from xtrain import state
+    from xtrain.io import state
 
     path = state.resolve(ckpt_path)
     beside = path.parent / CONFIG_FILE
@@ -155,7 +155,7 @@ def validate(cfg) -> None:
         ok = isinstance(v, int) and not isinstance(v, bool) and (v >= 0 if allow_zero else v > 0)
         need(ok, f"--{name} must be {'a non-negative' if allow_zero else 'a positive'} integer, got {v!r}")
 
-    from xtrain.schedule import SCHEDULES
+    from xtrain.trainer.schedule import SCHEDULES
 
     if cfg.batch != "auto":
         pos_int("batch", cfg.batch)
@@ -190,4 +190,4 @@ def validate(cfg) -> None:
         need(not cfg.resume, "--init-from starts a new run from pretrained weights and --resume continues a "
                              "checkpoint: give one of them")
         need(cfg.preset is None, f"--init-from takes the model from {cfg.init_from}: drop --preset {cfg.preset}")
-    # --batch-tokens against the micro-batch and the GPUs: xtrain.batching.plan, which knows both
+    # --batch-tokens against the micro-batch and the GPUs: xtrain.trainer.batching.plan, which knows both

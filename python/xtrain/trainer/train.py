@@ -5,14 +5,14 @@ eval, save) -> loss curve and a sample.
 Outputs in `out`:
     log.jsonl    one record per step: step, loss, lr, grad_norm, tok_s, ms, mem_mb (+ mfu on a
                  GPU); val_loss and val_ppl records at eval steps
-    config.toml  the resolved configuration (xtrain.runconfig): what `--resume` continues with
-    ckpt/        the checkpoint (xtrain.state), every save_every steps and at the end
+    config.toml  the resolved configuration (xtrain.trainer.runconfig): what `--resume` continues with
+    ckpt/        the checkpoint (xtrain.io.state), every save_every steps and at the end
     loss.png     train (and val) loss against step
     sample.txt   a sample from the final model
-    tensorboard/, wandb/   with --tracker (xtrain.trackers): the log's scalars
+    tensorboard/, wandb/   with --tracker (xtrain.trainer.trackers): the log's scalars
 
 A step is one optimizer step over the global batch: micro_batch x accum x ranks sequences
-(xtrain.batching.BatchPlan). Each rank's share of it comes from one loader draw and runs as
+(xtrain.trainer.batching.BatchPlan). Each rank's share of it comes from one loader draw and runs as
 `accum` forward/backward passes whose gradients sum in the parameter store's slots
 (accumulate_gradients); then one clip and one AdamW step (with ranks: one collective).
 
@@ -47,12 +47,15 @@ from pathlib import Path
 
 
 import xtrain
-from xtrain import batching, distributed, graphs, hf_import, ops, runconfig, trackers
-from xtrain import state as ckpt_state
+from xtrain.trainer import batching, runconfig, trackers
+from xtrain.launch import distributed
+from xtrain import graphs, ops
+from xtrain.models import hf_import
+from xtrain.io import state as ckpt_state
 from xtrain.models import TinyTransformer, TransformerConfig, config_for
 from xtrain.optim import AdamW
-from xtrain.runconfig import ConfigError
-from xtrain.schedule import DEFAULT_DECAY_FRAC, Schedule
+from xtrain.trainer.runconfig import ConfigError
+from xtrain.trainer.schedule import DEFAULT_DECAY_FRAC, Schedule
 
 CKPT_DIR = "ckpt"
 LOG_FILE = "log.jsonl"
@@ -67,9 +70,9 @@ PRESET_LR = {"tiny": 2e-3, "dim384": 1e-3, "dim768": 6e-4, "dim1024": 5e-4}
 # Peak learning rate from pretrained weights (--init-from): continued pre-training / fine-tuning
 # takes smaller steps than training from scratch, which would undo much of what the weights know.
 INIT_FROM_LR = 1e-4
-# Peak bf16 throughput of the H200: an 8192^3 bf16 matmul through PyTorch, 790 TFLOP/s (GPU.md,
-# bench/common.py). MFU = model FLOPs per token (TransformerConfig.flops_per_token) x tokens/s
-# over this peak x GPUs; fp32 runs are measured against it too (as nanoGPT does).
+# Peak bf16 throughput of the H200, measured there: an 8192^3 bf16 matmul through PyTorch, 790
+# TFLOP/s (docs/performance.md). MFU = model FLOPs per token (TransformerConfig.flops_per_token) x
+# tokens/s over this peak x GPUs; fp32 runs are measured against it too (as nanoGPT does).
 H200_BF16_PEAK_FLOPS = 790e12
 # Validation windows shorter than this say too little about the model: below it, an error.
 MIN_EVAL_SEQ = 16
@@ -104,7 +107,7 @@ class TrainConfig:
     batch_tokens: int | None = None    # the global batch in tokens (gives grad_accum)
     seq: int = 128
     steps: int = 800                   # train until this many steps are done (in total)
-    schedule: str = "cosine"           # cosine, linear, constant, wsd (xtrain.schedule)
+    schedule: str = "cosine"           # cosine, linear, constant, wsd (xtrain.trainer.schedule)
     decay_steps: int | None = None     # LR schedule length (None: the resumed run's, else steps)
     decay_frac: float = DEFAULT_DECAY_FRAC  # wsd: the share of decay_steps spent decaying
     lr: float | None = None            # peak LR; None: the preset's (PRESET_LR), or the resumed run's
@@ -167,7 +170,7 @@ class Run:
     log: object = None                 # the open log.jsonl (rank 0), else None
     history: list = None
     bar: object = None                 # the progress bar (rank 0), else None
-    trackers: list = ()                # open xtrain.trackers sinks (rank 0)
+    trackers: list = ()                # open xtrain.trainer.trackers sinks (rank 0)
     t_last: float = 0.0
     val_loss: float | None = None
     pending: tuple | None = None       # (step, lr, xtrain.cuda.PendingValues of its loss and norm, replayed)
@@ -179,7 +182,7 @@ class Run:
 def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
     """Train as configured; returns a summary (None on ranks other than 0).
 
-    With `ctx` (an xtrain.distributed.RankContext) this is one rank of `xtrain train --devices N`
+    With `ctx` (an xtrain.launch.distributed.RankContext) this is one rank of `xtrain train --devices N`
     (train_data_parallel starts the ranks and passes `prepared` = (dataset, start): start is the
     checkpoint to resume, the hf_import.Pretrained of --init-from, or None; read once for all of
     them): the rank takes its slice of every global batch, starts from rank
@@ -336,7 +339,7 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
 def make_schedule(cfg: TrainConfig, recorded: dict) -> Schedule:
     """The LR schedule: peak LR from --lr, else the resumed run's, else the preset's; min LR and
     the schedule's length likewise from the flags, else the resumed run's record, else lr / 10 and
-    --steps. A resumed run thus keeps its schedule when --steps grows (see xtrain.schedule)."""
+    --steps. A resumed run thus keeps its schedule when --steps grows (see xtrain.trainer.schedule)."""
     max_lr = cfg.lr if cfg.lr is not None else recorded.get("lr")
     if max_lr is None:
         max_lr = INIT_FROM_LR if cfg.init_from is not None else PRESET_LR[cfg.preset or "tiny"]
@@ -359,7 +362,7 @@ def recorded_schedule(recorded: dict, current: Schedule) -> Schedule | None:
 
 
 def plan_batch(cfg: TrainConfig, ctx, model) -> batching.BatchPlan:
-    """The batch plan (xtrain.batching). `--batch auto` and `--recompute auto` probe micro-batches
+    """The batch plan (xtrain.trainer.batching). `--batch auto` and `--recompute auto` probe micro-batches
     on the model under --memory-limit (or the GPU's memory); with ranks, every rank probes and the
     smallest micro-batch wins. Sets the model's recompute as planned."""
     searching = cfg.batch == "auto" or cfg.recompute == "auto"
@@ -632,7 +635,7 @@ def train_data_parallel(cfg: TrainConfig, devices="all", *, timeout: float = dis
 def train_processes(cfg: TrainConfig, env, *, rendezvous: str | None = None, claim=None,
                     timeout: float = distributed.DEFAULT_TIMEOUT, **stand_ins) -> dict | None:
     """train(cfg) as this process's rank of a process group started by torchrun, srun or mpirun
-    (`env`: xtrain.launch_env.LaunchEnv), one GPU per process; the same loop, global batch and
+    (`env`: xtrain.launch.env.LaunchEnv), one GPU per process; the same loop, global batch and
     checkpoints as train_data_parallel's threads. `rendezvous`: how the ranks meet (tcp,
     tcp:HOST:PORT, file:PATH, mpi; default: the launcher's). `claim`: a context manager factory
     rank 0 holds around the run (the CLI's lock on --out). Rank 0 opens (or prepares) the data
@@ -643,7 +646,7 @@ def train_processes(cfg: TrainConfig, env, *, rendezvous: str | None = None, cla
         raise ConfigError(f"--device {cfg.device} picks one device; under {env.launcher} each process drives the "
                           f"GPU of its local rank")
     if not stand_ins:
-        distributed.require_available("xtrain.train.train_processes")
+        distributed.require_available("xtrain.trainer.train.train_processes")
 
     def rank_main(ctx):
         with claim() if claim is not None and ctx.is_main else contextlib.nullcontext():

@@ -1,6 +1,6 @@
 """The schema of a checkpoint's state.json, checked in full before anything is allocated.
 
-xtrain.state.load() runs check_state(meta) on the parsed JSON (every key, type and range); then
+xtrain.io.state.load() runs check_state(meta) on the parsed JSON (every key, type and range); then
 the size and sha256 of every listed file; then check_tensor_files(dir, meta), which reads the
 safetensors headers (never the tensors) and requires exactly the tensors the config implies,
 float32, with the implied shapes. A failure is a SchemaError (a ValueError) naming the field or

@@ -19,7 +19,7 @@ Decisions:
 - The layout follows the config: q/k norm on is Qwen3 (which always has it), off is Llama (which
   never has it; otherwise the same blocks, names and RoPE). Grouped-query attention is
   num_key_value_heads. A tied model writes tie_word_embeddings: true and, as transformers does, no
-  lm_head tensor. xtrain.hf_import reads both layouts back to the same config and bits.
+  lm_head tensor. xtrain.models.hf_import reads both layouts back to the same config and bits.
 - The safetensors file goes through the safetensors library's low-level `serialize` (raw bfloat16
   bits: numpy has no bfloat16 type, so `safetensors.numpy` cannot write it). float32 -> bf16 rounds
   to nearest even, as torch does. The library orders tensors deterministically and the JSON files
@@ -39,9 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-from xtrain import state as ckpt_state
-from xtrain.hf_import import hf_name
-from xtrain.rundir import check_export_dir, ensure_dir, staging_dir
+from xtrain.io import state as ckpt_state
+from xtrain.models.hf_import import hf_name
+from xtrain.io.rundir import check_export_dir, ensure_dir, staging_dir
 
 SAFETENSORS_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f32": "float32"}

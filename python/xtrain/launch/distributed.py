@@ -32,15 +32,15 @@ Design (docs/distributed.md has the why):
   when launch() returns them.
 
 Process per GPU (run_process, docs/distributed.md "Process per GPU"): the launcher's environment
-(xtrain.launch_env) gives the rank; the ranks meet through xtrain.rendezvous (TCP at MASTER_ADDR,
+(xtrain.launch.env) gives the rank; the ranks meet through xtrain.launch.rendezvous (TCP at MASTER_ADDR,
 a shared file, or MPI), which brings rank 0's NCCL unique id to every process and then watches
 them: each process builds a one-rank communicator (_C.dist.Communicator.join) and fn gets a
 ProcessContext, with RankContext's interface. A rank that dies, hangs or raises makes every other
 process abort its communicator and stop, with a message naming it.
 
-`xtrain train --devices N` runs xtrain.train's one training loop on every rank
-(xtrain.train.train_data_parallel), `torchrun ... -m xtrain train` on every process
-(xtrain.train.train_processes), with rank-disjoint data, averaged gradients and rank 0 alone
+`xtrain train --devices N` runs xtrain.trainer.train's one training loop on every rank
+(xtrain.trainer.train.train_data_parallel), `torchrun ... -m xtrain train` on every process
+(xtrain.trainer.train.train_processes), with rank-disjoint data, averaged gradients and rank 0 alone
 writing logs, checkpoints, the plot and the sample.
 """
 
@@ -56,9 +56,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 import xtrain
-from xtrain import _C, rendezvous
+from xtrain import _C
+from xtrain.launch import rendezvous
 from xtrain.optim import step_guard
-from xtrain.rendezvous import RankStopped
+from xtrain.launch.rendezvous import RankStopped
 
 # A collective unfinished this long after it was queued aborts every rank (PyTorch's default).
 # Longer than anything a healthy run waits for: rank 0 writing a checkpoint while the other ranks
@@ -139,7 +140,7 @@ class RankContext(_Collectives):
 
 class LocalContext:
     """The context of a single-device run: rank 0 of 1, whose collectives do nothing, so the
-    training loop (xtrain.train) treats one device as a group of one."""
+    training loop (xtrain.trainer.train) treats one device as a group of one."""
     rank = 0
     world_size = 1
     is_main = True
@@ -209,7 +210,7 @@ def run_process(fn: Callable[[ProcessContext], Any], env=None, *, rendezvous_met
                 unique_id: Callable[[], bytes] | None = None):
     """Run fn(ctx) as this process's rank of a process group; returns what fn returns.
 
-    env: the launch (xtrain.launch_env.detect() by default); rendezvous_method: tcp, tcp:HOST:PORT,
+    env: the launch (xtrain.launch.env.detect() by default); rendezvous_method: tcp, tcp:HOST:PORT,
     file:PATH or mpi (default: the launcher's, LaunchEnv.default_rendezvous). timeout: seconds a
     collective may stay unfinished (and the communicator take to connect, and exchange() wait).
     device, communicator and unique_id replace the GPU, the NCCL communicator and its id (tests run
@@ -220,15 +221,15 @@ def run_process(fn: Callable[[ProcessContext], Any], env=None, *, rendezvous_met
     If fn raises, the other ranks are told (and stop, raising RankStopped that names this rank),
     this process's communicator is aborted and the exception propagates. If another rank fails
     first, this rank's communicator is aborted at once and RankStopped is raised here."""
-    from xtrain import launch_env
+    from xtrain.launch import env as launch_env
 
     env = env if env is not None else launch_env.detect()
     if env is None:
         raise RuntimeError("run_process: no launcher environment (torchrun, srun or mpirun) is set")
     method = rendezvous_method or env.default_rendezvous()
     if communicator is None:
-        require_available("xtrain.distributed.run_process")
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # GPU.md: NVLink multicast stays off
+        require_available("xtrain.launch.distributed.run_process")
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (docs/distributed.md)
         index = pick_device(env)
         xtrain.cuda.set_device(index)
         device = f"cuda:{index}"
@@ -345,13 +346,13 @@ def launch(fn: Callable[[RankContext], Any], devices="all", *, timeout: float = 
     ranks once one has failed."""
     require_available()
     devs = resolve_devices(devices)
-    # GPU.md: NVLink multicast (NVLS) must stay off on the shared multi-GPU machines.
+    # NVLink multicast (NVLS) stays off on the shared multi-GPU machines (docs/distributed.md).
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     comm = _C.dist.Communicator(devs, float(timeout))
     return _Launch(comm, devs, stop_timeout).run(fn)
 
 
-def require_available(what: str = "xtrain.distributed.launch") -> None:
+def require_available(what: str = "xtrain.launch.distributed.launch") -> None:
     """RuntimeError saying why `what` (launch(), run_process()) cannot run here (no NCCL in this
     build, or no GPU)."""
     if not _C.dist.is_available():

@@ -10,7 +10,7 @@
     DIR/tokenizer.json | tokenizer.model the tokenizer (optional for from_pretrained; --init-from
                                          needs it), with tokenizer_config.json's eos_token
 
-Mapping (the inverse of xtrain.export): the Hugging Face names are ours with a "model." prefix
+Mapping (the inverse of xtrain.io.export): the Hugging Face names are ours with a "model." prefix
 (lm_head.weight as it is); no weight is permuted, because both models use rotate-half RoPE on the
 same head layout. Config: hidden_size -> dim, num_hidden_layers -> n_layers, num_attention_heads
 -> n_heads, num_key_value_heads -> n_kv_heads, head_dim (default hidden_size / heads) -> head_dim,
@@ -28,8 +28,8 @@ Decisions:
   file's size) rather than through safetensors.numpy, which has no bfloat16; BF16 and F16 widen to
   float32 exactly, so an import then export in the source dtype gives the same bits.
 - This module knows the Hugging Face side only: the model and config classes are passed in
-  (TinyTransformer.from_pretrained, xtrain.train), so xtrain.models does not depend on it through
-  a cycle; xtrain.export takes its name mapping (hf_name) from here.
+  (TinyTransformer.from_pretrained, xtrain.trainer.train), so xtrain.models does not depend on it through
+  a cycle; xtrain.io.export takes its name mapping (hf_name) from here.
 - A tied model (tie_word_embeddings) has no lm_head tensor; one that is present anyway must equal
   the embedding (transformers would overwrite it).
 """
