@@ -14,6 +14,7 @@ from ophelp import TOLERANCE
 from torch_reference import TorchTransformer, param_names
 from xtrain import nn
 from xtrain.models import PRESETS, TinyTransformer, TransformerConfig, config_for
+from xtrain.models.recompute import forward_recompute
 from xtrain.optim import AdamW
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -210,9 +211,9 @@ def test_fused_head_equals_unfused(device, dtype, vocab_size):
 @pytest.mark.parametrize("option", [None, "gqa", "tied"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_residual_adds_equal_the_plain_blocks(device, dtype, option):
-    """forward() runs every residual add fused with the norm after it (Block.forward_pending,
-    ops.add_rms_norm); the loss and every parameter gradient are bitwise those of the plain
-    composition (Block.forward: x + attn(norm(x)), then x + mlp(norm(x)); the final norm), on
+    """forward() runs the blocks over an nn.ResidualStream, every residual add fused with the norm
+    after it (ops.add_rms_norm); the loss and every parameter gradient are bitwise those of the
+    same blocks over plain tensors (x + attn(norm(x)), then x + mlp(norm(x)); the final norm), on
     every device: add_rms_norm is bitwise the add then the norm, both ways."""
     cfg = small_config(bf16=dtype == "bfloat16", **(OPTIONS[option] if option else {}))
     fused = make_model(cfg, device, weights_seed=1)
@@ -479,6 +480,32 @@ def test_linear_embedding_rmsnorm_modules(device):
                                v / np.sqrt((v ** 2).mean() + 1e-6), rtol=1e-5)
 
 
+def test_residual_stream(device):
+    """nn.ResidualStream: `+` leaves the add pending, an RMSNorm runs it fused (ops.add_rms_norm)
+    and the stream holds the sum after; resolve() runs a pending add as ops.add; a second add
+    resolves the first; bad operands raise TypeError."""
+    rng = np.random.default_rng(0)
+    a, b, c = (xtrain.tensor(rng.standard_normal((3, 8)).astype(np.float32), device=device) for _ in range(3))
+    norm = nn.RMSNorm(8, eps=1e-6, device=device)
+    s = nn.ResidualStream(a) + b
+    assert s.base is a and s.pending is b
+    calls, h = _ops_called(lambda: norm(s))
+    assert calls == ["add_rms_norm"] and s.pending is None
+    assert bits_equal(s.base.numpy(), (a + b).numpy())
+    assert bits_equal(h.numpy(), norm(a + b).numpy())
+    calls, h2 = _ops_called(lambda: norm(s))
+    assert calls == ["rms_norm"] and bits_equal(h2.numpy(), h.numpy())
+    t = nn.ResidualStream(a) + b + c
+    assert t.pending is c and bits_equal(t.resolve().numpy(), ((a + b) + c).numpy()) and t.pending is None
+    assert nn.ResidualStream(a).resolve() is a
+    with pytest.raises(TypeError, match="must be an xtrain.Tensor"):
+        nn.ResidualStream(a) + 1.0
+    with pytest.raises(TypeError, match="base must be"):
+        nn.ResidualStream(None)
+    with pytest.raises(TypeError, match="pending must be"):
+        nn.ResidualStream(a, np.ones((3, 8)))
+
+
 def test_generate(device):
     model = make_model(small_config(), device, weights_seed=2)
     prompt = np.array([[1, 2, 3]])
@@ -503,6 +530,8 @@ def test_generate(device):
 
 def test_bad_inputs():
     model = TinyTransformer(small_config())
+    with pytest.raises(TypeError, match="nn.ResidualStream"):
+        forward_recompute(model.layers[0], xtrain.zeros((8, 32)), 8)
     with pytest.raises(ValueError, match="exceeds max_seq"):
         model(np.zeros((1, 17), np.int64))
     with pytest.raises(ValueError, match=r"\(batch, seq\)"):

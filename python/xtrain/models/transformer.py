@@ -74,6 +74,8 @@ import xtrain
 from xtrain import nn, ops
 from xtrain.store import ParamStore
 
+from .recompute import forward_recompute
+
 IGNORE_INDEX = -100
 INIT_STD = 0.02
 # A decode step of at most this many rows runs its linears as matrix-vector products
@@ -208,14 +210,6 @@ def config_for(preset: str, vocab_size: int, **overrides) -> TransformerConfig:
 
 # ---- the modules
 
-def add_norm(x, delta, norm):
-    """A pending residual add fused into the norm after it: (x' = x + delta, norm(x')) in one
-    ops.add_rms_norm (x itself and norm(x) when delta is None); bitwise the add then the norm."""
-    if delta is None:
-        return x, norm(x)
-    return ops.add_rms_norm(x, delta, norm.weight, norm.eps)
-
-
 def decode_norm_rows(x, delta, norm, weights, swiglu=False):
     """A decode step's residual add and norm fused into the matrix-vector products after them
     (B <= DECODE_GEMV_MAX_ROWS): x' = delta + x (x itself when delta is None) and
@@ -292,16 +286,14 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x):
-        return self.output(self.hidden(x))
+        """x (B*S, dim), already normed -> (B*S, dim)."""
+        return self.dropout(self.down_proj(self.hidden(x)))
 
     def hidden(self, x):
-        """(B*S, dim) -> (B*S, ffn): everything up to the down projection (fused silu * up).
-        gate and up come from one batched GEMM (views of one buffer)."""
+        """(B*S, dim) -> (B*S, ffn): everything before the down projection, silu(gate) * up in one
+        kernel. gate and up come from one batched GEMM (views of one buffer)."""
         gate, up = ops.linear_multi(x, [self.gate_proj.weight, self.up_proj.weight])  # (B*S, ffn) each
         return ops.swiglu(gate, up)
-
-    def output(self, g):
-        return self.dropout(self.down_proj(g))
 
     def decode(self, x):
         """forward for a decode step's x (B, dim) above DECODE_GEMV_MAX_ROWS (GEMMs)."""
@@ -319,26 +311,12 @@ class Block(nn.Module):
         self.recompute = c.recompute
 
     def forward(self, x, seq: int, cache=None):
-        """The residual stream x (B*S, dim) -> (B*S, dim); seq is S. cache: the block's KV cache
-        (generation's prefill, under no_grad), filled on the way."""
-        if self.recompute and cache is None:
-            return self._forward_recompute(x, seq)
+        """The residual stream x (B*S, dim) -> (B*S, dim); seq is S. x is an nn.ResidualStream in
+        the model's forward (each add then runs fused into the norm after it) or a plain tensor.
+        cache: the block's KV cache (generation's prefill, under no_grad), filled on the way."""
         x = x + self.self_attn(self.input_layernorm(x), seq, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-    def forward_pending(self, x, delta, seq: int):
-        """forward() with each residual add fused into the norm after it (ops.add_rms_norm): the
-        stream x before its pending add delta (None: nothing pending) -> (x', delta'), the block's
-        output being x' + delta' (the model's next norm adds it). add_rms_norm is bitwise the add
-        then the norm both ways (its backward rounds the norm's dx, then adds h's own gradient, as
-        the engine would), so this gives forward()'s bits; it saves a pass over the stream per
-        add forward and two backward. A recompute block resolves the pending add first and runs
-        _forward_recompute (the same bits again)."""
-        if self.recompute:
-            return self._forward_recompute(x if delta is None else x + delta, seq), None
-        x, h = add_norm(x, delta, self.input_layernorm)
-        x, h = add_norm(x, self.self_attn(h, seq), self.post_attention_layernorm)
-        return x, self.mlp(h)
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x
 
     def decode(self, x, h, cache, next_norm):
         """One new token per row: the residual stream x (B, dim) and h = input_layernorm(x) ->
@@ -369,16 +347,6 @@ class Block(nn.Module):
         x, (g,) = decode_norm_rows(x, o, self.post_attention_layernorm,
                                    [mlp.gate_proj.weight, mlp.up_proj.weight], swiglu=True)
         return x, mlp.dropout(ops.linear_rows(g, [mlp.down_proj.weight])[0])
-
-    def _forward_recompute(self, x, seq: int):
-        """forward() with selective activation recompute: the attention half and the MLP up to
-        the down projection are re-run in backward (nn.checkpoint); the down projection and the
-        last residual add run outside, keeping g. The same ops in the same order as forward()."""
-        x = nn.checkpoint(lambda x: x + self.self_attn(self.input_layernorm(x), seq), x,
-                          self.input_layernorm, self.self_attn)
-        g = nn.checkpoint(lambda x: self.mlp.hidden(self.post_attention_layernorm(x)), x,
-                          self.post_attention_layernorm, self.mlp.gate_proj, self.mlp.up_proj)
-        return x + self.mlp.output(g)
 
 
 class TinyTransformer(nn.Module):
@@ -439,11 +407,10 @@ class TinyTransformer(nn.Module):
         # bf16: the Linear weights in bf16 for this forward (one cast launch when they changed)
         with self.store.bound(self.store.compute_weights()):
             x = self.embed_tokens(ids.reshape(B * S))                       # (B*S, dim) float32
-            x = self.dropout(x.to(c.dtype))
-            delta = None  # each block's last residual add, fused into the next norm
+            x = nn.ResidualStream(self.dropout(x.to(c.dtype)))               # adds fused into norms
             for block in self.layers:
-                x, delta = block.forward_pending(x, delta, S)
-            x = add_norm(x, delta, self.norm)[1]
+                x = forward_recompute(block, x, S) if block.recompute else block(x, S)
+            x = self.norm(x)
             head = self.head_weight()                                       # (V, dim)
             if targets is None:
                 return ops.linear(x, head), None                            # (B*S, V)
