@@ -1,6 +1,7 @@
-"""TinyTransformer: parity with a PyTorch reference (logits, loss, every gradient), recompute
-bitwise exactness, the fused head (linear_cross_entropy) against the unfused one, overfitting a
-batch, init, Module mechanics, generation, bad inputs."""
+"""TinyTransformer: parity with a PyTorch reference (logits, loss, every gradient), the forward as
+the fused composition written out op by op (bitwise), recompute bitwise exactness, the fused head
+(linear_cross_entropy) against the unfused one, overfitting a batch, init, Module mechanics and
+nn.ResidualStream, generation, bad inputs."""
 
 import math
 
