@@ -328,7 +328,7 @@ class TinyTransformer(nn.Module):
         # bf16: the Linear weights in bf16 for this forward (one cast launch when they changed)
         with self.store.bound(self.store.compute_weights()):
             x = self.embed_tokens(ids.reshape(B * S))                       # (B*S, dim) float32
-            x = nn.ResidualStream(self.dropout(x.to(c.dtype)))               # adds fused into norms
+            x = nn.ResidualStream(self.dropout(x.to(c.dtype)))  # each add fused into the next norm
             for block in self.layers:
                 x = forward_recompute(block, x, S) if block.recompute else block(x, S)
             x = self.norm(x)
