@@ -1,8 +1,8 @@
-"""Generation with a KV cache (xtrain.models.generate): the decode-attention ops against a numpy
-reference and against flash attention's rows; the cached generator against the old full re-run
-(greedy tokens, each step's logits); batched prompts of different lengths; sampling rules (seeds,
-top-k, top-p, temperature 0); end-of-text; max_seq; bad arguments. The `device` fixture adds CUDA
-on a GPU machine."""
+"""Generation with a KV cache (xtrain.models.generate, over xtrain.models.decode's cache and step):
+the decode-attention ops against a numpy reference and against flash attention's rows; the cached
+generator against the old full re-run (greedy tokens, each step's logits); batched prompts of
+different lengths; sampling rules (seeds, top-k, top-p, temperature 0); end-of-text; max_seq; bad
+arguments. The `device` fixture adds CUDA on a GPU machine."""
 
 import math
 
@@ -12,9 +12,10 @@ import pytest
 import xtrain
 from modelhelp import make_model, random_weights, small_config
 from xtrain import ops
+from xtrain.models import decode
 from xtrain.models import generate as gen
-from xtrain.models import transformer
-from xtrain.models.generate import KVCache, pick
+from xtrain.models.decode import KVCache, forward_cached
+from xtrain.models.generate import pick
 
 TOL = {"float32": (1e-5, 1e-6), "bfloat16": (2e-2, 2e-2), "float64": (1e-12, 1e-12)}
 
@@ -345,7 +346,7 @@ def test_step_logits_match_the_full_forward(device):
     with xtrain.no_grad():
         cache.at(np.zeros(B, np.int64))
         last = xtrain.tensor(np.arange(B) * P + np.array(lens) - 1, device=device)
-        logits = model.forward_cached(xtrain.tensor(padded, device=device), cache, last)
+        logits = forward_cached(model, xtrain.tensor(padded, device=device), cache, last)
         cache.empty = False
         for t in range(10):
             for b, n in enumerate(lens):
@@ -354,7 +355,7 @@ def test_step_logits_match_the_full_forward(device):
                                            err_msg=f"step {t}, row {b}")
             cache.at(np.array(lens) + t)
             ids = np.array([[seqs[b][n + t]] for b, n in enumerate(lens)])
-            logits = model.forward_cached(xtrain.tensor(ids, device=device), cache)
+            logits = forward_cached(model, xtrain.tensor(ids, device=device), cache)
     assert xtrain.is_grad_enabled()
 
 
@@ -692,7 +693,6 @@ def test_kept_decode_step_keys(monkeypatch):
     t.start()
     t.join()
     assert counts == [1]
-    assert gen._keep_key(object(), ("greedy", 4, None), 2, 8) is None
     # release_decode (and a kept step replaced by another) frees the cache at once, without a
     # garbage collection: nothing of it is in a reference cycle
     import gc
@@ -713,7 +713,7 @@ def test_kept_decode_step_keys(monkeypatch):
     finally:
         gc.enable()
     key = gen._keep_key(model, ("greedy", 4, None), 2, 8)
-    monkeypatch.setattr(transformer, "DECODE_L2_PREFETCH_BYTES", 1 << 20)   # the step is built differently
+    monkeypatch.setattr(decode, "DECODE_L2_PREFETCH_BYTES", 1 << 20)   # the step is built differently
     assert gen._keep_key(model, ("greedy", 4, None), 2, 8) != key
 
 

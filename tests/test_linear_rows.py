@@ -1,7 +1,7 @@
 """ops.linear_rows(x, [w0, w1, ...]): the decode step's matrix-vector products (x [M, K], 1 <= M
 <= 8), against numpy in float64 with the project's tolerance table, deterministic call to call,
 the CPU kernel bitwise against a numpy replay of its summation order, the outputs laid out as
-linear_multi's, bad inputs, and the decode step's switch (transformer.DECODE_GEMV_MAX_ROWS).
+linear_multi's, bad inputs, and the decode step's switch (decode.DECODE_GEMV_MAX_ROWS).
 ops.rms_norm_linear_rows (the residual add and norm fused into the products, with swiglu for
 the MLP) bitwise its composition add_rms_norm / rms_norm, linear_rows, swiglu, and its checks.
 The CUDA kernels also run under the warp emulator: tests/emu/run.sh linear_rows.
@@ -13,7 +13,7 @@ import xtrain
 from modelhelp import make_model, small_config
 from ophelp import assert_close, bits, to_numpy64
 from xtrain import ops
-from xtrain.models import transformer
+from xtrain.models import decode
 
 DTYPES = ["float32", "bfloat16", "float64"]
 # (M, K, Ns): batch 1 q/k/v-like, all rows, K not a multiple of the 16-byte chunk (bf16: 8
@@ -214,8 +214,8 @@ def _count_linear_rows(monkeypatch):
         calls.append(tuple(x.shape))
         return real_norm(x, weights, *args, **kwargs)
 
-    monkeypatch.setattr(transformer.ops, "linear_rows", spy)
-    monkeypatch.setattr(transformer.ops, "rms_norm_linear_rows", spy_norm)
+    monkeypatch.setattr(decode.ops, "linear_rows", spy)
+    monkeypatch.setattr(decode.ops, "rms_norm_linear_rows", spy_norm)
     return calls
 
 
@@ -231,7 +231,7 @@ def test_decode_switch_same_tokens_as_the_gemms(device, monkeypatch, options):
     steps = 9  # the prefill gives the first token; 9 decode steps the other 9
     assert len(calls) == steps * (4 * model.config.n_layers + 1)
     assert all(c[0] == len(prompts) for c in calls)
-    monkeypatch.setattr(transformer, "DECODE_GEMV_MAX_ROWS", 0)
+    monkeypatch.setattr(decode, "DECODE_GEMV_MAX_ROWS", 0)
     calls.clear()
     gemms = model.generate(prompts, 10, greedy=True, cuda_graphs=False)
     assert calls == []
@@ -240,7 +240,7 @@ def test_decode_switch_same_tokens_as_the_gemms(device, monkeypatch, options):
 
 def test_decode_switch_keeps_gemms_above_the_limit(device, monkeypatch):
     model = make_model(small_config(max_seq=48), device, weights_seed=2)
-    prompts = [[i + 1, i + 2] for i in range(transformer.DECODE_GEMV_MAX_ROWS + 1)]
+    prompts = [[i + 1, i + 2] for i in range(decode.DECODE_GEMV_MAX_ROWS + 1)]
     calls = _count_linear_rows(monkeypatch)
     model.generate(prompts, 3, greedy=True, cuda_graphs=False)
     assert calls == []

@@ -1,6 +1,7 @@
-"""TinyTransformer: parity with a PyTorch reference (logits, loss, every gradient), recompute
-bitwise exactness, the fused head (linear_cross_entropy) against the unfused one, overfitting a
-batch, init, Module mechanics, generation, bad inputs."""
+"""TinyTransformer: parity with a PyTorch reference (logits, loss, every gradient), the forward as
+the fused composition written out op by op (bitwise), recompute bitwise exactness, the fused head
+(linear_cross_entropy) against the unfused one, overfitting a batch, init, Module mechanics and
+nn.ResidualStream, generation, bad inputs."""
 
 import math
 
@@ -14,6 +15,7 @@ from ophelp import TOLERANCE
 from torch_reference import TorchTransformer, param_names
 from xtrain import nn
 from xtrain.models import PRESETS, TinyTransformer, TransformerConfig, config_for
+from xtrain.models.recompute import forward_recompute
 from xtrain.optim import AdamW
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -151,6 +153,25 @@ def test_recompute_with_dropout_is_bitwise_exact(device):
         assert bits_equal(results[0][1][name], results[1][1][name]), name
 
 
+@pytest.mark.parametrize("per_block", [(True, False), (False, True)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_recompute_per_block_is_bitwise_exact(device, dtype, per_block):
+    """Recompute on some blocks only (block.recompute): a recompute block after a plain one first
+    resolves the residual add that block left pending, a plain block after a recompute one starts
+    from a stream with nothing pending; the loss and every gradient bitwise those without recompute."""
+    plain, _, loss_a = _run_xtrain(device, dtype)
+    cfg = small_config(bf16=dtype == "bfloat16")
+    mixed = make_model(cfg, device, weights_seed=1)
+    for block, on in zip(mixed.layers, per_block):
+        block.recompute = on
+    ids, targets = batch(cfg)
+    _, loss_b = mixed(ids, targets)
+    loss_b.backward()
+    assert bits_equal(loss_a.numpy(), loss_b.numpy())
+    for (name, a), (_, b) in zip(plain.named_parameters(), mixed.named_parameters()):
+        assert bits_equal(a.grad.numpy(), b.grad.numpy()), name
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("vocab_size", [96, 37])
 def test_fused_head_equals_unfused(device, dtype, vocab_size):
@@ -191,9 +212,9 @@ def test_fused_head_equals_unfused(device, dtype, vocab_size):
 @pytest.mark.parametrize("option", [None, "gqa", "tied"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_residual_adds_equal_the_plain_blocks(device, dtype, option):
-    """forward() runs every residual add fused with the norm after it (Block.forward_pending,
-    ops.add_rms_norm); the loss and every parameter gradient are bitwise those of the plain
-    composition (Block.forward: x + attn(norm(x)), then x + mlp(norm(x)); the final norm), on
+    """forward() runs the blocks over an nn.ResidualStream, every residual add fused with the norm
+    after it (ops.add_rms_norm); the loss and every parameter gradient are bitwise those of the
+    same blocks over plain tensors (x + attn(norm(x)), then x + mlp(norm(x)); the final norm), on
     every device: add_rms_norm is bitwise the add then the norm, both ways."""
     cfg = small_config(bf16=dtype == "bfloat16", **(OPTIONS[option] if option else {}))
     fused = make_model(cfg, device, weights_seed=1)
@@ -212,6 +233,97 @@ def test_fused_residual_adds_equal_the_plain_blocks(device, dtype, option):
     loss_p.backward()
     assert bits_equal(loss_f.numpy(), loss_p.numpy())
     got, want = grads_numpy(fused), grads_numpy(plain)
+    assert set(got) == set(want)
+    for name in want:
+        assert bits_equal(got[name], want[name]), name
+
+
+def _fused_composition_loss(model, ids, targets):
+    """The training forward written out op by op over the model's weights, every residual add
+    fused with the norm after it (ops.add_rms_norm; the last block's into the final norm), q/k/v
+    and gate/up as one ops.linear_multi each, dropout where the modules put it, and the fused head:
+    the composition the model's forward must run, kernel for kernel."""
+    c = model.config
+    B, S = ids.shape
+    H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+
+    def dropout(t):
+        return xtrain.ops.dropout(t, c.dropout, True, None) if c.dropout else t
+
+    with model.store.bound(model.store.compute_weights()):
+        ids_t = xtrain.tensor(ids, device=model.device).reshape(B * S)
+        x = xtrain.ops.embedding(model.embed_tokens.weight, ids_t)
+        x = dropout(x.to(c.dtype))
+        delta = None
+        for block in model.layers:
+            attn, mlp = block.self_attn, block.mlp
+            w_in = block.input_layernorm.weight
+            if delta is None:
+                h = xtrain.ops.rms_norm(x, w_in, c.norm_eps)
+            else:
+                x, h = xtrain.ops.add_rms_norm(x, delta, w_in, c.norm_eps)
+            q, k, v = xtrain.ops.linear_multi(h, [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+            q, k, v = q.reshape(B, S, H, D), k.reshape(B, S, Hkv, D), v.reshape(B, S, Hkv, D)
+            if c.qk_norm:
+                q, k = xtrain.ops.qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps, c.rope_theta)
+            else:
+                q, k = xtrain.ops.rope(q, None, c.rope_theta), xtrain.ops.rope(k, None, c.rope_theta)
+            a = xtrain.ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))
+            a = dropout(xtrain.ops.linear(a.reshape(B * S, H * D), attn.o_proj.weight))
+            x, h = xtrain.ops.add_rms_norm(x, a, block.post_attention_layernorm.weight, c.norm_eps)
+            gate, up = xtrain.ops.linear_multi(h, [mlp.gate_proj.weight, mlp.up_proj.weight])
+            delta = dropout(xtrain.ops.linear(xtrain.ops.swiglu(gate, up), mlp.down_proj.weight))
+        _, h = xtrain.ops.add_rms_norm(x, delta, model.norm.weight, c.norm_eps)
+        head = model.embed_tokens.weight if c.tie_embeddings else model.lm_head.weight
+        if c.tie_embeddings and c.bf16:
+            head = xtrain.ops.cast(head, "bfloat16")
+        t = xtrain.tensor(targets, device=model.device).reshape(B * S)
+        loss, _ = xtrain.ops.linear_cross_entropy(h, head, t, ignore_index=-100)
+    return loss
+
+
+def _ops_called(run):
+    """run()'s result and the xtrain.ops functions it called, in order (their names)."""
+    calls = []
+
+    def recorded(name, op):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return op(*args, **kwargs)
+        return call
+
+    names = [n for n in dir(xtrain.ops) if not n.startswith("_") and callable(getattr(xtrain.ops, n))]
+    real = {n: getattr(xtrain.ops, n) for n in names}
+    try:
+        for n in names:
+            setattr(xtrain.ops, n, recorded(n, real[n]))
+        result = run()
+    finally:
+        for n in names:
+            setattr(xtrain.ops, n, real[n])
+    return calls, result
+
+
+@pytest.mark.parametrize("option", [None, "gqa", "mqa-no-qk-norm", "tied", "dropout"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_forward_is_the_fused_composition(device, dtype, option):
+    """The model's forward is, kernel for kernel, the fused composition written out op by op
+    (_fused_composition_loss): the loss and every parameter gradient bitwise, on every device."""
+    options = dict(dropout=0.2) if option == "dropout" else OPTIONS[option] if option else {}
+    cfg = small_config(bf16=dtype == "bfloat16", **options)
+    ids, targets = batch(cfg)
+    targets[1, 3] = -100
+    model = make_model(cfg, device, weights_seed=1)
+    xtrain.manual_seed(7)
+    calls, (_, loss) = _ops_called(lambda: model(ids, targets))
+    loss.backward()
+    reference = make_model(cfg, device, weights_seed=1)
+    xtrain.manual_seed(7)
+    calls_r, loss_r = _ops_called(lambda: _fused_composition_loss(reference, ids, targets))
+    loss_r.backward()
+    assert calls == calls_r
+    assert bits_equal(loss.numpy(), loss_r.numpy())
+    got, want = grads_numpy(model), grads_numpy(reference)
     assert set(got) == set(want)
     for name in want:
         assert bits_equal(got[name], want[name]), name
@@ -369,6 +481,32 @@ def test_linear_embedding_rmsnorm_modules(device):
                                v / np.sqrt((v ** 2).mean() + 1e-6), rtol=1e-5)
 
 
+def test_residual_stream(device):
+    """nn.ResidualStream: `+` leaves the add pending, an RMSNorm runs it fused (ops.add_rms_norm)
+    and the stream holds the sum after; resolve() runs a pending add as ops.add; a second add
+    resolves the first; bad operands raise TypeError."""
+    rng = np.random.default_rng(0)
+    a, b, c = (xtrain.tensor(rng.standard_normal((3, 8)).astype(np.float32), device=device) for _ in range(3))
+    norm = nn.RMSNorm(8, eps=1e-6, device=device)
+    s = nn.ResidualStream(a) + b
+    assert s.base is a and s.pending is b
+    calls, h = _ops_called(lambda: norm(s))
+    assert calls == ["add_rms_norm"] and s.pending is None
+    assert bits_equal(s.base.numpy(), (a + b).numpy())
+    assert bits_equal(h.numpy(), norm(a + b).numpy())
+    calls, h2 = _ops_called(lambda: norm(s))
+    assert calls == ["rms_norm"] and bits_equal(h2.numpy(), h.numpy())
+    t = nn.ResidualStream(a) + b + c
+    assert t.pending is c and bits_equal(t.resolve().numpy(), ((a + b) + c).numpy()) and t.pending is None
+    assert nn.ResidualStream(a).resolve() is a
+    with pytest.raises(TypeError, match="must be an xtrain.Tensor"):
+        nn.ResidualStream(a) + 1.0
+    with pytest.raises(TypeError, match="base must be"):
+        nn.ResidualStream(None)
+    with pytest.raises(TypeError, match="pending must be"):
+        nn.ResidualStream(a, np.ones((3, 8)))
+
+
 def test_generate(device):
     model = make_model(small_config(), device, weights_seed=2)
     prompt = np.array([[1, 2, 3]])
@@ -393,6 +531,8 @@ def test_generate(device):
 
 def test_bad_inputs():
     model = TinyTransformer(small_config())
+    with pytest.raises(TypeError, match="nn.ResidualStream"):
+        forward_recompute(model.layers[0], xtrain.zeros((8, 32)), 8)
     with pytest.raises(ValueError, match="exceeds max_seq"):
         model(np.zeros((1, 17), np.int64))
     with pytest.raises(ValueError, match=r"\(batch, seq\)"):

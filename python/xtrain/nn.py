@@ -1,5 +1,6 @@
-"""Modules: a container of parameters with names, in the PyTorch style, and the three layers the
-model is built from (Linear, Embedding, RMSNorm).
+"""Modules: a container of parameters with names, in the PyTorch style, the layers the model is
+built from (Linear, Embedding, RMSNorm, Dropout), and the residual stream that fuses each residual
+add into the norm after it (ResidualStream).
 
 Rules:
 - Every `xtrain.Tensor` assigned as an attribute of a Module is a parameter (the models here have no
@@ -14,6 +15,9 @@ Rules:
   buffers with each parameter a view. `to()` and `load_state_dict` then work on the store.
 - checkpoint(fn, x, *modules) is xtrain.checkpoint for module code: the modules' parameters (as
   bound at the call, e.g. a bf16 model's cast weights) are the segment's inputs.
+- A ResidualStream leaves `x + delta` pending until the RMSNorm after it, which runs the add and the
+  norm as one ops.add_rms_norm (bitwise the two ops, forward and backward): model code keeps the
+  plain form `x = x + attn(norm(x))` and gets the fused kernel.
 """
 
 from __future__ import annotations
@@ -246,6 +250,10 @@ class RMSNorm(Module):
         self.weight = _leaf(xtrain.ones((dim,), dtype="float32", device=device), True)
 
     def forward(self, x):
+        """x (..., dim) -> the normed (..., dim); x a ResidualStream: its pending add and this norm
+        in one kernel (ResidualStream.rms_norm)."""
+        if isinstance(x, ResidualStream):
+            return x.rms_norm(self.weight, self.eps)
         return ops.rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
@@ -270,6 +278,54 @@ class Dropout(Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+class ResidualStream:
+    """A residual stream whose last add may still be pending: the value base + pending (base alone
+    when pending is None), kept apart so that the RMSNorm after the add runs fused with it.
+
+        x = ResidualStream(embedding)
+        x = x + attn(norm_1(x))     # norm_1 resolves the pending add; the new add is left pending
+        x = x + mlp(norm_2(x))      # norm_2: ops.add_rms_norm(base, attn's output), one kernel
+
+    - `stream + delta` is a new stream with delta pending (an add already pending is done first,
+      with ops.add).
+    - RMSNorm(stream) returns the normed value; with an add pending it is ops.add_rms_norm, which
+      also gives the sum, and the stream holds that sum from then on (its value does not change).
+      add_rms_norm is bitwise the add then the norm, forward and backward (its backward rounds
+      the norm's dx, then adds the sum's own gradient, as the engine would), so a model over a
+      stream computes what it computes over plain tensors, one pass over the stream fewer per add
+      forward and two backward.
+    - resolve() is the value as a tensor (ops.add when an add is pending)."""
+
+    __slots__ = ("base", "pending")
+
+    def __init__(self, base, pending=None):
+        if not isinstance(base, xtrain.Tensor):
+            raise TypeError(f"ResidualStream: base must be an xtrain.Tensor, got {type(base).__name__}")
+        if pending is not None and not isinstance(pending, xtrain.Tensor):
+            raise TypeError(f"ResidualStream: pending must be an xtrain.Tensor or None, got {type(pending).__name__}")
+        self.base, self.pending = base, pending
+
+    def __add__(self, delta) -> "ResidualStream":
+        if not isinstance(delta, xtrain.Tensor):
+            raise TypeError(f"ResidualStream + x: x must be an xtrain.Tensor, got {type(delta).__name__}")
+        return ResidualStream(self.resolve(), delta)
+
+    def resolve(self):
+        """The stream's value as a tensor; a pending add runs now (ops.add) and is pending no more."""
+        if self.pending is not None:
+            self.base, self.pending = self.base + self.pending, None
+        return self.base
+
+    def rms_norm(self, weight, eps: float):
+        """ops.rms_norm of the stream's value; with an add pending, ops.add_rms_norm (the add is
+        then done: base is the sum)."""
+        if self.pending is None:
+            return ops.rms_norm(self.base, weight, eps)
+        self.base, h = ops.add_rms_norm(self.base, self.pending, weight, eps)
+        self.pending = None
+        return h
 
 
 def checkpoint(fn, x, *modules):

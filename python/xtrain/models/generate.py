@@ -1,11 +1,14 @@
 """Generation with a KV cache: prefill the prompts once, then one token per row per step.
 
-    prompts (B rows, any lengths) -> right-pad to P -> model.forward_cached(ids (B, P))   prefill
+    prompts (B rows, any lengths) -> right-pad to P -> forward_cached(model, ids (B, P))  prefill
         k, v of every layer (k after q/k norm and RoPE) -> KVCache (B, L, H_kv, D) per layer
         logits of each row's last prompt token -> pick -> token
-    while a row is active: model.forward_cached(token (B, 1))                             decode
+    while a row is active: forward_cached(model, token (B, 1))                            decode
         each row at its own position: rope at that position, k/v written into its next slot,
         ops.decode_attention over its first `length` slots -> logits (B, V) -> pick -> token
+
+The model's forward over the cache (KVCache, forward_cached) is xtrain.models.decode; this module
+is the loop around it: prompts, picks, stop tokens, and the step as a CUDA graph.
 
 Decisions:
 - Per-row lengths, not left padding: a row's positions are 0..n-1 whatever the batch, so a batched
@@ -48,7 +51,6 @@ from __future__ import annotations
 import numbers
 import sys
 import threading
-import weakref
 from collections import deque
 
 import numpy as np
@@ -56,66 +58,11 @@ import numpy as np
 import xtrain
 from xtrain import ops
 
+from .decode import KVCache, forward_cached, signature
+
 # top-p first looks at this many of the most likely tokens (argpartition, cheap) and sorts the whole
 # vocabulary only for a row whose mass there is below top_p.
 TOP_P_CANDIDATES = 1024
-
-
-class LayerKV:
-    """One layer's cache: k and v (B, L, H_kv, D), and the positions/lengths its KVCache holds (a
-    weak reference: no cycle, so a dropped cache frees its device memory at once)."""
-
-    def __init__(self, cache: "KVCache", k, v):
-        self._cache, self.k, self.v = weakref.ref(cache), k, v
-
-    @property
-    def cache(self) -> "KVCache":
-        return self._cache()
-
-    @property
-    def positions(self):
-        return self.cache.positions
-
-    def write(self, k, v):
-        """k, v (B, S, H_kv, D) into slots positions[b] .. positions[b] + S - 1 of each row."""
-        ops.kv_cache_write_(self.k, k, self.cache.positions)
-        ops.kv_cache_write_(self.v, v, self.cache.positions)
-
-    def attend(self, q, scale: float):
-        """q (B, H, D) against each row's first lengths[b] slots -> (B, H, D)."""
-        return ops.decode_attention(q, self.k, self.v, self.cache.lengths, scale)
-
-    def prep_attend(self, q, k, v, q_norm_weight, k_norm_weight, eps: float, theta: float, scale: float,
-                    prefetch=()):
-        """A decode step's heads: q (B, H, D), k, v (B, H_kv, D) normed and rotated at positions[b],
-        k and v written into that slot, then q against the first lengths[b] slots -> (B, H, D)
-        (ops.decode_prep_attention: ops.decode_prep then attend, bitwise; prefetch: its L2 hint)."""
-        return ops.decode_prep_attention(q, k, v, self.k, self.v, self.cache.positions, self.cache.lengths,
-                                         q_norm_weight, k_norm_weight, eps=eps, theta=theta, scale=scale,
-                                         prefetch=list(prefetch))
-
-
-class KVCache:
-    """The keys and values of every layer for B rows of up to `slots` tokens, preallocated in the
-    model's compute dtype on its device. positions (int64 (B,), on the device) is the slot each
-    row's new token goes to, lengths = positions + 1 the slots a decode step attends to."""
-
-    def __init__(self, model, batch: int, slots: int):
-        c = model.config
-        n_kv_heads = getattr(c, "n_kv_heads", None) or c.n_heads
-        shape = (batch, slots, n_kv_heads, c.head_dim)
-        self.layers = [LayerKV(self, xtrain.empty(*shape, dtype=c.dtype, device=model.device),
-                               xtrain.empty(*shape, dtype=c.dtype, device=model.device))
-                       for _ in range(c.n_layers)]
-        self.device = model.device
-        self.empty = True
-        self.positions = self.lengths = None
-
-    def at(self, positions: np.ndarray):
-        """Set every row's write slot (and attend to the slots up to it) for the next call."""
-        positions = np.asarray(positions, dtype=np.int64)
-        self.positions = xtrain.tensor(positions, device=self.device)
-        self.lengths = xtrain.tensor(positions + 1, device=self.device)
 
 
 def decode_graph_blocker(model, cuda_graphs: bool) -> str | None:
@@ -230,15 +177,12 @@ class KeptDecode:
         return self.buffers
 
 
-def _keep_key(model, path: tuple, B: int, T: int):
+def _keep_key(model, path: tuple, B: int, T: int) -> tuple:
     """What a kept decode step depends on beyond its buffers: the path (greedy ring and stop token,
-    or sampled), the cache's shape, the thread (its stream), the device, and the model's
-    decode_signature() (its weight buffers' addresses, which the graph reads, and the decode
-    switches the step was built under); None (keep nothing) for a model without one."""
-    signature = getattr(model, "decode_signature", None)
-    if signature is None:
-        return None
-    return (path, B, T, threading.get_ident(), str(model.device), signature())
+    or sampled), the cache's shape, the thread (its stream), the device, and the model's decode
+    signature (decode.signature: its weight buffers' addresses, which the graph reads, and the
+    decode switches the step was built under)."""
+    return (path, B, T, threading.get_ident(), str(model.device), signature(model))
 
 
 def _kept(model, key):
@@ -317,7 +261,7 @@ def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_
             cache.at(np.zeros(B, dtype=np.int64))
             ids = xtrain.tensor(out[:, :P], device=model.device)            # right-padded (B, P)
             last = xtrain.tensor(np.arange(B) * P + lens - 1, device=model.device)
-            logits = model.forward_cached(ids, cache, last)
+            logits = forward_cached(model, ids, cache, last)
             cache.empty = False
             if device_greedy:
                 cur = _decode_greedy(model, kept, logits, out, lens, limit, stop_token, capture)
@@ -347,7 +291,7 @@ def _decode_greedy(model, kept, logits, out, lens, limit, stop_token, capture) -
         cache.positions, cache.lengths = state._storage_view(B, (B,)), state._storage_view(2 * B, (B,))
 
         def step():
-            logits = model.forward_cached(ids, cache)
+            logits = forward_cached(model, ids, cache)
             with xtrain.cuda.early_launch():      # the pick reads nothing before its wait
                 ops.greedy_next_(logits, state, ring, stop_token)
 
@@ -407,7 +351,7 @@ def _decode_sampled(model, kept, logits, out, lens, limit, temperature, top_k, t
         buf = xtrain.empty(*logits.shape, dtype=logits.dtype, device=model.device)
 
         def step():
-            buf.copy_(model.forward_cached(ids, cache))
+            buf.copy_(forward_cached(model, ids, cache))
 
         kept.build(model, step, capture, inputs=inputs, buf=buf)
     else:

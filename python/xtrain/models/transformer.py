@@ -6,7 +6,9 @@
     Block.forward(x):  x = x + self_attn(input_layernorm(x))
                        x = x + mlp(post_attention_layernorm(x))
 
-This is the file to edit: each module's forward reads top to bottom, over its named weights.
+This is the file to edit: each module's forward reads top to bottom, over its named weights, and
+is what training runs. Generation's forward over a KV cache is xtrain.models.decode; selective
+recompute is xtrain.models.recompute.
 
 Decisions:
 - The residual stream is (B*S, dim) from the embedding to the logits, so every linear is one GEMM
@@ -14,12 +16,12 @@ Decisions:
   copies nothing: ops.qk_norm_rope (per-head q/k RMSNorm and RoPE in one kernel) and
   ops.flash_attention (causal, memory linear in S, deterministic backward) work in that layout,
   and the attention output reshapes back to (B*S, H*D) for o_proj. No permute in a training step.
-- Fewer, larger launches without changing the modules or the parameter names (Qwen3's, so export
-  is unchanged): q/k/v and gate/up each run as one batched GEMM (ops.linear_multi; their weights
-  sit at uniform distances in the store, and the outputs are views of one buffer, so nothing is
-  copied). Every residual add runs fused with the norm after it (ops.add_rms_norm, one kernel
-  forward and one backward, bitwise the two ops): Block.forward_pending hands its last add to the
-  next block's input norm, the last block's to the final norm.
+- Fewer, larger launches behind the same calls and parameter names (Qwen3's, so export is
+  unchanged): q/k/v and gate/up each run as one batched GEMM (ops.linear_multi; their weights sit
+  at uniform distances in the store, and the outputs are views of one buffer). forward() runs the
+  blocks over an nn.ResidualStream, which leaves each `x + delta` pending until the norm after it
+  resolves it in one ops.add_rms_norm (bitwise the add then the norm, both ways): every residual
+  add runs fused with the next norm, the last block's with the final norm.
 - The parameters live in a ParamStore (xtrain.store), built at the end of __init__: flat float32
   buffers for the weights, their gradients and (with the optimizer) the AdamW moments, each
   parameter a view.
@@ -30,27 +32,15 @@ Decisions:
   for the duration of the forward. Activations are bf16 from the embedding on; norm weights stay
   float32 (rms_norm takes float32 weights with bf16 x); the bf16 logits go into cross_entropy,
   which computes in float32.
-- Recompute (config.recompute, or block.recompute per block) is selective: the attention half and
-  the MLP up to the down projection run under xtrain.nn.checkpoint, the down projection outside,
-  keeping its input (an ffn-wide activation) per block; backward re-runs everything but the down
-  GEMM and the residual add, whose outputs backward never reads. The same modules run the same
-  ops in the same order either way, which is what makes recompute bitwise exact (DESIGN.md
-  invariant 2).
+- Recompute (config.recompute, or block.recompute per block): forward() runs such a block through
+  recompute.forward_recompute, which re-runs the attention half and the MLP up to the down
+  projection in backward, bitwise the same results.
 - With targets, the head is ops.linear_cross_entropy(norm(x), lm_head weight, targets): the same
   loss and gradients as linear + cross_entropy, but the logits sit in a buffer with a 16-byte
   aligned row stride (fast cuBLAS GEMMs for an odd vocabulary such as 50257) and backward writes
   dlogits over them in place. forward(ids, targets) therefore returns (None, loss);
   return_logits=True adds a detached (B*S, V) copy of the logits. Without targets the logits come
   from the lm_head and stay differentiable.
-- Generation (xtrain.models.generate) uses a KV cache: forward_cached prefills it with the blocks'
-  own forward and then runs Block.decode / Attention.decode, one token per row at the row's own
-  position, attending to the cache. A decode step is ~9 kernels per layer: one q/k/v GEMM,
-  ops.decode_prep_attention (q/k norm, RoPE and both cache writes, then the attention: one kernel
-  on CUDA where the one-pass attention applies, two otherwise), o_proj, the residual adds fused with the norms after them (ops.add_rms_norm), the
-  gate/up GEMM, swiglu and down_proj. At batch <= DECODE_GEMV_MAX_ROWS (Block.decode_rows) the
-  linears are matrix-vector kernels instead, and each residual add + norm runs inside the linears
-  after it (ops.rms_norm_linear_rows: q/k/v, gate/up with swiglu, the head; ops.linear_rows for
-  o_proj and down_proj): 5 kernels per layer at batch 1 on CUDA, bitwise the same step.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Options for pretrained checkpoints (TransformerConfig): n_kv_heads (grouped-query attention:
   k/v_proj narrower, flash_attention reads fewer kv heads), qk_norm off (Llama: no q/k_norm, q and
@@ -74,18 +64,10 @@ import xtrain
 from xtrain import nn, ops
 from xtrain.store import ParamStore
 
+from .recompute import forward_recompute
+
 IGNORE_INDEX = -100
 INIT_STD = 0.02
-# A decode step of at most this many rows runs its linears as matrix-vector products
-# (ops.linear_rows: one kernel per linear or merged group, each weight row read once; at batch 1
-# cuBLAS's GEMMs took ~4.8 us a call on the H200, far more than their bytes need); larger batches
-# keep the GEMMs (ops.linear_multi, ops.linear). 0 keeps the GEMMs at every batch.
-DECODE_GEMV_MAX_ROWS = 8
-# At those batches each block's decode attention also asks L2 for the weights the step reads next
-# (ops.decode_prep_attention's prefetch, a hint: no value changes): the block's o_proj, gate/up and
-# down_proj, then the next block's q/k/v or the head, in that order while they fit this many bytes
-# (a share of the H200's 50 MB L2, which also holds the KV cache). 0 asks for nothing.
-DECODE_L2_PREFETCH_BYTES = 24 << 20
 
 
 @dataclass
@@ -208,24 +190,6 @@ def config_for(preset: str, vocab_size: int, **overrides) -> TransformerConfig:
 
 # ---- the modules
 
-def add_norm(x, delta, norm):
-    """A pending residual add fused into the norm after it: (x' = x + delta, norm(x')) in one
-    ops.add_rms_norm (x itself and norm(x) when delta is None); bitwise the add then the norm."""
-    if delta is None:
-        return x, norm(x)
-    return ops.add_rms_norm(x, delta, norm.weight, norm.eps)
-
-
-def decode_norm_rows(x, delta, norm, weights, swiglu=False):
-    """A decode step's residual add and norm fused into the matrix-vector products after them
-    (B <= DECODE_GEMV_MAX_ROWS): x' = delta + x (x itself when delta is None) and
-    [norm(x') @ w^T for w in weights] (swiglu: [swiglu(gate, up)]) -> (x', list); bitwise
-    ops.add_rms_norm (ops.rms_norm), ops.linear_rows and ops.swiglu."""
-    if delta is None:
-        return x, ops.rms_norm_linear_rows(x, weights, norm.weight, norm.eps, swiglu=swiglu)[1]
-    return ops.rms_norm_linear_rows(delta, weights, norm.weight, norm.eps, residual=x, swiglu=swiglu)
-
-
 class Attention(nn.Module):
     """Causal self-attention with RoPE, grouped-query when n_kv_heads < n_heads (query head h reads
     kv head h // (n_heads / n_kv_heads)), with per-head q/k RMSNorm (Qwen3) or without (Llama)."""
@@ -263,23 +227,6 @@ class Attention(nn.Module):
         a = ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))  # (B, S, H, D)
         return self.dropout(self.o_proj(a.reshape(B * seq, H * D)))            # (B*S, dim)
 
-    def decode(self, x, cache):
-        """One new token per row: x (B, dim), already normed -> (B, dim), attending to the row's
-        cached keys and values plus its own. q, k, v from one batched GEMM; ops.decode_prep_attention
-        then norms (q/k RMSNorm) and rotates q and k at each row's position (cache.positions), writes
-        k and v into the row's cache slot (bitwise rms_norm then rope) and attends (on CUDA at batch
-        1: one kernel)."""
-        q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        return self.o_proj(self.decode_heads(q, k, v, cache))
-
-    def decode_heads(self, q, k, v, cache, prefetch=()):
-        """decode's attention from q (B, H*D), k and v (B, Hkv*D) -> (B, H*D), before o_proj.
-        prefetch: tensors the ops after it read, asked into L2 meanwhile (a hint)."""
-        B, H, Hkv, D = q.shape[0], self.n_heads, self.n_kv_heads, self.head_dim
-        norms = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
-        return cache.prep_attend(q.reshape(B, H, D), k.reshape(B, Hkv, D), v.reshape(B, Hkv, D), *norms, eps=self.eps,
-                                 theta=self.rope_theta, scale=1.0 / math.sqrt(D), prefetch=prefetch).reshape(B, H * D)
-
 
 class MLP(nn.Module):
     """SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x))."""
@@ -292,23 +239,19 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x):
-        return self.output(self.hidden(x))
+        """x (B*S, dim), already normed -> (B*S, dim)."""
+        return self.dropout(self.down_proj(self.hidden(x)))
 
     def hidden(self, x):
-        """(B*S, dim) -> (B*S, ffn): everything up to the down projection (fused silu * up).
-        gate and up come from one batched GEMM (views of one buffer)."""
+        """(B*S, dim) -> (B*S, ffn): everything before the down projection, silu(gate) * up in one
+        kernel. gate and up come from one batched GEMM (views of one buffer)."""
         gate, up = ops.linear_multi(x, [self.gate_proj.weight, self.up_proj.weight])  # (B*S, ffn) each
         return ops.swiglu(gate, up)
 
-    def output(self, g):
-        return self.dropout(self.down_proj(g))
-
-    def decode(self, x):
-        """forward for a decode step's x (B, dim) above DECODE_GEMV_MAX_ROWS (GEMMs)."""
-        return self.forward(x)
-
 
 class Block(nn.Module):
+    """One layer: attention, then the SwiGLU MLP, each on the normed stream and added to it."""
+
     def __init__(self, c: TransformerConfig, gen):
         super().__init__()
         residual_std = INIT_STD / math.sqrt(2 * c.n_layers)
@@ -316,69 +259,15 @@ class Block(nn.Module):
         self.self_attn = Attention(c, gen, residual_std)
         self.post_attention_layernorm = nn.RMSNorm(c.dim, c.norm_eps)
         self.mlp = MLP(c, gen, residual_std)
-        self.recompute = c.recompute
+        self.recompute = c.recompute  # TinyTransformer.forward runs the block through forward_recompute
 
     def forward(self, x, seq: int, cache=None):
-        """The residual stream x (B*S, dim) -> (B*S, dim); seq is S. cache: the block's KV cache
-        (generation's prefill, under no_grad), filled on the way."""
-        if self.recompute and cache is None:
-            return self._forward_recompute(x, seq)
+        """The residual stream x (B*S, dim) -> (B*S, dim); seq is S. x is an nn.ResidualStream in
+        the model's forward (each add then runs fused into the norm after it) or a plain tensor.
+        cache: the block's KV cache (generation's prefill, under no_grad), filled on the way."""
         x = x + self.self_attn(self.input_layernorm(x), seq, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-    def forward_pending(self, x, delta, seq: int):
-        """forward() with each residual add fused into the norm after it (ops.add_rms_norm): the
-        stream x before its pending add delta (None: nothing pending) -> (x', delta'), the block's
-        output being x' + delta' (the model's next norm adds it). add_rms_norm is bitwise the add
-        then the norm both ways (its backward rounds the norm's dx, then adds h's own gradient, as
-        the engine would), so this gives forward()'s bits; it saves a pass over the stream per
-        add forward and two backward. A recompute block resolves the pending add first and runs
-        _forward_recompute (the same bits again)."""
-        if self.recompute:
-            return self._forward_recompute(x if delta is None else x + delta, seq), None
-        x, h = add_norm(x, delta, self.input_layernorm)
-        x, h = add_norm(x, self.self_attn(h, seq), self.post_attention_layernorm)
-        return x, self.mlp(h)
-
-    def decode(self, x, h, cache, next_norm):
-        """One new token per row: the residual stream x (B, dim) and h = input_layernorm(x) ->
-        (x', next_norm(x')), with the KV cache. Each residual add is fused with the norm after it
-        (ops.add_rms_norm, bitwise the add then the norm): the block's own post-attention norm, and
-        next_norm, the next block's input norm or the final norm."""
-        post = self.post_attention_layernorm
-        x, h = ops.add_rms_norm(self.self_attn.decode(h, cache), x, post.weight, post.eps)
-        return ops.add_rms_norm(self.mlp.decode(h), x, next_norm.weight, next_norm.eps)
-
-    def decode_rows(self, x, delta, cache, after=()):
-        """decode at B <= DECODE_GEMV_MAX_ROWS with every residual add left to the next kernel: the
-        stream x (B, dim) before its pending add delta (None: nothing pending) -> (x', delta'), the
-        block's output being x' + delta'. Each add + norm runs inside the matrix-vector kernel
-        after it (decode_norm_rows), the MLP's swiglu inside the gate/up kernel; per layer
-        norm+q/k/v, decode_prep_attention (1 or 3), o_proj, norm+gate/up+swiglu, down_proj. Bitwise decode.
-        after: the weights the step reads after this block (DECODE_L2_PREFETCH_BYTES)."""
-        attn, mlp = self.self_attn, self.mlp
-        x, (q, k, v) = decode_norm_rows(x, delta, self.input_layernorm,
-                                        [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-        nxt, room = [], DECODE_L2_PREFETCH_BYTES
-        for w in [attn.o_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, *after]:
-            if w.nbytes > room:
-                break
-            nxt.append(w)
-            room -= w.nbytes
-        o = ops.linear_rows(attn.decode_heads(q, k, v, cache, nxt), [attn.o_proj.weight])[0]
-        x, (g,) = decode_norm_rows(x, o, self.post_attention_layernorm,
-                                   [mlp.gate_proj.weight, mlp.up_proj.weight], swiglu=True)
-        return x, mlp.dropout(ops.linear_rows(g, [mlp.down_proj.weight])[0])
-
-    def _forward_recompute(self, x, seq: int):
-        """forward() with selective activation recompute: the attention half and the MLP up to
-        the down projection are re-run in backward (nn.checkpoint); the down projection and the
-        last residual add run outside, keeping g. The same ops in the same order as forward()."""
-        x = nn.checkpoint(lambda x: x + self.self_attn(self.input_layernorm(x), seq), x,
-                          self.input_layernorm, self.self_attn)
-        g = nn.checkpoint(lambda x: self.mlp.hidden(self.post_attention_layernorm(x)), x,
-                          self.post_attention_layernorm, self.mlp.gate_proj, self.mlp.up_proj)
-        return x + self.mlp.output(g)
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x
 
 
 class TinyTransformer(nn.Module):
@@ -439,11 +328,10 @@ class TinyTransformer(nn.Module):
         # bf16: the Linear weights in bf16 for this forward (one cast launch when they changed)
         with self.store.bound(self.store.compute_weights()):
             x = self.embed_tokens(ids.reshape(B * S))                       # (B*S, dim) float32
-            x = self.dropout(x.to(c.dtype))
-            delta = None  # each block's last residual add, fused into the next norm
+            x = nn.ResidualStream(self.dropout(x.to(c.dtype)))  # each add fused into the next norm
             for block in self.layers:
-                x, delta = block.forward_pending(x, delta, S)
-            x = add_norm(x, delta, self.norm)[1]
+                x = forward_recompute(block, x, S) if block.recompute else block(x, S)
+            x = self.norm(x)
             head = self.head_weight()                                       # (V, dim)
             if targets is None:
                 return ops.linear(x, head), None                            # (B*S, V)
@@ -464,49 +352,6 @@ class TinyTransformer(nn.Module):
     @property
     def device(self) -> str:
         return self.store.device
-
-    def decode_signature(self) -> tuple:
-        """What a captured decode step (generate's KeptDecode) depends on besides its own buffers:
-        the addresses of the weight buffers it reads and the decode switches it was built under."""
-        s = self.store
-        return (s.params.data_ptr(), s.compute.data_ptr() if s.compute is not None else 0, DECODE_GEMV_MAX_ROWS,
-                DECODE_L2_PREFETCH_BYTES)
-
-    def forward_cached(self, ids, cache, last=None):
-        """Generation's forward, under no_grad: new tokens ids int (B, S) and a KV cache
-        (xtrain.models.generate.KVCache) -> logits (B, V) in the compute dtype, one row per sequence.
-        Prefill (the cache is empty): the S positions 0..S-1 of right-padded prompts run as in
-        forward (causal flash attention, so padding never reaches a real position) and fill the
-        cache; the logits are those of flat row last[b] (int64 (B,), b*S + length_b - 1). Decode
-        (S == 1): each row's token at its cache position."""
-        B, S = ids.shape
-        with self.store.bound(self.store.compute_weights()):
-            x = self.embed_tokens(ids.reshape(B * S)).to(self.config.dtype)   # (B*S, dim)
-            if cache.empty:
-                for block, layer in zip(self.layers, cache.layers):
-                    x = block(x, S, layer)
-                x = ops.embedding(x, last)                                     # (B, dim)
-                return ops.linear(self.norm(x), self.head_weight())            # (B, V)
-            if B <= DECODE_GEMV_MAX_ROWS:
-                # Each kernel of the layers and the head reads before its wait only weights, the
-                # residual, the cache's earlier slots, positions and lengths, none of which the
-                # launch before it writes (the embedding's cast or gather comes first): the promise
-                # xtrain.cuda.early_launch asks for.
-                with xtrain.cuda.early_launch():
-                    delta = None                                               # the stream is x + delta
-                    for i, (block, layer) in enumerate(zip(self.layers, cache.layers)):
-                        if i + 1 < len(self.layers):
-                            a = self.layers[i + 1].self_attn
-                            after = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
-                        else:
-                            after = [self.head_weight()]
-                        x, delta = block.decode_rows(x, delta, layer, after)
-                    return decode_norm_rows(x, delta, self.norm, [self.head_weight()])[1][0]   # (B, V)
-            h = self.layers[0].input_layernorm(x)
-            next_norms = [block.input_layernorm for block in self.layers[1:]] + [self.norm]
-            for block, layer, next_norm in zip(self.layers, cache.layers, next_norms):
-                x, h = block.decode(x, h, layer, next_norm)                    # h: next_norm(x)
-            return ops.linear(h, self.head_weight())                           # (B, V)
 
     def generate(self, prompts, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, greedy: bool = False, seed: int = 0, generator=None,
