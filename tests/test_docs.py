@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 EXTENSIONS = (".json", ".png", ".log")
 DATE = re.compile(r"(?:^|-)20\d{6}(?:-|$)")
-SPAN = re.compile(r"`([^`\n]+)`")
-PATH_IN_TEXT = re.compile(r"bench/results/([\w.*…/-]+\w)")
+# a backticked span, a bench/results/ path in the text, or a full file name in the text, in order
+CITATION = re.compile(r"`([^`\n]+)`|(bench/results/[\w.*…/-]+\w)"
+                      r"|\b([a-z][\w]*(?:-\w+)*-20\d{6}-[\w-]*\w\.(?:json|png|log))\b")
 SHORT = re.compile(r"^[-…][\w.*…-]*\d{6}[\w.*…-]*$")
 FILE_CHARS = re.compile(r"^[\w.*…/-]+$")
 
@@ -44,10 +45,10 @@ def _expand_short(short: str, previous: str) -> str:
     previous name's last ones, a '…' segment keeps the previous name's segment there."""
     stem, ext = _split_ext(short)
     prev_stem, prev_ext = _split_ext(previous)
-    parts = [p for p in stem.lstrip("…-").split("-")]
+    parts = stem.lstrip("…-").split("-")
     prev = prev_stem.split("-")
     if len(parts) > len(prev):
-        return ""
+        return f"{short} (after {previous})"
     head = prev[: len(prev) - len(parts)]
     tail = [prev[len(head) + i] if p == "…" else p for i, p in enumerate(parts)]
     return "-".join(head + tail) + (ext or prev_ext)
@@ -64,7 +65,7 @@ def _names_in_span(span: str, previous: str) -> list:
         if not SHORT.match(first):
             return []
         if not previous:
-            return [first.replace("…", "*")]
+            return ["*" + first.lstrip("…").replace("…", "*")]
         first = _expand_short(first, previous)
     elif not DATE.search(first):
         if len(pieces) == 1 or not DATE.search(last):
@@ -85,10 +86,8 @@ def _names_in_span(span: str, previous: str) -> list:
 def cited_names(text: str) -> list:
     """Every result file name a doc cites, in order (shortened names completed)."""
     names, previous = [], ""
-    spans = [m.group(1) for m in SPAN.finditer(text)]
-    outside = SPAN.sub(" ", text)
-    spans += ["bench/results/" + m.group(1) for m in PATH_IN_TEXT.finditer(outside)]
-    for span in spans:
+    for match in CITATION.finditer(text):
+        span = next(group for group in match.groups() if group)
         for name in _names_in_span(span, previous):
             names.append(name)
             previous = name
@@ -96,8 +95,6 @@ def cited_names(text: str) -> list:
 
 
 def _matches(name: str, files: list) -> list:
-    if not name:
-        return []
     if "*" in name or "…" in name:
         return fnmatch.filter(files, name.replace("…", "*"))
     if name in files:
@@ -127,7 +124,8 @@ def test_citation_forms_resolve():
             "`scaling-20261130-014551/-014613.json`; `data_run-x-20261201-113024.json/.png`; "
             "`train_throughput-dim768-b32-s256-bf16-20261202-040522.json` `…-20261201-134729.json` "
             "`profile-dim768-b32-20261201-195115.json` → `…-b128-…-212329.json`; "
-            "`generate-dim768-staged1/0-20261202-1025*.json`; bench/results/ops-a-20261129-final.json")
+            "`generate-dim768-staged1/0-20261202-1025*.json`; bench/results/ops-a-20261129-final.json; "
+            "in the text recompute-20261130-010221.json.")
     assert cited_names(text) == [
         "profile-dim768-b128-20261202-010838.json", "profile-dim768-b128-20261202-010854.json",
         "scaling-20261130-014551.json", "scaling-20261130-014613.json",
@@ -136,7 +134,8 @@ def test_citation_forms_resolve():
         "train_throughput-dim768-b32-s256-bf16-20261201-134729.json",
         "profile-dim768-b32-20261201-195115.json", "profile-dim768-b128-20261201-212329.json",
         "generate-dim768-staged1-20261202-1025*.json", "generate-dim768-staged0-20261202-1025*.json",
-        "ops-a-20261129-final.json"]
+        "ops-a-20261129-final.json", "recompute-20261130-010221.json"]
+    assert cited_names("`-010854.json`") == ["*-010854.json"]
     assert cited_names("`state.json`, `data_run-PRESET-DATE.json/.png`, `bench/results/`") == []
 
 
