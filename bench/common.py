@@ -1,15 +1,15 @@
 """Shared helpers of the benchmarks: FLOP counting and MFU, devices and synchronisation, timing,
 peak-memory readings, the run's provenance, and writing results.
 
-Rules every benchmark follows (DESIGN.md "Performance habits", GPU.md "Habits"):
+Rules every benchmark follows (docs/performance.md, "How it is measured"):
 - xtrain and PyTorch run the same config on the same GPU in the same process, one after the
   other, each freeing its memory before the other starts (free_xtrain / free_torch).
 - Timing: warm-up calls first, then an explicit synchronize, the timed calls, and a synchronize
   again before the clock is read. Inputs are seeded random data, never zeros.
 - Peak memory is read from each framework's own allocator (xtrain.memory_stats,
   torch.cuda.max_memory_allocated), with the peak reset right before the timed calls.
-- MFU is model FLOPs (flops_per_token) per second over a measured ceiling of the GPU (GPU.md), not
-  a datasheet number.
+- MFU is model FLOPs (flops_per_token) per second over a measured ceiling of the GPU
+  (docs/performance.md, "Ceilings"), not a datasheet number.
 """
 
 from __future__ import annotations
@@ -32,12 +32,14 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
 TESTS_DIR = REPO / "tests"
 
-# GPU.md: 8192^3 bf16 matmul through PyTorch on the H200, random data. MFU in bf16 uses this.
+# The H200's bf16 ceiling, measured: an 8192^3 bf16 matmul through PyTorch, random data
+# (docs/performance.md, "Ceilings"). MFU in bf16 uses this.
 BF16_PEAK_FLOPS = 790e12
-# GPU.md: device-to-device copy, bytes read + written. Bandwidth-bound kernels are compared to it.
+# The H200's measured device-to-device copy, bytes read + written. Bandwidth-bound kernels are
+# compared to it.
 COPY_BANDWIDTH = 4.3e12
-# The float32 ceiling is measured in each run (measure_matmul_ceiling, true fp32: no TF32), since
-# GPU.md records none; ops.py reports it too. The H200's datasheet says ~67 TFLOP/s FP32.
+# The float32 ceiling is measured in each run (measure_matmul_ceiling, true fp32: no TF32); ops.py
+# reports it too. The H200's datasheet says ~67 TFLOP/s FP32.
 FP32_CEILING_SIZE = 8192
 
 # Vocabulary of the built-in corpus (xtrain.data.stories.DEFAULT_VOCAB_SIZE): the throughput

@@ -6,7 +6,7 @@
 Each op runs forward alone (no grad) and forward + backward (the tape / autograd), on the same
 seeded random inputs in both frameworks; time per call is the median over 5 windows of repeated
 calls, each window synchronised at both ends. GEMM-like ops report achieved TFLOP/s, memory-bound
-ops GB/s (the minimum bytes the op must move, below), with the GPU.md ceilings beside them:
+ops GB/s (the minimum bytes the op must move, below), with the measured ceilings beside them:
 ~790 TFLOP/s bf16 (8192^3 matmul) and ~4.3 TB/s copy. The float32 matmul ceiling is measured
 here (8192^3, true fp32 in both frameworks: no TF32).
 
@@ -626,7 +626,7 @@ def summarize(rows, device, fp32: bool) -> dict:
                                ("rate", "rate", ".1f"), ("unit", "unit", ""),
                                ("of_ceiling", "of ceiling", ".0%"),
                                ("speedup", "xtrain speedup", ".2f")])
-    ceilings = {"bf16_flops_gpu_md": common.BF16_PEAK_FLOPS, "copy_bytes_s_gpu_md": common.COPY_BANDWIDTH}
+    ceilings = {"bf16_flops_measured": common.BF16_PEAK_FLOPS, "copy_bytes_s_measured": common.COPY_BANDWIDTH}
     for r in rows:
         if r["op"].startswith("matmul") and r.get("fwd_rate"):
             key = f"{r['op'].split()[1]}_matmul_{r['framework']}_tflops"
@@ -636,7 +636,7 @@ def summarize(rows, device, fp32: bool) -> dict:
         print(f"\nbf16 matmul {n}^3: torch "
               f"{ceilings['bfloat16_matmul_torch_tflops']:.0f}, xtrain "
               f"{ceilings.get('bfloat16_matmul_xtrain_tflops') or 0:.0f} TFLOP/s "
-              f"(GPU.md ceiling {common.BF16_PEAK_FLOPS / 1e12:.0f}); float32: torch "
+              f"(measured ceiling {common.BF16_PEAK_FLOPS / 1e12:.0f}); float32: torch "
               f"{ceilings.get('float32_matmul_torch_tflops') or 0:.1f}, xtrain "
               f"{ceilings.get('float32_matmul_xtrain_tflops') or 0:.1f} TFLOP/s")
     return ceilings

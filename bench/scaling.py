@@ -21,10 +21,12 @@ loop's step, xtrain.launch.distributed.DataParallelAdamW sharded with the model'
 DistributedDataParallel (bucketed, overlapped; none on one GPU). Each measurement is its own
 subprocess. Timing: `--warmup` steps, then `--steps` steps between two device syncs
 (every rank synchronised, the slowest rank's time counts); global tok/s = GPUs x batch x seq x
-steps / time. MFU uses the measured bf16 ceiling of GPU.md (790 TFLOP/s per H200).
+steps / time. MFU uses the measured bf16 ceiling of the H200 (790 TFLOP/s per GPU;
+docs/performance.md, "Ceilings").
 
 Prints the table and writes bench/results/scaling-<date>.json (date, GPU, commit, config, rows).
-NCCL_NVLS_ENABLE=0 is forced for every run (GPU.md: NVLink multicast stays off).
+NCCL_NVLS_ENABLE=0 is forced for every run: NVLink multicast stays off on the shared multi-GPU
+machines.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET, VOCAB = "dim768", 4096
-PEAK_BF16_FLOPS = 790e12  # GPU.md: 8192^3 bf16 GEMM through PyTorch on one H200
+PEAK_BF16_FLOPS = 790e12  # 8192^3 bf16 GEMM through PyTorch on one H200, measured
 LR, WEIGHT_DECAY, CLIP = 3e-4, 0.1, 1.0
 RESULT = "RESULT "        # prefix of the one line a worker prints for the parent
 
@@ -373,7 +375,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.worker == "xtrain":  # one worker measures one launch mode (threads unless told)
         args.launch = args.launch[0] if len(args.launch) == 1 else "threads"
-    os.environ["NCCL_NVLS_ENABLE"] = "0"  # GPU.md; inherited by every worker
+    os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off; inherited by every worker
     if args.worker == "xtrain":
         xtrain_worker(args)
         return 0

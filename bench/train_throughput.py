@@ -310,7 +310,7 @@ def main(argv=None):
 
 
 def measure_ceiling(precision: str, device: str):
-    """bf16: GPU.md's measured 790 TFLOP/s. float32: measured here (true fp32 8192^3 matmul in
+    """bf16: the measured 790 TFLOP/s (common.BF16_PEAK_FLOPS). float32: measured here (true fp32 8192^3 matmul in
     torch, a second or so). CPU: none."""
     if not common.is_cuda(device):
         return None
