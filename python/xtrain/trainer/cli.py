@@ -4,6 +4,7 @@
     xtrain train --preset dim384 --data corpus.jsonl --bf16 --steps 5000 --out runs/d384
     xtrain train --out runs/d384 --resume         # continue runs/d384/ckpt with its config.toml
     xtrain train --config run.toml --steps 2000   # a config file; flags override it
+    xtrain train --help                           # every option by section, with its default
     xtrain train --preset dim768 --bf16 --batch auto --batch-tokens 0.5M --recompute auto
     xtrain train --init-from Qwen3-0.6B --data corpus.txt --bf16 --steps 500   # from HF weights
     xtrain prepare corpus.jsonl --out data/corpus --vocab-size 8192
@@ -16,6 +17,11 @@
     xtrain sample --ckpt runs/tiny/ckpt --prompt "Once upon a time" --temperature 0.8 --top-k 50
     xtrain sample --ckpt runs/tiny/ckpt --prompt "A cat" --prompt "The sun" --top-p 0.9 --seed 1
     xtrain export --ckpt runs/tiny/ckpt --out hf/tiny --dtype bf16
+    xtrain --version
+
+The train flags are made from xtrain.trainer.runconfig's TrainConfig fields (and CommandOptions'):
+a new option of a run is a new field declared with opt(), which gives it its flag, help, section,
+default and check; nothing here changes.
 
 Several GPUs: `--devices N` runs one process with a thread per GPU; under a launcher each process
 drives one GPU (docs/distributed.md):

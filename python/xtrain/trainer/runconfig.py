@@ -287,12 +287,12 @@ def shown_default(name: str) -> str:
 
 
 def _show(o: Option, value) -> str:
+    """`value` as --help writes it: a switch's flag, a word, a number, names."""
     if o.switch:  # the flag that sets the value; a lone flag that sets the other value is off
         return next((f for f, v in o.switch.items() if v is value), "off")
-    if o.words:
-        word = next((w for w, v in o.words.items() if v is value or (type(v) is type(value) and v == value)), None)
-        if word is not None:
-            return word
+    word = _word(o, value)
+    if word is not None:
+        return word
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, tuple):
@@ -333,6 +333,11 @@ def _parse(o: Option, flag: str, text: str):
     raise ConfigError(f"{flag} {text!r}: {_expected(o)}")
 
 
+def _word(o: Option, value) -> str | None:
+    """The word that writes `value` ("auto"; recompute's False: "off"), or None."""
+    return next((w for w, v in (o.words or {}).items() if type(v) is type(value) and v == value), None)
+
+
 def _names(text: str) -> tuple:
     """'TensorBoard, wandb' -> ('tensorboard', 'wandb'): lower case, each once, in order."""
     return tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
@@ -356,7 +361,7 @@ def check(name: str, value, flag: str | None = None) -> None:
     flag = flag or flags_of(name)[0]
     if value is None and default_of(name) is None:
         return
-    if o.words and any(value is v or (type(v) is type(value) and v == value) for v in o.words.values()):
+    if _word(o, value) is not None:
         return
     if not _is_type(o.type, value):
         raise ConfigError(f"{flag} {value!r}: {_expected(o)}")
