@@ -83,7 +83,8 @@ def _seed(text: str) -> int:
 
 class _Switch(argparse.Action):
     """The flags of a bool option in one help entry, each setting its value (--bf16: True,
-    --fp32: False); two that disagree are an error, as in a mutually exclusive group."""
+    --fp32: False); two that disagree are an error, as in a mutually exclusive group. For options
+    left out of the namespace until given (default=argparse.SUPPRESS)."""
 
     def __init__(self, option_strings, dest, values: dict, **kw):
         super().__init__(option_strings, dest, nargs=0, **kw)
