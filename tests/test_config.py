@@ -56,9 +56,9 @@ def test_the_flags_are_the_fields():
     assert dests == fields | command and not fields & command
     flags = {s for a in parser._actions for s in a.option_strings} - {"-h", "--help"}
     assert flags == {f for name in runconfig.OPTIONS for f in runconfig.flags_of(name)}
-    for name in ("progress", "shard_optimizer", "trackers"):  # named apart from their flag
-        assert runconfig.flags_of(name) == {"progress": ("--no-progress",), "shard_optimizer": ("--no-shard-optimizer",),
-                                            "trackers": ("--tracker",)}[name]
+    named_apart = {"progress": ("--no-progress",), "shard_optimizer": ("--no-shard-optimizer",),
+                   "trackers": ("--tracker",), "bf16": ("--bf16", "--fp32")}
+    assert {name: runconfig.flags_of(name) for name in named_apart} == named_apart
 
 
 def test_a_field_without_an_option_is_refused():
@@ -135,7 +135,8 @@ def test_special_flags():
     assert _given() == {}
     assert _given("--fp32") == {"bf16": False} and _given("--bf16") == {"bf16": True}
     assert _given("--recompute") == {"recompute": True}
-    assert _given("--recompute", "off") == {"recompute": False} and _given("--recompute", "auto") == {"recompute": "auto"}
+    assert _given("--recompute", "off") == {"recompute": False}
+    assert _given("--recompute", "auto") == {"recompute": "auto"}
     assert _given("--resume") == {"resume": ""} and _given("--resume", "r/ckpt") == {"resume": "r/ckpt"}
     assert _given("--no-progress", "--no-shard-optimizer", "--no-cuda-graphs", "--overwrite") == \
         {"progress": False, "shard_optimizer": False, "cuda_graphs": False, "overwrite": True}
@@ -168,9 +169,10 @@ def _error(capsys, argv) -> str:
     ("--devices", "0", "0"), ("--rendezvous", "udp", '"udp"'), ("--threads", "0", "0"),
 ])
 def test_a_bad_value_is_the_same_error_from_a_flag_a_file_and_a_train_config(tmp_path, capsys, flag, text, toml):
-    from_flag = _error(capsys, ["train", "--device", "cpu", flag, text] if flag != "--device" else ["train", flag, text])
+    cpu = ["--device", "cpu"] if flag != "--device" else []
+    from_flag = _error(capsys, ["train", *cpu, flag, text])
     (tmp_path / "c.toml").write_text(f"{flag[2:]} = {toml}\n")
-    from_file = _error(capsys, ["train", "--device", "cpu", "--config", str(tmp_path / "c.toml")])
+    from_file = _error(capsys, ["train", *cpu, "--config", str(tmp_path / "c.toml")])
     prefix = "xtrain: error: "
     assert from_flag.startswith(prefix + flag) and from_file == f"{prefix}--config {tmp_path / 'c.toml'}: " + \
         from_flag[len(prefix):], (from_flag, from_file)

@@ -142,8 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description=f"Train a transformer language model. With no options, trains on "
                        f"the built-in stories (an endless stream) and prints a sample, with defaults "
                        f"that fit the machine: the {cpu['preset']} preset on a CPU, {gpu['preset']}"
-                       f"{' in bf16' if gpu['bf16'] else ''} on a GPU. Precedence, lowest first: those defaults, the run's record "
-                       f"(--resume), a --config file, the flags given here.")
+                       f"{' in bf16' if gpu['bf16'] else ''} on a GPU. Precedence, lowest first: those "
+                       f"defaults, the run's record (--resume), a --config file, the flags given here.")
     _add_train_options(t)
 
     pr = sub.add_parser("prepare", help="tokenize a corpus into train/val shards",
