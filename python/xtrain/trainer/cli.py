@@ -50,6 +50,7 @@ import xtrain
 from xtrain import settings
 from xtrain.trainer import runconfig
 
+
 class UsageError(Exception):
     """A problem with the command line that argparse cannot see (e.g. a path that is missing)."""
 
