@@ -1,13 +1,12 @@
 """The `xtrain` command, run as `python -m xtrain` in a subprocess: train (loss falls), sample and
 export on its checkpoint, --help, and bad flags/paths -> one line on stderr, exit status 2."""
 
-import argparse
 import json
 
 import pytest
 
 from modelhelp import prepared_stories, run_cli
-from xtrain.trainer.cli import parse_size
+from xtrain.trainer.runconfig import parse_size
 
 
 @pytest.fixture(scope="module")
@@ -167,5 +166,5 @@ def test_parse_size():
     assert parse_size("500MB") == 500 * 10**6
     assert parse_size("1.5G") == int(1.5 * 2**30)
     assert parse_size("4096") == 4096
-    with pytest.raises(argparse.ArgumentTypeError):
+    with pytest.raises(ValueError, match="invalid size 'lots'"):
         parse_size("lots")

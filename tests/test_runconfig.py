@@ -79,9 +79,12 @@ def test_bad_values_are_one_line_errors(capsys, args, message):
 
 
 def test_bad_config_file_keys_and_values(tmp_path, capsys):
-    for text, message in (("bogus = 1\n", "unknown key 'bogus'"), ("steps = -4\n", "--steps = -4"),
-                          ("bf16 = 3\n", "--bf16 = 3: expected true or false"), ("steps = \n", "invalid TOML"),
-                          ("resume = true\n", "unknown key 'resume'")):
+    for text, message in (("bogus = 1\n", "unknown key 'bogus'"),
+                          ("steps = -4\n", "c.toml: --steps must be a positive integer, got -4"),
+                          ("bf16 = 3\n", "--bf16 3: expected true or false"), ("steps = \n", "invalid TOML"),
+                          ("fp32 = \"yes\"\n", "--fp32 'yes': expected true or false"),
+                          ("resume = true\n", "unknown key 'resume' (--resume is given on the command line only)"),
+                          ("[model]\nsteps = 3\n", "tables are not supported")):
         (tmp_path / "c.toml").write_text(text)
         assert main(["train", "--config", str(tmp_path / "c.toml")]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -231,7 +231,7 @@ def test_cli_trains_the_machine_default(monkeypatch):
         assert (cfg.preset, cfg.bf16, cfg.batch, cfg.data, cfg.out) == \
             (preset, bf16, batch, None, f"runs/{preset}")
         assert (cfg.seq, cfg.steps, cfg.eval_every) == tuple(
-            xtrain.trainer.train.MACHINE_DEFAULTS["cuda" if bf16 else "cpu"][k]
+            xtrain.trainer.runconfig.MACHINE_DEFAULTS["cuda" if bf16 else "cpu"][k]
             for k in ("seq", "steps", "eval_every"))
     assert cli.main(["train", "--fp32", "--batch", "4", "--preset", "dim384"]) == 0  # on "cuda"
     cfg = seen.pop()

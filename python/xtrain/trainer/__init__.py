@@ -1,8 +1,9 @@
 """xtrain.trainer: what turns a model and data into a run.
 
-    train.py      TrainConfig and the training loop (train, the data-parallel and per-process forms)
+    train.py      the training loop (train, the data-parallel and per-process forms)
     cli.py        the `xtrain` command line (train, prepare, sample, export)
-    runconfig.py  a run's recorded configuration (config.toml), TOML reading and validation
+    runconfig.py  TrainConfig (its fields make train's flags), the machine defaults, config files,
+                  the record of a run (config.toml), the check of every value
     batching.py   the batch plan: micro-batch, accumulation, recompute, --batch auto
     schedule.py   learning-rate schedules (cosine, WSD, constant)
     trackers.py   metric sinks beside log.jsonl (TensorBoard, Weights & Biases)

@@ -54,7 +54,7 @@ from xtrain.models import hf_import
 from xtrain.io import state as ckpt_state
 from xtrain.models import TinyTransformer, TransformerConfig, config_for
 from xtrain.optim import AdamW
-from xtrain.trainer.runconfig import ConfigError
+from xtrain.trainer.runconfig import ConfigError, TrainConfig
 from xtrain.trainer.schedule import DEFAULT_DECAY_FRAC, Schedule
 
 CKPT_DIR = "ckpt"
@@ -76,66 +76,6 @@ INIT_FROM_LR = 1e-4
 H200_BF16_PEAK_FLOPS = 790e12
 # Validation windows shorter than this say too little about the model: below it, an error.
 MIN_EVAL_SEQ = 16
-
-
-# What `xtrain train` runs when a flag is not given, by the kind of device it trains on. CPU: the
-# tiny model, a few minutes on two cores. GPU: a model that uses the card, a few minutes on an
-# H200 (dim768, 127M parameters in blocks, ~35 ms a step in bf16: 3000 steps ~2 minutes).
-# TrainConfig's own defaults are the CPU ones.
-MACHINE_DEFAULTS = {
-    "cpu": dict(preset="tiny", bf16=False, batch=16, seq=128, steps=800, eval_every=200),
-    "cuda": dict(preset="dim768", bf16=True, batch=32, seq=256, steps=3000, eval_every=500),
-}
-
-
-def machine_defaults(device: str) -> dict:
-    """MACHINE_DEFAULTS for a device string ("cpu", "cuda:0", ...)."""
-    return dict(MACHINE_DEFAULTS["cuda" if device.startswith("cuda") else "cpu"])
-
-
-@dataclass
-class TrainConfig:
-    preset: str | None = None          # None: "tiny", or the checkpoint's model when resuming
-    data: str | None = None            # prepared dir, raw text/jsonl/parquet source, None: built-in
-    out: str = "runs/tiny"
-    device: str = "auto"               # auto: cuda if available else cpu
-    bf16: bool = False
-    recompute: bool | str = False      # or "auto": on only where the micro-batch needs it (batching)
-    dropout: float = 0.0
-    batch: int | str = 16              # sequences per micro-batch on one device, or "auto"
-    grad_accum: int | None = None      # micro-batches per optimizer step (None: 1, or from batch_tokens)
-    batch_tokens: int | None = None    # the global batch in tokens (gives grad_accum)
-    seq: int = 128
-    steps: int = 800                   # train until this many steps are done (in total)
-    schedule: str = "cosine"           # cosine, linear, constant, wsd (xtrain.trainer.schedule)
-    decay_steps: int | None = None     # LR schedule length (None: the resumed run's, else steps)
-    decay_frac: float = DEFAULT_DECAY_FRAC  # wsd: the share of decay_steps spent decaying
-    lr: float | None = None            # peak LR; None: the preset's (PRESET_LR), or the resumed run's
-    min_lr: float | None = None        # None: the resumed run's, else lr / 10
-    warmup: int = 50
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    nonfinite_limit: int = 3           # stop after this many skipped (NaN/Inf) steps in a row
-    eval_every: int = 200
-    eval_batches: int = 20
-    save_every: int = 1000
-    resume: str | None = None          # checkpoint directory to continue from
-    init_from: str | None = None       # a Hugging Face Qwen3/Llama directory to start from (step 0)
-    memory_limit: int | None = None    # bytes the allocator may reserve on the device
-    threads: int | None = None         # CPU matrix-multiply threads (xtrain.set_num_threads); None:
-                                       # OpenBLAS's default (OPENBLAS_NUM_THREADS, else every core)
-    seed: int = 0
-    vocab_size: int = 4096             # BPE size when `data` is a raw source
-    sample_tokens: int = 200
-    sample_prompt: str | None = None   # None: SAMPLE_PROMPT on the built-in stories, else the start
-                                       # of a validation document
-    progress: bool = True
-    shard_optimizer: bool = True       # several GPUs: ZeRO-1 step (distributed.DataParallelAdamW)
-    cuda_graphs: bool = True           # CUDA: capture the step as CUDA graphs after warm-up
-                                       # (xtrain.graphs); a no-op on the CPU
-    trackers: tuple = ()               # metric sinks beside log.jsonl: "tensorboard", "wandb"
 
 
 @dataclass(frozen=True)
