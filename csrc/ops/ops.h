@@ -73,6 +73,19 @@ Tensor sqrt(const Tensor& x);
 Tensor silu(const Tensor& x);
 Tensor gelu(const Tensor& x);  // tanh approximation (GPT-2's; torch's approximate="tanh")
 Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up, fused
+// The differentiable unary op `op` (its formula and gradient: kernels/common.h); neg ... gelu
+// above are this with their UnaryOp.
+Tensor unary_fn(kernels::UnaryOp op, const Tensor& x);
+// The unary ops bound as xtrain.ops.<name>, one row each: the kernel table's op, the op's name,
+// its backward node's name (the grad_fn) and a one-line doc. csrc/python/ops/elementwise.cpp
+// binds every row, so a new unary op is a row here plus its formula in kernels/common.h.
+struct UnaryOpInfo {
+  kernels::UnaryOp op;
+  const char* name;
+  const char* backward;
+  const char* doc;
+};
+const std::vector<UnaryOpInfo>& unary_ops();
 // raw helpers
 Shape broadcast_shape(const Shape& a, const Shape& b, const char* op);  // numpy rules
 Tensor binary(kernels::BinaryOp op, const Tensor& a, const Tensor& b);
