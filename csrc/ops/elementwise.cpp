@@ -31,6 +31,8 @@ const std::vector<UnaryOpInfo>& unary_ops() {
       {kernels::UnaryOp::Gelu, "gelu", "GeluBackward",
        "GELU, tanh approximation: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), as GPT-2 and "
        "torch.nn.functional.gelu(x, approximate='tanh')"},
+      {kernels::UnaryOp::Tanh, "tanh", "TanhBackward",
+       "Hyperbolic tangent (e.g. logit soft-capping: cap * tanh(logits / cap))"},
   };
   return table;
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'greedy_next_', 'kv_cache_write_', 'linear', 'linear_cross_entropy', 'linear_multi', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'greedy_next_', 'kv_cache_write_', 'linear', 'linear_cross_entropy', 'linear_multi', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -177,6 +177,10 @@ def sum(x: xtrain._C.Tensor, dim: typing.SupportsInt | typing.SupportsIndex | No
 def swiglu(gate: xtrain._C.Tensor, up: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     silu(gate) * up (fused)
+    """
+def tanh(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    Hyperbolic tangent (e.g. logit soft-capping: cap * tanh(logits / cap))
     """
 def to(x: xtrain._C.Tensor, device: typing.Any = None, dtype: typing.Any = None) -> xtrain._C.Tensor:
     """
