@@ -4,7 +4,8 @@
 // Gradients of broadcast inputs are reduced back to the input's shape with sum_to. Nodes save
 // only the tensors their backward reads (mul: the other input; div: b, and a when b needs grad;
 // exp/sqrt: the output; log and the activations: x). Unary ops whose gradient is a formula of x
-// (unary_has_grad_kernel: SiLU, GELU) run one unary_backward kernel; the others compose binary ops.
+// (unary_has_grad_kernel: SiLU, GELU, tanh) run one unary_backward kernel; the others compose
+// binary ops.
 // The unary ops Python sees are the rows of unary_ops(): a new one is a row there plus its
 // formula and gradient in kernels/common.h (docs/ops.md).
 //
