@@ -14,13 +14,11 @@ Ops (N = batch * seq tokens, dim, ffn, H heads of D, vocab V from the preset):
   matmul     [n, n] @ [n, n] bf16 and float32 (--gemm-size, default 8192): the ceilings
   linear     x [N, in] @ W^T for q/k/v/o, gate/up, down, lm_head. FLOPs 2*N*in*out forward,
              6*N*in*out forward + backward (dX and dW)
-  sdpa       causal attention on q, k, v [B, H, S, D]; torch's flash and math backends as peers.
-             FLOPs: 2*B*H*S^2*D forward (the causal half of QK^T and PV), x3 with backward
-             (the model-FLOPs convention; flash's recomputation of P is not counted)
   flash      flash_attention (causal, bf16, q/k/v in [B, S, H, D]) against torch's flash SDPA
              (tensors in [B, H, S, D] as it wants them) at the issue-14 shapes [B, H, S, D] =
              [32, 24, 256, 32], [8, 24, 1024, 32], [4, 12, 2048, 64] (--flash-shapes; not the
-             preset's); FLOPs counted as for sdpa
+             preset's). FLOPs: 2*B*H*S^2*D forward (the causal half of QK^T and PV), x3 with
+             backward (the model-FLOPs convention; the backward's recomputation of P is not counted)
   qk_prep    qk_norm_rope (q/k RMSNorm + RoPE in one kernel) against xtrain's rms_norm + rope and
              torch eager on q, k [B, S, H, D]; backward from q's output only; bytes 4 (fwd: q, k
              read and written), 7 (fwd+bwd) x size of q
@@ -236,32 +234,6 @@ def case_linear(b: Bench, cfg, N: int):
     one("gate/up", cfg.dim, cfg.ffn_dim)
     one("down", cfg.ffn_dim, cfg.dim)
     one("lm_head", cfg.dim, cfg.vocab_size)
-
-
-def case_sdpa(b: Bench, cfg, B: int, S: int):
-    xt, torch = b.xt, b.torch
-    F = torch.nn.functional
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    H, D = cfg.n_heads, cfg.head_dim
-    shape = [B, H, S, D]
-    q, tq = b.pair(shape, grad=True)
-    k, tk = b.pair(shape, grad=True)
-    v, tv = b.pair(shape, grad=True)
-    g, tg = b.pair(shape)
-    fwd = 2.0 * B * H * S * S * D
-    work = {"fwd": fwd, "fwd+bwd": 3 * fwd}
-    scale = 1.0 / math.sqrt(D)
-    b.record("sdpa causal", shape, "xtrain",
-             b.xt_modes(lambda: xt.ops.sdpa(q, k, v, causal=True, scale=scale), [q, k, v], g),
-             work, "TFLOP/s")
-    for name, backend in (("torch flash", SDPBackend.FLASH_ATTENTION),
-                          ("torch math", SDPBackend.MATH)):
-        b.record("sdpa causal", shape, name,
-                 b.torch_modes(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True,
-                                                                      scale=scale),
-                               [tq, tk, tv], tg),
-                 work, "TFLOP/s", ctx=lambda backend=backend: sdpa_kernel(backend))
 
 
 def case_flash(b: Bench):
@@ -537,7 +509,7 @@ def case_fusions(b: Bench, cfg, N: int):
              b.torch_modes_multi(t_eager, [tx, tr, tw], [tgh, tgy]), work, "GB/s")
 
 
-CASES = ("matmul", "linear", "sdpa", "flash", "qk_prep", "rms_norm", "rope", "swiglu", "cross_entropy",
+CASES = ("matmul", "linear", "flash", "qk_prep", "rms_norm", "rope", "swiglu", "cross_entropy",
          "embedding", "optim", "fusions")
 
 
@@ -564,8 +536,6 @@ def main(argv=None):
             case_matmul(b, args.gemm_size)
         elif name == "linear":
             case_linear(b, cfg, N)
-        elif name == "sdpa":
-            case_sdpa(b, cfg, B, S)
         elif name == "flash":
             case_flash(b)
         elif name == "qk_prep":

@@ -49,12 +49,13 @@ def block(x, params, bf16, dropout):
     def w(t):
         return ops.cast(t, "bfloat16") if bf16 else t
 
-    def heads(t):  # [B*S, DIM] -> [B, H, S, hd]
-        return ops.permute(t.reshape(BATCH, SEQ, HEADS, hd), [0, 2, 1, 3])
+    def heads(t):  # [B*S, DIM] -> [B, S, H, hd]
+        return t.reshape(BATCH, SEQ, HEADS, hd)
 
     h = ops.rms_norm(x, n1, 1e-6)
-    a = ops.sdpa(heads(ops.linear(h, w(wq))), heads(ops.linear(h, w(wk))), heads(ops.linear(h, w(wv))), causal=True)
-    a = ops.permute(a, [0, 2, 1, 3]).reshape(BATCH * SEQ, DIM)
+    a = ops.flash_attention(heads(ops.linear(h, w(wq))), heads(ops.linear(h, w(wk))), heads(ops.linear(h, w(wv))),
+                            causal=True)
+    a = a.reshape(BATCH * SEQ, DIM)
     x = x + ops.linear(a, w(wo))
     h = ops.rms_norm(x, n2, 1e-6)
     m = ops.swiglu(ops.linear(h, w(wg)), ops.linear(h, w(wu)))

@@ -4,7 +4,7 @@
   tolerance (ophelp.TOLERANCE), on shapes large enough to reach the multi-block paths
   (chunked reductions, block-per-row softmax and cross-entropy, multi-launch optimizer lists).
 - Determinism on CUDA: the same step twice gives the same bits, including embedding backward
-  with many repeated ids and sdpa backward.
+  with many repeated ids (flash_attention's: tests/test_flash_attention.py).
 - Steady state: after warm-up, a training-like step makes zero raw cudaMalloc calls.
 - Memory: a limit on cuda:0 raises xtrain.OutOfMemoryError and the device works afterwards; so
   does a request larger than the card.
@@ -116,12 +116,12 @@ OPS = {
     "softmax_long": (lambda x: ops.softmax(x), [randn(4, 3000, seed=50, scale=3)], 1),  # block per row
     "log_softmax": (lambda x: ops.log_softmax(x), [randn(40, 77, seed=51, scale=3)], 1),
     "log_softmax_long": (lambda x: ops.log_softmax(x), [randn(3, 5000, seed=52, scale=3)], 1),
-    "sdpa_causal": (lambda q, k, v: ops.sdpa(q, k, v, causal=True),
-                    [randn(2, 3, 33, 16, seed=s) for s in (53, 54, 55)], 1),
-    "sdpa_full": (lambda q, k, v: ops.sdpa(q, k, v, causal=False, scale=0.3),
-                  [randn(1, 2, 20, 8, seed=s) for s in (56, 57, 58)], 1),
-    "sdpa_long": (lambda q, k, v: ops.sdpa(q, k, v, causal=True),
-                  [randn(1, 1, 1100, 8, seed=s, scale=0.5) for s in (59, 60, 61)], 2),  # rows > 1024
+    "flash_attention_causal": (lambda q, k, v: ops.flash_attention(q, k, v, causal=True),
+                               [randn(2, 33, 3, 16, seed=s) for s in (53, 54, 55)], 1),
+    "flash_attention_full": (lambda q, k, v: ops.flash_attention(q, k, v, causal=False, scale=0.3),
+                             [randn(1, 20, 2, 8, seed=s) for s in (56, 57, 58)], 1),
+    "flash_attention_long": (lambda q, k, v: ops.flash_attention(q, k, v, causal=True),
+                             [randn(1, 1100, 1, 8, seed=s, scale=0.5) for s in (59, 60, 61)], 2),  # rows > 1024
     "cross_entropy": (lambda x, t: ops.cross_entropy(x, t), [randn(64, 50, seed=62, scale=2), ref_ids(64, 50, 63)],
                       1),
     "cross_entropy_big_vocab": (lambda x, t: ops.cross_entropy(x, t),
@@ -139,7 +139,7 @@ def test_op_cuda_matches_cpu(name, dtype):
 
 
 @pytest.mark.parametrize("name", ["add_bcast_rows", "sum_all_big", "matmul_batched", "rms_norm", "softmax_long",
-                                  "embedding", "sdpa_causal", "cross_entropy"])
+                                  "embedding", "flash_attention_causal", "cross_entropy"])
 def test_op_cuda_matches_cpu_float64(name):
     fn, arrays, _ = OPS[name]
     check_cpu_vs_cuda(fn, arrays, "float64", tol_scale=100)  # fp64 on both sides; orders differ
@@ -237,19 +237,6 @@ def test_embedding_backward_many_repeats_is_deterministic():
     np.testing.assert_allclose(runs[0].view(np.float32).reshape(40, 48), ref, rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_sdpa_backward_is_deterministic(dtype):
-    runs = []
-    for _ in range(2):
-        q, k, v = (xtrain.tensor(randn(2, 4, 64, 16, seed=s), dtype=dtype, device=CUDA, requires_grad=True)
-                   for s in (110, 111, 112))
-        out = ops.sdpa(q, k, v, causal=True)
-        out.backward_seeded(xtrain.tensor(randn(2, 4, 64, 16, seed=113), dtype=dtype, device=CUDA))
-        runs.append([bits(out), bits(q.grad), bits(k.grad), bits(v.grad)])
-    for a, b in zip(*runs):
-        np.testing.assert_array_equal(a, b)
-
-
 # ---------------------------------------------------------------- a small training step
 
 V, DIM, HEADS, SEQ, BATCH, FFN = 64, 32, 4, 16, 4, 64
@@ -288,14 +275,11 @@ def block(x, params, bf16, dropout):
     def split(t):  # [B*S, DIM] -> [B, S, H, hd]
         return t.reshape(BATCH, SEQ, HEADS, hd)
 
-    def heads(t):  # [B, S, H, hd] -> [B, H, S, hd]
-        return ops.permute(t, [0, 2, 1, 3])
-
     h = ops.rms_norm(x, n1, 1e-6)
-    q = heads(ops.rope(split(ops.linear(h, w(wq)))))
-    k = heads(ops.rope(split(ops.linear(h, w(wk)))))
-    v = heads(split(ops.linear(h, w(wv))))
-    a = ops.permute(ops.sdpa(q, k, v, causal=True), [0, 2, 1, 3]).reshape(BATCH * SEQ, DIM)
+    q = ops.rope(split(ops.linear(h, w(wq))))
+    k = ops.rope(split(ops.linear(h, w(wk))))
+    v = split(ops.linear(h, w(wv)))
+    a = ops.flash_attention(q, k, v, causal=True).reshape(BATCH * SEQ, DIM)
     x = x + ops.linear(a, w(wo))
     h = ops.rms_norm(x, n2, 1e-6)
     m = ops.swiglu(ops.linear(h, w(wg)), ops.linear(h, w(wu)))

@@ -133,8 +133,8 @@ def test_bad_positions_and_lengths(device):
 
 
 def _prep_composition(q, k, v, k_cache, v_cache, positions, wq, wk, eps, theta):
-    """decode_prep's definition from the separate ops: rms_norm, rope at the rows' positions (the
-    rows as rope's sequence axis), the two cache writes."""
+    """A decode step's head preparation (decode_prep_attention's first half) from the separate ops:
+    rms_norm, rope at the rows' positions (the rows as rope's sequence axis), the two cache writes."""
     B, H, D = q.shape
     Hkv = k.shape[1]
     if wq is not None:
@@ -146,35 +146,15 @@ def _prep_composition(q, k, v, k_cache, v_cache, positions, wq, wk, eps, theta):
     return q
 
 
-@pytest.mark.parametrize("dtype, w_dtype", [("float32", "float32"), ("bfloat16", "float32"),
-                                            ("bfloat16", "bfloat16"), ("float64", "float64")])
-@pytest.mark.parametrize("H, Hkv, D", [(4, 4, 8), (4, 2, 32), (6, 1, 64), (2, 2, 128)])
-@pytest.mark.parametrize("norm", [True, False])
-def test_decode_prep_is_the_composition_bitwise(device, dtype, w_dtype, H, Hkv, D, norm):
-    rng = np.random.default_rng(H * D)
-    B, L = 3, 9
-    def t(*shape, dt=dtype):
-        return xtrain.tensor(rng.standard_normal(shape).astype(np.float32), device=device).to(dt)
-    q, k, v = t(B, H, D), t(B, Hkv, D), t(B, Hkv, D)
-    wq, wk = (t(D, dt=w_dtype), t(D, dt=w_dtype)) if norm else (None, None)
-    positions = xtrain.tensor(np.array([0, 8, 3]), device=device)
-    base = rng.standard_normal((B, L, Hkv, D)).astype(np.float32)
-    caches = [[xtrain.tensor(base, device=device).to(dtype) for _ in range(2)] for _ in range(2)]
-    want = _prep_composition(q, k, v, *caches[0], positions, wq, wk, 1e-5, 5000.0)
-    got = ops.decode_prep(q, k, v, *caches[1], positions, wq, wk, eps=1e-5, theta=5000.0)
-    assert np.array_equal(got.numpy(), want.numpy())
-    for a, b in zip(caches[0], caches[1]):
-        assert np.array_equal(a.numpy(), b.numpy())
-
-
 # On CUDA all but the last run the fused one-pass kernel (Note [Decode head preparation inside the
 # one-pass attention]; L = 700: rows longer than its 512 threads, past the slots it loads before its
-# wait); the last (L > 1024) decode_prep then the split attention kernels. The fourth row's new slot
-# lies inside the slots it attends to (length past position + 1).
+# wait); the last (L > 1024) the head preparation kernel then the split attention kernels. The
+# fourth row's new slot lies inside the slots it attends to (length past position + 1). The
+# reference composes the separate ops: the preparation (_prep_composition), then decode_attention.
 @pytest.mark.parametrize("dtype, w_dtype", [("float32", "float32"), ("bfloat16", "float32"),
                                             ("bfloat16", "bfloat16"), ("float64", "float64")])
-@pytest.mark.parametrize("H, Hkv, D, L", [(4, 4, 8, 9), (4, 2, 32, 40), (6, 1, 64, 300), (2, 2, 32, 700),
-                                          (2, 2, 32, 1100)])
+@pytest.mark.parametrize("H, Hkv, D, L", [(4, 4, 8, 9), (4, 2, 32, 40), (6, 1, 64, 300), (2, 2, 128, 9),
+                                          (2, 2, 32, 700), (2, 2, 32, 1100)])
 @pytest.mark.parametrize("norm", [True, False])
 def test_decode_prep_attention_is_prep_then_attention_bitwise(device, dtype, w_dtype, H, Hkv, D, L, norm):
     rng = np.random.default_rng(H * D + L)
@@ -188,7 +168,7 @@ def test_decode_prep_attention_is_prep_then_attention_bitwise(device, dtype, w_d
     lengths = xtrain.tensor(np.array([1, L, L // 3 + 1, L]), device=device)
     base = rng.standard_normal((B, L, Hkv, D)).astype(np.float32)
     caches = [[xtrain.tensor(base, device=device).to(dtype) for _ in range(2)] for _ in range(2)]
-    qp = ops.decode_prep(q, k, v, *caches[0], positions, wq, wk, eps=1e-5, theta=5000.0)
+    qp = _prep_composition(q, k, v, *caches[0], positions, wq, wk, 1e-5, 5000.0)
     want = ops.decode_attention(qp, *caches[0], lengths, 0.3)
     got = ops.decode_prep_attention(q, k, v, *caches[1], positions, lengths, wq, wk, eps=1e-5, theta=5000.0, scale=0.3)
     assert got.dtype == q.dtype and tuple(got.shape) == (B, H, D)
@@ -232,23 +212,26 @@ def test_decode_prep_attention_bad_arguments(device):
     assert np.isfinite(ok.numpy()).all()  # the stream and the op work again after the raises
 
 
-def test_decode_prep_bad_arguments(device):
+def test_decode_prep_attention_bad_head_arguments(device):
     q, k = xtrain.ones(2, 2, 4, device=device), xtrain.ones(2, 1, 4, device=device)
     cache = xtrain.zeros(2, 5, 1, 4, device=device)
     pos = xtrain.tensor(np.array([0, 1]), device=device)
+    lengths = xtrain.tensor(np.array([1, 2]), device=device)
     w = xtrain.ones(4, device=device)
     with pytest.raises(ValueError, match="both"):
-        ops.decode_prep(q, k, k, cache, cache, pos, w, None)
+        ops.decode_prep_attention(q, k, k, cache, cache, pos, lengths, w, None)
     with pytest.raises(ValueError, match=r"\[B, H_kv, D\]"):
-        ops.decode_prep(q, q, q, cache, cache, pos)
+        ops.decode_prep_attention(q, q, q, cache, cache, pos, lengths)
     with pytest.raises(ValueError, match="even"):
-        ops.decode_prep(xtrain.ones(2, 2, 3, device=device), xtrain.ones(2, 1, 3, device=device),
-                        xtrain.ones(2, 1, 3, device=device), xtrain.zeros(2, 5, 1, 3, device=device),
-                        xtrain.zeros(2, 5, 1, 3, device=device), pos)
+        ops.decode_prep_attention(xtrain.ones(2, 2, 3, device=device), xtrain.ones(2, 1, 3, device=device),
+                                  xtrain.ones(2, 1, 3, device=device), xtrain.zeros(2, 5, 1, 3, device=device),
+                                  xtrain.zeros(2, 5, 1, 3, device=device), pos, lengths)
     with pytest.raises(ValueError, match=r"shape \[4\]"):
-        ops.decode_prep(q, k, k, cache, cache, pos, xtrain.ones(3, device=device), xtrain.ones(3, device=device))
+        ops.decode_prep_attention(q, k, k, cache, cache, pos, lengths, xtrain.ones(3, device=device),
+                                  xtrain.ones(3, device=device))
     with pytest.raises(IndexError, match="positions"):  # slot 5 of 5: nothing written
-        ops.decode_prep(q, k, k, cache, cache, xtrain.tensor(np.array([5, -1]), device=device)).numpy()
+        ops.decode_prep_attention(q, k, k, cache, cache, xtrain.tensor(np.array([5, -1]), device=device),
+                                  lengths).numpy()
     assert np.array_equal(cache.numpy(), np.zeros((2, 5, 1, 4), np.float32))
 
 

@@ -82,6 +82,7 @@ SCALAR = {
     "silu": (ops.silu, torch.nn.functional.silu, lambda *s, seed=0: 4 * randn(*s, seed=seed)),
     "gelu": (ops.gelu, lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
              lambda *s, seed=0: 4 * randn(*s, seed=seed)),
+    "tanh": (ops.tanh, torch.tanh, lambda *s, seed=0: 3 * randn(*s, seed=seed)),
 }
 
 
@@ -100,6 +101,15 @@ def test_gelu_float64_and_saturation_match_torch(device):
     check_op(ops.gelu, ref, [x], dtype="float64", device=device)
     out = check_op(ops.gelu, ref, [x], dtype="float32", device=device)
     assert out.grad_fn == "GeluBackward"
+
+
+def test_tanh_float64_and_saturation_match_torch(device):
+    # float64 to 1e-10, and |x| where tanh saturates to +-1 with a zero gradient (a soft cap's far range).
+    x = np.concatenate([3 * randn(40, seed=42), [-60.0, -20.0, 0.0, 20.0, 60.0]])
+    check_op(ops.tanh, torch.tanh, [x], dtype="float64", device=device)
+    out = check_op(ops.tanh, torch.tanh, [x], dtype="float32", device=device)
+    assert out.grad_fn == "TanhBackward"
+    assert np.array_equal(out.numpy()[-5:], np.array([-1, -1, 0, 1, 1], np.float32))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -349,6 +359,7 @@ FD_CASES = {
     "sqrt": (ops.sqrt, [positive(5, seed=18)]),
     "silu": (ops.silu, [randn(6, seed=19)]),
     "gelu": (ops.gelu, [3 * randn(7, seed=22)]),
+    "tanh": (ops.tanh, [2 * randn(7, seed=43)]),
     "swiglu": (ops.swiglu, [randn(2, 3, seed=20), randn(2, 3, seed=21)]),
     "sum_all": (lambda x: ops.sum(x), [randn(3, 4, seed=23)]),
     "sum_last_keepdim": (lambda x: ops.sum(x, -1, True), [randn(3, 4, seed=24)]),

@@ -1,4 +1,5 @@
-"""Model ops against PyTorch: rms_norm, rope, sdpa, softmax, log_softmax, cross_entropy.
+"""Model ops against PyTorch: rms_norm, rope, softmax, log_softmax, cross_entropy (flash_attention has
+tests/test_flash_attention.py).
 
 Values and gradients go through ophelp.check_op (float32 and bfloat16, several shapes including
 odd sizes), gradients through finite differences in float64, every op runs twice to check bitwise
@@ -111,48 +112,6 @@ def test_rope_position_zero_is_identity(device):
 
 def test_rope_finite_differences():
     finite_difference_check(lambda a: ops.rope(a), [rng(8).standard_normal((1, 3, 2, 4))])
-
-
-# ---------------------------------------------------------------- sdpa
-
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("shape", [(2, 3, 7, 6), (1, 2, 5, 8), (1, 1, 1, 4), (2, 2, 16, 16)])
-def test_sdpa_matches_torch(device, dtype, causal, shape):
-    g = rng(9)
-    q, k, v = (g.standard_normal(shape) for _ in range(3))
-    check_op(lambda a, b, c: ops.sdpa(a, b, c, causal=causal),
-             lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal), [q, k, v], dtype, device)
-
-
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_sdpa_explicit_scale(device, dtype):
-    g = rng(10)
-    q, k, v = (g.standard_normal((1, 2, 6, 4)) for _ in range(3))
-    check_op(lambda a, b, c: ops.sdpa(a, b, c, causal=True, scale=0.3),
-             lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True, scale=0.3), [q, k, v], dtype,
-             device)
-
-
-def test_sdpa_causal_mask_is_exact(device):
-    """Masked probabilities are exactly 0: row 0 copies v[0], and no gradient reaches future keys."""
-    g = rng(11)
-    q, k, v = (xtrain.tensor(g.standard_normal((1, 2, 5, 4)), device=device, requires_grad=True) for _ in range(3))
-    out = ops.sdpa(q, k, v, causal=True)
-    assert np.array_equal(out.numpy()[:, :, 0], v.numpy()[:, :, 0])
-    seed = np.zeros((1, 2, 5, 4))
-    seed[:, :, 1] = g.standard_normal((1, 2, 4))  # only query position 1 receives a gradient
-    out.backward_seeded(xtrain.tensor(seed, device=device))
-    for t in (k, v):
-        assert np.all(t.grad.numpy()[:, :, 2:] == 0)
-        assert np.any(t.grad.numpy()[:, :, :2] != 0)
-
-
-@pytest.mark.parametrize("causal", [True, False])
-def test_sdpa_finite_differences(causal):
-    g = rng(12)
-    arrays = [g.standard_normal((1, 2, 3, 4)) for _ in range(3)]
-    finite_difference_check(lambda a, b, c: ops.sdpa(a, b, c, causal=causal), arrays)
 
 
 # ---------------------------------------------------------------- softmax / log_softmax
@@ -270,8 +229,8 @@ def test_bitwise_determinism(device, dtype):
     g = rng(21)
     _run_twice(lambda a, b: ops.rms_norm(a, b), [g.standard_normal((64, 48)), g.standard_normal(48)], dtype, device)
     _run_twice(lambda a: ops.rope(a), [g.standard_normal((2, 33, 4, 16))], dtype, device)
-    qkv = [g.standard_normal((2, 4, 33, 16)) for _ in range(3)]
-    _run_twice(lambda a, b, c: ops.sdpa(a, b, c), qkv, dtype, device)
+    qkv = [g.standard_normal((2, 33, 4, 16)) for _ in range(3)]
+    _run_twice(lambda a, b, c: ops.flash_attention(a, b, c), qkv, dtype, device)
     _run_twice(lambda a: ops.softmax(a), [g.standard_normal((40, 77))], dtype, device)
     _run_twice(lambda a: ops.log_softmax(a), [g.standard_normal((40, 77))], dtype, device)
     ce = [g.standard_normal((130, 257)), g.integers(0, 257, 130)]
@@ -282,7 +241,7 @@ def test_bitwise_determinism(device, dtype):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_checkpoint_recompute_is_bitwise_exact(device, dtype):
-    """rms_norm -> rope -> sdpa inside a checkpoint, then cross_entropy: loss and every gradient
+    """rms_norm -> rope -> flash_attention inside a checkpoint, then cross_entropy: loss and every gradient
     are bit-identical with and without recompute."""
     g = rng(23)
     x_np, w_np = g.standard_normal((2, 6, 2, 8)), 1.0 + 0.1 * g.standard_normal(8)
@@ -290,7 +249,7 @@ def test_checkpoint_recompute_is_bitwise_exact(device, dtype):
 
     def segment(x, params):
         h = ops.rope(ops.rms_norm(x, params[0]))
-        return ops.sdpa(h, h, x, causal=True)
+        return ops.flash_attention(h, h, x, causal=True)  # (B, S, H, D)
 
     results = []
     for use_checkpoint in (False, True):
@@ -309,7 +268,7 @@ def test_checkpoint_recompute_is_bitwise_exact(device, dtype):
 def test_no_grad_records_nothing(device):
     x = xtrain.tensor(rng(22).standard_normal((1, 3, 2, 4)), device=device, requires_grad=True)
     with xtrain.no_grad():
-        for out in (ops.rope(x), ops.softmax(x), ops.log_softmax(x), ops.sdpa(x, x, x)):
+        for out in (ops.rope(x), ops.softmax(x), ops.log_softmax(x), ops.flash_attention(x, x, x)):
             assert not out.requires_grad
 
 
@@ -353,22 +312,6 @@ def test_rope_bad_inputs(device):
         ops.rope(x, theta=0.0)
     with pytest.raises(TypeError, match="x"):
         ops.rope(_t((1, 3, 2, 4), "int64", device))
-
-
-def test_sdpa_bad_inputs(device):
-    q = _t((1, 2, 3, 4), device=device)
-    with pytest.raises(ValueError, match="4 dimensions"):
-        ops.sdpa(_t((2, 3, 4), device=device), _t((2, 3, 4), device=device), _t((2, 3, 4), device=device))
-    with pytest.raises(ValueError, match="same shape"):
-        ops.sdpa(q, _t((1, 2, 5, 4), device=device), q)
-    with pytest.raises(ValueError, match="same shape"):
-        ops.sdpa(q, q, _t((1, 2, 3, 6), device=device))
-    with pytest.raises(TypeError, match="same dtype"):
-        ops.sdpa(q, q, _t((1, 2, 3, 4), "bfloat16", device))
-    with pytest.raises(ValueError, match="scale"):
-        ops.sdpa(q, q, q, scale=-1.0)
-    with pytest.raises(TypeError):
-        ops.sdpa(q, q, None)
 
 
 def test_softmax_bad_inputs(device):

@@ -5,7 +5,7 @@
 //    ncclGroupStart/End) and returns when they are connected.
 //  - Process per GPU: one rank of a group spread over processes and machines
 //    (Communicator(device, world_size, rank, unique_id, timeout)); rank 0 made `unique_id`
-//    (unique_id()) and sent it to every process (the Python rendezvous, xtrain.rendezvous). The
+//    (unique_id()) and sent it to every process (the Python rendezvous, xtrain.launch.rendezvous). The
 //    constructor only starts the connection; wait_ready() waits for it, and abort() from another
 //    thread (a peer process died) ends that wait.
 // Either way, rank r's collectives are called from rank r's thread with r its global rank, and run

@@ -222,7 +222,7 @@ template <typename C> XT_HD void rope_rotate(C x1, C x2, C cs, C sn, C* y1, C* y
 
 enum class BinaryOp : int { Add, Sub, Mul, Div };
 enum class ScalarOp : int { Add, Mul, RSub, Div, RDiv, Pow };  // x+s, x*s, s-x, x/s, s/x, x^s
-enum class UnaryOp : int { Neg, Exp, Log, Sqrt, Silu, Square, Abs, Gelu };
+enum class UnaryOp : int { Neg, Exp, Log, Sqrt, Silu, Square, Abs, Gelu, Tanh };
 
 // GELU's tanh approximation (GPT-2; torch's approximate="tanh"): gelu(x) = x/2 (1 + tanh(u)),
 // u = sqrt(2/pi) (x + 0.044715 x^3), and gelu'(x) = (1 + tanh(u))/2 + x/2 (1 - tanh(u)^2) du/dx.
@@ -264,13 +264,16 @@ template <typename C> XT_HD C apply_unary(UnaryOp op, C x) {
     case UnaryOp::Square: return x * x;
     case UnaryOp::Abs: return xabs(x);
     case UnaryOp::Gelu: return C(0.5) * x * (C(1) + xtanh(gelu_tanh_u(x)));
+    case UnaryOp::Tanh: return xtanh(x);
   }
   return C(0);
 }
 
 // dx = dy * op'(x), for the unary ops whose gradient is computed from x by one kernel
 // (unary_has_grad_kernel); the others are composed from binary ops by the ops layer.
-inline bool unary_has_grad_kernel(UnaryOp op) { return op == UnaryOp::Silu || op == UnaryOp::Gelu; }
+inline bool unary_has_grad_kernel(UnaryOp op) {
+  return op == UnaryOp::Silu || op == UnaryOp::Gelu || op == UnaryOp::Tanh;
+}
 template <typename C> XT_HD C apply_unary_grad(UnaryOp op, C x, C dy) {
   switch (op) {
     case UnaryOp::Silu: {  // silu'(x) = s + x * s * (1 - s) with s = sigmoid(x)
@@ -281,6 +284,10 @@ template <typename C> XT_HD C apply_unary_grad(UnaryOp op, C x, C dy) {
       const C t = xtanh(gelu_tanh_u(x));
       const C du = static_cast<C>(kGeluSqrt2OverPi) * (C(1) + static_cast<C>(3 * kGeluCubic) * x * x);
       return dy * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * du);
+    }
+    case UnaryOp::Tanh: {  // tanh'(x) = 1 - tanh(x)^2
+      const C t = xtanh(x);
+      return dy * (C(1) - t * t);
     }
     default: return C(0);
   }

@@ -8,12 +8,11 @@
 //    length, so rows of different lengths advance independently.
 //  - decode_attention(q, k_cache, v_cache, lengths) is one query row per (b, h) against the first
 //    lengths[b] slots of its row: no causal mask is needed (the query is the newest position).
-//  - decode_prep(q, k, v, k_cache, v_cache, positions, wq, wk) is a decode step's head
-//    preparation in one op: q's and k's rms_norm (when wq, wk are given) and rope at each row's
-//    position, k and v written into their cache slots; returns q. Bitwise rms_norm then rope.
-//  - decode_prep_attention(q, k, v, k_cache, v_cache, positions, lengths, wq, wk) is decode_prep
-//    then decode_attention over lengths, bitwise; on CUDA one kernel where the one-pass attention
-//    applies (the batch-1 decode step: one launch per layer fewer).
+//  - decode_prep_attention(q, k, v, k_cache, v_cache, positions, lengths, wq, wk) is a decode
+//    step's head preparation (q's and k's rms_norm when wq, wk are given, and rope at each row's
+//    position; k and v written into their cache slots) then decode_attention of that q over
+//    lengths, bitwise those ops; on CUDA one kernel where the one-pass attention applies (the
+//    batch-1 decode step: one launch per layer fewer).
 //  - greedy_next_(logits, state, ring, stop) picks each row's most likely token on the device and
 //    advances the row's decode state (token, position, length), so a greedy decode loop needs no
 //    host round trip per token (generation's replayed steps read the ring every R tokens).
@@ -117,7 +116,7 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
 
 namespace {
 
-// decode_prep's (and decode_prep_attention's) argument checks.
+// decode_prep_attention's checks of the head preparation's arguments.
 void check_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
                 const Tensor& positions, const Tensor& wq, const Tensor& wk, double eps, double theta, const char* op) {
   check_cache(k_cache, op, "k_cache");
@@ -152,21 +151,6 @@ void check_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
 }
 
 }  // namespace
-
-Tensor decode_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
-                   const Tensor& positions, const Tensor& wq, const Tensor& wk, double eps, double theta) {
-  check_prep(q, k, v, k_cache, v_cache, positions, wq, wk, eps, theta, "decode_prep");
-  const int64_t B = k_cache.size(0), L = k_cache.size(1), Hkv = k_cache.size(2), D = k_cache.size(3);
-  k_cache.bump_version();
-  v_cache.bump_version();
-  Tensor q_out = Tensor::empty(q.shape(), q.dtype(), q.device());
-  if (q.numel() + k.numel() == 0) return q_out;
-  XT_KERNEL(q.device(), decode_prep, q.dtype(), wq.defined() ? wq.dtype() : q.dtype(), q.data_ptr(), k.data_ptr(),
-            v.data_ptr(), wq.defined() ? wq.data_ptr() : nullptr, wk.defined() ? wk.data_ptr() : nullptr,
-            q_out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), positions.data<int64_t>(), B, L, q.size(1), Hkv,
-            D, static_cast<float>(eps), static_cast<float>(theta), stream_for(q.device()));
-  return q_out;
-}
 
 Tensor decode_prep_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                              const Tensor& v_cache, const Tensor& positions, const Tensor& lengths, const Tensor& wq,

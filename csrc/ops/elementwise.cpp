@@ -4,7 +4,10 @@
 // Gradients of broadcast inputs are reduced back to the input's shape with sum_to. Nodes save
 // only the tensors their backward reads (mul: the other input; div: b, and a when b needs grad;
 // exp/sqrt: the output; log and the activations: x). Unary ops whose gradient is a formula of x
-// (unary_has_grad_kernel: SiLU, GELU) run one unary_backward kernel; the others compose binary ops.
+// (unary_has_grad_kernel: SiLU, GELU, tanh) run one unary_backward kernel; the others compose
+// binary ops.
+// The unary ops Python sees are the rows of unary_ops(): a new one is a row there plus its
+// formula and gradient in kernels/common.h (docs/ops.md).
 //
 // Broadcasting follows numpy: shapes align on the right, a dimension of 1 stretches. Equal
 // shapes take the fast path (no Broadcast at all). Otherwise the Broadcast handed to the
@@ -18,6 +21,22 @@
 
 namespace xt {
 namespace ops {
+
+const std::vector<UnaryOpInfo>& unary_ops() {
+  static const std::vector<UnaryOpInfo> table = {
+      {kernels::UnaryOp::Neg, "neg", "NegBackward", "-x"},
+      {kernels::UnaryOp::Exp, "exp", "ExpBackward", "e ** x"},
+      {kernels::UnaryOp::Log, "log", "LogBackward", "Natural logarithm"},
+      {kernels::UnaryOp::Sqrt, "sqrt", "SqrtBackward", "Square root"},
+      {kernels::UnaryOp::Silu, "silu", "SiluBackward", "x * sigmoid(x)"},
+      {kernels::UnaryOp::Gelu, "gelu", "GeluBackward",
+       "GELU, tanh approximation: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), as GPT-2 and "
+       "torch.nn.functional.gelu(x, approximate='tanh')"},
+      {kernels::UnaryOp::Tanh, "tanh", "TanhBackward",
+       "Hyperbolic tangent (e.g. logit soft-capping: cap * tanh(logits / cap))"},
+  };
+  return table;
+}
 
 namespace {
 
@@ -43,18 +62,15 @@ const char* scalar_name(kernels::ScalarOp op) {
   return "scalar op";
 }
 
+const UnaryOpInfo* unary_info(kernels::UnaryOp op) {
+  for (const UnaryOpInfo& u : unary_ops())
+    if (u.op == op) return &u;
+  return nullptr;
+}
+
 const char* unary_name(kernels::UnaryOp op) {
-  switch (op) {
-    case kernels::UnaryOp::Neg: return "neg";
-    case kernels::UnaryOp::Exp: return "exp";
-    case kernels::UnaryOp::Log: return "log";
-    case kernels::UnaryOp::Sqrt: return "sqrt";
-    case kernels::UnaryOp::Silu: return "silu";
-    case kernels::UnaryOp::Square: return "square";
-    case kernels::UnaryOp::Abs: return "abs";
-    case kernels::UnaryOp::Gelu: return "gelu";
-  }
-  return "unary op";
+  const UnaryOpInfo* u = unary_info(op);
+  return u ? u->name : "unary op";
 }
 
 std::vector<int64_t> contiguous_strides(const Shape& s) {
@@ -379,15 +395,8 @@ class UnaryBackward : public NodeWithSaved<1> {
   static bool saves_output(UnaryOp op) { return op == UnaryOp::Exp || op == UnaryOp::Sqrt; }
 
   const char* name() const override {
-    switch (op_) {
-      case UnaryOp::Neg: return "NegBackward";
-      case UnaryOp::Exp: return "ExpBackward";
-      case UnaryOp::Log: return "LogBackward";
-      case UnaryOp::Sqrt: return "SqrtBackward";
-      case UnaryOp::Silu: return "SiluBackward";
-      case UnaryOp::Gelu: return "GeluBackward";
-      default: return "UnaryBackward";
-    }
+    const UnaryOpInfo* u = unary_info(op_);
+    return u ? u->backward : "UnaryBackward";
   }
 
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
@@ -408,14 +417,6 @@ class UnaryBackward : public NodeWithSaved<1> {
  private:
   UnaryOp op_;
 };
-
-Tensor unary_fn(UnaryOp op, const Tensor& x) {
-  Tensor out = unary(op, x);
-  if (!needs_grad({&x})) return out;
-  const Tensor saved = UnaryBackward::saves_output(op) ? out : op == UnaryOp::Neg ? Tensor() : x;
-  set_history(out, make_node<UnaryBackward>({x}, op, saved));
-  return out;
-}
 
 class SwigluBackward : public NodeWithSaved<2> {
  public:
@@ -443,6 +444,14 @@ Tensor rsub_scalar(const Tensor& x, double s) { return scalar_fn(ScalarOp::RSub,
 Tensor div_scalar(const Tensor& x, double s) { return scalar_fn(ScalarOp::Div, x, s); }
 Tensor rdiv_scalar(const Tensor& x, double s) { return scalar_fn(ScalarOp::RDiv, x, s); }
 Tensor pow_scalar(const Tensor& x, double s) { return scalar_fn(ScalarOp::Pow, x, s); }
+
+Tensor unary_fn(UnaryOp op, const Tensor& x) {
+  Tensor out = unary(op, x);
+  if (!needs_grad({&x})) return out;
+  const Tensor saved = UnaryBackward::saves_output(op) ? out : op == UnaryOp::Neg ? Tensor() : x;
+  set_history(out, make_node<UnaryBackward>({x}, op, saved));
+  return out;
+}
 
 Tensor neg(const Tensor& x) { return unary_fn(UnaryOp::Neg, x); }
 Tensor exp(const Tensor& x) { return unary_fn(UnaryOp::Exp, x); }

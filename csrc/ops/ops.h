@@ -33,7 +33,7 @@ void check_floating(const Tensor& t, const char* op, const char* name);
 void check_same_device(const Tensor& a, const Tensor& b, const char* op, const char* an, const char* bn);
 void check_same_dtype(const Tensor& a, const Tensor& b, const char* op, const char* an, const char* bn);
 void check_dim(const Tensor& t, int64_t dim, const char* op, const char* name);
-// A per-head RMSNorm weight (qk_norm_rope, decode_prep): [D] on q's device, float32 or q's dtype.
+// A per-head RMSNorm weight (qk_norm_rope, decode_prep_attention): [D] on q's device, float32 or q's dtype.
 void check_head_norm_weight(const Tensor& w, const Tensor& q, int64_t D, const char* op, const char* name);
 // ws non-empty, each a defined [out, in] weight of x's dtype and device whose in_features are x's
 // last dimension (linear_multi, linear_rows).
@@ -73,6 +73,19 @@ Tensor sqrt(const Tensor& x);
 Tensor silu(const Tensor& x);
 Tensor gelu(const Tensor& x);  // tanh approximation (GPT-2's; torch's approximate="tanh")
 Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up, fused
+// The differentiable unary op `op` (its formula and gradient: kernels/common.h); neg ... gelu
+// above are this with their UnaryOp.
+Tensor unary_fn(kernels::UnaryOp op, const Tensor& x);
+// The unary ops bound as xtrain.ops.<name>, one row each: the kernel table's op, the op's name,
+// its backward node's name (the grad_fn) and a one-line doc. csrc/python/ops/elementwise.cpp
+// binds every row, so a new unary op is a row here plus its formula in kernels/common.h.
+struct UnaryOpInfo {
+  kernels::UnaryOp op;
+  const char* name;
+  const char* backward;
+  const char* doc;
+};
+const std::vector<UnaryOpInfo>& unary_ops();
 // raw helpers
 Shape broadcast_shape(const Shape& a, const Shape& b, const char* op);  // numpy rules
 Tensor binary(kernels::BinaryOp op, const Tensor& a, const Tensor& b);
@@ -93,7 +106,7 @@ std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype);
 // cast_many whose values are already known: out[i] has cached[i]'s values (its memory, no kernel)
 // and the history of cast(xs[i], cached[i].dtype()) (a CastBackward to xs[i]). The caller
 // guarantees cached[i] holds exactly that cast (data-parallel training gathers the bf16 copies of
-// the weights the ranks cast after their update: xtrain.distributed.DataParallelAdamW).
+// the weights the ranks cast after their update: xtrain.launch.distributed.DataParallelAdamW).
 std::vector<Tensor> cast_many_cached(const std::vector<Tensor>& xs, const std::vector<Tensor>& cached);
 // raw: always new tensors; cast_many_forward returns an input already of dtype as itself and runs
 // one kernel call per source dtype (CUDA: one launch for up to 512 tensors), the bits of cast.
@@ -125,16 +138,6 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);  // a copy
 Tensor permute_forward(const Tensor& x, const std::vector<int64_t>& dims);
 // The permutation that swaps dims d0 and d1 of x (negative counts from the end); IndexError if out of range.
 std::vector<int64_t> transpose_dims(const Tensor& x, int64_t d0, int64_t d1);
-
-// ---- attention's head layout (ops/heads.cpp): compositions of reshape, rms_norm, rope and
-// permute, recorded as those ops' own nodes (values and gradients bit-identical to the calls).
-// to_heads: x [B*S, H*D] -> [B, H, S, D] = permute(rope(rms_norm(reshape(x, [B, S, H, D]), norm_weight, eps),
-// theta = rope_theta), {0, 2, 1, 3}); the norm is skipped when norm_weight is undefined, rope when
-// rope_theta is nullopt (positions 0..S-1 otherwise).
-Tensor to_heads(const Tensor& x, int64_t seq, int64_t n_heads, const Tensor& norm_weight, double eps,
-                std::optional<double> rope_theta);
-// from_heads: x [B, H, S, D] -> [B*S, H*D] = reshape(permute(x, {0, 2, 1, 3}), [B*S, H*D]).
-Tensor from_heads(const Tensor& x);
 
 // ---- matmul (ops/matmul.cpp): float32 compute; bf16 inputs accumulate in fp32 and round once
 Tensor matmul(const Tensor& a, const Tensor& b);  // 2-D, batched 3-D, or [..., K] @ [K, N]
@@ -186,13 +189,6 @@ Tensor log_softmax(const Tensor& x);
 Tensor softmax_forward(const Tensor& x, bool log);
 Tensor softmax_backward(const Tensor& y, const Tensor& dy, bool log);
 
-// ---- attention (ops/attention.cpp): q, k, v [B, H, S, D]; scale <= 0 selects 1/sqrt(D)
-Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
-// raw: (out [B, H, S, D], probs [B, H, S, S]); probs is what backward needs. Backward: dq, dk, dv.
-std::pair<Tensor, Tensor> sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
-std::vector<Tensor> sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
-                                  const Tensor& dout, double scale);
-
 // ---- flash attention and the fused q/k head preparation (ops/flash_attention.cpp), on tensors in
 // the (B, S, heads, D) layout the projection GEMMs write (a [B*S, heads*D] matrix reshaped).
 // flash_attention: q [B, S, H, D], k and v [B, S, Hkv, D] with H % Hkv == 0 (query head h reads kv
@@ -227,15 +223,12 @@ std::vector<Tensor> qk_norm_rope_backward(const Tensor& q, const Tensor& k, cons
 void kv_cache_write_(const Tensor& cache, const Tensor& x, const Tensor& positions);
 Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& lengths,
                         double scale);
-// decode_prep: q [B, H, D], k, v [B, Hkv, D] of one decode step -> q_out [B, H, D]; k and v are
-// written into k_cache, v_cache [B, L, Hkv, D] at slot positions[b] (in [0, L)) of each row. With
-// wq, wk [D] (both or neither): rms_norm(eps) then rope(theta) at the row's position, bitwise the
-// two ops; without: rope only.
-Tensor decode_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
-                   const Tensor& positions, const Tensor& wq, const Tensor& wk, double eps, double theta);
-// decode_prep_attention: decode_prep (its arguments and checks) then decode_attention of the
-// prepared q over lengths (int64 [B] in [0, L]) with scale (<= 0: 1/sqrt(D)) -> out [B, H, D];
-// bitwise that composition, in one kernel on CUDA where the one-pass attention applies.
+// decode_prep_attention: a decode step's head preparation then its attention. q [B, H, D], k, v
+// [B, Hkv, D]; k and v are written into k_cache, v_cache [B, L, Hkv, D] at slot positions[b] (in
+// [0, L)) of each row; with wq, wk [D] (both or neither) q and k get rms_norm(eps) then
+// rope(theta) at the row's position, without them rope only; then decode_attention of that q over
+// lengths (int64 [B] in [0, L]) with scale (<= 0: 1/sqrt(D)) -> out [B, H, D]. Bitwise those ops,
+// in one kernel on CUDA where the one-pass attention applies.
 // prefetch: up to kMaxL2Prefetch tensors on q's device that the ops after this one read (the
 // decode step's next weight matrices); a hint, no value depends on it (CPU: ignored).
 using kernels::kMaxL2Prefetch;

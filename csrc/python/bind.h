@@ -1,5 +1,7 @@
 // Shared declarations for the binding files. Bindings only convert arguments, release the
-// GIL around real work and attach docstrings; logic lives in csrc/ops and csrc/tape.
+// GIL around real work and attach docstrings; logic lives in csrc/ops and csrc/tape. The op
+// families bind themselves into xtrain._C.ops from csrc/python/ops/ (op_registry.h); the
+// init functions below are the rest of the module, which module.cpp calls in order.
 #pragma once
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -23,8 +25,6 @@ void init_tensor(py::module_& m);          // bind_tensor.cpp: Tensor, creation,
 void init_dlpack(py::module_& m);          // dlpack.cpp
 void init_memory(py::module_& m);          // bind_memory.cpp: memory stats, cuda queries, seeds
 void init_autograd(py::module_& m);        // bind_autograd.cpp: backward, grad mode, checkpoint
-void init_ops_basic(py::module_& ops);     // bind_ops_basic.cpp: elementwise, reductions, layout, matmul, embedding
-void init_ops_model(py::module_& ops);     // bind_ops_model.cpp: rms_norm, rope, to_heads, sdpa, softmax, cross_entropy
 void init_optim(py::module_& m);           // bind_optim.cpp: fused AdamW, global norm, clipping
 void init_dist(py::module_& m);            // bind_dist.cpp: NCCL communicator
 

@@ -142,6 +142,9 @@ py::dtype numpy_dtype(DType dt) {
 }
 
 void init_tensor(py::module_& m) {
+  // Registered before Generator, so begin_capture's signature names the Python type.
+  py::class_<Tensor> tensor_class(m, "Tensor", "A contiguous n-dimensional array on a device, with autograd.");
+
   py::class_<Generator, std::shared_ptr<Generator>>(m, "Generator",
       "Counter-based (Philox) random generator: a (seed, offset) pair.")
       .def(py::init<uint64_t>(), py::arg("seed") = Generator::kDefaultSeed)
@@ -169,7 +172,6 @@ void init_tensor(py::module_& m) {
         py::arg("device") = py::none(), "The default generator of a device");
   m.def("manual_seed", &manual_seed_all, py::arg("seed"), "Seed the default generator of every device");
 
-  py::class_<Tensor> tensor_class(m, "Tensor", "A contiguous n-dimensional array on a device, with autograd.");
   tensor_class.attr("__new__") = py::cpp_function([](const py::args&, const py::kwargs&) -> py::object {
     throw TypeError(kNoDirectTensor);
   });

@@ -1,6 +1,8 @@
-// The xtrain._C extension module: exception mapping and the submodules.
+// The xtrain._C extension module: exception mapping, then the submodules in dependency order
+// (Tensor first, so every later signature names the Python type).
 #include "core/error.h"
 #include "python/bind.h"
+#include "python/op_registry.h"
 
 namespace xt {
 namespace {
@@ -41,8 +43,7 @@ PYBIND11_MODULE(_C, m) {
   init_memory(m);
   init_autograd(m);
   py::module_ ops = m.def_submodule("ops", "Differentiable ops (xtrain.ops re-exports these)");
-  init_ops_basic(ops);
-  init_ops_model(ops);
+  bind_registered_ops(ops);  // csrc/python/ops/*.cpp, one file per op family
   init_optim(m);
   init_dist(m);
 }

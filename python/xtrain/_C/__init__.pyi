@@ -10,35 +10,22 @@ from . import cuda
 from . import ops
 from . import optim
 from . import dist
-__all__: list[str] = ['Generator', 'OutOfMemoryError', 'Tensor', 'arange', 'checkpoint', 'cuda', 'default_generator', 'dist', 'empty', 'empty_cache', 'full', 'get_num_threads', 'is_grad_enabled', 'manual_seed', 'memory_stats', 'ops', 'optim', 'rand', 'randn', 'reset_peak_memory_stats', 'set_grad_enabled', 'set_memory_limit', 'set_num_threads']
+__all__: list[str] = ['Generator', 'GradSlots', 'OutOfMemoryError', 'Tensor', 'arange', 'backward_many', 'checkpoint', 'cuda', 'default_generator', 'dist', 'empty', 'empty_cache', 'full', 'get_num_threads', 'is_grad_enabled', 'last_backward_batched_casts', 'manual_seed', 'memory_stats', 'ops', 'optim', 'rand', 'randn', 'reset_peak_memory_stats', 'set_grad_enabled', 'set_memory_limit', 'set_num_threads']
 class OutOfMemoryError(RuntimeError, MemoryError):
     """
     A device or a memory limit ran out of memory; the message gives the request, what is allocated and reserved, and the limit.
     """
-class Generator:
-    """
-    Counter-based (Philox) random generator: a (seed, offset) pair.
-    """
-    def __init__(self, seed: typing.SupportsInt | typing.SupportsIndex = 24301) -> None:
-        ...
-    def get_state(self) -> tuple[int, int]:
-        """
-        The state as a (seed, offset) tuple
-        """
-    def manual_seed(self, seed: typing.SupportsInt | typing.SupportsIndex) -> None:
-        """
-        Reset to (seed, offset 0)
-        """
-    def set_state(self, state: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> None:
-        """
-        Restore a state from get_state()
-        """
 class Tensor:
     """
     A contiguous n-dimensional array on a device, with autograd.
     """
     grad: typing.Any
     requires_grad: bool
+    @staticmethod
+    def __new__(*args, **kwargs):
+        """
+        (*args, **kwargs) -> object
+        """
     @staticmethod
     def __repr__(t):
         """
@@ -75,10 +62,6 @@ class Tensor:
         ...
     def __truediv__(self, other):
         ...
-    def _move_into(self, dst: Tensor) -> None:
-        """
-        Copy the values into dst, then make this tensor (every holder of it) use dst's memory
-        """
     def _storage_view(self, offset: typing.SupportsInt | typing.SupportsIndex, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> Tensor:
         """
         A view of `shape` starting `offset` elements into this tensor's storage (no history)
@@ -153,9 +136,11 @@ class Tensor:
         ...
     def sum(self, dim = None, keepdim = False):
         ...
-    def to(self, device: typing.Any = None, dtype: typing.Any = None) -> Tensor:
+    def to(self, *args, device = None, dtype = None):
         """
-        Copy to another device and/or dtype (differentiable); returns self when nothing changes
+        Copy to another device and/or dtype (differentiable), as torch.Tensor.to takes them:
+                t.to("bfloat16"), t.to("cuda"), t.to("cuda", "float32"), t.to(other), or by keyword.
+                Returns self when nothing changes.
         """
     def transpose(self, dim0, dim1):
         ...
@@ -165,14 +150,6 @@ class Tensor:
         """
         Fill with zeros in place (no autograd)
         """
-    @property
-    def _grad_buffer(self) -> typing.Any:
-        """
-        Where backward puts this leaf's gradient when .grad is None (a view into a flat buffer; see xtrain.launch.distributed.DataParallelAdamW), or None
-        """
-    @_grad_buffer.setter
-    def _grad_buffer(self, arg1: typing.Any) -> None:
-        ...
     @property
     def _version(self) -> int:
         """
@@ -202,6 +179,53 @@ class Tensor:
     @property
     def shape(self) -> tuple:
         ...
+class Generator:
+    """
+    Counter-based (Philox) random generator: a (seed, offset) pair.
+    """
+    def __init__(self, seed: typing.SupportsInt | typing.SupportsIndex = 24301) -> None:
+        ...
+    def begin_capture(self, base: Tensor) -> None:
+        """
+        Capture mode for a CUDA graph (Note [Random draws in captured graphs]): dropout draws offsets relative to the capture's start and reads (seed, offset) from `base` (int64 [2], on the device, kept alive by the caller), which the owner fills before each replay
+        """
+    def end_capture(self) -> int:
+        """
+        Leave capture mode; returns the counters the captured work draws per replay
+        """
+    def get_state(self) -> tuple[int, int]:
+        """
+        The state as a (seed, offset) tuple
+        """
+    def manual_seed(self, seed: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Reset to (seed, offset 0)
+        """
+    def set_state(self, state: tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsInt | typing.SupportsIndex]) -> None:
+        """
+        Restore a state from get_state()
+        """
+    @property
+    def capturing(self) -> bool:
+        """
+        True between begin_capture and end_capture
+        """
+class GradSlots:
+    """
+    The gradient slots of a parameter store: while this object lives, each leaf's gradient lands in its slot (a view of one flat buffer), which becomes its .grad
+    """
+    def __init__(self, leaves: collections.abc.Sequence[Tensor], slots: collections.abc.Sequence[Tensor]) -> None:
+        ...
+    def __len__(self) -> int:
+        ...
+    def clear(self) -> None:
+        """
+        Set every leaf's .grad to None (the slots keep their memory)
+        """
+    def sync(self) -> list[int]:
+        """
+        Put every .grad into its slot (one assigned by hand is copied in); the indices of leaves without one
+        """
 def _from_dlpack_capsule(capsule: typing_extensions.CapsuleType) -> Tensor:
     """
     Wrap a DLPack capsule as a tensor sharing its memory
@@ -209,10 +233,6 @@ def _from_dlpack_capsule(capsule: typing_extensions.CapsuleType) -> Tensor:
 def _from_numpy(array: numpy.ndarray[typing.Any, numpy.dtype[typing.Any]], dtype: typing.Any, device: typing.Any = None) -> Tensor:
     """
     Copy a numpy array into a new tensor (used by xtrain.tensor)
-    """
-def _grads_into_buffers(params: collections.abc.Sequence[Tensor]) -> list[int]:
-    """
-    Move every parameter's .grad into its grad buffer; indices without one
     """
 def arange(start: typing.SupportsFloat | typing.SupportsIndex, end: typing.SupportsFloat | typing.SupportsIndex, step: typing.SupportsFloat | typing.SupportsIndex = 1.0, dtype: typing.Any = None, device: typing.Any = None) -> Tensor:
     """
@@ -249,6 +269,10 @@ def get_num_threads() -> int:
 def is_grad_enabled() -> bool:
     """
     Whether ops record the tape on this thread
+    """
+def last_backward_batched_casts() -> int:
+    """
+    How many gradient conversions into parameter-store slots the last backward walk on this thread ran in one batch at its end (Note [Batched gradient casts])
     """
 def manual_seed(seed: typing.SupportsInt | typing.SupportsIndex) -> None:
     """

@@ -2,8 +2,86 @@
 CUDA runtime queries
 """
 from __future__ import annotations
+import collections.abc
+import numpy
 import typing
-__all__: list[str] = ['allow_tf32', 'current_device', 'device_count', 'device_name', 'is_available', 'is_built', 'runtime_info', 'set_allow_tf32', 'set_device', 'synchronize']
+import xtrain._C
+__all__: list[str] = ['Graph', 'PendingArray', 'PendingValues', 'allow_tf32', 'current_device', 'device_count', 'device_name', 'early_launch', 'is_available', 'is_built', 'is_capturing', 'read_array_async', 'read_async', 'runtime_info', 'set_allow_tf32', 'set_device', 'set_early_launch', 'synchronize']
+class PendingValues:
+    """
+    Values of one-element tensors on their way to the host (read_async)
+    """
+    def ready(self) -> bool:
+        """
+        True once every value has landed (never waits)
+        """
+    def wait(self) -> list:
+        """
+        The values as Python numbers; waits for them (a sync point)
+        """
+class PendingArray:
+    """
+    A tensor's values on their way to the host (read_array_async)
+    """
+    def ready(self) -> bool:
+        """
+        True once the copy has landed (never waits)
+        """
+    def wait(self) -> numpy.ndarray[typing.Any, numpy.dtype[typing.Any]]:
+        """
+        The values as a numpy array (a copy); waits for them (a sync point)
+        """
+class Graph:
+    """
+    A CUDA graph of the work this thread queues on its stream of one device between capture_begin() and capture_end(); replay() launches it again (docs/cuda.md)
+    """
+    def __init__(self, device: typing.SupportsInt | typing.SupportsIndex = 0, share_pool_with: Graph = None) -> None:
+        """
+        device: the CUDA device index. share_pool_with: a graph captured before this one on this thread, always replayed before it: both use one private memory pool
+        """
+    def abort_capture(self) -> None:
+        """
+        Discard a capture in progress (never raises)
+        """
+    def capture_begin(self) -> None:
+        """
+        Start capturing this thread's stream; allocations come from the graph's private pool
+        """
+    def capture_end(self) -> None:
+        """
+        End the capture and instantiate the graph; RuntimeError when the captured region was not capturable
+        """
+    def replay(self) -> None:
+        """
+        Launch the graph on this thread's stream (no host sync)
+        """
+    @property
+    def captured(self) -> bool:
+        ...
+    @property
+    def capturing(self) -> bool:
+        ...
+    @property
+    def device(self) -> int:
+        ...
+    @property
+    def memsets_as_kernels(self) -> int:
+        """
+        Captured memsets written as kernel nodes (Note [Memset nodes as kernels]; 0 under XT_GRAPH_KEEP_MEMSETS=1)
+        """
+    @property
+    def num_nodes(self) -> int:
+        """
+        Nodes of the graph: kernels, copies and memsets, i.e. the launches one replay saves
+        """
+    @property
+    def pool_id(self) -> int:
+        """
+        The private pool's id (0 before the capture)
+        """
+    @property
+    def replays(self) -> int:
+        ...
 def allow_tf32() -> bool:
     """
     Whether float32 GEMMs may use TF32
@@ -18,6 +96,10 @@ def device_count() -> int:
     """
 def device_name(device: typing.SupportsInt | typing.SupportsIndex = 0) -> str:
     ...
+def early_launch(device: typing.SupportsInt | typing.SupportsIndex = 0) -> bool:
+    """
+    Whether a launch on that device starts early now (asked for, sm_90+, not switched off)
+    """
 def is_available() -> bool:
     """
     True when the CUDA backend is built and a GPU is visible
@@ -25,6 +107,18 @@ def is_available() -> bool:
 def is_built() -> bool:
     """
     True when the CUDA backend was compiled in
+    """
+def is_capturing() -> bool:
+    """
+    True while this thread captures a CUDA graph
+    """
+def read_array_async(tensor: xtrain._C.Tensor) -> PendingArray:
+    """
+    Queue a copy of a whole tensor (not bfloat16) to the host without waiting for the stream; .wait() returns it as a numpy array and waits only for the work queued before this call
+    """
+def read_async(tensors: collections.abc.Sequence[xtrain._C.Tensor]) -> PendingValues:
+    """
+    Queue copies of one-element tensors to the host without waiting for the stream; .wait() returns their values (and waits only for the work queued before this call)
     """
 def runtime_info() -> str:
     """
@@ -37,6 +131,10 @@ def set_allow_tf32(allow: bool) -> None:
 def set_device(device: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
     Set this thread's current device
+    """
+def set_early_launch(on: bool) -> bool:
+    """
+    Let this thread's launches of the decode step's kernels start before the kernel ahead of them finishes (programmatic dependent launch, sm_90+; XT_EARLY_LAUNCH=0 switches it off); returns the previous setting. The caller promises that what those kernels read before their wait is not written by the launch just before them (Note [Early launch of the decode step's kernels])
     """
 def synchronize(device: typing.Any = None) -> None:
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep', 'decode_prep_attention', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'flash_attention', 'from_heads', 'gelu', 'greedy_next_', 'kv_cache_write_', 'linear', 'linear_cross_entropy', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rope', 'rsub_scalar', 'sdpa', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'to', 'to_heads', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'greedy_next_', 'kv_cache_write_', 'linear', 'linear_cross_entropy', 'linear_multi', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -34,13 +34,9 @@ def decode_attention(q: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xt
     """
     One query per row against a KV cache: q [B, H, D], k_cache and v_cache [B, L, H_kv, D], row b attends to its first lengths[b] slots (int64 [B]); returns [B, H, D]; scale None means 1/sqrt(D); not differentiable
     """
-def decode_prep(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xtrain._C.Tensor, positions: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor | None = None, k_norm_weight: xtrain._C.Tensor | None = None, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0) -> xtrain._C.Tensor:
-    """
-    A decode step's head preparation in one kernel: q [B, H, D], k, v [B, H_kv, D]; with the norm weights rms_norm(eps) then rope(theta) of q and k at each row's slot positions[b] (int64 [B]), without them rope only; k and v written into k_cache, v_cache [B, L, H_kv, D] at that slot; returns q. Bitwise rms_norm then rope; not differentiable
-    """
 def decode_prep_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xtrain._C.Tensor, positions: xtrain._C.Tensor, lengths: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor | None = None, k_norm_weight: xtrain._C.Tensor | None = None, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, prefetch: collections.abc.Sequence[xtrain._C.Tensor] = []) -> xtrain._C.Tensor:
     """
-    decode_prep (k and v into their cache slots at positions[b], q normed and rotated) then decode_attention of that q over each row's first lengths[b] slots; returns [B, H, D]. Bitwise the two ops; on CUDA one kernel where the one-pass attention applies; not differentiable. prefetch: up to 8 tensors on q's device that the next ops read, asked into L2 by the SMs the attention leaves idle (a hint: no value changes)
+    A decode step's head preparation then its attention: k and v [B, H_kv, D] into their cache slots at positions[b] (int64 [B]), q [B, H, D] and k normed (rms_norm(eps), with the norm weights) and rotated (rope(theta)) at that position, then decode_attention of that q over each row's first lengths[b] slots; returns [B, H, D]. Bitwise those ops; on CUDA one kernel where the one-pass attention applies; not differentiable. prefetch: up to 8 tensors on q's device that the next ops read, asked into L2 by the SMs the attention leaves idle (a hint: no value changes)
     """
 def div(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
@@ -62,16 +58,9 @@ def exp(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     e ** x
     """
-@typing.overload
-def flash_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, causal: bool = True, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, return_lse: typing.Literal[False] = False) -> xtrain._C.Tensor:
+def flash_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, causal: bool = True, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, return_lse: bool = False) -> typing.Any:
     """
     Fused (flash) attention on q [B, S, H, D], k and v [B, S, H_kv, D] (H a multiple of H_kv), output [B, S, H, D]; scale None means 1/sqrt(D); return_lse adds the row log-sum-exp [B, H, S]
-    """
-@typing.overload
-def flash_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, causal: bool = True, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, *, return_lse: typing.Literal[True]) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor]: ...
-def from_heads(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
-    """
-    x [B, H, S, D] -> [B*S, H*D]: permute to [B, S, H, D], reshape (the inverse of to_heads' layout change)
     """
 def gelu(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
@@ -89,6 +78,10 @@ def linear(x: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     x @ weight^T, weight is [out, in]
     """
+def linear_cross_entropy(x: xtrain._C.Tensor, w: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100, return_logits: bool = False) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor | None]:
+    """
+    cross_entropy(linear(x, w), targets) fused (x [N, K], w [V, K]): returns (loss, logits [N, V] copy when return_logits else None)
+    """
 def linear_multi(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor]) -> list[xtrain._C.Tensor]:
     """
     [x @ w^T for w in weights] as views of one buffer, one batched GEMM per run of equal shapes
@@ -96,10 +89,6 @@ def linear_multi(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._
 def linear_rows(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor]) -> list[xtrain._C.Tensor]:
     """
     [x @ w^T for w in weights] for x [M, K] with 1 <= M <= 8, as views of one buffer laid out as linear_multi's: one matrix-vector kernel reading each weight row once (the decode step's linears); float32 accumulation, deterministic; not differentiable (raises when an input requires grad)
-    """
-def linear_cross_entropy(x: xtrain._C.Tensor, w: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100, return_logits: bool = False) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor | None]:
-    """
-    cross_entropy(linear(x, w), targets) fused (x [N, K], w [V, K]): returns (loss, logits [N, V] copy when return_logits else None)
     """
 def log(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
@@ -165,10 +154,6 @@ def rsub_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIn
     """
     s - x
     """
-def sdpa(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, causal: bool = True, scale: typing.SupportsFloat | typing.SupportsIndex | None = None) -> xtrain._C.Tensor:
-    """
-    Scaled dot-product attention on q, k, v [B, H, S, D]; scale None means 1/sqrt(D)
-    """
 def silu(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     x * sigmoid(x)
@@ -193,13 +178,13 @@ def swiglu(gate: xtrain._C.Tensor, up: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     silu(gate) * up (fused)
     """
+def tanh(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    Hyperbolic tangent (e.g. logit soft-capping: cap * tanh(logits / cap))
+    """
 def to(x: xtrain._C.Tensor, device: typing.Any = None, dtype: typing.Any = None) -> xtrain._C.Tensor:
     """
     Differentiable copy to another device and/or dtype (x itself when nothing changes)
-    """
-def to_heads(x: xtrain._C.Tensor, seq: typing.SupportsInt | typing.SupportsIndex, n_heads: typing.SupportsInt | typing.SupportsIndex, norm_weight: xtrain._C.Tensor | None = None, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, rope_theta: typing.SupportsFloat | typing.SupportsIndex | None = None) -> xtrain._C.Tensor:
-    """
-    x [B*S, H*D] -> [B, H, S, D]: reshape, rms_norm over D (if norm_weight), rope (if rope_theta), permute
     """
 def transpose(x: xtrain._C.Tensor, dim0: typing.SupportsInt | typing.SupportsIndex, dim1: typing.SupportsInt | typing.SupportsIndex) -> xtrain._C.Tensor:
     """

@@ -1,0 +1,22 @@
+// xtrain._C.ops bindings of the cross_entropy family (csrc/ops/cross_entropy.cpp): cross_entropy
+// and the fused lm_head + loss linear_cross_entropy (its logits copy becomes None when not asked).
+#include <optional>
+#include <utility>
+
+#include "ops/ops.h"
+#include "python/op_registry.h"
+
+XT_BIND_OPS(cross_entropy, m) {
+  using namespace xt;
+  m.def("cross_entropy", &ops::cross_entropy, py::arg("logits"), py::arg("targets"),
+        py::arg("ignore_index") = -100, NoGil(),
+        "Mean cross-entropy of logits [N, V] against int targets [N], skipping ignore_index; float32 scalar");
+  m.def("linear_cross_entropy", [](const Tensor& x, const Tensor& w, const Tensor& targets, int64_t ignore_index,
+                                   bool return_logits) {
+          auto [loss, logits] = ops::linear_cross_entropy(x, w, targets, ignore_index, return_logits);
+          return std::make_pair(loss, logits.defined() ? std::optional<Tensor>(logits) : std::nullopt);
+        }, py::arg("x"), py::arg("w"), py::arg("targets"), py::arg("ignore_index") = -100,
+        py::arg("return_logits") = false, NoGil(),
+        "cross_entropy(linear(x, w), targets) fused (x [N, K], w [V, K]): returns (loss, logits [N, V] copy "
+        "when return_logits else None)");
+}

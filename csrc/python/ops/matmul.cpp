@@ -1,0 +1,12 @@
+// xtrain._C.ops bindings of the matmul family (csrc/ops/matmul.cpp): matmul, linear, linear_multi.
+#include "ops/ops.h"
+#include "python/op_registry.h"
+
+XT_BIND_OPS(matmul, m) {
+  using namespace xt;
+  m.def("matmul", &ops::matmul, py::arg("a"), py::arg("b"), NoGil(),
+        "a @ b: 2-D, batched 3-D, or [..., K] @ [K, N]");
+  m.def("linear", &ops::linear, py::arg("x"), py::arg("weight"), NoGil(), "x @ weight^T, weight is [out, in]");
+  m.def("linear_multi", &ops::linear_multi, py::arg("x"), py::arg("weights"), NoGil(),
+        "[x @ w^T for w in weights] as views of one buffer, one batched GEMM per run of equal shapes");
+}
