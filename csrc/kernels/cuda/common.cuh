@@ -85,8 +85,8 @@ struct OnStream {
 //    launch just before" needs;
 //  - reads its activation input (the output of the kernel ahead) and writes only after the wait.
 // The values and their order are those of the plain launch: the bits do not change. Without the
-// request, on older GPUs or with XT_EARLY_LAUNCH=0 the launch is the plain <<<...>>> one (the
-// instructions then return at once). An earlier attempt made every kernel wait first thing
+// request or on older GPUs the launch is the plain <<<...>>> one (the instructions then return at
+// once). An earlier attempt made every kernel wait first thing
 // (85920a9, reverted): nothing moved ahead of the wait, and the decode step got slower.
 __device__ __forceinline__ void wait_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(XT_CUDA_EMULATION)

@@ -26,8 +26,6 @@
 //    then a reduction that keeps the better value and, of equal ones, the lower index (so the
 //    result does not depend on the order: the row's first maximum); thread 0 updates the state.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/rmsnorm.cuh"  // row_sum_sq: rms_norm's order
@@ -591,9 +589,9 @@ __device__ __forceinline__ void prefetch_l2_ranges(const L2Ranges& r, int64_t fi
 // and after a barrier (the block's own global writes are then visible to it) runs the one-pass
 // attention, reading q from shared memory. Blocks touch disjoint kv heads, so no block waits on
 // another: one launch instead of two, bitwise decode_prep then decode_attention.
-// kPre (16-byte packs only): the block's earlier slots before the wait (Note [The cache's earlier
-// slots before the wait]).
-template <int Gl, int kV, bool kPre, typename T, typename W>
+// With 16-byte packs (kV > 1) the block loads its earlier slots before the wait (Note [The cache's
+// earlier slots before the wait]).
+template <int Gl, int kV, typename T, typename W>
 __global__ void __launch_bounds__(kOneThreads, 1)
     decode_prep_one_pass_kernel(const T* q, const T* k, const T* v, const W* wq, const W* wk, T* k_cache, T* v_cache,
                                 const int64_t* pos, const int64_t* len, T* out, int64_t L, int H, int Hkv, int D,
@@ -612,6 +610,7 @@ __global__ void __launch_bounds__(kOneThreads, 1)
   T* qn = reinterpret_cast<T*>(tab_sin + D / 2);                // [G][D]: the prepared query rows
   const int64_t p = pos[b], n_row = len[b];  // both loads in flight before either is used
   const bool slot_ok = p >= 0 && p < L;
+  constexpr bool kPre = kV > 1;
   CachePreload<kV, T> pre;  // Note [The cache's earlier slots before the wait]
   if constexpr (kPre) preload_cache<kV>(pre, k_cache, v_cache, n_row, slot_ok ? p : -1, L, H, Hkv, D);
   if (!slot_ok && hk == 0 && threadIdx.x == 0) report_bad_index(err, IndexSite::DecodePrep, p, L, 0);
@@ -783,18 +782,7 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
   XT_ASSERT(n_pf >= 0 && n_pf <= kMaxL2Prefetch, "decode_prep_attention: ", n_pf, " prefetch ranges");
   OnStream on(stream);
   bool fused = false;
-  // XT_DECODE_PREP_UNFUSED=1: decode_prep then decode_attention everywhere (the A/B of the fusion).
-  static const bool unfused = [] {
-    const char* e = std::getenv("XT_DECODE_PREP_UNFUSED");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  // XT_DECODE_CACHE_PRELOAD=0: the attention loads every slot after the wait (the A/B of Note [The
-  // cache's earlier slots before the wait]).
-  static const bool preload = [] {
-    const char* e = std::getenv("XT_DECODE_CACHE_PRELOAD");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
-  if (!unfused) dispatch_float_weight(dt, w_dt, "decode_prep_attention", [&](auto xtag, auto wtag) {
+  dispatch_float_weight(dt, w_dt, "decode_prep_attention", [&](auto xtag, auto wtag) {
     using T = typename decltype(xtag)::type;
     using W = typename decltype(wtag)::type;
     using C = compute_t<T>;
@@ -824,9 +812,7 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
     const unsigned blocks = static_cast<unsigned>(B * Hkv + pf_blocks);
     with_lanes(D, [&](auto g) {
       constexpr int Gl = decltype(g)::value;
-      auto kernel = !packs    ? decode_prep_one_pass_kernel<Gl, 1, false, T, W>
-                    : preload ? decode_prep_one_pass_kernel<Gl, kPackElems, true, T, W>
-                              : decode_prep_one_pass_kernel<Gl, kPackElems, false, T, W>;
+      auto kernel = packs ? decode_prep_one_pass_kernel<Gl, kPackElems, T, W> : decode_prep_one_pass_kernel<Gl, 1, T, W>;
       launch_early(kernel, blocks, kOneThreads, total, on, static_cast<const T*>(q), static_cast<const T*>(k),
                    static_cast<const T*>(v), static_cast<const W*>(wq), static_cast<const W*>(wk), static_cast<T*>(k_cache),
                    static_cast<T*>(v_cache), pos, len, static_cast<T*>(out), L, static_cast<int>(H),

@@ -9,8 +9,6 @@
 //    writing its own blocks of out. Launch shapes depend only on M, K, the N's and the dtype.
 #include "kernels/cuda/linear_rows.cuh"
 
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 namespace xt {
@@ -44,16 +42,11 @@ void launch_norm_rows(const T* x, const rows::RowsNorm& nm, const rows::Weights&
 template <bool kGlu, typename T>
 bool launch_norm_row_in_registers(const T* x, const rows::RowsNorm& nm, const rows::Weights& ws, T* out, int M,
                                   int64_t K, const OnStream& on) {
-  // XT_NORM_ROWS_STAGED=1: the staged kernel everywhere (the A/B of the register path).
-  static const bool staged = [] {
-    const char* e = std::getenv("XT_NORM_ROWS_STAGED");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
   if constexpr (!std::is_same_v<T, bf16_t>) {
     return false;
   } else {
     const int nc = M == 1 ? rmsnorm::wide_forward_chunks<bf16_t>(K) : 0;  // K = 256 * nc
-    if (staged || nc == 0 || nm.G != kWarp || !aligned_to(nm.w, 16)) return false;
+    if (nc == 0 || nm.G != kWarp || !aligned_to(nm.w, 16)) return false;
     const int64_t cols = kGlu ? ws.col0[1] : ws.col0[ws.n];
     const auto blocks = static_cast<unsigned>(cols > 0 ? ceil_div(cols, rows::kRowsWarps) : 1);
     const auto go = [&](auto ncw, auto wtag) {
