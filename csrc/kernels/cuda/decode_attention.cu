@@ -22,9 +22,6 @@
 //  - decode_prep_attention: where the one-pass attention applies, one kernel whose block (b, kv
 //    head) prepares its own query rows and k/v head, then attends (Note [Decode head preparation
 //    inside the one-pass attention]); elsewhere decode_prep then decode_attention.
-//  - greedy_next: one block per row, each thread's first maximum over a strided share of the row,
-//    then a reduction that keeps the better value and, of equal ones, the lower index (so the
-//    result does not depend on the order: the row's first maximum); thread 0 updates the state.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -637,40 +634,6 @@ __global__ void __launch_bounds__(kOneThreads, 1)
                          kPre ? &pre : nullptr);
 }
 
-// ------------------------------------------------------------------ greedy pick
-
-constexpr int kGreedyThreads = 512;
-
-template <typename T>
-__global__ void __launch_bounds__(kGreedyThreads)
-    greedy_next_kernel(const T* logits, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,
-                       int64_t stop) {
-  using C = compute_t<T>;
-  __shared__ C best_v[kGreedyThreads / kWarp];
-  __shared__ int64_t best_i[kGreedyThreads / kWarp];
-  const int64_t b = blockIdx.x;
-  const T* row = logits + b * V;
-  wait_prior_grids();  // the logits are the kernel ahead's output (Note [Early launch of the decode step's kernels])
-  C v = load(row, 0);
-  int64_t idx = 0;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const C x = load(row, i);
-    if (greedy_beats(x, i, v, idx)) v = x, idx = i;
-  }
-  for (int o = kWarp / 2; o > 0; o >>= 1) {
-    const C ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int64_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (greedy_beats(ov, oi, v, idx)) v = ov, idx = oi;
-  }
-  const int warp = threadIdx.x / kWarp;
-  if (threadIdx.x % kWarp == 0) best_v[warp] = v, best_i[warp] = idx;
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w)
-    if (greedy_beats(best_v[w], best_i[w], v, idx)) v = best_v[w], idx = best_i[w];
-  greedy_take(state, B, b, idx, ring, R, stop);
-}
-
 }  // namespace
 
 void kv_cache_write(DType dt, void* cache, const void* x, const int64_t* pos, int64_t B, int64_t L, int64_t S,
@@ -824,17 +787,6 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
   Scratch q_out(static_cast<size_t>(B * H * D) * dtype_size(dt), on);
   decode_prep(dt, w_dt, q, k, v, wq, wk, q_out.as<void>(), k_cache, v_cache, pos, B, L, H, Hkv, D, eps, theta, stream);
   decode_attention(dt, q_out.as<void>(), k_cache, v_cache, len, out, B, L, H, Hkv, D, scale, stream);
-}
-
-void greedy_next(DType dt, const void* logits, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,
-                 int64_t stop, void* stream) {
-  if (B == 0) return;
-  XT_CHECK(B <= INT32_MAX, ValueError, "greedy_next: too many rows for CUDA: ", B);
-  OnStream on(stream);
-  XT_DISPATCH_FLOAT(dt, "greedy_next", T, {
-    launch_early(greedy_next_kernel<T>, static_cast<unsigned>(B), kGreedyThreads, 0, on, static_cast<const T*>(logits),
-                 B, V, state, ring, R, stop);
-  });
 }
 
 }  // namespace cuda
