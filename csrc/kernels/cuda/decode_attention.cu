@@ -26,6 +26,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/rmsnorm.cuh"  // row_sum_sq: rms_norm's order
+#include "kernels/cuda/static_switch.h"
 
 namespace xt {
 namespace kernels {
@@ -673,14 +674,11 @@ void decode_attention(DType dt, const void* q, const void* k_cache, const void* 
       const C qscale = static_cast<C>(scale * kLog2e);
       auto* err = xt::cuda::index_error_record(on.device);
       const unsigned blocks = static_cast<unsigned>(B * Hkv);
-      if (packs)
-        decode_one_pass_kernel<kPackElems, T><<<blocks, kOneThreads, one_smem, on.s>>>(
+      XT_BOOL_SWITCH(packs, kPacks, [&] {
+        decode_one_pass_kernel<kPacks ? kPackElems : 1, T><<<blocks, kOneThreads, one_smem, on.s>>>(
             qp, kp, vp, len, static_cast<T*>(out), L, static_cast<int>(H), static_cast<int>(Hkv),
             static_cast<int>(D), qscale, err);
-      else
-        decode_one_pass_kernel<1, T><<<blocks, kOneThreads, one_smem, on.s>>>(
-            qp, kp, vp, len, static_cast<T*>(out), L, static_cast<int>(H), static_cast<int>(Hkv),
-            static_cast<int>(D), qscale, err);
+      });
       XT_LAUNCH_CHECK();
       return;
     }
@@ -694,14 +692,11 @@ void decode_attention(DType dt, const void* q, const void* k_cache, const void* 
       const bool vec = D % (16 / static_cast<int64_t>(sizeof(T))) == 0 && aligned_to(k_cache, 16);
       const C qscale = static_cast<C>(scale * kLog2e);
       auto* err = xt::cuda::index_error_record(on.device);
-      if (vec)
-        decode_partial_kernel<true, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
+      XT_BOOL_SWITCH(vec, kVec, [&] {
+        decode_partial_kernel<kVec, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
             qp, kp, vp, len, po, pm, pl, L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), chunk,
             static_cast<int>(nchunks), qscale, err);
-      else
-        decode_partial_kernel<false, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
-            qp, kp, vp, len, po, pm, pl, L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), chunk,
-            static_cast<int>(nchunks), qscale, err);
+      });
       XT_LAUNCH_CHECK();
     }
     const int threads = static_cast<int>(ceil_div(D, kWarp) * kWarp);
@@ -775,12 +770,14 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
     const unsigned blocks = static_cast<unsigned>(B * Hkv + pf_blocks);
     with_lanes(D, [&](auto g) {
       constexpr int Gl = decltype(g)::value;
-      auto kernel = packs ? decode_prep_one_pass_kernel<Gl, kPackElems, T, W> : decode_prep_one_pass_kernel<Gl, 1, T, W>;
-      launch_early(kernel, blocks, kOneThreads, total, on, static_cast<const T*>(q), static_cast<const T*>(k),
-                   static_cast<const T*>(v), static_cast<const W*>(wq), static_cast<const W*>(wk), static_cast<T*>(k_cache),
-                   static_cast<T*>(v_cache), pos, len, static_cast<T*>(out), L, static_cast<int>(H),
-                   static_cast<int>(Hkv), static_cast<int>(D), eps, theta, qscale, static_cast<int>(attn_al), ranges,
-                   err);
+      XT_BOOL_SWITCH(packs, kPacks, [&] {
+        launch_early(decode_prep_one_pass_kernel<Gl, kPacks ? kPackElems : 1, T, W>, blocks, kOneThreads, total, on,
+                     static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                     static_cast<const W*>(wq), static_cast<const W*>(wk), static_cast<T*>(k_cache),
+                     static_cast<T*>(v_cache), pos, len, static_cast<T*>(out), L, static_cast<int>(H),
+                     static_cast<int>(Hkv), static_cast<int>(D), eps, theta, qscale, static_cast<int>(attn_al),
+                     ranges, err);
+      });
     });
   });
   if (fused) return;

@@ -12,6 +12,7 @@
 #include <initializer_list>
 
 #include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/static_switch.h"
 
 namespace xt {
 namespace kernels {
@@ -32,16 +33,6 @@ bool aligned16(std::initializer_list<const void*> ptrs) {
 
 bool tensor_core_path(DType dt, int64_t D, std::initializer_list<const void*> ptrs) {
   return dt == DType::BFloat16 && (D == 32 || D == 64 || D == 128) && aligned16(ptrs);
-}
-
-// Calls fn(std::integral_constant<int, D>{}) for D in {32, 64, 128}.
-template <typename Fn>
-void with_head_dim(int64_t D, Fn&& fn) {
-  switch (D) {
-    case 32: fn(std::integral_constant<int, 32>{}); break;
-    case 64: fn(std::integral_constant<int, 64>{}); break;
-    default: fn(std::integral_constant<int, 128>{}); break;
-  }
 }
 
 // Kernel's dynamic shared memory above the default 48 KB needs an opt-in, once per device.
@@ -74,8 +65,7 @@ void flash_attention_forward(DType dt, const void* q, const void* k, const void*
   OnStream on(stream);
   if (tensor_core_path(dt, D, {q, k, v, out})) {
     const Dims n = flash::make_dims(B, S, H, Hkv, scale, causal);
-    with_head_dim(D, [&](auto d) {
-      constexpr int kD = decltype(d)::value;
+    XT_INT_SWITCH(D, kD, (32, 64, 128), [&] {
       constexpr int smem = flash::fwd_smem<kD>();
       allow_smem<flash::flash_forward_kernel<kD>>(smem, on.device);
       flash::flash_forward_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, smem, on.s>>>(
@@ -116,10 +106,10 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (tc) {
         const Dims n = flash::make_dims(B, S, H, Hkv, scale, causal);
-        with_head_dim(D, [&](auto d) {
+        XT_INT_SWITCH(D, kD, (32, 64, 128), [&] {
           // Each kernel's form and occupancy per D: Notes [A fragments kept in registers] and
           // [Backward occupancy] (flash_attention.cuh).
-          constexpr int kD = decltype(d)::value, kBR = flash::dkdv_rows<kD>();
+          constexpr int kBR = flash::dkdv_rows<kD>();
           constexpr int dq_smem = flash::dq_smem<kD>(), dkdv_smem = flash::dkdv_smem<kD>();
           allow_smem<flash::flash_backward_dq_kernel<kD>>(dq_smem, on.device);
           allow_smem<flash::flash_backward_dkdv_kernel<kD, kBR>>(dkdv_smem, on.device);

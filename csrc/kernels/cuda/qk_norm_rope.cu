@@ -9,6 +9,7 @@
 //    wide backward runs the composition itself (rope's inverse, then rmsnorm_backward).
 //  - Launch shapes depend only on the problem sizes (never on the GPU), so the bits do too.
 #include "kernels/cuda/qk_norm_rope.cuh"
+#include "kernels/cuda/static_switch.h"
 
 namespace xt {
 namespace kernels {
@@ -17,18 +18,6 @@ namespace cuda {
 namespace {
 
 constexpr int kPrepThreads = 128;  // groups of G lanes over the token's head rows
-
-// Calls fn(std::integral_constant<int, D>{}) and returns true when D has the register path
-// (qk_prep::prep_reg_dim), else returns false.
-template <typename Fn>
-bool with_prep_reg_dim(int64_t D, Fn&& fn) {
-  switch (D) {
-    case 32: fn(std::integral_constant<int, 32>{}); return true;
-    case 64: fn(std::integral_constant<int, 64>{}); return true;
-    case 128: fn(std::integral_constant<int, 128>{}); return true;
-    default: return false;
-  }
-}
 
 // A head-preparation launcher's common part: nothing to do for an empty problem, the size checks,
 // then fn(TypeTag<T>, TypeTag<W>, on, head rows) on the stream's device.
@@ -54,18 +43,19 @@ void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, co
     using T = typename decltype(xtag)::type;
     using W = typename decltype(wtag)::type;
     using C = compute_t<T>;
-    const bool reg = with_prep_reg_dim(D, [&](auto d) {  // Note [Head preparation in registers]
-      constexpr int kD = decltype(d)::value;
-      const int64_t tpb = qk_prep::prep_tokens_per_block<kD, T>(H, Hkv);  // Note [Head preparation occupancy]
-      const size_t smem = sizeof(C) * static_cast<size_t>(tpb * D);  // cos and sin of tpb tokens
-      qk_prep::qk_norm_rope_forward_reg_kernel<kD, T, W>
-          <<<static_cast<unsigned>(ceil_div(B * S, tpb)), kThreads, smem, on.s>>>(
-              static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq),
-              static_cast<const W*>(wk), static_cast<T*>(q_out), static_cast<T*>(k_out), rstd_q, rstd_k, B * S,
-              static_cast<int>(S), hr, static_cast<int>(tpb), static_cast<int>(D), eps, theta);
+    if (qk_prep::prep_reg_dim(D)) {  // Note [Head preparation in registers]
+      XT_INT_SWITCH(D, kD, (32, 64, 128), [&] {
+        const int64_t tpb = qk_prep::prep_tokens_per_block<kD, T>(H, Hkv);  // Note [Head preparation occupancy]
+        const size_t smem = sizeof(C) * static_cast<size_t>(tpb * D);  // cos and sin of tpb tokens
+        qk_prep::qk_norm_rope_forward_reg_kernel<kD, T, W>
+            <<<static_cast<unsigned>(ceil_div(B * S, tpb)), kThreads, smem, on.s>>>(
+                static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq),
+                static_cast<const W*>(wk), static_cast<T*>(q_out), static_cast<T*>(k_out), rstd_q, rstd_k, B * S,
+                static_cast<int>(S), hr, static_cast<int>(tpb), static_cast<int>(D), eps, theta);
+      });
       XT_LAUNCH_CHECK();
-    });
-    if (reg) return;
+      return;
+    }
     with_lanes(D, [&](auto g) {
       constexpr int G = decltype(g)::value;
       const size_t smem = sizeof(compute_t<T>) * static_cast<size_t>(D);  // cos and sin, D/2 each
@@ -128,17 +118,16 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
       if (part_k > 0) ks.partial = partial.as<C>() + part_q;
       const size_t smem = pq.smem > pk.smem ? pq.smem : pk.smem;  // each side's: <= 48 KB (prep_dw_plan)
       const unsigned nblocks = static_cast<unsigned>(qs.nblocks + ks.nblocks);
-      const bool reg = with_prep_reg_dim(D, [&](auto d) {  // Note [Head preparation in registers]
-        constexpr int kD = decltype(d)::value;
-        qk_prep::qk_norm_rope_backward_onepass_reg_kernel<kD, T, W><<<nblocks, kThreads, smem, on.s>>>(
-            qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
-        XT_LAUNCH_CHECK();
-      });
-      if (!reg) {
+      if (qk_prep::prep_reg_dim(D)) {  // Note [Head preparation in registers]
+        XT_INT_SWITCH(D, kD, (32, 64, 128), [&] {
+          qk_prep::qk_norm_rope_backward_onepass_reg_kernel<kD, T, W><<<nblocks, kThreads, smem, on.s>>>(
+              qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+        });
+      } else {
         qk_prep::qk_norm_rope_backward_onepass_kernel<G, T, W><<<nblocks, kThreads, smem, on.s>>>(
             qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
-        XT_LAUNCH_CHECK();
       }
+      XT_LAUNCH_CHECK();
       if (part_q + part_k > 0) {
         qk_prep::qk_norm_rope_dw_tree_kernel<T, W>
             <<<dim3(static_cast<unsigned>(ceil_div(D, rmsnorm::kFinalCols)), 2), rmsnorm::kTreeThreads,

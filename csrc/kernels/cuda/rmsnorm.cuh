@@ -359,17 +359,6 @@ rmsnorm_forward_wide_kernel(const bf16_t* __restrict__ x, const bf16_t* __restri
   }
 }
 
-// Calls fn(std::integral_constant<int, NC>{}) for NC = wide_forward_chunks (1..kWideFwdMaxChunks).
-template <typename Fn>
-void with_wide_chunks(int nc, Fn&& fn) {
-  switch (nc) {
-    case 1: fn(std::integral_constant<int, 1>{}); break;
-    case 2: fn(std::integral_constant<int, 2>{}); break;
-    case 3: fn(std::integral_constant<int, 3>{}); break;
-    default: fn(std::integral_constant<int, 4>{}); break;
-  }
-}
-
 // y = rmsnorm(x): G lanes per row (group_row), rows_per_block<G>() rows per block.
 template <int G, typename T, typename W>
 __global__ void rmsnorm_forward_kernel(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y,
