@@ -53,7 +53,7 @@ def parse_args(argv=None):
                    help="also profile one cached call (PyTorch's profiler, CUDA only): GPU kernel ms per "
                         "decode step and the kernels that take it (the decode kernels start early, so a "
                         "kernel's time includes its blocks' wait for the one ahead and the sum exceeds the "
-                        "step; XT_EARLY_LAUNCH=0 gives additive times)")
+                        "step)")
     prec = p.add_mutually_exclusive_group()
     prec.add_argument("--bf16", dest="bf16", action="store_true", default=None,
                       help="mixed precision bf16 (default on CUDA)")

@@ -127,7 +127,7 @@ void check_not_capturing(const char* what);
 // weights, its norm weights and residual, the KV cache's earlier slots, positions and lengths)
 // is written by the launch just before it: the generator's decode step keeps that promise.
 // early_launch(device): whether a launch on that device starts early now: asked for by this
-// thread, the device is sm_90 or later, and XT_EARLY_LAUNCH is not 0 (the A/B switch).
+// thread, and the device is sm_90 or later.
 bool set_early_launch(bool on);
 bool early_launch(int device);
 

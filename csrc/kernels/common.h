@@ -165,7 +165,7 @@ template <> struct NegInf<double> { static XT_HD double get() { return -HUGE_VAL
 
 // ------------------------------------------------------------------ RMSNorm and RoPE row math
 
-// What rms_norm, rope and the fused q/k head preparation (flash_attention) compute per element,
+// What rms_norm, rope and the fused q/k head preparation (qk_norm_rope) compute per element,
 // written once so the fused op is bitwise the composition on each backend. The sums of squares
 // are each backend's own (the CPU in index order, CUDA in lane groups: kernels/cuda/common.cuh).
 

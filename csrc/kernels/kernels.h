@@ -198,7 +198,7 @@ inline float adamw_no_decay(const AdamWParams& hp) { return 1.0f - hp.lr * 0.0f;
                                 const void* dout, const void* lse, void* dq, void* dk, void* dv,        \
                                 int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale,  \
                                 bool causal, void* stream);                                             \
-  /* ---- fused q/k head preparation (kernels/{cpu,cuda}/flash_attention): rms_norm over D (weights */ \
+  /* ---- fused q/k head preparation (kernels/{cpu,cuda}/qk_norm_rope): rms_norm over D (weights */    \
   /* wq, wk [D] of w_dt = dt or float32, eps) then rope (positions 0..S-1) on q [B, S, H, D] and */     \
   /* k [B, S, Hkv, D], with the arithmetic and rounding points of rmsnorm_forward + rope (bitwise */    \
   /* equal on the same backend). rstd_q [B*S*H], rstd_k [B*S*Hkv] float32. H or Hkv may be 0 (that */   \
@@ -245,11 +245,12 @@ inline float adamw_no_decay(const AdamWParams& hp) { return 1.0f - hp.lr * 0.0f;
                              const int64_t* pos, const int64_t* len, void* out, int64_t B, int64_t L,   \
                              int64_t H, int64_t Hkv, int64_t D, float eps, float theta, double scale,   \
                              int n_pf, const void* const* pf, const int64_t* pf_bytes, void* stream);   \
-  /* greedy_next: per row b of logits [B, V] (dt), tok = argmax (the first of equal maxima; NaN */     \
-  /* above every number, the first NaN). state int64 [6, B] rows: 0 token, 1 position, 2 length, */   \
-  /* 3 limit, 4 done, 5 count. A row not done whose position + 1 < limit takes tok: token = tok, */   \
-  /* position += 1, length = position + 1, done when tok == stop (stop < 0: never); otherwise it */    \
-  /* is done and keeps its state. ring[(count % R) * B + b] = tok taken or -1; count += 1. */         \
+  /* ---- greedy pick (kernels/{cpu,cuda}/greedy_next): per row b of logits [B, V] (dt), */             \
+  /* tok = argmax (the first of equal maxima; NaN above every number, the first NaN). state int64 */    \
+  /* [6, B] rows: 0 token, 1 position, 2 length, 3 limit, 4 done, 5 count. A row not done whose */      \
+  /* position + 1 < limit takes tok: token = tok, position += 1, length = position + 1, done when */    \
+  /* tok == stop (stop < 0: never); otherwise it is done and keeps its state. */                        \
+  /* ring[(count % R) * B + b] = tok taken or -1; count += 1. */                                        \
   void greedy_next(DType dt, const void* logits, int64_t B, int64_t V, int64_t* state, int64_t* ring,  \
                    int64_t R, int64_t stop, void* stream);                                              \
   /* ---- cross entropy (kernels/{cpu,cuda}/cross_entropy): logits [rows, vocab] with row stride ld */     \

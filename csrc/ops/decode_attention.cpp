@@ -1,5 +1,5 @@
-// Decode attention: the two ops of generation with a KV cache (python/xtrain/models/generate.py),
-// argument checks and dispatch to kernels/{cpu,cuda}/decode_attention. Inference only: neither op
+// Decode attention: the ops of generation with a KV cache (python/xtrain/models/generate.py),
+// argument checks and dispatch to kernels/{cpu,cuda}/decode_attention. Inference only: no op here
 // records history (their inputs are activations under no_grad).
 //
 //  - kv_cache_write_(cache, x, positions) writes x [B, S, Hkv, D] into the preallocated cache
@@ -13,9 +13,6 @@
 //    position; k and v written into their cache slots) then decode_attention of that q over
 //    lengths, bitwise those ops; on CUDA one kernel where the one-pass attention applies (the
 //    batch-1 decode step: one launch per layer fewer).
-//  - greedy_next_(logits, state, ring, stop) picks each row's most likely token on the device and
-//    advances the row's decode state (token, position, length), so a greedy decode loop needs no
-//    host round trip per token (generation's replayed steps read the ring every R tokens).
 // Positions and lengths are checked on the CPU before the kernel runs and by the kernel on CUDA
 // (Note [Device-side index checks], core/cuda/cuda_check.h: a host check would sync every step).
 #include <cmath>
@@ -184,33 +181,6 @@ Tensor decode_prep_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
             B, L, H, Hkv, D, static_cast<float>(eps), static_cast<float>(theta), sc, static_cast<int>(pf.size()),
             pf.data(), pf_bytes.data(), stream_for(q.device()));
   return out;
-}
-
-void greedy_next_(const Tensor& logits, const Tensor& state, const Tensor& ring, int64_t stop) {
-  const char* op = "greedy_next_";
-  check_floating(logits, op, "logits");
-  XT_CHECK(logits.dim() == 2 && logits.size(1) >= 1, ValueError, op,
-           ": logits must be [B, V] with V >= 1, got ", logits.describe());
-  const int64_t B = logits.size(0);
-  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{state, "state"}, {ring, "ring"}}) {
-    check_defined(t, name);
-    XT_CHECK(t.dtype() == DType::Int64, TypeError, op, ": ", name, " must be int64, got ", t.describe());
-    check_same_device(logits, t, op, "logits", name);
-  }
-  XT_CHECK((state.shape() == Shape{6, B}), ValueError, op, ": state must be [6, B] (token, position, length, limit, done, "
-           "count per row) for logits ", logits.describe(), ", got ", state.describe());
-  XT_CHECK(ring.dim() == 2 && ring.size(0) >= 1 && ring.size(1) == B, ValueError, op,
-           ": ring must be [R, B] with R >= 1 for logits ", logits.describe(), ", got ", ring.describe());
-  if (!state.device().is_cuda()) {
-    const int64_t* c = state.data<int64_t>() + 5 * B;
-    for (int64_t b = 0; b < B; ++b)
-      XT_CHECK(c[b] >= 0, ValueError, op, ": state's count[", b, "] must be >= 0, got ", c[b]);
-  }
-  state.bump_version();
-  ring.bump_version();
-  if (B == 0) return;
-  XT_KERNEL(logits.device(), greedy_next, logits.dtype(), logits.data_ptr(), B, logits.size(1),
-            state.data<int64_t>(), ring.data<int64_t>(), ring.size(0), stop, stream_for(logits.device()));
 }
 
 }  // namespace ops

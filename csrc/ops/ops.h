@@ -189,8 +189,8 @@ Tensor log_softmax(const Tensor& x);
 Tensor softmax_forward(const Tensor& x, bool log);
 Tensor softmax_backward(const Tensor& y, const Tensor& dy, bool log);
 
-// ---- flash attention and the fused q/k head preparation (ops/flash_attention.cpp), on tensors in
-// the (B, S, heads, D) layout the projection GEMMs write (a [B*S, heads*D] matrix reshaped).
+// ---- flash attention (ops/flash_attention.cpp), on tensors in the (B, S, heads, D) layout the
+// projection GEMMs write (a [B*S, heads*D] matrix reshaped).
 // flash_attention: q [B, S, H, D], k and v [B, S, Hkv, D] with H % Hkv == 0 (query head h reads kv
 // head h / (H / Hkv)), one floating dtype, 1 <= D <= 256; scale <= 0 selects 1/sqrt(D). Returns
 // (out [B, S, H, D], lse [B, H, S]: float32, float64 for float64 inputs; lse is not differentiable).
@@ -201,6 +201,8 @@ std::pair<Tensor, Tensor> flash_attention_forward(const Tensor& q, const Tensor&
                                                   double scale);
 std::vector<Tensor> flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                              const Tensor& lse, const Tensor& dout, bool causal, double scale);
+
+// ---- the fused q/k head preparation (ops/qk_norm_rope.cpp), in the same layout.
 // qk_norm_rope: rope(rms_norm(x, w, eps), theta) over D for x = q [B, S, H, D] and k [B, S, Hkv, D]
 // (D even; the weights [D] in x's dtype or float32, one dtype for both), positions 0..S-1, bitwise
 // equal to ops::rms_norm followed by ops::rope on the same device. Returns (q_out, k_out).
@@ -236,6 +238,8 @@ Tensor decode_prep_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
                              const Tensor& v_cache, const Tensor& positions, const Tensor& lengths, const Tensor& wq,
                              const Tensor& wk, double eps, double theta, double scale,
                              const std::vector<Tensor>& prefetch = {});
+
+// ---- the greedy pick of a decode step (ops/greedy_next.cpp), not differentiable.
 // greedy_next_: logits [B, V]; state int64 [6, B] (token, position, length, limit, done, count per
 // row; kernels.h's greedy_next has the rules); ring int64 [R, B]; stop < 0 means no stop token.
 void greedy_next_(const Tensor& logits, const Tensor& state, const Tensor& ring, int64_t stop);

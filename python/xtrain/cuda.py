@@ -67,11 +67,11 @@ class early_launch:
     """`with xtrain.cuda.early_launch():` this thread's launches of the decode step's kernels
     (the matrix-vector products, the fused decode attention, the greedy pick) may start before the
     kernel ahead of them has finished: they load their weights while it drains, then wait for it
-    (programmatic dependent launch, sm_90 and later; `XT_EARLY_LAUNCH=0` switches it off). The
-    values do not change. The block promises that nothing such a kernel reads before its wait (its
-    weights, norm weights and residual input, the KV cache's earlier slots, positions, lengths) is
-    written by the launch just before it; the generator's decode step keeps that promise, other
-    code should not enter it (Note [Early launch of the decode step's kernels])."""
+    (programmatic dependent launch, sm_90 and later). The values do not change. The block promises
+    that nothing such a kernel reads before its wait (its weights, norm weights and residual input,
+    the KV cache's earlier slots, positions, lengths) is written by the launch just before it; the
+    generator's decode step keeps that promise, other code should not enter it (Note [Early launch
+    of the decode step's kernels])."""
 
     def __init__(self, on: bool = True):
         self.on = bool(on)

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -115,32 +114,27 @@ TEST_F(GraphMemset, EveryShapeWritesTheSameBytesInTheSameOrder) {
   cudaFree(buf);
 }
 
-// Through cuda::Graph: a captured cudaMemsetAsync replays as a kernel node (and stays a memset
-// node under XT_GRAPH_KEEP_MEMSETS=1), writing the same bytes.
+// Through cuda::Graph: a captured cudaMemsetAsync replays as a kernel node, writing the same bytes.
 TEST_F(GraphMemset, ACapturedMemsetReplaysAsAKernel) {
-  for (const char* keep : {"0", "1"}) {
-    setenv("XT_GRAPH_KEEP_MEMSETS", keep, 1);
-    uint8_t* buf = nullptr;
-    CK(cudaMalloc(&buf, 1000));
-    void* s = cuda::current_stream(0);
-    {
-      cuda::Graph g(0);
-      g.capture_begin();
-      CK(cudaMemsetAsync(buf + 3, 0xC3, 990, static_cast<cudaStream_t>(s)));
-      g.capture_end();
-      EXPECT_EQ(g.memsets_as_kernels(), keep[0] == '0' ? 1 : 0);
-      EXPECT_EQ(g.num_nodes(), 1);
-      CK(cudaMemset(buf, 0, 1000));
-      CK(cudaDeviceSynchronize());
-      g.replay();
-      CK(cudaStreamSynchronize(static_cast<cudaStream_t>(s)));
-      std::vector<uint8_t> got(1000);
-      CK(cudaMemcpy(got.data(), buf, 1000, cudaMemcpyDeviceToHost));
-      for (size_t i = 0; i < 1000; i++) ASSERT_EQ(got[i], i >= 3 && i < 993 ? 0xC3 : 0) << "byte " << i;
-    }
-    cudaFree(buf);
+  uint8_t* buf = nullptr;
+  CK(cudaMalloc(&buf, 1000));
+  void* s = cuda::current_stream(0);
+  {
+    cuda::Graph g(0);
+    g.capture_begin();
+    CK(cudaMemsetAsync(buf + 3, 0xC3, 990, static_cast<cudaStream_t>(s)));
+    g.capture_end();
+    EXPECT_EQ(g.memsets_as_kernels(), 1);
+    EXPECT_EQ(g.num_nodes(), 1);
+    CK(cudaMemset(buf, 0, 1000));
+    CK(cudaDeviceSynchronize());
+    g.replay();
+    CK(cudaStreamSynchronize(static_cast<cudaStream_t>(s)));
+    std::vector<uint8_t> got(1000);
+    CK(cudaMemcpy(got.data(), buf, 1000, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < 1000; i++) ASSERT_EQ(got[i], i >= 3 && i < 993 ? 0xC3 : 0) << "byte " << i;
   }
-  unsetenv("XT_GRAPH_KEEP_MEMSETS");
+  cudaFree(buf);
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
-// The CUDA flash attention and head-preparation kernels (csrc/kernels/cuda/flash_attention.cuh),
-// run on the CPU under the warp/block emulator (cuda_emu.h) and compared with the CPU reference
-// kernels (csrc/kernels/cpu/flash_attention.cpp). What it checks before any GPU run: fragment and
-// tile indexing, masking of partial and causal tiles, GQA head mapping, the cp.async pipeline
-// (copies land only at their wait), barriers (three schedules of the threads give the same bits),
-// and the backward's recompute scheme. What it cannot check: the hardware's rounding, speed.
+// The CUDA flash attention and head-preparation kernels (csrc/kernels/cuda/flash_attention.cuh,
+// qk_norm_rope.cuh), run on the CPU under the warp/block emulator (cuda_emu.h) and compared with
+// the CPU reference kernels (csrc/kernels/cpu/flash_attention.cpp, qk_norm_rope.cpp). What it
+// checks before any GPU run: fragment and tile indexing, masking of partial and causal tiles, GQA
+// head mapping, the cp.async pipeline (copies land only at their wait), barriers (three schedules
+// of the threads give the same bits), and the backward's recompute scheme. What it cannot check:
+// the hardware's rounding, speed.
 //   tests/emu/run.sh [--quick | --schedules | --prep]   (builds with g++ against build-cpu/libxtrain_core.a)
 #include <cstdio>
 #include <cstring>
@@ -14,6 +15,7 @@
 
 #include "core/bf16.h"
 #include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/qk_norm_rope.cuh"
 #include "kernels/kernels.h"
 
 namespace {
@@ -21,6 +23,7 @@ namespace {
 using xt::DType;
 namespace cu = xt::kernels::cuda;
 namespace fl = xt::kernels::cuda::flash;
+namespace qp = xt::kernels::cuda::qk_prep;
 namespace cpu = xt::kernels::cpu;
 using bf16_t = xt::kernels::bf16_t;  // __nv_bfloat16 under the emulation (kernels/common.h)
 
@@ -226,14 +229,14 @@ void prep_dw_tree_cases() {
                   [&] { rn::rmsnorm_dw_tree_kernel<float, float>(pq.data(), nparts, want_q.data(), D); });
       emu::launch(grid, dim3(rn::kTreeThreads), rn::tree_smem<float>(),
                   [&] { rn::rmsnorm_dw_tree_kernel<float, float>(pk.data(), nparts, want_k.data(), D); });
-      fl::OnePassSide<float, float> qs{}, ks{};
+      qp::OnePassSide<float, float> qs{}, ks{};
       qs.partial = const_cast<float*>(pq.data());
       ks.partial = const_cast<float*>(pk.data());
       qs.dw = got_q.data();
       ks.dw = got_k.data();
       qs.nblocks = ks.nblocks = nparts;
       emu::launch(dim3(grid.x, 2), dim3(rn::kTreeThreads), rn::tree_smem<float>(),
-                  [&] { fl::qk_norm_rope_dw_tree_kernel<float, float>(qs, ks, D); });
+                  [&] { qp::qk_norm_rope_dw_tree_kernel<float, float>(qs, ks, D); });
       expect("dw tree bitwise rmsnorm_dw_tree_kernel's, D " + std::to_string(D) + ", " + std::to_string(nparts) +
                  " partial rows",
              got_q == want_q && got_k == want_k);
@@ -250,7 +253,7 @@ constexpr int reg_dim_of() {
   return G == cu::lanes_for(32) ? 32 : G == cu::lanes_for(64) ? 64 : 128;
 }
 
-// The register-path forward (Note [Head preparation in registers]) as flash_attention.cu launches
+// The register-path forward (Note [Head preparation in registers]) as qk_norm_rope.cu launches
 // it, bit for bit against the general kernel's outputs (yq, yk, rstd), under the schedules.
 template <typename T>
 void prep_forward_reg(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const std::vector<float>& wk,
@@ -261,17 +264,17 @@ void prep_forward_reg(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const 
   // tokens per block (0: prep_tokens_per_block's). Neither may change a bit.
   const auto run = [&](auto d, emu::Schedule schedule, auto rows, int64_t tpb_override) {
     constexpr int kD = decltype(d)::value, kR = decltype(rows)::value;
-    const int64_t tpb = tpb_override > 0 ? tpb_override : fl::prep_tokens_per_block<kD, T>(H, Hkv);
+    const int64_t tpb = tpb_override > 0 ? tpb_override : qp::prep_tokens_per_block<kD, T>(H, Hkv);
     Buf<T> oq(yq.v.size()), ok(yk.v.size());
     std::vector<float> sq(rsq.size(), -1.f), sk(rsk.size(), -1.f);
     emu::set_schedule(schedule);
     emu::launch(dim3(unsigned(cu::ceil_div(int64_t(B) * S, tpb))), dim3(cu::kThreads), sizeof(C) * size_t(tpb * D), [&] {
       const auto args = std::make_tuple(q.p(), k.p(), wq.data(), wk.data(), oq.p(), ok.p(), sq.data(), sk.data(),
-                                        int64_t(B) * S, S, fl::HeadRows{H, Hkv}, int(tpb), D, eps, theta);
+                                        int64_t(B) * S, S, qp::HeadRows{H, Hkv}, int(tpb), D, eps, theta);
       if constexpr (kR == 0)
-        std::apply(fl::qk_norm_rope_forward_reg_kernel<kD, T, float>, args);
+        std::apply(qp::qk_norm_rope_forward_reg_kernel<kD, T, float>, args);
       else
-        std::apply(fl::qk_norm_rope_forward_reg_kernel<kD, T, float, kR>, args);
+        std::apply(qp::qk_norm_rope_forward_reg_kernel<kD, T, float, kR>, args);
     });
     emu::set_schedule(emu::Schedule::Lockstep);
     const std::string tag = "  register forward (" + (kR == 0 ? std::string("launch shape") : std::to_string(kR) +
@@ -317,38 +320,38 @@ void prep_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
   cpu::qk_norm_rope_backward(dt, DType::Float32, q.p(), k.p(), wq.data(), wk.data(), rrq.data(), rrk.data(),
                              dq_out.p(), dk_out.p(), rdq.p(), rdk.p(), rdwq.data(), rdwk.data(), B, S, H, Hkv, D,
                              theta, nullptr);
-  // emulated CUDA kernels, launched as flash_attention.cu does (the forward; the backward of head
+  // emulated CUDA kernels, launched as qk_norm_rope.cu does (the forward; the backward of head
   // dims without a one-pass plan: dx kernel + column sums; prep_onepass_case covers the one-pass one)
   Buf<T> yq(nq), yk(nk), dq(nq), dk(nk);
   std::vector<float> rsq(nq / D), rsk(nk / D), dwq(D), dwk(D);
-  const fl::HeadRows hr{H, Hkv};
+  const qp::HeadRows hr{H, Hkv};
   cu::with_lanes(D, [&](auto g) {
     constexpr int G = decltype(g)::value;
     emu::launch(dim3(B * S), dim3(128), sizeof(C) * D, [&] {
-      fl::qk_norm_rope_forward_kernel<G, T, float>(q.p(), k.p(), wq.data(), wk.data(), yq.p(), yk.p(), rsq.data(),
+      qp::qk_norm_rope_forward_kernel<G, T, float>(q.p(), k.p(), wq.data(), wk.data(), yq.p(), yk.p(), rsq.data(),
                                                    rsk.data(), S, hr, D, eps, theta);
     });
     emu::launch(dim3(B * S), dim3(128), sizeof(C) * D, [&] {
-      fl::qk_norm_rope_dx_kernel<G, T, float>(q.p(), k.p(), wq.data(), wk.data(), rsq.data(), rsk.data(),
+      qp::qk_norm_rope_dx_kernel<G, T, float>(q.p(), k.p(), wq.data(), wk.data(), rsq.data(), rsk.data(),
                                               dq_out.p(), dk_out.p(), dq.p(), dk.p(), S, hr, D, theta);
     });
   });
   const auto side = [&](const void* x, const float* rstd, const void* dy, float* dw, int heads, C* partial) {
     const cu::ColumnSumPlan plan = cu::column_sum_plan(int64_t(B) * S * heads, D);
-    return fl::DwSide{x, rstd, dy, dw, partial, heads, int64_t(B) * S * heads, plan.rows_per_chunk, int(plan.nchunks)};
+    return qp::DwSide{x, rstd, dy, dw, partial, heads, int64_t(B) * S * heads, plan.rows_per_chunk, int(plan.nchunks)};
   };
   std::vector<C> part(size_t(2) * 1024 * D);
-  const fl::DwSide qs = side(q.p(), rsq.data(), dq_out.p(), dwq.data(), H, part.data());
-  const fl::DwSide ks = side(k.p(), rsk.data(), dk_out.p(), dwk.data(), Hkv, part.data() + size_t(1024) * D);
+  const qp::DwSide qs = side(q.p(), rsq.data(), dq_out.p(), dwq.data(), H, part.data());
+  const qp::DwSide ks = side(k.p(), rsk.data(), dk_out.p(), dwk.data(), Hkv, part.data() + size_t(1024) * D);
   const cu::ColumnSumPlan plan = cu::column_sum_plan(1, D);
   const int max_chunks = std::max(qs.nchunks, ks.nchunks);
   emu::launch(dim3(unsigned(plan.col_blocks), unsigned(max_chunks), 2), dim3(plan.threads), 0,
-              [&] { fl::qk_norm_rope_dw_partial_kernel<T, float>(qs, ks, S, D, theta); });
+              [&] { qp::qk_norm_rope_dw_partial_kernel<T, float>(qs, ks, S, D, theta); });
   if (max_chunks > 1)
     emu::launch(dim3(unsigned(plan.col_blocks), 1, 2), dim3(plan.threads), 0,
-                [&] { fl::qk_norm_rope_dw_final_kernel<T, float>(qs, ks, D); });
+                [&] { qp::qk_norm_rope_dw_final_kernel<T, float>(qs, ks, D); });
   std::printf("  (dw row chunks: q %d, k %d)\n", qs.nchunks, ks.nchunks);
-  if (fl::prep_reg_dim(D)) prep_forward_reg(q, k, wq, wk, yq, yk, rsq, rsk, B, S, H, Hkv, D, eps, theta);
+  if (qp::prep_reg_dim(D)) prep_forward_reg(q, k, wq, wk, yq, yk, rsq, rsk, B, S, H, Hkv, D, eps, theta);
   expect_close("prep q", yq.floats(), rq.floats(), tol);
   expect_close("prep k", yk.floats(), rk.floats(), tol);
   expect_close("prep rstd_q", rsq, rrq, 1e-6);
@@ -407,7 +410,7 @@ struct PrepGrads {
   }
 };
 
-// qk_norm_rope's one-pass backward as flash_attention.cu launches it; min_table: each side's token
+// qk_norm_rope's one-pass backward as qk_norm_rope.cu launches it; min_table: each side's token
 // table only as large as one round of rows needs (refilled within the blocks).
 template <int G, typename T>
 PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const std::vector<float>& wk,
@@ -418,14 +421,14 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
   namespace rn = xt::kernels::cuda::rmsnorm;
   Buf<T> dq(q.v.size()), dk(k.v.size());
   std::vector<float> dwq(D, -1.f), dwk(D, -1.f);
-  const fl::PrepDwPlan pq = fl::prep_dw_plan<G, C>(int64_t(B) * S * H, H, D);
-  const fl::PrepDwPlan pk = fl::prep_dw_plan<G, C>(int64_t(B) * S * Hkv, Hkv, D);
+  const qp::PrepDwPlan pq = qp::prep_dw_plan<G, C>(int64_t(B) * S * H, H, D);
+  const qp::PrepDwPlan pk = qp::prep_dw_plan<G, C>(int64_t(B) * S * Hkv, Hkv, D);
   if (pq.smem == 0 || pk.smem == 0) {
     expect("one-pass plan exists", false);
     return {};
   }
   const auto side = [&](Buf<T>& x, const std::vector<float>& w, const std::vector<float>& rstd, Buf<T>& dy,
-                        Buf<T>& dx, std::vector<float>& dw, int heads, const fl::PrepDwPlan& p) {
+                        Buf<T>& dx, std::vector<float>& dw, int heads, const qp::PrepDwPlan& p) {
     int64_t tab = p.tab_tokens;
     if (min_table) tab = cu::ceil_div(int64_t(cu::kThreads / G) - 1, int64_t(heads)) + 1;
     const int64_t rows = int64_t(B) * S * heads;
@@ -435,10 +438,10 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
       nblocks = cu::ceil_div(rows, rpb);
       if (!min_table) tab = cu::ceil_div(rpb - 1, int64_t(heads)) + 1;
     }
-    return fl::OnePassSide<T, float>{x.p(), w.data(), rstd.data(), dy.p(), dx.p(), dw.data(), nullptr, rows, rpb,
+    return qp::OnePassSide<T, float>{x.p(), w.data(), rstd.data(), dy.p(), dx.p(), dw.data(), nullptr, rows, rpb,
                                      nblocks, heads, tab};
   };
-  fl::OnePassSide<T, float> qs = side(q, wq, rsq, dq_out, dq, dwq, H, pq), ks = side(k, wk, rsk, dk_out, dk, dwk, Hkv, pk);
+  qp::OnePassSide<T, float> qs = side(q, wq, rsq, dq_out, dq, dwq, H, pq), ks = side(k, wk, rsk, dk_out, dk, dwk, Hkv, pk);
   std::vector<C> partial(size_t(qs.nblocks + ks.nblocks) * D);
   size_t smem = std::max(pq.smem, pk.smem);
   if (force_rows_per_block > 0)
@@ -448,16 +451,16 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
   const dim3 grid(unsigned(qs.nblocks + ks.nblocks));
   if (!reg) {
     emu::launch(grid, dim3(cu::kThreads), smem,
-                [&] { fl::qk_norm_rope_backward_onepass_kernel<G, T, float>(qs, ks, S, D, theta); });
-  } else {  // the register path of flash_attention.cu's D in {32, 64, 128}
+                [&] { qp::qk_norm_rope_backward_onepass_kernel<G, T, float>(qs, ks, S, D, theta); });
+  } else {  // the register path of qk_norm_rope.cu's D in {32, 64, 128}
     if constexpr (G == cu::lanes_for(32) || G == cu::lanes_for(64) || G == cu::lanes_for(128)) {
       constexpr int kD = reg_dim_of<G>();
       if (D != kD) expect("register path's head dim", false);
       emu::launch(grid, dim3(cu::kThreads), smem, [&] {
         switch (g_prep_bwd_rows) {  // rows in flight other than the launch shape's: the same bits
-          case 1: fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 1>(qs, ks, S, D, theta); break;
-          case 4: fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 4>(qs, ks, S, D, theta); break;
-          default: fl::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float>(qs, ks, S, D, theta); break;
+          case 1: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 1>(qs, ks, S, D, theta); break;
+          case 4: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 4>(qs, ks, S, D, theta); break;
+          default: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float>(qs, ks, S, D, theta); break;
         }
       });
     } else {
@@ -466,7 +469,7 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
   }
   if (qs.nblocks > 1 || ks.nblocks > 1)
     emu::launch(dim3(unsigned(cu::ceil_div(D, rn::kFinalCols)), 2), dim3(rn::kTreeThreads), rn::tree_smem<C>(),
-                [&] { fl::qk_norm_rope_dw_tree_kernel<T, float>(qs, ks, D); });
+                [&] { qp::qk_norm_rope_dw_tree_kernel<T, float>(qs, ks, D); });
   if (info)
     *info = "G " + std::to_string(G) + "; q: " + std::to_string(qs.nblocks) + " blocks of " +
             std::to_string(qs.rows_per_block) + " rows (" + std::to_string(qs.rows) + "), table " +
@@ -505,7 +508,7 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
       want = {cdq.floats(), cdk.floats(), cdwq, cdwk};
     }
     std::string info;
-    const bool reg = fl::prep_reg_dim(D);  // what flash_attention.cu launches
+    const bool reg = qp::prep_reg_dim(D);  // what qk_norm_rope.cu launches
     const PrepGrads got = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta, false,
                                              reg, &info);
     std::printf("  (%s; %s kernel)\n", info.c_str(), reg ? "register" : "general");
@@ -544,7 +547,7 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
       // Blocks of more rows than a batch of the register kernel holds (onepass_plan's blocks of
       // 8 * G rows and more at > 1024 * 64 / G rows): its batch loop, partial batches and table
       // refills, bit for bit against the general kernel under the same plan.
-      for (const int64_t rpb : {int64_t(cu::kThreads / G) * fl::prep_shape<reg_dim_of<G>(), T>().bwd_rows + 5,
+      for (const int64_t rpb : {int64_t(cu::kThreads / G) * qp::prep_shape<reg_dim_of<G>(), T>().bwd_rows + 5,
                                 int64_t(200)})
         for (const bool min_table : {false, true}) {
           const auto plan_run = [&](bool use_reg, emu::Schedule schedule) {

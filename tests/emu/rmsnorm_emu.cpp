@@ -17,6 +17,7 @@
 
 #include "core/bf16.h"
 #include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/static_switch.h"
 #include "kernels/kernels.h"
 
 namespace {
@@ -388,8 +389,7 @@ void wide_forward_case(int64_t rows, int64_t dim) {
     for (const emu::Schedule s : kSchedules) {
       Poisoned<T> got(n, rows);
       emu::set_schedule(s);
-      rn::with_wide_chunks(nc, [&](auto c) {
-        constexpr int NC = decltype(c)::value;
+      XT_INT_SWITCH(nc, NC, (1, 2, 3, 4), [&] {
         const auto kernel = vec ? rn::rmsnorm_forward_wide_kernel<NC, kAdd, true, W>
                                 : rn::rmsnorm_forward_wide_kernel<NC, kAdd, false, W>;
         emu::launch(dim3(unsigned(cu::ceil_div(rows, int64_t(cu::kThreads / cu::kWarp)))), dim3(cu::kThreads), 0,

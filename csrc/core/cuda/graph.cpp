@@ -10,11 +10,9 @@
 //  - Replays run on the capturing thread's stream, so the pool's blocks (bound to that stream) and
 //    the eager work around each replay are ordered by the stream alone: no host sync, no event.
 //  - Before instantiation the captured memset nodes become kernel nodes writing the same bytes
-//    (Note [Memset nodes as kernels] in graph_memset.cu; XT_GRAPH_KEEP_MEMSETS=1 keeps them).
+//    (Note [Memset nodes as kernels] in graph_memset.cu).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <thread>
 
 #include "core/allocator.h"
@@ -129,13 +127,10 @@ void Graph::capture_end() {
     if (graph) cudaGraphDestroy(graph);
     throw_capture_error(err != cudaSuccess ? err : cudaErrorStreamCaptureInvalidated, "capture");
   }
-  const char* keep = std::getenv("XT_GRAPH_KEEP_MEMSETS");
-  if (!(keep && std::strcmp(keep, "1") == 0)) {
-    memsets_as_kernels_ = memset_nodes_to_kernels(graph, &err);
-    if (err != cudaSuccess) {
-      cudaGraphDestroy(graph);
-      throw_capture_error(err, "memset rewrite (Note [Memset nodes as kernels])");
-    }
+  memsets_as_kernels_ = memset_nodes_to_kernels(graph, &err);
+  if (err != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    throw_capture_error(err, "memset rewrite (Note [Memset nodes as kernels])");
   }
   size_t n = 0;
   err = cudaGraphGetNodes(graph, nullptr, &n);

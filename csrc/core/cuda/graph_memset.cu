@@ -13,7 +13,6 @@
 // are unchanged; only the node type differs. A contiguous, 16-byte aligned memset whose length is a
 // multiple of 16 bytes is written in 16-byte words; any other in its own element size, row by row.
 // A memset node joined by an edge that carries data (programmatic launch ports) is left as it is.
-// XT_GRAPH_KEEP_MEMSETS=1 keeps every memset node (the A/B; graph.cpp).
 #include "core/cuda/graph_memset.h"
 
 #include <algorithm>

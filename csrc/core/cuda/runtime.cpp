@@ -17,7 +17,6 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -238,11 +237,7 @@ bool set_early_launch(bool on) {
 
 bool early_launch(int device) {
   if (!tl_early_launch) return false;
-  static const bool switched_off = [] {
-    const char* e = std::getenv("XT_EARLY_LAUNCH");
-    return e != nullptr && std::strcmp(e, "0") == 0;
-  }();
-  if (switched_off || device < 0 || device >= devices().count) return false;  // no driver: no devices
+  if (device < 0 || device >= devices().count) return false;  // no driver: no devices
   static std::atomic<int> major[kMaxDevices] = {};  // 0: not asked yet
   int m = major[device].load(std::memory_order_relaxed);
   if (m == 0) {

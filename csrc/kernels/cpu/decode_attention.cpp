@@ -10,7 +10,6 @@
 //    weights) then rope at each row's position, through this backend's own kernels, then the
 //    cache writes.
 //  - decode_prep_attention: decode_prep into a scratch q, then decode_attention (what CUDA fuses).
-//  - greedy_next: a scan of each row for its first maximum, then the row's state update.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -107,23 +106,6 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
   std::vector<unsigned char> q_out(static_cast<size_t>(B * H * D) * dtype_size(dt));
   decode_prep(dt, w_dt, q, k, v, wq, wk, q_out.data(), k_cache, v_cache, pos, B, L, H, Hkv, D, eps, theta, stream);
   decode_attention(dt, q_out.data(), k_cache, v_cache, len, out, B, L, H, Hkv, D, scale, stream);
-}
-
-void greedy_next(DType dt, const void* logits_, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,
-                 int64_t stop, void* /*stream*/) {
-  XT_DISPATCH_FLOAT(dt, "greedy_next", T, {
-    using C = compute_t<T>;
-    const T* logits = static_cast<const T*>(logits_);
-    for (int64_t b = 0; b < B; ++b) {
-      int64_t best = 0;
-      C best_v = load(logits, b * V);
-      for (int64_t i = 1; i < V; ++i) {
-        const C x = load(logits, b * V + i);
-        if (greedy_beats(x, i, best_v, best)) best = i, best_v = x;
-      }
-      greedy_take(state, B, b, best, ring, R, stop);
-    }
-  });
 }
 
 }  // namespace cpu

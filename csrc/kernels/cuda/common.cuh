@@ -85,8 +85,8 @@ struct OnStream {
 //    launch just before" needs;
 //  - reads its activation input (the output of the kernel ahead) and writes only after the wait.
 // The values and their order are those of the plain launch: the bits do not change. Without the
-// request, on older GPUs or with XT_EARLY_LAUNCH=0 the launch is the plain <<<...>>> one (the
-// instructions then return at once). An earlier attempt made every kernel wait first thing
+// request or on older GPUs the launch is the plain <<<...>>> one (the instructions then return at
+// once). An earlier attempt made every kernel wait first thing
 // (85920a9, reverted): nothing moved ahead of the wait, and the decode step got slower.
 __device__ __forceinline__ void wait_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(XT_CUDA_EMULATION)
@@ -199,7 +199,7 @@ __device__ __forceinline__ C block_max(C v) { return block_reduce<true>(v); }
 // G lanes per row (G in 2..32, a power of two): a warp handles 32/G rows at once, so short rows
 // (the per-head q/k norm has dim 32) keep more bytes in flight per warp. G depends only on the row
 // length, so a row's sum order (lane-strided partial sums, then group_sum) does too: rmsnorm.cu and
-// the fused head preparation (flash_attention.cuh) share these helpers and hence their bits.
+// the fused head preparation (qk_norm_rope.cuh) share these helpers and hence their bits.
 template <int G, typename C>
 __device__ __forceinline__ C group_sum(C v) {
   for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -272,7 +272,7 @@ __device__ __forceinline__ compute_t<T> group_sum_sq(const T* x, int64_t dim, in
 // summed in increasing row order (one chunk writes the result directly, several write partial
 // rows), then the partial rows added in chunk order. The plan depends only on (rows, dim): enough
 // column blocks x chunks to fill the GPU, >= 16 rows per chunk. rmsnorm's dw and the fused head
-// preparation's (flash_attention.cu) use it, so their sums are the same bits.
+// preparation's (qk_norm_rope.cu) use it, so their sums are the same bits.
 struct ColumnSumPlan {
   int threads;
   int64_t col_blocks, nchunks, rows_per_chunk;

@@ -21,6 +21,7 @@
 // agree to rounding, not bit for bit; the launch shape depends only on vocab and the dtype, so each
 // backend repeats its own bits.
 #include "kernels/cuda/cross_entropy.cuh"
+#include "kernels/cuda/static_switch.h"
 
 namespace xt {
 namespace kernels {
@@ -40,10 +41,9 @@ void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void*
     IndexErrorRecord* err = xt::cuda::index_error_record(on.device);
     const dim3 grid(static_cast<unsigned>(rows)), block(row_threads<T>(vocab));
     // The same packs in the same order either way: only the speed depends on the alignment.
-    if (rows_vectorizable<T>(x, ld))
-      ce_forward_kernel<T, true><<<grid, block, 0, on.s>>>(x, targets, t64, losses, lse, vocab, ld, ignore_index, err);
-    else
-      ce_forward_kernel<T, false><<<grid, block, 0, on.s>>>(x, targets, t64, losses, lse, vocab, ld, ignore_index, err);
+    XT_BOOL_SWITCH(rows_vectorizable<T>(x, ld), kVec, [&] {
+      ce_forward_kernel<T, kVec><<<grid, block, 0, on.s>>>(x, targets, t64, losses, lse, vocab, ld, ignore_index, err);
+    });
     XT_LAUNCH_CHECK();
   });
 }
@@ -68,12 +68,10 @@ void cross_entropy_backward(DType dt, const void* logits, const float* lse, DTyp
     const auto* x = static_cast<const T*>(logits);
     auto* dx = static_cast<T*>(dlogits);
     const dim3 grid(static_cast<unsigned>(rows)), block(row_threads<T>(vocab));
-    if (rows_vectorizable<T>(x, ld) && rows_vectorizable<T>(dx, ld))
-      ce_backward_kernel<T, true><<<grid, block, 0, on.s>>>(x, lse, targets, t64, dloss, count, dx, vocab, ld,
+    XT_BOOL_SWITCH(rows_vectorizable<T>(x, ld) && rows_vectorizable<T>(dx, ld), kVec, [&] {
+      ce_backward_kernel<T, kVec><<<grid, block, 0, on.s>>>(x, lse, targets, t64, dloss, count, dx, vocab, ld,
                                                             ignore_index);
-    else
-      ce_backward_kernel<T, false><<<grid, block, 0, on.s>>>(x, lse, targets, t64, dloss, count, dx, vocab, ld,
-                                                             ignore_index);
+    });
     XT_LAUNCH_CHECK();
   });
 }

@@ -22,15 +22,11 @@
 //  - decode_prep_attention: where the one-pass attention applies, one kernel whose block (b, kv
 //    head) prepares its own query rows and k/v head, then attends (Note [Decode head preparation
 //    inside the one-pass attention]); elsewhere decode_prep then decode_attention.
-//  - greedy_next: one block per row, each thread's first maximum over a strided share of the row,
-//    then a reduction that keeps the better value and, of equal ones, the lower index (so the
-//    result does not depend on the order: the row's first maximum); thread 0 updates the state.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/rmsnorm.cuh"  // row_sum_sq: rms_norm's order
+#include "kernels/cuda/static_switch.h"
 
 namespace xt {
 namespace kernels {
@@ -591,9 +587,9 @@ __device__ __forceinline__ void prefetch_l2_ranges(const L2Ranges& r, int64_t fi
 // and after a barrier (the block's own global writes are then visible to it) runs the one-pass
 // attention, reading q from shared memory. Blocks touch disjoint kv heads, so no block waits on
 // another: one launch instead of two, bitwise decode_prep then decode_attention.
-// kPre (16-byte packs only): the block's earlier slots before the wait (Note [The cache's earlier
-// slots before the wait]).
-template <int Gl, int kV, bool kPre, typename T, typename W>
+// With 16-byte packs (kV > 1) the block loads its earlier slots before the wait (Note [The cache's
+// earlier slots before the wait]).
+template <int Gl, int kV, typename T, typename W>
 __global__ void __launch_bounds__(kOneThreads, 1)
     decode_prep_one_pass_kernel(const T* q, const T* k, const T* v, const W* wq, const W* wk, T* k_cache, T* v_cache,
                                 const int64_t* pos, const int64_t* len, T* out, int64_t L, int H, int Hkv, int D,
@@ -612,6 +608,7 @@ __global__ void __launch_bounds__(kOneThreads, 1)
   T* qn = reinterpret_cast<T*>(tab_sin + D / 2);                // [G][D]: the prepared query rows
   const int64_t p = pos[b], n_row = len[b];  // both loads in flight before either is used
   const bool slot_ok = p >= 0 && p < L;
+  constexpr bool kPre = kV > 1;
   CachePreload<kV, T> pre;  // Note [The cache's earlier slots before the wait]
   if constexpr (kPre) preload_cache<kV>(pre, k_cache, v_cache, n_row, slot_ok ? p : -1, L, H, Hkv, D);
   if (!slot_ok && hk == 0 && threadIdx.x == 0) report_bad_index(err, IndexSite::DecodePrep, p, L, 0);
@@ -636,40 +633,6 @@ __global__ void __launch_bounds__(kOneThreads, 1)
   __syncthreads();
   one_pass_attention<kV>(qn, k_cache, v_cache, n_row, out, L, H, Hkv, D, qscale, err, decode_smem,
                          kPre ? &pre : nullptr);
-}
-
-// ------------------------------------------------------------------ greedy pick
-
-constexpr int kGreedyThreads = 512;
-
-template <typename T>
-__global__ void __launch_bounds__(kGreedyThreads)
-    greedy_next_kernel(const T* logits, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,
-                       int64_t stop) {
-  using C = compute_t<T>;
-  __shared__ C best_v[kGreedyThreads / kWarp];
-  __shared__ int64_t best_i[kGreedyThreads / kWarp];
-  const int64_t b = blockIdx.x;
-  const T* row = logits + b * V;
-  wait_prior_grids();  // the logits are the kernel ahead's output (Note [Early launch of the decode step's kernels])
-  C v = load(row, 0);
-  int64_t idx = 0;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const C x = load(row, i);
-    if (greedy_beats(x, i, v, idx)) v = x, idx = i;
-  }
-  for (int o = kWarp / 2; o > 0; o >>= 1) {
-    const C ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int64_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (greedy_beats(ov, oi, v, idx)) v = ov, idx = oi;
-  }
-  const int warp = threadIdx.x / kWarp;
-  if (threadIdx.x % kWarp == 0) best_v[warp] = v, best_i[warp] = idx;
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w)
-    if (greedy_beats(best_v[w], best_i[w], v, idx)) v = best_v[w], idx = best_i[w];
-  greedy_take(state, B, b, idx, ring, R, stop);
 }
 
 }  // namespace
@@ -711,14 +674,11 @@ void decode_attention(DType dt, const void* q, const void* k_cache, const void* 
       const C qscale = static_cast<C>(scale * kLog2e);
       auto* err = xt::cuda::index_error_record(on.device);
       const unsigned blocks = static_cast<unsigned>(B * Hkv);
-      if (packs)
-        decode_one_pass_kernel<kPackElems, T><<<blocks, kOneThreads, one_smem, on.s>>>(
+      XT_BOOL_SWITCH(packs, kPacks, [&] {
+        decode_one_pass_kernel<kPacks ? kPackElems : 1, T><<<blocks, kOneThreads, one_smem, on.s>>>(
             qp, kp, vp, len, static_cast<T*>(out), L, static_cast<int>(H), static_cast<int>(Hkv),
             static_cast<int>(D), qscale, err);
-      else
-        decode_one_pass_kernel<1, T><<<blocks, kOneThreads, one_smem, on.s>>>(
-            qp, kp, vp, len, static_cast<T*>(out), L, static_cast<int>(H), static_cast<int>(Hkv),
-            static_cast<int>(D), qscale, err);
+      });
       XT_LAUNCH_CHECK();
       return;
     }
@@ -732,14 +692,11 @@ void decode_attention(DType dt, const void* q, const void* k_cache, const void* 
       const bool vec = D % (16 / static_cast<int64_t>(sizeof(T))) == 0 && aligned_to(k_cache, 16);
       const C qscale = static_cast<C>(scale * kLog2e);
       auto* err = xt::cuda::index_error_record(on.device);
-      if (vec)
-        decode_partial_kernel<true, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
+      XT_BOOL_SWITCH(vec, kVec, [&] {
+        decode_partial_kernel<kVec, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
             qp, kp, vp, len, po, pm, pl, L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), chunk,
             static_cast<int>(nchunks), qscale, err);
-      else
-        decode_partial_kernel<false, T><<<grid, kDecodeThreads, smem(chunk), on.s>>>(
-            qp, kp, vp, len, po, pm, pl, L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), chunk,
-            static_cast<int>(nchunks), qscale, err);
+      });
       XT_LAUNCH_CHECK();
     }
     const int threads = static_cast<int>(ceil_div(D, kWarp) * kWarp);
@@ -783,18 +740,7 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
   XT_ASSERT(n_pf >= 0 && n_pf <= kMaxL2Prefetch, "decode_prep_attention: ", n_pf, " prefetch ranges");
   OnStream on(stream);
   bool fused = false;
-  // XT_DECODE_PREP_UNFUSED=1: decode_prep then decode_attention everywhere (the A/B of the fusion).
-  static const bool unfused = [] {
-    const char* e = std::getenv("XT_DECODE_PREP_UNFUSED");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  // XT_DECODE_CACHE_PRELOAD=0: the attention loads every slot after the wait (the A/B of Note [The
-  // cache's earlier slots before the wait]).
-  static const bool preload = [] {
-    const char* e = std::getenv("XT_DECODE_CACHE_PRELOAD");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
-  if (!unfused) dispatch_float_weight(dt, w_dt, "decode_prep_attention", [&](auto xtag, auto wtag) {
+  dispatch_float_weight(dt, w_dt, "decode_prep_attention", [&](auto xtag, auto wtag) {
     using T = typename decltype(xtag)::type;
     using W = typename decltype(wtag)::type;
     using C = compute_t<T>;
@@ -824,31 +770,20 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
     const unsigned blocks = static_cast<unsigned>(B * Hkv + pf_blocks);
     with_lanes(D, [&](auto g) {
       constexpr int Gl = decltype(g)::value;
-      auto kernel = !packs    ? decode_prep_one_pass_kernel<Gl, 1, false, T, W>
-                    : preload ? decode_prep_one_pass_kernel<Gl, kPackElems, true, T, W>
-                              : decode_prep_one_pass_kernel<Gl, kPackElems, false, T, W>;
-      launch_early(kernel, blocks, kOneThreads, total, on, static_cast<const T*>(q), static_cast<const T*>(k),
-                   static_cast<const T*>(v), static_cast<const W*>(wq), static_cast<const W*>(wk), static_cast<T*>(k_cache),
-                   static_cast<T*>(v_cache), pos, len, static_cast<T*>(out), L, static_cast<int>(H),
-                   static_cast<int>(Hkv), static_cast<int>(D), eps, theta, qscale, static_cast<int>(attn_al), ranges,
-                   err);
+      XT_BOOL_SWITCH(packs, kPacks, [&] {
+        launch_early(decode_prep_one_pass_kernel<Gl, kPacks ? kPackElems : 1, T, W>, blocks, kOneThreads, total, on,
+                     static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+                     static_cast<const W*>(wq), static_cast<const W*>(wk), static_cast<T*>(k_cache),
+                     static_cast<T*>(v_cache), pos, len, static_cast<T*>(out), L, static_cast<int>(H),
+                     static_cast<int>(Hkv), static_cast<int>(D), eps, theta, qscale, static_cast<int>(attn_al),
+                     ranges, err);
+      });
     });
   });
   if (fused) return;
   Scratch q_out(static_cast<size_t>(B * H * D) * dtype_size(dt), on);
   decode_prep(dt, w_dt, q, k, v, wq, wk, q_out.as<void>(), k_cache, v_cache, pos, B, L, H, Hkv, D, eps, theta, stream);
   decode_attention(dt, q_out.as<void>(), k_cache, v_cache, len, out, B, L, H, Hkv, D, scale, stream);
-}
-
-void greedy_next(DType dt, const void* logits, int64_t B, int64_t V, int64_t* state, int64_t* ring, int64_t R,
-                 int64_t stop, void* stream) {
-  if (B == 0) return;
-  XT_CHECK(B <= INT32_MAX, ValueError, "greedy_next: too many rows for CUDA: ", B);
-  OnStream on(stream);
-  XT_DISPATCH_FLOAT(dt, "greedy_next", T, {
-    launch_early(greedy_next_kernel<T>, static_cast<unsigned>(B), kGreedyThreads, 0, on, static_cast<const T*>(logits),
-                 B, V, state, ring, R, stop);
-  });
 }
 
 }  // namespace cuda

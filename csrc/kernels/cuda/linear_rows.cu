@@ -9,9 +9,9 @@
 //    writing its own blocks of out. Launch shapes depend only on M, K, the N's and the dtype.
 #include "kernels/cuda/linear_rows.cuh"
 
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
+
+#include "kernels/cuda/static_switch.h"
 
 namespace xt {
 namespace kernels {
@@ -44,35 +44,22 @@ void launch_norm_rows(const T* x, const rows::RowsNorm& nm, const rows::Weights&
 template <bool kGlu, typename T>
 bool launch_norm_row_in_registers(const T* x, const rows::RowsNorm& nm, const rows::Weights& ws, T* out, int M,
                                   int64_t K, const OnStream& on) {
-  // XT_NORM_ROWS_STAGED=1: the staged kernel everywhere (the A/B of the register path).
-  static const bool staged = [] {
-    const char* e = std::getenv("XT_NORM_ROWS_STAGED");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
   if constexpr (!std::is_same_v<T, bf16_t>) {
     return false;
   } else {
     const int nc = M == 1 ? rmsnorm::wide_forward_chunks<bf16_t>(K) : 0;  // K = 256 * nc
-    if (staged || nc == 0 || nm.G != kWarp || !aligned_to(nm.w, 16)) return false;
+    if (nc == 0 || nm.G != kWarp || !aligned_to(nm.w, 16)) return false;
     const int64_t cols = kGlu ? ws.col0[1] : ws.col0[ws.n];
     const auto blocks = static_cast<unsigned>(cols > 0 ? ceil_div(cols, rows::kRowsWarps) : 1);
-    const auto go = [&](auto ncw, auto wtag) {
-      constexpr int NC = decltype(ncw)::value;
-      using W = typename decltype(wtag)::type;
-      launch_early(nm.res != nullptr ? rows::norm_linear_row_kernel<NC, kGlu, true, W>
-                                     : rows::norm_linear_row_kernel<NC, kGlu, false, W>,
-                   blocks, rows::kRowsThreads, 0, on, x, nm, ws, out);
-    };
-    const auto by_width = [&](auto wtag) {
-      switch (nc) {
-        case 1: go(std::integral_constant<int, 1>{}, wtag); break;
-        case 2: go(std::integral_constant<int, 2>{}, wtag); break;
-        case 3: go(std::integral_constant<int, 3>{}, wtag); break;
-        default: go(std::integral_constant<int, rmsnorm::kWideFwdMaxChunks>{}, wtag); break;
-      }
-    };
-    if (nm.w_f32) by_width(TypeTag<float>{});
-    else by_width(TypeTag<bf16_t>{});
+    XT_INT_SWITCH(nc, NC, (1, 2, 3, 4), [&] {
+      XT_BOOL_SWITCH(nm.w_f32, kWF32, [&] {
+        XT_BOOL_SWITCH(nm.res != nullptr, kRes, [&] {
+          using W = std::conditional_t<kWF32, float, bf16_t>;
+          launch_early(rows::norm_linear_row_kernel<NC, kGlu, kRes, W>, blocks, rows::kRowsThreads, 0, on, x, nm, ws,
+                       out);
+        });
+      });
+    });
     return true;
   }
 }
@@ -115,16 +102,10 @@ void rms_norm_linear_rows(DType dt, DType w_dt, const void* x, const void* res, 
       if (cols > 0 || nm.h != nullptr) {
         const T* xt = static_cast<const T*>(x);
         const int m = static_cast<int>(M);
-        if (vec && (glu ? launch_norm_row_in_registers<true>(xt, nm, ws, o, m, K, on)
-                        : launch_norm_row_in_registers<false>(xt, nm, ws, o, m, K, on))) {
-          // launched: the lone row's norm in registers
-        } else if (glu) {
-          if (vec) launch_norm_rows<true, true>(xt, nm, ws, o, m, K, on);
-          else launch_norm_rows<false, true>(xt, nm, ws, o, m, K, on);
-        } else {
-          if (vec) launch_norm_rows<true, false>(xt, nm, ws, o, m, K, on);
-          else launch_norm_rows<false, false>(xt, nm, ws, o, m, K, on);
-        }
+        XT_BOOL_SWITCH(glu, kGlu, [&] {
+          if (vec && launch_norm_row_in_registers<kGlu>(xt, nm, ws, o, m, K, on)) return;  // the lone row's norm
+          XT_BOOL_SWITCH(vec, kVec, [&] { launch_norm_rows<kVec, kGlu>(xt, nm, ws, o, m, K, on); });
+        });
       }
       o += M * cols;
     }
@@ -153,10 +134,9 @@ void linear_rows(DType dt, const void* x, int64_t M, int64_t K, int n_w, const v
       if (total > 0) {
         const T* xt = static_cast<const T*>(x);
         const int m = static_cast<int>(M);
-        if (vec && smem_x) launch_rows<true, true>(xt, ws, o, m, K, on);
-        else if (vec) launch_rows<true, false>(xt, ws, o, m, K, on);
-        else if (smem_x) launch_rows<false, true>(xt, ws, o, m, K, on);
-        else launch_rows<false, false>(xt, ws, o, m, K, on);
+        XT_BOOL_SWITCH(vec, kVec, [&] {
+          XT_BOOL_SWITCH(smem_x, kSmemX, [&] { launch_rows<kVec, kSmemX>(xt, ws, o, m, K, on); });
+        });
       }
       o += M * total;
     }

@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/static_switch.h"
 
 namespace xt {
 namespace kernels {
@@ -99,23 +100,18 @@ void forward_typed(const T* x, const T* res, const W* w, T* h, T* y, float* rstd
     constexpr int G = decltype(g)::value;
     if (plan.use) {
       const unsigned blocks = static_cast<unsigned>(rows);
-      if (plan.vec)
-        rmsnorm_rows_kernel<G, kAdd, true, T, W><<<blocks, plan.threads, plan.smem, on.s>>>(x, res, w, h, y, rstd,
+      XT_BOOL_SWITCH(plan.vec, kVec, [&] {
+        rmsnorm_rows_kernel<G, kAdd, kVec, T, W><<<blocks, plan.threads, plan.smem, on.s>>>(x, res, w, h, y, rstd,
                                                                                            dim, eps);
-      else
-        rmsnorm_rows_kernel<G, kAdd, false, T, W><<<blocks, plan.threads, plan.smem, on.s>>>(x, res, w, h, y, rstd,
-                                                                                            dim, eps);
+      });
     } else if (const int nc = wide_forward_chunks<T>(dim); nc > 0) {  // Note [Wide RMSNorm forward]
       if constexpr (std::is_same_v<T, bf16_t>) {
         const unsigned blocks = static_cast<unsigned>(ceil_div(rows, int64_t(kThreads / kWarp)));
-        with_wide_chunks(nc, [&](auto c) {
-          constexpr int NC = decltype(c)::value;
-          if (aligned16)
-            rmsnorm_forward_wide_kernel<NC, kAdd, true, W><<<blocks, kThreads, 0, on.s>>>(x, res, w, h, y, rstd, rows,
-                                                                                          eps);
-          else
-            rmsnorm_forward_wide_kernel<NC, kAdd, false, W><<<blocks, kThreads, 0, on.s>>>(x, res, w, h, y, rstd,
-                                                                                           rows, eps);
+        XT_INT_SWITCH(nc, NC, (1, 2, 3, 4), [&] {
+          XT_BOOL_SWITCH(aligned16, kAligned, [&] {
+            rmsnorm_forward_wide_kernel<NC, kAdd, kAligned, W><<<blocks, kThreads, 0, on.s>>>(x, res, w, h, y, rstd,
+                                                                                              rows, eps);
+          });
         });
       }
     } else {
@@ -156,16 +152,11 @@ bool backward_wide(const bf16_t* x, const W* w, const float* rstd, const bf16_t*
   const OnePassPlan plan = onepass_plan<kWarp, float>(rows, dim);
   if (plan.smem == 0) return false;
   onepass_with_tree<float>(plan, dw, dim, on, [&](float* part) {
-    const auto launch = [&](auto kernel) {
-      kernel<<<static_cast<unsigned>(plan.nblocks), kThreads, plan.smem, on.s>>>(x, w, rstd, dy, dres, dx, dw, part,
-                                                                                  rows, plan.rows_per_block);
-      XT_LAUNCH_CHECK();
-    };
-    switch (nc) {
-      case 1: launch(rmsnorm_backward_wide_kernel<1, W>); break;
-      case 2: launch(rmsnorm_backward_wide_kernel<2, W>); break;
-      default: launch(rmsnorm_backward_wide_kernel<3, W>); break;
-    }
+    XT_INT_SWITCH(nc, NC, (1, 2, 3), [&] {
+      rmsnorm_backward_wide_kernel<NC, W><<<static_cast<unsigned>(plan.nblocks), kThreads, plan.smem, on.s>>>(
+          x, w, rstd, dy, dres, dx, dw, part, rows, plan.rows_per_block);
+    });
+    XT_LAUNCH_CHECK();
   });
   return true;
 }

@@ -118,7 +118,7 @@ rmsnorm_backward_onepass_kernel(const T* __restrict__ x, const W* __restrict__ w
 // is the order of a row's dot (a lane's elements chunk by chunk, then group_sum<32>), so dx and
 // dw differ from the lane-strided kernel in the last bits. Nothing else has to agree with it
 // bitwise but qk_norm_rope's one-pass backward at such head dims, which runs the composition
-// itself there (rope's inverse, then rmsnorm_backward: kernels/cuda/flash_attention.cu).
+// itself there (rope's inverse, then rmsnorm_backward: kernels/cuda/qk_norm_rope.cu).
 // Measured on the H200 (1ecc263): 56 us per call at that shape, ~3.6 TB/s.
 constexpr int kWideChunk = 256;  // elements per chunk: 32 lanes x 8 bf16 (16 bytes)
 // At most 3 chunks: under kWideBlocks' 128 registers 4 (dim 1024) spill 232 bytes per thread.
@@ -356,17 +356,6 @@ rmsnorm_forward_wide_kernel(const bf16_t* __restrict__ x, const bf16_t* __restri
 #pragma unroll
       for (int e = 0; e < 8; ++e) y[base + c * kWideChunk + e] = o.v[e];
     }
-  }
-}
-
-// Calls fn(std::integral_constant<int, NC>{}) for NC = wide_forward_chunks (1..kWideFwdMaxChunks).
-template <typename Fn>
-void with_wide_chunks(int nc, Fn&& fn) {
-  switch (nc) {
-    case 1: fn(std::integral_constant<int, 1>{}); break;
-    case 2: fn(std::integral_constant<int, 2>{}); break;
-    case 3: fn(std::integral_constant<int, 3>{}); break;
-    default: fn(std::integral_constant<int, 4>{}); break;
   }
 }
 
