@@ -1,4 +1,4 @@
-"""flash_attention and qk_norm_rope (csrc/ops/flash_attention.cpp).
+"""flash_attention (csrc/ops/flash_attention.cpp) and qk_norm_rope (csrc/ops/qk_norm_rope.cpp).
 
 flash_attention is compared with PyTorch's scaled_dot_product_attention computed in float64 from the
 very same (bf16-rounded) inputs, one test per quantity (out, lse, dq, dk, dv), head_dim and shape,

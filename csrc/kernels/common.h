@@ -151,8 +151,6 @@ XT_HD float xsqrt(float x) { return sqrtf(x); }
 XT_HD double xsqrt(double x) { return sqrt(x); }
 XT_HD float xpow(float x, float y) { return powf(x, y); }
 XT_HD double xpow(double x, double y) { return pow(x, y); }
-XT_HD float xabs(float x) { return fabsf(x); }
-XT_HD double xabs(double x) { return fabs(x); }
 XT_HD float xmax(float a, float b) { return fmaxf(a, b); }
 XT_HD double xmax(double a, double b) { return fmax(a, b); }
 XT_HD float xtanh(float x) { return tanhf(x); }
@@ -222,7 +220,7 @@ template <typename C> XT_HD void rope_rotate(C x1, C x2, C cs, C sn, C* y1, C* y
 
 enum class BinaryOp : int { Add, Sub, Mul, Div };
 enum class ScalarOp : int { Add, Mul, RSub, Div, RDiv, Pow };  // x+s, x*s, s-x, x/s, s/x, x^s
-enum class UnaryOp : int { Neg, Exp, Log, Sqrt, Silu, Square, Abs, Gelu, Tanh };
+enum class UnaryOp : int { Neg, Exp, Log, Sqrt, Silu, Gelu, Tanh };
 
 // GELU's tanh approximation (GPT-2; torch's approximate="tanh"): gelu(x) = x/2 (1 + tanh(u)),
 // u = sqrt(2/pi) (x + 0.044715 x^3), and gelu'(x) = (1 + tanh(u))/2 + x/2 (1 - tanh(u)^2) du/dx.
@@ -261,8 +259,6 @@ template <typename C> XT_HD C apply_unary(UnaryOp op, C x) {
     case UnaryOp::Log: return xlog(x);
     case UnaryOp::Sqrt: return xsqrt(x);
     case UnaryOp::Silu: return x * sigmoid(x);
-    case UnaryOp::Square: return x * x;
-    case UnaryOp::Abs: return xabs(x);
     case UnaryOp::Gelu: return C(0.5) * x * (C(1) + xtanh(gelu_tanh_u(x)));
     case UnaryOp::Tanh: return xtanh(x);
   }

@@ -179,12 +179,6 @@ inline float adamw_no_decay(const AdamWParams& hp) { return 1.0f - hp.lr * 0.0f;
                        void* stream);                                                                   \
   void softmax_backward(DType dt, const void* y, const void* dy, void* dx, int64_t rows, int64_t cols,  \
                         bool log, void* stream);                                                        \
-  /* attention core: P = softmax(scale * S + causal mask) over [batch, S, S] in place-able */          \
-  void attn_softmax_forward(DType dt, const void* scores, void* probs, int64_t batch, int64_t seq,      \
-                            float scale, bool causal, void* stream);                                    \
-  /* dS = scale * P * (dP - rowsum(dP * P)) */                                                        \
-  void attn_softmax_backward(DType dt, const void* probs, const void* dprobs, void* dscores,            \
-                             int64_t batch, int64_t seq, float scale, void* stream);                    \
   /* ---- flash attention (kernels/{cpu,cuda}/flash_attention): out = softmax(scale q k^T [+ causal */  \
   /* mask]) v per (b, query head h), on q, out [B, S, H, D] and k, v [B, S, Hkv, D] (H % Hkv == 0; */   \
   /* query head h reads kv head h / (H / Hkv)). lse [B, H, S] = the rows' log-sum-exp of the scaled */ \

@@ -207,19 +207,18 @@ void init_memory(py::module_& m) {
       .def_property_readonly("num_nodes", &cuda::Graph::num_nodes,
                              "Nodes of the graph: kernels, copies and memsets, i.e. the launches one replay saves")
       .def_property_readonly("memsets_as_kernels", &cuda::Graph::memsets_as_kernels,
-                             "Captured memsets written as kernel nodes (Note [Memset nodes as kernels]; "
-                             "0 under XT_GRAPH_KEEP_MEMSETS=1)")
+                             "Captured memsets written as kernel nodes (Note [Memset nodes as kernels])")
       .def_property_readonly("replays", &cuda::Graph::replays)
       .def_property_readonly("device", &cuda::Graph::device)
       .def_property_readonly("pool_id", &cuda::Graph::pool_id, "The private pool's id (0 before the capture)");
   c.def("is_capturing", &cuda::capturing, "True while this thread captures a CUDA graph");
   c.def("set_early_launch", &cuda::set_early_launch, py::arg("on"),
         "Let this thread's launches of the decode step's kernels start before the kernel ahead of them "
-        "finishes (programmatic dependent launch, sm_90+; XT_EARLY_LAUNCH=0 switches it off); returns the "
+        "finishes (programmatic dependent launch, sm_90+); returns the "
         "previous setting. The caller promises that what those kernels read before their wait is not "
         "written by the launch just before them (Note [Early launch of the decode step's kernels])");
   c.def("early_launch", &cuda::early_launch, py::arg("device") = 0,
-        "Whether a launch on that device starts early now (asked for, sm_90+, not switched off)");
+        "Whether a launch on that device starts early now (asked for by this thread, sm_90+)");
   c.def("set_allow_tf32", &ops::set_allow_tf32, py::arg("allow"),
         "Let float32 GEMMs use TF32 tensor cores (off by default: true float32)");
   c.def("allow_tf32", &ops::allow_tf32, "Whether float32 GEMMs may use TF32");

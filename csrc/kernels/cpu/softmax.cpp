@@ -1,12 +1,9 @@
 // Softmax on the CPU over the last dim of [rows, cols]: softmax/log_softmax forward and
-// backward, and the attention core (scale + causal mask + softmax over [batch, seq, seq]).
+// backward.
 //
 //  - float32/bfloat16 compute in float32 and round once on store; float64 in double. Row
 //    maxima and sums run left to right, so every run gives the same bits.
-//  - Every output (y, dx, probs, dscores) is written with `=`. The attention kernels may run in
-//    place (probs == scores, dscores == dprobs): a row is read completely before it is written.
-//  - Causal: row i keeps columns j <= i; masked probabilities are exactly 0, so their gradients
-//    are exactly 0 as well.
+//  - Every output (y, dx) is written with `=`.
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -74,37 +71,6 @@ void backward_rows(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols, b
   }
 }
 
-template <typename T>
-void attn_forward(const T* scores, T* probs, int64_t batch, int64_t seq, float scale, bool causal) {
-  using C = compute_t<T>;
-  std::vector<C> buf(static_cast<size_t>(seq));
-  const C sc = static_cast<C>(scale);
-  for (int64_t r = 0; r < batch * seq; ++r) {
-    const int64_t kept = causal ? r % seq + 1 : seq;  // row i of each [seq, seq] block keeps j <= i
-    const T* sr = scores + r * seq;
-    T* pr = probs + r * seq;
-    for (int64_t j = 0; j < kept; ++j) buf[j] = load(sr, j) * sc;
-    softmax_row(buf.data(), kept, false);
-    for (int64_t j = 0; j < kept; ++j) store(pr, j, buf[j]);
-    for (int64_t j = kept; j < seq; ++j) store(pr, j, C(0));
-  }
-}
-
-// dS = scale * P * (dP - sum(dP * P)); masked entries have P == 0, hence dS == 0.
-template <typename T>
-void attn_backward(const T* probs, const T* dprobs, T* dscores, int64_t batch, int64_t seq, float scale) {
-  using C = compute_t<T>;
-  const C sc = static_cast<C>(scale);
-  for (int64_t r = 0; r < batch * seq; ++r) {
-    const T* pr = probs + r * seq;
-    const T* dpr = dprobs + r * seq;
-    T* dsr = dscores + r * seq;
-    C s = 0;
-    for (int64_t j = 0; j < seq; ++j) s += load(dpr, j) * load(pr, j);
-    for (int64_t j = 0; j < seq; ++j) store(dsr, j, static_cast<C>(sc * load(pr, j) * (load(dpr, j) - s)));
-  }
-}
-
 }  // namespace
 
 void softmax_forward(DType dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void*) {
@@ -117,21 +83,6 @@ void softmax_backward(DType dt, const void* y, const void* dy, void* dx, int64_t
                       void*) {
   XT_DISPATCH_FLOAT(dt, "softmax_backward", T, {
     backward_rows(static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx), rows, cols, log);
-  });
-}
-
-void attn_softmax_forward(DType dt, const void* scores, void* probs, int64_t batch, int64_t seq, float scale,
-                          bool causal, void*) {
-  XT_DISPATCH_FLOAT(dt, "attn_softmax_forward", T, {
-    attn_forward(static_cast<const T*>(scores), static_cast<T*>(probs), batch, seq, scale, causal);
-  });
-}
-
-void attn_softmax_backward(DType dt, const void* probs, const void* dprobs, void* dscores, int64_t batch,
-                           int64_t seq, float scale, void*) {
-  XT_DISPATCH_FLOAT(dt, "attn_softmax_backward", T, {
-    attn_backward(static_cast<const T*>(probs), static_cast<const T*>(dprobs), static_cast<T*>(dscores), batch, seq,
-                  scale);
   });
 }
 

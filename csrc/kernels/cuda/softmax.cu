@@ -1,14 +1,9 @@
-// CUDA softmax over the last dim of [rows, cols]: softmax/log_softmax forward and backward, and
-// the attention core (scale + causal mask + softmax over [batch, seq, seq]) forward and backward.
+// CUDA softmax over the last dim of [rows, cols]: softmax/log_softmax forward and backward.
 //
 //  - One warp per row when cols <= kWarpRowMax, one block per row otherwise. float32 compute
 //    for float32/bfloat16 (float64 for float64), rounded once on store; same formulas as
 //    kernels/cpu/softmax.cpp (max, then sum of exp(x - max), then the write pass).
-//  - Every output is written with `=`. The attention kernels may run in place (probs == scores,
-//    dscores == dprobs): a row's reductions finish before its write pass, and in the write pass
-//    each element is read and written by the same thread.
-//  - Causal: row i of each [seq, seq] block keeps j <= i; masked probabilities are exactly 0
-//    (so their gradients are exactly 0 too).
+//  - Every output is written with `=`.
 #include "kernels/cuda/common.cuh"
 
 namespace xt {
@@ -93,44 +88,6 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t 
   }
 }
 
-template <typename G, typename T>
-__global__ void attn_forward_kernel(const T* scores, T* probs, int64_t rows, int64_t seq, compute_t<T> scale,
-                                    bool causal) {
-  const int64_t row = G::row();
-  if (row >= rows) return;
-  const int64_t kept = causal ? row % seq + 1 : seq;
-  softmax_row<G>(scores + row * seq, probs + row * seq, kept, seq, scale, false);
-}
-
-// dS = scale * P * (dP - sum(dP * P)); masked entries have P == 0, hence dS == 0.
-template <typename G, typename T>
-__global__ void attn_backward_kernel(const T* probs, const T* dprobs, T* dscores, int64_t rows, int64_t seq,
-                                     compute_t<T> scale) {
-  using C = compute_t<T>;
-  const int64_t row = G::row();
-  if (row >= rows) return;
-  const int r = G::rank(), step = G::size();
-  const T* pr = probs + row * seq;
-  const T* dpr = dprobs + row * seq;
-  T* dsr = dscores + row * seq;
-  C s = 0;
-  for (int64_t j = r; j < seq; j += step) s += load(dpr, j) * load(pr, j);
-  s = G::sum(s);
-  for (int64_t j = r; j < seq; j += step) store(dsr, j, static_cast<C>(scale * load(pr, j) * (load(dpr, j) - s)));
-}
-
-// Launch `kernel<Group<...>, T>` with a warp or a block per row.
-template <typename LaunchWarp, typename LaunchBlock>
-void launch_rows(int64_t rows, int64_t cols, const OnStream& on, LaunchWarp&& warp_fn, LaunchBlock&& block_fn) {
-  if (cols <= kWarpRowMax) {
-    warp_fn(static_cast<unsigned>(ceil_div(rows, kRowsPerBlock)), kThreads);
-  } else {
-    XT_CHECK(rows <= INT32_MAX, ValueError, "softmax: too many rows for CUDA: ", rows);
-    block_fn(static_cast<unsigned>(rows), kBlockRowThreads);
-  }
-  XT_LAUNCH_CHECK();
-}
-
 }  // namespace
 
 void softmax_forward(DType dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream) {
@@ -162,41 +119,6 @@ void softmax_backward(DType dt, const void* y, const void* dy, void* dx, int64_t
         [&](unsigned g, int b) {
           softmax_backward_kernel<Group<true>, T><<<g, b, 0, on.s>>>(py, pdy, pdx, rows, cols, log);
         });
-  });
-}
-
-void attn_softmax_forward(DType dt, const void* scores, void* probs, int64_t batch, int64_t seq, float scale,
-                          bool causal, void* stream) {
-  const int64_t rows = batch * seq;
-  if (rows == 0) return;
-  OnStream on(stream);
-  XT_DISPATCH_FLOAT(dt, "attn_softmax_forward", T, {
-    using C = compute_t<T>;
-    const T* ps = static_cast<const T*>(scores);
-    T* pp = static_cast<T*>(probs);
-    const C sc = static_cast<C>(scale);
-    launch_rows(
-        rows, seq, on,
-        [&](unsigned g, int b) { attn_forward_kernel<Group<false>, T><<<g, b, 0, on.s>>>(ps, pp, rows, seq, sc, causal); },
-        [&](unsigned g, int b) { attn_forward_kernel<Group<true>, T><<<g, b, 0, on.s>>>(ps, pp, rows, seq, sc, causal); });
-  });
-}
-
-void attn_softmax_backward(DType dt, const void* probs, const void* dprobs, void* dscores, int64_t batch, int64_t seq,
-                           float scale, void* stream) {
-  const int64_t rows = batch * seq;
-  if (rows == 0) return;
-  OnStream on(stream);
-  XT_DISPATCH_FLOAT(dt, "attn_softmax_backward", T, {
-    using C = compute_t<T>;
-    const T* pp = static_cast<const T*>(probs);
-    const T* pdp = static_cast<const T*>(dprobs);
-    T* pds = static_cast<T*>(dscores);
-    const C sc = static_cast<C>(scale);
-    launch_rows(
-        rows, seq, on,
-        [&](unsigned g, int b) { attn_backward_kernel<Group<false>, T><<<g, b, 0, on.s>>>(pp, pdp, pds, rows, seq, sc); },
-        [&](unsigned g, int b) { attn_backward_kernel<Group<true>, T><<<g, b, 0, on.s>>>(pp, pdp, pds, rows, seq, sc); });
   });
 }
 

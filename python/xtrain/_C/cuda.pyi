@@ -67,7 +67,7 @@ class Graph:
     @property
     def memsets_as_kernels(self) -> int:
         """
-        Captured memsets written as kernel nodes (Note [Memset nodes as kernels]; 0 under XT_GRAPH_KEEP_MEMSETS=1)
+        Captured memsets written as kernel nodes (Note [Memset nodes as kernels])
         """
     @property
     def num_nodes(self) -> int:
@@ -98,7 +98,7 @@ def device_name(device: typing.SupportsInt | typing.SupportsIndex = 0) -> str:
     ...
 def early_launch(device: typing.SupportsInt | typing.SupportsIndex = 0) -> bool:
     """
-    Whether a launch on that device starts early now (asked for, sm_90+, not switched off)
+    Whether a launch on that device starts early now (asked for by this thread, sm_90+)
     """
 def is_available() -> bool:
     """
@@ -134,7 +134,7 @@ def set_device(device: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
 def set_early_launch(on: bool) -> bool:
     """
-    Let this thread's launches of the decode step's kernels start before the kernel ahead of them finishes (programmatic dependent launch, sm_90+; XT_EARLY_LAUNCH=0 switches it off); returns the previous setting. The caller promises that what those kernels read before their wait is not written by the launch just before them (Note [Early launch of the decode step's kernels])
+    Let this thread's launches of the decode step's kernels start before the kernel ahead of them finishes (programmatic dependent launch, sm_90+); returns the previous setting. The caller promises that what those kernels read before their wait is not written by the launch just before them (Note [Early launch of the decode step's kernels])
     """
 def synchronize(device: typing.Any = None) -> None:
     """

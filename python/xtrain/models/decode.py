@@ -76,8 +76,8 @@ class LayerKV:
                     prefetch=()):
         """A decode step's heads: q (B, H, D), k, v (B, H_kv, D) normed and rotated at positions[b],
         k and v written into that slot, then q against the first lengths[b] slots -> (B, H, D)
-        (ops.decode_prep_attention: ops.decode_prep then ops.decode_attention, bitwise; prefetch:
-        its L2 hint)."""
+        (ops.decode_prep_attention: rms_norm, rope and the cache writes, then ops.decode_attention,
+        bitwise; prefetch: its L2 hint)."""
         return ops.decode_prep_attention(q, k, v, self.k, self.v, self.cache.positions, self.cache.lengths,
                                          q_norm_weight, k_norm_weight, eps=eps, theta=theta, scale=scale,
                                          prefetch=list(prefetch))
