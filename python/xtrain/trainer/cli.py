@@ -410,7 +410,9 @@ def _train_values(args, group=None) -> dict:
 def cmd_prepare(args) -> int:
     from xtrain.data import detect_format
     from xtrain.data.hub import default_out_dir, hub_source
+    from xtrain.data.layout import read_meta
     from xtrain.data.saved import is_saved_dataset
+    from xtrain.data.write import split_counts
     from xtrain.io.rundir import DirLock
 
     name = args.source[0] if len(args.source) == 1 else None
@@ -439,6 +441,9 @@ def cmd_prepare(args) -> int:
     with DirLock(out, "xtrain prepare"):  # a second prepare into the same directory refuses
         out = _prepare_into(args, name, hub, out, progress)
     print(f"prepared {out}")
+    counts = split_counts(read_meta(out))
+    if counts:
+        print(counts)
     return 0
 
 

@@ -1,0 +1,139 @@
+"""The edges of the `xtrain` command a new user meets first: what `prepare` reports for every kind
+of source, `sample`/`export` given a run folder, `--init-from` with a hub name (resolved through a
+stand-in for huggingface_hub: no network here), the record's floats, the default --out, and counts
+printed with the right plural."""
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from tokhelp import documents, fake_gpt2, hf_tokenizer, token_stream, write_llmc_shard, write_nanogpt
+from xtrain.trainer import cli
+
+needs_datasets = pytest.mark.skipif(importlib.util.find_spec("datasets") is None,
+                                    reason="`datasets` is not installed (the test extras have it)")
+
+
+def _main(capsys, *argv) -> tuple[int, str, str]:
+    """`xtrain ARGV` in this process: (exit status, stdout, stderr)."""
+    code = cli.main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _report(out: str) -> str:
+    """The counts line `prepare` prints after `prepared DIR`."""
+    lines = out.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("prepared "), out
+    return lines[1]
+
+
+def _meta(path) -> dict:
+    return json.loads((path / "meta.json").read_text())
+
+
+def _docs_and_tokens(meta: dict) -> str:
+    c = meta["counts"]
+    return (f"train: {c['train_docs']:,} documents, {c['train_tokens']:,} tokens; "
+            f"val: {c['val_docs']:,} documents, {c['val_tokens']:,} tokens")
+
+
+# ---------------------------------------------------------------- 1. prepare reports its counts
+
+def test_prepare_reports_documents_and_tokens_of_text_sources(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = documents(120)
+    (tmp_path / "c.txt").write_text("\n\n".join(texts))
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
+    for name in ("c.txt", "c.jsonl", "c.parquet"):
+        out = tmp_path / f"out-{name}"
+        code, stdout, err = _main(capsys, "prepare", tmp_path / name, "--out", out, "--vocab-size", "300",
+                                  "--val-fraction", "0.1", "--no-progress")
+        assert code == 0, err
+        meta = _meta(out)
+        assert meta["counts"]["train_docs"] + meta["counts"]["val_docs"] == 120
+        assert _report(stdout) == _docs_and_tokens(meta)
+        # A directory prepared already is reused, and says what it holds all the same.
+        code, again, err = _main(capsys, "prepare", tmp_path / name, "--out", out, "--vocab-size", "300",
+                                 "--val-fraction", "0.1", "--no-progress")
+        assert code == 0 and again == stdout, err
+
+
+def test_prepare_reports_a_single_document_in_the_singular(tmp_path):
+    from xtrain.data.write import split_counts
+
+    meta = {"counts": {"train_docs": 1, "train_tokens": 1, "val_docs": 2, "val_tokens": 3_000}}
+    assert split_counts(meta) == "train: 1 document, 1 token; val: 2 documents, 3,000 tokens"
+    assert split_counts({}) is None
+
+
+@needs_datasets
+def test_prepare_reports_hub_and_saved_datasets(tmp_path, capsys, monkeypatch):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    texts = documents(90)
+    repo = tmp_path / "org--stories"
+    (repo / "data").mkdir(parents=True)
+    pq.write_table(pa.table({"text": texts[:80]}), repo / "data" / "train-00000-of-00001.parquet")
+    pq.write_table(pa.table({"text": texts[80:]}), repo / "data" / "validation-00000-of-00001.parquet")
+    code, stdout, err = _main(capsys, "prepare", f"hf:{repo}", "--out", tmp_path / "hub", "--val-split",
+                              "validation", "--vocab-size", "300", "--no-progress")
+    assert code == 0, err
+    assert _meta(tmp_path / "hub")["counts"]["val_docs"] == 10
+    assert _report(stdout) == _docs_and_tokens(_meta(tmp_path / "hub"))
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts[:80]}),
+                          "validation": datasets.Dataset.from_dict({"text": texts[80:]})}
+                         ).save_to_disk(str(tmp_path / "saved"))
+    code, stdout, err = _main(capsys, "prepare", tmp_path / "saved", "--out", tmp_path / "s", "--vocab-size",
+                              "300", "--no-progress")
+    assert code == 0, err
+    assert _report(stdout) == _docs_and_tokens(_meta(tmp_path / "s"))
+
+
+def test_prepare_reports_a_copy_of_the_stories(tmp_path, capsys, monkeypatch):
+    from xtrain.data import stream as S
+
+    monkeypatch.setenv("XTRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(S, "VAL_TOKENS", 20_000)
+    monkeypatch.setattr(S, "BPE_STORIES", 400)
+    code, stdout, err = _main(capsys, "prepare", "stories", "--tokens", "5000", "--out", tmp_path / "st",
+                              "--no-progress")
+    assert code == 0, err
+    meta = _meta(tmp_path / "st")
+    assert meta["counts"]["train_tokens"] >= 5000
+    assert _report(stdout) == _docs_and_tokens(meta)
+
+
+def test_prepare_reports_token_files_in_place_and_copied(tmp_path, capsys, monkeypatch):
+    fake_gpt2(monkeypatch, tmp_path / "tiktoken-cache")
+
+    def ids(n, seed, eot_first):
+        return token_stream(lambda t: list(t.encode()), documents(n, seed), 256, eot_first)
+
+    train, val = ids(40, 0, False), ids(6, 1, False)
+    nanogpt = write_nanogpt(tmp_path / "owt", train, val)
+    code, stdout, err = _main(capsys, "prepare", nanogpt, "--no-progress")  # read in place
+    assert code == 0, err
+    assert _report(stdout) == (f"train: {len(train):,} tokens (40 end-of-text ids); "
+                               f"val: {len(val):,} tokens (6 end-of-text ids)")
+
+    llmc = tmp_path / "llmc"
+    shards = [ids(30, 2, True), ids(20, 3, True)]
+    write_llmc_shard(llmc / "tiny_train_000001.bin", shards[0])
+    write_llmc_shard(llmc / "tiny_train_000002.bin", shards[1])
+    write_llmc_shard(llmc / "tiny_val_000000.bin", ids(5, 4, True))
+    code, stdout, err = _main(capsys, "prepare", llmc, "--out", tmp_path / "copy", "--no-progress")
+    assert code == 0, err
+    n_train = len(shards[0]) + len(shards[1])
+    assert _report(stdout) == (f"train: {n_train:,} tokens (50 end-of-text ids); "
+                               f"val: {len(ids(5, 4, True)):,} tokens (5 end-of-text ids)")
+    assert _meta(tmp_path / "copy")["counts"]["train_eot"] == 50
