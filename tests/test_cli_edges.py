@@ -137,3 +137,70 @@ def test_prepare_reports_token_files_in_place_and_copied(tmp_path, capsys, monke
     assert _report(stdout) == (f"train: {n_train:,} tokens (50 end-of-text ids); "
                                f"val: {len(ids(5, 4, True)):,} tokens (5 end-of-text ids)")
     assert _meta(tmp_path / "copy")["counts"]["train_eot"] == 50
+
+
+# ---------------------------------------------------------------- 2. a run folder for --ckpt
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory):
+    """RUN/ckpt as `xtrain train --out RUN` leaves it (a small model with its tokenizer)."""
+    from modelhelp import make_model, small_config
+    from xtrain.data import generate_stories, train_bpe
+    from xtrain.io import state
+
+    run = tmp_path_factory.mktemp("edges") / "run"
+    tok = train_bpe(generate_stories(100), 300)
+    model = make_model(small_config(vocab_size=tok.vocab_size, max_seq=32), "cpu", weights_seed=1)
+    state.save(run / "ckpt", model, None, 5, tokenizer=tok)
+    (run / "log.jsonl").write_text("")
+    return run
+
+
+def test_sample_and_export_take_a_run_folder(run_folder, tmp_path, capsys):
+    sample = ("--prompt", "Once upon a time", "--greedy", "--max-new-tokens", "6", "--device", "cpu")
+    code, from_ckpt, err = _main(capsys, "sample", "--ckpt", run_folder / "ckpt", *sample)
+    assert code == 0, err
+    code, from_run, err = _main(capsys, "sample", "--ckpt", run_folder, *sample)
+    assert code == 0, err
+    assert from_run == from_ckpt and from_run.startswith("Once upon a time")
+    code, stdout, err = _main(capsys, "export", "--ckpt", run_folder, "--out", tmp_path / "hf", "--dtype", "f32")
+    assert code == 0, err
+    assert stdout.startswith(f"exported {run_folder / 'ckpt'} to ")
+    code, _, err = _main(capsys, "export", "--ckpt", run_folder / "ckpt", "--out", tmp_path / "hf2", "--dtype",
+                         "f32")
+    assert code == 0, err
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == (tmp_path / "hf2" / "model.safetensors").read_bytes()
+
+
+def test_a_run_folder_whose_save_was_cut_between_its_renames(run_folder, tmp_path):
+    """RUN/ckpt.old is all there is after a crash between a save's two renames: still found."""
+    import shutil
+
+    from xtrain.io.export import checkpoint_in
+
+    run = tmp_path / "run"
+    shutil.copytree(run_folder / "ckpt", run / "ckpt.old")
+    assert checkpoint_in(run) == run / "ckpt"
+    assert checkpoint_in(run_folder / "ckpt") == run_folder / "ckpt"
+
+
+def test_a_path_that_is_neither_says_what_was_looked_for(tmp_path, capsys):
+    from tokhelp import one_error_line
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for path in (tmp_path / "missing", empty):
+        for command in (("sample", "--device", "cpu"), ("export", "--out", tmp_path / "hf")):
+            code, _, err = _main(capsys, command[0], "--ckpt", path, *command[1:])
+            one_error_line(code, err, f"no checkpoint at {path}", str(path / "state.json"),
+                           str(path / "ckpt" / "state.json"))
+    (tmp_path / "half" / "ckpt").mkdir(parents=True)  # a run folder whose checkpoint is incomplete
+    code, _, err = _main(capsys, "sample", "--ckpt", tmp_path / "half")
+    one_error_line(code, err, f"{tmp_path / 'half' / 'ckpt'} is not a complete checkpoint")
+
+
+def test_the_run_checkpoint_folder_is_the_trainers():
+    from xtrain.io.export import RUN_CHECKPOINT
+    from xtrain.trainer.train import CKPT_DIR
+
+    assert RUN_CHECKPOINT == CKPT_DIR

@@ -190,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     s = sub.add_parser("sample", help="generate text from a checkpoint")
-    s.add_argument("--ckpt", required=True, help="checkpoint directory (e.g. runs/tiny/ckpt)")
+    s.add_argument("--ckpt", required=True, metavar="DIR",
+                   help="a checkpoint directory, or a run folder: its ckpt/ (e.g. runs/tiny-stories)")
     s.add_argument("--prompt", action="append", default=None,
                    help="text to continue; repeat it for a batch of prompts, generated together "
                         "(default: the run's sample prompt, e.g. 'Once upon a time')")
@@ -214,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="run every decode step eagerly")
 
     e = sub.add_parser("export", help="export a checkpoint in the Hugging Face Qwen3 layout")
-    e.add_argument("--ckpt", required=True, help="checkpoint directory")
+    e.add_argument("--ckpt", required=True, metavar="DIR",
+                   help="a checkpoint directory, or a run folder: its ckpt/")
     e.add_argument("--out", required=True, help="output directory (loads with transformers)")
     e.add_argument("--dtype", choices=("bf16", "f32"), default="bf16", help="weight dtype (default: bf16)")
     e.add_argument("--overwrite", action="store_true",
@@ -472,12 +474,13 @@ def _prepare_into(args, name, hub, out, progress: bool):
 
 def cmd_sample(args) -> int:
     from xtrain.io import state
+    from xtrain.io.export import checkpoint_in
     from xtrain.trainer.train import SAMPLE_PROMPT, resolve_device, sample_texts
 
     if args.greedy and (args.temperature is not None or args.top_k is not None or args.top_p is not None):
         raise UsageError("--greedy cannot be combined with --temperature, --top-k or --top-p")
     runconfig.check("device", args.device)
-    ckpt = state.load(args.ckpt)
+    ckpt = state.load(checkpoint_in(args.ckpt))
     model = ckpt.build_model(resolve_device(args.device))
     model.eval()
     prompts = args.prompt
@@ -496,10 +499,11 @@ def cmd_sample(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from xtrain.io.export import export
+    from xtrain.io.export import checkpoint_in, export
 
-    out = export(args.ckpt, args.out, dtype=args.dtype, overwrite=args.overwrite)
-    print(f"exported {args.ckpt} to {out} ({args.dtype})")
+    ckpt = checkpoint_in(args.ckpt)
+    out = export(ckpt, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    print(f"exported {ckpt} to {out} ({args.dtype})")
     return 0
 
 
