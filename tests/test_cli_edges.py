@@ -204,3 +204,111 @@ def test_the_run_checkpoint_folder_is_the_trainers():
     from xtrain.trainer.train import CKPT_DIR
 
     assert RUN_CHECKPOINT == CKPT_DIR
+
+
+# ---------------------------------------------------------------- 3. --init-from a hub name
+
+@pytest.fixture()
+def hub_model(run_folder, tmp_path, monkeypatch):
+    """A stand-in for huggingface_hub.snapshot_download serving "org/tiny" (the run folder's model
+    in the Hugging Face layout, beside files a download must not fetch) from a local "remote" into
+    a local cache. No network: the reachability probe is replaced too. Returns the calls' log."""
+    import fnmatch
+    import shutil
+
+    import huggingface_hub
+    from xtrain.data import hub
+    from xtrain.io.export import export
+
+    remote = export(run_folder, tmp_path / "remote", dtype="f32")
+    (remote / "pytorch_model.bin").write_bytes(b"a pickle")
+    (remote / "README.md").write_text("model card")
+    calls = []
+
+    def snapshot_download(repo_id, *, allow_patterns=None, local_files_only=False, **kw):
+        calls.append(dict(repo_id=repo_id, allow_patterns=allow_patterns, local_files_only=local_files_only))
+        snap = tmp_path / "cache" / f"models--{repo_id.replace('/', '--')}" / "snapshots" / "0123abc"
+        if repo_id != "org/tiny":
+            raise NotFound()
+        if local_files_only and not snap.is_dir():
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
+        snap.mkdir(parents=True, exist_ok=True)
+        for f in remote.iterdir():
+            if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
+                shutil.copy(f, snap / f.name)
+        return str(snap)
+
+    class NotFound(huggingface_hub.errors.RepositoryNotFoundError):
+        def __init__(self):
+            OSError.__init__(self, "404 Client Error: Repository Not Found")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(hub, "hub_reachable", lambda: not hub.hub_offline())
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return calls
+
+
+def test_init_from_a_hub_name_downloads_what_the_import_reads(run_folder, hub_model, tmp_path, monkeypatch):
+    from xtrain.io import state
+    from xtrain.models import TinyTransformer
+    from xtrain.models.hf_import import HUB_FILES, resolve_pretrained
+
+    snap = resolve_pretrained("org/tiny")
+    assert hub_model == [dict(repo_id="org/tiny", allow_patterns=list(HUB_FILES), local_files_only=False)]
+    assert sorted(p.name for p in snap.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
+                                                      "tokenizer.json", "tokenizer_config.json"]
+    model = TinyTransformer.from_pretrained("org/tiny")
+    weights = state.load(run_folder / "ckpt").model_tensors()
+    assert all(np.array_equal(p.numpy(), weights[n]) for n, p in model.named_parameters())
+    assert resolve_pretrained(run_folder) == run_folder  # a local directory is used as it is
+    # Offline, the cached snapshot is read without asking the hub.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_model.clear()
+    assert resolve_pretrained("org/tiny") == snap and hub_model[0]["local_files_only"] is True
+
+
+def test_train_init_from_a_hub_name(hub_model, tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(documents(200)))
+    code, stdout, err = _main(capsys, "train", "--init-from", "org/tiny", "--data", corpus, "--out", tmp_path / "run",
+                              "--steps", "1", "--batch", "2", "--seq", "16", "--eval-every", "0", "--sample-tokens",
+                              "2", "--no-progress", "--device", "cpu")
+    assert code == 0, err
+    assert "from pretrained Qwen3ForCausalLM weights" in stdout
+    record = (tmp_path / "run" / "config.toml").read_text()
+    assert f'init-from = "{tmp_path / "cache" / "models--org--tiny" / "snapshots" / "0123abc"}"' in record
+
+
+def test_init_from_a_name_that_cannot_be_had(hub_model, tmp_path, monkeypatch, capsys):
+    import sys
+
+    from tokhelp import one_error_line
+
+    args = ("--data", tmp_path, "--out", tmp_path / "run", "--device", "cpu")
+    code, _, err = _main(capsys, "train", "--init-from", "org/none", *args)
+    one_error_line(code, err, "no model org/none on the Hugging Face hub")
+    code, _, err = _main(capsys, "train", "--init-from", "Qwen3-0.6B", *args)
+    one_error_line(code, err, "no model Qwen3-0.6B", "hub names are ORG/NAME, e.g. Qwen/Qwen3-0.6B")
+    for path in (tmp_path / "missing", "./missing", "a/b/c"):  # paths, not hub names: never asked for
+        code, _, err = _main(capsys, "train", "--init-from", path, *args)
+        one_error_line(code, err, f"{path}: no such directory")
+    assert [c["repo_id"] for c in hub_model] == ["org/none", "Qwen3-0.6B"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    code, _, err = _main(capsys, "train", "--init-from", "org/tiny", *args)  # not cached yet
+    one_error_line(code, err, "cannot download org/tiny: HF_HUB_OFFLINE is set", str(tmp_path / "hf"),
+                   "pass its path")
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # `import huggingface_hub` fails
+    code, _, err = _main(capsys, "train", "--init-from", "org/tiny", *args)
+    one_error_line(code, err, "needs huggingface_hub", "pip install 'xtrain[hub]'", "pass its path")
+
+
+def test_offline_init_from_with_the_real_hub_client_is_one_line(tmp_path):
+    """The real snapshot_download, offline with an empty cache: one line, no traceback."""
+    pytest.importorskip("huggingface_hub")
+    from modelhelp import run_cli
+
+    r = run_cli("train", "--init-from", "org/not-cached", "--out", tmp_path / "run", "--device", "cpu",
+                cwd=tmp_path, env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "cannot download org/not-cached: HF_HUB_OFFLINE is set" in r.stderr

@@ -6,7 +6,7 @@
     xtrain train --config run.toml --steps 2000   # a config file; flags override it
     xtrain train --help                           # every option by section, with its default
     xtrain train --preset dim768 --bf16 --batch auto --batch-tokens 0.5M --recompute auto
-    xtrain train --init-from Qwen3-0.6B --data corpus.txt --bf16 --steps 500   # from HF weights
+    xtrain train --init-from Qwen/Qwen3-0.6B --data corpus.txt --bf16 --steps 500   # hub or local weights
     xtrain prepare corpus.jsonl --out data/corpus --vocab-size 8192
     xtrain prepare tinystories                    # from the Hugging Face hub into data/tinystories
     xtrain prepare hf:ORG/NAME --text-column text --split train --tokenizer gpt2
@@ -291,6 +291,10 @@ def cmd_train(args) -> int:
     values = _train_values(args, group)
     if values["data"] is not None and not Path(values["data"]).exists():
         raise UsageError(f"--data {values['data']}: no such file or directory")
+    if values["init_from"] is not None:  # a hub name: its snapshot in the Hugging Face cache, now
+        from xtrain.models.hf_import import resolve_pretrained
+
+        values["init_from"] = str(resolve_pretrained(values["init_from"]))
     cfg = runconfig.train_config(values)
     _check_train_config(cfg, values["devices"], group)
 
