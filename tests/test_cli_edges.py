@@ -312,3 +312,19 @@ def test_offline_init_from_with_the_real_hub_client_is_one_line(tmp_path):
                 cwd=tmp_path, env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "cannot download org/not-cached: HF_HUB_OFFLINE is set" in r.stderr
+
+
+# ---------------------------------------------------------------- 4. the record's floats
+
+def test_the_record_writes_floats_exactly_and_readably(tmp_path):
+    from xtrain.trainer import runconfig
+
+    min_lr = 3e-3 / 10  # what a run's min-lr is for --lr 3e-3: 0.00030000000000000003
+    record = {"lr": 3e-3, "min_lr": min_lr, "grad_clip": 1.0, "weight_decay": 0.1, "dropout": 6e-4 / 10}
+    runconfig.write_record(tmp_path / "config.toml", record)
+    lines = (tmp_path / "config.toml").read_text().splitlines()
+    assert "lr = 0.003" in lines and "grad-clip = 1.0" in lines and "weight-decay = 0.1" in lines
+    assert "min-lr = 0.00030000000000000003  # 0.0003, to the bit as the run used it" in lines
+    assert "dropout = 5.9999999999999995e-05  # 6e-05, to the bit as the run used it" in lines
+    back = runconfig.read_toml(tmp_path / "config.toml")
+    assert back == record and back["min_lr"] == min_lr  # a resume gets the very same bits
