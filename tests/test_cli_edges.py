@@ -328,3 +328,45 @@ def test_the_record_writes_floats_exactly_and_readably(tmp_path):
     assert "dropout = 5.9999999999999995e-05  # 6e-05, to the bit as the run used it" in lines
     back = runconfig.read_toml(tmp_path / "config.toml")
     assert back == record and back["min_lr"] == min_lr  # a resume gets the very same bits
+
+
+# ---------------------------------------------------------------- 5. the default --out
+
+def _values(*argv):
+    return cli._train_values(cli.build_parser().parse_args(["train", *map(str, argv)]))
+
+
+def test_the_default_out_names_the_model_and_the_data(tmp_path, monkeypatch):
+    import xtrain.trainer.train
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.jsonl").write_text("")
+    (tmp_path / "data" / "tinystories").mkdir(parents=True)
+    (tmp_path / "qwen-small").mkdir()
+    assert _values("--device", "cpu")["out"] == "runs/tiny-stories"
+    assert _values("--device", "cpu", "--data", "corpus.jsonl")["out"] == "runs/tiny-corpus"
+    assert _values("--device", "cpu", "--data", tmp_path / "corpus.jsonl")["out"] == "runs/tiny-corpus"
+    assert _values("--device", "cpu", "--data", "data/tinystories/", "--preset", "dim384")["out"] == \
+        "runs/dim384-tinystories"
+    assert _values("--device", "cpu", "--init-from", "qwen-small", "--data", "corpus.jsonl")["out"] == \
+        "runs/qwen-small-corpus"
+    assert _values("--device", "cpu", "--init-from", "Qwen/Qwen3-0.6B")["out"] == "runs/Qwen3-0.6B-stories"
+    assert _values("--device", "cpu", "--data", "corpus.jsonl", "--out", "mine")["out"] == "mine"  # as given
+    monkeypatch.setattr(xtrain.trainer.train, "resolve_device", lambda d: "cuda:0")
+    assert _values()["out"] == "runs/dim768-stories"
+
+
+def test_resume_alone_finds_the_default_run(run_folder, tmp_path, monkeypatch):
+    import shutil
+
+    import xtrain.trainer.train
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("")
+    for out, device in (("runs/tiny-stories", "cpu"), ("runs/tiny-corpus", "cpu"), ("runs/dim768-stories", "cuda:0")):
+        shutil.copytree(run_folder / "ckpt", tmp_path / out / "ckpt")
+    assert _values("--device", "cpu", "--resume")["resume"] == "runs/tiny-stories/ckpt"
+    assert _values("--device", "cpu", "--data", "corpus.txt", "--resume")["resume"] == "runs/tiny-corpus/ckpt"
+    # On a GPU `xtrain train` trains dim768: `xtrain train --resume` looks where that run is.
+    monkeypatch.setattr(xtrain.trainer.train, "resolve_device", lambda d: "cuda:0")
+    assert _values("--resume")["resume"] == "runs/dim768-stories/ckpt"

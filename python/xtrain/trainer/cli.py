@@ -1,7 +1,8 @@
 """The `xtrain` command: train, prepare, sample, export.
 
     xtrain train                                  # built-in stories: tiny (CPU), dim768 bf16 (GPU)
-    xtrain train --preset dim384 --data corpus.jsonl --bf16 --steps 5000 --out runs/d384
+    xtrain train --resume --steps 2000            # continue it (runs/tiny-stories, runs/dim768-stories)
+    xtrain train --preset dim384 --data corpus.jsonl --bf16 --steps 5000   # into runs/dim384-corpus
     xtrain train --out runs/d384 --resume         # continue runs/d384/ckpt with its config.toml
     xtrain train --config run.toml --steps 2000   # a config file; flags override it
     xtrain train --help                           # every option by section, with its default
@@ -14,9 +15,9 @@
     xtrain prepare corpus.txt --out data/c --tokenizer llama/tokenizer.json   # or a .model
     xtrain prepare data/openwebtext               # nanoGPT/llm.c token files: read in place (gpt2)
     xtrain prepare saved_ds --out data/s --tokenizer gpt2   # a datasets.save_to_disk directory
-    xtrain sample --ckpt runs/tiny/ckpt --prompt "Once upon a time" --temperature 0.8 --top-k 50
-    xtrain sample --ckpt runs/tiny/ckpt --prompt "A cat" --prompt "The sun" --top-p 0.9 --seed 1
-    xtrain export --ckpt runs/tiny/ckpt --out hf/tiny --dtype bf16
+    xtrain sample --ckpt runs/tiny-stories --prompt "Once upon a time" --temperature 0.8 --top-k 50
+    xtrain sample --ckpt runs/tiny-stories/ckpt --prompt "A cat" --prompt "The sun" --top-p 0.9 --seed 1
+    xtrain export --ckpt runs/tiny-stories --out hf/tiny --dtype bf16   # a run folder: its ckpt/
     xtrain --version
 
 The train flags are made from xtrain.trainer.runconfig's TrainConfig fields (and CommandOptions'):
@@ -366,7 +367,7 @@ def _train_values(args, group=None) -> dict:
 
     given = {name: runconfig.value_of(name, value) for name, value in vars(args).items() if name != "command"}
     file = runconfig.read_config(given["config"]) if "config" in given else {}
-    # out None: runs/PRESET, once the preset is known
+    # out None: runs/MODEL-DATA (default_out), once the model and the data are known
     defaults = {**{name: runconfig.default_of(name) for name in runconfig.OPTIONS}, "out": None}
     chosen = {**defaults, **file, **given}
     devices = chosen["devices"]
@@ -393,13 +394,12 @@ def _train_values(args, group=None) -> dict:
         raise UsageError("--init-from starts a new run from pretrained weights and --resume continues a "
                          "checkpoint: give one of them")
     machine = runconfig.machine_defaults(resolve_device(chosen["device"]) if devices == 1 else "cuda")
+    fresh = {**defaults, **machine, **file, **given}  # a new run's values: --resume alone finds its OUT
     if chosen["resume"] is not None or chosen["init_from"] is not None:
         machine.pop("preset")  # a resumed run keeps its model, --init-from brings one
     values = {**defaults, **machine}
     if given.get("resume") is not None:
-        first = {**values, **file, **given}
-        out = first["out"] or f"runs/{first['preset'] or 'tiny'}"
-        resume = first["resume"] or str(Path(out) / CKPT_DIR)
+        resume = fresh["resume"] or str(Path(fresh["out"] or default_out(fresh)) / CKPT_DIR)
         state.resolve(resume)  # a clear error now rather than after the data is prepared
         record = runconfig.read_record(resume)
         record.pop("init_from", None)  # how the run began: the checkpoint holds the model now
@@ -407,10 +407,27 @@ def _train_values(args, group=None) -> dict:
         given["resume"] = resume
     values.update(file)
     values.update(given)
-    values["out"] = values["out"] or f"runs/{values['preset'] or 'tiny'}"
+    values["out"] = values["out"] or default_out(values)
     if group is not None:
         values["devices"] = group.world_size  # the record's GPU count, whatever it was
     return values
+
+
+def default_out(values: dict) -> str:
+    """runs/MODEL-DATA, the run directory when --out is not given: MODEL the preset (or the name of
+    the --init-from model), DATA the name of --data (a file without its suffix; the built-in
+    stories: stories), so that runs of one model on two datasets do not share a directory, and
+    `--resume` alone, given the same --preset and --data, finds the run again."""
+    if values.get("init_from") is not None:
+        model = Path(values["init_from"]).name
+    else:
+        model = values["preset"] or "tiny"
+    if values["data"] is None:
+        data = "stories"
+    else:
+        path = Path(values["data"])
+        data = (path.stem if path.is_file() else path.name) or path.resolve().name or "data"
+    return f"runs/{model}-{data}"
 
 
 def cmd_prepare(args) -> int:

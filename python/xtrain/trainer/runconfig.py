@@ -220,7 +220,7 @@ class TrainConfig:
                               shown="OPENBLAS_NUM_THREADS, else every core", recorded=False)
     # ---- output
     out: str = opt("runs/tiny", "run directory: log, config, checkpoint, plot, sample", "output",
-                   metavar="DIR", shown="runs/PRESET")
+                   metavar="DIR", shown="runs/PRESET-DATA, e.g. runs/tiny-stories")
     sample_tokens: int = opt(200, "length of the final sample", "output", ge=0)
     sample_prompt: str | None = opt(None, "prompt of the final sample", "output", str, metavar="TEXT",
                                     shown="'Once upon a time' on the built-in stories, else the start "
