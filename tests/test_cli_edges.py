@@ -370,3 +370,21 @@ def test_resume_alone_finds_the_default_run(run_folder, tmp_path, monkeypatch):
     # On a GPU `xtrain train` trains dim768: `xtrain train --resume` looks where that run is.
     monkeypatch.setattr(xtrain.trainer.train, "resolve_device", lambda d: "cuda:0")
     assert _values("--resume")["resume"] == "runs/dim768-stories/ckpt"
+
+
+# ---------------------------------------------------------------- 6. counts in the singular
+
+def test_counts_of_one_are_singular():
+    from xtrain.trainer import batching
+    from xtrain.trainer.train import plan_eval
+
+    assert "evaluating 1 batch instead" in plan_eval(3_000, 16, 128, 20, 1).note  # 23 windows: one batch
+    assert "evaluating 2 batches instead" in plan_eval(5_000, 16, 128, 20, 1).note
+    assert "one batch of 1 window of 128 tokens" in plan_eval(200, 16, 128, 20, 1).note
+    one = batching.plan(1, None, None, 64, 1, False)
+    assert one.describe() == "micro-batch 1 x 1 accumulation step = 1 sequence of 64 = 64 tokens per step"
+    assert "= 2 sequences of 64" in batching.plan(2, None, None, 64, 1, False).describe()
+    tried = batching.plan("auto", None, 64, 64, 1, False, fits=lambda b, rc: True)
+    assert tried.why.endswith("(the largest candidate; 1 try)")
+    with pytest.raises(batching.ConfigError, match="does not divide the 1 sequence per GPU"):
+        batching.plan("auto", 2, 64, 64, 1, False, fits=lambda b, rc: True)
