@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from tokhelp import documents, fake_gpt2, hf_tokenizer, token_stream, write_llmc_shard, write_nanogpt
+from tokhelp import documents, fake_gpt2, token_stream, write_llmc_shard, write_nanogpt
 from xtrain.trainer import cli
 
 needs_datasets = pytest.mark.skipif(importlib.util.find_spec("datasets") is None,
@@ -216,14 +216,19 @@ def hub_model(run_folder, tmp_path, monkeypatch):
     import fnmatch
     import shutil
 
-    import huggingface_hub
     from xtrain.data import hub
     from xtrain.io.export import export
 
+    huggingface_hub = pytest.importorskip("huggingface_hub", reason="huggingface_hub is not installed (the "
+                                          "test extras bring it with datasets)")
     remote = export(run_folder, tmp_path / "remote", dtype="f32")
     (remote / "pytorch_model.bin").write_bytes(b"a pickle")
     (remote / "README.md").write_text("model card")
     calls = []
+
+    class NotFound(huggingface_hub.errors.RepositoryNotFoundError):
+        def __init__(self):
+            OSError.__init__(self, "404 Client Error: Repository Not Found")
 
     def snapshot_download(repo_id, *, allow_patterns=None, local_files_only=False, **kw):
         calls.append(dict(repo_id=repo_id, allow_patterns=allow_patterns, local_files_only=local_files_only))
@@ -237,10 +242,6 @@ def hub_model(run_folder, tmp_path, monkeypatch):
             if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
                 shutil.copy(f, snap / f.name)
         return str(snap)
-
-    class NotFound(huggingface_hub.errors.RepositoryNotFoundError):
-        def __init__(self):
-            OSError.__init__(self, "404 Client Error: Repository Not Found")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     monkeypatch.setattr(hub, "hub_reachable", lambda: not hub.hub_offline())
