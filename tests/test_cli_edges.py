@@ -298,7 +298,7 @@ def test_init_from_a_name_that_cannot_be_had(hub_model, tmp_path, monkeypatch, c
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     code, _, err = _main(capsys, "train", "--init-from", "org/tiny", *args)  # not cached yet
     one_error_line(code, err, "cannot download org/tiny: HF_HUB_OFFLINE is set", str(tmp_path / "hf"),
-                   "pass its path")
+                   "unset HF_HUB_OFFLINE to download it", "pass its path")
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # `import huggingface_hub` fails
     code, _, err = _main(capsys, "train", "--init-from", "org/tiny", *args)
     one_error_line(code, err, "needs huggingface_hub", "pip install 'xtrain[hub]'", "pass its path")
@@ -389,3 +389,15 @@ def test_counts_of_one_are_singular():
     assert tried.why.endswith("(the largest candidate; 1 try)")
     with pytest.raises(batching.ConfigError, match="does not divide the 1 sequence per GPU"):
         batching.plan("auto", 2, 64, 64, 1, False, fits=lambda b, rc: True)
+
+
+def test_init_from_a_hub_that_cannot_be_reached(hub_model, tmp_path, monkeypatch, capsys):
+    from tokhelp import one_error_line
+    from xtrain.data import hub
+
+    monkeypatch.setattr(hub, "hub_reachable", lambda: False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    code, _, err = _main(capsys, "train", "--init-from", "org/tiny", "--out", tmp_path / "run", "--device", "cpu")
+    one_error_line(code, err, "cannot download org/tiny: the Hugging Face hub is unreachable",
+                   f"copy {tmp_path / 'hf'} here", "pass its path")
+    assert hub_model[-1]["local_files_only"] is True

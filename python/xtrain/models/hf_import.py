@@ -149,9 +149,13 @@ def resolve_pretrained(name) -> Path:
                                                       local_files_only=not online))
     except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled):
         cache = hub_cache()
-        why = "HF_HUB_OFFLINE is set" if hub_offline() else "the Hugging Face hub is unreachable"
-        raise PretrainedError(f"cannot download {name}: {why} and it is not in the cache {cache}; run the same "
-                              f"command on a machine with network (and copy {cache} here), or {local}") from None
+        if hub_offline():
+            why, fix = "HF_HUB_OFFLINE is set", "unset HF_HUB_OFFLINE to download it"
+        else:
+            why, fix = ("the Hugging Face hub is unreachable (offline?)",
+                        f"run the same command where the hub can be reached and copy {cache} here")
+        raise PretrainedError(f"cannot download {name}: {why} and it is not in the cache {cache}; {fix}, "
+                              f"or {local}") from None
     except errors.GatedRepoError:
         raise PretrainedError(f"{name} is gated on the Hugging Face hub: accept its terms on its page and log in "
                               f"(hf auth login), or {local}") from None
