@@ -229,7 +229,7 @@ def test_cli_trains_the_machine_default(monkeypatch):
         assert cli.main(["train"]) == 0
         cfg = seen.pop()
         assert (cfg.preset, cfg.bf16, cfg.batch, cfg.data, cfg.out) == \
-            (preset, bf16, batch, None, f"runs/{preset}")
+            (preset, bf16, batch, None, f"runs/{preset}-stories")
         assert (cfg.seq, cfg.steps, cfg.eval_every) == tuple(
             xtrain.trainer.runconfig.MACHINE_DEFAULTS["cuda" if bf16 else "cpu"][k]
             for k in ("seq", "steps", "eval_every"))

@@ -88,7 +88,7 @@ def prepare_hub(src: HubSource, out_dir: str | os.PathLike, vocab_size: int = 40
     `tokenizer` and `eot` as for prepare() (default: the BPE trained on the text)."""
     out_dir = Path(out_dir)
     check_request(val_fraction, seed)
-    online = src.is_local or _hub_reachable()
+    online = src.is_local or hub_reachable()
     datasets = _import_datasets(src, online, progress)
     if tokenizer == "gpt2" and online:
         _fetch_gpt2_files()
@@ -133,9 +133,19 @@ def _texts(table, column: str) -> Iterator[str]:
                 yield text
 
 
-def _hub_reachable() -> bool:
+def hub_offline() -> bool:
+    """Whether HF_HUB_OFFLINE asks for the Hugging Face cache alone."""
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def hub_cache() -> str:
+    """The Hugging Face cache, as messages name it."""
+    return os.environ.get("HF_HOME") or "~/.cache/huggingface"
+
+
+def hub_reachable() -> bool:
     """Whether a TCP connection to the hub can be opened (False too when HF_HUB_OFFLINE is set)."""
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+    if hub_offline():
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT)
     try:
@@ -187,7 +197,7 @@ def _load_split(datasets, src: HubSource, split: str, online: bool):
 
 
 def _offline_message(src: HubSource) -> str:
-    cache = os.environ.get("HF_HOME") or "~/.cache/huggingface"
+    cache = hub_cache()
     return (f"cannot download {src.repo}: the Hugging Face hub is unreachable (offline?) and the "
             f"dataset is not in the cache {cache}; run the same `xtrain prepare` on a machine "
             f"with network and copy {cache} here (HF_HOME picks another cache)")

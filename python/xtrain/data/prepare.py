@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+
 from . import formats
 from .dataset import SPLITS, format_tokenizer, token_dir_meta, tokenizer_record
 from .errors import DataError
@@ -144,12 +146,15 @@ def _copy_to_shards(source: Path, out_dir: Path, fmt: str, files: dict, tok: Tok
         for split, name in SPLITS.items():
             header, tokens = formats.open_split(source, files[split], tok.vocab_size, tok.eot_id,
                                                 tok.fingerprint)
+            eot = 0
             with ShardWriter(out_dir / name, tok.vocab_size, tok.eot_id, tok.fingerprint) as w:
                 for start in range(0, header.n_tokens, COPY_TOKENS):
                     piece = tokens[start:start + COPY_TOKENS]
                     w.write(piece)  # checks every id against the vocabulary
+                    eot += int(np.count_nonzero(np.asarray(piece) == tok.eot_id))
                     bar.update(len(piece))
             counts[f"{split}_tokens"] = header.n_tokens
+            counts[f"{split}_eot"] = eot  # as a directory read in place counts them (formats.scan)
     tok.save(out_dir)
     write_meta(out_dir, {"request": request, "tokenizer": tokenizer_record(tok), "counts": counts,
                          "source": {"dir": str(source.resolve()), "format": fmt},

@@ -22,6 +22,8 @@ Decisions:
 - Idempotent: when meta.json records the same request and the files validate, the directory is
   reused untouched. A directory prepared with a different request is an error unless
   overwrite=True.
+- meta.json's counts are what `xtrain prepare` reports (split_counts): documents and tokens per
+  split, or for token files read in place or copied, tokens and end-of-text ids.
 """
 
 from __future__ import annotations
@@ -101,6 +103,28 @@ def write_meta(out_dir: Path, meta: dict) -> None:
     tmp = out_dir / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(tmp, out_dir / META_FILE)
+
+
+def split_counts(meta: dict) -> str | None:
+    """One line of what a prepared directory holds per split, from its meta.json's counts, e.g.
+    "train: 1,200 documents, 310,412 tokens; val: 12 documents, 3,120 tokens"; token files (no
+    document count) give their end-of-text ids instead. None when meta.json has no counts."""
+    counts = meta.get("counts") or {}
+    parts = []
+    for split in ("train", "val"):
+        tokens = counts.get(f"{split}_tokens")
+        if tokens is None:
+            continue
+        docs, eot = counts.get(f"{split}_docs"), counts.get(f"{split}_eot")
+        what = (f"{_count(docs, 'document')}, " if docs is not None else "") + _count(tokens, "token")
+        if docs is None and eot is not None:
+            what += f" ({_count(eot, 'end-of-text id')})"
+        parts.append(f"{split}: {what}")
+    return "; ".join(parts) or None
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'s' * (n != 1)}"
 
 
 def is_val_document(text: str | bytes, seed: int, val_fraction: float) -> bool:

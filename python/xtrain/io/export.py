@@ -24,6 +24,8 @@ Decisions:
   bits: numpy has no bfloat16 type, so `safetensors.numpy` cannot write it). float32 -> bf16 rounds
   to nearest even, as torch does. The library orders tensors deterministically and the JSON files
   have sorted keys and no timestamps: the same checkpoint exports to the same bytes every time.
+- `ckpt_dir` may be a run folder (`xtrain train --out RUN`): a path that is not itself a checkpoint
+  but holds RUN/ckpt names that checkpoint (checkpoint_in; `xtrain sample` reads it the same way).
 - Safe to point anywhere: the target may not be (or lie inside) a checkpoint directory, must be
   empty unless overwrite=True, and is written through a staging directory (rundir.staging_dir),
   so a failed export leaves it unchanged. The tokenizer is the one loaded from the checkpoint's
@@ -43,18 +45,36 @@ from xtrain.io import state as ckpt_state
 from xtrain.models.hf_import import hf_name
 from xtrain.io.rundir import check_export_dir, ensure_dir, staging_dir
 
+# Where `xtrain train --out RUN` keeps its checkpoint (xtrain.trainer.train.CKPT_DIR).
+RUN_CHECKPOINT = "ckpt"
 SAFETENSORS_DTYPES = {"bf16": "bfloat16", "f32": "float32"}
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f32": "float32"}
 STAGING_DIR = ".xtrain-export.tmp"
 
 
+def checkpoint_in(path) -> Path:
+    """The checkpoint `path` names: itself when it is one (or its NAME.old, see state.resolve),
+    else the checkpoint of the run folder `path` (PATH/ckpt, which state.load then checks).
+    CheckpointError saying what was looked for when it is neither."""
+    path = Path(path)
+    if ckpt_state.exists(path):
+        return path
+    run_ckpt = path / RUN_CHECKPOINT
+    if path.is_dir() and (run_ckpt.exists() or ckpt_state.exists(run_ckpt)):
+        return run_ckpt
+    raise ckpt_state.CheckpointError(
+        f"no checkpoint at {path}: looked for a checkpoint ({path / ckpt_state.STATE_FILE}) and for a run "
+        f"folder's ({run_ckpt / ckpt_state.STATE_FILE})")
+
+
 def export(ckpt_dir, out_dir, dtype: str = "bf16", overwrite: bool = False) -> Path:
-    """Write checkpoint `ckpt_dir` as a Hugging Face directory `out_dir`. Refuses a target inside
-    a checkpoint directory, a non-empty target unless `overwrite` (then same-named files are
-    replaced), and a checkpoint whose weights hold NaN or Inf."""
+    """Write checkpoint `ckpt_dir` (or a run folder's, checkpoint_in) as a Hugging Face directory
+    `out_dir`. Refuses a target inside a checkpoint directory, a non-empty target unless
+    `overwrite` (then same-named files are replaced), and a checkpoint whose weights hold NaN or
+    Inf."""
     if dtype not in SAFETENSORS_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(SAFETENSORS_DTYPES)}, got {dtype!r}")
-    ckpt = ckpt_state.load(ckpt_dir)
+    ckpt = ckpt_state.load(checkpoint_in(ckpt_dir))
     out = Path(out_dir)
     check_export_dir(ckpt.path, out, overwrite, ignore=(STAGING_DIR,))
     config = ckpt.config

@@ -1,7 +1,7 @@
 """Import a Hugging Face Qwen3 or Llama model directory as a TinyTransformer.
 
-    model = TinyTransformer.from_pretrained("Qwen3-0.6B", device="cuda", bf16=True)
-    xtrain train --init-from Qwen3-0.6B --data corpus.txt ...
+    model = TinyTransformer.from_pretrained("Qwen/Qwen3-0.6B", device="cuda", bf16=True)
+    xtrain train --init-from Qwen/Qwen3-0.6B --data corpus.txt ...   # or a local directory
 
     DIR/config.json                      Qwen3ForCausalLM or LlamaForCausalLM (architectures, else
                                          model_type qwen3 / llama)
@@ -32,12 +32,19 @@ Decisions:
   a cycle; xtrain.io.export takes its name mapping (hf_name) from here.
 - A tied model (tie_word_embeddings) has no lm_head tensor; one that is present anyway must equal
   the embedding (transformers would overwrite it).
+- A name that is not a local directory but reads as a hub model id (NAME or ORG/NAME) is
+  downloaded once through huggingface_hub's snapshot_download into the hub's cache ($HF_HOME),
+  only the files read here (HUB_FILES: no pickles, no other formats), and read from there
+  (resolve_pretrained). Offline (the hub's host does not answer, or HF_HUB_OFFLINE) it is read from
+  the cache alone; what cannot be had -- huggingface_hub missing, a model neither cached nor
+  reachable, one the hub does not have -- is one PretrainedError saying what to do.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +61,13 @@ MAX_HEAD_DIM = 256
 # Tensors that are a function of the config, present in some older files: skipped.
 SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
 _WIDEN = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+# What a hub model's download fetches: the config, the weights (one file, or the shards and their
+# index) and the tokenizer's files (read_tokenizer; tokenizer_config.json names the end of text).
+HUB_FILES = (CONFIG_FILE, "*.safetensors", INDEX_FILE, "tokenizer.json", "tokenizer.model",
+             "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+# A hub model id: NAME or ORG/NAME, each part letters, digits, '-', '_', '.' (not leading).
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+HUB_INSTALL_HINT = "pip install 'xtrain[hub]' (or: pip install huggingface_hub)"
 
 
 class PretrainedError(ValueError):
@@ -94,17 +108,64 @@ def hf_name(name: str) -> str:
 def read_pretrained(path, config_cls, tokenizer: bool = True) -> Pretrained:
     """Read and check a Hugging Face directory (see the module doc) into a config of `config_cls`
     (TransformerConfig) and its tensors; PretrainedError on anything xtrain cannot load.
-    tokenizer=False skips the tokenizer."""
-    path = Path(path)
-    if not path.is_dir():
-        raise PretrainedError(f"{path}: no such directory (expected a Hugging Face model directory with "
-                           f"{CONFIG_FILE} and {WEIGHTS_FILE})")
+    tokenizer=False skips the tokenizer. `path` may be a hub model id (resolve_pretrained)."""
+    path = resolve_pretrained(path)
     hf = read_hf_config(path)
     arch, config = config_from_hf(hf, path / CONFIG_FILE, config_cls)
     raw, dtype = read_weights(path)
     tensors = match_tensors(raw, config, path)
     tok = read_tokenizer(path, config.vocab_size) if tokenizer else None
     return Pretrained(path, config, tensors, tok, arch, dtype)
+
+
+# ---- where the model is
+
+def resolve_pretrained(name) -> Path:
+    """The local directory `name` names: itself when it is one, else the snapshot of the hub model
+    `name` (ORG/NAME), downloaded into the Hugging Face cache unless it is there (HUB_FILES only).
+    PretrainedError in one line for what cannot be had, saying what to do."""
+    path = Path(name)
+    if path.is_dir():
+        return path
+    text = str(name)
+    if path.exists() or not _HUB_ID.fullmatch(text) or ".." in text or "--" in text:
+        raise PretrainedError(f"{name}: no such directory (expected a Hugging Face model directory with "
+                              f"{CONFIG_FILE} and {WEIGHTS_FILE}, or a hub model name such as Qwen/Qwen3-0.6B)")
+    local = "download the model folder and pass its path instead"
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise PretrainedError(f"{name} is not a local directory; downloading it from the Hugging Face hub needs "
+                              f"huggingface_hub, which is not installed: {HUB_INSTALL_HINT}, or {local}") from None
+    try:
+        from huggingface_hub import errors
+    except ImportError:  # huggingface_hub before 0.23 kept its errors in utils
+        from huggingface_hub import utils as errors
+    from xtrain.data.hub import hub_cache, hub_offline, hub_reachable
+
+    online = hub_reachable()  # False too under HF_HUB_OFFLINE: the cache alone, no retries
+    try:
+        return Path(huggingface_hub.snapshot_download(text, allow_patterns=list(HUB_FILES),
+                                                      local_files_only=not online))
+    except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled):
+        cache = hub_cache()
+        if hub_offline():
+            why, fix = "HF_HUB_OFFLINE is set", "unset HF_HUB_OFFLINE to download it"
+        else:
+            why, fix = ("the Hugging Face hub is unreachable (offline?)",
+                        f"run the same command where the hub can be reached and copy {cache} here")
+        raise PretrainedError(f"cannot download {name}: {why} and it is not in the cache {cache}; {fix}, "
+                              f"or {local}") from None
+    except errors.GatedRepoError:
+        raise PretrainedError(f"{name} is gated on the Hugging Face hub: accept its terms on its page and log in "
+                              f"(hf auth login), or {local}") from None
+    except errors.RepositoryNotFoundError:
+        hint = "" if "/" in text else "; hub names are ORG/NAME, e.g. Qwen/Qwen3-0.6B"
+        raise PretrainedError(f"{name}: no such directory here, and no model {name} on the Hugging Face hub (or "
+                              f"it is private: log in with hf auth login){hint}") from None
+    except errors.HfHubHTTPError as e:
+        raise PretrainedError(f"could not download {name} from the Hugging Face hub: "
+                              f"{(str(e).strip().splitlines() or [type(e).__name__])[0]}") from None
 
 
 # ---- config

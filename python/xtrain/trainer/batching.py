@@ -68,7 +68,8 @@ class BatchPlan:
     def describe(self) -> str:
         gpus = f" x {self.world_size} GPUs" if self.world_size > 1 else ""
         return (f"micro-batch {self.micro_batch} x {self.accum} accumulation step{'s' * (self.accum > 1)}{gpus} "
-                f"= {self.global_batch} sequences of {self.seq} = {self.tokens:,} tokens per step")
+                f"= {self.global_batch} sequence{'s' * (self.global_batch != 1)} of {self.seq} "
+                f"= {self.tokens:,} tokens per step")
 
 
 def plan(batch, grad_accum, batch_tokens, seq: int, world_size: int, recompute, fits=None,
@@ -105,7 +106,8 @@ def plan(batch, grad_accum, batch_tokens, seq: int, world_size: int, recompute, 
         candidates = [b for b in range(1, per_rank + 1) if per_rank % b == 0]
         if grad_accum is not None:
             if per_rank % grad_accum:
-                raise ConfigError(f"--grad-accum {grad_accum} does not divide the {per_rank} sequences per GPU "
+                raise ConfigError(f"--grad-accum {grad_accum} does not divide the {per_rank} "
+                                  f"sequence{'s' * (per_rank != 1)} per GPU "
                                   f"and step that --batch-tokens {batch_tokens} gives")
             candidates = [per_rank // grad_accum]
     else:
@@ -120,7 +122,7 @@ def plan(batch, grad_accum, batch_tokens, seq: int, world_size: int, recompute, 
         failed = sorted(b for b, ok in tried.items() if not ok)
         why = (f"--batch auto: micro-batch {best} is the largest {'divisor of ' + str(per_rank) + ' ' if per_rank else ''}"
                f"that fits{memory} ({'micro-batch ' + str(failed[0]) + ' did not' if failed else 'the largest candidate'}; "
-               f"{len(tried)} tries)")
+               f"{len(tried)} tr{'ies' if len(tried) != 1 else 'y'})")
         if recompute == "auto":
             why += ("; recompute on: not even micro-batch 1 fits without it" if rc
                     else "; recompute off: not needed to fit")

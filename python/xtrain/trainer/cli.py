@@ -1,12 +1,13 @@
 """The `xtrain` command: train, prepare, sample, export.
 
     xtrain train                                  # built-in stories: tiny (CPU), dim768 bf16 (GPU)
-    xtrain train --preset dim384 --data corpus.jsonl --bf16 --steps 5000 --out runs/d384
+    xtrain train --resume --steps 2000            # continue it (runs/tiny-stories, runs/dim768-stories)
+    xtrain train --preset dim384 --data corpus.jsonl --bf16 --steps 5000   # into runs/dim384-corpus
     xtrain train --out runs/d384 --resume         # continue runs/d384/ckpt with its config.toml
     xtrain train --config run.toml --steps 2000   # a config file; flags override it
     xtrain train --help                           # every option by section, with its default
     xtrain train --preset dim768 --bf16 --batch auto --batch-tokens 0.5M --recompute auto
-    xtrain train --init-from Qwen3-0.6B --data corpus.txt --bf16 --steps 500   # from HF weights
+    xtrain train --init-from Qwen/Qwen3-0.6B --data corpus.txt --bf16 --steps 500   # hub or local weights
     xtrain prepare corpus.jsonl --out data/corpus --vocab-size 8192
     xtrain prepare tinystories                    # from the Hugging Face hub into data/tinystories
     xtrain prepare hf:ORG/NAME --text-column text --split train --tokenizer gpt2
@@ -14,9 +15,9 @@
     xtrain prepare corpus.txt --out data/c --tokenizer llama/tokenizer.json   # or a .model
     xtrain prepare data/openwebtext               # nanoGPT/llm.c token files: read in place (gpt2)
     xtrain prepare saved_ds --out data/s --tokenizer gpt2   # a datasets.save_to_disk directory
-    xtrain sample --ckpt runs/tiny/ckpt --prompt "Once upon a time" --temperature 0.8 --top-k 50
-    xtrain sample --ckpt runs/tiny/ckpt --prompt "A cat" --prompt "The sun" --top-p 0.9 --seed 1
-    xtrain export --ckpt runs/tiny/ckpt --out hf/tiny --dtype bf16
+    xtrain sample --ckpt runs/tiny-stories --prompt "Once upon a time" --temperature 0.8 --top-k 50
+    xtrain sample --ckpt runs/tiny-stories/ckpt --prompt "A cat" --prompt "The sun" --top-p 0.9 --seed 1
+    xtrain export --ckpt runs/tiny-stories --out hf/tiny --dtype bf16   # a run folder: its ckpt/
     xtrain --version
 
 The train flags are made from xtrain.trainer.runconfig's TrainConfig fields (and CommandOptions'):
@@ -190,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     s = sub.add_parser("sample", help="generate text from a checkpoint")
-    s.add_argument("--ckpt", required=True, help="checkpoint directory (e.g. runs/tiny/ckpt)")
+    s.add_argument("--ckpt", required=True, metavar="DIR",
+                   help="a checkpoint directory, or a run folder: its ckpt/ (e.g. runs/tiny-stories)")
     s.add_argument("--prompt", action="append", default=None,
                    help="text to continue; repeat it for a batch of prompts, generated together "
                         "(default: the run's sample prompt, e.g. 'Once upon a time')")
@@ -214,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="run every decode step eagerly")
 
     e = sub.add_parser("export", help="export a checkpoint in the Hugging Face Qwen3 layout")
-    e.add_argument("--ckpt", required=True, help="checkpoint directory")
+    e.add_argument("--ckpt", required=True, metavar="DIR",
+                   help="a checkpoint directory, or a run folder: its ckpt/")
     e.add_argument("--out", required=True, help="output directory (loads with transformers)")
     e.add_argument("--dtype", choices=("bf16", "f32"), default="bf16", help="weight dtype (default: bf16)")
     e.add_argument("--overwrite", action="store_true",
@@ -289,6 +292,10 @@ def cmd_train(args) -> int:
     values = _train_values(args, group)
     if values["data"] is not None and not Path(values["data"]).exists():
         raise UsageError(f"--data {values['data']}: no such file or directory")
+    if values["init_from"] is not None:  # a hub name: its snapshot in the Hugging Face cache, now
+        from xtrain.models.hf_import import resolve_pretrained
+
+        values["init_from"] = str(resolve_pretrained(values["init_from"]))
     cfg = runconfig.train_config(values)
     _check_train_config(cfg, values["devices"], group)
 
@@ -360,7 +367,7 @@ def _train_values(args, group=None) -> dict:
 
     given = {name: runconfig.value_of(name, value) for name, value in vars(args).items() if name != "command"}
     file = runconfig.read_config(given["config"]) if "config" in given else {}
-    # out None: runs/PRESET, once the preset is known
+    # out None: runs/MODEL-DATA (default_out), once the model and the data are known
     defaults = {**{name: runconfig.default_of(name) for name in runconfig.OPTIONS}, "out": None}
     chosen = {**defaults, **file, **given}
     devices = chosen["devices"]
@@ -387,13 +394,12 @@ def _train_values(args, group=None) -> dict:
         raise UsageError("--init-from starts a new run from pretrained weights and --resume continues a "
                          "checkpoint: give one of them")
     machine = runconfig.machine_defaults(resolve_device(chosen["device"]) if devices == 1 else "cuda")
+    fresh = {**defaults, **machine, **file, **given}  # a new run's values: --resume alone finds its OUT
     if chosen["resume"] is not None or chosen["init_from"] is not None:
         machine.pop("preset")  # a resumed run keeps its model, --init-from brings one
     values = {**defaults, **machine}
     if given.get("resume") is not None:
-        first = {**values, **file, **given}
-        out = first["out"] or f"runs/{first['preset'] or 'tiny'}"
-        resume = first["resume"] or str(Path(out) / CKPT_DIR)
+        resume = fresh["resume"] or str(Path(fresh["out"] or default_out(fresh)) / CKPT_DIR)
         state.resolve(resume)  # a clear error now rather than after the data is prepared
         record = runconfig.read_record(resume)
         record.pop("init_from", None)  # how the run began: the checkpoint holds the model now
@@ -401,16 +407,35 @@ def _train_values(args, group=None) -> dict:
         given["resume"] = resume
     values.update(file)
     values.update(given)
-    values["out"] = values["out"] or f"runs/{values['preset'] or 'tiny'}"
+    values["out"] = values["out"] or default_out(values)
     if group is not None:
         values["devices"] = group.world_size  # the record's GPU count, whatever it was
     return values
 
 
+def default_out(values: dict) -> str:
+    """runs/MODEL-DATA, the run directory when --out is not given: MODEL the preset (or the name of
+    the --init-from model), DATA the name of --data (a file without its suffix; the built-in
+    stories: stories), so that runs of one model on two datasets do not share a directory, and
+    `--resume` alone, given the same --preset and --data, finds the run again."""
+    if values.get("init_from") is not None:
+        model = Path(values["init_from"]).name
+    else:
+        model = values["preset"] or "tiny"
+    if values["data"] is None:
+        data = "stories"
+    else:
+        path = Path(values["data"])
+        data = (path.stem if path.is_file() else path.name) or path.resolve().name or "data"
+    return f"runs/{model}-{data}"
+
+
 def cmd_prepare(args) -> int:
     from xtrain.data import detect_format
     from xtrain.data.hub import default_out_dir, hub_source
+    from xtrain.data.layout import read_meta
     from xtrain.data.saved import is_saved_dataset
+    from xtrain.data.write import split_counts
     from xtrain.io.rundir import DirLock
 
     name = args.source[0] if len(args.source) == 1 else None
@@ -439,6 +464,9 @@ def cmd_prepare(args) -> int:
     with DirLock(out, "xtrain prepare"):  # a second prepare into the same directory refuses
         out = _prepare_into(args, name, hub, out, progress)
     print(f"prepared {out}")
+    counts = split_counts(read_meta(out))
+    if counts:
+        print(counts)
     return 0
 
 
@@ -467,12 +495,13 @@ def _prepare_into(args, name, hub, out, progress: bool):
 
 def cmd_sample(args) -> int:
     from xtrain.io import state
+    from xtrain.io.export import checkpoint_in
     from xtrain.trainer.train import SAMPLE_PROMPT, resolve_device, sample_texts
 
     if args.greedy and (args.temperature is not None or args.top_k is not None or args.top_p is not None):
         raise UsageError("--greedy cannot be combined with --temperature, --top-k or --top-p")
     runconfig.check("device", args.device)
-    ckpt = state.load(args.ckpt)
+    ckpt = state.load(checkpoint_in(args.ckpt))
     model = ckpt.build_model(resolve_device(args.device))
     model.eval()
     prompts = args.prompt
@@ -491,10 +520,11 @@ def cmd_sample(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from xtrain.io.export import export
+    from xtrain.io.export import checkpoint_in, export
 
-    out = export(args.ckpt, args.out, dtype=args.dtype, overwrite=args.overwrite)
-    print(f"exported {args.ckpt} to {out} ({args.dtype})")
+    ckpt = checkpoint_in(args.ckpt)
+    out = export(ckpt, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    print(f"exported {ckpt} to {out} ({args.dtype})")
     return 0
 
 

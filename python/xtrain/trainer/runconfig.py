@@ -146,8 +146,9 @@ class TrainConfig:
     preset: str | None = opt(None, "model size", "model", str, choices=tuple(PRESETS),
                              shown="with --resume or --init-from, their model")
     init_from: str | None = opt(None, "start a new run (step 0) from a Hugging Face Qwen3 or Llama "
-                                "directory; --data is tokenized with its tokenizer", "model", str,
-                                metavar="DIR", shown="a new model of --preset")
+                                "directory, or a hub name such as Qwen/Qwen3-0.6B (downloaded once; "
+                                "pip install 'xtrain[hub]'); --data is tokenized with its tokenizer",
+                                "model", str, metavar="DIR|ORG/NAME", shown="a new model of --preset")
     dropout: float = opt(0.0, "dropout on embeddings and residual branches", "model", ge=0, lt=1)
     seed: int = opt(0, "seed of the weights, the data order and the sample", "model", ge=0, lt=2**64)
     # ---- data
@@ -219,7 +220,7 @@ class TrainConfig:
                               shown="OPENBLAS_NUM_THREADS, else every core", recorded=False)
     # ---- output
     out: str = opt("runs/tiny", "run directory: log, config, checkpoint, plot, sample", "output",
-                   metavar="DIR", shown="runs/PRESET")
+                   metavar="DIR", shown="runs/PRESET-DATA, e.g. runs/tiny-stories")
     sample_tokens: int = opt(200, "length of the final sample", "output", ge=0)
     sample_prompt: str | None = opt(None, "prompt of the final sample", "output", str, metavar="TEXT",
                                     shown="'Once upon a time' on the built-in stories, else the start "
@@ -489,7 +490,7 @@ def write_record(path, record: dict, notes=()) -> Path:
              "# continues with these values (flags override them); `--config FILE` starts a new",
              "# run from them."]
     lines += [f"# {n}" for n in notes]
-    lines += [f"{key.replace('_', '-')} = {_toml_value(value)}" for key, value in record.items() if value is not None]
+    lines += [_record_line(key, value) for key, value in record.items() if value is not None]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, path)
@@ -505,6 +506,23 @@ def read_record(ckpt_path) -> dict:
     beside = path.parent / CONFIG_FILE
     data = read_toml(beside, "record") if beside.is_file() else state.load(path, verify=False).meta.get("train_args")
     return values_of(data or {}, f"the record of {ckpt_path}", record=True)
+
+
+# Significant digits of the short form beside a long float in the record: a value typed or
+# printed by a person has fewer; a computed one's tail (lr / 10) starts past them.
+RECORD_SHORT_DIGITS = 12
+
+
+def _record_line(key: str, value) -> str:
+    """`key = value`; a float that arithmetic left with a long tail (lr / 10 is
+    0.00030000000000000003 for --lr 3e-3) is written exactly, as repr's shortest round trip, and
+    followed by the short value it stands for: the record must give a resumed run the same bits."""
+    line = f"{key.replace('_', '-')} = {_toml_value(value)}"
+    if isinstance(value, float) and math.isfinite(value):
+        short = f"{value:.{RECORD_SHORT_DIGITS}g}"
+        if float(short) != value:
+            line += f"  # {short}, to the bit as the run used it"
+    return line
 
 
 def _toml_value(value) -> str:

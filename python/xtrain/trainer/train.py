@@ -329,11 +329,12 @@ def plan_eval(n: int, batch: int, seq: int, eval_batches: int, world_size: int, 
     if per_rank >= batch:
         got = min(eval_batches, per_rank // batch)
         note = None if got == eval_batches else \
-            f"the validation split has {n:,} tokens: evaluating {got} batches instead of {asked}"
+            f"the validation split has {n:,} tokens: evaluating {got} batch{'es' * (got != 1)} instead of {asked}"
         return EvalPlan(batch, seq, got, note)
     if per_rank >= 1:
         return EvalPlan(per_rank, seq, 1, f"the validation split has {n:,} tokens: evaluating one batch of "
-                                          f"{per_rank} windows of {seq} tokens instead of {asked}")
+                                          f"{per_rank} window{'s' * (per_rank != 1)} of {seq} tokens instead of "
+                                          f"{asked}")
     short = (n - 1) // world_size
     if short < MIN_EVAL_SEQ:
         raise ConfigError(f"the validation split of {data} has {n} tokens, too few to evaluate "
