@@ -203,3 +203,29 @@ def test_a_warning_when_a_small_corpus_is_read_many_times_while_validation_rises
     assert len(warnings) == 1 and "read its training data 4.5 times" in warnings[0]
     assert str(tmp_path / "run" / "best") in warnings[0]
     assert ckpt_state.load(tmp_path / "run" / "best").step == 10
+
+
+def test_rank_threads_stop_together_at_the_agreed_step(tmp_path, data, monkeypatch):
+    """Two CPU rank threads (the launcher of --devices N): a stop request seen by rank 1 at step 3
+    stops both ranks after step CONTROL_EVERY, with one checkpoint of that step."""
+    from cpu_collectives import ThreadCollectives
+    from test_process_training import WORLD, CpuLaunch
+    from xtrain.trainer.train import open_inputs
+
+    stop = stopping.StopRequest()
+    real_step = train_mod.train_step
+
+    def step_then_ask(run):
+        real_step(run)
+        if run.ctx.rank == 1 and run.step == 3:
+            stop.request("SIGTERM")
+
+    monkeypatch.setattr(train_mod, "train_step", step_then_ask)
+    cfg = tiny_run(tmp_path, data, 100, batch=2)
+    dataset, _ = open_inputs(cfg, False)
+    xtrain.manual_seed(cfg.seed)
+    launch = CpuLaunch(ThreadCollectives(WORLD), list(range(WORLD)), 30.0)
+    with pytest.raises(stopping.StopRequested):
+        launch.run(lambda ctx: train(cfg, ctx=ctx, prepared=(dataset, None), stop=stop))
+    assert ckpt_state.load(tmp_path / "ckpt").step == train_mod.CONTROL_EVERY
+    assert [r["step"] for r in run_log(tmp_path) if "loss" in r] == list(range(train_mod.CONTROL_EVERY))

@@ -192,7 +192,7 @@ class TrainConfig:
     eval_batches: int = opt(20, "validation batches per evaluation", "evaluation and checkpoints", ge=1)
     save_every: int | None = opt(None, "checkpoint OUT/ckpt every N steps (0: only at the end); OUT/best "
                                  "keeps the one of lowest validation loss", "evaluation and checkpoints", int,
-                                 ge=0, shown="at every evaluation (--eval-every), else at the end")
+                                 ge=0, shown="after every evaluation; with --eval-every 0, at the end")
     save_minutes: float = opt(30.0, "also checkpoint when this many minutes have passed since the last "
                               "save (0: off)", "evaluation and checkpoints", ge=0, metavar="M")
     resume: str | None = opt(None, "continue from a checkpoint directory (alone: OUT/ckpt) with the "
