@@ -5,7 +5,6 @@ resume keeping the first run's results, a finished run left alone, the warning o
 read many times while validation rises."""
 
 import io
-import json
 import os
 import signal
 import subprocess
