@@ -113,7 +113,9 @@ def test_resume_with_the_preset_takes_its_max_seq(trained, tmp_path):
     state = json.loads((run / "ckpt" / "state.json").read_text())
     state["config"]["max_seq"] = 256
     (run / "ckpt" / "state.json").write_text(json.dumps(state))
-    r = run_cli("train", "--preset", "tiny", "--steps", "31", "--data", prepared_stories(root), "--out", run,
+    # one step past the checkpoint (which another test may have resumed further)
+    r = run_cli("train", "--preset", "tiny", "--steps", state["step"] + 1, "--data", prepared_stories(root),
+                "--out", run,
                 "--batch", "8", "--seq", "64", "--eval-every", "0", "--sample-tokens", "0", "--no-progress",
                 "--resume", run / "ckpt", "--device", "cpu")
     assert r.returncode == 0, r.stderr

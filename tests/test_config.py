@@ -16,7 +16,7 @@ from xtrain.trainer.runconfig import MACHINE_DEFAULTS, CommandOptions, ConfigErr
 
 # A valid value, as TOML writes it, of each option whose default is None (the others use theirs).
 SAMPLES = {"preset": "tiny", "init_from": "hf/qwen3", "data": "data/x", "grad_accum": 2, "batch_tokens": "0.5M",
-           "lr": 1e-3, "min_lr": 1e-4, "decay_steps": 10, "memory_limit": "40G", "threads": 2,
+           "lr": 1e-3, "min_lr": 1e-4, "decay_steps": 10, "memory_limit": "40G", "threads": 2, "save_every": 500,
            "sample_prompt": "Hi", "rendezvous": "tcp:host:29500", "resume": "runs/x/ckpt", "config": "run.toml"}
 
 

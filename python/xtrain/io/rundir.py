@@ -34,7 +34,7 @@ LOCK_FILE = ".xtrain.lock"
 # What `xtrain train` writes into its --out; the first three mark a directory as holding a run.
 # (OUT/data, raw data prepared by a run, is a reusable cache and stays on --overwrite.)
 RUN_MARKERS = ("ckpt", "ckpt.old", "log.jsonl")
-RUN_OUTPUTS = RUN_MARKERS + ("ckpt.tmp", "log.jsonl.tmp", "loss.png", "sample.txt")
+RUN_OUTPUTS = RUN_MARKERS + ("ckpt.tmp", "best", "best.tmp", "best.old", "log.jsonl.tmp", "loss.png", "sample.txt")
 # The files of a checkpoint directory that identify it as one (xtrain.io.state writes both).
 _CKPT_FILES = ("state.json", "model.safetensors")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -152,9 +152,13 @@ def check_run_dir(out, resume=None, overwrite: bool = False) -> None:
     if not existing or overwrite:
         return
     if resume is None:
+        if not any((out / name / _CKPT_FILES[0]).is_file() for name in ("ckpt", "ckpt.old")):
+            raise RunDirError(f"{out} holds the log of a run that saved no checkpoint ({', '.join(existing)}): "
+                              f"there is nothing to resume; pass --overwrite to start again, or choose "
+                              f"another --out")
         raise RunDirError(f"{out} already holds a run ({', '.join(existing)}); pass --resume to "
                           f"continue it or --overwrite to replace it")
-    own = {(out / name).resolve() for name in ("ckpt", "ckpt.old")}
+    own = {(out / name).resolve() for name in ("ckpt", "ckpt.old", "best")}
     if Path(resume).resolve() not in own:
         raise RunDirError(f"{out} holds another run ({', '.join(existing)}) than the checkpoint "
                           f"--resume {resume} continues; pass --overwrite to replace it or "

@@ -45,7 +45,7 @@ import xtrain
 from xtrain.io import schema
 from xtrain.models import TinyTransformer, TransformerConfig
 from xtrain.data.layout import file_sha256
-from xtrain.io.rundir import ensure_dir, staging_dir
+from xtrain.io.rundir import RUN_MARKERS, ensure_dir, staging_dir
 
 FORMAT = "xtrain-checkpoint"
 VERSION = 1
@@ -122,6 +122,32 @@ def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_
         fsync_dir(tmp)
     _promote(tmp, path)
     return path
+
+
+def copy(src, dst) -> Path:
+    """Checkpoint `src` copied to directory `dst`, atomically as save() writes (the training loop
+    keeps RUN/best this way). The files are hard links where the filesystem allows: a checkpoint's
+    files are never rewritten in place (a save replaces the whole directory), so the two
+    directories may share them."""
+    src, dst = resolve(src), Path(dst)
+    with staging_dir(dst.with_name(dst.name + TMP_SUFFIX), f"checkpoint {dst}") as tmp:
+        for f in src.iterdir():
+            try:
+                os.link(f, tmp / f.name)
+            except OSError:
+                shutil.copy2(f, tmp / f.name)
+        fsync_dir(tmp)
+    _promote(tmp, dst)
+    return dst
+
+
+def step_of(path) -> int | None:
+    """The step of the checkpoint at `path` (its state.json only, unverified), or None when there
+    is no readable one."""
+    try:
+        return int(json.loads((resolve(path) / STATE_FILE).read_text())["step"])
+    except (CheckpointError, OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def non_finite(tensors: dict):
@@ -261,6 +287,10 @@ def resolve(path) -> Path:
         return old
     if path.is_dir():
         raise CheckpointError(f"{path} is not a complete checkpoint (no {STATE_FILE})")
+    run = path.parent
+    if path.name == "ckpt" and any((run / name).exists() for name in RUN_MARKERS):
+        raise CheckpointError(f"no checkpoint at {path}: the run in {run} saved none (it stopped before its "
+                              f"first save); start it again with --overwrite")
     raise CheckpointError(f"no checkpoint at {path}")
 
 

@@ -191,8 +191,11 @@ class TrainConfig:
     eval_every: int = opt(_CPU["eval_every"], "validation every N steps (0: off)",
                           "evaluation and checkpoints", ge=0)
     eval_batches: int = opt(20, "validation batches per evaluation", "evaluation and checkpoints", ge=1)
-    save_every: int = opt(1000, "checkpoint every N steps (0: only at the end)",
-                          "evaluation and checkpoints", ge=0)
+    save_every: int | None = opt(None, "checkpoint OUT/ckpt every N steps (0: only at the end); OUT/best "
+                                 "keeps the one of lowest validation loss", "evaluation and checkpoints", int,
+                                 ge=0, shown="after every evaluation; with --eval-every 0, at the end")
+    save_minutes: float = opt(30.0, "also checkpoint when this many minutes have passed since the last "
+                              "save (0: off)", "evaluation and checkpoints", ge=0, metavar="M")
     resume: str | None = opt(None, "continue from a checkpoint directory (alone: OUT/ckpt) with the "
                              "run's recorded configuration", "evaluation and checkpoints", str,
                              alone="", metavar="CKPT", shown="a new run", in_file=False, recorded=False)
@@ -228,7 +231,10 @@ class TrainConfig:
     trackers: tuple = opt((), "metric sinks beside log.jsonl, comma-separated: tensorboard, wandb "
                           "(pip install 'xtrain[tensorboard]' / 'xtrain[wandb]')", "output",
                           flags=("--tracker",), metavar="NAMES")
-    progress: bool = opt(True, "no progress bars", "output", switch={"--no-progress": False},
+    progress: bool = opt(True, "no progress bar: plain lines (as when stdout is not a terminal)", "output",
+                         switch={"--no-progress": False}, recorded=False)
+    log_every: int = opt(10, "without a progress bar (stdout not a terminal, or --no-progress), a line "
+                         "every N steps: step, loss, lr, ms, tok/s, MFU, memory", "output", ge=1,
                          recorded=False)
 
 

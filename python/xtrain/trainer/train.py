@@ -6,7 +6,9 @@ Outputs in `out`:
     log.jsonl    one record per step: step, loss, lr, grad_norm, tok_s, ms, mem_mb (+ mfu on a
                  GPU); val_loss and val_ppl records at eval steps
     config.toml  the resolved configuration (xtrain.trainer.runconfig): what `--resume` continues with
-    ckpt/        the checkpoint (xtrain.io.state), every save_every steps and at the end
+    ckpt/        the latest checkpoint (xtrain.io.state): after every evaluation (or every
+                 save_every steps), every save_minutes, on SIGINT/SIGTERM and at the end
+    best/        the saved checkpoint of lowest validation loss
     loss.png     train (and val) loss against step
     sample.txt   a sample from the final model
     tensorboard/, wandb/   with --tracker (xtrain.trainer.trackers): the log's scalars
@@ -41,13 +43,14 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 
 import xtrain
-from xtrain.trainer import batching, runconfig, trackers
+from xtrain.trainer import batching, progress, runconfig, stopping, trackers
 from xtrain.launch import distributed
 from xtrain import graphs, ops
 from xtrain.models import hf_import
@@ -76,6 +79,13 @@ INIT_FROM_LR = 1e-4
 H200_BF16_PEAK_FLOPS = 790e12
 # Validation windows shorter than this say too little about the model: below it, an error.
 MIN_EVAL_SEQ = 16
+# With ranks, how often (in steps) they agree whether to stop (a signal) or save (--save-minutes):
+# an exchange waits for every rank, so not at every step.
+CONTROL_EVERY = 10
+# The run warns when it has read its training split more than this many times while the
+# validation loss rose at the last two evaluations.
+REPEAT_EPOCHS = 4
+BEST_DIR = "best"
 
 
 @dataclass(frozen=True)
@@ -111,15 +121,23 @@ class Run:
     history: list = None
     bar: object = None                 # the progress bar (rank 0), else None
     trackers: list = ()                # open xtrain.trainer.trackers sinks (rank 0)
-    t_last: float = 0.0
+    stop: object = None                # the stopping.StopRequest its signals set
+    t_done: float = 0.0                # perf_counter when the last logged step finished
+    step_s: list = None                # seconds of each step of this invocation (logged, rank 0)
+    t_saved: float = 0.0               # monotonic time of the last save (or of the start)
+    saved_step: int | None = None      # the step of the last checkpoint saved by this invocation
     val_loss: float | None = None
+    val_step: int | None = None        # the step val_loss was measured at
+    val_losses: list = None            # this run's validation losses, in order (resumed: the log's too)
+    best: tuple | None = None          # (val loss, step) of OUT/best
+    repeat_warned: bool = False
     pending: tuple | None = None       # (step, lr, xtrain.cuda.PendingValues of its loss and norm, replayed)
     graphs: object = None              # xtrain.graphs.StepGraphs on a GPU, else None
     bad_steps: int = 0                 # non-finite steps in a row (their updates skipped)
     skipped_steps: int = 0             # all of them
 
 
-def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
+def train(cfg: TrainConfig, ctx=None, prepared=None, stop=None) -> dict | None:
     """Train as configured; returns a summary (None on ranks other than 0).
 
     With `ctx` (an xtrain.launch.distributed.RankContext) this is one rank of `xtrain train --devices N`
@@ -127,27 +145,80 @@ def train(cfg: TrainConfig, ctx=None, prepared=None) -> dict | None:
     checkpoint to resume, the hf_import.Pretrained of --init-from, or None; read once for all of
     them): the rank takes its slice of every global batch, starts from rank
     0's weights, and the gradients (and the loss) are averaged before clipping and AdamW; only
-    rank 0 logs, saves, plots and samples."""
+    rank 0 logs, saves, plots and samples.
+
+    Checkpoints: OUT/ckpt after every evaluation (or every --save-every steps), every
+    --save-minutes and at the end; OUT/best the saved one of lowest validation loss. SIGINT or
+    SIGTERM (`stop`: the launcher's stopping.StopRequest, shared by its rank threads) ends the run
+    after the step under way with a checkpoint, and raises stopping.StopRequested. A resumed run
+    that has nothing left to do (--steps not above its step) says so and returns None."""
     t_start = time.time()
+    stop = stop if stop is not None else stopping.StopRequest()
     run = setup(cfg, ctx, prepared)
-    try:
-        with batching.explain_oom(run):  # an OOM names the flags that change it
-            while run.step < cfg.steps:
-                run.ctx.check()  # another rank failed: stop here
-                if cfg.eval_every > 0 and run.step % cfg.eval_every == 0:
+    if run is None:
+        return None
+    run.stop = stop
+    stopped = False
+    with stop.installed():
+        try:
+            with batching.explain_oom(run):  # an OOM names the flags that change it
+                if eval_due(run):
                     log_eval(run, evaluate(run))
-                train_step(run)
-                if cfg.save_every > 0 and run.step % cfg.save_every == 0 and run.step < cfg.steps:
-                    save(run)
-            settle(run)
-    finally:
-        if run.graphs is not None:  # on this (rank) thread, before its communicator goes
-            run.graphs.close()
-    with batching.explain_oom(run):
-        if cfg.eval_every > 0:
-            log_eval(run, evaluate(run))
-    save(run)
+                while run.step < cfg.steps:
+                    run.ctx.check()  # another rank failed: stop here
+                    train_step(run)
+                    stopped, timed = controls(run)
+                    evaluated = run.step < cfg.steps and eval_due(run)
+                    if evaluated:
+                        log_eval(run, evaluate(run))
+                    if stopped or timed or (run.step < cfg.steps and save_due(run, evaluated)):
+                        save(run)
+                    if stopped:
+                        break
+                settle(run)
+        finally:
+            if run.graphs is not None:  # on this (rank) thread, before its communicator goes
+                run.graphs.close()
+        if stopped:
+            return interrupted(run)
+        with batching.explain_oom(run):
+            if eval_due(run):
+                log_eval(run, evaluate(run))
+        if run.saved_step != run.step:
+            save(run)
     return finish(run, t_start)
+
+
+def eval_due(run: Run) -> bool:
+    """An evaluation at this step: every --eval-every steps and at the end, once per step (a
+    resumed run does not repeat the evaluation its log already holds at its first step)."""
+    cfg = run.cfg
+    if cfg.eval_every <= 0 or run.val_step == run.step:
+        return False
+    return run.step % cfg.eval_every == 0 or run.step >= cfg.steps
+
+
+def save_due(run: Run, evaluated: bool) -> bool:
+    """A checkpoint at this step: after every evaluation, or every --save-every steps when given."""
+    every = run.cfg.save_every
+    if every is None:
+        return evaluated
+    return every > 0 and run.step % every == 0
+
+
+def controls(run: Run) -> tuple[bool, bool]:
+    """(stop, save) after a step: a signal asked the run to stop; --save-minutes have passed since
+    the last save. With ranks, every CONTROL_EVERY steps all ranks agree (any rank's stop request,
+    rank 0's clock), so all stop or save at the same step; one device decides at every step."""
+    minutes = run.cfg.save_minutes
+    timed = minutes > 0 and time.monotonic() - run.t_saved >= 60 * minutes
+    stop = run.stop.is_set()
+    if run.ctx.world_size == 1:
+        return stop, timed
+    if run.step % CONTROL_EVERY != 0:
+        return False, False
+    votes = run.ctx.exchange("controls", [bool(stop), bool(timed)])
+    return any(v[0] for v in votes), bool(votes[0][1])
 
 
 def setup(cfg: TrainConfig, ctx, prepared) -> Run:
@@ -171,6 +242,11 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     ckpt = start if isinstance(start, ckpt_state.Checkpoint) else None
     init = start if isinstance(start, hf_import.Pretrained) else None
     recorded = (ckpt.meta.get("train_args") or {}) if ckpt is not None else {}
+    if ckpt is not None and ckpt.step >= cfg.steps:
+        if ctx.is_main:  # a finished run: nothing is trained, evaluated, sampled or written
+            print(f"xtrain: nothing to do: {ckpt.path} is at step {ckpt.step} and --steps is {cfg.steps}; "
+                  f"pass a larger --steps to train further", flush=True)
+        return None
 
     # ---- model: fresh from the preset, pretrained weights (--init-from), or the checkpoint's
     run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute is True, dropout=cfg.dropout)
@@ -259,7 +335,6 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         run.history = _restart_log(out / LOG_FILE, step)
         run.log = open(out / LOG_FILE, "a")
         run.trackers = trackers.open_trackers(cfg.trackers, out, record, step)
-        run.bar = _progress(cfg, step)
         c = model.config
         print(f"xtrain: {model.num_parameters() / 1e6:.2f}M parameters ({c.core_params() / 1e6:.2f}M in blocks), "
               f"{ctx.describe()}, {'bf16' if cfg.bf16 else 'fp32'}{', recompute' if plan.recompute else ''}, "
@@ -272,8 +347,26 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         notes += [f"outputs in {out}: {_outputs(run)}"]
         for n in notes:
             print(f"xtrain: {n}", flush=True)
-    run.t_last = time.time()
+        run.bar = progress.open_progress(cfg.steps, step, cfg.log_every, cfg.progress)  # below the header
+    _resume_results(run)
+    run.step_s = []
+    run.t_saved, run.t_done = time.monotonic(), time.perf_counter()
     return run
+
+
+def _resume_results(run: Run) -> None:
+    """What a resumed run takes over from its log: the validation losses, the evaluation at its
+    step (not repeated: with ranks, rank 0's log decides for all, which evaluate together), and
+    OUT/best's loss and step."""
+    vals = [(r["step"], r["val_loss"]) for r in run.history if "val_loss" in r] if run.ctx.is_main else []
+    if run.ctx.world_size > 1:
+        vals = run.ctx.exchange("val_history", vals)[0]
+    run.val_losses = [v for _, v in vals]
+    if vals and vals[-1][0] == run.step:
+        run.val_step, run.val_loss = vals[-1]
+    best_step = ckpt_state.step_of(run.out / BEST_DIR)
+    at_best = [v for s, v in vals if s == best_step]
+    run.best = (at_best[-1], best_step) if at_best else None
 
 
 def make_schedule(cfg: TrainConfig, recorded: dict) -> Schedule:
@@ -361,6 +454,7 @@ def train_step(run: Run) -> None:
     """One optimizer step: LR, this rank's share of the global batch, forward + backward per
     micro-batch (gradients accumulating), clip + AdamW (+ the gradient average: one collective per
     step, not per micro-batch), log."""
+    t_begin = time.perf_counter()  # the step's time starts with its batch (Note [Step time])
     cfg, opt = run.cfg, run.optimizer
     lr = run.schedule(run.step)
     opt.lr = lr
@@ -387,7 +481,8 @@ def train_step(run: Run) -> None:
             run.graphs.eager()
     # The replayed graphs' outputs sit at fixed addresses: this copy is queued before the next
     # replay overwrites them.
-    run.pending = (run.step, lr, xtrain.cuda.read_async([loss, grad_norm]), out is not None)
+    values = xtrain.cuda.read_async([loss, grad_norm])
+    run.pending = (run.step, lr, values, out is not None, t_begin, time.perf_counter())
     run.step += 1
 
 
@@ -395,9 +490,9 @@ def settle(run: Run) -> None:
     """Log the step whose loss and norm are on their way to the host (train_step queued their copy)."""
     if run.pending is None:
         return
-    step, lr, values, replayed = run.pending
+    step, lr, values, replayed, t_begin, t_queued = run.pending
     run.pending = None
-    log_step(run, step, values, lr, replayed)
+    log_step(run, step, values, lr, replayed, (t_begin, t_queued))
 
 
 def evaluate(run: Run) -> float:
@@ -419,8 +514,9 @@ def evaluate(run: Run) -> float:
 
 
 def save(run: Run) -> None:
-    """Checkpoint the run at its step (rank 0 writes; every rank takes part: with ranks the
-    sharded state is gathered and every rank's generator state is collected first)."""
+    """Checkpoint the run at its step into OUT/ckpt, and into OUT/best too when the evaluation at
+    this step has the lowest validation loss so far (rank 0 writes; every rank takes part: with
+    ranks the sharded state is gathered and every rank's generator state is collected first)."""
     states = None
     if run.dp is not None:
         run.dp.gather_state(root=0)  # the weights complete, a full copy of the moments on rank 0
@@ -430,27 +526,53 @@ def save(run: Run) -> None:
                         loader_state=run.train_loader.state_dict(), tokenizer=run.dataset.tokenizer,
                         dataset=str(run.dataset.path), train_args=run.record,
                         rank_rng=states)
-    run.t_last = time.time()
+    run.saved_step, run.t_saved = run.step, time.monotonic()
+    if run.val_step == run.step and (run.best is None or run.val_loss < run.best[0]):
+        run.best = (run.val_loss, run.step)
+        if run.ctx.is_main:  # the files of OUT/ckpt, linked (no second write)
+            ckpt_state.copy(run.out / CKPT_DIR, run.out / BEST_DIR)
 
 
-def log_step(run: Run, step: int, values, lr: float, replayed: bool = False) -> None:
+def log_step(run: Run, step: int, values, lr: float, replayed: bool, times: tuple) -> None:
+    """Log `step` once its loss and norm are on the host. `times`: (t_begin, t_queued), the host's
+    perf_counter when train_step began and ended queuing it (Note [Step time])."""
     # Sync point (the only one per step, one step late): the loss and grad norm of `step` come to
     # the host for the log; waiting for them waits for that step only, not for the one queued
     # since. Every rank reads, which keeps the ranks' hosts in step.
     loss_f, norm_f = values.wait()
+    t_landed = time.perf_counter()
     skipped = not (math.isfinite(loss_f) and math.isfinite(norm_f))
     if run.ctx.is_main:
-        _log_step_record(run, step, loss_f, norm_f, lr, skipped, replayed)
+        _log_step_record(run, step, loss_f, norm_f, lr, skipped, replayed, step_seconds(run, *times, t_landed))
     if skipped:
         note_skipped_step(run, step, loss_f, norm_f)
     else:
         run.bad_steps = 0
 
 
+def step_seconds(run: Run, t_begin: float, t_queued: float, t_landed: float) -> float:
+    """The time of one step alone, evaluations, saves and samples between steps left out.
+
+    Note [Step time]: on the CPU the ops run as they are called, so a step's time is the host
+    time of train_step itself: from its batch to the end of its update. On a GPU train_step only
+    queues the work; the step ends when its loss and norm land on the host (t_landed, read one step
+    late, right after the next step's forward and backward are queued) and it starts when the
+    device could start it: when the step before it finished, or, if the device sat idle between
+    (an evaluation, a save, the start), when the host began queuing it. Host timestamps at these
+    points give the device's step time without device events (xtrain.cuda has none to record);
+    when the host is slower than the device (a tiny model), a step's launch time may count toward
+    the step before it, which shifts no time across an evaluation and keeps the run's total."""
+    if not run.device.startswith("cuda"):
+        return t_queued - t_begin
+    start = max(t_begin, run.t_done)
+    run.t_done = t_landed
+    return t_landed - start
+
+
 def _log_step_record(run: Run, step: int, loss_f: float, norm_f: float, lr: float, skipped: bool,
-                     replayed: bool = False) -> None:
-    now = time.time()
-    dt, run.t_last = now - run.t_last, now
+                     replayed: bool, dt: float) -> None:
+    dt = max(dt, 1e-9)  # a clock's resolution: never a division by zero
+    run.step_s.append(dt)
     mem_mb, tok_s = memory_mb(run.device), run.plan.tokens / dt
     record = {"step": step, "loss": loss_f, "lr": lr, "grad_norm": norm_f, "tok_s": tok_s,
               "ms": 1000 * dt, "mem_mb": mem_mb}
@@ -458,16 +580,13 @@ def _log_step_record(run: Run, step: int, loss_f: float, norm_f: float, lr: floa
         record["skipped"] = True
     if replayed:
         record["graph"] = True  # the step ran as replayed CUDA graphs
-    mfu = ""
     if run.peak_flops:
         record["mfu"] = run.model.config.flops_per_token(run.plan.seq) * tok_s / run.peak_flops
-        mfu = f" | MFU {100 * record['mfu']:.1f}%"
     _emit(run, record)
     # Warm-up longer than the run: say on every step that the LR never reaches its peak.
-    peak = "" if run.schedule.reaches_peak(run.cfg.steps) else f" (warm-up: peak {run.schedule.max_lr:.2g} not reached)"
-    run.bar.set_postfix_str(f"loss {loss_f:.4f} | lr {lr:.2e}{peak} | {tok_s:,.0f} tok/s{mfu} | {mem_mb:,.0f} MB",
-                            refresh=False)
-    run.bar.update(1)
+    peak = "" if run.schedule.reaches_peak(run.cfg.steps) else f"(warm-up: peak {run.schedule.max_lr:.2g} not reached)"
+    run.bar.step(progress.StepLine(step, run.cfg.steps, loss_f, lr, 1000 * dt, tok_s, mem_mb,
+                                   record.get("mfu"), peak))
 
 
 class NonFiniteStepsError(RuntimeError):
@@ -493,12 +612,64 @@ def note_skipped_step(run: Run, step: int, loss_f: float, norm_f: float) -> None
 
 
 def log_eval(run: Run, val_loss: float) -> None:
-    run.val_loss = val_loss
+    run.val_loss, run.val_step = val_loss, run.step
+    run.val_losses.append(val_loss)
     if run.ctx.is_main:
         ppl = math.exp(min(val_loss, 700.0))  # perplexity; exp overflows a float past ~709
         _emit(run, {"step": run.step, "val_loss": val_loss, "val_ppl": ppl})
-        run.bar.write(f"step {run.step}: val loss {val_loss:.4f}, perplexity {ppl:.2f}")
-    run.t_last = time.time()
+        best = len(run.val_losses) > 1 and val_loss < min(run.val_losses[:-1])
+        run.bar.write(f"step {run.step}: val loss {val_loss:.4f}, perplexity {ppl:.2f}{', the best so far' * best}")
+        warn_repeats(run)
+
+
+def warn_repeats(run: Run) -> None:
+    """One warning when the run has read its training split more than REPEAT_EPOCHS times while
+    the validation loss rose at the last two evaluations (it is memorising the corpus)."""
+    v = run.val_losses
+    if run.repeat_warned or len(v) < 3 or not (v[-3] < v[-2] < v[-1]):
+        return
+    epochs = epochs_read(run)
+    if epochs is None or epochs <= REPEAT_EPOCHS:
+        return
+    run.repeat_warned = True
+    kept = (f"{run.out / BEST_DIR} holds the checkpoint of lowest validation loss (step {run.best[1]}); "
+            if run.best is not None else "")
+    run.bar.write(f"xtrain: warning: the run has read its training data {epochs:.1f} times and the validation "
+                  f"loss rose at the last two evaluations: it is overfitting a small corpus. {kept}More data "
+                  f"or fewer --steps would do better")
+
+
+def epochs_read(run: Run) -> float | None:
+    """How many times the run has read its training split (None: an endless stream)."""
+    from xtrain.data.errors import DataError
+
+    try:
+        n = run.dataset.split("train").header.n_tokens
+    except DataError:  # the built-in stream has no train split: it is endless
+        return None
+    return run.step * run.plan.tokens / n if n else None
+
+
+def interrupted(run: Run):
+    """After a signal stopped the loop (and the checkpoint was saved): close the outputs, say
+    where the run is and how to resume it, and raise stopping.StopRequested."""
+    if run.ctx.is_main:
+        run.bar.close()
+        run.log.close()
+        for t in run.trackers:
+            t.close()
+        plot_losses(run.history, run.out / "loss.png")
+        print(f"xtrain: stopped by {run.stop.signal_name} after step {run.step} of {run.cfg.steps}; "
+              f"checkpoint {run.out / CKPT_DIR} (step {run.step}){_best_note(run)}", flush=True)
+        print(f"xtrain: to continue: xtrain train --out {run.out} --resume", flush=True)
+    run.ctx.exchange("stopped", run.step)  # with ranks: all raise once rank 0 has written and said so
+    raise stopping.StopRequested(f"stopped by {run.stop.signal_name} at step {run.step}, checkpoint saved")
+
+
+def _best_note(run: Run) -> str:
+    if run.best is None:
+        return ""
+    return f"; best {run.out / BEST_DIR} (step {run.best[1]}, val loss {run.best[0]:.4f})"
 
 
 def finish(run: Run, t_start: float) -> dict | None:
@@ -520,8 +691,19 @@ def finish(run: Run, t_start: float) -> dict | None:
                "skipped_steps": run.skipped_steps}
     if run.dp is not None:
         summary["devices"] = list(run.ctx.devices)
-    print(f"done: {run.step} steps in {summary['time_s']:.0f}s, train loss {_fmt(summary['final_loss'])}, "
+    speed = ""
+    if run.step_s:  # the median step of this invocation: evaluations and saves are no step's
+        median = statistics.median(run.step_s)
+        summary.update(median_ms=1000 * median, median_tok_s=run.plan.tokens / median)
+        speed = f" (median step {1000 * median:,.0f} ms, {summary['median_tok_s']:,.0f} tok/s"
+        if run.peak_flops:
+            summary["median_mfu"] = run.model.config.flops_per_token(run.plan.seq) * summary["median_tok_s"] \
+                / run.peak_flops
+            speed += f", MFU {100 * summary['median_mfu']:.1f}%"
+        speed += ")"
+    print(f"done: {run.step} steps in {summary['time_s']:.0f}s{speed}, train loss {_fmt(summary['final_loss'])}, "
           f"val loss {_fmt(run.val_loss)}")
+    print(f"checkpoints: {run.out / CKPT_DIR} (step {run.step}){_best_note(run)}")
     print(f"outputs in {run.out}: {_outputs(run)}")
     print(f"sample:\n{sample}", flush=True)
     return summary
@@ -569,7 +751,11 @@ def train_data_parallel(cfg: TrainConfig, devices="all", *, timeout: float = dis
     dataset, start = open_inputs(cfg, cfg.progress)
     if not isinstance(start, ckpt_state.Checkpoint):
         xtrain.manual_seed(cfg.seed)  # process-wide: once, before the rank threads start
-    results = distributed.launch(lambda ctx: train(cfg, ctx=ctx, prepared=(dataset, start)), devs, timeout=timeout)
+    # The ranks are threads: this (main) thread takes SIGINT/SIGTERM for all of them.
+    stop = stopping.StopRequest()
+    with stop.installed():
+        results = distributed.launch(lambda ctx: train(cfg, ctx=ctx, prepared=(dataset, start), stop=stop), devs,
+                                     timeout=timeout)
     return results[0]
 
 
@@ -757,8 +943,10 @@ def _ema(points, beta: float = 0.9):
     return out
 
 
-def _restart_log(path: Path, step: int) -> list[dict]:
-    """Keep the records of steps before `step` (those after a crash would be repeated)."""
+def _read_log(path: Path, step: int) -> list[dict]:
+    """The records of the run up to checkpoint step `step`: its steps before `step` and its
+    evaluations up to `step` (the evaluation at `step` measured the checkpoint's weights; later
+    records, of steps after a crash, would be repeated)."""
     if not path.exists():
         return []
     kept = []
@@ -767,19 +955,21 @@ def _restart_log(path: Path, step: int) -> list[dict]:
             r = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a crash
-        if r.get("step", math.inf) < step:
+        at = r.get("step", math.inf)
+        if at < step or (at == step and "val_loss" in r):
             kept.append(r)
+    return kept
+
+
+def _restart_log(path: Path, step: int) -> list[dict]:
+    """Rewrite the log with the records _read_log keeps, and return them."""
+    if not path.exists():
+        return []
+    kept = _read_log(path, step)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
     os.replace(tmp, path)
     return kept
-
-
-def _progress(cfg: TrainConfig, step: int):
-    from tqdm import tqdm
-
-    return tqdm(total=cfg.steps, initial=step, desc="train", unit="step", dynamic_ncols=True,
-                disable=not cfg.progress)
 
 
 def _fmt(v) -> str:
