@@ -88,6 +88,18 @@ __global__ void softmax_backward_kernel(const T* y, const T* dy, T* dx, int64_t 
   }
 }
 
+// Launch `kernel<Group<...>, T>` with a warp or a block per row.
+template <typename LaunchWarp, typename LaunchBlock>
+void launch_rows(int64_t rows, int64_t cols, const OnStream& on, LaunchWarp&& warp_fn, LaunchBlock&& block_fn) {
+  if (cols <= kWarpRowMax) {
+    warp_fn(static_cast<unsigned>(ceil_div(rows, kRowsPerBlock)), kThreads);
+  } else {
+    XT_CHECK(rows <= INT32_MAX, ValueError, "softmax: too many rows for CUDA: ", rows);
+    block_fn(static_cast<unsigned>(rows), kBlockRowThreads);
+  }
+  XT_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void softmax_forward(DType dt, const void* x, void* y, int64_t rows, int64_t cols, bool log, void* stream) {
