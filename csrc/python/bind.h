@@ -27,5 +27,6 @@ void init_ops_basic(py::module_& ops);     // bind_ops_basic.cpp: elementwise, r
 void init_ops_model(py::module_& ops);     // bind_ops_model.cpp: rms_norm, rope, to_heads, sdpa, softmax, cross_entropy
 void init_optim(py::module_& m);           // bind_optim.cpp: fused AdamW, global norm, clipping
 void init_dist(py::module_& m);            // bind_dist.cpp: NCCL communicator
+void init_profile(py::module_& m);         // bind_profile.cpp: the CPU profile
 
 }  // namespace xt

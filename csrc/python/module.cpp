@@ -45,4 +45,5 @@ PYBIND11_MODULE(_C, m) {
   init_ops_model(ops);
   init_optim(m);
   init_dist(m);
+  init_profile(m);
 }
