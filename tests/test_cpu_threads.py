@@ -1,6 +1,6 @@
 """The CPU kernels that split their work over the CPU backend's threads (kernels/cpu/parallel.h:
-cross-entropy rows, SwiGLU elements) give the same bits at every thread count, forward and
-backward."""
+cross-entropy rows, SwiGLU elements, RMSNorm and add+RMSNorm forward rows, AdamW and clipping
+elements) give the same bits at every thread count."""
 import numpy as np
 import pytest
 
@@ -51,6 +51,42 @@ def test_swiglu_same_bits_at_any_thread_count(threads, dtype):
         y = ops.swiglu(gt, ut)
         y.backward_seeded(xtrain.tensor(d, dtype=dtype))
         return bits(y), bits(gt.grad), bits(ut.grad)
+
+    one, two = run_at(1, run), run_at(2, run)
+    for a, b in zip(one, two):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rms_norm_forwards_same_bits_at_any_thread_count(threads, dtype):
+    r = np.random.default_rng(5)
+    x, res, w = r.standard_normal((1031, 96)), r.standard_normal((1031, 96)), r.standard_normal(96)
+
+    def run():
+        xt, rt, wt = (xtrain.tensor(a, dtype=dtype) for a in (x, res, w))
+        h, y = ops.add_rms_norm(xt, rt, wt, 1e-6)
+        return bits(ops.rms_norm(xt, wt, 1e-6)), bits(h), bits(y)
+
+    one, two = run_at(1, run), run_at(2, run)
+    for a, b in zip(one, two):
+        assert np.array_equal(a, b)
+
+
+def test_adamw_and_clip_same_bits_at_any_thread_count(threads):
+    r = np.random.default_rng(6)
+    sizes = [(300, 257), (129,), (70_001,)]
+    init = [r.standard_normal(s) for s in sizes]
+    grads = [r.standard_normal(s) for s in sizes]
+
+    def run():
+        ps = [xtrain.tensor(a, dtype="float32") for a in init]
+        gs = [xtrain.tensor(a, dtype="float32") for a in grads]
+        ms = [xtrain.zeros(s) for s in sizes]
+        vs = [xtrain.zeros(s) for s in sizes]
+        for step in (1, 2):
+            xtrain._C.optim.adamw_step(ps, gs, ms, vs, 1e-3, 0.9, 0.95, 1e-8, 0.1, step)
+        xtrain._C.optim.clip_by_norm_(gs, xtrain._C.optim.global_norm(gs), 0.5)
+        return [bits(t) for t in ps + ms + vs + gs]
 
     one, two = run_at(1, run), run_at(2, run)
     for a, b in zip(one, two):

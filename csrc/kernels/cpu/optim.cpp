@@ -11,14 +11,19 @@
 // weight_decay 0, as a call of their own with weight_decay 0 would.
 // A non-finite guard value (the step's loss or gradient norm) makes adamw_step write nothing; a
 // clip norm makes it read each gradient scaled by clip_by_norm's factor (the same float product).
+// adamw_step and clip_by_norm split each tensor's elements over the CPU backend's threads
+// (parallel.h); every element's arithmetic is the same whoever computes it.
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/parallel.h"
 #include "kernels/kernels.h"
 
 namespace xt {
 namespace kernels {
 namespace cpu {
+
+constexpr int64_t kElementGrain = 1 << 15;  // elements per thread at the least
 
 void adamw_step(int n_tensors, float* const* params, const float* const* grads, float* const* m, float* const* v,
                 const int64_t* sizes, const bool* decays, AdamWParams hp, const float* guard, const float* clip_norm,
@@ -36,15 +41,17 @@ void adamw_step(int n_tensors, float* const* params, const float* const* grads, 
     const float* g = grads[t];
     float* mt = m[t];
     float* vt = v[t];
-    for (int64_t i = 0; i < sizes[t]; ++i) {
-      const float gi = clip_norm ? g[i] * coef : g[i];
-      const float mi = hp.beta1 * mt[i] + (1.0f - hp.beta1) * gi;
-      const float vi = hp.beta2 * vt[i] + (1.0f - hp.beta2) * gi * gi;
-      mt[i] = mi;
-      vt[i] = vi;
-      const float denom = std::sqrt(vi) / bc2_sqrt + hp.eps;
-      p[i] = p[i] * d - step_size * (mi / denom);
-    }
+    parallel_for(sizes[t], kElementGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const float gi = clip_norm ? g[i] * coef : g[i];
+        const float mi = hp.beta1 * mt[i] + (1.0f - hp.beta1) * gi;
+        const float vi = hp.beta2 * vt[i] + (1.0f - hp.beta2) * gi * gi;
+        mt[i] = mi;
+        vt[i] = vi;
+        const float denom = std::sqrt(vi) / bc2_sqrt + hp.eps;
+        p[i] = p[i] * d - step_size * (mi / denom);
+      }
+    });
   }
 }
 
@@ -69,7 +76,9 @@ void clip_by_norm(int n_tensors, float* const* tensors, const int64_t* sizes, co
   const float coef = std::min(1.0f, max_norm / (norm[0] + 1e-6f));
   for (int t = 0; t < n_tensors; ++t) {
     float* x = tensors[t];
-    for (int64_t i = 0; i < sizes[t]; ++i) x[i] *= coef;
+    parallel_for(sizes[t], kElementGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) x[i] *= coef;
+    });
   }
 }
 
