@@ -10,7 +10,8 @@ from . import cuda
 from . import ops
 from . import optim
 from . import dist
-__all__: list[str] = ['Generator', 'OutOfMemoryError', 'Tensor', 'arange', 'checkpoint', 'cuda', 'default_generator', 'dist', 'empty', 'empty_cache', 'full', 'get_num_threads', 'is_grad_enabled', 'manual_seed', 'memory_stats', 'ops', 'optim', 'rand', 'randn', 'reset_peak_memory_stats', 'set_grad_enabled', 'set_memory_limit', 'set_num_threads']
+from . import profile
+__all__: list[str] = ['Generator', 'OutOfMemoryError', 'Tensor', 'arange', 'checkpoint', 'cuda', 'default_generator', 'dist', 'empty', 'empty_cache', 'full', 'get_num_threads', 'is_grad_enabled', 'manual_seed', 'memory_stats', 'ops', 'optim', 'profile', 'rand', 'randn', 'reset_peak_memory_stats', 'set_grad_enabled', 'set_memory_limit', 'set_num_threads']
 class OutOfMemoryError(RuntimeError, MemoryError):
     """
     A device or a memory limit ran out of memory; the message gives the request, what is allocated and reserved, and the limit.
@@ -244,7 +245,7 @@ def full(shape: typing.Any, fill_value: typing.SupportsFloat | typing.SupportsIn
     """
 def get_num_threads() -> int:
     """
-    Threads of the CPU backend's matrix multiplies (OpenBLAS's pool; the other CPU kernels run on the calling thread)
+    Threads of the CPU backend: OpenBLAS's pool for the matrix multiplies, and as many for the CPU kernels that split rows or elements (their bits do not depend on the count)
     """
 def is_grad_enabled() -> bool:
     """
