@@ -1,5 +1,5 @@
 """The CPU kernels that split their work over the CPU backend's threads (kernels/cpu/parallel.h:
-cross-entropy rows, SwiGLU elements, RMSNorm and add+RMSNorm forward rows, AdamW and clipping
+flash attention's (batch, head) pairs, cross-entropy rows, SwiGLU elements, RMSNorm and add+RMSNorm forward rows, AdamW and clipping
 elements) give the same bits at every thread count."""
 import numpy as np
 import pytest
@@ -87,6 +87,24 @@ def test_adamw_and_clip_same_bits_at_any_thread_count(threads):
             xtrain._C.optim.adamw_step(ps, gs, ms, vs, 1e-3, 0.9, 0.95, 1e-8, 0.1, step)
         xtrain._C.optim.clip_by_norm_(gs, xtrain._C.optim.global_norm(gs), 0.5)
         return [bits(t) for t in ps + ms + vs + gs]
+
+    one, two = run_at(1, run), run_at(2, run)
+    for a, b in zip(one, two):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("H,Hkv", [(4, 4), (4, 2)])
+def test_flash_attention_same_bits_at_any_thread_count(threads, dtype, H, Hkv):
+    r = np.random.default_rng(7)
+    B, S, D = 24, 40, 16  # 96 (b, head) pairs: two threads take a share each
+    q, k, v, d = (r.standard_normal(s) for s in [(B, S, H, D), (B, S, Hkv, D), (B, S, Hkv, D), (B, S, H, D)])
+
+    def run():
+        qt, kt, vt = (xtrain.tensor(a, dtype=dtype, requires_grad=True) for a in (q, k, v))
+        out = ops.flash_attention(qt, kt, vt, causal=True)
+        out.backward_seeded(xtrain.tensor(d, dtype=dtype))
+        return bits(out), bits(qt.grad), bits(kt.grad), bits(vt.grad)
 
     one, two = run_at(1, run), run_at(2, run)
     for a, b in zip(one, two):

@@ -10,7 +10,10 @@
 //  - The matrix products (q k^T, p v, dO v^T, ds k, ds^T q, p^T dO) run per (b, head) through the
 //    CPU GEMM (OpenBLAS: deterministic, it never splits K), in blocks of kBlock query rows that
 //    stop at the causal diagonal's block; the softmax rows between them are plain loops. One
-//    head's S x S scores live in one buffer per call, nothing is allocated per row.
+//    head's S x S scores live in one buffer per thread, nothing is allocated per row. The
+//    (b, head) pairs (backward: (b, kv head) groups) split over the CPU backend's threads
+//    (parallel.h); the GEMMs of one head are small enough that OpenBLAS runs them on the thread
+//    that calls it.
 //  - qk_norm_rope_*: the CPU's rmsnorm_forward then rope (backward: rope's inverse rotation, then
 //    rmsnorm_backward) through a temporary: the composition itself, so the fused op is bitwise
 //    equal to it (tests/test_flash_attention.py checks it); the CUDA kernels fuse it for real.
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "kernels/common.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -87,16 +91,19 @@ inline int64_t block_cols(int64_t i, int64_t S, bool causal) {
   return causal ? std::min((i / kBlock + 1) * kBlock, S) : S;
 }
 
+// Heads per thread at the least (parallel.h): a thread's share is worth at least ~2^16 scores.
+inline int64_t head_grain(int64_t S) { return std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, S * S)); }
+
 template <typename T>
 void attention_forward(const T* q, const T* k, const T* v, T* out, compute_t<T>* lse, const AttnDims& n,
                        compute_t<T> scale, bool causal) {
   using C = compute_t<T>;
   const int64_t S = n.S, D = n.D, rep = n.H / n.Hkv;
-  std::vector<C> sc(static_cast<size_t>(S * S)), o(static_cast<size_t>(S * D)), l(static_cast<size_t>(S));
-  std::vector<C> qbuf, kbuf, vbuf;
-  for (int64_t b = 0; b < n.B; ++b)
-    for (int64_t h = 0; h < n.H; ++h) {
-      const int64_t hk = h / rep;
+  parallel_for(n.B * n.H, head_grain(S), [&](int64_t lo, int64_t hi) {  // one (b, h) after another
+    std::vector<C> sc(static_cast<size_t>(S * S)), o(static_cast<size_t>(S * D)), l(static_cast<size_t>(S));
+    std::vector<C> qbuf, kbuf, vbuf;
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      const int64_t b = bh / n.H, h = bh % n.H, hk = h / rep;
       int64_t ldq, ldk, ldv;
       const C* qh = head_rows(q + n.row(b, 0, h, n.H), S, D, n.H * D, qbuf, ldq);
       const C* kh = head_rows(k + n.row(b, 0, hk, n.Hkv), S, D, n.Hkv * D, kbuf, ldk);
@@ -129,6 +136,7 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, compute_t<T>*
         for (int64_t d = 0; d < D; ++d) store(oi, d, static_cast<C>(o[i * D + d] / l[i]));
       }
     }
+  });
 }
 
 // dk/dv of one kv head accumulate over the query heads of its group, in increasing order, in
@@ -139,10 +147,11 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
   using C = compute_t<T>;
   const int64_t S = n.S, D = n.D, rep = n.H / n.Hkv;
   const size_t SS = static_cast<size_t>(S * S), SD = static_cast<size_t>(S * D);
-  std::vector<C> pm(SS), ds(SS), dq_acc(SD), dk_acc(SD), dv_acc(SD);
-  std::vector<C> qbuf, kbuf, vbuf, dobuf;
-  for (int64_t b = 0; b < n.B; ++b)
-    for (int64_t hk = 0; hk < n.Hkv; ++hk) {
+  parallel_for(n.B * n.Hkv, std::max<int64_t>(1, head_grain(S) / rep), [&](int64_t lo, int64_t hi) {
+    std::vector<C> pm(SS), ds(SS), dq_acc(SD), dk_acc(SD), dv_acc(SD);
+    std::vector<C> qbuf, kbuf, vbuf, dobuf;
+    for (int64_t bhk = lo; bhk < hi; ++bhk) {
+      const int64_t b = bhk / n.Hkv, hk = bhk % n.Hkv;
       int64_t ldq, ldk, ldv, ldo;
       const C* kh = head_rows(k + n.row(b, 0, hk, n.Hkv), S, D, n.Hkv * D, kbuf, ldk);
       const C* vh = head_rows(v + n.row(b, 0, hk, n.Hkv), S, D, n.Hkv * D, vbuf, ldv);
@@ -192,6 +201,7 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
         }
       }
     }
+  });
 }
 
 }  // namespace
