@@ -17,9 +17,15 @@ def threads():
     xtrain.set_num_threads(before)
 
 
-def run_at(n, fn):
-    xtrain.set_num_threads(n)
-    return fn()
+def assert_same_bits(run, counts=(1, 2)):
+    """run() -> list of bit arrays; the same at every thread count."""
+    results = []
+    for n in counts:
+        xtrain.set_num_threads(n)
+        results.append(run())
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
@@ -35,9 +41,7 @@ def test_cross_entropy_same_bits_at_any_thread_count(threads, dtype):
         loss.backward()
         return bits(loss), bits(x.grad)
 
-    one, three = run_at(1, run), run_at(3, run)
-    for a, b in zip(one, three):
-        assert np.array_equal(a, b)
+    assert_same_bits(run, (1, 3))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -52,9 +56,7 @@ def test_swiglu_same_bits_at_any_thread_count(threads, dtype):
         y.backward_seeded(xtrain.tensor(d, dtype=dtype))
         return bits(y), bits(gt.grad), bits(ut.grad)
 
-    one, two = run_at(1, run), run_at(2, run)
-    for a, b in zip(one, two):
-        assert np.array_equal(a, b)
+    assert_same_bits(run)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -67,9 +69,7 @@ def test_rms_norm_forwards_same_bits_at_any_thread_count(threads, dtype):
         h, y = ops.add_rms_norm(xt, rt, wt, 1e-6)
         return bits(ops.rms_norm(xt, wt, 1e-6)), bits(h), bits(y)
 
-    one, two = run_at(1, run), run_at(2, run)
-    for a, b in zip(one, two):
-        assert np.array_equal(a, b)
+    assert_same_bits(run)
 
 
 def test_adamw_and_clip_same_bits_at_any_thread_count(threads):
@@ -88,9 +88,7 @@ def test_adamw_and_clip_same_bits_at_any_thread_count(threads):
         xtrain._C.optim.clip_by_norm_(gs, xtrain._C.optim.global_norm(gs), 0.5)
         return [bits(t) for t in ps + ms + vs + gs]
 
-    one, two = run_at(1, run), run_at(2, run)
-    for a, b in zip(one, two):
-        assert np.array_equal(a, b)
+    assert_same_bits(run)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -106,6 +104,4 @@ def test_flash_attention_same_bits_at_any_thread_count(threads, dtype, H, Hkv):
         out.backward_seeded(xtrain.tensor(d, dtype=dtype))
         return bits(out), bits(qt.grad), bits(kt.grad), bits(vt.grad)
 
-    one, two = run_at(1, run), run_at(2, run)
-    for a, b in zip(one, two):
-        assert np.array_equal(a, b)
+    assert_same_bits(run)
