@@ -41,7 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--bench-args", default=DEFAULT_BENCH,
                    help="arguments of bench/train_throughput.py for every run (--device cpu and --no-torch are added)")
     p.add_argument("--threads", type=int, default=None,
-                   help="OPENBLAS_NUM_THREADS of every run (default: the environment's, else every core)")
+                   help="OPENBLAS_NUM_THREADS (xtrain) and OMP_NUM_THREADS (the PyTorch peer) of every run "
+                        "(default: the environment's, else every core)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch CPU eager row")
     p.add_argument("--cache", default=str(DEFAULT_CACHE), help="where base builds are kept, one per commit")
     p.add_argument("--jobs", type=int, default=2, help="build jobs for the base")
@@ -94,8 +95,8 @@ def run_bench(label: str, tree: Path, pkg: Path | None, bench_args: list[str], t
     env = dict(os.environ)
     if pkg is not None:
         env["PYTHONPATH"] = str(pkg)
-    if threads is not None:
-        env["OPENBLAS_NUM_THREADS"] = str(threads)
+    if threads is not None:  # xtrain's threads (OpenBLAS's count) and the PyTorch peer's (OpenMP's)
+        env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
     load = common.host_load()["loadavg"]  # before the run: the older bench does not record it
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, str(tree / "bench" / "train_throughput.py"), "--device", "cpu", *bench_args,
