@@ -1,5 +1,5 @@
 """The CPU kernels that split their work over the CPU backend's threads (kernels/cpu/parallel.h:
-flash attention's (batch, head) pairs, cross-entropy rows, SwiGLU elements, RMSNorm and add+RMSNorm forward rows, AdamW and clipping
+flash attention's (batch, head) pairs, RoPE positions, cross-entropy rows, SwiGLU elements, RMSNorm and add+RMSNorm forward rows, AdamW and clipping
 elements) give the same bits at every thread count."""
 import numpy as np
 import pytest
@@ -105,3 +105,19 @@ def test_flash_attention_same_bits_at_any_thread_count(threads, dtype, H, Hkv):
         return bits(out), bits(qt.grad), bits(kt.grad), bits(vt.grad)
 
     assert_same_bits(run)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rope_and_qk_norm_rope_same_bits_at_any_thread_count(threads, dtype):
+    r = np.random.default_rng(8)
+    B, S, H, D = 2, 300, 4, 32  # 128 positions a thread at the least: three chunks
+    q, k, dq, dk = (r.standard_normal((B, S, H, D)) for _ in range(4))
+    wq, wk = r.standard_normal(D), r.standard_normal(D)
+
+    def run():
+        qt, kt = (xtrain.tensor(a, dtype=dtype, requires_grad=True) for a in (q, k))
+        yq, yk = ops.qk_norm_rope(qt, kt, xtrain.tensor(wq, dtype=dtype), xtrain.tensor(wk, dtype=dtype))
+        (yq * xtrain.tensor(dq, dtype=dtype) + yk * xtrain.tensor(dk, dtype=dtype)).sum().backward()
+        return bits(ops.rope(qt.detach(), None, 10000.0)), bits(yq), bits(yk), bits(qt.grad), bits(kt.grad)
+
+    assert_same_bits(run, (1, 3))
