@@ -10,8 +10,10 @@ the new side is the xtrain this interpreter imports (a dev build on PYTHONPATH, 
 package). Each side runs its own tree's bench/train_throughput.py as a separate process (the tiny
 preset, batch 16, seq 128, vocab 4096, fp32 by default: --bench-args), xtrain only, in the order
 base, new, base, new, ... (--rounds pairs), so a load change on a shared machine hits both sides
-alike; then one row of the new tree's bench with its PyTorch CPU eager peer. The medians over the rounds and the ratios new/base, new/torch and
-base/torch go to bench/results/cpu_ab-BASE-DATE.json with every run's tok/s and the host load.
+alike; then one row of the new tree's bench with its PyTorch CPU eager peer. The medians over the
+rounds, the ratios new/base, new/torch and base/torch, and the xtrain/PyTorch ratio within the
+peer's own run (the two measured in the same minute) go to bench/results/cpu_ab-BASE-DATE.json,
+with every run's tok/s and the host load.
 """
 
 from __future__ import annotations
@@ -144,10 +146,14 @@ def main(argv=None):
     summary["new_over_base"] = common.ratio(summary["new_tok_s"], summary["base_tok_s"])
     summary["new_over_torch"] = common.ratio(summary["new_tok_s"], summary["torch_eager_tok_s"])
     summary["base_over_torch"] = common.ratio(summary["base_tok_s"], summary["torch_eager_tok_s"])
+    # The peer's own row: xtrain and PyTorch one after the other in one process (the same minute).
+    peer = next((r for r in runs if r["side"] == "torch" and "torch_tok_s" in r), None)
+    summary["same_run_xtrain_over_torch"] = common.ratio(peer["tok_s"], peer["torch_tok_s"]) if peer else None
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     print(f"cpu_ab: median tok/s base {fmt(summary['base_tok_s'], ',.0f')}, new {fmt(summary['new_tok_s'], ',.0f')}"
           f", torch eager {fmt(summary['torch_eager_tok_s'], ',.0f')}; new/base "
-          f"{fmt(summary['new_over_base'], '.3f')}, new/torch {fmt(summary['new_over_torch'], '.3f')}")
+          f"{fmt(summary['new_over_base'], '.3f')}, new/torch {fmt(summary['new_over_torch'], '.3f')} "
+          f"(in the peer's own run {fmt(summary['same_run_xtrain_over_torch'], '.3f')})")
     common.write_json(common.result_name(f"cpu_ab-{base[:7]}", args.tag),
                       {"benchmark": "cpu_ab", "env": common.env_info("cpu"), "args": vars(args),
                        "base_commit": base, "openblas_threads": args.threads or os.environ.get("OPENBLAS_NUM_THREADS"),
