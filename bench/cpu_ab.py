@@ -1,6 +1,6 @@
 """The CPU before/after comparison: a base commit's training step against this tree's, interleaved.
 
-    python bench/cpu_ab.py --base 4c4f721                    # base, new, base, new + one PyTorch row
+    python bench/cpu_ab.py --base 4c4f721                    # (base, new, PyTorch) x 2
     python bench/cpu_ab.py --base HEAD~1 --rounds 3 --threads 1
 
 The CPU counterpart of scripts/gpu_session.sh's `ab` step, for every change that touches a CPU
@@ -9,10 +9,10 @@ kernel or the step. The base commit's tree (git archive) is built once, CPU only
 the new side is the xtrain this interpreter imports (a dev build on PYTHONPATH, or the installed
 package). Each side runs its own tree's bench/train_throughput.py as a separate process (the tiny
 preset, batch 16, seq 128, vocab 4096, fp32 by default: --bench-args), xtrain only, in the order
-base, new, base, new, ... (--rounds pairs), so a load change on a shared machine hits both sides
-alike; then one row of the new tree's bench with its PyTorch CPU eager peer. The medians over the
-rounds, the ratios new/base, new/torch and base/torch, and the xtrain/PyTorch ratio within the
-peer's own run (the two measured in the same minute) go to bench/results/cpu_ab-BASE-DATE.json,
+base, new, then the new tree's bench with its PyTorch CPU eager peer, round after round
+(--rounds), so a load change on a shared machine hits every side alike. The medians over the
+rounds, the ratios new/base, new/torch and base/torch, and the median xtrain/PyTorch ratio within
+the peer's own runs (the two measured in the same minute) go to bench/results/cpu_ab-BASE-DATE.json,
 with every run's tok/s and the host load.
 """
 
@@ -39,13 +39,13 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", required=True, help="the base commit (any name git rev-parse knows)")
-    p.add_argument("--rounds", type=int, default=2, help="base/new pairs, interleaved")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of base, new and the PyTorch row, interleaved")
     p.add_argument("--bench-args", default=DEFAULT_BENCH,
                    help="arguments of bench/train_throughput.py for every run (--device cpu and --no-torch are added)")
     p.add_argument("--threads", type=int, default=None,
                    help="OPENBLAS_NUM_THREADS (xtrain) and OMP_NUM_THREADS (the PyTorch peer) of every run "
                         "(default: the environment's, else every core)")
-    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch CPU eager row")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch CPU eager rows")
     p.add_argument("--cache", default=str(DEFAULT_CACHE), help="where base builds are kept, one per commit")
     p.add_argument("--jobs", type=int, default=2, help="build jobs for the base")
     p.add_argument("--out", default=str(common.RESULTS_DIR), help="directory for the JSON")
@@ -135,8 +135,8 @@ def main(argv=None):
     for _ in range(args.rounds):
         runs.append(run_bench("base", home / "src", home / "pkg", bench_args, args.threads, torch=False))
         runs.append(run_bench("new", ROOT, None, bench_args, args.threads, torch=False))
-    if not args.no_torch:
-        runs.append(run_bench("torch", ROOT, None, bench_args, args.threads, torch=True))
+        if not args.no_torch:
+            runs.append(run_bench("torch", ROOT, None, bench_args, args.threads, torch=True))
 
     def median(side, key="tok_s"):
         vals = [r[key] for r in runs if r["side"] == side and key in r]
@@ -146,9 +146,9 @@ def main(argv=None):
     summary["new_over_base"] = common.ratio(summary["new_tok_s"], summary["base_tok_s"])
     summary["new_over_torch"] = common.ratio(summary["new_tok_s"], summary["torch_eager_tok_s"])
     summary["base_over_torch"] = common.ratio(summary["base_tok_s"], summary["torch_eager_tok_s"])
-    # The peer's own row: xtrain and PyTorch one after the other in one process (the same minute).
-    peer = next((r for r in runs if r["side"] == "torch" and "torch_tok_s" in r), None)
-    summary["same_run_xtrain_over_torch"] = common.ratio(peer["tok_s"], peer["torch_tok_s"]) if peer else None
+    # The peer's own runs: xtrain and PyTorch one after the other in one process (the same minute).
+    peers = [common.ratio(r["tok_s"], r["torch_tok_s"]) for r in runs if r["side"] == "torch" and "torch_tok_s" in r]
+    summary["same_run_xtrain_over_torch"] = statistics.median(peers) if peers else None
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     print(f"cpu_ab: median tok/s base {fmt(summary['base_tok_s'], ',.0f')}, new {fmt(summary['new_tok_s'], ',.0f')}"
           f", torch eager {fmt(summary['torch_eager_tok_s'], ',.0f')}; new/base "
