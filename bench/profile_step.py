@@ -1,4 +1,4 @@
-"""Where an xtrain training step spends its GPU time, kernel by kernel.
+"""Where an xtrain training step spends its time, kernel by kernel (GPU kernels, or CPU kernels).
 
     python bench/profile_step.py --preset dim768 --batch 32 --seq 256 --bf16 --vocab 50257
     python bench/profile_step.py --device cpu --preset tiny --steps 2 --warmup 1   # smoke
@@ -8,8 +8,11 @@ xtrain's own and those of replayed CUDA graphs (it needs no support from the eng
 `xtrain train`'s: replayed graphs on a GPU, or eager with --no-cuda-graphs. After `--warmup` untimed steps it records
 `--steps` steps and prints the kernels grouped by name: calls per step, GPU ms per step and share of
 the kernel time, plus the step's wall time, so the share of time the GPU sits idle (host-bound
-stretches, sync points) shows as wall minus kernel time. On the CPU only the wall time is
-measured (the profiler cannot see xtrain's CPU kernels). JSON into bench/results/.
+stretches, sync points) shows as wall minus kernel time. On the CPU xtrain's own CPU profile
+(xtrain._C.profile, docs/cpu.md) times every CPU kernel, forward and backward apart, and every
+backward Node: the kernel table is printed the same way (calls per step, ms per step, share of the
+kernel time, plus the phase), the wall minus the kernel time being the step's Python, op and
+allocation overhead; the Node table (kernels included) follows. JSON into bench/results/.
 """
 
 from __future__ import annotations
@@ -71,6 +74,15 @@ def timeline(intervals, steps: int, per_step: int, top: int = 10) -> dict:
             "step_sequence": seq}
 
 
+def timed_steps(step, steps: int, device) -> float:
+    """Run `steps` steps; the wall time per step in ms (the device synchronised at the end)."""
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    common.xt_sync(device)
+    return (time.perf_counter() - t0) * 1000 / steps
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     common.add_shape_args(p)
@@ -87,9 +99,6 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     device, _ = common.resolve_device(args.device)
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
     import xtrain
     from xtrain import graphs
     from xtrain.models import TinyTransformer, config_for
@@ -118,16 +127,32 @@ def main(argv=None):
         step(i)
     common.xt_sync(device)
     cuda = common.is_cuda(device)
-    activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        for i in range(args.steps):
-            step(i)
-        common.xt_sync(device)
-        wall_ms = (time.perf_counter() - t0) * 1000 / args.steps
+    if cuda:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            wall_ms = timed_steps(step, args.steps, device)
+    else:
+        cpu_prof = xtrain._C.profile
+        cpu_prof.cpu_reset()
+        cpu_prof.cpu_enable(True)
+        try:
+            wall_ms = timed_steps(step, args.steps, device)
+        finally:
+            cpu_prof.cpu_enable(False)
+        entries = cpu_prof.cpu_read()
 
     kernels = defaultdict(lambda: [0, 0.0])  # name -> [calls, device microseconds]
     intervals = []  # (start, end, name) in microseconds: timeline()
+    nodes = []
+    if not cuda:
+        for e in entries:
+            if e["kind"] == "kernel":
+                kernels[f"{e['name']} ({'bwd' if e['phase'] == 'backward' else 'fwd'})"] = [e["calls"], e["seconds"] * 1e6]
+            else:
+                nodes.append({"node": e["name"], "calls/step": e["calls"] / args.steps,
+                              "ms/step": e["seconds"] * 1e3 / args.steps})
+        nodes.sort(key=lambda r: -r["ms/step"])
     if cuda:
         for ev in prof.events():
             if ev.device_type == torch.autograd.DeviceType.CUDA:
@@ -144,6 +169,8 @@ def main(argv=None):
     head = (f"profile_step: {args.preset} batch {args.batch} x seq {args.seq}, "
             f"{'bf16' if args.bf16 else 'fp32'}{', recompute' if args.recompute else ''}, vocab {args.vocab}, "
             f"{device}, {mode}: wall {wall_ms:.2f} ms/step")
+    head += (f", CPU kernels {kernel_ms:.2f} ms/step, outside kernels {max(0.0, wall_ms - kernel_ms):.2f} ms/step"
+             if not cuda else "")
     if cuda:
         head += (f", kernels {kernel_ms:.2f} ms/step ({sum(r['calls/step'] for r in rows):.0f} launches/step), "
                  f"GPU idle {max(0.0, wall_ms - kernel_ms):.2f} ms/step")
@@ -159,12 +186,16 @@ def main(argv=None):
     if rows:
         common.print_table(rows[:args.top], [("kernel", "kernel", "s"), ("calls/step", "calls/step", ".1f"),
                                              ("ms/step", "ms/step", ".3f"), ("share", "share", ".1%")])
+    if nodes:
+        print("backward Nodes (their kernels included):")
+        common.print_table(nodes[:args.top], [("node", "node", "s"), ("calls/step", "calls/step", ".1f"),
+                                              ("ms/step", "ms/step", ".3f")])
     common.write_json(common.result_name(f"profile-{args.preset}-b{args.batch}", args.tag),
                       {"benchmark": "profile_step", "env": common.env_info(device), "args": vars(args),
                        "step": mode, "graph_nodes_per_step": sg.num_nodes,
                        "wall_ms_per_step": wall_ms, "kernel_ms_per_step": kernel_ms,
                        "gpu_idle_ms_per_step": max(0.0, wall_ms - kernel_ms) if cuda else None,
-                       "kernels": rows, "timeline": tl},
+                       "kernels": rows, "backward_nodes": nodes, "timeline": tl},
                       args.out)
 
 

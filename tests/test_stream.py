@@ -3,6 +3,7 @@ blocks, the same tokens with or without worker processes, bit-exact resume (also
 sizes), held-out stories never trained on, no story used twice, and the prepared finite copies."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -236,3 +237,16 @@ def test_cli_trains_the_machine_default(monkeypatch):
     assert cli.main(["train", "--fp32", "--batch", "4", "--preset", "dim384"]) == 0  # on "cuda"
     cfg = seen.pop()
     assert (cfg.preset, cfg.bf16, cfg.batch, cfg.seq) == ("dim384", False, 4, 256)
+
+
+def test_inline_stories_give_the_tokenizer_one_thread(monkeypatch):
+    # Without workers the stories are tokenized in the training process: the tokenizer's thread
+    # pool gets one thread (docs/cpu.md), unless the user chose a count.
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    S.StoryWorkers(2)
+    assert "RAYON_NUM_THREADS" not in os.environ
+    S.StoryWorkers(0)
+    assert os.environ["RAYON_NUM_THREADS"] == "1"
+    monkeypatch.setenv("RAYON_NUM_THREADS", "3")
+    S.StoryWorkers(0)
+    assert os.environ["RAYON_NUM_THREADS"] == "3"

@@ -27,5 +27,6 @@ void init_memory(py::module_& m);          // bind_memory.cpp: memory stats, cud
 void init_autograd(py::module_& m);        // bind_autograd.cpp: backward, grad mode, checkpoint
 void init_optim(py::module_& m);           // bind_optim.cpp: fused AdamW, global norm, clipping
 void init_dist(py::module_& m);            // bind_dist.cpp: NCCL communicator
+void init_profile(py::module_& m);         // bind_profile.cpp: the CPU profile
 
 }  // namespace xt

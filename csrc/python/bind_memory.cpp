@@ -138,8 +138,8 @@ void init_memory(py::module_& m) {
   m.def("empty_cache", [cpu](const py::object& device) { Allocator::get().empty_cache(device_arg(device, cpu)); },
         py::arg("device") = py::none(), NoGil(), "Return cached free blocks to the system / driver");
   m.def("get_num_threads", &kernels::cpu::num_threads,
-        "Threads of the CPU backend's matrix multiplies (OpenBLAS's pool; the other CPU kernels run on "
-        "the calling thread)");
+        "Threads of the CPU backend: OpenBLAS's pool for the matrix multiplies, and as many for the CPU kernels "
+        "that split rows or elements (their bits do not depend on the count)");
   m.def("set_num_threads", [](const py::object& n) {
           XT_CHECK(py::isinstance<py::int_>(n) && !py::isinstance<py::bool_>(n), TypeError,
                    "set_num_threads: the thread count must be an int, got ",

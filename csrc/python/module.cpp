@@ -46,4 +46,5 @@ PYBIND11_MODULE(_C, m) {
   bind_registered_ops(ops);  // csrc/python/ops/*.cpp, one file per op family
   init_optim(m);
   init_dist(m);
+  init_profile(m);
 }

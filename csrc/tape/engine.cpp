@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/cpu_profile.h"
 #include "core/error.h"
 #include "ops/ops.h"
 #include "tape/node.h"
@@ -153,6 +154,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& s
   }
   CastBatchScope scope(batching ? &batch : nullptr);
   t_last_batched = 0;
+  cpu_profile::BackwardPhase phase;  // the CPU profile files this walk's kernels under backward
 
   // Run `node` on its buffered gradients (none reached it: nothing to do).
   const auto run = [&](Node* node) {
@@ -162,7 +164,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& s
              node->name(), " has already run and freed its saved tensors. Run the forward again.");
     std::vector<Tensor> grads = std::move(it->second);
     buffers.erase(it);
-    std::vector<Tensor> in_grads = node->apply(grads);
+    std::vector<Tensor> in_grads = cpu_profile::timed(node->name(), true, [&] { return node->apply(grads); });
     grads.clear();
     if (!node->reusable()) {
       node->release_saved();

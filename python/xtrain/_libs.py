@@ -27,7 +27,15 @@ def _preload(patterns):
                 pass  # a missing optional library shows up as a clear ImportError of _C instead
 
 
+# OpenBLAS's idle threads spin for 2^28 cycles (~0.1 s) after each threaded GEMM before they sleep;
+# on a small machine they then take the cores the CPU kernels' own threads need between GEMMs
+# (docs/cpu.md: tiny preset on 2 cores, 8,811 -> 11,305 tok/s). 2^4 cycles: they sleep at once.
+# OpenBLAS reads it when it loads (here), so it is set before; a value the user set is kept.
+OPENBLAS_THREAD_TIMEOUT = "4"
+
+
 def preload():
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", OPENBLAS_THREAD_TIMEOUT)
     blas = _package_dir("scipy_openblas32")
     if blas:
         _preload([os.path.join(blas, "lib", "libscipy_openblas*.so*")])

@@ -16,7 +16,10 @@ cublas_inc=$(python3 -c "import nvidia.cu13 as m; print(list(m.__path__)[0] + '/
 test=flash_attention
 case "${1:-}" in rmsnorm | linear_rows | cross_entropy | optim) test=$1; shift ;; esac  # tests/emu/run.sh NAME: tests/emu/NAME_emu.cpp
 exe=$build/${test}_emu
+# The CPU reference kernels call the CPU GEMM (OpenBLAS, the library the CPU build linked).
+openblas=$(sed -n 's/^XT_OPENBLAS_LIB:FILEPATH=//p' "$build/CMakeCache.txt")
 g++ -std=c++17 -O2 -g -DXT_CUDA_EMULATION -include "$root/tests/emu/cuda_emu.h" -I"$root/csrc" -I"$cuda_inc" \
   ${cublas_inc:+-I"$cublas_inc"} -Wall -Wno-unknown-pragmas -Wno-unused-parameter \
-  "$root/tests/emu/${test}_emu.cpp" "$build/libxtrain_core.a" -lpthread -o "$exe"
+  "$root/tests/emu/${test}_emu.cpp" "$build/libxtrain_core.a" \
+  ${openblas:+"$openblas" -Wl,-rpath,"$(dirname "$openblas")"} -lpthread -o "$exe"
 "$exe" "$@"

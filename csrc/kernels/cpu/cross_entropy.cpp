@@ -13,11 +13,14 @@
 //    anyway gives a NaN loss and a zero gradient row, never a read out of bounds.
 //  - float32/bfloat16 compute in float32 (dlogits rounded once); float64 computes in double, but
 //    lse and the losses are float32 by the contract.
+//  - forward and backward split their rows over the CPU backend's threads (parallel.h): a row's
+//    values do not depend on who computes it.
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
 #include "kernels/common.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -26,30 +29,34 @@ namespace cpu {
 
 namespace {
 
+constexpr int64_t kRowGrain = 64;  // rows per thread at the least
+
 template <typename T>
 void forward_rows(const T* logits, bool t64, const void* targets, float* losses, float* lse, int64_t rows,
                   int64_t vocab, int64_t ld, int64_t ignore_index) {
   using C = compute_t<T>;
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = logits + r * ld;
-    C mx = -std::numeric_limits<C>::infinity();
-    for (int64_t j = 0; j < vocab; ++j) {
-      const C v = load(xr, j);
-      mx = v > mx ? v : mx;
+  parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* xr = logits + r * ld;
+      C mx = -std::numeric_limits<C>::infinity();
+      for (int64_t j = 0; j < vocab; ++j) {
+        const C v = load(xr, j);
+        mx = v > mx ? v : mx;
+      }
+      if (mx == -std::numeric_limits<C>::infinity()) mx = 0;  // an all -inf row: avoid inf - inf
+      C sum = 0;
+      for (int64_t j = 0; j < vocab; ++j) sum += std::exp(load(xr, j) - mx);
+      const C log_sum = std::log(sum);
+      lse[r] = static_cast<float>(mx + log_sum);
+      const int64_t t = load_index(t64, targets, r);
+      if (t == ignore_index)
+        losses[r] = 0.0f;
+      else if (t < 0 || t >= vocab)
+        losses[r] = std::numeric_limits<float>::quiet_NaN();
+      else
+        losses[r] = static_cast<float>(log_sum - (load(xr, t) - mx));  // keeps digits when |logits| is large
     }
-    if (mx == -std::numeric_limits<C>::infinity()) mx = 0;  // an all -inf row: avoid inf - inf
-    C sum = 0;
-    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(load(xr, j) - mx);
-    const C log_sum = std::log(sum);
-    lse[r] = static_cast<float>(mx + log_sum);
-    const int64_t t = load_index(t64, targets, r);
-    if (t == ignore_index)
-      losses[r] = 0.0f;
-    else if (t < 0 || t >= vocab)
-      losses[r] = std::numeric_limits<float>::quiet_NaN();
-    else
-      losses[r] = static_cast<float>(log_sum - (load(xr, t) - mx));  // keeps digits when |logits| is large
-  }
+  });
 }
 
 template <typename T>
@@ -57,21 +64,23 @@ void backward_rows(const T* logits, const float* lse, bool t64, const void* targ
                    T* dlogits, int64_t rows, int64_t vocab, int64_t ld, int64_t ignore_index) {
   using C = compute_t<T>;
   const C coef = static_cast<C>(dloss) / static_cast<C>(count > 1.0f ? count : 1.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = logits + r * ld;
-    T* dr = dlogits + r * ld;
-    const int64_t t = load_index(t64, targets, r);
-    for (int64_t j = vocab; j < ld; ++j) store(dr, j, C(0));  // row padding
-    if (t == ignore_index || t < 0 || t >= vocab) {
-      for (int64_t j = 0; j < vocab; ++j) store(dr, j, C(0));
-      continue;
+  parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* xr = logits + r * ld;
+      T* dr = dlogits + r * ld;
+      const int64_t t = load_index(t64, targets, r);
+      for (int64_t j = vocab; j < ld; ++j) store(dr, j, C(0));  // row padding
+      if (t == ignore_index || t < 0 || t >= vocab) {
+        for (int64_t j = 0; j < vocab; ++j) store(dr, j, C(0));
+        continue;
+      }
+      const C row_lse = static_cast<C>(lse[r]);
+      for (int64_t j = 0; j < vocab; ++j) {
+        const C p = std::exp(load(xr, j) - row_lse);
+        store(dr, j, static_cast<C>((p - (j == t ? C(1) : C(0))) * coef));
+      }
     }
-    const C row_lse = static_cast<C>(lse[r]);
-    for (int64_t j = 0; j < vocab; ++j) {
-      const C p = std::exp(load(xr, j) - row_lse);
-      store(dr, j, static_cast<C>((p - (j == t ? C(1) : C(0))) * coef));
-    }
-  }
+  });
 }
 
 }  // namespace

@@ -5,8 +5,9 @@
 // Each element is computed in float32 (float64 for float64) by the formulas of
 // kernels/common.h, the ones the CUDA kernels use, and rounded to the storage type once.
 // Dropout's mask depends only on (seed, offset + i), so the backward (and a recompute) rebuilds
-// the exact same mask.
+// the exact same mask. SwiGLU splits its elements over the CPU backend's threads (parallel.h).
 #include "kernels/common.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -14,6 +15,8 @@ namespace kernels {
 namespace cpu {
 
 namespace {
+
+constexpr int64_t kElementGrain = 1 << 15;  // elements per thread at the least
 
 // Broadcast walk: the innermost dimension runs as a strided loop, the outer ones as a counter.
 template <typename T>
@@ -101,7 +104,9 @@ void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64
     const T* pg = static_cast<const T*>(gate);
     const T* pu = static_cast<const T*>(up);
     T* po = static_cast<T*>(out);
-    for (int64_t i = 0; i < n; ++i) store(po, i, swiglu_value(load(pg, i), load(pu, i)));
+    parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) store(po, i, swiglu_value(load(pg, i), load(pu, i)));
+    });
   });
 }
 
@@ -115,12 +120,14 @@ void swiglu_backward(DType dt, const void* gate, const void* up, const void* dou
     const T* pd = static_cast<const T*>(dout);
     T* pdg = static_cast<T*>(dgate);
     T* pdu = static_cast<T*>(dup);
-    for (int64_t i = 0; i < n; ++i) {
-      C dg, du;
-      swiglu_grads<C>(load(pg, i), load(pu, i), load(pd, i), &dg, &du);
-      store(pdg, i, dg);
-      store(pdu, i, du);
-    }
+    parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        C dg, du;
+        swiglu_grads<C>(load(pg, i), load(pu, i), load(pd, i), &dg, &du);
+        store(pdg, i, dg);
+        store(pdu, i, du);
+      }
+    });
   });
 }
 

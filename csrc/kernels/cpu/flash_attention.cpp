@@ -1,13 +1,20 @@
-// Attention with the flash contract on the CPU, as plain loops: the reference the CUDA kernels are
-// tested against (kernels/cuda/flash_attention.cu).
+// Attention with the flash contract on the CPU: the reference the CUDA kernels are tested against
+// (kernels/cuda/flash_attention.cu).
 //
 //  - flash_attention_forward: per (b, h, i), the scores s_j = scale * q_i . k_j (j <= i when causal),
 //    m = max_j s_j, p_j = exp(s_j - m), l = sum_j p_j, out_i = sum_j p_j v_j / l, lse_i = m + log l.
 //    Computed in float32 for float32/bfloat16 (float64 for float64), rounded once on store.
 //  - flash_attention_backward recomputes p_ij = exp(s_ij - lse_i) and, with delta_i = dO_i . O_i,
 //    dS_ij = p_ij (dO_i . v_j - delta_i):  dq_i = scale sum_j dS_ij k_j,  dk_j = scale sum_i dS_ij q_i,
-//    dv_j = sum_i p_ij dO_i. dk/dv accumulate over (query head of the group, i) in increasing order
+//    dv_j = sum_i p_ij dO_i. dk/dv accumulate over the query heads of the group in increasing order
 //    in the compute type and are rounded once; every gradient is written with `=`.
+//  - The matrix products (q k^T, p v, dO v^T, ds k, ds^T q, p^T dO) run per (b, head) through the
+//    CPU GEMM (OpenBLAS: deterministic, it never splits K), in blocks of kBlock query rows that
+//    stop at the causal diagonal's block; the softmax rows between them are plain loops. One
+//    head's S x S scores live in one buffer per thread, nothing is allocated per row. The
+//    (b, head) pairs (backward: (b, kv head) groups) split over the CPU backend's threads
+//    (parallel.h); the GEMMs of one head are small enough that OpenBLAS runs them on the thread
+//    that calls it.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -15,6 +22,7 @@
 #include <vector>
 
 #include "kernels/common.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -32,6 +40,10 @@ struct AttnDims {
   int64_t stat(int64_t b, int64_t h, int64_t s) const { return (b * H + h) * S + s; }  // [B, H, S]
 };
 
+// Rows (queries) and columns (keys) go to BLAS in blocks of this many: with a causal mask, a block
+// of rows only needs the keys up to its last row, which skips close to half of the score GEMMs.
+constexpr int64_t kBlock = 32;
+
 template <typename T, typename C = compute_t<T>>
 C dot_rows(const T* a, const T* b, int64_t D) {
   C acc = 0;
@@ -39,71 +51,155 @@ C dot_rows(const T* a, const T* b, int64_t D) {
   return acc;
 }
 
+// C[M, N] (row stride ldc) = op(A) @ op(B) + beta * C on compute-type buffers (sgemm or dgemm).
+template <typename C>
+void gemm_c(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const C* A, int64_t lda, const C* B, int64_t ldb,
+            float beta, C* out, int64_t ldc) {
+  const DType dt = std::is_same_v<C, double> ? DType::Float64 : DType::Float32;
+  gemm_ld(dt, dt, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, out, ldc, 1, 0, 0, 0, nullptr);
+}
+
+// One head's S x D rows as BLAS reads them: the tensor itself with its row stride `ld` when T is
+// the compute type, otherwise widened into `buf` (row stride D).
+template <typename T, typename C = compute_t<T>>
+const C* head_rows(const T* p, int64_t S, int64_t D, int64_t ld, std::vector<C>& buf, int64_t& out_ld) {
+  if constexpr (std::is_same_v<T, C>) {
+    out_ld = ld;
+    return p;
+  } else {
+    buf.resize(static_cast<size_t>(S * D));
+    for (int64_t r = 0; r < S; ++r)
+      for (int64_t d = 0; d < D; ++d) buf[r * D + d] = load(p, r * ld + d);
+    out_ld = D;
+    return buf.data();
+  }
+}
+
+// sc[i, j] = a_i . b_j for the (block-causal) keys each query block needs; a, b are S x D.
+template <typename C>
+void block_scores(const C* a, int64_t lda, const C* b, int64_t ldb, C* sc, int64_t S, int64_t D, bool causal) {
+  for (int64_t i0 = 0; i0 < S; i0 += kBlock) {
+    const int64_t i1 = std::min(i0 + kBlock, S);
+    gemm_c(false, true, i1 - i0, causal ? i1 : S, D, a + i0 * lda, lda, b, ldb, 0.0f, sc + i0 * S, S);
+  }
+}
+
+// Keys j < block_cols(i) of query row i are in sc's block (written by block_scores).
+inline int64_t block_cols(int64_t i, int64_t S, bool causal) {
+  return causal ? std::min((i / kBlock + 1) * kBlock, S) : S;
+}
+
+// Heads per thread at the least (parallel.h): a thread's share is worth at least ~2^16 scores.
+inline int64_t head_grain(int64_t S) { return std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, S * S)); }
+
 template <typename T>
 void attention_forward(const T* q, const T* k, const T* v, T* out, compute_t<T>* lse, const AttnDims& n,
                        compute_t<T> scale, bool causal) {
   using C = compute_t<T>;
-  const int64_t rep = n.H / n.Hkv;
-  std::vector<C> p(static_cast<size_t>(n.S)), acc(static_cast<size_t>(n.D));
-  for (int64_t b = 0; b < n.B; ++b)
-    for (int64_t h = 0; h < n.H; ++h)
-      for (int64_t i = 0; i < n.S; ++i) {
-        const int64_t hk = h / rep, jend = causal ? i + 1 : n.S;
-        const T* qi = q + n.row(b, i, h, n.H);
+  const int64_t S = n.S, D = n.D, rep = n.H / n.Hkv;
+  parallel_for(n.B * n.H, head_grain(S), [&](int64_t lo, int64_t hi) {  // one (b, h) after another
+    std::vector<C> sc(static_cast<size_t>(S * S)), o(static_cast<size_t>(S * D)), l(static_cast<size_t>(S));
+    std::vector<C> qbuf, kbuf, vbuf;
+    for (int64_t bh = lo; bh < hi; ++bh) {
+      const int64_t b = bh / n.H, h = bh % n.H, hk = h / rep;
+      int64_t ldq, ldk, ldv;
+      const C* qh = head_rows(q + n.row(b, 0, h, n.H), S, D, n.H * D, qbuf, ldq);
+      const C* kh = head_rows(k + n.row(b, 0, hk, n.Hkv), S, D, n.Hkv * D, kbuf, ldk);
+      const C* vh = head_rows(v + n.row(b, 0, hk, n.Hkv), S, D, n.Hkv * D, vbuf, ldv);
+      block_scores(qh, ldq, kh, ldk, sc.data(), S, D, causal);
+      for (int64_t i = 0; i < S; ++i) {  // p_ij = exp(scale s_ij - m_i), 0 beyond the mask
+        C* p = sc.data() + i * S;
+        const int64_t jend = causal ? i + 1 : S, jn = block_cols(i, S, causal);
         C m = -std::numeric_limits<C>::infinity();
         for (int64_t j = 0; j < jend; ++j) {
-          p[j] = dot_rows(qi, k + n.row(b, j, hk, n.Hkv), n.D) * scale;
+          p[j] = p[j] * scale;
           m = std::max(m, p[j]);
         }
-        C l = 0;
+        C li = 0;
         for (int64_t j = 0; j < jend; ++j) {
           p[j] = std::exp(p[j] - m);
-          l += p[j];
+          li += p[j];
         }
-        std::fill(acc.begin(), acc.end(), C(0));
-        for (int64_t j = 0; j < jend; ++j) {
-          const T* vj = v + n.row(b, j, hk, n.Hkv);
-          for (int64_t d = 0; d < n.D; ++d) acc[d] += p[j] * load(vj, d);
-        }
-        T* oi = out + n.row(b, i, h, n.H);
-        for (int64_t d = 0; d < n.D; ++d) store(oi, d, static_cast<C>(acc[d] / l));
-        lse[n.stat(b, h, i)] = m + std::log(l);
+        std::fill(p + jend, p + jn, C(0));
+        l[i] = li;
+        lse[n.stat(b, h, i)] = m + std::log(li);
       }
+      for (int64_t i0 = 0; i0 < S; i0 += kBlock) {  // o = p @ v, block by block of rows
+        const int64_t i1 = std::min(i0 + kBlock, S);
+        gemm_c(false, false, i1 - i0, D, block_cols(i0, S, causal), sc.data() + i0 * S, S, vh, ldv, 0.0f,
+               o.data() + i0 * D, D);
+      }
+      for (int64_t i = 0; i < S; ++i) {
+        T* oi = out + n.row(b, i, h, n.H);
+        for (int64_t d = 0; d < D; ++d) store(oi, d, static_cast<C>(o[i * D + d] / l[i]));
+      }
+    }
+  });
 }
 
+// dk/dv of one kv head accumulate over the query heads of its group, in increasing order, in
+// the compute type (BLAS with beta = 1), and are rounded once.
 template <typename T>
 void attention_backward(const T* q, const T* k, const T* v, const T* out, const T* dout, const compute_t<T>* lse,
                         T* dq, T* dk, T* dv, const AttnDims& n, compute_t<T> scale, bool causal) {
   using C = compute_t<T>;
-  const int64_t rep = n.H / n.Hkv;
-  const size_t kv_size = static_cast<size_t>(n.B * n.S * n.Hkv * n.D);
-  std::vector<C> dk_acc(kv_size, C(0)), dv_acc(kv_size, C(0)), dq_acc(static_cast<size_t>(n.D));
-  for (int64_t b = 0; b < n.B; ++b)
-    for (int64_t h = 0; h < n.H; ++h)
-      for (int64_t i = 0; i < n.S; ++i) {
-        const int64_t hk = h / rep, jend = causal ? i + 1 : n.S;
-        const T* qi = q + n.row(b, i, h, n.H);
-        const T* doi = dout + n.row(b, i, h, n.H);
-        const C delta = dot_rows(doi, out + n.row(b, i, h, n.H), n.D);
-        const C lse_i = lse[n.stat(b, h, i)];
-        std::fill(dq_acc.begin(), dq_acc.end(), C(0));
-        for (int64_t j = 0; j < jend; ++j) {
-          const int64_t kv = n.row(b, j, hk, n.Hkv);
-          const C p = std::exp(dot_rows(qi, k + kv, n.D) * scale - lse_i);
-          const C ds = p * (dot_rows(doi, v + kv, n.D) - delta);
-          for (int64_t d = 0; d < n.D; ++d) {
-            dq_acc[d] += ds * load(k + kv, d);
-            dk_acc[kv + d] += ds * load(qi, d);
-            dv_acc[kv + d] += p * load(doi, d);
+  const int64_t S = n.S, D = n.D, rep = n.H / n.Hkv;
+  const size_t SS = static_cast<size_t>(S * S), SD = static_cast<size_t>(S * D);
+  parallel_for(n.B * n.Hkv, std::max<int64_t>(1, head_grain(S) / rep), [&](int64_t lo, int64_t hi) {
+    std::vector<C> pm(SS), ds(SS), dq_acc(SD), dk_acc(SD), dv_acc(SD);
+    std::vector<C> qbuf, kbuf, vbuf, dobuf;
+    for (int64_t bhk = lo; bhk < hi; ++bhk) {
+      const int64_t b = bhk / n.Hkv, hk = bhk % n.Hkv;
+      int64_t ldq, ldk, ldv, ldo;
+      const C* kh = head_rows(k + n.row(b, 0, hk, n.Hkv), S, D, n.Hkv * D, kbuf, ldk);
+      const C* vh = head_rows(v + n.row(b, 0, hk, n.Hkv), S, D, n.Hkv * D, vbuf, ldv);
+      std::fill(dk_acc.begin(), dk_acc.end(), C(0));
+      std::fill(dv_acc.begin(), dv_acc.end(), C(0));
+      for (int64_t h = hk * rep; h < (hk + 1) * rep; ++h) {
+        const C* qh = head_rows(q + n.row(b, 0, h, n.H), S, D, n.H * D, qbuf, ldq);
+        const C* doh = head_rows(dout + n.row(b, 0, h, n.H), S, D, n.H * D, dobuf, ldo);
+        block_scores(qh, ldq, kh, ldk, pm.data(), S, D, causal);   // s = q k^T
+        block_scores(doh, ldo, vh, ldv, ds.data(), S, D, causal);  // dO v^T
+        for (int64_t i = 0; i < S; ++i) {  // p = exp(scale s - lse), ds = p (dO.v - delta), 0 beyond the mask
+          const C delta = dot_rows(dout + n.row(b, i, h, n.H), out + n.row(b, i, h, n.H), D);
+          const C lse_i = lse[n.stat(b, h, i)];
+          C* p = pm.data() + i * S;
+          C* dsi = ds.data() + i * S;
+          const int64_t jend = causal ? i + 1 : S, jn = block_cols(i, S, causal);
+          for (int64_t j = 0; j < jend; ++j) {
+            p[j] = std::exp(p[j] * scale - lse_i);
+            dsi[j] = p[j] * (dsi[j] - delta);
           }
+          std::fill(p + jend, p + jn, C(0));
+          std::fill(dsi + jend, dsi + jn, C(0));
         }
-        T* dqi = dq + n.row(b, i, h, n.H);
-        for (int64_t d = 0; d < n.D; ++d) store(dqi, d, static_cast<C>(scale * dq_acc[d]));
+        for (int64_t i0 = 0; i0 < S; i0 += kBlock) {  // dq = ds @ k (scaled on store)
+          const int64_t i1 = std::min(i0 + kBlock, S);
+          gemm_c(false, false, i1 - i0, D, block_cols(i0, S, causal), ds.data() + i0 * S, S, kh, ldk, 0.0f,
+                 dq_acc.data() + i0 * D, D);
+        }
+        for (int64_t i = 0; i < S; ++i) {
+          T* dqi = dq + n.row(b, i, h, n.H);
+          for (int64_t d = 0; d < D; ++d) store(dqi, d, static_cast<C>(scale * dq_acc[i * D + d]));
+        }
+        for (int64_t j0 = 0; j0 < S; j0 += kBlock) {  // dk += ds^T @ q, dv += p^T @ dO over the queries i >= j0
+          const int64_t j1 = std::min(j0 + kBlock, S), i0 = causal ? j0 : 0;
+          gemm_c(true, false, j1 - j0, D, S - i0, ds.data() + i0 * S + j0, S, qh + i0 * ldq, ldq, 1.0f,
+                 dk_acc.data() + j0 * D, D);
+          gemm_c(true, false, j1 - j0, D, S - i0, pm.data() + i0 * S + j0, S, doh + i0 * ldo, ldo, 1.0f,
+                 dv_acc.data() + j0 * D, D);
+        }
       }
-  for (size_t e = 0; e < kv_size; ++e) {
-    store(dk, static_cast<int64_t>(e), static_cast<C>(scale * dk_acc[e]));
-    store(dv, static_cast<int64_t>(e), dv_acc[e]);
-  }
+      for (int64_t j = 0; j < S; ++j) {
+        T* dkj = dk + n.row(b, j, hk, n.Hkv);
+        T* dvj = dv + n.row(b, j, hk, n.Hkv);
+        for (int64_t d = 0; d < D; ++d) {
+          store(dkj, d, static_cast<C>(scale * dk_acc[j * D + d]));
+          store(dvj, d, dv_acc[j * D + d]);
+        }
+      }
+    }
+  });
 }
 
 }  // namespace

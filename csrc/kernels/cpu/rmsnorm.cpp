@@ -10,11 +10,15 @@
 //  - add_rmsnorm_forward: h = x + r rounded to x's dtype, y = rmsnorm(h) of the rounded h (bitwise
 //    add then rms_norm). With dres, the backward rounds dx once and adds dres (bitwise rms_norm's
 //    dx followed by the gradient add of the unfused graph).
+//  - The forwards split their rows over the CPU backend's threads (parallel.h); the backward stays
+//    on the calling thread (dw adds the rows in order).
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "kernels/common.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -23,31 +27,39 @@ namespace cpu {
 
 namespace {
 
+constexpr int64_t kRowElements = 1 << 14;  // elements per thread at the least
+
+template <typename T, typename W>
+void norm_row(const T* xr, const W* w, T* yr, float* rstd_r, int64_t dim, float eps) {
+  using C = compute_t<T>;
+  C ss = 0;
+  for (int64_t j = 0; j < dim; ++j) {
+    const C v = load(xr, j);
+    ss += v * v;
+  }
+  const C inv = rms_rstd(ss, dim, eps);
+  *rstd_r = static_cast<float>(inv);
+  for (int64_t j = 0; j < dim; ++j) store(yr, j, rms_scaled(xr, w, j, inv));
+}
+
 template <typename T, typename W>
 void forward_rows(const T* x, const W* w, T* y, float* rstd, int64_t rows, int64_t dim, float eps) {
-  using C = compute_t<T>;
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * dim;
-    T* yr = y + r * dim;
-    C ss = 0;
-    for (int64_t j = 0; j < dim; ++j) {
-      const C v = load(xr, j);
-      ss += v * v;
-    }
-    const C inv = rms_rstd(ss, dim, eps);
-    rstd[r] = static_cast<float>(inv);
-    for (int64_t j = 0; j < dim; ++j) store(yr, j, rms_scaled(xr, w, j, inv));
-  }
+  parallel_for(rows, kRowElements / std::max<int64_t>(dim, 1), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) norm_row(x + r * dim, w, y + r * dim, rstd + r, dim, eps);
+  });
 }
 
 // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)),  dw = sum_r dy * xhat.
 template <typename T, typename W>
 void add_forward_rows(const T* x, const T* res, const W* w, T* h, T* y, float* rstd, int64_t rows, int64_t dim,
                       float eps) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < dim; ++j)
-      store(h, r * dim + j, apply_binary(BinaryOp::Add, load(x, r * dim + j), load(res, r * dim + j)));
-  forward_rows(static_cast<const T*>(h), w, y, rstd, rows, dim, eps);
+  parallel_for(rows, kRowElements / std::max<int64_t>(dim, 1), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      for (int64_t j = 0; j < dim; ++j)
+        store(h, r * dim + j, apply_binary(BinaryOp::Add, load(x, r * dim + j), load(res, r * dim + j)));
+      norm_row(static_cast<const T*>(h) + r * dim, w, y + r * dim, rstd + r, dim, eps);
+    }
+  });
 }
 
 template <typename T, typename W>

@@ -8,11 +8,14 @@
 //  - inverse rotates by -angle: the transpose of the forward rotation, hence the exact backward.
 //  - out is written with `=` and must not alias x. float32/bfloat16 rotate in float32 and
 //    round once; float64 rotates in double with cos/sin of the float32 angle.
+//  - Positions split over the CPU backend's threads (parallel.h); cos/sin once per (position, i).
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "kernels/common.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -21,6 +24,8 @@ namespace cpu {
 
 namespace {
 
+constexpr int64_t kGrainElements = 1 << 15;  // elements per thread at the least
+
 template <typename T>
 void rope_rows(const T* x, T* out, const int64_t* pos, int64_t B, int64_t S, int64_t H, int64_t D, float theta,
                bool inverse) {
@@ -28,28 +33,30 @@ void rope_rows(const T* x, T* out, const int64_t* pos, int64_t B, int64_t S, int
   const int64_t half = D / 2;
   std::vector<float> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) inv_freq[i] = rope_inv_freq(theta, i, D);
-  std::vector<C> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
   const C sign = inverse ? C(-1) : C(1);
-  for (int64_t s = 0; s < S; ++s) {
-    const float ps = static_cast<float>(pos[s]);
-    for (int64_t i = 0; i < half; ++i) {
-      rope_cos_sin(ps * inv_freq[i], &cs[i], &sn[i]);
-      sn[i] *= sign;
-    }
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t base = ((b * S + s) * H + h) * D;
-        const T* xr = x + base;
-        T* orow = out + base;
-        for (int64_t i = 0; i < half; ++i) {
-          C y1, y2;
-          rope_rotate(load(xr, i), load(xr, i + half), cs[i], sn[i], &y1, &y2);
-          store(orow, i, y1);
-          store(orow, i + half, y2);
+  parallel_for(S, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, B * H * D)), [&](int64_t lo, int64_t hi) {
+    std::vector<C> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+    for (int64_t s = lo; s < hi; ++s) {
+      const float ps = static_cast<float>(pos[s]);
+      for (int64_t i = 0; i < half; ++i) {
+        rope_cos_sin(ps * inv_freq[i], &cs[i], &sn[i]);
+        sn[i] *= sign;
+      }
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t base = ((b * S + s) * H + h) * D;
+          const T* xr = x + base;
+          T* orow = out + base;
+          for (int64_t i = 0; i < half; ++i) {
+            C y1, y2;
+            rope_rotate(load(xr, i), load(xr, i + half), cs[i], sn[i], &y1, &y2);
+            store(orow, i, y1);
+            store(orow, i + half, y2);
+          }
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace

@@ -264,7 +264,7 @@ def full(shape: typing.Any, fill_value: typing.SupportsFloat | typing.SupportsIn
     """
 def get_num_threads() -> int:
     """
-    Threads of the CPU backend's matrix multiplies (OpenBLAS's pool; the other CPU kernels run on the calling thread)
+    Threads of the CPU backend: OpenBLAS's pool for the matrix multiplies, and as many for the CPU kernels that split rows or elements (their bits do not depend on the count)
     """
 def is_grad_enabled() -> bool:
     """

@@ -278,6 +278,12 @@ class StoryWorkers:
 
     def __init__(self, n: int):
         self.n = n
+        if n == 0:
+            # Stories made in the training process: the tokenizer's Rust thread pool (rayon, one
+            # thread per core) would fight the training threads for the cores (tiny preset on 2
+            # cores: ~1,950 -> ~12,000 tok/s with one thread; docs/cpu.md). Read when the pool
+            # starts, at the first tokenization; a value the user set is kept.
+            os.environ.setdefault("RAYON_NUM_THREADS", "1")
         self._procs: list = []
         self._next_id = 0
         self._inbox = _Inbox()
