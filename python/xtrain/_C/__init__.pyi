@@ -10,7 +10,8 @@ from . import cuda
 from . import ops
 from . import optim
 from . import dist
-__all__: list[str] = ['Generator', 'GradSlots', 'OutOfMemoryError', 'Tensor', 'arange', 'backward_many', 'checkpoint', 'cuda', 'default_generator', 'dist', 'empty', 'empty_cache', 'full', 'get_num_threads', 'is_grad_enabled', 'last_backward_batched_casts', 'manual_seed', 'memory_stats', 'ops', 'optim', 'rand', 'randn', 'reset_peak_memory_stats', 'set_grad_enabled', 'set_memory_limit', 'set_num_threads']
+from . import profile
+__all__: list[str] = ['Generator', 'GradSlots', 'OutOfMemoryError', 'Tensor', 'arange', 'backward_many', 'checkpoint', 'cuda', 'default_generator', 'dist', 'empty', 'empty_cache', 'full', 'get_num_threads', 'is_grad_enabled', 'last_backward_batched_casts', 'manual_seed', 'memory_stats', 'ops', 'optim', 'profile', 'rand', 'randn', 'reset_peak_memory_stats', 'set_grad_enabled', 'set_memory_limit', 'set_num_threads']
 class OutOfMemoryError(RuntimeError, MemoryError):
     """
     A device or a memory limit ran out of memory; the message gives the request, what is allocated and reserved, and the limit.
