@@ -33,7 +33,7 @@ if [ -n "$module" ]; then
   ln -s "$(realpath "$module")" "$work/pkg/xtrain/"
   path="$work/pkg"
 fi
-PYTHONPATH=$path "$python" -m pybind11_stubgen xtrain._C -o "$work/out" --numpy-array-use-type-var --exit-code
+PYTHONPATH=$path${PYTHONPATH:+:$PYTHONPATH} "$python" -m pybind11_stubgen xtrain._C -o "$work/out" --numpy-array-use-type-var --exit-code
 if [ -n "$into" ]; then
   mkdir -p "$into"
   cp "$work/out/xtrain/_C/"*.pyi "$into/"
