@@ -62,14 +62,21 @@ def prepared_stories(root: Path) -> Path:
     return data
 
 
-def run_cli(*args, cwd=None, timeout=300, env=None):
-    """`python -m xtrain ARGS` in a subprocess with this process's PYTHONPATH (and `env` added)."""
+def cli_env(env=None) -> dict:
+    """The environment of a `python -m xtrain` subprocess: this one's (and `env` added), with the
+    xtrain this process imported first on PYTHONPATH, then the caller's PYTHONPATH made absolute
+    (where the libraries the extension loads may live), and no XTRAIN_DEBUG."""
     env = {**os.environ, **(env or {})}
-    # The xtrain this process imported first, then the caller's PYTHONPATH made absolute.
     paths = [str(Path(xtrain.__file__).parent.parent)]
     paths += [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.pop("XTRAIN_DEBUG", None)
+    return env
+
+
+def run_cli(*args, cwd=None, timeout=300, env=None):
+    """`python -m xtrain ARGS` in a subprocess with this process's PYTHONPATH (and `env` added)."""
+    env = cli_env(env)
     return subprocess.run([sys.executable, "-m", "xtrain", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

@@ -10,12 +10,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 import xtrain
-from modelhelp import prepared_stories, run_cli, run_log, tiny_run
+from modelhelp import cli_env, prepared_stories, run_cli, run_log, tiny_run
 from xtrain.io import rundir
 from xtrain.io import state as ckpt_state
 from xtrain.trainer import progress, stopping
@@ -67,8 +66,7 @@ def test_save_minutes_saves_on_the_clock(tmp_path, data, monkeypatch):
 
 def test_sigint_finishes_the_step_saves_and_says_how_to_resume(tmp_path, data):
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(xtrain.__file__).parent.parent)}
-    env.pop("XTRAIN_DEBUG", None)
+    env = cli_env()
     args = ["train", "--data", str(data), "--out", str(out), "--preset", "tiny", "--fp32", "--batch", "4",
             "--seq", "32", "--steps", "100000", "--eval-every", "0", "--device", "cpu", "--log-every", "1",
             "--sample-tokens", "4"]
