@@ -43,7 +43,7 @@ def _docs_and_tokens(meta: dict) -> str:
 # ---------------------------------------------------------------- 1. prepare reports its counts
 
 def test_prepare_reports_documents_and_tokens_of_text_sources(tmp_path, capsys):
-    import pyarrow as pa
+    pa = pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'xtrain[parquet]')")
     import pyarrow.parquet as pq
 
     texts = documents(120)
@@ -220,13 +220,14 @@ def hub_model(run_folder, tmp_path, monkeypatch):
     from xtrain.io.export import export
 
     huggingface_hub = pytest.importorskip("huggingface_hub", reason="huggingface_hub is not installed (the "
-                                          "test extras bring it with datasets)")
+                                          "test extras bring it with transformers)")
+    from huggingface_hub import errors as hub_errors  # a submodule: not loaded by the package itself
     remote = export(run_folder, tmp_path / "remote", dtype="f32")
     (remote / "pytorch_model.bin").write_bytes(b"a pickle")
     (remote / "README.md").write_text("model card")
     calls = []
 
-    class NotFound(huggingface_hub.errors.RepositoryNotFoundError):
+    class NotFound(hub_errors.RepositoryNotFoundError):
         def __init__(self):
             OSError.__init__(self, "404 Client Error: Repository Not Found")
 
@@ -236,7 +237,7 @@ def hub_model(run_folder, tmp_path, monkeypatch):
         if repo_id != "org/tiny":
             raise NotFound()
         if local_files_only and not snap.is_dir():
-            raise huggingface_hub.errors.LocalEntryNotFoundError("not in the cache")
+            raise hub_errors.LocalEntryNotFoundError("not in the cache")
         snap.mkdir(parents=True, exist_ok=True)
         for f in remote.iterdir():
             if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):

@@ -219,10 +219,11 @@ def test_training_on_the_stream_resumes_bit_exactly(stream, tmp_path):
     assert state["data"]["kind"] == "stream" and state["data"]["step"] == 6
 
 
-def test_cli_trains_the_machine_default(monkeypatch):
+def test_cli_trains_the_machine_default(monkeypatch, tmp_path):
     import xtrain.trainer.train
     from xtrain.trainer import cli
 
+    monkeypatch.chdir(tmp_path)  # the default --out is relative: no run of the caller's in the way
     seen = []
     monkeypatch.setattr(xtrain.trainer.train, "train", seen.append)
     for device, preset, bf16, batch in (("cpu", "tiny", False, 16), ("cuda:0", "dim768", True, 32)):
