@@ -56,7 +56,7 @@ if [ "$cuda" = ON ]; then
 fi
 step "installing the build tools and the test extras"
 pip_install cmake ninja pybind11 scikit-build-core scipy-openblas32
-step "building and installing xtrain (CUDA backend: $cuda; ~1 minute on 2 cores CPU-only, ~15 with CUDA)"
+step "building and installing xtrain (CUDA backend: $cuda; ~1.5 minutes on 2 cores CPU-only, ~2.5 with CUDA)"
 pip_install --no-build-isolation -Ccmake.define.XTRAIN_CUDA=$cuda ".[${XT_TEST_EXTRAS:-test}]"
 
 # C++ suite: a CPU-only CMake build of the core plus tests/cpp (CUDA tests are compiled only in
