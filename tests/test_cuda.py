@@ -410,3 +410,32 @@ def test_runtime_info_names_versions_and_device():
     info = xtrain.cuda.runtime_info()
     assert "cuBLAS" in info and "cuda:0" in info
     assert xtrain.cuda.device_name(0)
+
+
+def test_events_time_the_device_work_between_them():
+    """Event pairs measure the device's time between two points of this thread's stream, however
+    late the host asks; recording inside a graph capture is refused."""
+    a = xtrain.tensor(randn(2048, 2048), device=CUDA)
+    start, end, mark = xtrain.cuda.Event(0), xtrain.cuda.Event(0), xtrain.cuda.Event(0)
+    assert start.ready() and not start.recorded and start.device == 0
+    with pytest.raises(RuntimeError, match="recorded first"):
+        end.elapsed_ms_since(start)
+    start.record()
+    for _ in range(20):
+        b = ops.matmul(a, a)
+    mark.record()
+    end.record()
+    xtrain.cuda.synchronize()
+    late = end.elapsed_ms_since(start)
+    import time
+    time.sleep(0.2)  # host time after the work must not count
+    assert end.elapsed_ms_since(start) == late
+    assert 0 < mark.elapsed_ms_since(start) <= late < 200, late  # 20 GEMMs of 2048^3: far under 200 ms
+    assert end.ready() and b.shape == (2048, 2048)
+    g = xtrain.cuda.Graph(0)
+    g.capture_begin()
+    try:
+        with pytest.raises(RuntimeError, match="Event.record"):
+            start.record()
+    finally:
+        g.abort_capture()

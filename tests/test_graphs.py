@@ -98,6 +98,8 @@ def test_graph_needs_a_gpu():
         pytest.skip("a GPU is present")
     with pytest.raises(RuntimeError, match="CUDA"):
         xtrain.cuda.Graph(0)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        xtrain.cuda.Event(0)
     assert xtrain.cuda.is_capturing() is False
     stats = xtrain.memory_stats("cpu")
     assert stats["pool_bytes.current"] == 0 and stats["num_pools"] == 0

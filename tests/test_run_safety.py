@@ -110,7 +110,11 @@ def test_a_run_without_a_checkpoint_says_so(tmp_path):
         ckpt_state.resolve(tmp_path / "ckpt")
 
 
-def test_step_time_leaves_out_evaluation_and_saving(tmp_path, data, monkeypatch):
+DEVICES = ["cpu"] + (["cuda:0"] if xtrain.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_step_time_leaves_out_evaluation_and_saving(tmp_path, data, monkeypatch, device):
     real_save = ckpt_state.save
 
     def slow_save(*a, **kw):
@@ -121,7 +125,7 @@ def test_step_time_leaves_out_evaluation_and_saving(tmp_path, data, monkeypatch)
     _scripted_eval(monkeypatch, [3.0, 2.9, 2.8, 2.7, 2.6], pause=0.5)
     threads = xtrain.get_num_threads()
     try:  # one BLAS thread: spinning threads on shared cores make steps of a second (docs/training.md)
-        summary = train(tiny_run(tmp_path, data, 8, eval_every=2, save_every=None, threads=1))
+        summary = train(tiny_run(tmp_path, data, 8, device=device, eval_every=2, save_every=None, threads=1))
     finally:
         xtrain.set_num_threads(threads)
     ms = [r["ms"] for r in run_log(tmp_path) if "loss" in r]

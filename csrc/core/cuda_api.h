@@ -62,6 +62,29 @@ class HostRead {
   int device_ = 0;
 };
 
+// A timing event on this thread's stream of one device (the training loop's step time: an event
+// before the step's first launch and one after its last, read one step late). record() queues it
+// and refuses while the thread captures a graph (record between replays instead: a replay is one
+// launch). elapsed_ms_since(start) is a sync point: it waits for this event, then returns the
+// device time between the two, in milliseconds (cudaEventElapsedTime; ~0.5 us resolution).
+// ready() never waits. Both events must have been recorded on the same device.
+class Event {
+ public:
+  explicit Event(int device);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record();
+  bool recorded() const { return recorded_; }
+  bool ready() const;
+  double elapsed_ms_since(const Event& start);
+  int device() const { return device_; }
+ private:
+  void* event_ = nullptr;  // cudaEvent_t
+  int device_ = 0;
+  bool recorded_ = false;
+};
+
 // ---- CUDA graphs (core/cuda/graph.cpp; docs/cuda.md "Graph capture")
 //
 // Graph captures the work this thread queues on its stream of `device` between capture_begin()

@@ -34,6 +34,12 @@ HostRead::~HostRead() = default;
 bool HostRead::ready() const { return true; }
 const void* HostRead::wait() { return host_; }
 
+Event::Event(int) { not_built(); }
+Event::~Event() = default;
+void Event::record() { not_built(); }
+bool Event::ready() const { return true; }
+double Event::elapsed_ms_since(const Event&) { not_built(); }
+
 // No graphs without CUDA: constructing one raises; nothing ever captures.
 class GraphPool {};
 Graph::Graph(int, const Graph*) { not_built(); }

@@ -189,6 +189,17 @@ void init_memory(py::module_& m) {
   c.def("read_array_async", [](const Tensor& t) { return new PendingArray(t); }, py::arg("tensor"),
         "Queue a copy of a whole tensor (not bfloat16) to the host without waiting for the stream; "
         ".wait() returns it as a numpy array and waits only for the work queued before this call");
+  py::class_<cuda::Event>(c, "Event",
+                          "A timing event on this thread's stream of one CUDA device: record() queues it, "
+                          "elapsed_ms_since(start) waits for it and returns the device time since start (ms)")
+      .def(py::init<int>(), py::arg("device") = 0, "device: the CUDA device index")
+      .def("record", &cuda::Event::record,
+           "Queue the event on this thread's stream (not while capturing a graph: record between replays)")
+      .def("ready", &cuda::Event::ready, "True once the device has passed the event, or when never recorded (never waits)")
+      .def("elapsed_ms_since", &cuda::Event::elapsed_ms_since, py::arg("start"), NoGil(),
+           "Milliseconds of device time from `start` to this event; waits for this event (a sync point)")
+      .def_property_readonly("device", &cuda::Event::device)
+      .def_property_readonly("recorded", &cuda::Event::recorded);
   c.def("runtime_info", &cuda::runtime_info, "Driver, runtime and cuBLAS versions");
   py::class_<cuda::Graph>(c, "Graph",
                           "A CUDA graph of the work this thread queues on its stream of one device between "

@@ -22,6 +22,11 @@ PendingValues = _C.cuda.PendingValues
 # token ring).
 read_array_async = _C.cuda.read_array_async
 PendingArray = _C.cuda.PendingArray
+# Event(device): a timing event on this thread's stream; record(), ready(), elapsed_ms_since(start)
+# (waits for this event; device milliseconds since start). The training loop times its steps with
+# them (Note [Step time] in xtrain/trainer/train.py). CPU-only builds have the class, and
+# constructing one raises RuntimeError.
+Event = _C.cuda.Event
 
 
 def _dev(device):

@@ -422,6 +422,39 @@ const void* HostRead::wait() {
   return host_;
 }
 
+Event::Event(int device) : device_(device) {
+  check_device(device);
+  DeviceGuard guard(device);
+  cudaEvent_t e = nullptr;
+  XT_CUDA_CHECK(cudaEventCreate(&e));  // with timing
+  event_ = e;
+}
+
+Event::~Event() {
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+void Event::record() {
+  check_not_capturing("Event.record");
+  DeviceGuard guard(device_);
+  XT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event_), static_cast<cudaStream_t>(current_stream(device_))));
+  recorded_ = true;
+}
+
+bool Event::ready() const {
+  return !recorded_ || cudaEventQuery(static_cast<cudaEvent_t>(event_)) == cudaSuccess;
+}
+
+double Event::elapsed_ms_since(const Event& start) {
+  XT_CHECK(recorded_ && start.recorded_, RuntimeError, "Event.elapsed_ms_since: both events must be recorded first");
+  XT_CHECK(start.device_ == device_, ValueError, "Event.elapsed_ms_since: the events are on devices ",
+           start.device_, " and ", device_);
+  XT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));  // sync point
+  float ms = 0.f;
+  XT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start.event_), static_cast<cudaEvent_t>(event_)));
+  return ms;
+}
+
 // Copies run on this thread's stream of the CUDA side. H2D from pageable host memory returns
 // once the source has been staged, so the caller may free it at once; D2H waits (sync point).
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) {

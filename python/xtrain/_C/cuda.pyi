@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import typing
 import xtrain._C
-__all__: list[str] = ['Graph', 'PendingArray', 'PendingValues', 'allow_tf32', 'current_device', 'device_count', 'device_name', 'early_launch', 'is_available', 'is_built', 'is_capturing', 'read_array_async', 'read_async', 'runtime_info', 'set_allow_tf32', 'set_device', 'set_early_launch', 'synchronize']
+__all__: list[str] = ['Event', 'Graph', 'PendingArray', 'PendingValues', 'allow_tf32', 'current_device', 'device_count', 'device_name', 'early_launch', 'is_available', 'is_built', 'is_capturing', 'read_array_async', 'read_async', 'runtime_info', 'set_allow_tf32', 'set_device', 'set_early_launch', 'synchronize']
 class PendingValues:
     """
     Values of one-element tensors on their way to the host (read_async)
@@ -31,6 +31,32 @@ class PendingArray:
         """
         The values as a numpy array (a copy); waits for them (a sync point)
         """
+class Event:
+    """
+    A timing event on this thread's stream of one CUDA device: record() queues it, elapsed_ms_since(start) waits for it and returns the device time since start (ms)
+    """
+    def __init__(self, device: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+        """
+        device: the CUDA device index
+        """
+    def elapsed_ms_since(self, start: Event) -> float:
+        """
+        Milliseconds of device time from `start` to this event; waits for this event (a sync point)
+        """
+    def ready(self) -> bool:
+        """
+        True once the device has passed the event, or when never recorded (never waits)
+        """
+    def record(self) -> None:
+        """
+        Queue the event on this thread's stream (not while capturing a graph: record between replays)
+        """
+    @property
+    def device(self) -> int:
+        ...
+    @property
+    def recorded(self) -> bool:
+        ...
 class Graph:
     """
     A CUDA graph of the work this thread queues on its stream of one device between capture_begin() and capture_end(); replay() launches it again (docs/cuda.md)

@@ -122,7 +122,7 @@ class Run:
     bar: object = None                 # the progress bar (rank 0), else None
     trackers: list = ()                # open xtrain.trainer.trackers sinks (rank 0)
     stop: object = None                # the stopping.StopRequest its signals set
-    t_done: float = 0.0                # perf_counter when the last logged step finished
+    step_events: list = None           # CUDA: two (start, end) xtrain.cuda.Event pairs, used in turn
     step_s: list = None                # seconds of each step of this invocation (logged, rank 0)
     t_saved: float = 0.0               # monotonic time of the last save (or of the start)
     saved_step: int | None = None      # the step of the last checkpoint saved by this invocation
@@ -131,7 +131,7 @@ class Run:
     val_losses: list = None            # this run's validation losses, in order (resumed: the log's too)
     best: tuple | None = None          # (val loss, step) of OUT/best
     repeat_warned: bool = False
-    pending: tuple | None = None       # (step, lr, xtrain.cuda.PendingValues of its loss and norm, replayed)
+    pending: tuple | None = None       # (step, lr, PendingValues of its loss and norm, replayed, timing)
     graphs: object = None              # xtrain.graphs.StepGraphs on a GPU, else None
     bad_steps: int = 0                 # non-finite steps in a row (their updates skipped)
     skipped_steps: int = 0             # all of them
@@ -350,7 +350,10 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         run.bar = progress.open_progress(cfg.steps, step, cfg.log_every, cfg.progress)  # below the header
     _resume_results(run)
     run.step_s = []
-    run.t_saved, run.t_done = time.monotonic(), time.perf_counter()
+    run.t_saved = time.monotonic()
+    if run.device.startswith("cuda"):
+        index = int(run.device.partition(":")[2] or 0)
+        run.step_events = [(xtrain.cuda.Event(index), xtrain.cuda.Event(index)) for _ in range(2)]
     return run
 
 
@@ -454,7 +457,11 @@ def train_step(run: Run) -> None:
     """One optimizer step: LR, this rank's share of the global batch, forward + backward per
     micro-batch (gradients accumulating), clip + AdamW (+ the gradient average: one collective per
     step, not per micro-batch), log."""
-    t_begin = time.perf_counter()  # the step's time starts with its batch (Note [Step time])
+    # The step's time starts with its batch (Note [Step time]): on CUDA an event before its first
+    # launch, on the CPU the host's clock.
+    timing = run.step_events[run.step % 2] if run.step_events is not None else time.perf_counter()
+    if run.step_events is not None:
+        timing[0].record()
     cfg, opt = run.cfg, run.optimizer
     lr = run.schedule(run.step)
     opt.lr = lr
@@ -481,8 +488,12 @@ def train_step(run: Run) -> None:
             run.graphs.eager()
     # The replayed graphs' outputs sit at fixed addresses: this copy is queued before the next
     # replay overwrites them.
+    if run.step_events is not None:
+        timing[1].record()  # after the update's last launch
+    else:
+        timing = (timing, time.perf_counter())
     values = xtrain.cuda.read_async([loss, grad_norm])
-    run.pending = (run.step, lr, values, out is not None, t_begin, time.perf_counter())
+    run.pending = (run.step, lr, values, out is not None, timing)
     run.step += 1
 
 
@@ -490,9 +501,9 @@ def settle(run: Run) -> None:
     """Log the step whose loss and norm are on their way to the host (train_step queued their copy)."""
     if run.pending is None:
         return
-    step, lr, values, replayed, t_begin, t_queued = run.pending
+    step, lr, values, replayed, timing = run.pending
     run.pending = None
-    log_step(run, step, values, lr, replayed, (t_begin, t_queued))
+    log_step(run, step, values, lr, replayed, timing)
 
 
 def evaluate(run: Run) -> float:
@@ -533,40 +544,38 @@ def save(run: Run) -> None:
             ckpt_state.copy(run.out / CKPT_DIR, run.out / BEST_DIR)
 
 
-def log_step(run: Run, step: int, values, lr: float, replayed: bool, times: tuple) -> None:
-    """Log `step` once its loss and norm are on the host. `times`: (t_begin, t_queued), the host's
-    perf_counter when train_step began and ended queuing it (Note [Step time])."""
+def log_step(run: Run, step: int, values, lr: float, replayed: bool, timing: tuple) -> None:
+    """Log `step` once its loss and norm are on the host. `timing`: the step's (start, end) pair,
+    CUDA events around its launches or the host's perf_counter around it (Note [Step time])."""
     # Sync point (the only one per step, one step late): the loss and grad norm of `step` come to
     # the host for the log; waiting for them waits for that step only, not for the one queued
     # since. Every rank reads, which keeps the ranks' hosts in step.
     loss_f, norm_f = values.wait()
-    t_landed = time.perf_counter()
     skipped = not (math.isfinite(loss_f) and math.isfinite(norm_f))
     if run.ctx.is_main:
-        _log_step_record(run, step, loss_f, norm_f, lr, skipped, replayed, step_seconds(run, *times, t_landed))
+        _log_step_record(run, step, loss_f, norm_f, lr, skipped, replayed, step_seconds(*timing))
     if skipped:
         note_skipped_step(run, step, loss_f, norm_f)
     else:
         run.bad_steps = 0
 
 
-def step_seconds(run: Run, t_begin: float, t_queued: float, t_landed: float) -> float:
+def step_seconds(start, end) -> float:
     """The time of one step alone, evaluations, saves and samples between steps left out.
 
     Note [Step time]: on the CPU the ops run as they are called, so a step's time is the host
-    time of train_step itself: from its batch to the end of its update. On a GPU train_step only
-    queues the work; the step ends when its loss and norm land on the host (t_landed, read one step
-    late, right after the next step's forward and backward are queued) and it starts when the
-    device could start it: when the step before it finished, or, if the device sat idle between
-    (an evaluation, a save, the start), when the host began queuing it. Host timestamps at these
-    points give the device's step time without device events (xtrain.cuda has none to record);
-    when the host is slower than the device (a tiny model), a step's launch time may count toward
-    the step before it, which shifts no time across an evaluation and keeps the run's total."""
-    if not run.device.startswith("cuda"):
-        return t_queued - t_begin
-    start = max(t_begin, run.t_done)
-    run.t_done = t_landed
-    return t_landed - start
+    time of train_step itself, from its batch to the end of its update (two perf_counter floats).
+    On a GPU train_step only queues the work, so the host's clock cannot see when it ran: the step
+    is bracketed by two CUDA events on its stream, one recorded before its first launch (the batch's
+    upload) and one after its last (the update), and its time is the device time between them
+    (read one step late, after the step's loss has landed, so the wait costs nothing). The start
+    event fires when the device reaches it: when the work queued before it (the previous step, an
+    evaluation, a save's copies) has finished, so nothing of that counts, and a device left idle
+    while the host prepares the step counts as the step's own time. Each step's time is its own,
+    whenever the host reads it: a late read shifts no time between steps."""
+    if isinstance(start, float):
+        return end - start
+    return end.elapsed_ms_since(start) / 1000.0
 
 
 def _log_step_record(run: Run, step: int, loss_f: float, norm_f: float, lr: float, skipped: bool,
