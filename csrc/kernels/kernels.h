@@ -185,13 +185,21 @@ inline float adamw_no_decay(const AdamWParams& hp) { return 1.0f - hp.lr * 0.0f;
   /* scores (natural log) in the compute type (float32; float64 for float64). Backward recomputes */   \
   /* P from lse and writes dq, dk, dv with `=`, deterministic (a kv head sums its query heads in */     \
   /* head order). 1 <= D <= 256. */                                                                     \
+  /* doc_start (nullptr: none; needs causal): int32 [B, S], the position where the document of */      \
+  /* token (b, s) begins (0 <= doc_start <= s, equal to the one before it or to s): query s sees */      \
+  /* keys doc_start[b, s] .. s only (attention within documents; key tiles before a block's first */    \
+  /* document are skipped). document_starts writes it from token ids and a separator id. */             \
   void flash_attention_forward(DType dt, const void* q, const void* k, const void* v, void* out,        \
                                void* lse, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,      \
-                               double scale, bool causal, void* stream);                                \
+                               double scale, bool causal, const int32_t* doc_start, void* stream);      \
   void flash_attention_backward(DType dt, const void* q, const void* k, const void* v, const void* out, \
                                 const void* dout, const void* lse, void* dq, void* dk, void* dv,        \
                                 int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale,  \
-                                bool causal, void* stream);                                             \
+                                bool causal, const int32_t* doc_start, void* stream);                   \
+  /* doc_start [B, S] of int ids [B, S] (id_dt int32 or int64): a document begins at position 0 and */ \
+  /* after every token equal to sep (the separator ends its document). */                               \
+  void document_starts(DType id_dt, const void* ids, int32_t* doc_start, int64_t B, int64_t S,          \
+                       int64_t sep, void* stream);                                                      \
   /* ---- fused q/k head preparation (kernels/{cpu,cuda}/qk_norm_rope): rms_norm over D (weights */    \
   /* wq, wk [D] of w_dt = dt or float32, eps) then rope (positions 0..S-1) on q [B, S, H, D] and */     \
   /* k [B, S, Hkv, D], with the arithmetic and rounding points of rmsnorm_forward + rope (bitwise */    \

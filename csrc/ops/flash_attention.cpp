@@ -6,6 +6,12 @@
 //    Hkv < H) returns out [B, S, H, D] and the row log-sum-exp lse [B, H, S] (not differentiable).
 //    The node saves q, k, v, out and lse: memory linear in S, no [S, S] probabilities. Backward
 //    recomputes P (deterministic kernels: no atomics) and returns dq, dk, dv, freshly written.
+//  - Attention within documents: doc_start (int32 [B, S], causal only) gives each token's
+//    document start; query s sees keys doc_start[b, s] .. s. document_starts(ids, sep) makes it
+//    from token ids (a separator ends its document). On the CPU a given doc_start is checked
+//    (0 <= d[s] <= s, d[s] either d[s - 1] or s); on CUDA it is not read on the host (the kernels
+//    clamp what they read, so a malformed one gives wrong attention, never a bad memory access):
+//    make it with document_starts.
 #include <cmath>
 
 #include "core/error.h"
@@ -48,6 +54,29 @@ AttnShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   return n;
 }
 
+// doc_start for q [B, S, ...]: undefined (none), or int32 [B, S] on q's device with causal; on the
+// CPU its values are checked.
+void check_doc_start(const Tensor& doc, const Tensor& q, bool causal, const char* op) {
+  if (!doc.defined()) return;
+  XT_CHECK(causal, ValueError, op, ": doc_start (attention within documents) needs causal=True");
+  XT_CHECK(doc.dtype() == DType::Int32 && doc.dim() == 2 && doc.size(0) == q.size(0) && doc.size(1) == q.size(1),
+           ValueError, op, ": doc_start must be int32 [B, S] = [", q.size(0), ", ", q.size(1), "], got ",
+           doc.describe());
+  check_same_device(q, doc, op, "q", "doc_start");
+  if (!doc.device().is_cpu()) return;
+  const int32_t* d = doc.data<int32_t>();
+  const int64_t B = doc.size(0), S = doc.size(1);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t v = d[b * S + s], prev = s ? d[b * S + s - 1] : 0;
+      XT_CHECK(v == s || (s > 0 && v == prev), ValueError, op, ": doc_start[", b, ", ", s, "] = ", v,
+               " is not a document start (each entry is its position, where a document begins, or the entry "
+               "before it); make doc_start with document_starts(ids, sep)");
+    }
+}
+
+const int32_t* doc_ptr(const Tensor& doc) { return doc.defined() ? doc.data<int32_t>() : nullptr; }
+
 DType stat_dtype(DType dt) { return dt == DType::Float64 ? DType::Float64 : DType::Float32; }
 
 double resolve_scale(double scale, int64_t D, const char* op) {
@@ -58,22 +87,25 @@ double resolve_scale(double scale, int64_t D, const char* op) {
 }  // namespace
 
 std::pair<Tensor, Tensor> flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                                  double scale) {
+                                                  double scale, const Tensor& doc_start) {
   const AttnShape n = check_attention(q, k, v, "flash_attention");
   const double sc = resolve_scale(scale, n.D, "flash_attention");
+  check_doc_start(doc_start, q, causal, "flash_attention");
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   Tensor lse = Tensor::empty({n.B, n.H, n.S}, stat_dtype(q.dtype()), q.device());
   if (n.B * n.S == 0) return {out, lse};
   XT_KERNEL(q.device(), flash_attention_forward, q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-            lse.data_ptr(), n.B, n.S, n.H, n.Hkv, n.D, sc, causal, stream_for(q.device()));
+            lse.data_ptr(), n.B, n.S, n.H, n.Hkv, n.D, sc, causal, doc_ptr(doc_start), stream_for(q.device()));
   return {out, lse};
 }
 
 std::vector<Tensor> flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                             const Tensor& lse, const Tensor& dout, bool causal, double scale) {
+                                             const Tensor& lse, const Tensor& dout, bool causal, double scale,
+                                             const Tensor& doc_start) {
   const char* op = "flash_attention_backward";
   const AttnShape n = check_attention(q, k, v, op);
   const double sc = resolve_scale(scale, n.D, op);
+  check_doc_start(doc_start, q, causal, op);
   check_defined(out, "out");
   check_defined(lse, "lse");
   check_defined(dout, "dout");
@@ -90,24 +122,24 @@ std::vector<Tensor> flash_attention_backward(const Tensor& q, const Tensor& k, c
   if (n.B * n.S == 0) return {dq, dk, dv};
   XT_KERNEL(q.device(), flash_attention_backward, q.dtype(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
             dout.data_ptr(), lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), n.B, n.S, n.H, n.Hkv, n.D,
-            sc, causal, stream_for(q.device()));
+            sc, causal, doc_ptr(doc_start), stream_for(q.device()));
   return {dq, dk, dv};
 }
 
 namespace {
 
-class FlashAttentionBackward : public NodeWithSaved<5> {
+class FlashAttentionBackward : public NodeWithSaved<6> {
  public:
   FlashAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                         bool causal, double scale)
+                         bool causal, double scale, const Tensor& doc_start)
       : NodeWithSaved({SavedTensor("q", q), SavedTensor("k", k), SavedTensor("v", v), SavedTensor("out", out),
-                       SavedTensor("lse", lse)}),
+                       SavedTensor("lse", lse), SavedTensor("doc_start", doc_start)}),
         causal_(causal), scale_(scale) {}
   const char* name() const override { return "FlashAttentionBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
-    const auto [q, k, v, out, lse] = unpack();
-    return flash_attention_backward(q, k, v, out, lse, grads[0], causal_, scale_);
+    const auto [q, k, v, out, lse, doc_start] = unpack();
+    return flash_attention_backward(q, k, v, out, lse, grads[0], causal_, scale_, doc_start);
   }
 
  private:
@@ -118,11 +150,22 @@ class FlashAttentionBackward : public NodeWithSaved<5> {
 }  // namespace
 
 std::pair<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                          double scale) {
-  auto [out, lse] = flash_attention_forward(q, k, v, causal, scale);
+                                          double scale, const Tensor& doc_start) {
+  auto [out, lse] = flash_attention_forward(q, k, v, causal, scale, doc_start);
   if (needs_grad({&q, &k, &v}))
-    set_history(out, make_node<FlashAttentionBackward>({q, k, v}, q, k, v, out, lse, causal, scale));
+    set_history(out, make_node<FlashAttentionBackward>({q, k, v}, q, k, v, out, lse, causal, scale, doc_start));
   return {out, lse};
+}
+
+Tensor document_starts(const Tensor& ids, int64_t sep) {
+  check_defined(ids, "ids");
+  XT_CHECK(is_integral(ids.dtype()) && ids.dim() == 2, TypeError,
+           "document_starts: ids must be int32 or int64 [B, S], got ", ids.describe());
+  Tensor out = Tensor::empty(ids.shape(), DType::Int32, ids.device());
+  if (ids.numel() == 0) return out;
+  XT_KERNEL(ids.device(), document_starts, ids.dtype(), ids.data_ptr(), out.data<int32_t>(), ids.size(0), ids.size(1),
+            sep, stream_for(ids.device()));
+  return out;
 }
 
 }  // namespace ops

@@ -194,13 +194,18 @@ Tensor softmax_backward(const Tensor& y, const Tensor& dy, bool log);
 // flash_attention: q [B, S, H, D], k and v [B, S, Hkv, D] with H % Hkv == 0 (query head h reads kv
 // head h / (H / Hkv)), one floating dtype, 1 <= D <= 256; scale <= 0 selects 1/sqrt(D). Returns
 // (out [B, S, H, D], lse [B, H, S]: float32, float64 for float64 inputs; lse is not differentiable).
+// doc_start (int32 [B, S], causal only; undefined: none): attention within documents, query s
+// seeing keys doc_start[b, s] .. s; document_starts(ids [B, S], sep) makes it (a document begins at
+// 0 and after every separator).
 std::pair<Tensor, Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                          double scale);
+                                          double scale, const Tensor& doc_start = Tensor());
 // raw: the same pair; the backward returns (dq, dk, dv) from the forward's out and lse.
 std::pair<Tensor, Tensor> flash_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                                  double scale);
+                                                  double scale, const Tensor& doc_start = Tensor());
 std::vector<Tensor> flash_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                             const Tensor& lse, const Tensor& dout, bool causal, double scale);
+                                             const Tensor& lse, const Tensor& dout, bool causal, double scale,
+                                             const Tensor& doc_start = Tensor());
+Tensor document_starts(const Tensor& ids, int64_t sep);
 
 // ---- the fused q/k head preparation (ops/qk_norm_rope.cpp), in the same layout.
 // qk_norm_rope: rope(rms_norm(x, w, eps), theta) over D for x = q [B, S, H, D] and k [B, S, Hkv, D]

@@ -93,9 +93,11 @@ void expect(const std::string& what, bool ok) {
 struct Case {
   int B, S, H, Hkv, D;
   bool causal;
+  std::vector<int32_t> doc = {};  // [B, S] document starts (attention within documents), or empty
+  const int32_t* docp() const { return doc.empty() ? nullptr : doc.data(); }
   std::string str() const {
     return "B" + std::to_string(B) + " S" + std::to_string(S) + " H" + std::to_string(H) + "/" + std::to_string(Hkv) +
-           " D" + std::to_string(D) + (causal ? " causal" : " full");
+           " D" + std::to_string(D) + (causal ? " causal" : " full") + (doc.empty() ? "" : " documents");
   }
   size_t q_size() const { return size_t(B) * S * H * D; }
   size_t kv_size() const { return size_t(B) * S * Hkv * D; }
@@ -117,7 +119,7 @@ template <int D, bool kQR = fl::dq_frags_in_regs<D>()>
 AttnResult run_tensor_core(const Case& c, Buf<bf16_t>& q, Buf<bf16_t>& k, Buf<bf16_t>& v, Buf<bf16_t>& dout) {
   Buf<bf16_t> out(c.q_size()), dq(c.q_size()), dk(c.kv_size()), dv(c.kv_size());
   std::vector<float> lse(c.stat_size()), delta(c.stat_size());
-  const fl::Dims n = fl::make_dims(c.B, c.S, c.H, c.Hkv, c.scale(), c.causal);
+  const fl::Dims n = fl::make_dims(c.B, c.S, c.H, c.Hkv, c.scale(), c.causal, c.docp());
   emu::launch(fl::forward_grid(n), dim3(fl::kBlockThreads), fl::fwd_smem<D>(),
               [&] { fl::flash_forward_kernel<D>(q.p(), k.p(), v.p(), out.p(), lse.data(), n); });
   // delta from the dq kernel (Note [delta inside the dq kernel]); it must be delta_kernel's bits.
@@ -146,9 +148,9 @@ AttnResult reference(const Case& c, Buf<T>& q, Buf<T>& k, Buf<T>& v, Buf<T>& dou
   Buf<T> out(c.q_size()), dq(c.q_size()), dk(c.kv_size()), dv(c.kv_size());
   std::vector<float> lse(c.stat_size());
   cpu::flash_attention_forward(dt, q.p(), k.p(), v.p(), out.p(), lse.data(), c.B, c.S, c.H, c.Hkv, c.D, c.scale(),
-                               c.causal, nullptr);
+                               c.causal, c.docp(), nullptr);
   cpu::flash_attention_backward(dt, q.p(), k.p(), v.p(), out.p(), dout.p(), lse.data(), dq.p(), dk.p(), dv.p(), c.B,
-                                c.S, c.H, c.Hkv, c.D, c.scale(), c.causal, nullptr);
+                                c.S, c.H, c.Hkv, c.D, c.scale(), c.causal, c.docp(), nullptr);
   return {out.floats(), lse, dq.floats(), dk.floats(), dv.floats()};
 }
 
@@ -188,7 +190,7 @@ template <typename T>
 void row_case(Case c, DType dt, double tol) {
   std::printf("row kernels (%s), %s\n", std::is_same_v<T, float> ? "float32" : "bf16", c.str().c_str());
   Buf<T> q(randn(c.q_size(), 5)), k(randn(c.kv_size(), 6)), v(randn(c.kv_size(), 7)), dout(randn(c.q_size(), 8));
-  const fl::RowDims n{c.B, c.S, c.H, c.Hkv, c.D, c.scale(), c.causal};
+  const fl::RowDims n{c.B, c.S, c.H, c.Hkv, c.D, c.scale(), c.causal, c.docp()};
   Buf<T> out(c.q_size()), dq(c.q_size()), dk(c.kv_size()), dv(c.kv_size());
   std::vector<float> lse(c.stat_size()), delta(c.stat_size());
   const dim3 block(fl::kRowWarps * 32);
@@ -601,13 +603,43 @@ void prep_forward_cases() {
   prep_case<double>(1, 6, 3, 1, 32, DType::Float64, 1e-12);
 }
 
+// Document starts [B, S] for documents of the given lengths, cycled (row b starts at length b).
+std::vector<int32_t> doc_starts(int B, int S, const std::vector<int>& lengths) {
+  std::vector<int32_t> d(size_t(B) * S);
+  for (int b = 0; b < B; ++b) {
+    int start = 0, next = lengths[size_t(b) % lengths.size()], i = b + 1;
+    for (int s = 0; s < S; ++s) {
+      if (s == next) {
+        start = s;
+        next += lengths[size_t(i++) % lengths.size()];
+      }
+      d[size_t(b) * S + s] = start;
+    }
+  }
+  return d;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  // Attention within documents: boundaries inside and on the 64-row tiles, a document longer than
+  // a tile, one-token documents, GQA; 3+ key tiles so skipped tiles shift the double buffers.
+  const std::vector<Case> doc_cases = {{2, 150, 2, 1, 0, true, doc_starts(2, 150, {64, 1, 70, 9})},
+                                       {1, 200, 2, 2, 0, true, doc_starts(1, 200, {130, 3, 5})}};
   // B, S, H, Hkv, (D), causal: single row, partial tiles, exact tiles, GQA 2 and 3, full attention.
   const std::vector<Case> cases = {{1, 1, 1, 1, 0, true},    {1, 7, 2, 1, 0, true},  {1, 64, 1, 1, 0, true},
                                    {2, 100, 2, 2, 0, false}, {1, 150, 3, 1, 0, true}};
   if (mode == "--schedules") {  // the schedule checks only, head_dim 32 (quick)
     tensor_core_case<32>(cases.back(), true);
+  } else if (mode == "--documents") {  // attention within documents only
+    for (const Case& c : doc_cases) {
+      tensor_core_case<32>(c, false);
+      tensor_core_case<64>(c, false);
+      tensor_core_case<128>(c, false);
+      Case r = c;
+      r.D = 40;
+      row_case<float>(r, DType::Float32, 1e-5);
+    }
+    tensor_core_case<64>(doc_cases[0], true);
   } else if (mode == "--prep") {  // the head preparation only
     prep_forward_cases();
     prep_onepass_cases();
@@ -623,6 +655,12 @@ int main(int argc, char** argv) {
     row_case<float>({1, 9, 2, 1, 32, true}, DType::Float32, 1e-5);
     row_case<float>({2, 70, 4, 2, 40, false}, DType::Float32, 1e-5);
     row_case<bf16_t>({1, 33, 3, 3, 48, true}, DType::BFloat16, 1e-2);
+    for (const Case& c : doc_cases) {
+      tensor_core_case<64>(c, false);
+      Case r = c;
+      r.D = 40;
+      row_case<float>(r, DType::Float32, 1e-5);
+    }
     prep_forward_cases();
     prep_onepass_cases();
     prep_dw_tree_cases();

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the CUDA-kernel emulation test with the host compiler and run it (no GPU needed):
-#   tests/emu/run.sh [--quick]      (flash attention and the q/k head preparation; --prep: the latter only)
+#   tests/emu/run.sh [--quick]      (flash attention and the q/k head preparation; --prep: the latter only;
+#                                    --documents: attention within documents only)
 #   tests/emu/run.sh rmsnorm        (RMSNorm's one-pass backward, the fused residual add, the few-row forward)
 #   tests/emu/run.sh linear_rows    (the decode step's matrix-vector kernel)
 #   tests/emu/run.sh cross_entropy  (the one-pass cross-entropy forward, reduce and backward)

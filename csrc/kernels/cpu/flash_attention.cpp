@@ -9,6 +9,9 @@
 //    dv_j = sum_i p_ij dO_i. dk/dv accumulate over the query heads of the group in increasing order
 //    in the compute type and are rounded once; every gradient is written with `=`.
 //  - The matrix products (q k^T, p v, dO v^T, ds k, ds^T q, p^T dO) run per (b, head) through the
+//  - Within documents (doc_start given): query i's keys start at doc_start[b, i]; the scores of
+//    keys before it are computed by the block GEMMs and then set to zero probability, so a row
+//    without a document boundary gives the same bits as plain causal attention.
 //    CPU GEMM (OpenBLAS: deterministic, it never splits K), in blocks of kBlock query rows that
 //    stop at the causal diagonal's block; the softmax rows between them are plain loops. One
 //    head's S x S scores live in one buffer per thread, nothing is allocated per row. The
@@ -35,6 +38,11 @@ namespace {
 
 struct AttnDims {
   int64_t B, S, H, Hkv, D;
+  const int32_t* doc_start;  // [B, S] or nullptr
+  // The first key query (b, i) sees: its document's start (0 without documents), kept in [0, i].
+  int64_t first_key(int64_t b, int64_t i) const {
+    return doc_start ? std::clamp<int64_t>(doc_start[b * S + i], 0, i) : 0;
+  }
   // Element offset of row (b, s, head) in a [B, S, heads, D] tensor.
   int64_t row(int64_t b, int64_t s, int64_t head, int64_t heads) const { return ((b * S + s) * heads + head) * D; }
   int64_t stat(int64_t b, int64_t h, int64_t s) const { return (b * H + h) * S + s; }  // [B, H, S]
@@ -109,17 +117,18 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, compute_t<T>*
       block_scores(qh, ldq, kh, ldk, sc.data(), S, D, causal);
       for (int64_t i = 0; i < S; ++i) {  // p_ij = exp(scale s_ij - m_i), 0 beyond the mask
         C* p = sc.data() + i * S;
-        const int64_t jend = causal ? i + 1 : S, jn = block_cols(i, S, causal);
+        const int64_t jend = causal ? i + 1 : S, jn = block_cols(i, S, causal), j0 = n.first_key(b, i);
         C m = -std::numeric_limits<C>::infinity();
-        for (int64_t j = 0; j < jend; ++j) {
+        for (int64_t j = j0; j < jend; ++j) {
           p[j] = p[j] * scale;
           m = std::max(m, p[j]);
         }
         C li = 0;
-        for (int64_t j = 0; j < jend; ++j) {
+        for (int64_t j = j0; j < jend; ++j) {
           p[j] = std::exp(p[j] - m);
           li += p[j];
         }
+        std::fill(p, p + j0, C(0));
         std::fill(p + jend, p + jn, C(0));
         l[i] = li;
         lse[n.stat(b, h, i)] = m + std::log(li);
@@ -165,11 +174,13 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
           const C lse_i = lse[n.stat(b, h, i)];
           C* p = pm.data() + i * S;
           C* dsi = ds.data() + i * S;
-          const int64_t jend = causal ? i + 1 : S, jn = block_cols(i, S, causal);
-          for (int64_t j = 0; j < jend; ++j) {
+          const int64_t jend = causal ? i + 1 : S, jn = block_cols(i, S, causal), j0 = n.first_key(b, i);
+          for (int64_t j = j0; j < jend; ++j) {
             p[j] = std::exp(p[j] * scale - lse_i);
             dsi[j] = p[j] * (dsi[j] - delta);
           }
+          std::fill(p, p + j0, C(0));
+          std::fill(dsi, dsi + j0, C(0));
           std::fill(p + jend, p + jn, C(0));
           std::fill(dsi + jend, dsi + jn, C(0));
         }
@@ -205,8 +216,9 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
 }  // namespace
 
 void flash_attention_forward(DType dt, const void* q, const void* k, const void* v, void* out, void* lse, int64_t B,
-                             int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale, bool causal, void*) {
-  const AttnDims n{B, S, H, Hkv, D};
+                             int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale, bool causal,
+                             const int32_t* doc_start, void*) {
+  const AttnDims n{B, S, H, Hkv, D, doc_start};
   XT_DISPATCH_FLOAT(dt, "flash_attention_forward", T, {
     using C = compute_t<T>;
     attention_forward(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
@@ -216,14 +228,30 @@ void flash_attention_forward(DType dt, const void* q, const void* k, const void*
 
 void flash_attention_backward(DType dt, const void* q, const void* k, const void* v, const void* out,
                               const void* dout, const void* lse, void* dq, void* dk, void* dv, int64_t B, int64_t S,
-                              int64_t H, int64_t Hkv, int64_t D, double scale, bool causal, void*) {
-  const AttnDims n{B, S, H, Hkv, D};
+                              int64_t H, int64_t Hkv, int64_t D, double scale, bool causal,
+                              const int32_t* doc_start, void*) {
+  const AttnDims n{B, S, H, Hkv, D, doc_start};
   XT_DISPATCH_FLOAT(dt, "flash_attention_backward", T, {
     using C = compute_t<T>;
     attention_backward(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
                        static_cast<const T*>(out), static_cast<const T*>(dout), static_cast<const C*>(lse),
                        static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), n, static_cast<C>(scale),
                        causal);
+  });
+}
+
+void document_starts(DType id_dt, const void* ids, int32_t* doc_start, int64_t B, int64_t S, int64_t sep, void*) {
+  XT_DISPATCH_ALL(id_dt, "document_starts", I, {
+    if constexpr (std::is_integral_v<I>) {
+      const I* x = static_cast<const I*>(ids);
+      for (int64_t b = 0; b < B; ++b) {
+        int32_t start = 0;
+        for (int64_t s = 0; s < S; ++s) {
+          if (s > 0 && static_cast<int64_t>(x[b * S + s - 1]) == sep) start = static_cast<int32_t>(s);
+          doc_start[b * S + s] = start;
+        }
+      }
+    }
   });
 }
 

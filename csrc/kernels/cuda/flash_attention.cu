@@ -51,20 +51,52 @@ void check_sizes(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D) {
            ", D=", D);
 }
 
-RowDims row_dims(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale, bool causal) {
+RowDims row_dims(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale, bool causal,
+                 const int32_t* doc) {
   return RowDims{static_cast<int>(B), static_cast<int>(S), static_cast<int>(H), static_cast<int>(Hkv),
-                 static_cast<int>(D), scale, causal};
+                 static_cast<int>(D), scale, causal, doc};
+}
+
+// document_starts: one block per row; each thread scans a contiguous run of positions for the
+// last document start in it, a block-wide max-scan over the threads' runs carries the start in,
+// then each thread writes its run.
+constexpr int kDocThreads = 256;
+
+template <typename I>
+__global__ void __launch_bounds__(kDocThreads)
+    document_starts_kernel(const I* __restrict__ ids, int32_t* __restrict__ out, int S, int64_t sep) {
+  __shared__ int32_t carry[kDocThreads];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * S;
+  const int per = (S + kDocThreads - 1) / kDocThreads;
+  const int s0 = static_cast<int>(threadIdx.x) * per, s1 = s0 + per < S ? s0 + per : S;
+  int32_t last = 0;  // the last document start at or before this run's end (0: none in the run)
+  for (int s = s0; s < s1; ++s)
+    if (s > 0 && static_cast<int64_t>(ids[row + s - 1]) == sep) last = s;
+  carry[threadIdx.x] = last;
+  __syncthreads();
+  for (int off = 1; off < kDocThreads; off *= 2) {  // inclusive max-scan over the runs
+    const int32_t other = threadIdx.x >= static_cast<unsigned>(off) ? carry[threadIdx.x - off] : 0;
+    __syncthreads();
+    carry[threadIdx.x] = max(carry[threadIdx.x], other);
+    __syncthreads();
+  }
+  int32_t start = threadIdx.x > 0 ? carry[threadIdx.x - 1] : 0;
+  for (int s = s0; s < s1; ++s) {
+    if (s > 0 && static_cast<int64_t>(ids[row + s - 1]) == sep) start = s;
+    out[row + s] = start;
+  }
 }
 
 }  // namespace
 
 void flash_attention_forward(DType dt, const void* q, const void* k, const void* v, void* out, void* lse, int64_t B,
-                             int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale, bool causal, void* stream) {
+                             int64_t S, int64_t H, int64_t Hkv, int64_t D, double scale, bool causal,
+                             const int32_t* doc_start, void* stream) {
   if (B * S * H == 0) return;
   check_sizes(B, S, H, Hkv, D);
   OnStream on(stream);
   if (tensor_core_path(dt, D, {q, k, v, out})) {
-    const Dims n = flash::make_dims(B, S, H, Hkv, scale, causal);
+    const Dims n = flash::make_dims(B, S, H, Hkv, scale, causal, doc_start);
     XT_INT_SWITCH(D, kD, (32, 64, 128), [&] {
       constexpr int smem = flash::fwd_smem<kD>();
       allow_smem<flash::flash_forward_kernel<kD>>(smem, on.device);
@@ -75,7 +107,7 @@ void flash_attention_forward(DType dt, const void* q, const void* k, const void*
     });
     return;
   }
-  const RowDims n = row_dims(B, S, H, Hkv, D, scale, causal);
+  const RowDims n = row_dims(B, S, H, Hkv, D, scale, causal, doc_start);
   XT_DISPATCH_FLOAT(dt, "flash_attention_forward", T, {
     flash::row_forward_kernel<T><<<flash::row_grid(n, n.H), flash::kRowWarps * kWarp, 0, on.s>>>(
         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(out),
@@ -86,7 +118,8 @@ void flash_attention_forward(DType dt, const void* q, const void* k, const void*
 
 void flash_attention_backward(DType dt, const void* q, const void* k, const void* v, const void* out,
                               const void* dout, const void* lse, void* dq, void* dk, void* dv, int64_t B, int64_t S,
-                              int64_t H, int64_t Hkv, int64_t D, double scale, bool causal, void* stream) {
+                              int64_t H, int64_t Hkv, int64_t D, double scale, bool causal,
+                              const int32_t* doc_start, void* stream) {
   if (B * S * H == 0) return;
   check_sizes(B, S, H, Hkv, D);
   OnStream on(stream);
@@ -105,7 +138,7 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
     });
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (tc) {
-        const Dims n = flash::make_dims(B, S, H, Hkv, scale, causal);
+        const Dims n = flash::make_dims(B, S, H, Hkv, scale, causal, doc_start);
         XT_INT_SWITCH(D, kD, (32, 64, 128), [&] {
           // Each kernel's form and occupancy per D: Notes [A fragments kept in registers] and
           // [Backward occupancy] (flash_attention.cuh).
@@ -127,7 +160,7 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
         return;
       }
     }
-    const RowDims n = row_dims(B, S, H, Hkv, D, scale, causal);
+    const RowDims n = row_dims(B, S, H, Hkv, D, scale, causal, doc_start);
     const auto* lse_c = static_cast<const C*>(lse);
     flash::row_backward_dq_kernel<T><<<flash::row_grid(n, n.H), flash::kRowWarps * kWarp, 0, on.s>>>(
         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(dout),
@@ -137,6 +170,20 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(dout),
         lse_c, delta.as<C>(), static_cast<T*>(dk), static_cast<T*>(dv), n);
     XT_LAUNCH_CHECK();
+  });
+}
+
+void document_starts(DType id_dt, const void* ids, int32_t* doc_start, int64_t B, int64_t S, int64_t sep,
+                     void* stream) {
+  if (B * S == 0) return;
+  XT_CHECK(B <= INT32_MAX && S <= INT32_MAX, ValueError, "document_starts: shape too large for CUDA: B=", B, ", S=", S);
+  OnStream on(stream);
+  XT_DISPATCH_ALL(id_dt, "document_starts", I, {
+    if constexpr (std::is_integral_v<I>) {
+      document_starts_kernel<I><<<static_cast<unsigned>(B), kDocThreads, 0, on.s>>>(
+          static_cast<const I*>(ids), doc_start, static_cast<int>(S), sep);
+      XT_LAUNCH_CHECK();
+    }
   });
 }
 

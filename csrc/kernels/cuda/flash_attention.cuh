@@ -20,6 +20,13 @@
 //    head), loops over the query heads of the group (in order) and their query tiles (BR rows),
 //    accumulating dv += P^T dO and dk += dS^T Q in registers.
 //    P and dS are rounded to bf16 as the operands of the second products (as FlashAttention-2).
+// Within documents (Dims::doc, int32 [B, S]: the start of each token's document): query i sees
+// keys doc[i] .. i only. doc is non-decreasing along a row, so a query tile's keys begin at its
+// first row's document: the forward and dq loops start at that key tile, the dk/dv loop stops
+// after the last query tile that a document reaching into its keys covers, and the tiles in
+// between take the mask element by element. A skipped tile would only have added exact zeros, so
+// rows without a boundary give plain causal attention's bits. Values read from doc only bound
+// loops (clamped to the row) and compare; they never address memory.
 // Fallback path (float32, float64, other D, or unaligned pointers): one warp per row, plain FMA
 // loops in the compute type, the same recompute-from-lse scheme; correct and deterministic, slow.
 #pragma once
@@ -61,12 +68,36 @@ struct Dims {
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e)
   bool causal;
+  const int32_t* doc;  // [B, S] document starts, or nullptr (attention within documents)
 };
 
-inline Dims make_dims(int64_t B, int64_t S, int64_t H, int64_t Hkv, double scale, bool causal) {
+inline Dims make_dims(int64_t B, int64_t S, int64_t H, int64_t Hkv, double scale, bool causal,
+                      const int32_t* doc = nullptr) {
   const float sc = static_cast<float>(scale);
   return Dims{static_cast<int>(B), static_cast<int>(S), static_cast<int>(H), static_cast<int>(Hkv), sc,
-              sc * kLog2e, causal};
+              sc * kLog2e, causal, doc};
+}
+
+// The first key query i of batch b sees: its document's start (0 without documents), in [0, i].
+__device__ __forceinline__ int first_key(const int32_t* doc, int b, int S, int i) {
+  if (doc == nullptr || i >= S) return 0;
+  const int d = doc[static_cast<int64_t>(b) * S + i];
+  return d < 0 ? 0 : (d > i ? i : d);
+}
+
+// One past the last query of batch b that sees key j: the end of j's document (S without
+// documents). doc is non-decreasing, so the queries seeing j (doc[i] <= j) end where it first
+// exceeds j: a binary search over (j, S).
+__device__ __forceinline__ int doc_end(const int32_t* doc, int b, int S, int j) {
+  if (doc == nullptr) return S;
+  const int32_t* row = doc + static_cast<int64_t>(b) * S;
+  int lo = j + 1, hi = S;  // the answer is in [lo, hi]
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (row[mid] <= j) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
 }
 
 // Launch geometry (the launchers and tests/emu use these): x = (b, head), y = tile.
@@ -226,9 +257,9 @@ __device__ __forceinline__ void to_a_frags(uint32_t (&a)[N / 16][4], const float
   }
 }
 
-// Whether key kj is visible from query qi.
-__device__ __forceinline__ bool visible(int qi, int kj, int S, bool causal) {
-  return qi < S && kj < S && (!causal || kj <= qi);
+// Whether key kj is visible from query qi, whose document begins at key lo (0 without documents).
+__device__ __forceinline__ bool visible(int qi, int kj, int S, bool causal, int lo = 0) {
+  return qi < S && kj < S && (!causal || kj <= qi) && kj >= lo;
 }
 
 // K and V rows [k0, k0 + kTile) of one kv head into buffer `buf` of sK and sV.
@@ -258,7 +289,9 @@ __device__ __forceinline__ void begin_step(int t, int n, Prefetch&& prefetch) {
 // reverse order (under the causal mask the last tiles see the most keys: they start first).
 struct QueryTile {
   int b, h, q0;
-  int n_kv_tiles;       // key tiles with a visible key
+  int kv_first;         // the first key tile with a visible key (the block's first document's)
+  int n_kv_tiles;       // key tiles [kv_first, n_kv_tiles) hold the visible keys
+  int doc_last;         // the last row's document start: tiles with keys before it take the mask
   int64_t qoff, kvoff;  // element offsets of row 0 of the query head and of its kv head
   int64_t ldq, ldkv;    // row strides (elements)
 };
@@ -271,6 +304,8 @@ __device__ __forceinline__ QueryTile query_tile(const Dims& n) {
   t.q0 = (gridDim.y - 1 - blockIdx.y) * kTile;
   const int kv_end = n.causal ? imin(t.q0 + kTile, n.S) : n.S;  // keys [0, kv_end) are visible
   t.n_kv_tiles = (kv_end + kTile - 1) / kTile;
+  t.kv_first = first_key(n.doc, t.b, n.S, t.q0) / kTile;
+  t.doc_last = first_key(n.doc, t.b, n.S, imin(t.q0 + kTile, n.S) - 1);
   t.qoff = head_offset(t.b, n.S, t.h, n.H, D);
   t.kvoff = head_offset(t.b, n.S, t.h / (n.H / n.Hkv), n.Hkv, D);
   t.ldq = static_cast<int64_t>(n.H) * D;
@@ -344,29 +379,32 @@ __global__ void __launch_bounds__(kBlockThreads)
   const bf16_t* kh = k + qt.kvoff;
   const bf16_t* vh = v + qt.kvoff;
   load_rows<kTile, D>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
-  load_kv_tile<D>(sK, sV, 0, kh, vh, qt.ldkv, 0, n.S);
+  load_kv_tile<D>(sK, sV, 0, kh, vh, qt.ldkv, qt.kv_first * kTile, n.S);
   cp_async_commit();
 
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row = qt.q0 + warp * 16 + lane / 4;  // this thread's rows: row, row + 8
   const int col = 2 * (lane % 4);                // and columns col + 8 nb + (0, 1) of a tile
+  const int lo[2] = {first_key(n.doc, qt.b, n.S, row), first_key(n.doc, qt.b, n.S, row + 8)};
   uint32_t qa[D / 16][4];  // the warp's Q rows as A fragments, from step 0 on (Note [A fragments kept in registers])
-  for (int j = 0; j < qt.n_kv_tiles; ++j) {
-    begin_step(j, qt.n_kv_tiles,
-               [&] { load_kv_tile<D>(sK, sV, (j + 1) % 2, kh, vh, qt.ldkv, (j + 1) * kTile, n.S); });
-    const bf16_t* sKj = sK + j % 2 * kTile * kLd;
-    const bf16_t* sVj = sV + j % 2 * kTile * kLd;
+  const int steps = qt.n_kv_tiles - qt.kv_first;
+  for (int t = 0; t < steps; ++t) {
+    const int j = qt.kv_first + t;
+    begin_step(t, steps,
+               [&] { load_kv_tile<D>(sK, sV, (t + 1) % 2, kh, vh, qt.ldkv, (j + 1) * kTile, n.S); });
+    const bf16_t* sKj = sK + t % 2 * kTile * kLd;
+    const bf16_t* sVj = sV + t % 2 * kTile * kLd;
     const int k0 = j * kTile;
-    if (j == 0) load_a_frags<D>(qa, sQ + warp * 16 * kLd, lane);
+    if (t == 0) load_a_frags<D>(qa, sQ + warp * 16 * kLd, lane);
     float s[kTile / 8][4] = {};
     warp_gemm_nt<D, kTile>(s, qa, sQ + warp * 16 * kLd, sKj, lane);
-    if (k0 + kTile > n.S || (n.causal && k0 + kTile > qt.q0)) {
+    if (k0 + kTile > n.S || (n.causal && k0 + kTile > qt.q0) || k0 < qt.doc_last) {
 #pragma unroll
       for (int nb = 0; nb < kTile / 8; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (!visible(row + 8 * (e / 2), k0 + col + 8 * nb + e % 2, n.S, n.causal)) s[nb][e] = -INFINITY;
+          if (!visible(row + 8 * (e / 2), k0 + col + 8 * nb + e % 2, n.S, n.causal, lo[e / 2])) s[nb][e] = -INFINITY;
     }
     online_softmax<kTile, D>(s, o, m, l, n.scale_log2);
     uint32_t p[kTile / 16][4];
@@ -438,7 +476,7 @@ __global__ void __launch_bounds__(kBlockThreads, bwd_min_blocks<D>())
   load_rows<kTile, D>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
   load_rows<kTile, D>(sdO, dout + qt.qoff, qt.ldq, qt.q0, n.S);
   load_rows<kTile, D>(sO, out + qt.qoff, qt.ldq, qt.q0, n.S);
-  load_kv_tile<D>(sK, sV, 0, kh, vh, qt.ldkv, 0, n.S);
+  load_kv_tile<D>(sK, sV, 0, kh, vh, qt.ldkv, qt.kv_first * kTile, n.S);
   cp_async_commit();
   const int row = qt.q0 + warp * 16 + lane / 4;
   const int col = 2 * (lane % 4);
@@ -473,23 +511,27 @@ __global__ void __launch_bounds__(kBlockThreads, bwd_min_blocks<D>())
   uint32_t qa[kQFrags][4], oa[kQFrags][4];  // the warp's Q and dO rows as A fragments, or unused
   load_a_frags<D, kQInRegs>(qa, sQ + warp * 16 * kLd, lane);
   load_a_frags<D, kQInRegs>(oa, sdO + warp * 16 * kLd, lane);
-  for (int j = 0; j < qt.n_kv_tiles; ++j) {
-    begin_step(j, qt.n_kv_tiles,
-               [&] { load_kv_tile<D>(sK, sV, (j + 1) % 2, kh, vh, qt.ldkv, (j + 1) * kTile, n.S); });
-    const bf16_t* sKj = sK + j % 2 * kTile * kLd;
-    const bf16_t* sVj = sV + j % 2 * kTile * kLd;
+  const int lo[2] = {first_key(n.doc, qt.b, n.S, row), first_key(n.doc, qt.b, n.S, row + 8)};
+  const int steps = qt.n_kv_tiles - qt.kv_first;
+  for (int t = 0; t < steps; ++t) {
+    const int j = qt.kv_first + t;
+    begin_step(t, steps,
+               [&] { load_kv_tile<D>(sK, sV, (t + 1) % 2, kh, vh, qt.ldkv, (j + 1) * kTile, n.S); });
+    const bf16_t* sKj = sK + t % 2 * kTile * kLd;
+    const bf16_t* sVj = sV + t % 2 * kTile * kLd;
     const int k0 = j * kTile;
     float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
     warp_gemm_nt<D, kTile, kQInRegs>(s, qa, sQ + warp * 16 * kLd, sKj, lane);
     warp_gemm_nt<D, kTile, kQInRegs>(dp, oa, sdO + warp * 16 * kLd, sVj, lane);
-    const bool masked = k0 + kTile > n.S || qt.q0 + kTile > n.S || (n.causal && k0 + kTile > qt.q0);
+    const bool masked =
+        k0 + kTile > n.S || qt.q0 + kTile > n.S || (n.causal && k0 + kTile > qt.q0) || k0 < qt.doc_last;
 #pragma unroll
     for (int nb = 0; nb < kTile / 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e / 2;
         float ds = 0.f;
-        if (!masked || visible(row + 8 * r, k0 + col + 8 * nb + e % 2, n.S, n.causal)) {
+        if (!masked || visible(row + 8 * r, k0 + col + 8 * nb + e % 2, n.S, n.causal, lo[r])) {
           const float p = exp2f(fmaf(s[nb][e], n.scale_log2, -lse2[r]));
           ds = p * (dp[nb][e] - dl[r]);
         }
@@ -526,7 +568,9 @@ __global__ void __launch_bounds__(kBlockThreads, bwd_min_blocks<D>())
   const int64_t ldq = static_cast<int64_t>(n.H) * D, ldkv = static_cast<int64_t>(n.Hkv) * D;
   const int64_t kvoff = head_offset(b, n.S, hk, n.Hkv, D);
   const int first = n.causal ? k0 / BR : 0;  // query tiles before it see none of these keys
-  const int per_head = (n.S + BR - 1) / BR - first;
+  // nor do the query tiles past the end of the last key's document
+  const int q_end = doc_end(n.doc, b, n.S, imin(k0 + kTile, n.S) - 1);
+  const int per_head = (q_end + BR - 1) / BR - first;
   const int n_steps = rep * per_head;
 
   // Step t: query head hk * rep + t / per_head, query tile first + t % per_head, into buffer buf.
@@ -559,14 +603,16 @@ __global__ void __launch_bounds__(kBlockThreads, bwd_min_blocks<D>())
     // P^T (16 keys x BR queries per warp), recomputed from lse.
     float pt[BR / 8][4] = {};
     warp_gemm_nt<D, BR>(pt, sKw, sQt, lane);
-    const bool masked = q0 + BR > n.S || (n.causal && q0 < k0 + kTile);
+    // a query of the step whose document begins after k0 hides some of these keys
+    const bool masked = q0 + BR > n.S || (n.causal && q0 < k0 + kTile) ||
+                        first_key(n.doc, b, n.S, imin(q0 + BR, n.S) - 1) > k0;
 #pragma unroll
     for (int nb = 0; nb < BR / 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int qc = col + 8 * nb + e % 2;  // query within the step
         float p = 0.f;
-        if (!masked || visible(q0 + qc, key + 8 * (e / 2), n.S, n.causal))
+        if (!masked || visible(q0 + qc, key + 8 * (e / 2), n.S, n.causal, first_key(n.doc, b, n.S, q0 + qc)))
           p = exp2f(fmaf(pt[nb][e], n.scale_log2, -sLt[qc] * kLog2e));
         pt[nb][e] = p;
       }
@@ -616,6 +662,7 @@ struct RowDims {
   int B, S, H, Hkv, D;
   double scale;
   bool causal;
+  const int32_t* doc;  // [B, S] document starts, or nullptr
 };
 
 // One warp per row of `heads` heads: B * heads * S warps.
@@ -690,7 +737,7 @@ __global__ void __launch_bounds__(kRowWarps * kWarp)
   load_row(qr, q + qo, n.D, lane);
   C mx = NegInf<C>::get(), l = 0;
   const int jend = n.causal ? i + 1 : n.S;
-  for (int j = 0; j < jend; ++j) {
+  for (int j = first_key(n.doc, b, n.S, i); j < jend; ++j) {
     const int64_t kv = row_offset(n, b, j, hk, n.Hkv);
     const C s = row_dot(qr, k + kv, n.D, lane) * static_cast<C>(n.scale);
     const C m_new = xmax(mx, s);
@@ -720,7 +767,7 @@ __global__ void __launch_bounds__(kRowWarps * kWarp)
   load_row(dor, dout + qo, n.D, lane);
   const C L = lse[stat], dl = delta[stat], scale = static_cast<C>(n.scale);
   const int jend = n.causal ? i + 1 : n.S;
-  for (int j = 0; j < jend; ++j) {
+  for (int j = first_key(n.doc, b, n.S, i); j < jend; ++j) {
     const int64_t kv = row_offset(n, b, j, hk, n.Hkv);
     const C p = xexp(row_dot(qr, k + kv, n.D, lane) * scale - L);
     const C ds = p * (row_dot(dor, v + kv, n.D, lane) - dl);
@@ -744,7 +791,8 @@ __global__ void __launch_bounds__(kRowWarps * kWarp)
   const C scale = static_cast<C>(n.scale);
   for (int h = hk * rep; h < (hk + 1) * rep; ++h) {
     const int64_t stat = (static_cast<int64_t>(b) * n.H + h) * n.S;
-    for (int i = n.causal ? j : 0; i < n.S; ++i) {
+    const int iend = doc_end(n.doc, b, n.S, j);
+    for (int i = n.causal ? j : 0; i < iend; ++i) {
       const int64_t qo = row_offset(n, b, i, h, n.H);
       const C p = xexp(row_dot(kr, q + qo, n.D, lane) * scale - lse[stat + i]);
       const C ds = p * (row_dot(vr, dout + qo, n.D, lane) - delta[stat + i]);

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'greedy_next_', 'kv_cache_write_', 'linear', 'linear_cross_entropy', 'linear_multi', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'greedy_next_', 'kv_cache_write_', 'linear', 'linear_cross_entropy', 'linear_multi', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -46,6 +46,10 @@ def div_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsInd
     """
     x / s
     """
+def document_starts(ids: xtrain._C.Tensor, sep: typing.SupportsInt | typing.SupportsIndex) -> xtrain._C.Tensor:
+    """
+    int32 [B, S]: the position where each token's document begins, for ids [B, S] (int32 or int64) in which a document begins at 0 and after every token equal to sep (flash_attention's doc_start)
+    """
 def dropout(x: xtrain._C.Tensor, p: typing.SupportsFloat | typing.SupportsIndex, training: bool = True, generator: xtrain._C.Generator = None) -> xtrain._C.Tensor:
     """
     Zero elements with probability p and scale the rest by 1/(1-p); identity when not training
@@ -58,9 +62,9 @@ def exp(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     e ** x
     """
-def flash_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, causal: bool = True, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, return_lse: bool = False) -> typing.Any:
+def flash_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, causal: bool = True, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, return_lse: bool = False, doc_start: xtrain._C.Tensor | None = None) -> typing.Any:
     """
-    Fused (flash) attention on q [B, S, H, D], k and v [B, S, H_kv, D] (H a multiple of H_kv), output [B, S, H, D]; scale None means 1/sqrt(D); return_lse adds the row log-sum-exp [B, H, S]
+    Fused (flash) attention on q [B, S, H, D], k and v [B, S, H_kv, D] (H a multiple of H_kv), output [B, S, H, D]; scale None means 1/sqrt(D); return_lse adds the row log-sum-exp [B, H, S]; doc_start (int32 [B, S] from document_starts, causal only): each query sees only the keys of its own document
     """
 def gelu(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """

@@ -92,8 +92,11 @@ def check_config(config) -> None:
                  f"config.n_kv_heads ({config['n_kv_heads']}) must divide n_heads ({config['n_heads']})")
     if "dropout" in config:
         _float(config["dropout"], "config.dropout", lo=0.0, hi=1.0, hi_open=True)
+    if config.get("doc_sep") is not None:  # attention within documents (absent or null: off)
+        _int(config["doc_sep"], "config.doc_sep", 0, config["vocab_size"] - 1)
     unknown = sorted(set(config) - set(_CONFIG_INTS) - {"rope_theta", "norm_eps", "bf16", "recompute",
-                                                        "dropout", "n_kv_heads", "tie_embeddings", "qk_norm"})
+                                                        "dropout", "n_kv_heads", "tie_embeddings", "qk_norm",
+                                                        "doc_sep"})
     _require(not unknown, f"config has unknown fields {unknown[:8]}")
 
 

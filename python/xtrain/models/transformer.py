@@ -87,6 +87,11 @@ class TransformerConfig:
     bf16: bool = False
     recompute: bool = False
     dropout: float = 0.0
+    # Attention within documents (a run option, like recompute): a document ends at this token id
+    # (the tokenizer's end-of-text) and the next begins after it; every query attends only to the
+    # keys of its own document (ops.document_starts, flash_attention's doc_start). None: causal
+    # attention over the whole sequence. Generation (the KV cache) attends over the whole prompt.
+    doc_sep: int | None = None
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -104,6 +109,10 @@ class TransformerConfig:
                              f"({self.n_heads})")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError("TransformerConfig.rope_theta and norm_eps must be positive")
+        if self.doc_sep is not None and (not isinstance(self.doc_sep, int) or isinstance(self.doc_sep, bool)
+                                         or not 0 <= self.doc_sep < self.vocab_size):
+            raise ValueError(f"TransformerConfig.doc_sep must be None or a token id in [0, {self.vocab_size}), "
+                             f"got {self.doc_sep!r}")
         for name in ("tie_embeddings", "qk_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TransformerConfig.{name} must be True or False, got {getattr(self, name)!r}")
@@ -209,9 +218,10 @@ class Attention(nn.Module):
         self.qk_norm = c.qk_norm
         self.dropout = nn.Dropout(c.dropout)
 
-    def forward(self, x, seq: int, cache=None):
+    def forward(self, x, seq: int, cache=None, doc_start=None):
         """x (B*S, dim), already normed -> (B*S, dim). With a KV cache (generation's prefill), k
-        (after norm and RoPE) and v are also stored in it."""
+        (after norm and RoPE) and v are also stored in it. doc_start (int32 (B, S), from
+        ops.document_starts): each query attends within its own document only."""
         B, H, Hkv, D = x.shape[0] // seq, self.n_heads, self.n_kv_heads, self.head_dim
         # q, k, v from batched GEMMs: views of one buffer, block after block (ops.linear_multi)
         q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
@@ -224,7 +234,7 @@ class Attention(nn.Module):
             q, k = ops.rope(q, None, self.rope_theta), ops.rope(k, None, self.rope_theta)
         if cache is not None:
             cache.write(k, v)
-        a = ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))  # (B, S, H, D)
+        a = ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D), doc_start=doc_start)  # (B, S, H, D)
         return self.dropout(self.o_proj(a.reshape(B * seq, H * D)))            # (B*S, dim)
 
 
@@ -261,11 +271,12 @@ class Block(nn.Module):
         self.mlp = MLP(c, gen, residual_std)
         self.recompute = c.recompute  # TinyTransformer.forward runs the block through forward_recompute
 
-    def forward(self, x, seq: int, cache=None):
+    def forward(self, x, seq: int, cache=None, doc_start=None):
         """The residual stream x (B*S, dim) -> (B*S, dim); seq is S. x is an nn.ResidualStream in
         the model's forward (each add then runs fused into the norm after it) or a plain tensor.
-        cache: the block's KV cache (generation's prefill, under no_grad), filled on the way."""
-        x = x + self.self_attn(self.input_layernorm(x), seq, cache)
+        cache: the block's KV cache (generation's prefill, under no_grad), filled on the way.
+        doc_start: attention within documents (Attention.forward)."""
+        x = x + self.self_attn(self.input_layernorm(x), seq, cache, doc_start)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x
 
@@ -329,8 +340,10 @@ class TinyTransformer(nn.Module):
         with self.store.bound(self.store.compute_weights()):
             x = self.embed_tokens(ids.reshape(B * S))                       # (B*S, dim) float32
             x = nn.ResidualStream(self.dropout(x.to(c.dtype)))  # each add fused into the next norm
+            # attention within documents: where each token's document begins, once for every layer
+            docs = ops.document_starts(ids, c.doc_sep) if c.doc_sep is not None else None
             for block in self.layers:
-                x = forward_recompute(block, x, S) if block.recompute else block(x, S)
+                x = forward_recompute(block, x, S, docs) if block.recompute else block(x, S, doc_start=docs)
             x = self.norm(x)
             head = self.head_weight()                                       # (V, dim)
             if targets is None:
