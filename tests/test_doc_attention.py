@@ -213,3 +213,21 @@ def test_doc_sep_must_be_a_token_id():
     for bad in (-1, 64, 2.0, True, "3"):
         with pytest.raises(ValueError, match="doc_sep"):
             config_for("tiny", 64, doc_sep=bad)
+
+
+def test_training_masks_documents_by_default(tmp_path):
+    """xtrain train: --doc-mask is the default (the checkpoint's model has the tokenizer's
+    end-of-text as doc_sep) and changes the loss of packed stories; --no-doc-mask is plain causal."""
+    from modelhelp import prepared_stories, run_log, tiny_run
+    from xtrain.io import state as ckpt_state
+    from xtrain.trainer.train import train
+
+    data = prepared_stories(tmp_path / "data")
+    losses = {}
+    for mask in (True, False):
+        out = tmp_path / f"run-{mask}"
+        train(tiny_run(out, data, 2, doc_mask=mask, seq=512))  # ~480-token stories: boundaries in every batch
+        losses[mask] = [r["loss"] for r in run_log(out) if "loss" in r]
+        ckpt = ckpt_state.load(out / "ckpt")
+        assert ckpt.config.doc_sep == (ckpt.tokenizer().eot_id if mask else None)
+    assert losses[True][0] != losses[False][0]

@@ -150,6 +150,10 @@ class TrainConfig:
                                 "pip install 'xtrain[hub]'); --data is tokenized with its tokenizer",
                                 "model", str, metavar="DIR|ORG/NAME", shown="a new model of --preset")
     dropout: float = opt(0.0, "dropout on embeddings and residual branches", "model", ge=0, lt=1)
+    doc_mask: bool = opt(True, "attention within documents: a token attends only to the tokens of its own "
+                         "document (documents end at the tokenizer's end-of-text token; a sequence without "
+                         "one is plain causal attention, bit for bit), or over the whole sequence",
+                         "model", switch={"--doc-mask": True, "--no-doc-mask": False})
     seed: int = opt(0, "seed of the weights, the data order and the sample", "model", ge=0, lt=2**64)
     # ---- data
     data: str | None = opt(None, "a prepared data directory, a nanoGPT/llm.c token directory (read in "

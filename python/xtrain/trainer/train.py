@@ -249,7 +249,8 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         return None
 
     # ---- model: fresh from the preset, pretrained weights (--init-from), or the checkpoint's
-    run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute is True, dropout=cfg.dropout)
+    run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute is True, dropout=cfg.dropout,
+                     doc_sep=dataset.tokenizer.eot_id if cfg.doc_mask else None)
     if ckpt is None:
         if prepared is None:
             xtrain.manual_seed(cfg.seed)  # process-wide; train_data_parallel seeds once for all ranks
