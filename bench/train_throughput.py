@@ -52,6 +52,10 @@ def parse_args(argv=None):
                         "are in the JSON (a window slowed by the host shows as an outlier)")
     p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--doc-len", type=int, default=0, metavar="L",
+                   help="attention within documents (xtrain only, implies --no-torch): token 0 ends a "
+                        "document every L tokens of each row (rows offset from each other), the model's "
+                        "doc_sep is 0; compare with the same command without it for the masking's cost")
     common.add_common_args(p, steps=20, warmup=5)
     return p.parse_args(argv)
 
@@ -204,13 +208,29 @@ def fresh_compile_caches() -> None:
         pass
 
 
+def with_documents(ids, doc_len: int):
+    """ids (B, S) with token 0 only as a separator, every doc_len tokens, row b offset by 37 b."""
+    import numpy as np
+
+    ids = np.where(ids == 0, 1, ids)
+    pos = np.arange(ids.shape[1])
+    for b in range(ids.shape[0]):
+        ids[b, (pos + 37 * b) % doc_len == doc_len - 1] = 0
+    return ids
+
+
 def main(argv=None):
     args = parse_args(argv)
     device, tdevice = common.resolve_device(args.device)
     common.setup_torch(device)
     from xtrain.models import config_for
 
-    cfg = config_for(args.preset, args.vocab, bf16=args.bf16, recompute=args.recompute)
+    if args.doc_len < 0:
+        raise SystemExit("--doc-len must be >= 0")
+    if args.doc_len:
+        args.no_torch = True  # no PyTorch peer here masks documents
+    cfg = config_for(args.preset, args.vocab, bf16=args.bf16, recompute=args.recompute,
+                     doc_sep=0 if args.doc_len else None)
     if args.seq > cfg.max_seq:
         raise SystemExit(f"--seq {args.seq} exceeds {args.preset}'s max_seq {cfg.max_seq}")
     tokens = args.batch * args.seq
@@ -224,6 +244,8 @@ def main(argv=None):
           f"{'n/a' if ceiling is None else f'{ceiling / 1e12:.0f} TFLOP/s'}", flush=True)
 
     batches = common.random_batches(args.vocab, args.batch, args.seq, n=4, seed=args.seed)
+    if args.doc_len:
+        batches = [(with_documents(x, args.doc_len), y) for x, y in batches]
     results = []
 
     def announce(r):  # each row as soon as it is measured: a run cut off later still leaves it
@@ -305,6 +327,7 @@ def main(argv=None):
                "failed": failed, "ratios_xtrain_over": ratios}
     name = f"train_throughput-{args.preset}-b{args.batch}-s{args.seq}-{precision}"
     name += "-recompute" if args.recompute else ""
+    name += f"-docs{args.doc_len}" if args.doc_len else ""
     common.write_json(common.result_name(name, args.tag), payload, args.out)
     return payload
 
