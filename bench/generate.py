@@ -26,12 +26,6 @@ is the fraction of rows whose tokens agree between the two paths (1.0 in float32
 attention differently in the two paths, so a near tie can flip a token and the rows diverge
 after it). A third run samples (temperature 0.8, top-k 50, top-p 0.95) with the cache, to show
 what host-side sampling costs next to greedy.
-With --peers (CUDA; known issue 29), PyTorch generators of the same weights in the same call
-(bench/torch_generate.py): transformers' `generate` with its static cache (`hf_static`) and a
-static-cache decode loop under `torch.compile(mode="reduce-overhead")` (`torch_static`), each
-after a warm-up call of the same shape (compilation left out); `vs_pytorch` = xtrain's cached
-tok/s over the faster peer's, and `peer_same_tokens` the fraction of rows whose tokens agree
-with xtrain's (bf16 rounds differently in the two engines, so a near tie may flip a token).
 
 Results: bench/results/generate-PRESET-DATE.json.
 """
@@ -55,9 +49,6 @@ def parse_args(argv=None):
     p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
     p.add_argument("--new-tokens", type=int, default=256, help="tokens generated per row")
     p.add_argument("--no-rerun", action="store_true", help="time the cached generator only")
-    p.add_argument("--peers", action="store_true",
-                   help="also time PyTorch generators of the same weights (transformers' static-cache generate, "
-                        "a static-cache decode loop under torch.compile reduce-overhead); CUDA only")
     p.add_argument("--profile", action="store_true",
                    help="also profile one cached call (PyTorch's profiler, CUDA only): GPU kernel ms per "
                         "decode step and the kernels that take it (the decode kernels start early, so a "
@@ -143,34 +134,6 @@ def profile_cached(generate, steps: int) -> dict:
             "idle": decode_gaps(intervals)}
 
 
-def time_peers(peer, prompts: np.ndarray, new_tokens: int, cached: np.ndarray, cached_s: float) -> dict:
-    """The PyTorch generators' rows for one batch: each warmed up once at this shape (compilation
-    left out), then one timed call; a generator that fails records its error instead."""
-    import torch_generate
-
-    B = prompts.shape[0]
-    row, best = {}, None
-    arms = {"hf_static": lambda: torch_generate.hf_static_generate(peer, prompts, new_tokens)}
-    try:
-        decoder = torch_generate.StaticDecoder(peer, B, prompts.shape[1] + new_tokens)
-        arms["torch_static"] = lambda: decoder(prompts, new_tokens)
-    except Exception as e:  # a transformers version without this cache API: recorded, not fatal
-        row["torch_static_error"] = f"{type(e).__name__}: {e}"[:300]
-    for name, fn in arms.items():
-        try:
-            fn()  # warm-up: compilation and CUDA graph recording
-            t, toks = timed(fn, "cuda")
-        except Exception as e:
-            row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
-            continue
-        row.update({f"{name}_s": t, f"{name}_tok_s": B * new_tokens / t,
-                    f"{name}_same_tokens": float(np.mean([np.array_equal(a, b) for a, b in zip(cached, toks)]))})
-        best = t if best is None else min(best, t)
-    if best is not None:
-        row["vs_pytorch"] = best / cached_s
-    return row
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     import xtrain
@@ -189,13 +152,6 @@ def main(argv=None) -> None:
     print(f"{args.preset} ({'bf16' if bf16 else 'fp32'}) on {device}: prompts of {args.prompt_len} tokens, "
           f"{args.new_tokens} new tokens per row, vocab {args.vocab}")
 
-    peer = None
-    if args.peers:
-        if not common.is_cuda(device):
-            raise SystemExit("--peers needs a CUDA device")
-        import torch_generate
-
-        peer = torch_generate.hf_model(model, "cuda:" + (device.partition(":")[2] or "0"))
     rows = []
     for B in batches:
         prompts = rng.integers(0, args.vocab, size=(B, args.prompt_len), dtype=np.int64)
@@ -247,8 +203,6 @@ def main(argv=None) -> None:
             row.update(rerun_s=t, rerun_tok_s=B * args.new_tokens / t, speedup=t / row["cached_s"],
                        first_speedup=t / row["first_s"], eager_speedup=t / row["eager_s"],
                        same_tokens=float(np.mean([np.array_equal(a, b) for a, b in zip(cached, rerun)])))
-        if peer is not None:
-            row.update(time_peers(peer, prompts, args.new_tokens, cached, row["cached_s"]))
         rows.append(row)
         print(f"batch {B}: cached {row['cached_tok_s']:,.0f} tok/s (first call {row['first_tok_s']:,.0f}), "
               f"eager {row['eager_tok_s']:,.0f} tok/s"
@@ -262,10 +216,7 @@ def main(argv=None) -> None:
                               ("rerun_tok_s", "rerun tok/s", ",.0f"), ("speedup", "speedup", ".1f"),
                               ("first_speedup", "first speedup", ".1f"),
                               ("eager_speedup", "eager speedup", ".1f"),
-                              ("same_tokens", "same tokens", ".2f"), ("cached_peak_gib", "peak GiB", ".2f"),
-                              ("hf_static_tok_s", "hf static tok/s", ",.0f"),
-                              ("torch_static_tok_s", "compiled loop tok/s", ",.0f"),
-                              ("vs_pytorch", "vs PyTorch", ".2f")])
+                              ("same_tokens", "same tokens", ".2f"), ("cached_peak_gib", "peak GiB", ".2f")])
     payload = {"benchmark": "generate", "env": common.env_info(device),
                "config": {**config.to_dict(), "preset": args.preset},
                "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "results": rows,
