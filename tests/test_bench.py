@@ -94,3 +94,25 @@ def test_fresh_compile_caches_keeps_a_carried_inductor_cache(monkeypatch, tmp_pa
     fresh_compile_caches()
     fresh = os.environ["TORCHINDUCTOR_CACHE_DIR"]
     assert fresh != str(tmp_path / "carried") and fresh.startswith(str(tmp_path))
+
+
+def test_time_to_loss_arms_share_init_and_token_order(tmp_path):
+    """The race's xtrain arm (`xtrain train`) and PyTorch arm start from the same weights and read
+    the same windows: float32, one LR, their validation curves agree to float rounding; with and
+    without attention within documents the xtrain curves differ (the stories are packed)."""
+    from modelhelp import prepared_stories
+
+    data = prepared_stories(tmp_path / "data")
+    result = _run("time_to_loss.py", tmp_path / "out", "--data", str(data), "--preset", "tiny", "--batch", "4",
+                  "--seq", "256", "--steps", "4", "--warmup", "2", "--eval-every", "2", "--eval-batches", "2",
+                  "--targets", "9,1", "--lrs", "1e-3", "--fp32", "--compile-mode", "none",
+                  "--arms", "xtrain-adamw-nodoc,torch-adamw,xtrain-adamw")
+    curves = {arm: by_lr["0.001"]["curve"] for arm, by_lr in result["runs"].items()}
+    assert [c["step"] for c in curves["torch-adamw"]] == [2, 4] == [c["step"] for c in curves["xtrain-adamw-nodoc"]]
+    for a, b in zip(curves["xtrain-adamw-nodoc"], curves["torch-adamw"]):
+        assert abs(a["val_loss"] - b["val_loss"]) < 1e-3 * a["val_loss"], (a, b)
+        assert a["tokens"] == b["tokens"] and a["seconds"] > 0 and b["seconds"] > 0
+    assert curves["xtrain-adamw"][-1]["val_loss"] != curves["xtrain-adamw-nodoc"][-1]["val_loss"]
+    reached = result["runs"]["torch-adamw"]["0.001"]["reached"]
+    assert reached["9.0"]["step"] == 2 and reached["1.0"] is None
+    assert result["summary"]["9.0"]["speedup_vs_pytorch"] > 0

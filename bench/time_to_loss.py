@@ -1,0 +1,249 @@
+"""Time to a good model: xtrain's recipes against PyTorch's, to validation-loss targets.
+
+    python bench/time_to_loss.py --data DIR --preset dim768 --batch 32 --seq 512 --steps 1500 \\
+        --eval-every 50 --targets 2.5,2.0,1.7 --lrs 3e-4,6e-4,1.2e-3
+    python bench/time_to_loss.py --device cpu --preset tiny --batch 4 --seq 64 --steps 6 \\
+        --eval-every 3 --eval-batches 2 --targets 7,6 --lrs 1e-3 --arms xtrain-adamw,torch-adamw \
+        --compile-mode none   # smoke
+
+Every arm trains the same model from the same initial weights (xtrain's init for --seed, copied
+into the PyTorch model) on the same token order (the prepared --data directory's training windows
+drawn with --seed: the loader `xtrain train` itself uses), with the same LR schedule (linear
+warm-up, cosine to lr/10 at --steps), clipping at 1.0, and evaluates on the same validation batches
+every --eval-every steps. Per arm and learning rate it records the validation curve against
+training tokens and training wall time (evaluations left out) and, per target, the first
+evaluation at or below it: its step, tokens and seconds. Arms:
+
+  xtrain-adamw, xtrain-muon             `xtrain train` itself (CUDA graphs, fused kernels), with
+                                         attention within documents (--doc-mask, its default)
+  xtrain-adamw-nodoc, xtrain-muon-nodoc  the same with --no-doc-mask
+  torch-adamw                            the same model in PyTorch (bench/torch_model.py) under a
+                                         whole-model torch.compile, fused AdamW
+  torch-muon                             the same with torch.optim.Muon for the blocks' matrices
+                                         (AdamW for the rest, as xtrain's Muon splits them)
+
+Every arm runs each LR of --lrs (the sweep is recorded); an arm's best LR per target is the one
+that reaches it soonest. `speedup_vs_pytorch` per target: the best PyTorch arm's seconds over the
+best xtrain arm's; `muon_token_ratio`: AdamW's tokens over Muon's (xtrain, doc mask on). Time
+counts what a user waits for: the xtrain arms' step times as `xtrain train` logs them (device
+events; the first steps include the CUDA graphs' warm-up and capture), the PyTorch arms' training
+segments between evaluations with a device sync at each end (the first includes compilation).
+
+Results: bench/results/time_to_loss-PRESET-DATE.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import common
+
+ARMS = ("xtrain-adamw", "xtrain-muon", "xtrain-adamw-nodoc", "xtrain-muon-nodoc", "torch-adamw", "torch-muon")
+BETAS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 0.1, 1.0
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", help="a prepared data directory (default: the built-in stories' prepared copy)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--preset", default="dim768")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--steps", type=int, default=1000, help="steps of every run (the schedule's length)")
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--eval-batches", type=int, default=10)
+    p.add_argument("--targets", required=True, help="validation-loss targets, comma-separated")
+    p.add_argument("--lrs", required=True, help="peak learning rates of the sweep, comma-separated")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--fp32", action="store_true", help="float32 (default: bf16 mixed precision)")
+    p.add_argument("--compile-mode", default="default",
+                   help="torch.compile mode of the PyTorch arms (none: eager, for a CPU smoke run)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(common.RESULTS_DIR))
+    p.add_argument("--tag", default="")
+    args = p.parse_args(argv)
+    args.targets = sorted((float(t) for t in args.targets.split(",")), reverse=True)
+    args.lrs = [float(v) for v in args.lrs.split(",")]
+    args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    bad = [a for a in args.arms if a not in ARMS]
+    if bad or not args.arms:
+        p.error(f"unknown arms {bad}; choose from {', '.join(ARMS)}")
+    for name in ("batch", "seq", "steps", "eval_every", "eval_batches"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def reached(curve: list, targets: list) -> dict:
+    """Per target, the first evaluation at or below it: {target: {step, tokens, seconds}} (None:
+    not reached). curve: [{step, tokens, seconds, val_loss}] in step order."""
+    out = {}
+    for t in targets:
+        hit = next((c for c in curve if c["val_loss"] <= t), None)
+        out[str(t)] = None if hit is None else {k: hit[k] for k in ("step", "tokens", "seconds")}
+    return out
+
+
+def run_xtrain(args, arm: str, lr: float, data: str, device: str) -> list:
+    """`xtrain train` for one arm and LR; the curve from its log.jsonl: after each evaluation's
+    step, the tokens trained and the sum of the logged step times (evaluations left out)."""
+    from xtrain.trainer.train import TrainConfig, train
+
+    with tempfile.TemporaryDirectory(prefix="ttl-") as out:
+        cfg = dict(preset=args.preset, data=data, out=out, device=device, batch=args.batch, seq=args.seq,
+                   steps=args.steps, lr=lr, min_lr=lr / 10, warmup=args.warmup, schedule="cosine",
+                   eval_every=args.eval_every, eval_batches=args.eval_batches, save_every=0, save_minutes=0,
+                   sample_tokens=0, progress=False, seed=args.seed, bf16=not args.fp32, grad_clip=CLIP,
+                   beta1=BETAS[0], beta2=BETAS[1], weight_decay=WEIGHT_DECAY,
+                   doc_mask=not arm.endswith("-nodoc"))
+        if "-muon" in arm:
+            cfg["optimizer"] = "muon"
+        train(TrainConfig(**cfg))
+        records = [json.loads(line) for line in (Path(out) / "log.jsonl").read_text().splitlines()]
+    curve, seconds, tokens, steps_done = [], 0.0, 0, 0
+    for r in records:
+        if "loss" in r and "ms" in r:
+            seconds += r["ms"] / 1e3
+            steps_done = r["step"] + 1
+            tokens = steps_done * args.batch * args.seq
+        elif "val_loss" in r and r["step"] > 0:
+            curve.append({"step": r["step"], "tokens": tokens, "seconds": seconds, "val_loss": r["val_loss"]})
+    return curve
+
+
+def run_torch(args, arm: str, lr: float, ds, weights: dict, cfg, device: str) -> list:
+    """The PyTorch arm: the same weights, windows, schedule and evaluations; the curve as above."""
+    import torch
+
+    import torch_model
+    from xtrain.trainer.schedule import cosine_lr
+
+    model = torch_model.build(weights, cfg, device, compile=None if args.compile_mode == "none" else args.compile_mode)
+    if arm == "torch-muon":
+        matrices = [p for n, p in zip(model.names, model.params) if p.dim() == 2 and n.startswith("layers.")]
+        ids = {id(p) for p in matrices}
+        rest = [p for p in model.parameters() if id(p) not in ids]
+        decay = [p for p in rest if p.dim() >= 2]
+        opts = [torch.optim.Muon(matrices, lr=lr, weight_decay=WEIGHT_DECAY, adjust_lr_fn="match_rms_adamw"),
+                torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
+                                   {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=lr, betas=BETAS, fused=device.startswith("cuda"))]
+    else:
+        opts = [torch_model.adamw(model, lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY)]
+    params = list(model.parameters())
+    loader = ds.loader("train", args.batch, args.seq, args.seed)
+    evals = list(ds.loader("val", args.batch, args.seq, args.seed).iter_eval(args.batch, args.seq, args.eval_batches))
+    sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
+    as_t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    curve, seconds = [], 0.0
+    sync()
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        lr_now = cosine_lr(step, lr, lr / 10, args.warmup, args.steps)
+        for opt in opts:
+            for group in opt.param_groups:
+                group["lr"] = lr_now
+        x, y = loader.next_batch()
+        _, loss = model(as_t(x), as_t(y))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            sync()
+            seconds += time.perf_counter() - t0
+            with torch.no_grad():
+                val = float(np.mean([model(as_t(a), as_t(b))[1].item() for a, b in evals]))
+            curve.append({"step": step + 1, "tokens": (step + 1) * args.batch * args.seq, "seconds": seconds,
+                          "val_loss": val})
+            if not math.isfinite(val):
+                break
+            sync()
+            t0 = time.perf_counter()
+    del model, opts, params
+    common.free_torch(device)
+    return curve
+
+
+def best(runs: dict, arms: list, target: str, key: str):
+    """The soonest (by `key`) of the arms' runs to reach `target`: (arm, lr, value) or None."""
+    hits = [(r["reached"][target][key], arm, lr) for arm in arms for lr, r in runs.get(arm, {}).items()
+            if r["reached"][target] is not None]
+    if not hits:
+        return None
+    value, arm, lr = min(hits)
+    return {"arm": arm, "lr": lr, key: value}
+
+
+def summarize(args, runs: dict) -> dict:
+    xt = [a for a in runs if a.startswith("xtrain")]
+    pt = [a for a in runs if a.startswith("torch")]
+    out = {}
+    for t in map(str, args.targets):
+        row = {"xtrain_best": best(runs, xt, t, "seconds"), "pytorch_best": best(runs, pt, t, "seconds")}
+        if row["xtrain_best"] and row["pytorch_best"]:
+            row["speedup_vs_pytorch"] = row["pytorch_best"]["seconds"] / row["xtrain_best"]["seconds"]
+        adam, muon = best(runs, ["xtrain-adamw"], t, "tokens"), best(runs, ["xtrain-muon"], t, "tokens")
+        if adam and muon:
+            row["muon_token_ratio"] = adam["tokens"] / muon["tokens"]
+        out[t] = row
+    return out
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device, tdevice = common.resolve_device(args.device)
+    if any(a.startswith("torch") for a in args.arms):
+        common.setup_torch(device)
+    from xtrain.data import default_dataset, open_dataset
+    from xtrain.models import TinyTransformer, config_for
+
+    data = str(args.data or default_dataset(progress=False))
+    ds = open_dataset(data)
+    cfg = config_for(args.preset, ds.vocab_size, bf16=not args.fp32)
+    weights = {n: p.numpy().copy() for n, p in TinyTransformer(cfg, device="cpu", seed=args.seed).named_parameters()}
+    print(f"time_to_loss: {args.preset} on {data} ({ds.vocab_size} tokens), batch {args.batch} x seq {args.seq}, "
+          f"{args.steps} steps, targets {args.targets}, LRs {args.lrs}, {device}", flush=True)
+    runs: dict = {}
+    for arm in args.arms:
+        for lr in args.lrs:
+            t0 = time.perf_counter()
+            try:
+                curve = (run_xtrain(args, arm, lr, data, device) if arm.startswith("xtrain")
+                         else run_torch(args, arm, lr, ds, weights, cfg, tdevice))
+            except Exception as e:  # one arm's failure (e.g. no compiler) keeps the others
+                print(f"{arm} lr {lr:g}: failed: {type(e).__name__}: {e}", flush=True)
+                runs.setdefault(arm, {})[lr] = {"error": f"{type(e).__name__}: {str(e)[:500]}",
+                                                "reached": {str(t): None for t in args.targets}}
+                continue
+            r = {"curve": curve, "reached": reached(curve, args.targets), "call_s": time.perf_counter() - t0}
+            runs.setdefault(arm, {})[lr] = r
+            hits = ", ".join(f"{t}: " + ("-" if h is None else f"{h['seconds']:.1f}s/{h['tokens']:,} tok")
+                             for t, h in r["reached"].items())
+            final = curve[-1]["val_loss"] if curve else float("nan")
+            print(f"{arm} lr {lr:g}: final val {final:.4f}; {hits}", flush=True)
+    summary = summarize(args, runs)
+    for t, row in summary.items():
+        print(f"target {t}: xtrain best {row['xtrain_best']}, PyTorch best {row['pytorch_best']}, "
+              f"speedup {row.get('speedup_vs_pytorch', float('nan')):.2f}, "
+              f"Muon token ratio {row.get('muon_token_ratio', float('nan')):.2f}", flush=True)
+    payload = {"benchmark": "time_to_loss", "env": common.env_info(device), "data": data,
+               "config": {**cfg.to_dict(), "preset": args.preset}, "batch": args.batch, "seq": args.seq,
+               "steps": args.steps, "warmup": args.warmup, "eval_every": args.eval_every,
+               "eval_batches": args.eval_batches, "targets": args.targets, "lrs": args.lrs,
+               "runs": {arm: {str(lr): r for lr, r in by_lr.items()} for arm, by_lr in runs.items()},
+               "summary": summary}
+    common.write_json(common.result_name(f"time_to_loss-{args.preset}", args.tag), payload, args.out)
+
+
+if __name__ == "__main__":
+    main()
