@@ -56,7 +56,7 @@ from xtrain import graphs, ops
 from xtrain.models import hf_import
 from xtrain.io import state as ckpt_state
 from xtrain.models import TinyTransformer, TransformerConfig, config_for
-from xtrain.optim import AdamW
+from xtrain.optim import AdamW, Muon
 from xtrain.trainer.runconfig import ConfigError, TrainConfig
 from xtrain.trainer.schedule import DEFAULT_DECAY_FRAC, Schedule
 
@@ -108,7 +108,7 @@ class Run:
     train_loader: object
     val_loader: object
     model: TinyTransformer
-    optimizer: AdamW
+    optimizer: AdamW | Muon
     dp: object                         # distributed.DataParallelAdamW on several GPUs, else None
     plan: batching.BatchPlan           # micro-batch, accumulation, recompute
     eval: EvalPlan | None              # None: no evaluation (eval_every 0)
@@ -277,8 +277,8 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     # ---- optimizer and LR schedule
     schedule = make_schedule(cfg, recorded)
     sharded = ranked and cfg.shard_optimizer  # ZeRO-1: this rank's moments only, from the start
-    optimizer = AdamW(model.named_parameters(), lr=schedule.max_lr, betas=(cfg.beta1, cfg.beta2),
-                      weight_decay=cfg.weight_decay, shard=(ctx.rank, ctx.world_size) if sharded else None)
+    optimizer = make_optimizer(cfg, model, schedule.max_lr, ranked,
+                               shard=(ctx.rank, ctx.world_size) if sharded else None)
 
     # ---- batch plan (may probe micro-batches on the model), then the loaders: one draw of the
     # training loader is this rank's share of a global batch, all its micro-batches
@@ -355,6 +355,19 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         index = int(run.device.partition(":")[2] or 0)
         run.step_events = [(xtrain.cuda.Event(index), xtrain.cuda.Event(index)) for _ in range(2)]
     return run
+
+
+def make_optimizer(cfg: TrainConfig, model, lr: float, ranked: bool, shard=None):
+    """--optimizer adamw: AdamW over every parameter. muon: Muon for the blocks' 2-D weights (q/k/v/o,
+    gate/up/down: the matrices under "layers."), AdamW for the embedding, the head and the norms;
+    one learning rate and weight decay for both (Muon's match_rms_adamw scaling, docs/training.md)."""
+    betas = (cfg.beta1, cfg.beta2)
+    if cfg.optimizer == "adamw":
+        return AdamW(model.named_parameters(), lr=lr, betas=betas, weight_decay=cfg.weight_decay, shard=shard)
+    if ranked:
+        raise ConfigError("--optimizer muon trains on one device for now; with several devices use --optimizer adamw")
+    matrices = [n for n, p in model.named_parameters() if n.startswith("layers.") and len(p.shape) == 2]
+    return Muon(model.named_parameters(), matrices=matrices, lr=lr, betas=betas, weight_decay=cfg.weight_decay)
 
 
 def _resume_results(run: Run) -> None:
