@@ -405,41 +405,13 @@ def test_recompute_on_off_is_bitwise_with_muon(tmp_path, data, device, bf16):
     _same_checkpoints(tmp_path / "on", tmp_path / "off")
 
 
-def test_muon_with_several_ranks_is_a_clear_error():
-    from xtrain.trainer.runconfig import ConfigError
+def test_make_optimizer_picks_the_blocks_matrices():
     from xtrain.trainer.train import TrainConfig, make_optimizer
 
     model = make_model(small_config())
-    with pytest.raises(ConfigError, match="one device"):
-        make_optimizer(TrainConfig(optimizer="muon"), model, 1e-3, ranked=True)
-    assert isinstance(make_optimizer(TrainConfig(optimizer="muon"), model, 1e-3, ranked=False), Muon)
-    assert isinstance(make_optimizer(TrainConfig(), model, 1e-3, ranked=True), AdamW)
-
-
-def test_muon_on_rank_threads_is_refused_on_every_rank(tmp_path, data):
-    """Data parallel on CPU rank threads (the thread launcher with stand-in collectives): every
-    rank refuses --optimizer muon alike, before any collective of the step, and the launch
-    surfaces the error."""
-    from cpu_collectives import ThreadCollectives
-    from xtrain.launch import distributed
-    from xtrain.trainer.runconfig import ConfigError
-    from xtrain.trainer.train import open_inputs
-
-    class CpuLaunch(distributed._Launch):
-        def device_name(self, index):
-            return "cpu"
-
-        def enter_device(self, index):
-            pass
-
-        def leave_device(self, index):
-            pass
-
-    cfg = tiny_run(tmp_path, data, 2, optimizer="muon")
-    dataset, ckpt = open_inputs(cfg, False)
-    launch = CpuLaunch(ThreadCollectives(2), [0, 1], 30.0)
-    with pytest.raises(ConfigError, match="one device"):
-        launch.run(lambda ctx: train(cfg, ctx=ctx, prepared=(dataset, ckpt)))
+    opt = make_optimizer(TrainConfig(optimizer="muon"), model, 1e-3)
+    assert isinstance(opt, Muon) and [opt.names[i] for i in opt.matrices] == _block_matrices(model)
+    assert isinstance(make_optimizer(TrainConfig(), model, 1e-3), AdamW)
 
 
 def test_cli_optimizer_flag(tmp_path, data):

@@ -94,13 +94,14 @@ class StepGraphs:
     batch shape, graphs off), else (loss, norm): device scalars at fixed addresses, overwritten
     by the next replay (read them with xtrain.cuda.read_async before the next step).
 
-    Data parallel (dp: an xtrain.launch.distributed.DataParallelAdamW): the second graph is dp.step (the
-    gradient average, clipping and AdamW, with their NCCL collectives), and every rank captures
-    at the same step (the same warm-up, the same batch shapes). Each capture's outcome is agreed
-    over the ranks (dp.ctx.exchange) before anything captured runs: NCCL requires a collective
-    to be launched from a graph on every rank or on none. A capture that failed on any rank makes
-    every rank run that part of the step eagerly (a captured graph is dropped unlaunched; the
-    captured update leaves the gradients set for that), and all stay eager after."""
+    Data parallel (dp: xtrain.launch.distributed's DataParallelAdamW or DataParallelMuon): the
+    second graph is dp.step (the gradient average, clipping and the update, with their NCCL
+    collectives), and every rank captures at the same step (the same warm-up, the same batch
+    shapes). Each capture's outcome is agreed over the ranks (dp.ctx.exchange) before anything
+    captured runs: NCCL requires a collective to be launched from a graph on every rank or on
+    none. A capture that failed on any rank makes every rank run that part of the step eagerly (a
+    captured graph is dropped unlaunched; the captured update leaves the gradients set for that),
+    and all stay eager after."""
 
     def __init__(self, model, optimizer, accum: int, max_norm: float | None, *,
                  warmup: int = WARMUP_STEPS, note=print, blocked: str | None = None, dp=None):

@@ -398,8 +398,8 @@ class Muon:
     not load here, nor a Muon state into AdamW).
 
     CUDA graphs: use_device_hyper() / prepare_step() write AdamW's constants and Muon's [decay,
-    lr] to device memory, which the captured kernels read. Data parallel: not supported (the
-    trainer refuses it)."""
+    lr] to device memory, which the captured kernels read. Data parallel:
+    xtrain.launch.distributed.DataParallelMuon (each rank steps its share, `owned`)."""
 
     def __init__(self, params, matrices=None, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.1, momentum: float = 0.95, nesterov: bool = True,
@@ -433,6 +433,9 @@ class Muon:
         self.ns_steps, self.ns_eps, self.adjust_lr_fn = int(ns_steps), float(ns_eps), adjust_lr_fn
         self.lr_ratios = [muon_lr_ratio(adjust_lr_fn, a.params[i].shape) for i in self.matrices]
         self.muon_hyper_dev = None  # use_device_hyper(): float32 (2,) [decay, lr] on the device
+        # The matrices this optimizer's step updates (parameter indices): all of them, or a
+        # data-parallel rank's share (xtrain.launch.distributed.DataParallelMuon).
+        self.owned = list(self.matrices)
 
     # The AdamW part's attributes, which the training loop and the checkpoint read and set.
     lr = property(lambda self: self.adamw.lr, lambda self, v: setattr(self.adamw, "lr", float(v)))
@@ -476,10 +479,10 @@ class Muon:
         clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
         if a.store is not None and not a.store.sync_grads():
             grads = a.store.views(a.store.grads)
-            idx = self.matrices
+            idx = self.owned
         else:
             grads = [p.grad for p in a.params]
-            idx = [i for i in self.matrices if grads[i] is not None]
+            idx = [i for i in self.owned if grads[i] is not None]
         if not idx:
             return
         ratios = dict(zip(self.matrices, self.lr_ratios))
