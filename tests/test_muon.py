@@ -213,28 +213,14 @@ def test_muon_consts_are_what_the_step_reads():
     assert decay == float(np.float32(1.0 - 3e-3 * 0.1)) and lr == float(np.float32(3e-3))
 
 
-class _RunAtOnce:
-    """Stands in for xtrain.cuda.Graph on the CPU: the 'captured' work runs as it is queued and
-    replay() does nothing, so the capture step (Muon's prepared step) must equal an eager one."""
-
-    def __init__(self, device=0, share_pool_with=None):
-        self.num_nodes, self.replays, self.memsets_as_kernels = 1, 0, 0
-
-    def capture_begin(self):
-        pass
-
-    def capture_end(self):
-        pass
-
-    def abort_capture(self):
-        pass
-
-    def replay(self):
-        self.replays += 1
-
-
 def test_capture_step_equals_eager_with_muon(monkeypatch):
+    """test_graphs' stand-in graph (the 'captured' work runs as it is queued): the capture step,
+    Muon's prepared step on device constants, equals the eager step bit for bit."""
+    from test_graphs import _RunAtOnce
+
     monkeypatch.setattr(xtrain.cuda, "Graph", _RunAtOnce)
+    monkeypatch.setattr(_RunAtOnce, "made", 0)
+    monkeypatch.setattr(_RunAtOnce, "fail_at", None)
     cfg = small_config()
     rng = np.random.default_rng(1)
     batches = [(b, b) for b in (rng.integers(0, cfg.vocab_size, (2, 8)) for _ in range(3))]

@@ -1,11 +1,11 @@
 """Muon with data parallelism on the CPU (xtrain.launch.distributed.DataParallelMuon): each rank
 orthogonalises its share of the matrices and broadcasts them. Rank threads with stand-in
 collectives (tests/cpu_collectives.py) against one device on the same gradients, bit for bit; the
-training loop as two rank threads and as two worker processes (collectives through files), the
-same checkpoint in both modes and a resume across them bit-exact."""
+training loop as two rank threads and as two worker processes (collectives through files;
+test_process_training's runners), the same checkpoint in both modes and a resume across them
+bit-exact."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -13,28 +13,15 @@ import pytest
 import xtrain
 from cpu_collectives import ThreadCollectives
 from modelhelp import batch, make_model, prepared_stories, small_config
-from procgroup import Group
+from test_process_training import CpuLaunch, _log, _processes, _same_checkpoint, _threads
 from xtrain.launch import distributed
 from xtrain.launch.distributed import DataParallelMuon
 from xtrain.optim import Muon
-from xtrain.trainer.train import TrainConfig, open_inputs, train
+from xtrain.trainer.train import TrainConfig
 
 WORLD = 2
 RUN = dict(preset="tiny", seq=32, batch=2, lr=3e-3, warmup=1, decay_steps=4, eval_every=0, save_every=0,
            sample_tokens=4, progress=False, seed=0, optimizer="muon")
-
-
-class CpuLaunch(distributed._Launch):
-    """The thread launcher with CPU ranks."""
-
-    def device_name(self, index):
-        return "cpu"
-
-    def enter_device(self, index):
-        pass
-
-    def leave_device(self, index):
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -94,42 +81,13 @@ def _cfg(data, out, steps, resume=False):
                        resume=str(out / "ckpt") if resume else None)
 
 
-def _threads(cfg):
-    dataset, ckpt = open_inputs(cfg, False)
-    if ckpt is None:
-        xtrain.manual_seed(cfg.seed)
-    launch = CpuLaunch(ThreadCollectives(WORLD), list(range(WORLD)), 30.0)
-    return launch.run(lambda ctx: train(cfg, ctx=ctx, prepared=(dataset, ckpt)))[0]
-
-
-def _processes(cfg, tmp_path):
-    run = dict(vars(cfg))
-    blas = os.environ.get("OPENBLAS_NUM_THREADS") or str(os.cpu_count())  # the threads' GEMMs (bitwise)
-    runs = Group(WORLD, {"train": run, "collectives": str(tmp_path / f"coll-{cfg.out.replace('/', '_')}")},
-                 OPENBLAS_NUM_THREADS=blas, wait_s=300).wait()
-    for code, _, stderr, _ in runs:
-        assert code == 0, stderr
-    return json.loads(runs[0][1].splitlines()[-1].split("RESULT ", 1)[1])
-
-
-def _log(out):
-    return [json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()
-            if "loss" in json.loads(line)]
-
-
-def _same_checkpoint(a, b):
-    for name in ("model.safetensors", "optim.safetensors"):
-        assert (a / "ckpt" / name).read_bytes() == (b / "ckpt" / name).read_bytes(), name
-
-
 def test_threads_and_processes_write_the_same_checkpoint_and_resume_in_the_other(tmp_path, data):
     full = tmp_path / "threads-full"
     _threads(_cfg(data, full, 4))
     part_t, part_p = tmp_path / "threads-part", tmp_path / "processes-part"
     _threads(_cfg(data, part_t, 2))
-    result = _processes(_cfg(data, part_p, 2), tmp_path)
-    assert result["steps"] == 2 and len(result["devices"]) == WORLD
-    _same_checkpoint(part_t, part_p)
+    _processes(_cfg(data, part_p, 2), tmp_path)
+    _same_checkpoint(part_t, part_p)  # the weights, the moments and state.json
     state = json.loads((part_p / "ckpt" / "state.json").read_text())
     assert state["optimizer"]["hyper"]["optimizer"] == "muon"
     _threads(_cfg(data, part_p, 4, resume=True))               # saved by processes, resumed on threads

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/optim.cuh"  // find_start
 #include "kernels/muon_math.h"
 
 namespace xt {
@@ -42,14 +43,16 @@ struct MatrixList {
 };
 static_assert(sizeof(MatrixList) < 32000, "MatrixList must fit in the kernel parameter space");
 
-__device__ __forceinline__ int first_matrix(const MatrixList& L, int64_t i) {
-  int lo = 0, hi = L.n - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (L.start[mid] <= i) lo = mid;
-    else hi = mid - 1;
+// fn(t, j) for element j of matrix t, for every element of this block's chunk, thread by thread.
+template <typename Fn>
+__device__ __forceinline__ void for_chunk_elements(const MatrixList& L, Fn&& fn) {
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChunk;
+  const int64_t c1 = L.start[L.n] < c0 + kChunk ? L.start[L.n] : c0 + kChunk;
+  int t = optim::find_start(L.start, L.n, c0);
+  for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
+    while (t + 1 < L.n && i >= L.start[t + 1]) ++t;
+    fn(t, i - L.start[t]);
   }
-  return lo;
 }
 
 // Index of element j of a rows x cols matrix in its bf16 operand (transposed when tall).
@@ -61,18 +64,13 @@ __global__ void __launch_bounds__(kMuonThreads)
 muon_momentum_kernel(const MatrixList L, MuonParams hp, const float* guard, const float* clip_norm, float max_norm) {
   if (guard && !isfinite(*guard)) return;  // a non-finite step: no update (the same for every thread)
   const float coef = clip_norm ? fminf(1.0f, max_norm / (*clip_norm + 1e-6f)) : 1.0f;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChunk;
-  const int64_t c1 = L.start[L.n] < c0 + kChunk ? L.start[L.n] : c0 + kChunk;
-  int t = first_matrix(L, c0);
-  for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
-    while (t + 1 < L.n && i >= L.start[t + 1]) ++t;
-    const int64_t j = i - L.start[t];
+  for_chunk_elements(L, [&](int t, int64_t j) {
     const float g = clip_norm ? L.g[t][j] * coef : L.g[t][j];
     float buf = L.f[t][j];
     const float u = muon_momentum_element(g, buf, hp);
     L.f[t][j] = buf;
     L.x[t][operand_index(j, L.rows[t], L.cols[t])] = bf16_round(u);
-  }
+  });
 }
 
 __global__ void __launch_bounds__(kNormThreads) muon_normalize_kernel(const MatrixList L, float eps) {
@@ -93,15 +91,10 @@ muon_apply_kernel(const MatrixList L, MuonParams hp, const float* guard) {
   if (guard && !isfinite(*guard)) return;
   const float decay = hp.hyper ? hp.hyper[0] : hp.decay;
   const float lr = hp.hyper ? hp.hyper[1] : hp.lr;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChunk;
-  const int64_t c1 = L.start[L.n] < c0 + kChunk ? L.start[L.n] : c0 + kChunk;
-  int t = first_matrix(L, c0);
-  for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
-    while (t + 1 < L.n && i >= L.start[t + 1]) ++t;
-    const int64_t j = i - L.start[t];
+  for_chunk_elements(L, [&](int t, int64_t j) {
     const float u = bf16_load(L.x[t][operand_index(j, L.rows[t], L.cols[t])]);
     L.f[t][j] = muon_apply_element(L.f[t][j], u, decay, lr * L.scale[t]);
-  }
+  });
 }
 
 // Splits the matrices (empty ones skipped) into lists of at most kMaxMatrices and calls
