@@ -79,6 +79,19 @@ inline AdamWStepConsts adamw_step_consts(const AdamWParams& hp) {
 // 1 - lr * 0 = 1 for every finite lr, so it holds for every step (also when hp.hyper holds them).
 inline float adamw_no_decay(const AdamWParams& hp) { return 1.0f - hp.lr * 0.0f; }
 
+// Muon's per-step values (kernels/{cpu,cuda}/muon, the shared element formulas in
+// kernels/muon_math.h). The host rounds each from its double, as torch.optim.Muon's scalars are.
+struct MuonParams {
+  float momentum;            // mu: the Nesterov mix's lerp weight
+  float one_minus_momentum;  // 1 - mu: the momentum buffer's lerp weight
+  bool nesterov;
+  float lr;     // this step's learning rate (each matrix scales it by its adjust_lr ratio)
+  float decay;  // 1 - lr * weight_decay
+  // nullptr, or 2 floats in the device's memory holding [decay, lr] of this step, read by
+  // muon_apply instead of the two above (CUDA graphs replay kernel arguments unchanged).
+  const float* hyper = nullptr;
+};
+
 #define XT_KERNEL_DECLS                                                                                 \
   /* ---- elementwise (kernels/{cpu,cuda}/elementwise) */                                                       \
   void fill(DType dt, void* out, int64_t n, double value, void* stream);                                \
@@ -287,7 +300,23 @@ inline float adamw_no_decay(const AdamWParams& hp) { return 1.0f - hp.lr * 0.0f;
                    void* stream);                                                                       \
   /* clip: coef = min(1, max_norm / (norm[0] + 1e-6)); every tensor *= coef; no host sync */          \
   void clip_by_norm(int n_tensors, float* const* tensors, const int64_t* sizes, const float* norm,      \
-                    float max_norm, void* stream);
+                    float max_norm, void* stream);                                        \
+  /* ---- Muon (kernels/{cpu,cuda}/muon): the elementwise parts of a Muon step over n_tensors  */  \
+  /* float32 matrices of rows[t] x cols[t]; x[t] is its bf16 Newton-Schulz operand, stored      */  \
+  /* [cols, rows] (transposed) when rows[t] > cols[t]. guard and clip_norm as adamw_step's.     */  \
+  /* muon_momentum: g = grad (clipped); buf = lerp(buf, g, 1 - mu); x = bf16(nesterov ?         */  \
+  /* lerp(g, buf, mu) : buf). Nothing is written when guard is not finite.                     */  \
+  void muon_momentum(int n_tensors, const float* const* grads, float* const* bufs, void* const* x,     \
+                     const int64_t* rows, const int64_t* cols, MuonParams hp, const float* guard,        \
+                     const float* clip_norm, float max_norm, void* stream);                            \
+  /* muon_normalize: x[t] = bf16(x[t] / d), d = bf16(max(bf16(||x[t]||_F), eps)) (the norm     */   \
+  /* summed in float64 in a fixed order), in place; bf16 x[t] of sizes[t] elements            */    \
+  void muon_normalize(int n_tensors, void* const* x, const int64_t* sizes, float eps, void* stream);   \
+  /* muon_apply: p = p * decay - (lr * scales[t]) * x (x read in p's layout); nothing written  */   \
+  /* when guard is not finite                                                                */     \
+  void muon_apply(int n_tensors, float* const* params, const void* const* x, const int64_t* rows,      \
+                  const int64_t* cols, const float* scales, MuonParams hp, const float* guard,          \
+                  void* stream);
 
 namespace cpu {
 XT_KERNEL_DECLS

@@ -313,5 +313,19 @@ std::vector<float> adamw_consts(double lr, double beta1, double beta2, double ep
 Tensor global_norm(const std::vector<Tensor>& tensors);  // float32 [] on the tensors' device
 void clip_by_norm_(const std::vector<Tensor>& tensors, const Tensor& norm, double max_norm);
 
+// ---- Muon (ops/muon.cpp): torch.optim.Muon's step over float32 2-D matrices on one device, in
+// place; the Newton-Schulz iteration in bf16 on the engine's GEMMs, matrices of one shape batched.
+// lr_ratios: each matrix's adjust_lr ratio (its learning rate is lr * ratio; decay is 1 - lr * wd).
+void muon_step(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+               const std::vector<Tensor>& momentum_buffers, double lr, double weight_decay, double momentum,
+               bool nesterov, const std::vector<double>& ns_coefficients, int64_t ns_steps, double eps,
+               const std::vector<double>& lr_ratios,
+               const Tensor& guard = Tensor(),      // one float32 on the device: not finite -> no update
+               const Tensor& clip_norm = Tensor(),  // one float32 on the device: gradients read clipped
+               double max_norm = 0.0,
+               const Tensor& hyper = Tensor());     // 2 float32 on the device: muon_consts of this step
+// [decay, lr] of a step as muon_step rounds them: what a `hyper` tensor holds.
+std::vector<float> muon_consts(double lr, double weight_decay);
+
 }  // namespace ops
 }  // namespace xt

@@ -4,9 +4,10 @@
 A step is two graphs, replayed in order on the thread's stream:
   1. forward + backward of every micro-batch, from the static input buffers (ids, targets) into
      the parameter store's gradient slots; its output is the step's mean loss (device scalar);
-  2. clip + AdamW (AdamW.clip_and_step: the norm, the non-finite guard, the update) reading the
-     step's constants (learning rate, bias corrections) from device memory; its output is the
-     gradient norm.
+  2. clip + AdamW (AdamW.clip_and_step: the norm, the non-finite guard, the update; with Muon,
+     Muon.clip_and_step: AdamW's update of the other parameters and Muon's of the matrices)
+     reading the step's constants (learning rate, bias corrections; Muon's decay and learning
+     rate) from device memory; its output is the gradient norm.
 Between the two the host reads the previous step's loss and norm (the train loop's settle(): a
 skipped non-finite step takes its count back before this step's constants are written), then
 writes this step's constants (AdamW.prepare_step: one 24-byte host-to-device copy). Before graph
@@ -15,7 +16,8 @@ So a replayed step is the eager step's kernels with the eager step's values, in 
 order: bitwise the same results.
 
 Per-step values a captured kernel would otherwise freeze, and where each comes from:
-  - learning rate, AdamW step count / bias corrections: AdamW.hyper_dev, written before graph 2;
+  - learning rate, AdamW step count / bias corrections: AdamW.hyper_dev, written before graph 2
+    (Muon: also Muon.muon_hyper_dev, [1 - lr * wd, lr], by the same prepare_step);
   - the batch: the static ids/targets buffers, written before graph 1;
   - the accumulation seed 1/accum: a constant tensor made once, before the capture;
   - the bf16 weight copies: the cast is captured (forced at capture), so every replay recasts;
@@ -92,13 +94,14 @@ class StepGraphs:
     batch shape, graphs off), else (loss, norm): device scalars at fixed addresses, overwritten
     by the next replay (read them with xtrain.cuda.read_async before the next step).
 
-    Data parallel (dp: an xtrain.launch.distributed.DataParallelAdamW): the second graph is dp.step (the
-    gradient average, clipping and AdamW, with their NCCL collectives), and every rank captures
-    at the same step (the same warm-up, the same batch shapes). Each capture's outcome is agreed
-    over the ranks (dp.ctx.exchange) before anything captured runs: NCCL requires a collective
-    to be launched from a graph on every rank or on none. A capture that failed on any rank makes
-    every rank run that part of the step eagerly (a captured graph is dropped unlaunched; the
-    captured update leaves the gradients set for that), and all stay eager after."""
+    Data parallel (dp: xtrain.launch.distributed's DataParallelAdamW or DataParallelMuon): the
+    second graph is dp.step (the gradient average, clipping and the update, with their NCCL
+    collectives), and every rank captures at the same step (the same warm-up, the same batch
+    shapes). Each capture's outcome is agreed over the ranks (dp.ctx.exchange) before anything
+    captured runs: NCCL requires a collective to be launched from a graph on every rank or on
+    none. A capture that failed on any rank makes every rank run that part of the step eagerly (a
+    captured graph is dropped unlaunched; the captured update leaves the gradients set for that),
+    and all stay eager after."""
 
     def __init__(self, model, optimizer, accum: int, max_norm: float | None, *,
                  warmup: int = WARMUP_STEPS, note=print, blocked: str | None = None, dp=None):

@@ -1,5 +1,5 @@
-"""AdamW on the fused C++ step and global-norm gradient clipping (the LR schedules are the
-trainer's: xtrain.trainer.schedule).
+"""AdamW on the fused C++ step, Muon beside it for 2-D matrices, and global-norm gradient
+clipping (the LR schedules are the trainer's: xtrain.trainer.schedule).
 
 - AdamW follows torch.optim.AdamW (decoupled weight decay, bias correction) and nanoGPT's grouping:
   tensors with 2 or more dims (linear and embedding weights) decay, the rest (norm weights) do not.
@@ -19,6 +19,11 @@ trainer's: xtrain.trainer.schedule).
   current step's values. prepare_step() advances the count and writes them without launching
   (before a replay); step(prepared=True) then launches without doing it again (what a capture
   records). The arithmetic is the same: the kernel reads the same float32 values.
+- Muon (torch.optim.Muon's update: Nesterov momentum, Newton-Schulz in bf16 on the engine's
+  GEMMs, decoupled decay, adjust_lr_fn) for the matrices it is given, AdamW for the rest, one
+  learning rate and weight decay; its momentum buffers are the matrices' slots of AdamW's
+  first-moment flat, so its state and checkpoints are AdamW's with "optimizer": "muon" in the
+  hyper-parameters (docs/training.md, "Muon").
 - clip_grad_norm_ computes the global L2 norm on the device and scales the gradients by
   min(1, max_norm / (norm + 1e-6)) there too: it returns the norm as a device Tensor and never
   waits for the device (read it with .item() only when logging). A non-finite norm leaves the
@@ -27,6 +32,7 @@ trainer's: xtrain.trainer.schedule).
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 import numpy as np
@@ -156,23 +162,28 @@ class AdamW:
         read by moment_arrays() and state_dict() until the next step; None, None: none here."""
         self._gathered = None if exp_avg is None else (exp_avg, exp_avg_sq)
 
-    def runs(self, lo: int = 0, hi: int | None = None) -> list:
+    def runs(self, lo: int = 0, hi: int | None = None, only=None) -> list:
         """[(start, end, decays), ...]: the element ranges of the store's flats that hold the
         parameters, cut to [lo, hi), in layout order; parameters next to each other in the layout
         and in the same weight-decay group share one range (it may cover the zero gaps between
-        them, which the update leaves zero)."""
+        them, which the update leaves zero). only: the indices of the parameters to cover (None:
+        all); a range never spans a parameter left out."""
         hi = self.store.numel if hi is None else hi
         decay = set(self.decay)
-        out = []
+        out, joinable = [], False
         for o, n, i in sorted((o, p.numel(), i) for i, (o, p) in enumerate(zip(self.offsets, self.params))):
+            if only is not None and i not in only:
+                joinable = False
+                continue
             a, b = max(o, lo), min(o + n, hi)
             if a >= b:
                 continue
             group = i in decay
-            if out and out[-1][2] == group:
+            if out and joinable and out[-1][2] == group:
                 out[-1] = (out[-1][0], b, group)
             else:
                 out.append((a, b, group))
+            joinable = True
         return out
 
     def use_device_hyper(self) -> None:
@@ -211,8 +222,10 @@ class AdamW:
         with xtrain.no_grad():
             self.hyper_dev.copy_(xtrain.tensor(np.asarray(consts, dtype=np.float32), device="cpu"))
 
-    def step(self, guard=None, clip_norm=None, max_norm: float | None = None, prepared: bool = False) -> None:
-        """One update of every parameter that has a gradient (asynchronous on the device).
+    def step(self, guard=None, clip_norm=None, max_norm: float | None = None, prepared: bool = False,
+             only=None) -> None:
+        """One update of every parameter that has a gradient (asynchronous on the device); with
+        `only` (a set of parameter indices), of those parameters only (Muon updates the others).
 
         guard: a one-element float32 tensor on the device (the training loop passes the step's
         gradient norm + 0 * loss); when it is not finite the kernels write nothing, with no host
@@ -227,10 +240,10 @@ class AdamW:
         self.begin_step(prepared)
         clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
         if self.store is not None and not self.store.sync_grads():
-            self._step_flat(self.store.params, self.store.grads, self.runs(), guard, clip)
+            self._step_flat(self.store.params, self.store.grads, self.runs(only=only), guard, clip)
             return
         params, m, v = self.params, self.exp_avg, self.exp_avg_sq
-        idx = [i for i, p in enumerate(params) if p.grad is not None]
+        idx = [i for i, p in enumerate(params) if p.grad is not None and (only is None or i in only)]
         if idx:
             decay = set(self.decay)
             _C.optim.adamw_step([params[i] for i in idx], [params[i].grad for i in idx],
@@ -329,6 +342,8 @@ class AdamW:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"AdamW.load_state_dict: step must be a non-negative int, got {step!r}")
         hyper = state.get("hyper", self.hyper())
+        if hyper.get("optimizer", "adamw") != "adamw":
+            raise ValueError(f"AdamW.load_state_dict: the state is {hyper['optimizer']}'s, not AdamW's")
         _check_hyper(hyper["lr"], hyper["betas"], hyper["eps"], hyper["weight_decay"])
         size = self.store.numel if self.sharded else self.flat_m.shape[0]
         for key, flat in (("exp_avg", self.flat_m), ("exp_avg_sq", self.flat_v)):
@@ -345,6 +360,206 @@ class AdamW:
         self.step_count = step
         self.lr, self.betas = float(hyper["lr"]), tuple(map(float, hyper["betas"]))
         self.eps, self.weight_decay = float(hyper["eps"]), float(hyper["weight_decay"])
+
+
+# torch.optim.Muon's defaults (its Newton-Schulz coefficients, steps and eps).
+MUON_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+MUON_NS_STEPS = 5
+MUON_EPS = 1e-7
+MUON_ADJUST_LR = ("original", "match_rms_adamw")
+
+
+def muon_lr_ratio(adjust_lr_fn: str, shape) -> float:
+    """The factor of the learning rate of a matrix of `shape` [A, B], as torch.optim.Muon's
+    adjust_lr_fn: "original" sqrt(max(1, A / B)); "match_rms_adamw" 0.2 * sqrt(max(A, B)), which
+    gives the update AdamW's typical RMS, so Muon can take AdamW's learning rate and weight decay."""
+    a, b = int(shape[0]), int(shape[1])
+    if adjust_lr_fn == "original":
+        return math.sqrt(max(1.0, a / b))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(a, b))
+    raise ValueError(f"Muon: adjust_lr_fn must be one of {', '.join(MUON_ADJUST_LR)}, got {adjust_lr_fn!r}")
+
+
+class Muon:
+    """Muon (torch.optim.Muon's update) for the 2-D matrices named in `matrices`, AdamW (this
+    module's, unchanged) for every other parameter, one learning rate and weight decay for both.
+
+    A step: the global gradient norm and the non-finite guard as AdamW's; AdamW over the other
+    parameters (one fused launch over their runs of the store's flats); then _C.optim.muon_step
+    over the matrices: momentum with Nesterov's mix, `ns_steps` Newton-Schulz iterations in bf16
+    on the engine's GEMMs (matrices of one shape batched), decoupled weight decay and the
+    learning rate scaled per shape by adjust_lr_fn (docs/training.md, "Muon").
+
+    State: one AdamW over every parameter keeps it, in the store's layout. A matrix's momentum
+    buffer is its AdamW first-moment slot (exp_avg), so state_dict(), moment_arrays() and the
+    checkpoint's optimizer file are AdamW's; a matrix's exp_avg_sq slot stays zero. hyper() adds
+    "optimizer": "muon" and Muon's settings, which load_state_dict() checks (an AdamW state does
+    not load here, nor a Muon state into AdamW).
+
+    CUDA graphs: use_device_hyper() / prepare_step() write AdamW's constants and Muon's [decay,
+    lr] to device memory, which the captured kernels read. Data parallel:
+    xtrain.launch.distributed.DataParallelMuon (each rank steps its share, `owned`)."""
+
+    def __init__(self, params, matrices=None, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.95),
+                 eps: float = 1e-8, weight_decay: float = 0.1, momentum: float = 0.95, nesterov: bool = True,
+                 ns_coefficients: tuple[float, float, float] = MUON_NS_COEFFICIENTS, ns_steps: int = MUON_NS_STEPS,
+                 ns_eps: float = MUON_EPS, adjust_lr_fn: str = "match_rms_adamw"):
+        """params: as AdamW's. matrices: the names of the parameters Muon updates (each 2-D;
+        None: every 2-D parameter). The rest of the arguments are AdamW's (betas, eps) and
+        torch.optim.Muon's (momentum, nesterov, ns_coefficients, ns_steps, ns_eps: its eps,
+        adjust_lr_fn); lr and weight_decay apply to both."""
+        _check_muon(momentum, nesterov, ns_coefficients, ns_steps, ns_eps, adjust_lr_fn)
+        self.adamw = AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        a = self.adamw
+        if matrices is None:
+            matrices = [n for n, p in zip(a.names, a.params) if len(p.shape) == 2]
+        matrices = [str(n) for n in matrices]
+        index = {n: i for i, n in enumerate(a.names)}
+        unknown = [n for n in matrices if n not in index]
+        if unknown:
+            raise ValueError(f"Muon: matrices {unknown[:8]} are not among the parameters")
+        if len(set(matrices)) != len(matrices):
+            raise ValueError("Muon: matrices names a parameter twice")
+        for n in matrices:
+            if len(a.params[index[n]].shape) != 2:
+                raise ValueError(f"Muon updates 2-D matrices; {n} has shape {tuple(a.params[index[n]].shape)}")
+        if not matrices:
+            raise ValueError("Muon: no matrix to update (every parameter would be AdamW's)")
+        self.matrices = sorted(index[n] for n in matrices)   # parameter indices, in parameter order
+        self.others = set(range(len(a.params))) - set(self.matrices)
+        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+        self.ns_coefficients = tuple(float(c) for c in ns_coefficients)
+        self.ns_steps, self.ns_eps, self.adjust_lr_fn = int(ns_steps), float(ns_eps), adjust_lr_fn
+        self.lr_ratios = [muon_lr_ratio(adjust_lr_fn, a.params[i].shape) for i in self.matrices]
+        self.muon_hyper_dev = None  # use_device_hyper(): float32 (2,) [decay, lr] on the device
+        # The matrices this optimizer's step updates (parameter indices): all of them, or a
+        # data-parallel rank's share (xtrain.launch.distributed.DataParallelMuon).
+        self.owned = list(self.matrices)
+
+    # The AdamW part's attributes, which the training loop and the checkpoint read and set.
+    lr = property(lambda self: self.adamw.lr, lambda self, v: setattr(self.adamw, "lr", float(v)))
+    step_count = property(lambda self: self.adamw.step_count,
+                          lambda self, v: setattr(self.adamw, "step_count", int(v)))
+    weight_decay = property(lambda self: self.adamw.weight_decay)
+    names = property(lambda self: self.adamw.names)
+    params = property(lambda self: self.adamw.params)
+    store = property(lambda self: self.adamw.store)
+
+    @property
+    def momentum_buffers(self) -> list:
+        """The matrices' momentum buffers (views of AdamW's first-moment flat)."""
+        return [self.adamw.exp_avg[i] for i in self.matrices]
+
+    def use_device_hyper(self) -> None:
+        """AdamW.use_device_hyper, and Muon's [decay, lr] in device memory too (CUDA graphs)."""
+        self.adamw.use_device_hyper()
+        if self.muon_hyper_dev is None:
+            self.muon_hyper_dev = xtrain.zeros((2,), dtype="float32", device=self.params[0].device)
+
+    def prepare_step(self) -> None:
+        """AdamW.prepare_step, and this step's [decay, lr] written to the device."""
+        if self.muon_hyper_dev is None:
+            raise RuntimeError("Muon.prepare_step needs use_device_hyper() first")
+        self.adamw.prepare_step()
+        self._write_hyper()
+
+    def _write_hyper(self) -> None:
+        consts = _C.optim.muon_consts(self.lr, self.weight_decay)
+        with xtrain.no_grad():
+            self.muon_hyper_dev.copy_(xtrain.tensor(np.asarray(consts, dtype=np.float32), device="cpu"))
+
+    def step(self, guard=None, clip_norm=None, max_norm: float | None = None, prepared: bool = False) -> None:
+        """One update: AdamW over the other parameters, Muon over the matrices (asynchronous on
+        the device). guard, clip_norm, max_norm, prepared: as AdamW.step's."""
+        a = self.adamw
+        a.step(guard=guard, clip_norm=clip_norm, max_norm=max_norm, prepared=prepared, only=self.others)
+        if not prepared and self.muon_hyper_dev is not None:
+            self._write_hyper()
+        clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
+        if a.store is not None and not a.store.sync_grads():
+            grads = a.store.views(a.store.grads)
+            idx = self.owned
+        else:
+            grads = [p.grad for p in a.params]
+            idx = [i for i in self.owned if grads[i] is not None]
+        if not idx:
+            return
+        ratios = dict(zip(self.matrices, self.lr_ratios))
+        _C.optim.muon_step([a.params[i] for i in idx], [grads[i] for i in idx], [a.exp_avg[i] for i in idx],
+                           self.lr, self.weight_decay, self.momentum, self.nesterov, list(self.ns_coefficients),
+                           self.ns_steps, self.ns_eps, [ratios[i] for i in idx], guard, *clip,
+                           hyper=self.muon_hyper_dev)
+
+    def clip_and_step(self, max_norm: float | None, loss=None, prepared: bool = False):
+        """As AdamW.clip_and_step: the global norm (returned, a device scalar), the guard, then
+        this optimizer's step reading the gradients clipped."""
+        norm = _C.optim.global_norm(self.adamw._grads_for_norm())
+        self.step(guard=step_guard(norm, loss), clip_norm=norm if max_norm else None, max_norm=max_norm,
+                  prepared=prepared)
+        return norm
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.adamw.zero_grad(set_to_none)
+
+    def hyper(self) -> dict:
+        """AdamW's hyper-parameters, "optimizer": "muon" and Muon's settings (the checkpoint's)."""
+        return {**self.adamw.hyper(), "optimizer": "muon",
+                "muon": {"momentum": self.momentum, "nesterov": self.nesterov,
+                         "ns_coefficients": list(self.ns_coefficients), "ns_steps": self.ns_steps,
+                         "ns_eps": self.ns_eps, "adjust_lr_fn": self.adjust_lr_fn,
+                         "matrices": [self.names[i] for i in self.matrices]}}
+
+    def state_dict(self) -> dict:
+        return {**self.adamw.state_dict(), "hyper": self.hyper()}
+
+    def moment_arrays(self) -> tuple[dict, dict]:
+        """AdamW.moment_arrays: exp_avg holds the matrices' momentum buffers."""
+        return self.adamw.moment_arrays()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a Muon state (state_dict(), or a checkpoint's): the same matrices, Muon's
+        settings, then AdamW's part. An AdamW state is refused. Everything is checked before
+        anything changes."""
+        hyper = dict(state.get("hyper", self.hyper()))
+        if hyper.get("optimizer", "adamw") != "muon":
+            raise ValueError(f"Muon.load_state_dict: the state is {hyper.get('optimizer', 'adamw')}'s "
+                             f"(resume it with that optimizer)")
+        muon = hyper.pop("muon", None)
+        hyper.pop("optimizer")
+        if not isinstance(muon, dict):
+            raise ValueError("Muon.load_state_dict: the state holds no Muon settings")
+        mine = [self.names[i] for i in self.matrices]
+        if list(muon.get("matrices", [])) != mine:
+            raise ValueError(f"Muon.load_state_dict: the state's matrices {list(muon.get('matrices', []))[:4]}... "
+                             f"differ from this optimizer's {mine[:4]}...")
+        settings = (muon.get("momentum"), muon.get("nesterov"), muon.get("ns_coefficients"), muon.get("ns_steps"),
+                    muon.get("ns_eps"), muon.get("adjust_lr_fn"))
+        _check_muon(*settings)
+        self.adamw.load_state_dict({**state, "hyper": hyper})
+        self.momentum, self.nesterov = float(settings[0]), bool(settings[1])
+        self.ns_coefficients = tuple(float(c) for c in settings[2])
+        self.ns_steps, self.ns_eps, self.adjust_lr_fn = int(settings[3]), float(settings[4]), settings[5]
+        self.lr_ratios = [muon_lr_ratio(self.adjust_lr_fn, self.params[i].shape) for i in self.matrices]
+
+
+def _check_muon(momentum, nesterov, ns_coefficients, ns_steps, ns_eps, adjust_lr_fn) -> None:
+    if not isinstance(momentum, (int, float)) or isinstance(momentum, bool) or not 0.0 <= momentum < 1.0:
+        raise ValueError(f"Muon: momentum must be in [0, 1), got {momentum!r}")
+    if not isinstance(nesterov, bool):
+        raise ValueError(f"Muon: nesterov must be True or False, got {nesterov!r}")
+    try:
+        coefficients = [float(c) for c in ns_coefficients]
+    except (TypeError, ValueError):
+        coefficients = []
+    if len(coefficients) != 3 or not all(math.isfinite(c) for c in coefficients):
+        raise ValueError(f"Muon: ns_coefficients must be three finite values (a, b, c), got {ns_coefficients!r}")
+    if not isinstance(ns_steps, int) or isinstance(ns_steps, bool) or not 1 <= ns_steps < 100:
+        raise ValueError(f"Muon: ns_steps must be an int in [1, 100), got {ns_steps!r}")
+    if not isinstance(ns_eps, (int, float)) or isinstance(ns_eps, bool) or not 0 < ns_eps < math.inf:
+        raise ValueError(f"Muon: ns_eps must be a finite value > 0, got {ns_eps!r}")
+    if adjust_lr_fn not in MUON_ADJUST_LR:
+        raise ValueError(f"Muon: adjust_lr_fn must be one of {', '.join(MUON_ADJUST_LR)}, got {adjust_lr_fn!r}")
 
 
 def clip_grad_norm_(params, max_norm: float):

@@ -6,6 +6,7 @@
 #   tests/emu/run.sh linear_rows    (the decode step's matrix-vector kernel)
 #   tests/emu/run.sh cross_entropy  (the one-pass cross-entropy forward, reduce and backward)
 #   tests/emu/run.sh optim          (AdamW over ranges in 16-byte packs, the global norm's staged partials)
+#   tests/emu/run.sh muon           (Muon's momentum, normalisation and apply against the CPU kernels)
 # Needs the CPU build (scripts/dev.sh cpu ...: its libxtrain_core.a holds the reference kernels) and
 # the CUDA headers (cuda_runtime.h, cuda_bf16.h; cublas_v2.h, which common.cuh includes). About a
 # minute to build and a minute to run on one core.
@@ -15,7 +16,7 @@ build=${XT_EMU_BUILD:-$root/build-cpu}
 cuda_inc=${CUDA_INC:-/usr/local/cuda/include}
 cublas_inc=$(python3 -c "import nvidia.cu13 as m; print(list(m.__path__)[0] + '/include')" 2>/dev/null || true)
 test=flash_attention
-case "${1:-}" in rmsnorm | linear_rows | cross_entropy | optim) test=$1; shift ;; esac  # tests/emu/run.sh NAME: tests/emu/NAME_emu.cpp
+case "${1:-}" in rmsnorm | linear_rows | cross_entropy | optim | muon) test=$1; shift ;; esac  # tests/emu/run.sh NAME: tests/emu/NAME_emu.cpp
 exe=$build/${test}_emu
 # The CPU reference kernels call the CPU GEMM (OpenBLAS, the library the CPU build linked).
 openblas=$(sed -n 's/^XT_OPENBLAS_LIB:FILEPATH=//p' "$build/CMakeCache.txt")

@@ -2,7 +2,8 @@
 
 A checkpoint is a directory:
     model.safetensors   parameters by name, float32 (the master weights)
-    optim.safetensors   AdamW moments, "exp_avg.<param>" and "exp_avg_sq.<param>", float32
+    optim.safetensors   AdamW moments, "exp_avg.<param>" and "exp_avg_sq.<param>", float32 (Muon:
+                        a matrix's exp_avg is its momentum buffer, its exp_avg_sq zero)
     tokenizer.json      the run's tokenizer: the files its kind saves (tokenizer.json, tiktoken.json,
                         tokenizer.model, tokenizer_config.json), so sample/export need nothing else
     state.json          written last: format version, model config, step, optimizer step and

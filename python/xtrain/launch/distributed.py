@@ -656,5 +656,82 @@ class DataParallelAdamW:
         opt.set_gathered(*hosts)
 
 
+class DataParallelMuon:
+    """The optimizer step of data-parallel training with Muon (xtrain.optim.Muon over every
+    parameter of the model's store): the gradients (and `extra`) averaged by one all-reduce of the
+    flat gradient buffer; on every rank the global norm, the guard and AdamW's part; Muon's
+    matrices split among the ranks, each rank orthogonalising and updating its share (whole
+    matrices: shares(), a fixed function of the shapes, balanced by Newton-Schulz FLOPs); then
+    each rank's updated matrices broadcast from it (one broadcast per rank). Per matrix this is
+    the arithmetic of one device's step (its Newton-Schulz GEMMs batched with fewer matrices of
+    its shape: on the CPU the same bits, each batch entry being one BLAS call).
+
+    Each rank keeps the whole optimizer state, but the momentum buffers are current only for its
+    own matrices: gather_state() broadcasts the others from their owners (a checkpoint's full
+    copy). A loaded state gives every rank every buffer. The interface is DataParallelAdamW's
+    (step, replayed, gather_state), so the training loop and its CUDA graphs drive either;
+    --no-shard-optimizer changes nothing here (the gradients are always all-reduced)."""
+
+    def __init__(self, optimizer, ctx: RankContext):
+        store = optimizer.store
+        if store is None:
+            raise ValueError("DataParallelMuon needs a Muon over every parameter of one ParamStore, in its order")
+        self.opt, self.ctx, self.store, self.shard = optimizer, ctx, store, False
+        self._cast = False  # the weights are complete on every rank after a step (graphs.StepGraphs reads it)
+        owners = self.shares(optimizer, ctx.world_size)
+        optimizer.owned = [i for i in optimizer.matrices if owners[i] == ctx.rank]
+        self._by_rank = [[i for i in optimizer.matrices if owners[i] == r] for r in range(ctx.world_size)]
+
+    @staticmethod
+    def shares(optimizer, world_size: int) -> dict:
+        """{parameter index: owning rank} for Muon's matrices: largest Newton-Schulz cost first
+        (5 (4 r^2 c + 2 r^3) for an r x c operand, r <= c; ties in parameter order), each to the
+        rank with the least cost so far (the lowest rank on a tie)."""
+        def cost(i):
+            a, b = optimizer.params[i].shape
+            r, c = min(a, b), max(a, b)
+            return 4 * r * r * c + 2 * r ** 3
+        load = [0] * world_size
+        owners = {}
+        for i in sorted(optimizer.matrices, key=lambda i: (-cost(i), i)):
+            rank = min(range(world_size), key=lambda r: (load[r], r))
+            owners[i] = rank
+            load[rank] += cost(i)
+        return owners
+
+    def step(self, max_norm: float | None, extra=(), guard=None, prepared: bool = False,
+             zero_grad: bool = True):
+        """Average the gradients, clip, update (AdamW everywhere, Muon on this rank's matrices),
+        broadcast the updated matrices, clear the gradients; arguments and result as
+        DataParallelAdamW.step's."""
+        opt, store, comm = self.opt, self.store, self.ctx.comm
+        missing = store.sync_grads()
+        if missing:
+            raise ValueError(f"DataParallelMuon.step: parameter {missing[0]} has no gradient on rank "
+                             f"{self.ctx.rank}; every rank must reduce every parameter")
+        comm.all_reduce([store.grads, *_as_list(extra)], "avg")
+        norm = opt.clip_and_step(max_norm, guard, prepared=prepared)
+        self._broadcast_matrices(store.views(store.params))
+        if zero_grad:
+            opt.zero_grad(set_to_none=True)
+        return norm
+
+    def _broadcast_matrices(self, per_param: list) -> None:
+        """Each rank's matrices of `per_param` (a tensor per parameter: the weights' views, or the
+        momentum buffers) broadcast from that rank, one collective per rank."""
+        for rank, idx in enumerate(self._by_rank):
+            if idx:
+                self.ctx.comm.broadcast([per_param[i] for i in idx], rank)
+
+    def replayed(self) -> None:
+        """After a replay of the captured step: the watchdog times the replay's collectives."""
+        self.ctx.comm.note_replay()
+
+    def gather_state(self, root: int | None = None) -> None:
+        """Every matrix's momentum buffer current on every rank (broadcast from its owner), for a
+        checkpoint; a collective, every rank calls it. The weights are always complete."""
+        self._broadcast_matrices(self.opt.adamw.exp_avg)
+
+
 def _as_list(tensors) -> list:
     return [tensors] if isinstance(tensors, xtrain.Tensor) else list(tensors)

@@ -55,6 +55,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
     import tomli as tomllib
 
 CONFIG_FILE = "config.toml"
+OPTIMIZERS = ("adamw", "muon")  # --optimizer: xtrain.optim.AdamW, or xtrain.optim.Muon beside it
 
 
 class ConfigError(ValueError):
@@ -185,6 +186,8 @@ class TrainConfig:
                                   shown="--steps; with --resume the run's own")
     decay_frac: float = opt(DEFAULT_DECAY_FRAC, "wsd: share of the schedule spent decaying",
                             "optimizer and schedule", gt=0, le=1)
+    optimizer: str = opt("adamw", "adamw, or muon: Muon for the blocks' matrices, AdamW for the rest, with the "
+                         "same --lr and --weight-decay", "optimizer and schedule", choices=OPTIMIZERS)
     weight_decay: float = opt(0.1, "AdamW weight decay (2-D weights)", "optimizer and schedule", ge=0)
     beta1: float = opt(0.9, "AdamW beta1", "optimizer and schedule", ge=0, lt=1)
     beta2: float = opt(0.95, "AdamW beta2", "optimizer and schedule", ge=0, lt=1)

@@ -56,7 +56,7 @@ from xtrain import graphs, ops
 from xtrain.models import hf_import
 from xtrain.io import state as ckpt_state
 from xtrain.models import TinyTransformer, TransformerConfig, config_for
-from xtrain.optim import AdamW
+from xtrain.optim import AdamW, Muon
 from xtrain.trainer.runconfig import ConfigError, TrainConfig
 from xtrain.trainer.schedule import DEFAULT_DECAY_FRAC, Schedule
 
@@ -108,8 +108,8 @@ class Run:
     train_loader: object
     val_loader: object
     model: TinyTransformer
-    optimizer: AdamW
-    dp: object                         # distributed.DataParallelAdamW on several GPUs, else None
+    optimizer: AdamW | Muon
+    dp: object                         # distributed.DataParallelAdamW/Muon on several GPUs, else None
     plan: batching.BatchPlan           # micro-batch, accumulation, recompute
     eval: EvalPlan | None              # None: no evaluation (eval_every 0)
     schedule: Schedule
@@ -278,8 +278,7 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     # ---- optimizer and LR schedule
     schedule = make_schedule(cfg, recorded)
     sharded = ranked and cfg.shard_optimizer  # ZeRO-1: this rank's moments only, from the start
-    optimizer = AdamW(model.named_parameters(), lr=schedule.max_lr, betas=(cfg.beta1, cfg.beta2),
-                      weight_decay=cfg.weight_decay, shard=(ctx.rank, ctx.world_size) if sharded else None)
+    optimizer = make_optimizer(cfg, model, schedule.max_lr, shard=(ctx.rank, ctx.world_size) if sharded else None)
 
     # ---- batch plan (may probe micro-batches on the model), then the loaders: one draw of the
     # training loader is this rank's share of a global batch, all its micro-batches
@@ -294,7 +293,10 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     # Several GPUs: one collective per step over the flat gradients (and with sharding each rank
     # updates its share of the weights, and keeps the moments of that share only): the same
     # updates as one device.
-    dp = distributed.DataParallelAdamW(optimizer, ctx, shard=cfg.shard_optimizer) if ranked else None
+    dp = None
+    if ranked:
+        dp = distributed.DataParallelMuon(optimizer, ctx) if isinstance(optimizer, Muon) else \
+            distributed.DataParallelAdamW(optimizer, ctx, shard=cfg.shard_optimizer)
 
     # ---- the resumed step, loader position and generators (sharded moments: this rank's chunks)
     step = 0
@@ -356,6 +358,17 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         index = int(run.device.partition(":")[2] or 0)
         run.step_events = [(xtrain.cuda.Event(index), xtrain.cuda.Event(index)) for _ in range(2)]
     return run
+
+
+def make_optimizer(cfg: TrainConfig, model, lr: float, shard=None):
+    """--optimizer adamw: AdamW over every parameter. muon: Muon for the blocks' 2-D weights (q/k/v/o,
+    gate/up/down: the matrices under "layers."), AdamW for the embedding, the head and the norms;
+    one learning rate and weight decay for both (Muon's match_rms_adamw scaling, docs/training.md)."""
+    betas = (cfg.beta1, cfg.beta2)
+    if cfg.optimizer == "adamw":
+        return AdamW(model.named_parameters(), lr=lr, betas=betas, weight_decay=cfg.weight_decay, shard=shard)
+    matrices = [n for n, p in model.named_parameters() if n.startswith("layers.") and len(p.shape) == 2]
+    return Muon(model.named_parameters(), matrices=matrices, lr=lr, betas=betas, weight_decay=cfg.weight_decay)
 
 
 def _resume_results(run: Run) -> None:
