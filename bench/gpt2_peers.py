@@ -4,8 +4,13 @@ whole-model torch.compile, and xtrain's GPT-2 presets, on the same synthetic sha
 format, at seq 1024 and the same micro-batches, no gradient accumulation.
 
     python bench/gpt2_peers.py --llmc SRC/llm.c --nanogpt SRC/nanoGPT --cudnn-frontend SRC/cudnn-frontend \\
-        [--batches 32 64] [--depths 12 24 36] [--only xtrain llmc llmc-cudnn nanogpt] [--steps 30]
+        [--batches 32 64] [--depths 12 24 36] [--only xtrain llmc llmc-cudnn nanogpt] [--steps 20]
+    python bench/gpt2_peers.py ... --build-only      # the two llm.c builds alone (a few minutes), kept in --work
     python bench/gpt2_peers.py --smoke --nanogpt SRC/nanoGPT --only xtrain nanogpt   # CPU: the code paths
+
+At d12 with the builds in --work, the default call (xtrain recompute off/on, llm.c plain and
+cuDNN at -r 0/1, nanoGPT, micro-batch 32 and 64) takes about 6-7 minutes on the H200, most of it
+nanoGPT's two compiles.
 
 What runs (each configuration in a process of its own, so every peer starts on a clean GPU and
 its peak device memory is that process's, read from nvidia-smi every 0.1 s):
@@ -17,8 +22,9 @@ its peak device memory is that process's, read from nvidia-smi every 0.1 s):
   llmc/cudnn_att.cpp against CUDNN_FRONTEND's headers and the cuDNN of the nvidia-cudnn-cu13 wheel,
   the versioned libcudnn.so.9 linked by path, and -lnvrtc). CUDA 13 takes a cudaMemLocation where
   12 took a device id in cudaMemAdvise: llmc/cuda_utils.cuh is patched (sed, in the copy) when nvcc
-  is 13 or newer. Run: `-e dD` (a fresh GPT-2 of depth D), -b B -t 1024 -d B*1024, -r 0 and 1 (its
-  recompute of GELU; 2 adds LayerNorm, also run), -x STEPS, validation only at the first and last
+  is 13 or newer; a build already in WORK is used again (--rebuild). Run: `-e dD` (a fresh GPT-2 of
+  depth D), -b B -t 1024 -d B*1024, -r 0 and 1 (its recompute of GELU, its default; 2 adds
+  LayerNorm: --llmc-recompute 0 1 2), -x STEPS, validation only at the first and last
   step (-v > STEPS, -m 1), no sampling, no HellaSwag, no checkpoints. ms/step: the median of the
   step times it prints (cudaEvent around the step), its first step left out.
 - nanoGPT: model.py imported from the carried checkout (not copied), GPTConfig(vocab 50304, bias,
@@ -83,11 +89,13 @@ def parse_args(argv=None):
     p.add_argument("--depths", type=int, nargs="+", default=[12], choices=sorted(DEPTH_PRESETS))
     p.add_argument("--only", nargs="+", default=list(FRAMEWORKS), choices=FRAMEWORKS)
     p.add_argument("--xtrain-recompute", type=int, nargs="+", default=[0, 1], choices=(0, 1))
-    p.add_argument("--llmc-recompute", type=int, nargs="+", default=list(LLMC_RECOMPUTE), choices=LLMC_RECOMPUTE)
-    p.add_argument("--steps", type=int, default=30, help="timed steps per configuration")
+    p.add_argument("--llmc-recompute", type=int, nargs="+", default=[0, 1], choices=LLMC_RECOMPUTE,
+                   help="llm.c's -r levels (its default is 1)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per configuration")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (in-process rows)")
     p.add_argument("--timeout", type=int, default=420, help="seconds per configuration")
     p.add_argument("--build-only", action="store_true", help="build llm.c and write the shards, run nothing")
+    p.add_argument("--rebuild", action="store_true", help="build llm.c again even where WORK holds a build")
     p.add_argument("--smoke", action="store_true",
                    help="CPU check of the code paths: a 2-layer, 64-wide GPT-2 at seq 64, 2 steps, no compile")
     p.add_argument("--out", default=str(common.RESULTS_DIR))
@@ -225,16 +233,19 @@ def llmc_commands(src: Path, cudnn: bool, frontend: Path | None, patch_memadvise
 
 
 def build_llmc(args, cudnn: bool) -> dict:
-    """Copy the checkout to WORK/llmc[-cudnn], patch and build; {"binary", "env", "log", "ok"}."""
+    """Copy the checkout to WORK/llmc[-cudnn], patch and build; {"binary", "env", "log", "ok"}. A
+    binary an earlier call built there is used again (--rebuild: build afresh)."""
     name = "llmc-cudnn" if cudnn else "llmc"
     src = args.work / name
-    if src.exists():
-        shutil.rmtree(src)
-    shutil.copytree(args.llmc, src, ignore=shutil.ignore_patterns(".git"))
     try:
         plan = llmc_commands(src, cudnn, args.cudnn_frontend, nvcc_major() >= 13)
     except RuntimeError as e:
         return {"ok": False, "log": str(e)}
+    if plan["binary"].exists() and not args.rebuild:
+        return {"ok": True, "binary": plan["binary"], "env": plan["env"], "log": f"reused {plan['binary']}"}
+    if src.exists():
+        shutil.rmtree(src)
+    shutil.copytree(args.llmc, src, ignore=shutil.ignore_patterns(".git"))
     log = []
     if plan["patch"]:
         rc, out = _run_cmd(plan["patch"])

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import xtrain
 from xtrain import models, nn
-from xtrain.models import GPT2, GPT2Config, gpt2, hf_gpt2
+from xtrain.models import GPT2, GPT2Config, hf_gpt2
 from xtrain.optim import AdamW
 from ophelp import bits
 

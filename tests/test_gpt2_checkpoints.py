@@ -220,3 +220,37 @@ def test_llmc_bad_files(tmp_path):
         llmc.read(tmp_path / "missing.bin")
     with pytest.raises(ValueError, match="f32 or bf16"):
         llmc.save(tmp_path / "x.bin", _model(config), dtype="f16")
+
+
+def _losses(out):
+    return [(r["step"], r["loss"]) for r in (json.loads(line) for line in (out / "log.jsonl").read_text().splitlines())
+            if "loss" in r]
+
+
+def test_train_resume_sample_and_export_through_the_trainer(tmp_path, monkeypatch):
+    """`xtrain train --preset gpt2-124m` as train() runs it (the preset shrunk to 2 layers of 64 so
+    the CPU test is quick): the run builds a GPT2, resumes bit-exact (dropout on: the RNG state
+    matters), refuses another preset on resume, samples, and its checkpoint exports."""
+    from modelhelp import prepared_stories, tiny_run
+    from xtrain.models import gpt2
+    from xtrain.trainer.train import train
+
+    monkeypatch.setitem(gpt2.PRESETS, "gpt2-124m", dict(dim=64, n_layers=2, n_heads=2, max_seq=64))
+    data = prepared_stories(tmp_path)
+    kw = dict(preset="gpt2-124m", decay_steps=6, dropout=0.1)
+    summary = train(tiny_run(tmp_path / "straight", data, 6, **kw))
+    assert summary["steps"] == 6
+    meta = json.loads((tmp_path / "straight" / "ckpt" / "state.json").read_text())
+    assert meta["config"]["arch"] == "gpt2" and meta["config"]["n_layers"] == 2
+    train(tiny_run(tmp_path / "split", data, 3, **kw))
+    train(tiny_run(tmp_path / "split", data, 6, resume=str(tmp_path / "split" / "ckpt"), **kw))
+    assert _losses(tmp_path / "straight") == _losses(tmp_path / "split")
+    for name in ("model.safetensors", "optim.safetensors"):
+        assert (tmp_path / "straight" / "ckpt" / name).read_bytes() == \
+            (tmp_path / "split" / "ckpt" / name).read_bytes(), name
+    with pytest.raises(ValueError, match="does not match the checkpoint"):
+        train(tiny_run(tmp_path / "split", data, 7, preset="tiny", resume=str(tmp_path / "split" / "ckpt")))
+    assert (tmp_path / "straight" / "sample.txt").read_text()
+    out = export(tmp_path / "straight" / "ckpt", tmp_path / "hf", dtype="f32")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert type(hf).__name__ == "GPT2LMHeadModel"

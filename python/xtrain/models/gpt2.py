@@ -49,11 +49,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-import numpy as np
-
 import xtrain
 from xtrain import nn, ops
 from xtrain.store import ParamStore
+
+from .transformer import TinyTransformer
 
 IGNORE_INDEX = -100
 INIT_STD = 0.02
@@ -344,27 +344,9 @@ class GPT2(nn.Module):
                                                     return_logits=bool(return_logits))
         return logits, loss
 
-    def _as_ids(self, ids, what: str):
-        if not isinstance(ids, xtrain.Tensor):
-            ids = xtrain.tensor(np.asarray(ids, dtype=np.int64), device=self.device)
-        if len(ids.shape) != 2:
-            raise ValueError(f"{what} must be (batch, seq), got shape {tuple(ids.shape)}")
-        if ids.dtype not in ("int32", "int64"):
-            raise TypeError(f"{what} must be int32 or int64, got {ids.dtype}")
-        return ids
-
-    @property
-    def device(self) -> str:
-        return self.store.device
-
-    def generate(self, prompts, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, greedy: bool = False, seed: int = 0, generator=None,
-                 stop_token: int | None = None, pad_token: int | None = None,
-                 cuda_graphs: bool = True) -> np.ndarray:
-        """Continue each prompt by up to max_new_tokens with a KV cache; returns int64 (B, T). The
-        rules are xtrain.models.generate.generate's; a row stops at max_seq tokens (GPT-2's
-        positions end there)."""
-        from .generate import generate
-        return generate(self, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        greedy=greedy, seed=seed, generator=generator, stop_token=stop_token,
-                        pad_token=pad_token, cuda_graphs=cuda_graphs)
+    # The same as the Qwen3-style model's: the id checks, the device, generation over the KV cache
+    # (xtrain.models.generate, which runs models/gpt2_decode.py for a GPT2; a row stops at max_seq
+    # tokens, where GPT-2's positions end).
+    _as_ids = TinyTransformer._as_ids
+    device = TinyTransformer.device
+    generate = TinyTransformer.generate
