@@ -365,3 +365,43 @@ def test_generate_stops_at_max_seq():
     config = GPT2Config(**{**SMALL, "max_seq": 8})
     out = GPT2(config).generate([[1, 2, 3]], max_new_tokens=20, greedy=True)
     assert out.shape == (1, 8)
+
+
+needs_gpu = pytest.mark.skipif(not xtrain.cuda.is_available(),
+                               reason="needs a CUDA GPU (the lead runs these on the H200)")
+
+
+@needs_gpu
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_cuda_graph_steps_equal_eager_steps(bf16, recompute):
+    """The training step as replayed CUDA graphs (xtrain.graphs, as `xtrain train` runs it) gives
+    the eager steps' losses, norms and weights, bitwise (the positions come from xtrain.arange on
+    the device: nothing from the host inside the capture)."""
+    from xtrain import graphs
+
+    config = GPT2Config(**SMALL, bf16=bf16, recompute=recompute)
+    g = np.random.default_rng(2)
+    batches = [tuple(xtrain.tensor(g.integers(0, config.vocab_size, (2, 16)), device="cuda") for _ in range(2))
+               for _ in range(6)]
+    results = []
+    for use_graphs in (False, True):
+        model = GPT2(config, device="cuda", seed=0)
+        opt = AdamW(model.named_parameters(), lr=1e-3)
+        sg = graphs.StepGraphs(model, opt, 1, 1.0, blocked=None if use_graphs else "eager", note=lambda m: None)
+        values = []
+        for x, y in batches:
+            out = sg.step(x, y)
+            if out is None:
+                loss = graphs.forward_backward(model, x, y, 1)
+                norm = opt.clip_and_step(1.0, loss)
+                opt.zero_grad(set_to_none=True)
+                sg.eager()
+                values.append((loss.item(), norm.item()))
+            else:
+                values.append((out[0].item(), out[1].item()))
+        assert sg.active == use_graphs
+        results.append((values, [p.numpy().copy() for p in model.parameters()]))
+    assert results[0][0] == results[1][0]
+    for a, b in zip(results[0][1], results[1][1]):
+        assert np.array_equal(a, b)
