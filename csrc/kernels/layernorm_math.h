@@ -21,9 +21,18 @@ XT_HD compute_t<T> layernorm_scaled(const T* x, const W* w, const W* b, int64_t 
   return static_cast<C>(xhat * static_cast<C>(load(w, j)) + static_cast<C>(load(b, j)));
 }
 
-// dx_j = rstd * (g_j - mean(g) - xhat_j * mean(g * xhat)) with g = dy * w.
+// dx_j = rstd * (g_j - mean(g) - xhat_j * mean(g * xhat)) with g = dy * w. The last multiply is
+// rounded on its own on the device (nvcc would otherwise contract it with the `+ dres` of the
+// fused residual form into one fma, and add_layer_norm's dx must be bitwise layer_norm's dx
+// followed by the engine's add).
 template <typename C> XT_HD C layernorm_dx(C g, C mean_g, C xhat, C mean_gx, C inv) {
-  return inv * (g - mean_g - xhat * mean_gx);
+  const C t = g - mean_g - xhat * mean_gx;
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(C) == 4) return __fmul_rn(inv, t);
+  else return __dmul_rn(inv, t);
+#else
+  return inv * t;
+#endif
 }
 
 }  // namespace kernels
