@@ -404,7 +404,7 @@ def worker_xtrain(args) -> dict:
     from xtrain.models import GPT2, GPT2Config, gpt2
     from xtrain.optim import AdamW
 
-    device = "cpu" if args.smoke else "cuda"
+    device = "cpu" if args.smoke else "cuda:0"
     batch, seq, steps = _worker_shape(args)
     if args.smoke:
         config = GPT2Config(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=2, max_seq=seq, recompute=bool(args.recompute))
@@ -455,7 +455,7 @@ def worker_nanogpt(args) -> dict:
     sys.path.insert(0, str(args.nanogpt.resolve()))
     from model import GPT, GPTConfig  # nanoGPT's model.py, from the carried checkout
 
-    device = "cpu" if args.smoke else "cuda"
+    device = "cpu" if args.smoke else "cuda:0"
     batch, seq, steps = _worker_shape(args)
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = True  # as nanoGPT's train.py
@@ -468,11 +468,12 @@ def worker_nanogpt(args) -> dict:
         conf = GPTConfig(block_size=SEQ, vocab_size=50304, n_layer=args.depth, n_head=heads, n_embd=dims,
                          dropout=0.0, bias=True)
     model = GPT(conf).to(device)
-    opt = model.configure_optimizers(WEIGHT_DECAY, LR, BETAS, "cuda" if device != "cpu" else "cpu")
+    device_type = "cpu" if args.smoke else "cuda"
+    opt = model.configure_optimizers(WEIGHT_DECAY, LR, BETAS, device_type)  # fused AdamW on CUDA
     cmodel = model if args.smoke else torch.compile(model)
     data = [(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
             for x, y in read_windows(args.train_shard, batch, seq, IN_PROCESS_BATCHES)]
-    ctx = torch.autocast(device_type=device, dtype=torch.bfloat16)
+    ctx = torch.autocast(device_type=device_type, dtype=torch.bfloat16)
     backend = [SDPBackend.MATH] if args.smoke else [SDPBackend.FLASH_ATTENTION]
     state = {"i": 0, "losses": []}
 
