@@ -254,3 +254,34 @@ def test_train_resume_sample_and_export_through_the_trainer(tmp_path, monkeypatc
     out = export(tmp_path / "straight" / "ckpt", tmp_path / "hf", dtype="f32")
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     assert type(hf).__name__ == "GPT2LMHeadModel"
+
+
+def test_init_from_an_llmc_model_file(tmp_path, monkeypatch):
+    """`xtrain train --init-from gpt2_124M.bin`: the run starts from the file's weights, with GPT-2's
+    tokenizer (here the prepared data's own stands in for tiktoken's, which needs its cache); without
+    that tokenizer the file is refused with the reason."""
+    from modelhelp import prepared_stories, tiny_run
+    from xtrain.data import open_dataset
+    from xtrain.data import tokenizer as tokenizers
+    from xtrain.data.errors import DataError
+    from xtrain.trainer.train import read_init_from, train
+
+    data = prepared_stories(tmp_path)
+    tok = open_dataset(data).tokenizer
+    model = _model(GPT2Config(vocab_size=tok.vocab_size, dim=64, n_layers=2, n_heads=2, max_seq=64))
+    path = llmc.save(tmp_path / "gpt2_tiny.bin", model)
+    monkeypatch.setattr(tokenizers, "gpt2_tokenizer", lambda: tok)
+    init = read_init_from(str(path))
+    assert init.config == model.config and init.tokenizer is tok
+    summary = train(tiny_run(tmp_path / "run", data, 1, preset=None, init_from=str(path), lr=1e-9, warmup=0))
+    assert summary["steps"] == 1
+    back = state.load(tmp_path / "run" / "ckpt").build_model()
+    for (n, a), (_, b) in zip(model.named_parameters(), back.named_parameters()):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), atol=1e-6, err_msg=n)  # one step at lr 1e-9
+
+    def unavailable():
+        raise DataError("tokenizer 'gpt2' is unavailable: not in tiktoken's cache")
+
+    monkeypatch.setattr(tokenizers, "gpt2_tokenizer", unavailable)
+    with pytest.raises(hf_import.PretrainedError, match="GPT-2's tokenizer"):
+        read_init_from(str(path))

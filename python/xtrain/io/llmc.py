@@ -2,6 +2,7 @@
 
     model = llmc.load("gpt2_124M.bin", device="cuda", bf16=True)   # a GPT2 with its weights
     llmc.save("out.bin", model, dtype="bf16")                      # llm.c's train_gpt2cu reads it
+    xtrain train --init-from gpt2_124M.bin --data DIR ...          # read_pretrained (GPT-2's tokenizer)
 
 Layout (little-endian): a header of 256 int32 -- magic 20240326, version (3: float32 parameters,
 5: bfloat16), max_seq_len, vocab_size, num_layers, num_heads, channels, padded_vocab_size, zeros
@@ -128,6 +129,25 @@ def to_llmc(params: dict, config: GPT2Config) -> list[np.ndarray]:
         flat[name] = np.stack([params[f"h.{i}.{suffix}"] for i in range(L)])
     flat["lnfw"], flat["lnfb"] = params["ln_f.weight"], params["ln_f.bias"]
     return [np.asarray(flat[name], dtype=np.float32).reshape(shape) for name, shape in tensor_shapes(config)]
+
+
+def read_pretrained(path):
+    """llm.c's model file as `xtrain train --init-from FILE` reads it: an hf_import.Pretrained
+    with the config, the weights and GPT-2's tokenizer (tiktoken), the one llm.c's GPT-2 files are
+    trained with; PretrainedError when that tokenizer is unavailable."""
+    from xtrain.data import tokenizer as tokenizers
+    from xtrain.data.errors import DataError
+    from xtrain.models.hf_import import Pretrained, PretrainedError
+
+    config, params, dtype = read(path)
+    try:
+        tok = tokenizers.gpt2_tokenizer()
+    except DataError as e:
+        raise PretrainedError(f"{path}: llm.c's GPT-2 model files use GPT-2's tokenizer: {e}") from None
+    if tok.vocab_size > config.vocab_size:
+        raise PretrainedError(f"{path}: GPT-2's tokenizer has ids up to {tok.vocab_size - 1}, beyond the model's "
+                              f"vocab_size {config.vocab_size}")
+    return Pretrained(Path(path), config, params, tok, "llm.c GPT-2", dtype)
 
 
 def load(path, device: str = "cpu", **overrides) -> GPT2:

@@ -149,7 +149,7 @@ def resolve_pretrained(name) -> Path:
     `name` (ORG/NAME), downloaded into the Hugging Face cache unless it is there (HUB_FILES only).
     PretrainedError in one line for what cannot be had, saying what to do."""
     path = Path(name)
-    if path.is_dir():
+    if path.is_dir() or (path.is_file() and path.suffix == ".bin"):  # or llm.c's model file (xtrain.io.llmc)
         return path
     text = str(name)
     if path.exists() or not _HUB_ID.fullmatch(text) or ".." in text or "--" in text:

@@ -147,9 +147,10 @@ class TrainConfig:
                              choices=tuple(ALL_PRESETS),
                              shown="with --resume or --init-from, their model")
     init_from: str | None = opt(None, "start a new run (step 0) from a Hugging Face Qwen3, Llama or "
-                                "GPT-2 directory, or a hub name such as Qwen/Qwen3-0.6B (downloaded once; "
-                                "pip install 'xtrain[hub]'); --data is tokenized with its tokenizer",
-                                "model", str, metavar="DIR|ORG/NAME", shown="a new model of --preset")
+                                "GPT-2 directory, llm.c's GPT-2 model file (.bin), or a hub name such as "
+                                "Qwen/Qwen3-0.6B (downloaded once; pip install 'xtrain[hub]'); --data is "
+                                "tokenized with its tokenizer",
+                                "model", str, metavar="DIR|FILE|ORG/NAME", shown="a new model of --preset")
     dropout: float = opt(0.0, "dropout on embeddings and residual branches", "model", ge=0, lt=1)
     seed: int = opt(0, "seed of the weights, the data order and the sample", "model", ge=0, lt=2**64)
     # ---- data

@@ -54,6 +54,7 @@ from xtrain.trainer import batching, progress, runconfig, stopping, trackers
 from xtrain.launch import distributed
 from xtrain import graphs, ops
 from xtrain.models import hf_import
+from xtrain.io import llmc
 from xtrain.io import state as ckpt_state
 from xtrain.models import TinyTransformer, TransformerConfig, config_classes, model_class, preset_config
 from xtrain.optim import AdamW
@@ -817,6 +818,8 @@ def open_inputs(cfg: TrainConfig, progress: bool):
 def read_init_from(path) -> "hf_import.Pretrained":
     """The --init-from directory, read and checked; it must bring its tokenizer (the data must be
     tokenized the way the model was trained)."""
+    if Path(path).is_file():  # llm.c's GPT-2 model file (gpt2_124M.bin, _bf16.bin)
+        return llmc.read_pretrained(path)
     init = hf_import.read_pretrained(path, config_classes())
     if init.tokenizer is None:
         raise hf_import.PretrainedError(
