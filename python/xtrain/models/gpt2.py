@@ -10,7 +10,7 @@ This is the file to edit: each module's forward reads top to bottom over its nam
 is what training runs. The parameter names follow Hugging Face's GPT2LMHeadModel without its
 "transformer." prefix (h.N.ln_1, h.N.attn.c_proj, h.N.mlp.c_fc, ln_f, ...), except that the
 fused c_attn is three linears q_proj, k_proj, v_proj (its rows in that order: import and export
-concatenate them, transposing Hugging Face's Conv1D layout; models/hf_gpt2.py, models/llmc.py).
+concatenate them, transposing Hugging Face's Conv1D layout; models/hf_gpt2.py, io/llmc.py).
 
 Decisions:
 - Shared with the Qwen3-style model (models/transformer.py): the residual stream (B*S, dim) from
@@ -29,9 +29,9 @@ Decisions:
 - Tied head: the logits are ln_f(x) @ wte^T (in bf16 a cast of wte per forward; its backward adds
   the head's float32 gradient to the embedding's).
 - The padded vocabulary of llm.c: the embedding table has padded_vocab_size rows (default: the
-  vocabulary rounded up to a multiple of 128, 50304 for GPT-2's 50257), held as wte (the
+  vocabulary rounded up to a multiple of 128, 50304 for GPT-2's 50257), held as wte.weight (the
   vocab_size real rows) and wte.pad (the rest), one after the other in the store. The head
-  reads wte only, so the padded rows are never predicted and the loss is over the real
+  reads wte.weight only, so the padded rows are never predicted and the loss is over the real
   vocabulary, as in llm.c; no gradient reaches them, and they are kept so that llm.c's model
   file round-trips.
 - Init as GPT-2/nanoGPT/llm.c: N(0, 0.02) for every weight (both embeddings included), the
