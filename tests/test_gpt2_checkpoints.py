@@ -223,8 +223,8 @@ def test_llmc_bad_files(tmp_path):
 
 
 def _losses(out):
-    return [(r["step"], r["loss"]) for r in (json.loads(line) for line in (out / "log.jsonl").read_text().splitlines())
-            if "loss" in r]
+    from modelhelp import run_log
+    return [(r["step"], r["loss"]) for r in run_log(out) if "loss" in r]
 
 
 def test_train_resume_sample_and_export_through_the_trainer(tmp_path, monkeypatch):
