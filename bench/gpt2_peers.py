@@ -322,7 +322,8 @@ def run_process(cmd, env=None, timeout=600, cwd=None) -> tuple[int, str, int | N
 
 # ---- rows
 
-STEP_LINE = re.compile(r"step\s+(\d+)/\d+ \| loss ([\d.naif+-]+) .*?\| ([\d.]+) ms \| ([\d.]+)% bf16 MFU")
+# llm.c prints an MFU of -100.0% for a GPU its table lacks (the H200 among them)
+STEP_LINE = re.compile(r"step\s+(\d+)/\d+ \| loss ([\d.naif+-]+) .*?\| ([\d.]+) ms \| (-?[\d.]+)% bf16 MFU")
 
 
 def parse_llmc(out: str) -> dict:
@@ -331,7 +332,8 @@ def parse_llmc(out: str) -> dict:
         return {"error": "no step lines in llm.c's output", "tail": out[-2000:]}
     timed = steps[1:]  # its first step includes cuBLAS/cuDNN initialisation
     mem = re.findall(r"device memory usage: (\d+) MiB", out)
-    return {"ms_step": statistics.median(ms for _, _, ms, _ in timed), "llmc_mfu": statistics.median(m for *_, m in timed) / 100,
+    llmc_mfu = statistics.median(m for *_, m in timed) / 100
+    return {"ms_step": statistics.median(ms for _, _, ms, _ in timed), "llmc_mfu": llmc_mfu if llmc_mfu >= 0 else None,
             "loss_first": steps[0][1], "loss_last": steps[-1][1], "steps_timed": len(timed),
             "llmc_reported_mib": int(mem[-1]) if mem else None}
 

@@ -40,6 +40,10 @@ def test_parse_llmc_step_lines():
     assert row["ms_step"] == 105.0 and row["steps_timed"] == 3  # the first step left out
     assert abs(row["llmc_mfu"] - 0.39) < 1e-9 and row["loss_first"] == 10.99
     assert "error" in gpt2_peers.parse_llmc("no steps here")
+    unknown_gpu = out.replace("39.0% bf16", "-100.0% bf16").replace("38.0% bf16", "-100.0% bf16") \
+        .replace("40.0% bf16", "-100.0% bf16")
+    row = gpt2_peers.parse_llmc(unknown_gpu)  # llm.c's MFU table lacks the H200: it prints -100.0%
+    assert row["ms_step"] == 105.0 and row["llmc_mfu"] is None
 
 
 def test_llmc_build_commands(tmp_path):
