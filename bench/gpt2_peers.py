@@ -383,10 +383,13 @@ def run_worker_process(args, worker: str, depth: int, batch: int, recompute: int
 
 # ---- the in-process workers
 
-def _timed(step, sync, steps: int, warmup: int) -> list[float]:
+def _timed(step, sync, steps: int, warmup: int, reset_peak) -> list[float]:
+    """Per-step seconds of `steps` steps after `warmup` untimed ones; reset_peak() runs between, so
+    an allocator's peak is the timed steps' (as bench/train_throughput.py measures it)."""
     for _ in range(warmup):
         step()
     sync()
+    reset_peak()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -434,12 +437,12 @@ def worker_xtrain(args) -> dict:
         state["losses"].append(loss)
 
     warmup = max(args.warmup, graphs.WARMUP_STEPS + 1) if sg.disabled is None else args.warmup
-    # the peak over the warm-up too: the eager steps before the capture allocate what replays reuse
-    common.xt_reset_peak(device)
-    times = _timed(step, lambda: common.xt_sync(device), steps, 1 if args.smoke else warmup)
+    times = _timed(step, lambda: common.xt_sync(device), steps, 1 if args.smoke else warmup,
+                   lambda: common.xt_reset_peak(device))
     peak = None
     if device != "cpu":
-        # a replay allocates in the graphs' private pool: counted in full (as bench/train_throughput.py)
+        # a replay allocates nothing: the step's activations live in the graphs' private pool,
+        # counted in full (as bench/train_throughput.py)
         pool = xtrain.memory_stats(device).get("pool_bytes.current", 0) if sg.active else 0
         peak = common.xt_peak(device)["allocated_peak"] + pool
     return {"framework": "xtrain", "build": "graphs" if sg.active else "eager", "depth": args.depth,
@@ -490,8 +493,8 @@ def worker_nanogpt(args) -> dict:
         opt.zero_grad(set_to_none=True)
         state["losses"].append(loss.detach())
 
-    common.torch_reset_peak(device)
-    times = _timed(step, lambda: common.torch_sync(device), steps, 1 if args.smoke else args.warmup)
+    times = _timed(step, lambda: common.torch_sync(device), steps, 1 if args.smoke else args.warmup,
+                   lambda: common.torch_reset_peak(device))
     return {"framework": "nanoGPT", "build": "torch.compile" if not args.smoke else "eager",
             "depth": args.depth, "batch": batch, "seq": seq, "recompute": 0, "ms_step": 1000 * statistics.median(times),
             "peak_allocated": common.torch_peak(device)["allocated_peak"],
