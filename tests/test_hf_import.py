@@ -267,7 +267,8 @@ def _edit_config(path, **changes):
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(architectures=["GPT2LMHeadModel"]), r"architecture \['GPT2LMHeadModel'\] is not supported"),
+    (dict(architectures=["GPT2LMHeadModel"]), r"a GPT-2 model \(GPT2LMHeadModel\); GPT2.from_pretrained reads it"),
+    (dict(architectures=["GPT2Model"]), r"architecture \['GPT2Model'\] is not supported"),
     (dict(architectures=None, model_type="mistral"), "model_type 'mistral' is not supported"),
     (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "RoPE scaling .*'llama3'"),
     (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}), "RoPE scaling .*'yarn'"),

@@ -183,6 +183,18 @@ struct MuonParams {
   /* h = x + res (rounded to dt), y = rmsnorm(h): bitwise add then rmsnorm_forward */                   \
   void add_rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* res, const void* w, void* h, \
                            void* y, float* rstd, int64_t rows, int64_t dim, float eps, void* stream);   \
+  /* ---- layer_norm (kernels/{cpu,cuda}/layernorm): y = (x - mean) * rstd * w + b, rstd = */         \
+  /* 1/sqrt(var + eps); w, b [dim] in w_dt (dt or float32); mean, rstd [rows] in the compute type */   \
+  /* (float32; float64 for float64). res (nullable): h = x + res rounded to dt is written to h and */  \
+  /* normed (add_layer_norm: bitwise add then layer_norm) */                                            \
+  void layernorm_forward(DType dt, DType w_dt, const void* x, const void* res, const void* w,          \
+                         const void* b, void* h, void* y, void* mean, void* rstd, int64_t rows,         \
+                         int64_t dim, float eps, void* stream);                                         \
+  /* dx written (dt); dw, db written (w_dt) = sums over rows, deterministic. dres (nullable): */        \
+  /* dx = round(dx) + dres rounded again (add_layer_norm's backward) */                                 \
+  void layernorm_backward(DType dt, DType w_dt, const void* x, const void* w, const void* mean,         \
+                          const void* rstd, const void* dy, const void* dres, void* dx, void* dw,       \
+                          void* db, int64_t rows, int64_t dim, void* stream);                           \
   /* ---- rope (kernels/{cpu,cuda}/rope): rotate-half on x [B, S, H, D]; pos int64 [S]; inverse rotates by */  \
   /* -angle (the backward). inv_freq[i] = 1/theta^(2i/D) and angles computed in float32.          */  \
   void rope(DType dt, const void* x, void* out, const int64_t* pos, int64_t B, int64_t S, int64_t H,    \

@@ -177,6 +177,20 @@ std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& r, const T
 std::pair<Tensor, Tensor> add_rms_norm_forward(const Tensor& x, const Tensor& r, const Tensor& w, double eps,
                                                Tensor* rstd_out = nullptr);
 
+// ---- layer_norm (ops/layernorm.cpp): over the last dim, biased variance; w, b [D], both in x's
+// dtype or both float32. Raw forms: (y, mean, rstd) with the statistics [rows] in float32
+// (float64 for float64 x); backward (dx, dw, db), dres (optional): dx = round(dx) + dres.
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
+std::vector<Tensor> layer_norm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
+std::vector<Tensor> layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                                        const Tensor& dy, const Tensor& dres = Tensor());
+// add_layer_norm: (h = x + r, layer_norm(h, w, b, eps)) in one kernel; bitwise add then layer_norm,
+// forward and backward. r must match x. Raw form: (h, y, mean, rstd).
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b,
+                                         double eps);
+std::vector<Tensor> add_layer_norm_forward(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b,
+                                           double eps);
+
 // ---- rope (ops/rope.cpp): x [B, S, H, D], D even; positions int64 [S] (undefined: 0..S-1)
 Tensor rope(const Tensor& x, const Tensor& positions, double theta);
 // raw; inverse rotates back (the backward)

@@ -1,6 +1,6 @@
-"""Modules: a container of parameters with names, in the PyTorch style, the layers the model is
-built from (Linear, Embedding, RMSNorm, Dropout), and the residual stream that fuses each residual
-add into the norm after it (ResidualStream).
+"""Modules: a container of parameters with names, in the PyTorch style, the layers the models are
+built from (Linear, Embedding, RMSNorm, LayerNorm, Dropout), and the residual stream that fuses each
+residual add into the norm after it (ResidualStream).
 
 Rules:
 - Every `xtrain.Tensor` assigned as an attribute of a Module is a parameter (the models here have no
@@ -15,9 +15,10 @@ Rules:
   buffers with each parameter a view. `to()` and `load_state_dict` then work on the store.
 - checkpoint(fn, x, *modules) is xtrain.checkpoint for module code: the modules' parameters (as
   bound at the call, e.g. a bf16 model's cast weights) are the segment's inputs.
-- A ResidualStream leaves `x + delta` pending until the RMSNorm after it, which runs the add and the
-  norm as one ops.add_rms_norm (bitwise the two ops, forward and backward): model code keeps the
-  plain form `x = x + attn(norm(x))` and gets the fused kernel.
+- A ResidualStream leaves `x + delta` pending until the norm after it, which runs the add and the
+  norm as one ops.add_rms_norm (RMSNorm) or ops.add_layer_norm (LayerNorm), bitwise the two ops,
+  forward and backward: model code keeps the plain form `x = x + attn(norm(x))` and gets the fused
+  kernel.
 """
 
 from __future__ import annotations
@@ -260,6 +261,27 @@ class RMSNorm(Module):
         return f"{self.dim}, eps={self.eps}"
 
 
+class LayerNorm(Module):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim (torch.nn.LayerNorm with
+    elementwise affine); weight starts at ones, bias at zeros. Both stay float32 in a bf16 model."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, device: str = "cpu"):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+        self.weight = _leaf(xtrain.ones((dim,), dtype="float32", device=device), True)
+        self.bias = zeros_param((dim,), device)
+
+    def forward(self, x):
+        """x (..., dim) -> the normed (..., dim); x a ResidualStream: its pending add and this norm
+        in one kernel (ResidualStream.layer_norm)."""
+        if isinstance(x, ResidualStream):
+            return x.layer_norm(self.weight, self.bias, self.eps)
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}"
+
+
 class Dropout(Module):
     """Zero each element with probability p and scale the rest by 1/(1-p) while training; the
     identity in eval mode or when p is 0. Masks come from the default generator, which
@@ -327,6 +349,15 @@ class ResidualStream:
         self.pending = None
         return h
 
+    def layer_norm(self, weight, bias, eps: float):
+        """ops.layer_norm of the stream's value; with an add pending, ops.add_layer_norm (the add
+        is then done: base is the sum)."""
+        if self.pending is None:
+            return ops.layer_norm(self.base, weight, bias, eps)
+        self.base, h = ops.add_layer_norm(self.base, self.pending, weight, bias, eps)
+        self.pending = None
+        return h
+
 
 def checkpoint(fn, x, *modules):
     """fn(x) under xtrain.checkpoint: its activations are not kept, and backward re-runs it.
@@ -354,6 +385,12 @@ def checkpoint(fn, x, *modules):
 def matmul_weights(module: Module, attr: str) -> bool:
     """The weights of Linear layers: what a ParamStore keeps a compute-dtype copy of (bf16)."""
     return isinstance(module, Linear) and attr == "weight"
+
+
+def linear_params(module: Module, attr: str) -> bool:
+    """The weights and biases of Linear layers: the compute-dtype copies of a model whose linears
+    have biases (GPT-2: a bf16 model adds each bias in bf16 to its bf16 GEMM output)."""
+    return isinstance(module, Linear) and attr in ("weight", "bias")
 
 
 # ---- parameter construction

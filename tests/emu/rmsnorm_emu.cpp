@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "emu_check.h"
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/static_switch.h"
 #include "kernels/kernels.h"
@@ -28,48 +29,12 @@ namespace rn = xt::kernels::cuda::rmsnorm;
 namespace cpu = xt::kernels::cpu;
 using bf16_t = xt::kernels::bf16_t;
 
-int g_failures = 0;
+using emucheck::as;
+using emucheck::expect_bits;
+using emucheck::expect_close;
+using emucheck::floats;
+int& g_failures = emucheck::failures;
 int g_few_rows_runs = 0;
-
-template <typename T>
-std::vector<T> as(const std::vector<float>& x) {
-  std::vector<T> v(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    if constexpr (std::is_same_v<T, bf16_t>) {
-      const uint16_t bits = xt::float_to_bf16(x[i]).bits;
-      std::memcpy(static_cast<void*>(&v[i]), &bits, 2);
-    } else {
-      v[i] = x[i];
-    }
-  }
-  return v;
-}
-
-template <typename T>
-std::vector<float> floats(const std::vector<T>& v) {
-  std::vector<float> f(v.size());
-  for (size_t i = 0; i < v.size(); ++i) f[i] = xt::kernels::load(v.data(), static_cast<int64_t>(i));
-  return f;
-}
-
-void expect_close(const std::string& what, const std::vector<float>& a, const std::vector<float>& b, double tol) {
-  double worst = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = std::abs(double(a[i]) - b[i]) / (1.0 + std::abs(double(b[i])));
-    if (!(d <= worst)) worst = d, at = i;
-  }
-  const bool ok = a.size() == b.size() && worst <= tol;
-  if (!ok) ++g_failures;
-  std::printf("  %-28s %s (worst %.3g at %zu)\n", what.c_str(), ok ? "ok" : "FAIL", worst, at);
-}
-
-template <typename T>
-void expect_bits(const std::string& what, const std::vector<T>& a, const std::vector<T>& b) {
-  const bool ok = a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-  if (!ok) ++g_failures;
-  std::printf("  %-28s %s\n", what.c_str(), ok ? "bitwise equal" : "FAIL (bits differ)");
-}
 
 // The CUDA backward as rmsnorm.cu's backward_typed launches it (one-pass plan only).
 template <int G, typename T>

@@ -3,6 +3,7 @@
 #   tests/emu/run.sh [--quick]      (flash attention and the q/k head preparation; --prep: the latter only;
 #                                    --documents: attention within documents only)
 #   tests/emu/run.sh rmsnorm        (RMSNorm's one-pass backward, the fused residual add, the few-row forward)
+#   tests/emu/run.sh layernorm      (LayerNorm: forward with the fused residual add, dx, the dw/db column sums)
 #   tests/emu/run.sh linear_rows    (the decode step's matrix-vector kernel)
 #   tests/emu/run.sh cross_entropy  (the one-pass cross-entropy forward, reduce and backward)
 #   tests/emu/run.sh optim          (AdamW over ranges in 16-byte packs, the global norm's staged partials)
@@ -16,7 +17,7 @@ build=${XT_EMU_BUILD:-$root/build-cpu}
 cuda_inc=${CUDA_INC:-/usr/local/cuda/include}
 cublas_inc=$(python3 -c "import nvidia.cu13 as m; print(list(m.__path__)[0] + '/include')" 2>/dev/null || true)
 test=flash_attention
-case "${1:-}" in rmsnorm | linear_rows | cross_entropy | optim | muon) test=$1; shift ;; esac  # tests/emu/run.sh NAME: tests/emu/NAME_emu.cpp
+case "${1:-}" in rmsnorm | layernorm | linear_rows | cross_entropy | optim | muon) test=$1; shift ;; esac  # tests/emu/run.sh NAME: tests/emu/NAME_emu.cpp
 exe=$build/${test}_emu
 # The CPU reference kernels call the CPU GEMM (OpenBLAS, the library the CPU build linked).
 openblas=$(sed -n 's/^XT_OPENBLAS_LIB:FILEPATH=//p' "$build/CMakeCache.txt")

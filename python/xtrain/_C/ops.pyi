@@ -5,10 +5,14 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'greedy_next_', 'kv_cache_write_', 'linear', 'linear_cross_entropy', 'linear_multi', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'greedy_next_', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_cross_entropy', 'linear_multi', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
+    """
+def add_layer_norm(x: xtrain._C.Tensor, residual: xtrain._C.Tensor, weight: xtrain._C.Tensor, bias: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-05) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor]:
+    """
+    (h, layer_norm(h, weight, bias, eps)) with h = x + residual, in one kernel; bitwise add then layer_norm
     """
 def add_rms_norm(x: xtrain._C.Tensor, residual: xtrain._C.Tensor, weight: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor]:
     """
@@ -77,6 +81,10 @@ def greedy_next_(logits: xtrain._C.Tensor, state: xtrain._C.Tensor, ring: xtrain
 def kv_cache_write_(cache: xtrain._C.Tensor, x: xtrain._C.Tensor, positions: xtrain._C.Tensor) -> None:
     """
     In place: cache [B, L, H_kv, D][b, positions[b] + s] = x [B, S, H_kv, D][b, s]; positions int64 [B] (generation's KV cache; not differentiable)
+    """
+def layer_norm(x: xtrain._C.Tensor, weight: xtrain._C.Tensor, bias: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-05) -> xtrain._C.Tensor:
+    """
+    LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * weight + bias (weight, bias [D], x's dtype or float32)
     """
 def linear(x: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """

@@ -1,4 +1,5 @@
-"""Export a checkpoint as a Hugging Face Qwen3 (or, without q/k norm, Llama) model directory.
+"""Export a checkpoint as a Hugging Face Qwen3 (or, without q/k norm, Llama) model directory, or a
+GPT-2 run as a GPT2LMHeadModel directory (models/hf_gpt2.py holds its names and config).
 
     out/model.safetensors        model.embed_tokens.weight, model.layers.N.self_attn.{q,k,v,o}_proj
                                  .weight, ...self_attn.{q,k}_norm.weight (Qwen3), ...mlp.{gate,up,
@@ -29,8 +30,9 @@ Decisions:
 - Safe to point anywhere: the target may not be (or lie inside) a checkpoint directory, must be
   empty unless overwrite=True, and is written through a staging directory (rundir.staging_dir),
   so a failed export leaves it unchanged. The tokenizer is the one loaded from the checkpoint's
-  listed, hash-checked files; a GPT-2 (tiktoken) run has no Hugging Face tokenizer files and is
-  refused, as is a checkpoint with non-finite weights.
+  listed, hash-checked files; a Qwen3/Llama run with GPT-2's (tiktoken) tokenizer has no Hugging
+  Face tokenizer files and is refused, as is a checkpoint with non-finite weights. A GPT-2 model
+  with that tokenizer is written without tokenizer files: its tokenizer is Hugging Face's "gpt2".
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from xtrain.io import state as ckpt_state
+from xtrain.models import GPT2Config, hf_gpt2
 from xtrain.models.hf_import import hf_name
 from xtrain.io.rundir import check_export_dir, ensure_dir, staging_dir
 
@@ -78,19 +81,27 @@ def export(ckpt_dir, out_dir, dtype: str = "bf16", overwrite: bool = False) -> P
     out = Path(out_dir)
     check_export_dir(ckpt.path, out, overwrite, ignore=(STAGING_DIR,))
     config = ckpt.config
-    # The listed, hash-checked files (load() verified them), as AutoTokenizer reads them.
-    tok_files = ckpt.tokenizer().hf_files(model_max_length=config.max_seq)
+    gpt2 = isinstance(config, GPT2Config)
+    tok = ckpt.tokenizer()
+    # The listed, hash-checked files (load() verified them), as AutoTokenizer reads them. GPT-2's own
+    # (tiktoken) tokenizer has none to write: it is Hugging Face's "gpt2" tokenizer.
+    tok_files = {} if gpt2 and tok.kind == "gpt2" else tok.hf_files(model_max_length=config.max_seq)
     tensors = ckpt.model_tensors()  # names and shapes were checked against the config by load()
     found = ckpt_state.non_finite(tensors)
     if found:
         raise ckpt_state.CheckpointError(f"{ckpt.path}: weight {found[0]} holds {found[1]} non-finite "
                                          f"values (NaN or Inf); refusing to export it")
 
-    hf = {hf_name(n): t for n, t in tensors.items()}
     eot = ckpt.tokenizer_meta["eot_id"]
+    if gpt2:  # GPT2LMHeadModel's names and layout (models/hf_gpt2.py)
+        hf = hf_gpt2.hf_tensors(tensors, config)
+        hf_cfg = hf_gpt2.hf_config(config, TORCH_DTYPE_NAMES[dtype], eot)
+    else:
+        hf = {hf_name(n): t for n, t in tensors.items()}
+        hf_cfg = hf_config(config, dtype, eot)
     files = {
         "model.safetensors": safetensors_bytes(hf, dtype, {"format": "pt"}),
-        "config.json": _json_bytes(hf_config(config, dtype, eot)),
+        "config.json": _json_bytes(hf_cfg),
         "generation_config.json": _json_bytes({"bos_token_id": eot, "eos_token_id": eot,
                                                "pad_token_id": eot}),
         **tok_files,

@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from xtrain.data.tokenizer import TOKENIZER_FILES
-from xtrain.models import TransformerConfig
+from xtrain.models import config_from_dict
 
 MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optim.safetensors"
@@ -76,6 +76,9 @@ def check_state(meta) -> None:
 
 def check_config(config) -> None:
     _require(isinstance(config, dict), "config must be an object")
+    if "arch" in config:  # an architecture of the registry other than the Qwen3-style default
+        _check_arch_config(config)
+        return
     for name in _CONFIG_INTS:
         _require(name in config, f"config.{name} is missing")
         _int(config[name], f"config.{name}", 1, INT31)
@@ -100,6 +103,18 @@ def check_config(config) -> None:
     _require(not unknown, f"config has unknown fields {unknown[:8]}")
 
 
+def _check_arch_config(config: dict) -> None:
+    """A config record naming its architecture (GPT-2's): its sizes bounded like the Qwen3 record's,
+    then the config class's own checks."""
+    for name, value in config.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            _int(value, f"config.{name}", 0, INT31)
+    try:
+        config_from_dict(config)
+    except (TypeError, ValueError) as e:
+        raise SchemaError(f"config: {e}") from None
+
+
 def param_shapes(config: dict) -> dict:
     """name -> shape of every parameter of a TinyTransformer with this (checked) config."""
     return _model_config(config).param_shapes()
@@ -111,7 +126,7 @@ def param_count(config: dict) -> int:
 
 
 def _model_config(config: dict):
-    return TransformerConfig.from_dict(config)  # the model's own shapes, not a copy of them
+    return config_from_dict(config)  # the model's own shapes, not a copy of them
 
 
 def _check_optimizer(opt, config) -> None:

@@ -44,7 +44,7 @@ import numpy as np
 
 import xtrain
 from xtrain.io import schema
-from xtrain.models import TinyTransformer, TransformerConfig
+from xtrain.models import TinyTransformer, config_from_dict, model_class
 from xtrain.data.layout import file_sha256
 from xtrain.io.rundir import RUN_MARKERS, ensure_dir, staging_dir
 
@@ -194,9 +194,11 @@ class Checkpoint:
         return self.meta["step"]
 
     @property
-    def config(self) -> TransformerConfig:
+    def config(self):
+        """The model config the checkpoint records (TransformerConfig, or the config of the
+        architecture it names: xtrain.models.config_from_dict)."""
         try:
-            return TransformerConfig.from_dict(self.meta["config"])
+            return config_from_dict(self.meta["config"])
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{self.path / STATE_FILE}: invalid model config ({e})") from None
 
@@ -207,13 +209,14 @@ class Checkpoint:
     def model_tensors(self) -> dict:
         return _read_safetensors(self.path / MODEL_FILE)
 
-    def build_model(self, device: str = "cpu", **overrides) -> TinyTransformer:
-        """The model of the recorded config (with `overrides`, e.g. bf16/recompute) and weights."""
+    def build_model(self, device: str = "cpu", **overrides):
+        """The model of the recorded config (with `overrides`, e.g. bf16/recompute) and weights:
+        a TinyTransformer, or the model of the architecture the record names."""
         config = self.config
         if overrides:
-            config = TransformerConfig.from_dict({**config.to_dict(), **overrides})
+            config = type(config).from_dict({**config.to_dict(), **overrides})
         with xtrain.no_grad():
-            model = TinyTransformer(config, device=device)
+            model = model_class(config)(config, device=device)
         tensors = self.model_tensors()
         try:
             model.load_state_dict(tensors, strict=True)

@@ -41,6 +41,8 @@ import numpy as np
 import xtrain
 from xtrain import ops
 
+from . import gpt2_decode
+
 # A decode step of at most this many rows runs its linears as matrix-vector products
 # (ops.linear_rows: one kernel per linear or merged group, each weight row read once); larger
 # batches keep the GEMMs (ops.linear_multi, ops.linear). 0 keeps the GEMMs at every batch.
@@ -121,6 +123,8 @@ def forward_cached(model, ids, cache: KVCache, last=None):
     Prefill (the cache is empty): the S positions 0..S-1 of right-padded prompts run as in
     model.forward and fill the cache; the logits are those of flat row last[b] (int64 (B,),
     b*S + length_b - 1). Decode (S == 1): each row's token at its cache position."""
+    if getattr(model.config, "arch", None) == "gpt2":  # GPT-2's own decode (models/gpt2_decode.py)
+        return gpt2_decode.forward_cached(model, ids, cache, last)
     B, S = ids.shape
     layers = list(model.layers)
     with model.store.bound(model.store.compute_weights()):

@@ -50,6 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import hf_gpt2
+
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -107,15 +109,37 @@ def hf_name(name: str) -> str:
 
 def read_pretrained(path, config_cls, tokenizer: bool = True) -> Pretrained:
     """Read and check a Hugging Face directory (see the module doc) into a config of `config_cls`
-    (TransformerConfig) and its tensors; PretrainedError on anything xtrain cannot load.
+    (TransformerConfig; or a dict {"qwen3": TransformerConfig, "gpt2": GPT2Config}: the one of the
+    directory's architecture) and its tensors; PretrainedError on anything xtrain cannot load.
     tokenizer=False skips the tokenizer. `path` may be a hub model id (resolve_pretrained)."""
     path = resolve_pretrained(path)
     hf = read_hf_config(path)
+    classes = config_cls if isinstance(config_cls, dict) else {"qwen3": config_cls}
+    if hf_gpt2.is_gpt2(hf):  # GPT-2 has a mapping of its own (models/hf_gpt2.py)
+        if "gpt2" not in classes:
+            raise PretrainedError(f"{path}: a GPT-2 model ({hf_gpt2.ARCHITECTURE}); GPT2.from_pretrained reads it")
+        return _read_gpt2(path, hf, classes["gpt2"], tokenizer)
+    if "qwen3" not in classes:
+        raise PretrainedError(f"{path}: not a GPT-2 model ({hf.get('architectures') or hf.get('model_type')}); "
+                              f"TinyTransformer.from_pretrained reads Qwen3 and Llama")
+    config_cls = classes["qwen3"]
     arch, config = config_from_hf(hf, path / CONFIG_FILE, config_cls)
     raw, dtype = read_weights(path)
     tensors = match_tensors(raw, config, path)
     tok = read_tokenizer(path, config.vocab_size) if tokenizer else None
     return Pretrained(path, config, tensors, tok, arch, dtype)
+
+
+def _read_gpt2(path: Path, hf: dict, config_cls, tokenizer: bool) -> Pretrained:
+    """read_pretrained of a GPT-2 directory: hf_gpt2's config and tensor mapping."""
+    def error(message: str):
+        raise PretrainedError(message)
+
+    config = hf_gpt2.config_from_hf(hf, path / CONFIG_FILE, error, config_cls)
+    raw, dtype = read_weights(path)
+    tensors = hf_gpt2.params_from_hf(raw, config, path, error)
+    tok = read_tokenizer(path, config.vocab_size) if tokenizer else None
+    return Pretrained(path, config, tensors, tok, hf_gpt2.ARCHITECTURE, dtype)
 
 
 # ---- where the model is
@@ -125,7 +149,7 @@ def resolve_pretrained(name) -> Path:
     `name` (ORG/NAME), downloaded into the Hugging Face cache unless it is there (HUB_FILES only).
     PretrainedError in one line for what cannot be had, saying what to do."""
     path = Path(name)
-    if path.is_dir():
+    if path.is_dir() or (path.is_file() and path.suffix == ".bin"):  # or llm.c's model file (xtrain.io.llmc)
         return path
     text = str(name)
     if path.exists() or not _HUB_ID.fullmatch(text) or ".." in text or "--" in text:

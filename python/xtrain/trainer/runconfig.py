@@ -46,7 +46,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xtrain.models.transformer import PRESETS
+from xtrain.models import ALL_PRESETS
 from xtrain.trainer.schedule import DEFAULT_DECAY_FRAC, SCHEDULES
 
 try:
@@ -144,12 +144,14 @@ _RENDEZVOUS = (r"tcp|mpi|file:.+|tcp:.+:\d+", "tcp, tcp:HOST:PORT, file:PATH or 
 class TrainConfig:
     """A training run (xtrain.trainer.train.train). Each field is a flag of `xtrain train`."""
     # ---- model
-    preset: str | None = opt(None, "model size", "model", str, choices=tuple(PRESETS),
+    preset: str | None = opt(None, "model size (gpt2-*: GPT-2 and its sizes)", "model", str,
+                             choices=tuple(ALL_PRESETS),
                              shown="with --resume or --init-from, their model")
-    init_from: str | None = opt(None, "start a new run (step 0) from a Hugging Face Qwen3 or Llama "
-                                "directory, or a hub name such as Qwen/Qwen3-0.6B (downloaded once; "
-                                "pip install 'xtrain[hub]'); --data is tokenized with its tokenizer",
-                                "model", str, metavar="DIR|ORG/NAME", shown="a new model of --preset")
+    init_from: str | None = opt(None, "start a new run (step 0) from a Hugging Face Qwen3, Llama or "
+                                "GPT-2 directory, llm.c's GPT-2 model file (.bin), or a hub name such as "
+                                "Qwen/Qwen3-0.6B (downloaded once; pip install 'xtrain[hub]'); --data is "
+                                "tokenized with its tokenizer",
+                                "model", str, metavar="DIR|FILE|ORG/NAME", shown="a new model of --preset")
     dropout: float = opt(0.0, "dropout on embeddings and residual branches", "model", ge=0, lt=1)
     doc_mask: bool = opt(True, "attention within documents: a token attends only to the tokens of its own "
                          "document (documents end at the tokenizer's end-of-text token; a sequence without "

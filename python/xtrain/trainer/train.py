@@ -54,8 +54,9 @@ from xtrain.trainer import batching, progress, runconfig, stopping, trackers
 from xtrain.launch import distributed
 from xtrain import graphs, ops
 from xtrain.models import hf_import
+from xtrain.io import llmc
 from xtrain.io import state as ckpt_state
-from xtrain.models import TinyTransformer, TransformerConfig, config_for
+from xtrain.models import TinyTransformer, TransformerConfig, config_classes, model_class, preset_config
 from xtrain.optim import AdamW, Muon
 from xtrain.trainer.runconfig import ConfigError, TrainConfig
 from xtrain.trainer.schedule import DEFAULT_DECAY_FRAC, Schedule
@@ -68,8 +69,10 @@ SAMPLE_PROMPT = "Once upon a time"
 PROMPT_WORDS = 4
 PROMPT_SCAN_TOKENS = 256
 # Peak learning rates that train each preset stably at batch*seq of 2k-16k tokens (smaller models
-# take larger steps; dim768 is GPT-2 small's 6e-4).
-PRESET_LR = {"tiny": 2e-3, "dim384": 1e-3, "dim768": 6e-4, "dim1024": 5e-4}
+# take larger steps; dim768 is GPT-2 small's 6e-4). The GPT-2 presets take the GPT-3 paper's rates
+# for those sizes, as llm.c does (6e-4 for 124M).
+PRESET_LR = {"tiny": 2e-3, "dim384": 1e-3, "dim768": 6e-4, "dim1024": 5e-4,
+             "gpt2-124m": 6e-4, "gpt2-350m": 3e-4, "gpt2-774m": 2.5e-4, "gpt2-1.5b": 2e-4}
 # Peak learning rate from pretrained weights (--init-from): continued pre-training / fine-tuning
 # takes smaller steps than training from scratch, which would undo much of what the weights know.
 INIT_FROM_LR = 1e-4
@@ -255,17 +258,18 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
         if prepared is None:
             xtrain.manual_seed(cfg.seed)  # process-wide; train_data_parallel seeds once for all ranks
         if init is not None:
-            model = init.build(TinyTransformer, device, **run_flags)
+            model = init.build(model_class(init.config), device, **run_flags)
         else:
-            model = TinyTransformer(config_for(cfg.preset or "tiny", dataset.tokenizer.vocab_size, **run_flags),
-                                    device=device, seed=cfg.seed)
+            config = preset_config(cfg.preset or "tiny", dataset.tokenizer.vocab_size, **run_flags)
+            model = model_class(config)(config, device=device, seed=cfg.seed)
     else:
         if cfg.preset is not None:
-            wanted = config_for(cfg.preset, dataset.tokenizer.vocab_size, **run_flags)
-            # max_seq sizes no weight: the preset's holds, so a checkpoint saved under a preset's
-            # earlier, lower max_seq resumes at the longer --seq the preset allows now
-            run_flags["max_seq"] = wanted.max_seq
-            if wanted != TransformerConfig.from_dict({**ckpt.config.to_dict(), **run_flags}):
+            wanted = preset_config(cfg.preset, dataset.tokenizer.vocab_size, **run_flags)
+            # max_seq sizes no weight of the Qwen3-style model: the preset's holds, so a checkpoint
+            # saved under a preset's earlier, lower max_seq resumes at the longer --seq it allows now
+            if isinstance(wanted, TransformerConfig):
+                run_flags["max_seq"] = wanted.max_seq
+            if wanted != type(ckpt.config).from_dict({**ckpt.config.to_dict(), **run_flags}):
                 raise ckpt_state.CheckpointError(
                     f"--preset {cfg.preset} does not match the checkpoint's model {ckpt.config.to_dict()}")
         model = ckpt.build_model(device, **run_flags)
@@ -837,7 +841,9 @@ def open_inputs(cfg: TrainConfig, progress: bool):
 def read_init_from(path) -> "hf_import.Pretrained":
     """The --init-from directory, read and checked; it must bring its tokenizer (the data must be
     tokenized the way the model was trained)."""
-    init = hf_import.read_pretrained(path, TransformerConfig)
+    if Path(path).is_file():  # llm.c's GPT-2 model file (gpt2_124M.bin, _bf16.bin)
+        return llmc.read_pretrained(path)
+    init = hf_import.read_pretrained(path, config_classes())
     if init.tokenizer is None:
         raise hf_import.PretrainedError(
             f"--init-from {path}: no tokenizer.json or tokenizer.model beside the weights; the run needs the "

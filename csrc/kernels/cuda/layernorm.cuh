@@ -1,0 +1,144 @@
+// The CUDA kernels of LayerNorm (launched by kernels/cuda/layernorm.cu), in a header so that
+// tests/emu runs them on the CPU under the warp/block emulator (tests/emu/layernorm_emu.cpp): the
+// forward (with the fused residual add), dx (with the residual form's dres), and the ordered column
+// sums of dw and db. Launch shapes depend only on rows and dim.
+#pragma once
+#include "kernels/cuda/common.cuh"
+#include "kernels/layernorm_math.h"
+
+namespace xt {
+namespace kernels {
+namespace cuda {
+namespace layernorm {
+
+template <int G, typename T, typename W>
+__global__ void __launch_bounds__(kThreads)
+layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ res, const W* __restrict__ w,
+                         const W* __restrict__ b, T* __restrict__ h, T* __restrict__ y,
+                         compute_t<T>* __restrict__ mean, compute_t<T>* __restrict__ rstd, int64_t rows,
+                         int64_t dim, float eps) {
+  using C = compute_t<T>;
+  const int64_t r = group_row<G>();
+  const bool valid = r < rows;  // every lane takes part in the shuffles
+  const int lane = threadIdx.x % G;
+  const int64_t rr = valid ? r : 0;
+  const T* xr = x + rr * dim;
+  C sum = 0;
+  if (res != nullptr) {  // h = x + res as stored; this lane reads back only what it wrote
+    const T* resr = res + rr * dim;
+    T* hr = h + rr * dim;
+    if (valid)
+#pragma unroll 8
+      for (int64_t j = lane; j < dim; j += G) {
+        const T v = from_compute<T>(apply_binary(BinaryOp::Add, load(xr, j), load(resr, j)));
+        hr[j] = v;
+        sum += to_compute(v);
+      }
+    xr = hr;
+  } else if (valid) {
+#pragma unroll 8
+    for (int64_t j = lane; j < dim; j += G) sum += load(xr, j);
+  }
+  const C mu = group_sum<G>(sum) / static_cast<C>(dim);
+  C sq = 0;
+  if (valid)
+#pragma unroll 8
+    for (int64_t j = lane; j < dim; j += G) {
+      const C d = load(xr, j) - mu;
+      sq += d * d;
+    }
+  const C inv = layernorm_rstd(group_sum<G>(sq), dim, eps);
+  if (!valid) return;
+  if (lane == 0) {
+    mean[r] = mu;
+    rstd[r] = inv;
+  }
+  T* yr = y + r * dim;
+#pragma unroll 8
+  for (int64_t j = lane; j < dim; j += G) store(yr, j, layernorm_scaled(xr, w, b, j, mu, inv));
+}
+
+// With xhat = (x - mean) * rstd and g = dy * w:  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+template <int G, typename T, typename W>
+__global__ void __launch_bounds__(kThreads)
+layernorm_dx_kernel(const T* __restrict__ x, const W* __restrict__ w, const compute_t<T>* __restrict__ mean,
+                    const compute_t<T>* __restrict__ rstd, const T* __restrict__ dy, const T* __restrict__ dres,
+                    T* __restrict__ dx, int64_t rows, int64_t dim) {
+  using C = compute_t<T>;
+  const int64_t r = group_row<G>();
+  const bool valid = r < rows;
+  const int lane = threadIdx.x % G;
+  const int64_t rr = valid ? r : 0;
+  const T* xr = x + rr * dim;
+  const T* dyr = dy + rr * dim;
+  const C mu = mean[rr], inv = rstd[rr];
+  C sum_g = 0, sum_gx = 0;
+  if (valid)
+#pragma unroll 8
+    for (int64_t j = lane; j < dim; j += G) {
+      const C g = load(dyr, j) * static_cast<C>(load(w, j));
+      sum_g += g;
+      sum_gx += g * ((load(xr, j) - mu) * inv);
+    }
+  sum_g = group_sum<G>(sum_g);
+  sum_gx = group_sum<G>(sum_gx);
+  if (!valid) return;
+  const C mean_g = sum_g / static_cast<C>(dim), mean_gx = sum_gx / static_cast<C>(dim);
+  T* dxr = dx + r * dim;
+#pragma unroll 8
+  for (int64_t j = lane; j < dim; j += G) {
+    const C xhat = (load(xr, j) - mu) * inv;
+    const C g = load(dyr, j) * static_cast<C>(load(w, j));
+    C v = layernorm_dx(g, mean_g, xhat, mean_gx, inv);
+    if (dres != nullptr) v = rounded<T>(v) + load(dres + r * dim, j);
+    store(dxr, j, v);
+  }
+}
+
+// Thread = column j, blockIdx.y = row chunk: sums dy * xhat and dy over the chunk's rows in order.
+// With one chunk it writes dw and db directly; otherwise partial rows at [chunk, j] of each.
+template <typename T, typename W>
+__global__ void layernorm_dwdb_partial_kernel(const T* __restrict__ x, const compute_t<T>* __restrict__ mean,
+                                              const compute_t<T>* __restrict__ rstd, const T* __restrict__ dy,
+                                              W* __restrict__ dw, W* __restrict__ db,
+                                              compute_t<T>* __restrict__ partial, int64_t rows, int64_t dim,
+                                              int64_t rows_per_chunk) {
+  using C = compute_t<T>;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= dim) return;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = rows < r0 + rows_per_chunk ? rows : r0 + rows_per_chunk;
+  C acc_w = 0, acc_b = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const C d = load(dy, r * dim + j);
+    acc_w += d * ((load(x, r * dim + j) - mean[r]) * rstd[r]);
+    acc_b += d;
+  }
+  if (gridDim.y == 1) {
+    store(dw, j, static_cast<compute_t<W>>(acc_w));
+    store(db, j, static_cast<compute_t<W>>(acc_b));
+  } else {
+    const int64_t nchunks = gridDim.y;
+    partial[static_cast<int64_t>(blockIdx.y) * dim + j] = acc_w;
+    partial[(nchunks + blockIdx.y) * dim + j] = acc_b;
+  }
+}
+
+template <typename C, typename W>
+__global__ void layernorm_dwdb_final_kernel(const C* __restrict__ partial, int nchunks, W* __restrict__ dw,
+                                            W* __restrict__ db, int64_t dim) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= dim) return;
+  C acc_w = 0, acc_b = 0;
+  for (int k = 0; k < nchunks; ++k) {
+    acc_w += partial[static_cast<int64_t>(k) * dim + j];
+    acc_b += partial[static_cast<int64_t>(nchunks + k) * dim + j];
+  }
+  store(dw, j, static_cast<compute_t<W>>(acc_w));
+  store(db, j, static_cast<compute_t<W>>(acc_b));
+}
+
+}  // namespace layernorm
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace xt
