@@ -231,3 +231,24 @@ def test_training_masks_documents_by_default(tmp_path):
         ckpt = ckpt_state.load(out / "ckpt")
         assert ckpt.config.doc_sep == (ckpt.tokenizer().eot_id if mask else None)
     assert losses[True][0] != losses[False][0]
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_gpt2_masks_documents_too(device, recompute):
+    """GPT-2 (learned absolute positions) with doc_sep: the first document's logits are those of
+    plain causal attention, the second's differ; recompute gives the same bits."""
+    from xtrain.models.gpt2 import GPT2, GPT2Config
+
+    def model(**kw):
+        return GPT2(GPT2Config(vocab_size=64, dim=32, n_layers=2, n_heads=2, max_seq=128, **kw), device=device, seed=1)
+
+    g = np.random.default_rng(9)
+    ids = g.integers(4, 64, size=(2, 70))
+    ids[:, 30] = SEP
+    with xtrain.no_grad():
+        masked = model(doc_sep=SEP, recompute=recompute)(ids)[0].numpy().reshape(2, 70, -1)
+        plain = model()(ids)[0].numpy().reshape(2, 70, -1)
+        again = model(doc_sep=SEP, recompute=not recompute)(ids)[0].numpy().reshape(2, 70, -1)
+    np.testing.assert_array_equal(masked[:, :31], plain[:, :31])
+    assert np.abs(masked[:, 31:] - plain[:, 31:]).max() > 1e-3
+    np.testing.assert_array_equal(masked, again)
