@@ -38,9 +38,11 @@ Decisions:
 - With targets, the head is ops.linear_cross_entropy(norm(x), lm_head weight, targets): the same
   loss and gradients as linear + cross_entropy, but the logits sit in a buffer with a 16-byte
   aligned row stride (fast cuBLAS GEMMs for an odd vocabulary such as 50257) and backward writes
-  dlogits over them in place. forward(ids, targets) therefore returns (None, loss);
-  return_logits=True adds a detached (B*S, V) copy of the logits. Without targets the logits come
-  from the lm_head and stay differentiable.
+  dlogits over them in place. Above 1 GiB of logits (the published vocabularies at seq 4096) it
+  runs in row chunks and never holds (B*S, V): the gradients are computed chunk by chunk in the
+  forward and scaled in backward (Note [Row-chunked head], csrc/ops/cross_entropy.cpp). forward(ids,
+  targets) therefore returns (None, loss); return_logits=True adds a detached (B*S, V) copy of the
+  logits. Without targets the logits come from the lm_head and stay differentiable.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Options for pretrained checkpoints (TransformerConfig): n_kv_heads (grouped-query attention:
   k/v_proj narrower, flash_attention reads fewer kv heads), qk_norm off (Llama: no q/k_norm, q and
