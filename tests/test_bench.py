@@ -94,3 +94,20 @@ def test_fresh_compile_caches_keeps_a_carried_inductor_cache(monkeypatch, tmp_pa
     fresh_compile_caches()
     fresh = os.environ["TORCHINDUCTOR_CACHE_DIR"]
     assert fresh != str(tmp_path / "carried") and fresh.startswith(str(tmp_path))
+
+
+def test_big_models_bench_compares_the_same_model_and_searches_the_batch(tmp_path):
+    """bench/big_models.py on a shrunk llama3.2-1b (GQA 4, no q/k norm, tied head): the PyTorch
+    peer starts from xtrain's weights (the same first loss), and the batch search ends on a batch
+    that fits next to one that does not."""
+    result = _run("big_models.py", tmp_path, "--preset", "llama3.2-1b", "--shrink", "--batch", "2", "--seq", "32",
+                  "--steps", "1", "--warmup", "1", "--peers", "eager", "--parts", "step", "search",
+                  "--memory-limit", "24MiB", "--max-batch", "64", "--no-graphs")
+    rows = {r["framework"]: r for r in result["results"]}
+    assert set(rows) == {"xtrain", "torch (eager)"} and all("error" not in r for r in rows.values()), rows
+    assert abs(rows["xtrain"]["loss_first"] - rows["torch (eager)"]["loss_first"]) < 2e-2
+    assert result["model"]["n_kv_heads"] * 4 == result["model"]["n_heads"] and result["model"]["tie_embeddings"]
+    xt = next(s for s in result["largest_batch"] if s["framework"] == "xtrain")
+    fit = {t["batch"]: t["fits"] for t in xt["tries"]}
+    best = xt["largest_batch"]
+    assert best and fit[best] and fit.get(best + 1) is False, fit
