@@ -45,7 +45,7 @@ import argparse
 import time
 
 import common
-from recompute import XtrainTrainer, describe, measure, set_limit
+from recompute import TorchTrainer, XtrainTrainer, describe, measure, set_limit, try_batch
 
 PEERS = ("liger", "compile", "eager")
 
@@ -123,6 +123,7 @@ def build_peer(cfg, weights, device, seq, gqa_native):
             self.register_buffer("cos", torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :])  # (1, S, 1, D)
             self.register_buffer("sin", torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :])
             self.bf16 = torch.bfloat16 if cfg.bf16 else torch.float32
+            self.recompute = False  # no activation checkpoints (bench/recompute.py's trainers ask)
 
         def p(self, name):
             return self.params[self.index[name]]
@@ -168,74 +169,52 @@ def build_peer(cfg, weights, device, seq, gqa_native):
     return Peer()
 
 
-class PeerTrainer:
-    """One PyTorch peer with bench/recompute.py's trainer interface (measure, the search)."""
+class PeerTrainer(TorchTrainer):
+    """One PyTorch peer with bench/recompute.py's trainer interface (its step, measure, the search);
+    TorchTrainer's own model (bench/torch_model.py) has neither GQA nor a tied head, so this one
+    builds build_peer's."""
 
-    def __init__(self, peer, cfg, weights, device, seq, gqa_native, dynamic_batch=False):
+    def __init__(self, peer, cfg, weights, device, seq, gqa_native, dynamic_batch=False):  # noqa: super's model unused
         import torch
 
         import torch_model
 
         self.torch, self.device, self.framework = torch, device, f"torch ({peer})"
-        self.model = build_peer(cfg, weights, device, seq, gqa_native)
+        self.module = build_peer(cfg, weights, device, seq, gqa_native)
         self.dynamic = dynamic_batch
         if peer == "liger":
             from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
-            body = torch.compile(self.model.body, dynamic=None if dynamic_batch else False)
+            body = torch.compile(self.module.body, dynamic=None if dynamic_batch else False)
             flce = LigerFusedLinearCrossEntropyLoss()
             dt = torch.bfloat16 if cfg.bf16 else torch.float32
 
             def loss_fn(ids, targets):
-                h = body(ids)
-                return flce(self.model.head_weight().to(dt), h, targets.reshape(-1))
+                return flce(self.module.head_weight().to(dt), body(ids), targets.reshape(-1))
             self.loss_fn = loss_fn
         elif peer == "compile":
-            self.loss_fn = torch.compile(self.model, dynamic=None if dynamic_batch else False)
+            self.loss_fn = torch.compile(self.module, dynamic=None if dynamic_batch else False)
         else:
-            self.loss_fn = self.model
-        self.params = list(self.model.parameters())
-        self.opt = torch_model.adamw(self.model, lr=3e-4)
+            self.loss_fn = self.module
+        self.model = self.forward  # TorchTrainer.step calls model(x, y) -> (logits, loss)
+        self.inner = self.module   # TorchTrainer.recompute reads inner.recompute (off: no checkpoints)
+        self.params = list(self.module.parameters())
+        self.opt = torch_model.adamw(self.module, lr=3e-4)
         self.oom = torch.OutOfMemoryError
 
-    def upload(self, batches):
-        t = self.torch
-        return [(t.from_numpy(x).to(self.device), t.from_numpy(y).to(self.device)) for x, y in batches]
-
-    def loss(self, x, y):
+    def forward(self, x, y):
         if self.dynamic:  # one compile for every batch of the search
             self.torch._dynamo.mark_dynamic(x, 0)
             self.torch._dynamo.mark_dynamic(y, 0)
-        return self.loss_fn(x, y)
-
-    def step(self, x, y):
-        loss = self.loss(x, y)
-        loss.backward()
-        self.torch.nn.utils.clip_grad_norm_(self.params, 1.0)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return None, self.loss_fn(x, y)
 
     def first_loss(self, x, y) -> float:
         with self.torch.no_grad():
-            return float(self.model(x, y).item())
-
-    def release(self):
-        self.opt.zero_grad(set_to_none=True)
-        common.free_torch(self.device)
-
-    def sync(self):
-        common.torch_sync(self.device)
-
-    def reset_peak(self):
-        common.torch_reset_peak(self.device)
-
-    def peak(self):
-        return common.torch_peak(self.device)["allocated_peak"]
+            return float(self.module(x, y).item())
 
     def close(self):
-        del self.model, self.params, self.opt, self.loss_fn
-        common.free_torch(self.device)
+        del self.module, self.loss_fn
+        super().close()
 
 
 # ---- part 1: the step at one batch
@@ -329,20 +308,8 @@ def largest_batch(args, trainer) -> dict:
     tries = []
 
     def fits(b) -> bool:
-        batches = common.random_batches(args.vocab, b, args.seq, n=1, seed=args.seed)
-        t0 = time.perf_counter()
-        try:
-            r = measure(trainer, batches, args.search_steps, warmup=1)
-            r.update(batch=b, fits=True)
-        except trainer.oom as e:
-            r = {"batch": b, "fits": False, "error": describe(e)}
-        trainer.release()
-        r["wall_s"] = time.perf_counter() - t0
-        tries.append(r)
-        print(f"    {trainer.framework:16s} batch {b:4d}: "
-              + (f"fits, {r['tok_s']:,.0f} tok/s, peak {common.fmt_gib(r['peak_allocated'])}" if r["fits"] else "OOM"),
-              flush=True)
-        return r["fits"]
+        tries.append(try_batch(args, trainer, b))  # one warm step, --search-steps timed, OOM a result
+        return tries[-1]["fits"]
 
     good, bad, b = 0, None, 1
     while b <= args.max_batch:
