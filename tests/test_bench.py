@@ -111,3 +111,13 @@ def test_big_models_bench_compares_the_same_model_and_searches_the_batch(tmp_pat
     fit = {t["batch"]: t["fits"] for t in xt["tries"]}
     best = xt["largest_batch"]
     assert best and fit[best] and fit.get(best + 1) is False, fit
+
+
+def test_generate_bench_peer_is_the_same_model(tmp_path):
+    """bench/generate.py's transformers peer holds xtrain's weights: in float32 its greedy tokens
+    are xtrain's, row for row."""
+    result = _run("generate.py", tmp_path, "--preset", "tiny", "--batches", "2", "--new-tokens", "6",
+                  "--prompt-len", "5", "--no-rerun", "--peers", "hf_static")
+    (row,) = result["results"]
+    assert "hf_static_error" not in row, row
+    assert row["hf_static_same_tokens"] == 1.0 and row["fastest_peer"] == "hf_static" and row["vs_peer"] > 0
