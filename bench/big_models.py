@@ -31,7 +31,9 @@ batches, 1, 2, 4, ... up to the first that runs out of memory, then a bisection 
 last that fit and it: about 2 log2(B) tries of one warm step and --search-steps timed ones
 (bench/recompute.py's measure). xtrain steps eagerly there (a capture per batch would cost
 three steps each); the peer is --search-peer (default liger) compiled once with the batch
-dimension dynamic (one compile for every try; a static compile would recompile per batch).
+dimension dynamic (one compile for every try, where a static compile would recompile per batch;
+dynamo cannot keep a batch of 1 dynamic, so the peer's gallop starts at 2 and tries 1, with a
+compile of its own, only when 2 does not fit).
 
 Time per call on the H200 (estimates before the first run): xtrain's init draws the weights on
 the CPU (~20 s for 0.6B, ~60 s for 1.7B), each compiled peer compiles for 1-2 minutes; a step
@@ -203,7 +205,9 @@ class PeerTrainer(TorchTrainer):
         self.oom = torch.OutOfMemoryError
 
     def forward(self, x, y):
-        if self.dynamic:  # one compile for every batch of the search
+        # One compile for every batch of the search. A batch of 1 cannot be marked dynamic (dynamo
+        # specializes sizes 0 and 1): it gets a compile of its own, so the search tries it last.
+        if self.dynamic and x.shape[0] > 1:
             self.torch._dynamo.mark_dynamic(x, 0)
             self.torch._dynamo.mark_dynamic(y, 0)
         return None, self.loss_fn(x, y)
@@ -290,7 +294,7 @@ def search_part(args, cfg, device, tdevice, gqa_native, weights) -> list[dict]:
             else:
                 trainer = PeerTrainer(args.search_peer, cfg, weights, tdevice, args.seq, gqa_native,
                                       dynamic_batch=True)
-            result.update(largest_batch(args, trainer))
+            result.update(largest_batch(args, trainer, start=1 if kind == "xtrain" else 2))
         except Exception as e:  # the model and optimizer alone do not fit, or the peer cannot run
             result["error"] = describe(e)
         finally:
@@ -303,15 +307,16 @@ def search_part(args, cfg, device, tdevice, gqa_native, weights) -> list[dict]:
     return out
 
 
-def largest_batch(args, trainer) -> dict:
-    """Gallop 1, 2, 4, ... to the first batch that does not fit (or --max-batch), then bisect."""
+def largest_batch(args, trainer, start: int = 1) -> dict:
+    """Gallop start, 2 start, 4 start, ... to the first batch that does not fit (or --max-batch),
+    then bisect (down to 1 when start does not fit)."""
     tries = []
 
     def fits(b) -> bool:
         tries.append(try_batch(args, trainer, b))  # one warm step, --search-steps timed, OOM a result
         return tries[-1]["fits"]
 
-    good, bad, b = 0, None, 1
+    good, bad, b = 0, None, start
     while b <= args.max_batch:
         if not fits(b):
             bad = b
