@@ -31,8 +31,9 @@ def make(N, K, V, seed=0, ignore=(), tdtype=np.int64):
     return x, w, t
 
 
-def run(device, dtype, x_np, w_np, t_np, chunk_rows=None, x_grad=True, w_grad=True, upstream=None):
-    """(loss, dx, dw): chunk_rows None runs the unfused pair, else the fused op with that chunk."""
+def run(device, dtype, x_np, w_np, t_np, chunk_rows=None, x_grad=True, w_grad=True, upstream=None, chunked=None):
+    """(loss, dx, dw): chunk_rows None runs the unfused pair, else the fused op with that chunk;
+    chunked: whether the op must take the chunked path (default: 0 < chunk_rows < N)."""
     x = xtrain.tensor(x_np, dtype=dtype, device=device, requires_grad=x_grad)
     w = xtrain.tensor(w_np, dtype=dtype, device=device, requires_grad=w_grad)
     t = xtrain.tensor(t_np, device=device)
@@ -41,7 +42,7 @@ def run(device, dtype, x_np, w_np, t_np, chunk_rows=None, x_grad=True, w_grad=Tr
     else:
         loss, logits = ops.linear_cross_entropy(x, w, t, chunk_rows=chunk_rows)
         assert logits is None
-        chunked = 0 < chunk_rows < len(t_np)
+        chunked = 0 < chunk_rows < len(t_np) if chunked is None else chunked
         assert loss.grad_fn == ("ChunkedLinearCrossEntropyBackward" if chunked else "LinearCrossEntropyBackward")
     out = loss if upstream is None else loss * upstream
     out.backward()
@@ -206,3 +207,23 @@ def test_auto_chunks_at_a_published_vocabulary(device):
     whole = run(device, "bfloat16", x, w, t, chunk_rows=N)
     for what, a, b in zip(("loss", "dx", "dw"), (loss, xt.grad, wt.grad), whole):
         close(a, b, "bfloat16", what)
+
+
+def test_auto_rule_balances_chunks_of_at_most_a_gibibyte(device):
+    """chunk_rows=0 at 4 MiB logits rows (V = 2^20 float32): 256 rows fit a GiB, so 300 rows run
+    in 2 chunks of 256 rows rounded from 150 (balanced, a multiple of 128): the same bits as
+    chunk_rows=256, and torch's loss and gradients."""
+    N, K, V = 300, 1, 1 << 20
+    x, w, t = make(N, K, V, seed=14, ignore=(9,))
+    auto = run(device, "float32", x, w, t, chunk_rows=0, chunked=True)
+    explicit = run(device, "float32", x, w, t, chunk_rows=256)
+    for u, v in zip(auto, explicit):
+        assert np.array_equal(bits(u), bits(v))
+    tx, tw = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x, w))
+    ref = F.cross_entropy(tx @ tw.t(), torch.tensor(t), ignore_index=-100)
+    ref.backward()
+    np.testing.assert_allclose(auto[0].item(), ref.item(), rtol=1e-5)
+    # dx sums 2^20 float32 products per row, with cancellation: 6.1e-4 of the norm off float64,
+    # the same for the unfused pair's GEMM (measured)
+    got, want = to_numpy64(auto[1]), tx.grad.numpy()
+    assert np.linalg.norm(got - want) < 2e-3 * np.linalg.norm(want)

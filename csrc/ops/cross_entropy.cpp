@@ -193,19 +193,24 @@ void copy_logits_rows(const void* buf, DType dt, int64_t rows, int64_t vocab, in
 // only, in float32, in chunk order: deterministic, equal to the unchunked head to float rounding
 // (the sum over tokens is split at chunk edges). Memory: the chunk [R, ld], the dw accumulator
 // [V, K] (float32), dx [N, K] (float32); independent of the batch but for dx.
-// R: as many rows as fit kChunkBytes of logits, a multiple of kChunkRowMultiple. At vocabulary
-// 151936 in bf16 (303,872 bytes a row) R = 3456: batch 4 x 4096 runs in 5 chunks, holding 1 GiB of
-// logits instead of 5 GB. Each chunk after the first re-reads and re-writes the float32 dw (2 x
-// 622 MB at K = 1024), which is what keeps R large. The rule depends only on (N, ld, dtype), so a
-// given call always chunks the same way; a call that fits in one chunk runs unchunked (bit for bit
-// the single-buffer path above), as do the small presets (dim768 at batch 32: 824 MB).
+// R: the fewest chunks whose logits each fit kChunkBytes, their rows balanced and rounded up to a
+// multiple of kChunkRowMultiple. At vocabulary 151936 in bf16 (303,872 bytes a row) 3,456 rows
+// fit: batch 4 x 4096 runs in 5 chunks of 3,328 rows (the last 3,072), holding 1 GiB of logits
+// instead of 5 GB. Each chunk after the first re-reads and re-writes the float32 dw (2 x 622 MB at
+// K = 1024), which is what keeps R large; balancing keeps the last chunk's GEMMs as large as the
+// others. The rule depends only on (N, ld, dtype), so a given call always chunks the same way; a
+// call that fits in one chunk runs unchunked (bit for bit the single-buffer path above), as do the
+// small presets (dim768 at batch 32: 824 MB).
 constexpr int64_t kChunkBytes = int64_t{1} << 30;  // a chunk's logits (1 GiB): GEMMs of >= 3K rows
 constexpr int64_t kChunkRowMultiple = 128;         // whole GEMM tiles in every chunk but the last
 
 int64_t head_chunk_rows(int64_t N, int64_t ld, size_t itemsize, int64_t requested) {
   if (requested > 0) return requested;
-  const int64_t fit = kChunkBytes / (ld * static_cast<int64_t>(itemsize)) / kChunkRowMultiple * kChunkRowMultiple;
-  return fit > kChunkRowMultiple ? fit : kChunkRowMultiple;
+  int64_t fit = kChunkBytes / (ld * static_cast<int64_t>(itemsize)) / kChunkRowMultiple * kChunkRowMultiple;
+  if (fit < kChunkRowMultiple) fit = kChunkRowMultiple;
+  const int64_t chunks = (N + fit - 1) / fit;  // >= 1 chunk, N >= 0
+  const int64_t rows = chunks > 0 ? (N + chunks - 1) / chunks : 0;
+  return (rows + kChunkRowMultiple - 1) / kChunkRowMultiple * kChunkRowMultiple;  // <= fit
 }
 
 struct ChunkedHead {
