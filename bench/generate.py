@@ -27,12 +27,26 @@ attention differently in the two paths, so a near tie can flip a token and the r
 after it). A third run samples (temperature 0.8, top-k 50, top-p 0.95) with the cache, to show
 what host-side sampling costs next to greedy.
 
+The PyTorch generators of the same model (--peers; known issue 29), in the same call: the model
+as transformers builds it from the export's config (xtrain.io.export.hf_config: Qwen3ForCausalLM,
+or LlamaForCausalLM without q/k norm) holding xtrain's weights, in the run's dtype:
+  hf_static  transformers' generate(do_sample=False, cache_implementation="static"): its static
+             KV cache, with the decode step compiled by transformers itself where it does so
+             (CUDA; the first call compiles and is not timed)
+  compiled   a decode loop over a transformers StaticCache with the model's forward under
+             torch.compile(mode="reduce-overhead", fullgraph=True) (CUDA graphs of the compiled
+             step), the prefill eager: the recipe transformers documents for fast decoding
+Each peer generates --new-tokens greedily from the same prompts (no stop token); `vs_peer` =
+cached tok/s over the fastest peer's, `peer_same_tokens` the fraction of rows whose tokens agree
+with xtrain's (1.0 in float32; bf16 can flip a near tie).
+
 Results: bench/results/generate-PRESET-DATE.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import time
 
 import numpy as np
@@ -49,6 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
     p.add_argument("--new-tokens", type=int, default=256, help="tokens generated per row")
     p.add_argument("--no-rerun", action="store_true", help="time the cached generator only")
+    p.add_argument("--peers", nargs="*", choices=("hf_static", "compiled"), default=["hf_static", "compiled"],
+                   help="PyTorch generators of the same model (none: xtrain only, not a comparison)")
     p.add_argument("--profile", action="store_true",
                    help="also profile one cached call (PyTorch's profiler, CUDA only): GPU kernel ms per "
                         "decode step and the kernels that take it (the decode kernels start early, so a "
@@ -79,6 +95,78 @@ def rerun_generate(model, prompts: np.ndarray, max_new_tokens: int) -> np.ndarra
             last = last.reshape(window.shape[0], window.shape[1], -1)[:, -1, :]
             out = np.concatenate([out, np.argmax(last, axis=1)[:, None]], axis=1)
     return out
+
+
+def hf_model(model, device: str, bf16: bool):
+    """transformers' causal LM of the model's config (the export's config.json) holding its weights."""
+    import torch
+    import transformers
+
+    from xtrain.io.export import hf_config
+
+    cfg = hf_config(model.config, "bf16" if bf16 else "f32", eot_id=0)
+    cfg.pop("architectures")
+    cfg.pop("torch_dtype")
+    cfg.update(bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    hf = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cfg), dtype=dtype)
+    state = {("" if n == "lm_head.weight" else "model.") + n: torch.from_numpy(p.numpy()) for n, p in
+             model.named_parameters()}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    tied = ["lm_head.weight"] if model.config.tie_embeddings else []
+    if sorted(missing) != tied or unexpected:
+        raise RuntimeError(f"transformers' model does not take xtrain's weights: missing {missing}, "
+                           f"unexpected {unexpected}")
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return hf.to(device).eval()
+
+
+def hf_static_generate(hf, prompts: np.ndarray, new_tokens: int, device: str):
+    """transformers' generate with its static cache: greedy, exactly new_tokens per row."""
+    import torch
+
+    ids = torch.from_numpy(prompts).to(device)
+
+    def run():
+        with torch.no_grad():
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False, cache_implementation="static")
+        return out.cpu().numpy()  # sync point: the tokens come to the host
+    return run
+
+
+def compiled_static_decode(hf, prompts: np.ndarray, new_tokens: int, device: str):
+    """Greedy decoding over a StaticCache: the prefill eager, then one token per step through the
+    forward under torch.compile(mode="reduce-overhead", fullgraph=True). Returns the call."""
+    import torch
+    from transformers import StaticCache
+
+    B, P = prompts.shape
+    ids = torch.from_numpy(prompts).to(device)
+    try:
+        cache = StaticCache(config=hf.config, max_cache_len=P + new_tokens)
+    except TypeError:  # transformers before the lazily sized cache
+        cache = StaticCache(config=hf.config, max_batch_size=B, max_cache_len=P + new_tokens, device=device,
+                            dtype=hf.dtype)
+    step = torch.compile(hf.forward, mode="reduce-overhead", fullgraph=True)
+    # the cache's keyword: `cache` in transformers that renamed past_key_values
+    key = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+
+    def run():
+        cache.reset()
+        with torch.no_grad():
+            logits = hf(input_ids=ids, cache_position=torch.arange(P, device=device), use_cache=True,
+                        **{key: cache}).logits
+            tok = logits[:, -1].argmax(-1, keepdim=True)
+            out = [tok]
+            for i in range(new_tokens - 1):
+                pos = torch.tensor([P + i], device=device)
+                logits = step(input_ids=tok, cache_position=pos, use_cache=True, **{key: cache}).logits
+                tok = logits[:, -1].argmax(-1, keepdim=True).clone()  # out of the graph's output buffer
+                out.append(tok)
+        return np.concatenate([prompts, torch.cat(out, 1).cpu().numpy()], axis=1)  # sync point
+    return run
 
 
 def timed(fn, device: str) -> tuple[float, np.ndarray]:
@@ -140,13 +228,14 @@ def main(argv=None) -> None:
     from xtrain.models import TinyTransformer, config_for
     from xtrain.models import generate as gen
 
-    device, _ = common.resolve_device(args.device)
+    device, tdevice = common.resolve_device(args.device)
     bf16 = common.is_cuda(device) if args.bf16 is None else args.bf16
     config = config_for(args.preset, args.vocab, bf16=bf16)
     if args.prompt_len + args.new_tokens > config.max_seq:
         raise SystemExit(f"--prompt-len + --new-tokens must be <= max_seq {config.max_seq}")
     model = TinyTransformer(config, device=device, seed=args.seed)
     model.eval()
+    hf = hf_model(model, tdevice, bf16) if args.peers else None
     rng = np.random.default_rng(args.seed)
     batches = [int(b) for b in args.batches.split(",")]
     print(f"{args.preset} ({'bf16' if bf16 else 'fp32'}) on {device}: prompts of {args.prompt_len} tokens, "
@@ -203,11 +292,30 @@ def main(argv=None) -> None:
             row.update(rerun_s=t, rerun_tok_s=B * args.new_tokens / t, speedup=t / row["cached_s"],
                        first_speedup=t / row["first_s"], eager_speedup=t / row["eager_s"],
                        same_tokens=float(np.mean([np.array_equal(a, b) for a, b in zip(cached, rerun)])))
+        peer_tok_s = {}
+        for name in args.peers:
+            try:
+                make = hf_static_generate if name == "hf_static" else compiled_static_decode
+                run = make(hf, prompts, args.new_tokens, tdevice)
+                run()  # compiles (hf_static on CUDA, compiled): not timed
+                t, toks = timed(run, device)
+                peer_tok_s[name] = B * args.new_tokens / t
+                row.update({f"{name}_s": t, f"{name}_tok_s": peer_tok_s[name],
+                            f"{name}_same_tokens": float(np.mean([np.array_equal(a, b) for a, b in zip(cached, toks)]))})
+            except Exception as e:  # a transformers version without the API: the other peer still runs
+                row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                print(f"batch {B}: {name} failed: {row[f'{name}_error']}", flush=True)
+        if peer_tok_s:
+            fastest = max(peer_tok_s, key=peer_tok_s.get)
+            row.update(vs_peer=row["cached_tok_s"] / peer_tok_s[fastest], fastest_peer=fastest,
+                       peer_same_tokens=row[f"{fastest}_same_tokens"])
         rows.append(row)
         print(f"batch {B}: cached {row['cached_tok_s']:,.0f} tok/s (first call {row['first_tok_s']:,.0f}), "
               f"eager {row['eager_tok_s']:,.0f} tok/s"
               + (f", rerun {row['rerun_tok_s']:,.0f} tok/s, speedup {row['speedup']:.1f}x "
-                 f"(first call {row['first_speedup']:.1f}x)" if "speedup" in row else ""), flush=True)
+                 f"(first call {row['first_speedup']:.1f}x)" if "speedup" in row else "")
+              + (f"; {row['fastest_peer']} {row[row['fastest_peer'] + '_tok_s']:,.0f} tok/s, xtrain "
+                 f"{row['vs_peer']:.2f}x" if "vs_peer" in row else ""), flush=True)
 
     common.print_table(rows, [("batch", "batch", "d"), ("cached_tok_s", "cached tok/s", ",.0f"),
                               ("cached_step_ms", "ms/step", ".2f"), ("first_tok_s", "first tok/s", ",.0f"), ("eager_tok_s", "eager tok/s", ",.0f"),
@@ -216,12 +324,25 @@ def main(argv=None) -> None:
                               ("rerun_tok_s", "rerun tok/s", ",.0f"), ("speedup", "speedup", ".1f"),
                               ("first_speedup", "first speedup", ".1f"),
                               ("eager_speedup", "eager speedup", ".1f"),
-                              ("same_tokens", "same tokens", ".2f"), ("cached_peak_gib", "peak GiB", ".2f")])
+                              ("same_tokens", "same tokens", ".2f"), ("cached_peak_gib", "peak GiB", ".2f"),
+                              ("hf_static_tok_s", "hf static tok/s", ",.0f"),
+                              ("compiled_tok_s", "compiled tok/s", ",.0f"), ("vs_peer", "vs peer", ".2f"),
+                              ("peer_same_tokens", "peer same", ".2f")])
     payload = {"benchmark": "generate", "env": common.env_info(device),
                "config": {**config.to_dict(), "preset": args.preset},
                "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "results": rows,
-               "gate": "speedup >= 10 at 256 new tokens for dim768 (issue 17)"}
+               "gate": "speedup >= 10 at 256 new tokens for dim768 (issue 17)",
+               "peers": args.peers, "transformers": _version("transformers")}
     common.write_json(common.result_name(f"generate-{args.preset}", args.tag), payload, args.out)
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 if __name__ == "__main__":

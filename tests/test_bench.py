@@ -116,3 +116,30 @@ def test_time_to_loss_arms_share_init_and_token_order(tmp_path):
     reached = result["runs"]["torch-adamw"]["0.001"]["reached"]
     assert reached["9.0"]["step"] == 2 and reached["1.0"] is None
     assert result["summary"]["9.0"]["speedup_vs_pytorch"] > 0
+
+
+def test_big_models_bench_compares_the_same_model_and_searches_the_batch(tmp_path):
+    """bench/big_models.py on a shrunk llama3.2-1b (GQA 4, no q/k norm, tied head): the PyTorch
+    peer starts from xtrain's weights (the same first loss), and the batch search ends on a batch
+    that fits next to one that does not."""
+    result = _run("big_models.py", tmp_path, "--preset", "llama3.2-1b", "--shrink", "--batch", "2", "--seq", "32",
+                  "--steps", "1", "--warmup", "1", "--peers", "eager", "--parts", "step", "search",
+                  "--memory-limit", "24MiB", "--max-batch", "64", "--no-graphs")
+    rows = {r["framework"]: r for r in result["results"]}
+    assert set(rows) == {"xtrain", "torch (eager)"} and all("error" not in r for r in rows.values()), rows
+    assert abs(rows["xtrain"]["loss_first"] - rows["torch (eager)"]["loss_first"]) < 2e-2
+    assert result["model"]["n_kv_heads"] * 4 == result["model"]["n_heads"] and result["model"]["tie_embeddings"]
+    xt = next(s for s in result["largest_batch"] if s["framework"] == "xtrain")
+    fit = {t["batch"]: t["fits"] for t in xt["tries"]}
+    best = xt["largest_batch"]
+    assert best and fit[best] and fit.get(best + 1) is False, fit
+
+
+def test_generate_bench_peer_is_the_same_model(tmp_path):
+    """bench/generate.py's transformers peer holds xtrain's weights: in float32 its greedy tokens
+    are xtrain's, row for row."""
+    result = _run("generate.py", tmp_path, "--preset", "tiny", "--batches", "2", "--new-tokens", "6",
+                  "--prompt-len", "5", "--no-rerun", "--peers", "hf_static")
+    (row,) = result["results"]
+    assert "hf_static_error" not in row, row
+    assert row["hf_static_same_tokens"] == 1.0 and row["fastest_peer"] == "hf_static" and row["vs_peer"] > 0

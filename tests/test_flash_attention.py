@@ -315,8 +315,10 @@ PREP_SHAPES = [(1, 1, 1, 1, 2), (2, 3, 4, 4, 8), (2, 5, 4, 2, 32), (2, 7, 3, 1, 
                (2, 64, 8, 2, 32),  # many rows: the weight gradients sum in row chunks
                (1, 5, 2, 1, 256),  # past the register path; on CUDA in bf16 the composition route of
                                    # rms_norm's wide backward (Note [Wide RMSNorm backward])
-               (2, 40, 2, 1, 256)]  # more rows than the few-row kernel takes: rms_norm's wide forward
+               (2, 40, 2, 1, 256),  # more rows than the few-row kernel takes: rms_norm's wide forward
                                     # (Note [Wide RMSNorm forward]) against the fused kernel's sums
+               (2, 9, 16, 8, 128),  # Qwen3's heads (qwen3-0.6b, qwen3-1.7b)
+               (1, 9, 32, 8, 64)]   # Llama-3.2-1B's heads
 
 
 def composed(q, k, wq, wk, eps, theta):

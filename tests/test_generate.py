@@ -60,7 +60,9 @@ def as64(t):
 # On CUDA every case but the last runs the one-pass kernel (few (b, kv head) pairs, L <= 1024:
 # Note [Decode attention in one pass]); the last, L > 1024, the split kernels and their combine.
 @pytest.mark.parametrize("H, Hkv, D, L", [(4, 4, 8, 37), (4, 2, 32, 37), (6, 1, 16, 5), (2, 2, 32, 700),
-                                          (2, 1, 32, 1100)])
+                                          (2, 1, 32, 1100),
+                                          # the published shapes' heads: Qwen3 16/8 x 128, Llama-3.2 32/8 x 64
+                                          (16, 8, 128, 300), (32, 8, 64, 1100)])
 def test_decode_attention_matches_reference(device, dtype, H, Hkv, D, L):
     rng = np.random.default_rng(0)
     B = 4
@@ -154,7 +156,7 @@ def _prep_composition(q, k, v, k_cache, v_cache, positions, wq, wk, eps, theta):
 @pytest.mark.parametrize("dtype, w_dtype", [("float32", "float32"), ("bfloat16", "float32"),
                                             ("bfloat16", "bfloat16"), ("float64", "float64")])
 @pytest.mark.parametrize("H, Hkv, D, L", [(4, 4, 8, 9), (4, 2, 32, 40), (6, 1, 64, 300), (2, 2, 128, 9),
-                                          (2, 2, 32, 700), (2, 2, 32, 1100)])
+                                          (2, 2, 32, 700), (2, 2, 32, 1100), (16, 8, 128, 40), (32, 8, 64, 300)])
 @pytest.mark.parametrize("norm", [True, False])
 def test_decode_prep_attention_is_prep_then_attention_bitwise(device, dtype, w_dtype, H, Hkv, D, L, norm):
     rng = np.random.default_rng(H * D + L)

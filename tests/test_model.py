@@ -380,7 +380,7 @@ def test_init_follows_gpt2(device):
 
 
 def test_presets_have_the_documented_sizes():
-    assert set(PRESETS) == {"tiny", "dim384", "dim768", "dim1024"}
+    assert set(PRESETS) == {"tiny", "dim384", "dim768", "dim1024", "qwen3-0.6b", "qwen3-1.7b", "llama3.2-1b"}
     assert round(config_for("dim768", 4096).core_params() / 1e6) == 127
     assert round(config_for("dim1024", 4096).core_params() / 1e6) == 227
     # every GEMM dimension a multiple of 8 (16-byte bf16 rows): cuBLAS's aligned kernels

@@ -297,6 +297,10 @@ struct MuonParams {
                               const void* targets, const float* dloss, const float* count,              \
                               void* dlogits, int64_t rows, int64_t vocab, int64_t ld,                   \
                               int64_t ignore_index, void* stream);                                      \
+  /* grad[i] = acc[i] * dloss[0] / max(count[0], 1), rounded once to dt; acc is float32 (float64 */    \
+  /* for float64): the row-chunked head's unscaled gradients. grad may be acc (dt float32/float64). */ \
+  void cross_entropy_scale_grad(DType dt, const void* acc, const float* dloss, const float* count,       \
+                                void* grad, int64_t n, void* stream);                                   \
   /* ---- optimizer (kernels/{cpu,cuda}/optim): float32, fused over many tensors */                            \
   /* guard (nullable, one float on the device): when it is not finite, nothing is written (a */        \
   /* training step with a NaN/Inf loss or gradient norm is skipped without a host sync). */           \

@@ -19,6 +19,10 @@
 // The nodes save the logits (or the buffer), the targets, lse and count; linear_cross_entropy's
 // also keeps x when w needs grad and w when x does. Its backward overwrites the buffer with
 // dlogits (the node runs once: the engine refuses a second backward through a released graph).
+//
+// When the logits of all N rows would take more than a chunk (Note [Row-chunked head]),
+// linear_cross_entropy runs in row chunks instead and never holds [N, V]: its forward computes
+// the gradients too, unscaled, and its backward only scales them by dloss / count.
 #include "core/cuda_api.h"
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -130,6 +134,150 @@ void check_linear_ce_inputs(const Tensor& x, const Tensor& w, const Tensor& targ
            "] (one per row of x), got targets ", targets.describe(), " for x ", x.describe());
 }
 
+// The weight the head's GEMMs use. On CUDA they run over ld classes, w padded with zero rows:
+// cuBLAS keeps its aligned kernels only when the logits' contiguous extent (m of the forward, k of
+// dx) is a multiple of 8 as well as their row stride (V = 50257: 6.6 and 8.2 ms with align1
+// kernels, ~1 ms each padded). The padding columns of the logits are then exactly 0. On the CPU
+// (where alignment does not matter) the GEMMs stay over V classes, the calls of linear +
+// cross_entropy, bit for bit; the padding columns stay unwritten until the backward kernel zeroes
+// them.
+Tensor head_weight(const Tensor& w, int64_t ld) {
+  const Device dev = w.device();
+  const int64_t V = w.size(0), K = w.size(1);
+  if (!dev.is_cuda() || ld == V) return w;
+  Tensor wg = Tensor::empty({ld, K}, w.dtype(), dev);
+  const size_t row = static_cast<size_t>(K) * w.itemsize();
+  if (row) {
+    cuda::copy_bytes(wg.data_ptr(), dev, w.data_ptr(), dev, static_cast<size_t>(V) * row);
+    cuda::memset_zero(static_cast<char*>(wg.data_ptr()) + static_cast<size_t>(V) * row, dev,
+                      static_cast<size_t>(ld - V) * row);
+  }
+  return wg;
+}
+
+// Copies rows x vocab logits of a buffer with row stride ld into out (contiguous rows of vocab):
+// buf * 1 through the strided binary kernel (exact in every dtype, -0 and infinities included).
+void copy_logits_rows(const void* buf, DType dt, int64_t rows, int64_t vocab, int64_t ld, void* out, Device dev) {
+  if (rows * vocab == 0) return;
+  Tensor one = full({}, 1.0, dt, dev);
+  kernels::Broadcast bc;
+  bc.ndim = 2;
+  bc.shape[0] = rows;
+  bc.shape[1] = vocab;
+  bc.astride[0] = ld;
+  bc.astride[1] = 1;
+  bc.bstride[0] = 0;
+  bc.bstride[1] = 0;
+  XT_KERNEL(dev, binary, kernels::BinaryOp::Mul, dt, buf, one.data_ptr(), out, rows * vocab, &bc, stream_for(dev));
+}
+
+// Note [Row-chunked head]
+// linear_cross_entropy over N rows holds their logits [N, ld]: at vocabulary 151936 and 16K
+// tokens (batch 4 x seq 4096) that is 5 GB of bf16, more than a 0.6B model's weights, gradients
+// and moments together, and it grows with the batch. Above a chunk's worth of rows it runs in
+// row chunks of R rows instead, each through one buffer [R, ld]:
+//   forward, per chunk: logits = x_c @ w^T (GEMM), lse and the row losses (the one-pass forward
+//   kernel on whole rows, as unchunked: a row's lse and loss come from the same kernel on the
+//   same logits), then, when a gradient is wanted, dlogits = softmax - onehot over the buffer
+//   in place (the backward kernel with dloss = count = 1), dx_c = dlogits @ w into rows of a dx
+//   accumulator (GEMM, rows of their own) and dw += dlogits^T @ x_c (GEMM with beta = 1 after
+//   the first chunk). The accumulators are float32 (float64 for float64); then the mean loss
+//   and the count.
+//   backward: dx = dx_acc * dloss / max(count, 1) and dw likewise, rounded once to the input
+//   dtype (one elementwise kernel each; in place when the dtype is the accumulator's).
+// The gradients are computed in the forward, as Liger-Kernel's fused linear cross-entropy does,
+// because the loss is a scalar and its gradient linear in dloss: the backward needs no logits,
+// and the head runs its three GEMMs once (recomputing the logits in backward would add a fourth).
+// Rows, not vocabulary columns: a whole row in one chunk keeps lse a single pass with no merge
+// across chunks, and its gradient row needs no later chunk. What accumulates across chunks is dw
+// only, in float32, in chunk order: deterministic, equal to the unchunked head to float rounding
+// (the sum over tokens is split at chunk edges). Memory: the chunk [R, ld], the dw accumulator
+// [V, K] (float32), dx [N, K] (float32); independent of the batch but for dx.
+// R: the fewest chunks whose logits each fit kChunkBytes, their rows balanced and rounded up to a
+// multiple of kChunkRowMultiple. At vocabulary 151936 in bf16 (303,872 bytes a row) 3,456 rows
+// fit: batch 4 x 4096 runs in 5 chunks of 3,328 rows (the last 3,072), holding 1 GiB of logits
+// instead of 5 GB. Each chunk after the first re-reads and re-writes the float32 dw (2 x 622 MB at
+// K = 1024), which is what keeps R large; balancing keeps the last chunk's GEMMs as large as the
+// others. The rule depends only on (N, ld, dtype), so a given call always chunks the same way; a
+// call that fits in one chunk runs unchunked (bit for bit the single-buffer path above), as do the
+// small presets (dim768 at batch 32: 824 MB).
+constexpr int64_t kChunkBytes = int64_t{1} << 30;  // a chunk's logits (1 GiB): GEMMs of >= 3K rows
+constexpr int64_t kChunkRowMultiple = 128;         // whole GEMM tiles in every chunk but the last
+
+int64_t head_chunk_rows(int64_t N, int64_t ld, size_t itemsize, int64_t requested) {
+  if (requested > 0) return requested;
+  int64_t fit = kChunkBytes / (ld * static_cast<int64_t>(itemsize)) / kChunkRowMultiple * kChunkRowMultiple;
+  if (fit < kChunkRowMultiple) fit = kChunkRowMultiple;
+  const int64_t chunks = (N + fit - 1) / fit;  // >= 1 chunk, N >= 0
+  const int64_t rows = chunks > 0 ? (N + chunks - 1) / chunks : 0;
+  return (rows + kChunkRowMultiple - 1) / kChunkRowMultiple * kChunkRowMultiple;  // <= fit
+}
+
+struct ChunkedHead {
+  Tensor loss, count, dx_acc, dw_acc, logits;  // dx_acc / dw_acc undefined when not wanted
+};
+
+ChunkedHead linear_cross_entropy_chunked(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                         int64_t ignore_index, bool return_logits, int64_t R, bool want_dx,
+                                         bool want_dw) {
+  const int64_t N = x.size(0), K = x.size(1), V = w.size(0), ld = logits_ld(V);
+  const Device dev = x.device();
+  const DType dt = x.dtype(), acc_dt = dt == DType::BFloat16 ? DType::Float32 : dt;
+  const Tensor wg = head_weight(w, ld);
+  const int64_t M = wg.size(0);  // classes the GEMMs cover: ld on CUDA, V on the CPU
+  void* stream = stream_for(dev);
+  ChunkedHead h;
+  Tensor buf = Tensor::empty({R < N ? R : N, ld}, dt, dev);
+  Tensor lse = Tensor::empty({N}, DType::Float32, dev);
+  Tensor losses = Tensor::empty({N}, DType::Float32, dev);
+  Tensor one = full({1}, 1.0, DType::Float32, dev);  // dloss and count of the unscaled dlogits
+  if (return_logits) h.logits = Tensor::empty({N, V}, dt, dev);
+  if (want_dx) h.dx_acc = Tensor::empty({N, K}, acc_dt, dev);
+  if (want_dw) h.dw_acc = Tensor::empty({M, K}, acc_dt, dev);
+  const size_t xb = x.itemsize(), tb = targets.itemsize(), ab = dtype_size(acc_dt);
+  const char* xp = static_cast<const char*>(x.data_ptr());
+  const char* tp = static_cast<const char*>(targets.data_ptr());
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t n = R < N - r0 ? R : N - r0;
+    const void* xc = xp + static_cast<size_t>(r0 * K) * xb;
+    const void* tc = tp + static_cast<size_t>(r0) * tb;
+    XT_KERNEL(dev, gemm_ld, dt, dt, false, true, n, M, K, 1.0f, xc, K, wg.data_ptr(), K, 0.0f, buf.data_ptr(), ld,
+              1, n * K, M * K, n * ld, stream);
+    XT_KERNEL(dev, cross_entropy_forward, dt, buf.data_ptr(), targets.dtype(), tc, losses.data<float>() + r0,
+              lse.data<float>() + r0, n, V, ld, ignore_index, stream);
+    if (return_logits)
+      copy_logits_rows(buf.data_ptr(), dt, n, V, ld, static_cast<char*>(h.logits.data_ptr()) +
+                                                         static_cast<size_t>(r0 * V) * h.logits.itemsize(), dev);
+    if (!want_dx && !want_dw) continue;
+    XT_KERNEL(dev, cross_entropy_backward, dt, buf.data_ptr(), lse.data<float>() + r0, targets.dtype(), tc,
+              one.data<float>(), one.data<float>(), buf.data_ptr(), n, V, ld, ignore_index, stream);
+    if (want_dx && K)  // dx rows [r0, r0 + n) = dlogits [n, M] (row stride ld) @ wg [M, K]
+      XT_KERNEL(dev, gemm_ld, dt, acc_dt, false, false, n, K, M, 1.0f, buf.data_ptr(), ld, wg.data_ptr(), K, 0.0f,
+                static_cast<char*>(h.dx_acc.data_ptr()) + static_cast<size_t>(r0 * K) * ab, K, 1, n * ld, M * K,
+                n * K, stream);
+    if (want_dw && K)  // dw [M, K] (+)= dlogits^T [M, n] @ x_c [n, K], chunks in order
+      XT_KERNEL(dev, gemm_ld, dt, acc_dt, true, false, M, K, n, 1.0f, buf.data_ptr(), ld, xc, K,
+                r0 == 0 ? 0.0f : 1.0f, h.dw_acc.data_ptr(), K, 1, n * ld, n * K, M * K, stream);
+  }
+  h.loss = Tensor::empty({}, DType::Float32, dev);
+  h.count = Tensor::empty({1}, DType::Float32, dev);
+  XT_KERNEL(dev, cross_entropy_reduce, losses.data<float>(), targets.dtype(), targets.data_ptr(),
+            h.loss.data<float>(), h.count.data<float>(), N, ignore_index, stream);
+  return h;
+}
+
+// The gradient [rows, K] in dt from the first rows of an accumulator: acc * dloss / max(count, 1),
+// rounded once; in place when dt is the accumulator's dtype.
+Tensor scaled_grad(const Tensor& acc, int64_t rows, DType dt, const Tensor& dloss, const Tensor& count) {
+  const int64_t K = acc.size(1);
+  Tensor out = acc.dtype() == dt ? (rows == acc.size(0) ? acc : acc.storage_view(0, {rows, K}))
+                                 : Tensor::empty({rows, K}, dt, acc.device());
+  if (out.numel())
+    XT_KERNEL(acc.device(), cross_entropy_scale_grad, dt, acc.data_ptr(), dloss.data<float>(), count.data<float>(),
+              out.data_ptr(), out.numel(), stream_for(acc.device()));
+  return out;
+}
+
 }  // namespace
 
 std::vector<Tensor> linear_cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
@@ -139,24 +287,8 @@ std::vector<Tensor> linear_cross_entropy_forward(const Tensor& x, const Tensor& 
   check_cpu_targets(targets, V, ignore_index);
   const Device dev = x.device();
   Tensor buf = Tensor::empty({N, ld}, x.dtype(), dev);
-  // On CUDA the GEMMs run over ld classes, w padded with zero rows: cuBLAS keeps its aligned
-  // kernels only when the logits' contiguous extent (m of the forward, k of dx) is a multiple of
-  // 8 as well as their row stride (V = 50257: 6.6 and 8.2 ms with align1 kernels, ~1 ms each
-  // padded). The padding columns of buf are then exactly 0. On the CPU (where alignment does not
-  // matter) the GEMMs stay over V classes, the calls of linear + cross_entropy, bit for bit.
-  Tensor wg = w;
-  if (dev.is_cuda() && ld != V) {
-    wg = Tensor::empty({ld, K}, w.dtype(), dev);
-    const size_t row = static_cast<size_t>(K) * w.itemsize();
-    if (row) {
-      cuda::copy_bytes(wg.data_ptr(), dev, w.data_ptr(), dev, static_cast<size_t>(V) * row);
-      cuda::memset_zero(static_cast<char*>(wg.data_ptr()) + static_cast<size_t>(V) * row, dev,
-                        static_cast<size_t>(ld - V) * row);
-    }
-  }
-  // Classes the GEMM covers: ld on CUDA (padding columns exactly 0), V on the CPU (padding
-  // columns unwritten until the backward kernel zeroes them).
-  const int64_t M = wg.size(0);
+  Tensor wg = head_weight(w, ld);
+  const int64_t M = wg.size(0);  // classes the GEMMs cover: ld on CUDA, V on the CPU
   if (N)
     XT_KERNEL(dev, gemm_ld, x.dtype(), x.dtype(), false, true, N, M, K, 1.0f, x.data_ptr(), K, wg.data_ptr(), K,
               0.0f, buf.data_ptr(), ld, 1, N * K, M * K, N * ld, stream_for(dev));
@@ -173,19 +305,7 @@ Tensor logits_from_buffer(const Tensor& buf, int64_t vocab) {
   const int64_t N = buf.size(0), ld = buf.size(1);
   const Device dev = buf.device();
   Tensor out = Tensor::empty({N, vocab}, buf.dtype(), dev);
-  if (out.numel() == 0) return out;
-  // A strided copy as buf * 1 (exact in every dtype, -0 and infinities included), rows read with stride ld.
-  Tensor one = full({}, 1.0, buf.dtype(), dev);
-  kernels::Broadcast bc;
-  bc.ndim = 2;
-  bc.shape[0] = N;
-  bc.shape[1] = vocab;
-  bc.astride[0] = ld;
-  bc.astride[1] = 1;
-  bc.bstride[0] = 0;
-  bc.bstride[1] = 0;
-  XT_KERNEL(dev, binary, kernels::BinaryOp::Mul, buf.dtype(), buf.data_ptr(), one.data_ptr(), out.data_ptr(),
-            out.numel(), &bc, stream_for(dev));
+  copy_logits_rows(buf.data_ptr(), buf.dtype(), N, vocab, ld, out.data_ptr(), dev);
   return out;
 }
 
@@ -292,6 +412,34 @@ class LinearCrossEntropyBackward : public NodeWithSaved<6> {
   int64_t vocab_, ignore_index_;
 };
 
+// The row-chunked head's node (Note [Row-chunked head]): the forward left the unscaled
+// gradients; backward scales them by dloss / max(count, 1).
+class ChunkedLinearCrossEntropyBackward : public NodeWithSaved<3> {
+ public:
+  ChunkedLinearCrossEntropyBackward(const Tensor& dx_acc, const Tensor& dw_acc, const Tensor& count, int64_t vocab,
+                                    DType dt)
+      : NodeWithSaved({SavedTensor("dx accumulator", dx_acc), SavedTensor("dw accumulator", dw_acc),
+                       SavedTensor("count", count)}),
+        vocab_(vocab), dt_(dt) {}
+  const char* name() const override { return "ChunkedLinearCrossEntropyBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    std::vector<Tensor> out(2);
+    if (!grads[0].defined()) return out;
+    const auto [dx_acc, dw_acc, count] = unpack();
+    const Tensor& dloss = grads[0];
+    XT_CHECK(dloss.dtype() == DType::Float32 && dloss.numel() == 1 && dloss.device() == count.device(), ValueError,
+             "linear_cross_entropy backward: dloss must be a float32 scalar on ", count.device().str(), ", got ",
+             dloss.describe());
+    if (dx_acc.defined() && wants_grad(0)) out[0] = scaled_grad(dx_acc, dx_acc.size(0), dt_, dloss, count);
+    if (dw_acc.defined() && wants_grad(1)) out[1] = scaled_grad(dw_acc, vocab_, dt_, dloss, count);
+    return out;
+  }
+
+ private:
+  int64_t vocab_;
+  DType dt_;
+};
+
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
@@ -303,7 +451,21 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 }
 
 std::pair<Tensor, Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
-                                               int64_t ignore_index, bool return_logits) {
+                                               int64_t ignore_index, bool return_logits, int64_t chunk_rows) {
+  XT_CHECK(chunk_rows >= 0, ValueError, "linear_cross_entropy: chunk_rows must be >= 0 (0: chosen from the "
+           "shapes), got ", chunk_rows);
+  check_linear_ce_inputs(x, w, targets);
+  const int64_t N = x.size(0);
+  const int64_t R = head_chunk_rows(N, logits_ld(w.size(0)), x.itemsize(), chunk_rows);
+  if (R < N) {  // Note [Row-chunked head]
+    check_cpu_targets(targets, w.size(0), ignore_index);
+    const bool want_dx = needs_grad({&x}), want_dw = needs_grad({&w});
+    ChunkedHead h = linear_cross_entropy_chunked(x, w, targets, ignore_index, return_logits, R, want_dx, want_dw);
+    if (want_dx || want_dw)
+      set_history(h.loss, make_node<ChunkedLinearCrossEntropyBackward>({x, w}, h.dx_acc, h.dw_acc, h.count,
+                                                                        w.size(0), x.dtype()));
+    return {h.loss, h.logits};
+  }
   // loss, lse, count, logits buffer, the weight the GEMMs used (w, or w with zero rows to ld on CUDA)
   std::vector<Tensor> r = linear_cross_entropy_forward(x, w, targets, ignore_index);
   Tensor loss = r[0];

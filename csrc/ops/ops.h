@@ -279,9 +279,11 @@ std::pair<Tensor, std::vector<Tensor>> rms_norm_linear_rows(const Tensor& x, con
 // targets that are not ignore_index, float32 []
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index);
 // cross_entropy(linear(x, w), targets) fused: x [N, K], w [V, K]; returns (loss, a detached [N, V]
-// copy of the logits when return_logits, else undefined).
+// copy of the logits when return_logits, else undefined). chunk_rows: rows per chunk of the
+// row-chunked head (Note [Row-chunked head], ops/cross_entropy.cpp); 0 chooses it from the shapes
+// (about 1 GiB of logits), and a call whose rows all fit one chunk runs unchunked.
 std::pair<Tensor, Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
-                                               int64_t ignore_index, bool return_logits);
+                                               int64_t ignore_index, bool return_logits, int64_t chunk_rows = 0);
 // raw: (loss, lse float32 [N], count float32 [1])
 std::vector<Tensor> cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets,

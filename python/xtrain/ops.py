@@ -52,7 +52,7 @@ def scale(x, s):
     return _ops.mul_scalar(x, float(s))
 
 
-def linear_cross_entropy(x, w, targets, ignore_index=-100, return_logits=False):
+def linear_cross_entropy(x, w, targets, ignore_index=-100, return_logits=False, chunk_rows=0):
     """The language-model head and its loss in one op: cross_entropy(linear(x, w), targets).
 
     x [N, K] and w [V, K] (float32, bfloat16 or float64, one dtype), targets int32/int64 [N].
@@ -69,5 +69,12 @@ def linear_cross_entropy(x, w, targets, ignore_index=-100, return_logits=False):
     rows (a copy of w per call). The model's vocabulary stays V: the padding never enters the
     loss. Backward writes dlogits over the buffer in place instead of allocating another [N, V]
     tensor.
+
+    When the N rows' logits would take more than about 1 GiB, the op runs in row chunks of
+    ``chunk_rows`` rows (0: chosen from the shapes) and never holds [N, V]: the forward computes
+    the gradients of x and w too (float32 accumulators; dw sums over the chunks in order) and the
+    backward scales them by the upstream gradient. The results equal the unchunked op's to float
+    rounding and repeat bit for bit (docs/performance.md, "The row-chunked head"). A chunk_rows of
+    N or more runs unchunked.
     """
-    return _ops.linear_cross_entropy(x, w, targets, ignore_index, return_logits)
+    return _ops.linear_cross_entropy(x, w, targets, ignore_index, return_logits, chunk_rows)

@@ -15,6 +15,8 @@
 //    lse and the losses are float32 by the contract.
 //  - forward and backward split their rows over the CPU backend's threads (parallel.h): a row's
 //    values do not depend on who computes it.
+//  - scale_grad: grad = acc * (dloss / max(count, 1)), the backward's factor, rounded once to dt
+//    (the row-chunked head's unscaled float32/float64 gradients, ops/cross_entropy.cpp).
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -116,6 +118,19 @@ void cross_entropy_backward(DType dt, const void* logits, const float* lse, DTyp
   XT_DISPATCH_FLOAT(dt, "cross_entropy_backward", T, {
     backward_rows(static_cast<const T*>(logits), lse, t64, targets, *dloss, *count, static_cast<T*>(dlogits), rows,
                   vocab, ld, ignore_index);
+  });
+}
+
+void cross_entropy_scale_grad(DType dt, const void* acc, const float* dloss, const float* count, void* grad,
+                              int64_t n, void*) {
+  XT_DISPATCH_FLOAT(dt, "cross_entropy_scale_grad", T, {
+    using C = compute_t<T>;
+    const C coef = static_cast<C>(*dloss) / static_cast<C>(*count > 1.0f ? *count : 1.0f);
+    const C* a = static_cast<const C*>(acc);
+    T* g = static_cast<T*>(grad);
+    parallel_for(n, kRowGrain * 1024, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) store(g, i, static_cast<C>(a[i] * coef));
+    });
   });
 }
 

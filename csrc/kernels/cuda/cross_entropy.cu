@@ -16,6 +16,8 @@
 //    linear_cross_entropy does): each thread reads an element, then writes that same element.
 //  - Rows that start 16-byte aligned (pointer and ld) move in 16-byte packs; others element by
 //    element, in the same order and with the same bits.
+//  - scale_grad: grad = acc * (dloss[0] / max(count[0], 1)), the backward's factor, rounded once
+//    to dt; elementwise, grid-stride (the row-chunked head's unscaled gradients).
 // Same formulas as kernels/cpu/cross_entropy.cpp; float32 compute (float64 for float64). The sums
 // run in another order than the CPU's (per-thread partial sums, then a tree), so the two backends
 // agree to rounding, not bit for bit; the launch shape depends only on vocab and the dtype, so each
@@ -28,6 +30,23 @@ namespace kernels {
 namespace cuda {
 
 using namespace ce;
+
+namespace {
+
+constexpr int kScaleThreads = 256;
+constexpr int64_t kScaleMaxBlocks = 4096;  // grid-stride past this: ~8 blocks per SM on an H200
+
+template <typename T>
+__global__ void ce_scale_grad_kernel(const compute_t<T>* acc, const float* dloss, const float* count, T* grad,
+                                     int64_t n) {
+  using C = compute_t<T>;
+  const float cnt = *count;
+  const C coef = static_cast<C>(*dloss) / static_cast<C>(cnt > 1.0f ? cnt : 1.0f);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    grad[i] = from_compute<T>(acc[i] * coef);
+}
+
+}  // namespace
 
 void cross_entropy_forward(DType dt, const void* logits, DType t_dt, const void* targets, float* losses, float* lse,
                            int64_t rows, int64_t vocab, int64_t ld, int64_t ignore_index, void* stream) {
@@ -72,6 +91,18 @@ void cross_entropy_backward(DType dt, const void* logits, const float* lse, DTyp
       ce_backward_kernel<T, kVec><<<grid, block, 0, on.s>>>(x, lse, targets, t64, dloss, count, dx, vocab, ld,
                                                             ignore_index);
     });
+    XT_LAUNCH_CHECK();
+  });
+}
+
+void cross_entropy_scale_grad(DType dt, const void* acc, const float* dloss, const float* count, void* grad,
+                              int64_t n, void* stream) {
+  if (n == 0) return;
+  OnStream on(stream);
+  XT_DISPATCH_FLOAT(dt, "cross_entropy_scale_grad", T, {
+    const int64_t blocks = ceil_div(n, kScaleThreads) < kScaleMaxBlocks ? ceil_div(n, kScaleThreads) : kScaleMaxBlocks;
+    ce_scale_grad_kernel<T><<<static_cast<unsigned>(blocks), kScaleThreads, 0, on.s>>>(
+        static_cast<const compute_t<T>*>(acc), dloss, count, static_cast<T*>(grad), n);
     XT_LAUNCH_CHECK();
   });
 }

@@ -12,11 +12,11 @@ XT_BIND_OPS(cross_entropy, m) {
         py::arg("ignore_index") = -100, NoGil(),
         "Mean cross-entropy of logits [N, V] against int targets [N], skipping ignore_index; float32 scalar");
   m.def("linear_cross_entropy", [](const Tensor& x, const Tensor& w, const Tensor& targets, int64_t ignore_index,
-                                   bool return_logits) {
-          auto [loss, logits] = ops::linear_cross_entropy(x, w, targets, ignore_index, return_logits);
+                                   bool return_logits, int64_t chunk_rows) {
+          auto [loss, logits] = ops::linear_cross_entropy(x, w, targets, ignore_index, return_logits, chunk_rows);
           return std::make_pair(loss, logits.defined() ? std::optional<Tensor>(logits) : std::nullopt);
         }, py::arg("x"), py::arg("w"), py::arg("targets"), py::arg("ignore_index") = -100,
-        py::arg("return_logits") = false, NoGil(),
-        "cross_entropy(linear(x, w), targets) fused (x [N, K], w [V, K]): returns (loss, logits [N, V] copy "
-        "when return_logits else None)");
+        py::arg("return_logits") = false, py::arg("chunk_rows") = 0, NoGil(),
+        "cross_entropy(linear(x, w), targets) fused (x [N, K], w [V, K]), in row chunks of chunk_rows (0: "
+        "chosen from the shapes): returns (loss, logits [N, V] copy when return_logits else None)");
 }

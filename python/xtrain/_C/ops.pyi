@@ -90,9 +90,9 @@ def linear(x: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     x @ weight^T, weight is [out, in]
     """
-def linear_cross_entropy(x: xtrain._C.Tensor, w: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100, return_logits: bool = False) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor | None]:
+def linear_cross_entropy(x: xtrain._C.Tensor, w: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100, return_logits: bool = False, chunk_rows: typing.SupportsInt | typing.SupportsIndex = 0) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor | None]:
     """
-    cross_entropy(linear(x, w), targets) fused (x [N, K], w [V, K]): returns (loss, logits [N, V] copy when return_logits else None)
+    cross_entropy(linear(x, w), targets) fused (x [N, K], w [V, K]), in row chunks of chunk_rows (0: chosen from the shapes): returns (loss, logits [N, V] copy when return_logits else None)
     """
 def linear_multi(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor]) -> list[xtrain._C.Tensor]:
     """

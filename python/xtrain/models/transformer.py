@@ -38,9 +38,11 @@ Decisions:
 - With targets, the head is ops.linear_cross_entropy(norm(x), lm_head weight, targets): the same
   loss and gradients as linear + cross_entropy, but the logits sit in a buffer with a 16-byte
   aligned row stride (fast cuBLAS GEMMs for an odd vocabulary such as 50257) and backward writes
-  dlogits over them in place. forward(ids, targets) therefore returns (None, loss);
-  return_logits=True adds a detached (B*S, V) copy of the logits. Without targets the logits come
-  from the lm_head and stay differentiable.
+  dlogits over them in place. Above 1 GiB of logits (the published vocabularies at seq 4096) it
+  runs in row chunks and never holds (B*S, V): the gradients are computed chunk by chunk in the
+  forward and scaled in backward (Note [Row-chunked head], csrc/ops/cross_entropy.cpp). forward(ids,
+  targets) therefore returns (None, loss); return_logits=True adds a detached (B*S, V) copy of the
+  logits. Without targets the logits come from the lm_head and stay differentiable.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Options for pretrained checkpoints (TransformerConfig): n_kv_heads (grouped-query attention:
   k/v_proj narrower, flash_attention reads fewer kv heads), qk_norm off (Llama: no q/k_norm, q and
@@ -178,9 +180,18 @@ class TransformerConfig:
         return 6.0 * n_matmul + 12.0 * self.n_layers * self.n_heads * self.head_dim * seq
 
 
-# Architecture presets; vocab_size comes from the tokenizer (config_for fills it in). max_seq only
-# bounds --seq (RoPE has no learned positions and flash attention's memory is linear in S): it
-# sizes no weight, so raising it leaves checkpoints loadable.
+# Architecture presets. max_seq only bounds --seq (RoPE has no learned positions and flash
+# attention's memory is linear in S): it sizes no weight, so raising it leaves checkpoints loadable.
+# The first four are xtrain's own shapes: their vocab_size comes from the tokenizer (config_for
+# fills it in). The others are the published shapes of the models people fine-tune (their Hugging
+# Face config.json: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+# head_dim, intermediate_size, vocab_size, tie_word_embeddings, rope_theta, rms_norm_eps,
+# max_position_embeddings): they carry the vocabulary they were built for, so a run from scratch
+# has the published head and embedding; a tokenizer with fewer ids trains it with the rows past
+# its vocabulary unused (as the published tokenizers leave their padding rows), one with more is
+# an error. Llama-3.2-1B's published RoPE also rescales the low frequencies (rope_scaling
+# "llama3"), which xtrain does not implement: the preset runs plain RoPE at the same theta, and
+# --init-from refuses a checkpoint with rope_scaling (xtrain.models.hf_import).
 PRESETS = {
     "tiny": dict(dim=128, n_layers=4, n_heads=4, head_dim=32, ffn_dim=384, max_seq=2048),
     "dim384": dict(dim=384, n_layers=12, n_heads=12, head_dim=32, ffn_dim=1024, max_seq=8192),
@@ -188,13 +199,31 @@ PRESETS = {
     # ffn 2736, not 8/3 * 1024 = 2730: a multiple of 8, so the MLP GEMMs' bf16 rows are 16-byte
     # aligned and cuBLAS uses its Hopper kernels (at 2730 they ran in align2 kernels, 2.6x slower).
     "dim1024": dict(dim=1024, n_layers=18, n_heads=32, head_dim=32, ffn_dim=2736, max_seq=8192),
+    "qwen3-0.6b": dict(vocab_size=151936, dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,
+                       ffn_dim=3072, max_seq=40960, rope_theta=1e6, norm_eps=1e-6, tie_embeddings=True,
+                       qk_norm=True),
+    "qwen3-1.7b": dict(vocab_size=151936, dim=2048, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,
+                       ffn_dim=6144, max_seq=40960, rope_theta=1e6, norm_eps=1e-6, tie_embeddings=True,
+                       qk_norm=True),
+    "llama3.2-1b": dict(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64,
+                        ffn_dim=8192, max_seq=131072, rope_theta=5e5, norm_eps=1e-5, tie_embeddings=True,
+                        qk_norm=False),
 }
 
 
 def config_for(preset: str, vocab_size: int, **overrides) -> TransformerConfig:
+    """The preset's config for a tokenizer of vocab_size ids (its vocabulary, for a preset that
+    has none of its own), with `overrides` (bf16, recompute, dropout, max_seq, or any field)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    return TransformerConfig(vocab_size=vocab_size, **{**PRESETS[preset], **overrides})
+    shape = dict(PRESETS[preset])
+    if "vocab_size" in shape:
+        if vocab_size > shape["vocab_size"]:
+            raise ValueError(f"preset {preset} has a vocabulary of {shape['vocab_size']} ids, fewer than the "
+                             f"tokenizer's {vocab_size}: its ids past {shape['vocab_size'] - 1} could not be embedded")
+    else:
+        shape["vocab_size"] = vocab_size
+    return TransformerConfig(**{**shape, **overrides})
 
 
 # ---- the modules

@@ -69,9 +69,11 @@ SAMPLE_PROMPT = "Once upon a time"
 PROMPT_WORDS = 4
 PROMPT_SCAN_TOKENS = 256
 # Peak learning rates that train each preset stably at batch*seq of 2k-16k tokens (smaller models
-# take larger steps; dim768 is GPT-2 small's 6e-4). The GPT-2 presets take the GPT-3 paper's rates
+# take larger steps; dim768 is GPT-2 small's 6e-4; the 0.6B-1.7B published shapes the 3e-4 and
+# 2e-4 of models of their size trained from scratch). The GPT-2 presets take the GPT-3 paper's rates
 # for those sizes, as llm.c does (6e-4 for 124M).
 PRESET_LR = {"tiny": 2e-3, "dim384": 1e-3, "dim768": 6e-4, "dim1024": 5e-4,
+             "qwen3-0.6b": 3e-4, "llama3.2-1b": 3e-4, "qwen3-1.7b": 2e-4,
              "gpt2-124m": 6e-4, "gpt2-350m": 3e-4, "gpt2-774m": 2.5e-4, "gpt2-1.5b": 2e-4}
 # Peak learning rate from pretrained weights (--init-from): continued pre-training / fine-tuning
 # takes smaller steps than training from scratch, which would undo much of what the weights know.
