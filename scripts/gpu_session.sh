@@ -22,7 +22,11 @@
 #   profile   bench/profile_step.py ($PROFILE_ARGS, configurations separated by ';', each optionally led by
 #             NAME=VALUE words: that run's environment; default dim768 b32 bf16 V=50257)
 #   gemm      bench/lm_head_gemm.py ($GEMM_ARGS): the lm_head GEMM's cuBLAS kernel per API and math mode
-#   generate  bench/generate.py ($GENERATE_ARGS): the KV-cache generator against the re-run
+#   generate  bench/generate.py ($GENERATE_ARGS): the KV-cache generator against the re-run and PyTorch's generators
+#   gpt2peers bench/gpt2_peers.py ($GPT2PEERS_ARGS): GPT-2 against llm.c (built from the carried
+#             source, plain and cuDNN) and nanoGPT under torch.compile; carry .gpu/peers/{llm.c,nanoGPT,
+#             cudnn-frontend}.tar (`git archive` of each checkout)
+#   bigmodels bench/big_models.py ($BIGMODELS_ARGS): the 0.6B-1.7B shapes against torch.compile + Liger
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
 #             `xtrain train` rows, the shard/flat/all-reduce steps, PyTorch DDP)
@@ -213,6 +217,20 @@ for step in $steps; do
       ;;
     gemm)  # the lm_head GEMM's cuBLAS kernel under each way of calling it (bench/lm_head_gemm.py)
       run_step gemm 180 "$out/bench.log" "$py" bench/lm_head_gemm.py ${GEMM_ARGS:---rows 8192 32768 --vocab 50257}
+      ;;
+    gpt2peers)  # bench/gpt2_peers.py ($GPT2PEERS_ARGS); peers carried as .gpu/peers/{llm.c,nanoGPT,cudnn-frontend}.tar
+      for t in llm.c nanoGPT cudnn-frontend; do
+        [ -d /tmp/peers/$t ] || { mkdir -p /tmp/peers/$t && tar xf .gpu/peers/$t.tar -C /tmp/peers/$t; }
+      done
+      run_step gpt2peers "${GPT2PEERS_TIMEOUT:-560}" "$out/bench.log" env XTRAIN_COMMIT="${XTRAIN_COMMIT:-}" \
+        "$py" bench/gpt2_peers.py --llmc /tmp/peers/llm.c --nanogpt /tmp/peers/nanoGPT \
+        --cudnn-frontend /tmp/peers/cudnn-frontend --work /tmp/gpt2-peers ${GPT2PEERS_ARGS:-}
+      grep -E "^build |^(xtrain|llm\.c|nanoGPT) |^d[0-9]+ b[0-9]+:" "$out/bench.log" | tail -40 | tee -a "$summary"
+      ;;
+    bigmodels)  # bench/big_models.py ($BIGMODELS_ARGS); liger-kernel from .whl/
+      "$py" -c "import liger_kernel" 2>/dev/null || "$py" -m pip install -q --no-deps --no-build-isolation .whl/liger_kernel-*.whl >/dev/null 2>&1
+      run_step bigmodels "${BIGMODELS_TIMEOUT:-560}" "$out/bench.log" "$py" bench/big_models.py ${BIGMODELS_ARGS:-}
+      grep -E "^measured|xtrain|liger|compile|largest" "$out/bench.log" | tail -30 | tee -a "$summary"
       ;;
     generate)
       run_step generate 240 "$out/bench.log" "$py" bench/generate.py ${GENERATE_ARGS:-}
