@@ -295,7 +295,7 @@ void norm_case(const std::string& name, const std::vector<std::pair<float*, int6
   emu::launch(dim3(unsigned(blocks)), dim3(op::kOptThreads), 0, [&] { before::sumsq_partial_kernel(B, want.data()); });
   int64_t staged = 0;  // chunks the fast path takes: inside one aligned tensor, full
   for (int64_t c = 0; c < blocks; ++c) {
-    const int t = op::find_start(L.start, L.n, c * op::kChunk);
+    const int t = cu::find_start(L.start, L.n, c * op::kChunk);
     if ((c + 1) * op::kChunk <= L.start[t + 1] && cu::aligned_to(L.a[t] + (c * op::kChunk - L.start[t]), 16)) ++staged;
   }
   for (const emu::Schedule s : {emu::Schedule::Lockstep, emu::Schedule::LockstepReversed,

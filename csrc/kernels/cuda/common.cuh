@@ -322,6 +322,20 @@ cublasHandle_t cublas_handle(const OnStream& on);
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 
+// The last of the n ascending starts start[0..n) that is at most x (binary search): the range
+// holding chunk x of a list of element ranges (the optimizer kernels' AdamWList::chunk0,
+// TensorList::start; Muon's lists).
+template <size_t N>
+__device__ __forceinline__ int find_start(const int64_t (&start)[N], int n, int64_t x) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (start[mid] <= x) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 }  // namespace cuda
 }  // namespace kernels
 }  // namespace xt

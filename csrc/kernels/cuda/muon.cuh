@@ -9,7 +9,6 @@
 //    (thread t takes elements t, t + blockDim.x, ..., then block_sum's fixed tree), then scales it.
 #pragma once
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/optim.cuh"  // find_start
 #include "kernels/muon_math.h"
 
 namespace xt {
@@ -39,7 +38,7 @@ template <typename Fn>
 __device__ __forceinline__ void for_chunk_elements(const MatrixList& L, Fn&& fn) {
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kChunk;
   const int64_t c1 = L.start[L.n] < c0 + kChunk ? L.start[L.n] : c0 + kChunk;
-  int t = optim::find_start(L.start, L.n, c0);
+  int t = find_start(L.start, L.n, c0);
   for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
     while (t + 1 < L.n && i >= L.start[t + 1]) ++t;
     fn(t, i - L.start[t]);

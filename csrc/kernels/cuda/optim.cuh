@@ -111,19 +111,6 @@ __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, floa
   v = vi;
 }
 
-// The last of the n ascending starts start[0..n) that is at most x (binary search): the range
-// holding chunk x (start = AdamWList::chunk0), the tensor holding element x (TensorList::start).
-template <size_t N>
-__device__ __forceinline__ int find_start(const int64_t (&start)[N], int n, int64_t x) {
-  int lo = 0, hi = n - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (start[mid] <= x) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
-
 // guard (nullable): skip everything when not finite. clip_norm (nullable): gradients read scaled
 // by clip_by_norm's factor. hyper (nullable): decay, step_size, bc2_sqrt in device memory instead
 // of k's (CUDA graphs).
