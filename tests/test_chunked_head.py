@@ -181,7 +181,8 @@ def test_chunked_peak_memory_is_below_the_logits():
 
     assert peak(N) >= logits_bytes                       # unchunked: the whole logits buffer
     chunked = peak(128)                                  # 128 rows: a 2 MiB chunk, dw and dx accumulators
-    assert chunked < 128 * V * 4 + V * K * 4 * 2 + N * K * 4 * 2 + (1 << 20), chunked
+    # + 2 MiB: the CPU kernels' per-thread scratch, which grows with the thread count (16 cores: 1.2 MiB)
+    assert chunked < 128 * V * 4 + V * K * 4 * 2 + N * K * 4 * 2 + (2 << 20), chunked
     assert chunked < logits_bytes / 4
 
 

@@ -117,8 +117,8 @@ def test_add_layer_norm_matches_torch(device, dtype):
     h, y = ops.add_layer_norm(*xs, 1e-5)
     th = ts[0] + ts[1]
     ty = ref_layer_norm(th, ts[2], ts[3])
-    assert_close(to_numpy64(h), th.detach().double().numpy(), dtype, "h")
-    assert_close(to_numpy64(y), ty.detach().double().numpy(), dtype, "y", 2)
+    assert_close(to_numpy64(h), th.detach().double().cpu().numpy(), dtype, "h")
+    assert_close(to_numpy64(y), ty.detach().double().cpu().numpy(), dtype, "y", 2)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

@@ -73,12 +73,15 @@ def _log(out):
             if "loss" in json.loads(line)]
 
 
-def _same_checkpoint(a, b):
+def _same_checkpoint(a, b, differ=()):
+    """The two runs' checkpoints hold the same bytes and the same state.json, but for the output
+    folder and the train_args keys in `differ` (flags the two runs were meant to differ in)."""
     for name in ("model.safetensors", "optim.safetensors"):
         assert (a / "ckpt" / name).read_bytes() == (b / "ckpt" / name).read_bytes(), name
     sa, sb = (json.loads((x / "ckpt" / "state.json").read_text()) for x in (a, b))
     for s in (sa, sb):
-        s["train_args"].pop("out")
+        for key in ("out", *differ):
+            s["train_args"].pop(key, None)
     assert sa == sb  # format, step, rng and rank_rng, loader state, files: the same
 
 

@@ -144,8 +144,8 @@ _RENDEZVOUS = (r"tcp|mpi|file:.+|tcp:.+:\d+", "tcp, tcp:HOST:PORT, file:PATH or 
 class TrainConfig:
     """A training run (xtrain.trainer.train.train). Each field is a flag of `xtrain train`."""
     # ---- model
-    preset: str | None = opt(None, "model size (gpt2-*: GPT-2 and its sizes)", "model", str,
-                             choices=tuple(ALL_PRESETS),
+    preset: str | None = opt(None, "model size: " + ", ".join(ALL_PRESETS) + " (gpt2-*: GPT-2 and its "
+                             "sizes)", "model", str, choices=tuple(ALL_PRESETS), metavar="NAME",
                              shown="with --resume or --init-from, their model")
     init_from: str | None = opt(None, "start a new run (step 0) from a Hugging Face Qwen3, Llama or "
                                 "GPT-2 directory, llm.c's GPT-2 model file (.bin), or a hub name such as "
