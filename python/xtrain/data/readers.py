@@ -9,6 +9,12 @@ Formats, chosen by suffix:
 Documents are stripped of surrounding whitespace and empty ones are dropped. Directories are walked
 recursively in sorted order so the document order, and hence the train/val split, is deterministic.
 Text is decoded as UTF-8 with replacement: one bad byte in a web corpus should not stop a prepare.
+
+A directory source reads only what lies inside it: a symbolic link in it whose target resolves
+outside the directory is refused (DataError naming the link and its target), one that stays inside
+is read once (at its target's place in the order); directory links are not walked into, and
+special files (FIFOs, sockets, devices) are refused. A file named as a source must be a regular
+file (a link to one is fine: the user named it).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ def list_source_files(source: Source) -> list[Path]:
     for entry in entries:
         path = Path(entry)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
+            found = _directory_files(path)
             if not found:
                 raise DataError(f"directory {path} holds no {'/'.join(SUFFIXES)} files")
             files.extend(found)
@@ -46,11 +52,46 @@ def list_source_files(source: Source) -> list[Path]:
                 raise DataError(f"unsupported file type {path.suffix!r} for {path}; "
                                 f"expected one of {', '.join(SUFFIXES)}")
             files.append(path)
+        elif path.exists():
+            raise DataError(f"source {path} is not a regular file or a directory")
         else:
             raise DataError(f"source {path} does not exist")
     if not files:
         raise DataError("empty source list")
     return files
+
+
+def _directory_files(root: Path) -> list[Path]:
+    """The text files inside directory `root` (see the module doc: links that leave it and
+    special files refused, links inside read once), sorted."""
+    top = root.resolve()
+    found, seen = [], set()
+    for p in sorted(root.rglob("*")):
+        if p.suffix not in SUFFIXES:
+            continue
+        if p.is_symlink():
+            try:
+                target = p.resolve()
+            except (RuntimeError, OSError):  # a loop of links (RuntimeError before Python 3.13)
+                raise DataError(f"{p} is a symbolic link that leads nowhere (a loop); remove it from "
+                                f"the source directory") from None
+            if top not in target.parents:
+                raise DataError(f"{p} is a symbolic link to {target}, outside the source directory "
+                                f"{root}; prepare reads only files inside a directory (name the "
+                                f"target as a source to read it)")
+            if not target.is_file() or target.suffix not in SUFFIXES:
+                continue
+            p = root / target.relative_to(top)
+        elif not p.is_file():
+            if not p.is_dir() and p.exists():
+                raise DataError(f"{p} is not a regular file (a FIFO, socket or device); remove it "
+                                f"from the source directory")
+            continue
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            found.append(p)
+    return sorted(found)
 
 
 def iter_documents(source: Source) -> Iterator[str]:
