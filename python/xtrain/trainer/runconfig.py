@@ -46,6 +46,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xtrain.data.bounded import MAX_TOML_BYTES, read_text_bounded
+from xtrain.io.rundir import writing
 from xtrain.models.transformer import PRESETS
 from xtrain.trainer.schedule import DEFAULT_DECAY_FRAC, SCHEDULES
 
@@ -372,12 +374,23 @@ def check(name: str, value, flag: str | None = None) -> None:
         return
     if not _is_type(o.type, value):
         raise ConfigError(f"{flag} {value!r}: {_expected(o)}")
+    if isinstance(value, str) and not _is_utf8(value):  # config.toml (UTF-8) records every value
+        raise ConfigError(f"{flag}: not UTF-8 text ({value.encode('utf-8', 'surrogateescape')[:40]!r})")
     if o.choices is not None and value not in o.choices:
         raise ConfigError(f"{flag} {value!r}: invalid choice (choose from {', '.join(o.choices)})")
     if o.pattern is not None and not re.fullmatch(o.pattern[0], str(value)):
         raise ConfigError(f"{flag} {value!r}: expected {o.pattern[1]}")
     if o.type in (int, float) and not _in_range(o, value):
         raise ConfigError(f"{flag} must be {_rule(o)}, got {value}")
+
+
+def _is_utf8(text: str) -> bool:
+    """False for text with lone surrogates: bytes of an argument that were not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_type(kind: type, value) -> bool:
@@ -443,11 +456,8 @@ def read_toml(path, what: str = "--config") -> dict:
     underscores)."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {path}: no such file") from None
-    except tomllib.TOMLDecodeError as e:
+        data = tomllib.loads(read_text_bounded(path, MAX_TOML_BYTES, what, ConfigError))
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
         raise ConfigError(f"{what} {path}: invalid TOML ({e})") from None
     out = {}
     for key, value in data.items():
@@ -498,7 +508,12 @@ def write_record(path, record: dict, notes=()) -> Path:
     lines += [f"# {n}" for n in notes]
     lines += [_record_line(key, value) for key, value in record.items() if value is not None]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
+    try:
+        with writing(path):
+            tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     return path
 
