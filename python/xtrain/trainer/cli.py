@@ -528,6 +528,8 @@ def cmd_sample(args) -> int:
     if args.greedy and (args.temperature is not None or args.top_k is not None or args.top_p is not None):
         raise UsageError("--greedy cannot be combined with --temperature, --top-k or --top-p")
     runconfig.check("device", args.device)
+    for text in args.prompt or ():
+        _check_text(text, "--prompt")
     source = checkpoint_in(args.ckpt)
     with state.reading(source):  # a save into the run waits: one checkpoint's files
         ckpt = state.load(source)
@@ -535,8 +537,6 @@ def cmd_sample(args) -> int:
         tokenizer = ckpt.tokenizer()
     model.eval()
     prompts = args.prompt
-    for text in prompts or ():
-        _check_text(text, "--prompt")
     if prompts is None:  # the prompt of the run's own sample (the start of a validation document)
         prompts = [(ckpt.meta.get("train_args") or {}).get("sample_prompt") or SAMPLE_PROMPT]
     texts = sample_texts(model, tokenizer, prompts, args.max_new_tokens, seed=args.seed,

@@ -55,7 +55,7 @@ from xtrain.launch import distributed
 from xtrain import graphs, ops
 from xtrain.models import hf_import
 from xtrain.io import state as ckpt_state
-from xtrain.io.rundir import writing
+from xtrain.io.rundir import DirLock, writing
 from xtrain.models import TinyTransformer, TransformerConfig, config_for
 from xtrain.optim import AdamW
 from xtrain.trainer.runconfig import ConfigError, TrainConfig
@@ -938,8 +938,6 @@ def open_data(data, out: Path, vocab_size: int, progress: bool, tokenizer=None, 
         return open_stream(path, progress=progress)
     if is_dataset_dir(path):
         return open_dataset(path)
-    from xtrain.io.rundir import DirLock
-
     # The run's own data directory is locked while it is prepared, like any prepare's --out: an
     # `xtrain prepare --out OUT/data` at the same time refuses rather than writing beside it.
     with DirLock(out / "data", "xtrain train") if lock else contextlib.nullcontext():
