@@ -462,11 +462,16 @@ def test_a_flag_from_the_resumed_record_is_named_as_such(tmp_path, data, capsys)
                     "pass --batch-tokens to change it")
 
 
-def test_config_file_switches_both_ways(tmp_path, data, capsys):
-    for text, bf16 in (("fp32 = true", False), ("bf16 = false", False), ("fp32 = false", True)):
+def test_config_file_switches_both_ways_and_never_two_ways_at_once(tmp_path):
+    from xtrain.trainer import runconfig
+
+    for text, bf16 in (("fp32 = true", False), ("bf16 = false", False), ("fp32 = false", True),
+                       ("fp32 = true\nbf16 = false", False)):
         (tmp_path / "run.toml").write_text(text + "\n")
-        from xtrain.trainer import runconfig
         assert runconfig.read_config(tmp_path / "run.toml") == {"bf16": bf16}
+    (tmp_path / "run.toml").write_text("bf16 = true\nfp32 = true\n")  # the later key silently won
+    with pytest.raises(runconfig.ConfigError, match="keys 'bf16' and 'fp32' set one option two ways"):
+        runconfig.read_config(tmp_path / "run.toml")
 
 
 def test_numpy_of_a_tensor_is_a_read_only_view():

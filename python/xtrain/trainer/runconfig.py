@@ -475,8 +475,9 @@ def read_config(path) -> dict:
 
 def values_of(data: dict, where: str, record: bool = False) -> dict:
     """Option name -> value from TOML keys (or a checkpoint's train_args) -> values; `where` prefixes
-    the errors. A record's keys of options it does not keep are dropped; None values are left out."""
-    out = {}
+    the errors. A record's keys of options it does not keep are dropped; None values are left out.
+    The two keys of a switch that disagree (bf16 = true, fp32 = true) are an error."""
+    out, keys = {}, {}
     for key, value in data.items():
         name, flag = _KEYS.get(key.replace("-", "_"), (None, None))
         if record and name is not None and not option(name).recorded:
@@ -493,9 +494,12 @@ def values_of(data: dict, where: str, record: bool = False) -> dict:
                 raise ConfigError(f"{where}: {flag} {value!r}: expected true or false")
             value = o.switch[flag] if value else not o.switch[flag]
         try:
-            out[name] = value_of(name, value, flag)
+            value = value_of(name, value, flag)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
+        if o.switch and name in out and out[name] != value:
+            raise ConfigError(f"{where}: keys {keys[name]!r} and {key!r} set one option two ways; keep one")
+        out[name], keys[name] = value, key
     return out
 
 
