@@ -230,13 +230,16 @@ def _parent_lock(path: Path, mode: int):
     try:
         fd = os.open(path.absolute().parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:  # no parent directory yet: nothing to read or replace there
+        fd = None
+    if fd is None:
         yield
         return
     try:
         try:
             fcntl.flock(fd, mode)
-        except OSError as e:  # a filesystem without flock: unlocked, as before
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+        except OSError as e:  # a filesystem without flock (NFS emulates it with fcntl locks, which
+            # refuse an exclusive lock on a read-only descriptor): unlocked, as before
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
                 raise
         yield
     finally:
