@@ -562,3 +562,18 @@ def test_a_fifo_where_a_file_is_expected_is_refused_not_waited_on(hf_dir, tmp_pa
     os.mkfifo(path / "tokenizer_config.json")  # not a file: as if absent
     assert hf_import.read_pretrained(path, TransformerConfig).tokenizer is not None
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("suffix, text", [(".txt", "word " * 300), (".jsonl", '{"text": "' + "w" * 3000 + '"}\n'),
+                                          (".txt", "<|endoftext|>" + "word " * 300)])
+def test_a_source_document_is_bounded(tmp_path, monkeypatch, suffix, text):
+    """A source file with no separator was read whole into memory (one line, one document)."""
+    from xtrain.data import readers
+
+    monkeypatch.setattr(readers, "MAX_DOCUMENT_CHARS", 1000)
+    f = tmp_path / f"one{suffix}"
+    f.write_text("a short first document\n\n" * (suffix == ".txt" and "<|" not in text) + text * 5)
+    with pytest.raises(DataError, match="longer than 1,000 characters"):
+        list(readers.read_file(f))
+    monkeypatch.setattr(readers, "MAX_DOCUMENT_CHARS", 100_000)
+    assert list(readers.read_file(f))

@@ -32,6 +32,9 @@ SUFFIXES = (".txt", ".jsonl", ".parquet")
 TEXT_FIELD = "text"
 # Read size for the streaming splitter: big enough that Python overhead per chunk is negligible.
 CHUNK_CHARS = 1 << 20
+# The longest document (or .jsonl line) a source may hold: far beyond any real document, and what
+# bounds the memory one takes (a file with no separator would otherwise be read whole).
+MAX_DOCUMENT_CHARS = 1 << 28
 
 Source = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
@@ -129,6 +132,7 @@ def read_txt_eot(path: Path) -> Iterator[str]:
             pieces = (pending + chunk).split(EOT_TEXT)
             # The last piece may be a document, or a marker, cut by the chunk boundary: keep it.
             pending = pieces.pop()
+            _check_length(len(pending), path)
             yield from _nonempty(pieces)
     yield from _nonempty([pending])
 
@@ -136,20 +140,23 @@ def read_txt_eot(path: Path) -> Iterator[str]:
 def read_txt_paragraphs(path: Path) -> Iterator[str]:
     """Documents separated by one or more blank (whitespace-only) lines."""
     lines: list[str] = []
+    size = 0
     with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
+        for line in _lines(f, path):
             if line.strip():
                 lines.append(line)
+                size += len(line)
+                _check_length(size, path)
             elif lines:
                 yield from _nonempty(["".join(lines)])
-                lines = []
+                lines, size = [], 0
     yield from _nonempty(["".join(lines)])
 
 
 def read_jsonl(path: Path) -> Iterator[str]:
     """One JSON object per line; the document is its `text` field (a string)."""
     with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in enumerate(_lines(f, path), 1):
             if not line.strip():
                 continue
             try:
@@ -179,6 +186,19 @@ def read_parquet(path: Path) -> Iterator[str]:
             raise DataError(f"{path}: the {TEXT_FIELD!r} column holds "
                             f"{pf.schema_arrow.field(TEXT_FIELD).type}, not strings")
         yield from _nonempty(texts)
+
+
+def _lines(f, path: Path) -> Iterator[str]:
+    """The lines of text file `f`, each read with a bound (MAX_DOCUMENT_CHARS)."""
+    while line := f.readline(MAX_DOCUMENT_CHARS + 1):
+        _check_length(len(line), path)
+        yield line
+
+
+def _check_length(n: int, path: Path) -> None:
+    if n > MAX_DOCUMENT_CHARS:
+        raise DataError(f"{path}: a document (or line) longer than {MAX_DOCUMENT_CHARS:,} characters; split "
+                        f"the file into documents (blank lines, <|endoftext|> or one JSON object a line)")
 
 
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:
