@@ -392,9 +392,10 @@ def _resume_results(run: Run) -> None:
 
 def recorded_args(ckpt) -> dict:
     """The checkpoint's record of its run's options (state.json train_args), each value held to
-    its option's rule as a flag's would be: an edited or damaged record is one ConfigError."""
-    return runconfig.values_of(ckpt.meta.get("train_args") or {}, f"{ckpt.path / ckpt_state.STATE_FILE} train_args",
-                               record=True)
+    its option's rule as a flag's would be: an edited or damaged record is one ConfigError. Keys
+    that name no option (one an older xtrain recorded) are left out."""
+    args = {k: v for k, v in (ckpt.meta.get("train_args") or {}).items() if k in runconfig.OPTIONS}
+    return runconfig.values_of(args, f"{ckpt.path / ckpt_state.STATE_FILE} train_args", record=True)
 
 
 def make_schedule(cfg: TrainConfig, recorded: dict) -> Schedule:
