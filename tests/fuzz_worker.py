@@ -15,6 +15,10 @@ Case kinds:
     {"kind": "checkpoint", "path": dir, "export_to": dir}
         open a checkpoint the way sample/train/export do: load, build the model, load the
         optimizer, restore the generators, load the tokenizer, export.
+    {"kind": "pretrained", "path": dir}
+        read a Hugging Face directory the way --init-from does (hf_import.read_pretrained).
+    {"kind": "generate", "args": [spec...], "kwargs": {name: spec}}
+        generate() on a small model (GENERATE_CONFIG) with those arguments after the model.
 Outcomes: {"ok": true, ...} or {"ok": false, "type": name, "bases": [names], "message": str};
 a cli case answers {"code": int, "stderr": str}.
 
@@ -32,12 +36,15 @@ import sys
 
 MEMORY_LIMIT = 1 << 30
 ADDRESS_SPACE = 12 << 30
+GENERATE_CONFIG = dict(vocab_size=64, dim=32, n_layers=1, n_heads=2, head_dim=16, ffn_dim=48, max_seq=24)
+_models = {}
 
 
 def build(spec):
     """A JSON argument spec -> the Python value.
     {"tensor": {"shape", "dtype", "fill", "grad"}} | {"float": "nan"|"inf"|"-inf"|x} |
-    {"int": "digits"} (any size) | {"list": [spec...]} | {"tuple": [spec...]} | a JSON literal."""
+    {"int": "digits"} (any size) | {"list": [spec...]} | {"tuple": [spec...]} | {"rng": seed} (a numpy
+    Generator) | a JSON literal."""
     import numpy as np
     import xtrain
 
@@ -61,6 +68,8 @@ def build(spec):
         return float(spec["float"])
     if isinstance(spec, dict) and "int" in spec:
         return int(spec["int"])
+    if isinstance(spec, dict) and "rng" in spec:
+        return np.random.default_rng(spec["rng"])
     if isinstance(spec, dict) and "list" in spec:
         return [build(s) for s in spec["list"]]
     if isinstance(spec, dict) and "tuple" in spec:
@@ -131,7 +140,26 @@ def run_checkpoint(case):
     return {"ok": True}
 
 
-RUNNERS = {"call": run_call, "cli": run_cli, "checkpoint": run_checkpoint}
+def run_pretrained(case):
+    from xtrain.models import TransformerConfig, hf_import
+
+    hf_import.read_pretrained(case["path"], TransformerConfig)
+    return {"ok": True}
+
+
+def run_generate(case):
+    from xtrain.models import TinyTransformer, TransformerConfig
+
+    if "model" not in _models:
+        _models["model"] = TinyTransformer(TransformerConfig(**GENERATE_CONFIG))
+    args = [build(s) for s in case.get("args", [])]
+    kwargs = {k: build(s) for k, s in case.get("kwargs", {}).items()}
+    _models["model"].generate(*args, **kwargs)
+    return {"ok": True}
+
+
+RUNNERS = {"call": run_call, "cli": run_cli, "checkpoint": run_checkpoint, "pretrained": run_pretrained,
+           "generate": run_generate}
 
 
 def main():

@@ -104,9 +104,10 @@ def test_views_share_storage():
     x = xtrain.tensor(np.arange(6, dtype=np.float32))
     v = x.reshape(2, 3)
     assert v.same_storage(x)
-    arr = x.numpy()
-    arr[0] = 100.0  # numpy() of a CPU float32 tensor shares memory
-    assert v.numpy()[0, 0] == 100.0
+    arr = x.numpy()  # numpy() of a CPU float32 tensor shares memory, read-only (issue 36)
+    assert not arr.flags.writeable
+    x.fill_(100.0)
+    assert arr[0] == 100.0 and v.numpy()[0, 0] == 100.0
 
 
 # ------------------------------------------------------------------ DLPack

@@ -258,19 +258,16 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, data, d
     from xtrain.trainer.cli import main
     from xtrain.trainer.train import NonFiniteStepsError
 
-    # lr 1e6 ruins the weights within a few steps; the loss then stays NaN, and the run stops.
-    cfg = tiny_run(tmp_path / "run", data, 40, device, lr=1e6, warmup=1, save_every=2, nonfinite_limit=3)
+    # lr 1e6 ruins the weights within a few steps; the loss then stays NaN, and the run stops. (No
+    # saves meanwhile: a save of such weights is set aside as diverged, tests/test_reliability_runs.py.)
+    cfg = tiny_run(tmp_path / "run", data, 40, device, lr=1e6, warmup=1, save_every=0, nonfinite_limit=3)
     with pytest.raises(NonFiniteStepsError, match="3 steps in a row"):
         train(cfg)
     records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     skipped = [r for r in records if r.get("skipped")]
     assert len(skipped) == 3 and all(not (np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])) for r in skipped)
     assert [r["step"] for r in skipped] == list(range(skipped[0]["step"], skipped[0]["step"] + 3))
-    from xtrain.io import state as ckpt_state
-
-    # the checkpoints written meanwhile hold the last finite weights (skipped steps change nothing)
-    ckpt = ckpt_state.load(tmp_path / "run" / "ckpt")
-    assert all(np.isfinite(a).all() for a in ckpt.model_tensors().values())
+    assert not (tmp_path / "run" / "ckpt").exists()  # no checkpoint of those weights
     # the command line: one line, exit status 1
     code = main(["train", "--data", str(data), "--out", str(tmp_path / "cli"), "--preset", "tiny", "--fp32",
                  "--batch", "4", "--seq", "32", "--steps", "40", "--lr", "1e6", "--warmup", "1",

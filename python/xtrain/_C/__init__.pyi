@@ -117,7 +117,7 @@ class Tensor:
         ...
     def numpy(self) -> numpy.ndarray[typing.Any, numpy.dtype[typing.Any]]:
         """
-        As a numpy array (shares memory for CPU float32/float64/int; bf16 -> float32 copy)
+        As a read-only numpy array (shares memory for CPU float32/float64/int; bf16 -> float32 copy); .copy() it to write
         """
     def permute(self, *dims):
         ...

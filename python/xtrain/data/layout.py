@@ -20,6 +20,7 @@ import json
 import os
 from pathlib import Path
 
+from .bounded import MAX_JSON_BYTES, read_text_bounded
 from .errors import DataError
 
 META_FILE = "meta.json"
@@ -36,9 +37,11 @@ def read_meta(data_dir: str | os.PathLike) -> dict:
         raise DataError(f"{data_dir} is not a prepared dataset (no {META_FILE}); "
                         f"run `xtrain prepare` on it first")
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(read_text_bounded(path, MAX_JSON_BYTES, "dataset description"))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise DataError(f"{path}: invalid JSON (nested too deeply)") from None
     _check_meta(meta, path)
     return meta
 

@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from .bounded import MAX_JSON_BYTES, MAX_TOKENIZER_BYTES, read_bounded, read_text_bounded
 from .errors import DataError
 
 EOT_TEXT = "<|endoftext|>"
@@ -425,8 +426,8 @@ def load_tokenizer(directory: str | os.PathLike, kind: str | None = None) -> Tok
             raise DataError(f"{main}: not a valid tokenizer file ({_first_line(e)})") from None
     if kind == "gpt2":
         try:
-            record = json.loads(main.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            record = json.loads(read_text_bounded(main, MAX_JSON_BYTES, "tokenizer record"))
+        except (json.JSONDecodeError, RecursionError) as e:
             raise DataError(f"{main}: invalid JSON ({e})") from None
         tok = gpt2_tokenizer()
         if not isinstance(record, dict) or record.get("fingerprint") != tok.fingerprint:
@@ -445,8 +446,8 @@ def read_tokenizer_config(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        config = json.loads(read_text_bounded(path, MAX_JSON_BYTES, "tokenizer config"))
+    except (json.JSONDecodeError, RecursionError) as e:
         raise DataError(f"{path}: invalid JSON ({e})") from None
     if not isinstance(config, dict):
         raise DataError(f"{path}: expected a JSON object")
@@ -541,10 +542,10 @@ def _type_of(component) -> str | None:
 
 
 def _read(path: Path, kind: type):
-    try:
-        return path.read_bytes() if kind is bytes else path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text ({e.reason})") from None
+    """A tokenizer's file, bounded (bounded.MAX_TOKENIZER_BYTES), as bytes or UTF-8 text."""
+    if kind is bytes:
+        return read_bounded(path, MAX_TOKENIZER_BYTES, "tokenizer file")
+    return read_text_bounded(path, MAX_TOKENIZER_BYTES, "tokenizer file")
 
 
 def _json_bytes(obj: dict) -> bytes:

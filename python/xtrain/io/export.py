@@ -77,16 +77,18 @@ def export(ckpt_dir, out_dir, dtype: str = "bf16", overwrite: bool = False) -> P
     Inf."""
     if dtype not in SAFETENSORS_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(SAFETENSORS_DTYPES)}, got {dtype!r}")
-    ckpt = ckpt_state.load(checkpoint_in(ckpt_dir))
-    out = Path(out_dir)
-    check_export_dir(ckpt.path, out, overwrite, ignore=(STAGING_DIR,))
-    config = ckpt.config
-    gpt2 = isinstance(config, GPT2Config)
-    tok = ckpt.tokenizer()
-    # The listed, hash-checked files (load() verified them), as AutoTokenizer reads them. GPT-2's own
-    # (tiktoken) tokenizer has none to write: it is Hugging Face's "gpt2" tokenizer.
-    tok_files = {} if gpt2 and tok.kind == "gpt2" else tok.hf_files(model_max_length=config.max_seq)
-    tensors = ckpt.model_tensors()  # names and shapes were checked against the config by load()
+    source = checkpoint_in(ckpt_dir)
+    with ckpt_state.reading(source):  # a save into the run waits: one checkpoint's files
+        ckpt = ckpt_state.load(source)
+        out = Path(out_dir)
+        check_export_dir(ckpt.path, out, overwrite, ignore=(STAGING_DIR,))
+        config = ckpt.config
+        gpt2 = isinstance(config, GPT2Config)
+        tok = ckpt.tokenizer()
+        # The listed, hash-checked files (load() verified them), as AutoTokenizer reads them. GPT-2's
+        # own (tiktoken) tokenizer has none to write: it is Hugging Face's "gpt2" tokenizer.
+        tok_files = {} if gpt2 and tok.kind == "gpt2" else tok.hf_files(model_max_length=config.max_seq)
+        tensors = ckpt.model_tensors()  # names and shapes were checked against the config by load()
     found = ckpt_state.non_finite(tensors)
     if found:
         raise ckpt_state.CheckpointError(f"{ckpt.path}: weight {found[0]} holds {found[1]} non-finite "

@@ -11,6 +11,9 @@ files, and staged writes that leave nothing behind when they fail.
   (continue it) or --overwrite (replace it).
 - check_export_dir(): export never writes into a checkpoint directory, nor into a non-empty
   directory without overwrite.
+- check_prepare_dir(), enclosing_run(): prepare never writes into a checkpoint directory (nor
+  under a run's checkpoint names), and one into a run's folder (RUN/data) takes the run's lock as
+  well as its own, so it cannot replace the data of a run that is training.
 - staging_dir(): a temporary directory for files that are published together; on any failure it
   is removed, and a full disk becomes one OSError that says so.
 
@@ -34,10 +37,12 @@ LOCK_FILE = ".xtrain.lock"
 # What `xtrain train` writes into its --out; the first three mark a directory as holding a run.
 # (OUT/data, raw data prepared by a run, is a reusable cache and stays on --overwrite.)
 RUN_MARKERS = ("ckpt", "ckpt.old", "log.jsonl")
-RUN_OUTPUTS = RUN_MARKERS + ("ckpt.tmp", "best", "best.tmp", "best.old", "log.jsonl.tmp", "loss.png", "sample.txt")
+RUN_OUTPUTS = RUN_MARKERS + ("ckpt.tmp", "best", "best.tmp", "best.old", "ckpt.suspect", "ckpt.suspect.tmp",
+                             "log.jsonl.tmp", "loss.png", "sample.txt")
 # The files of a checkpoint directory that identify it as one (xtrain.io.state writes both).
 _CKPT_FILES = ("state.json", "model.safetensors")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_TOO_LARGE = (errno.EFBIG,)  # a file size limit (ulimit -f, RLIMIT_FSIZE) or the filesystem's
 
 
 class RunDirError(ValueError):
@@ -92,8 +97,15 @@ class DirLock:
         self.took_over = _read_record(fd)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "what": self.what,
                   "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        try:
+            with writing(lock):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        except OSError:  # a full disk, a file size limit: no lock, and no empty lock file left
+            lock.unlink(missing_ok=True)
+            os.close(fd)
+            self._drop_created()
+            raise
         self._fd = fd
 
     def release(self) -> None:
@@ -158,7 +170,7 @@ def check_run_dir(out, resume=None, overwrite: bool = False) -> None:
                               f"another --out")
         raise RunDirError(f"{out} already holds a run ({', '.join(existing)}); pass --resume to "
                           f"continue it or --overwrite to replace it")
-    own = {(out / name).resolve() for name in ("ckpt", "ckpt.old", "best")}
+    own = {(out / name).resolve() for name in ("ckpt", "ckpt.old", "best", "ckpt.suspect")}
     if Path(resume).resolve() not in own:
         raise RunDirError(f"{out} holds another run ({', '.join(existing)}) than the checkpoint "
                           f"--resume {resume} continues; pass --overwrite to replace it or "
@@ -173,6 +185,33 @@ def clear_run(out) -> None:
             shutil.rmtree(p)
         elif p.exists() or p.is_symlink():
             p.unlink()
+
+
+# ---- prepared data
+
+def check_prepare_dir(out) -> None:
+    """RunDirError when prepare may not write into `out`: it is (or lies inside) a checkpoint
+    directory, or it takes one of the names a run in its parent writes (ckpt, best, ...)."""
+    out = Path(out)
+    target = out.resolve()
+    for p in (target, *target.parents):
+        if all((p / f).is_file() for f in _CKPT_FILES):
+            raise RunDirError(f"refusing to prepare data into {out}: it is inside the checkpoint directory "
+                              f"{p}, whose files it would replace; choose another --out")
+    if target.name in RUN_OUTPUTS and _holds_run(target.parent):
+        raise RunDirError(f"refusing to prepare data into {out}: {target.parent} holds a run, which writes "
+                          f"{target.name} itself; use {target.parent / 'data'} or another --out")
+
+
+def enclosing_run(out) -> Path | None:
+    """The directory `out` lies in when it holds a run (its outputs or a lock file: RUN/data), or
+    None: a prepare into `out` must hold that directory's lock too."""
+    parent = Path(out).absolute().parent
+    return parent if _holds_run(parent) else None
+
+
+def _holds_run(p: Path) -> bool:
+    return (p / LOCK_FILE).exists() or any((p / name).exists() for name in RUN_MARKERS)
 
 
 # ---- exports
@@ -214,7 +253,22 @@ def staging_dir(tmp, what: str):
         if isinstance(e, OSError) and e.errno in _NO_SPACE:
             raise OSError(e.errno, f"no space left on device while writing {what}; the partial "
                                    f"files were removed") from e
+        if isinstance(e, OSError) and e.errno in _TOO_LARGE:
+            raise OSError(e.errno, f"file too large (a file size limit: ulimit -f?) while writing {what}; "
+                                   f"the partial files were removed") from e
         raise
+
+
+@contextlib.contextmanager
+def writing(path):
+    """Name `path` in an OSError of the block that names no file (a write() failing with ENOSPC
+    or EFBIG names none), so the one error line says which file could not be written."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, f"{e.strerror or e} (while writing it)", str(path)) from e
 
 
 # ---- helpers

@@ -21,6 +21,13 @@ Decisions:
   save that fails (a full disk included) removes its NAME.tmp at once.
 - Never a non-finite checkpoint: save() refuses weights or moments holding NaN or Inf before it
   writes anything (NonFiniteError), so a diverged run cannot replace its last good checkpoint.
+  A caller's `suspect` check (the training loop's divergence rule) may also send a finite save
+  aside: it is written to NAME.suspect instead and DivergedError says where; NAME is untouched.
+- Readers and writers agree: a save publishes (its renames and the removal of NAME.old) under an
+  exclusive flock(2) on the checkpoint's parent directory; `reading(path)` holds a shared one, so
+  a reader that reads under it (sample, export) sees one complete checkpoint, never files of two
+  saves. A Checkpoint remembers the directory it verified; a later read of it outside `reading()`
+  that finds another directory there (a save replaced it) is a CheckpointError, not mixed files.
 - Integrity: state.json records the byte size and sha256 of each file, checked on load, so a
   truncated or altered file raises CheckpointError (a ValueError) instead of loading garbage.
   Before that, the whole of state.json is checked against its schema (schema.py), and after
@@ -33,6 +40,9 @@ Decisions:
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -46,7 +56,7 @@ import xtrain
 from xtrain.io import schema
 from xtrain.models import TinyTransformer, config_from_dict, model_class
 from xtrain.data.layout import file_sha256
-from xtrain.io.rundir import RUN_MARKERS, ensure_dir, staging_dir
+from xtrain.io.rundir import RUN_MARKERS, ensure_dir, staging_dir, writing
 
 FORMAT = "xtrain-checkpoint"
 VERSION = 1
@@ -55,6 +65,7 @@ OPTIM_FILE = schema.OPTIM_FILE
 STATE_FILE = "state.json"
 TMP_SUFFIX = ".tmp"
 OLD_SUFFIX = ".old"
+SUSPECT_SUFFIX = ".suspect"
 
 
 class CheckpointError(ValueError):
@@ -65,11 +76,20 @@ class NonFiniteError(CheckpointError):
     """Weights or optimizer moments hold NaN or Inf: such a checkpoint is never written."""
 
 
+class DivergedError(CheckpointError):
+    """save()'s `suspect` check found the weights diverged: the checkpoint went to `aside`
+    (NAME.suspect) and NAME still holds the previous one."""
+
+    def __init__(self, message: str, aside: Path):
+        super().__init__(message)
+        self.aside = aside
+
+
 # ---- save
 
 def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_state=None,
          tokenizer=None, dataset: str | None = None, train_args: dict | None = None,
-         rank_rng: list | None = None) -> Path:
+         rank_rng: list | None = None, suspect=None) -> Path:
     """Write a checkpoint of the run at `step` (steps completed) to directory `path`, atomically.
 
     rank_rng: in data-parallel runs, each rank's device generator state in rank order (ranks
@@ -77,11 +97,15 @@ def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_
 
     Refuses (NonFiniteError, before writing anything) weights or moments holding NaN or Inf. On
     any failure the partial NAME.tmp is removed and the previous checkpoint stays as it was; a
-    full disk raises an OSError saying so."""
+    full disk raises an OSError saying so. `suspect(params)` (name -> array, on the host), when
+    given, returns None or why these weights must not replace NAME: then the checkpoint is saved
+    as NAME.suspect and DivergedError raised."""
     path = Path(path)
     # Sync point: parameters and moments come to the host (one copy of each flat buffer).
     params = model.store.state_arrays()
     _refuse_non_finite(path, params, "weight")
+    why = suspect(params) if suspect is not None else None
+    target = path.with_name(path.name + SUSPECT_SUFFIX) if why else path
     moments, optim_meta = None, None
     if optimizer is not None:
         exp_avg, exp_avg_sq = optimizer.moment_arrays()
@@ -91,7 +115,7 @@ def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_
         optim_meta = {"step": optimizer.step_count, "hyper": optimizer.hyper(), "names": list(exp_avg)}
     ensure_dir(path.parent)
     previous = "the previous checkpoint is intact" if exists(path) else "no checkpoint was written"
-    with staging_dir(path.with_name(path.name + TMP_SUFFIX), f"checkpoint {path} ({previous})") as tmp:
+    with staging_dir(target.with_name(target.name + TMP_SUFFIX), f"checkpoint {target} ({previous})") as tmp:
         files = {MODEL_FILE: _write_safetensors(tmp / MODEL_FILE, params)}
         if moments is not None:
             files[OPTIM_FILE] = _write_safetensors(tmp / OPTIM_FILE, moments)
@@ -121,8 +145,17 @@ def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_
         }
         write_synced(tmp / STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
         fsync_dir(tmp)
-    _promote(tmp, path)
+    _promote(tmp, target)
+    if why:
+        kept = f"{path} keeps step {step_of(path)}" if exists(path) else f"{path} was not written"
+        raise DivergedError(f"step {step}: {why}; this checkpoint was saved aside as {target} and {kept}",
+                            target)
     return path
+
+
+def max_abs(tensors: dict) -> float:
+    """The largest |value| of the arrays in `tensors` (0 for none)."""
+    return max((float(np.max(np.abs(a))) for a in tensors.values() if a.size), default=0.0)
 
 
 def copy(src, dst) -> Path:
@@ -169,17 +202,49 @@ def _refuse_non_finite(path: Path, tensors: dict, kind: str) -> None:
 
 
 def _promote(tmp: Path, path: Path) -> None:
-    """NAME.tmp -> NAME, keeping a loadable checkpoint at every instant (see module doc)."""
+    """NAME.tmp -> NAME, keeping a loadable checkpoint at every instant (see module doc), under
+    the exclusive lock of the parent directory, so no reader holding reading() sees it happen."""
     old = path.with_name(path.name + OLD_SUFFIX)
-    if path.exists():
+    with _parent_lock(path, fcntl.LOCK_EX):
+        if path.exists():
+            if old.exists():
+                shutil.rmtree(old)
+            os.rename(path, old)
+            fsync_dir(path.parent)
+        os.rename(tmp, path)
+        fsync_dir(path.parent)
         if old.exists():
             shutil.rmtree(old)
-        os.rename(path, old)
-        fsync_dir(path.parent)
-    os.rename(tmp, path)
-    fsync_dir(path.parent)
-    if old.exists():
-        shutil.rmtree(old)
+
+
+@contextlib.contextmanager
+def reading(path):
+    """Hold off every save into the directory of checkpoint `path` (its run folder) while the
+    block reads it: a save waits to publish until the block ends (a shared flock(2) on the parent
+    directory; saves take it exclusively). Take it around load() and the reads that follow."""
+    with _parent_lock(Path(path), fcntl.LOCK_SH):
+        yield
+
+
+@contextlib.contextmanager
+def _parent_lock(path: Path, mode: int):
+    try:
+        fd = os.open(path.absolute().parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:  # no parent directory yet: nothing to read or replace there
+        fd = None
+    if fd is None:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, mode)
+        except OSError as e:  # a filesystem without flock (NFS emulates it with fcntl locks, which
+            # refuse an exclusive lock on a read-only descriptor): unlocked, as before
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
+                raise
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 # ---- load
@@ -188,6 +253,7 @@ def _promote(tmp: Path, path: Path) -> None:
 class Checkpoint:
     path: Path
     meta: dict
+    identity: tuple | None = None  # (st_dev, st_ino) of the directory load() verified
 
     @property
     def step(self) -> int:
@@ -207,7 +273,18 @@ class Checkpoint:
         return self.meta.get("data")
 
     def model_tensors(self) -> dict:
-        return _read_safetensors(self.path / MODEL_FILE)
+        with self._reading():
+            return _read_safetensors(self.path / MODEL_FILE)
+
+    @contextlib.contextmanager
+    def _reading(self):
+        """reading() this checkpoint, and CheckpointError when a save has replaced the directory
+        load() verified (its files are another step's)."""
+        with reading(self.path):
+            if self.identity is not None and _identity(self.path) != self.identity:
+                raise CheckpointError(f"{self.path} was replaced by a newer save while it was being read; "
+                                      f"run the command again")
+            yield
 
     def build_model(self, device: str = "cpu", **overrides):
         """The model of the recorded config (with `overrides`, e.g. bf16/recompute) and weights:
@@ -229,7 +306,8 @@ class Checkpoint:
         meta = self.meta.get("optimizer")
         if meta is None:
             raise CheckpointError(f"{self.path} holds no optimizer state")
-        tensors = _read_safetensors(self.path / OPTIM_FILE)
+        with self._reading():
+            tensors = _read_safetensors(self.path / OPTIM_FILE)
         state = {"step": meta["step"], "hyper": meta["hyper"],
                  "exp_avg": {n[len("exp_avg."):]: t for n, t in tensors.items()
                              if n.startswith("exp_avg.")},
@@ -273,7 +351,8 @@ class Checkpoint:
         from xtrain.data.tokenizer import load_tokenizer
 
         tok_meta = self.tokenizer_meta
-        tok = load_tokenizer(self.path, tok_meta["kind"])
+        with self._reading():
+            tok = load_tokenizer(self.path, tok_meta["kind"])
         if tok.fingerprint != tok_meta["fingerprint"]:
             raise CheckpointError(f"the tokenizer in {self.path} (fingerprint {tok.fingerprint}) "
                                   f"is not the one recorded ({tok_meta['fingerprint']})")
@@ -309,8 +388,14 @@ def exists(path) -> bool:
 def load(path, verify: bool = True) -> Checkpoint:
     """Open a checkpoint: parse state.json and check it against the schema (xtrain.io.schema),
     check every listed file's size and (verify=True) sha256, then the tensor headers against the
-    config. Nothing is allocated from an unchecked number."""
-    path = resolve(path)
+    config. Nothing is allocated from an unchecked number. Runs under reading(path), so a save
+    cannot swap the files between the checks."""
+    with reading(Path(path)):
+        return _load(resolve(path), verify)
+
+
+def _load(path: Path, verify: bool) -> Checkpoint:
+    identity = _identity(path)
     state_file = path / STATE_FILE
     _check_plain_file(state_file)
     if state_file.stat().st_size > schema.MAX_STATE_BYTES:
@@ -347,7 +432,7 @@ def load(path, verify: bool = True) -> Checkpoint:
     except schema.SchemaError as e:
         raise CheckpointError(f"{path}: the tensors do not match the model config in {STATE_FILE}: "
                               f"{e}") from None
-    ckpt = Checkpoint(path, meta)
+    ckpt = Checkpoint(path, meta, identity)
     ckpt.config  # noqa: B018 -- validates the recorded config now
     return ckpt
 
@@ -361,6 +446,14 @@ def _check_plain_file(f: Path) -> None:
 
 
 # ---- helpers
+
+def _identity(path: Path) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
 
 def _write_safetensors(path: Path, tensors: dict) -> dict:
     from safetensors.numpy import save
@@ -381,7 +474,7 @@ def _read_safetensors(path: Path) -> dict:
 
 def write_synced(path: Path, data: bytes) -> None:
     """Write `data` to a new file and fsync it (the caller publishes it with a rename)."""
-    with open(path, "wb") as f:
+    with writing(path), open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -48,6 +48,7 @@ Decisions:
 
 from __future__ import annotations
 
+import math
 import numbers
 import sys
 import threading
@@ -233,6 +234,11 @@ def generate(model, prompts, max_new_tokens: int, temperature: float = 1.0, top_
     _check_args(rows, c, max_new_tokens, temperature, top_k, top_p, stop_token, pad_token)
     if not isinstance(cuda_graphs, (bool, np.bool_)):
         raise TypeError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
+    if generator is not None and not isinstance(generator, np.random.Generator):
+        raise TypeError(f"generator must be a numpy.random.Generator or None, got {type(generator).__name__}")
+    if generator is None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or not 0 <= seed < 2**128):
+        raise ValueError(f"seed must be an integer in [0, 2**128), got {_short(seed)}")
+    max_new_tokens = min(int(max_new_tokens), c.max_seq)  # no row grows past max_seq anyway
     greedy = greedy or temperature == 0
     rng = generator if generator is not None else np.random.Generator(np.random.PCG64(seed))
     lens = np.array([len(r) for r in rows], dtype=np.int64)
@@ -442,15 +448,30 @@ def _prompt_rows(prompts) -> list[np.ndarray]:
     return rows
 
 
+def _short(v) -> str:
+    """repr of an argument, a huge integer by its size."""
+    if isinstance(v, numbers.Integral) and int(v).bit_length() > 64:
+        return f"an integer of {int(v).bit_length()} bits"
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _finite(v) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
 def _check_args(rows, c, max_new_tokens, temperature, top_k, top_p, stop_token, pad_token) -> None:
-    if not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    if not isinstance(temperature, numbers.Real) or not np.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {temperature!r}")
-    if top_k is not None and (not isinstance(top_k, numbers.Integral) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-    if top_p is not None and (not isinstance(top_p, numbers.Real) or not 0.0 < top_p <= 1.0):
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    if not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {_short(max_new_tokens)}")
+    if not isinstance(temperature, numbers.Real) or not _finite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy), got {_short(temperature)}")
+    if top_k is not None and (not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None, got {_short(top_k)}")
+    if top_p is not None and (not isinstance(top_p, numbers.Real) or not _finite(top_p) or not 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1] or None, got {_short(top_p)}")
     for name, tok in (("stop_token", stop_token), ("pad_token", pad_token)):
         if tok is not None and (not isinstance(tok, numbers.Integral) or not 0 <= tok < c.vocab_size):
             raise ValueError(f"{name} must be a token id in [0, {c.vocab_size}) or None, got {tok!r}")

@@ -32,6 +32,12 @@ Decisions:
   a cycle; xtrain.io.export takes its name mapping (hf_name) from here.
 - A tied model (tie_word_embeddings) has no lm_head tensor; one that is present anyway must equal
   the embedding (transformers would overwrite it).
+- Nothing is sized from an unchecked number: config.json and the index are read only when they
+  are regular files within xtrain.data.bounded's limits; the config's integers must be positive
+  and at most 2**31 - 1 (what a checkpoint may record, so the run it starts stays loadable), its
+  floats finite; the tensor count the config implies is compared with the headers' before any
+  per-layer table is built; the headers are bounded, their byte ranges inside the file and not
+  overlapping; and every weight must be finite.
 - A name that is not a local directory but reads as a hub model id (NAME or ORG/NAME) is
   downloaded once through huggingface_hub's snapshot_download into the hub's cache ($HF_HOME),
   only the files read here (HUB_FILES: no pickles, no other formats), and read from there
@@ -49,6 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from xtrain.data.bounded import MAX_HEADER_BYTES, MAX_JSON_BYTES, read_text_bounded
 
 from . import hf_gpt2
 
@@ -70,6 +78,8 @@ HUB_FILES = (CONFIG_FILE, "*.safetensors", INDEX_FILE, "tokenizer.json", "tokeni
 # A hub model id: NAME or ORG/NAME, each part letters, digits, '-', '_', '.' (not leading).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 HUB_INSTALL_HINT = "pip install 'xtrain[hub]' (or: pip install huggingface_hub)"
+# The largest integer a config field may hold: a checkpoint's schema takes no more.
+MAX_CONFIG_INT = 2**31 - 1
 
 
 class PretrainedError(ValueError):
@@ -198,10 +208,11 @@ def read_hf_config(path: Path) -> dict:
     f = path / CONFIG_FILE
     if not f.is_file():
         raise PretrainedError(f"{path}: no {CONFIG_FILE} (expected a Hugging Face model directory)")
+    text = read_text_bounded(f, MAX_JSON_BYTES, "model config", PretrainedError)
     try:
-        hf = json.loads(f.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise PretrainedError(f"{f}: invalid JSON ({e})") from None
+        hf = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise PretrainedError(f"{f}: invalid JSON ({_first_line(e)})") from None
     if not isinstance(hf, dict):
         raise PretrainedError(f"{f}: expected a JSON object")
     return hf
@@ -244,27 +255,56 @@ def config_from_hf(hf: dict, source, config_cls) -> tuple:
     theta = _rope_theta(hf, unsupported)
     ints = {}
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
-        v = hf.get(key)
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise PretrainedError(f"{source}: {key} must be a positive integer, got {v!r}")
-        ints[key] = v
+        ints[key] = _config_int(hf.get(key), key, source)
     heads = ints["num_attention_heads"]
-    kv_heads = hf.get("num_key_value_heads") or heads
+    kv_heads = _config_int(hf.get("num_key_value_heads") or heads, "num_key_value_heads", source)
     head_dim = hf.get("head_dim") or ints["hidden_size"] // heads
-    if not isinstance(head_dim, int) or head_dim % 2 or head_dim > MAX_HEAD_DIM:
-        unsupported(f"head_dim {head_dim!r} (it must be even and at most {MAX_HEAD_DIM})")
-    if not isinstance(kv_heads, int) or heads % kv_heads:
-        raise PretrainedError(f"{source}: num_key_value_heads {kv_heads!r} must divide num_attention_heads {heads}")
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim % 2 or not 0 < head_dim <= MAX_HEAD_DIM:
+        unsupported(f"head_dim {_shown(head_dim)} (it must be even and at most {MAX_HEAD_DIM})")
+    if heads % kv_heads:
+        raise PretrainedError(f"{source}: num_key_value_heads {kv_heads} must divide num_attention_heads {heads}")
+    max_seq = _config_int(hf.get("max_position_embeddings") or 2048, "max_position_embeddings", source)
+    floats = {key: _config_float(v, key, source) for key, v in
+              (("rope_theta", theta), ("rms_norm_eps", hf.get("rms_norm_eps", 1e-6)))}
+    tie = hf.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise PretrainedError(f"{source}: tie_word_embeddings must be true or false, got {_shown(tie)}")
     try:
         config = config_cls(
             vocab_size=ints["vocab_size"], dim=ints["hidden_size"], n_layers=ints["num_hidden_layers"],
             n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim, ffn_dim=ints["intermediate_size"],
-            max_seq=int(hf.get("max_position_embeddings") or 2048), rope_theta=float(theta),
-            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qk_norm=qk_norm)
+            max_seq=max_seq, rope_theta=floats["rope_theta"], norm_eps=floats["rms_norm_eps"],
+            tie_embeddings=tie, qk_norm=qk_norm)
     except (TypeError, ValueError) as e:
         raise PretrainedError(f"{source}: {e}") from None
     return arch, config
+
+
+def _config_int(v, key: str, source) -> int:
+    """A config.json integer: positive and at most MAX_CONFIG_INT, else PretrainedError."""
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_CONFIG_INT:
+        raise PretrainedError(f"{source}: {key} must be an integer in [1, {MAX_CONFIG_INT}], got {_shown(v)}")
+    return v
+
+
+def _config_float(v, key: str, source) -> float:
+    """A config.json number: finite and positive, else PretrainedError."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise PretrainedError(f"{source}: {key} must be a finite positive number, got {_shown(v)}")
+    return float(v)
+
+
+def _shown(v) -> str:
+    """A value of an untrusted file, short: a huge integer by its size, long text cut."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64:
+        return f"an integer of {v.bit_length()} bits"
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _rope_theta(hf: dict, unsupported) -> float:
@@ -291,11 +331,15 @@ def weight_files(path: Path) -> list[Path]:
     """The safetensors files of a directory: the shards the index names, else model.safetensors."""
     index = path / INDEX_FILE
     if index.is_file():
+        text = read_text_bounded(index, MAX_JSON_BYTES, "safetensors index", PretrainedError)
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            names = sorted(set(weight_map.values()))
-        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
-            raise PretrainedError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
+            weight_map = json.loads(text)["weight_map"]
+            values = list(weight_map.values())
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+            raise PretrainedError(f"{index}: not a safetensors index ({type(e).__name__}: {_first_line(e)})") from None
+        if not all(isinstance(n, str) for n in values):
+            raise PretrainedError(f"{index}: weight_map must map tensor names to shard file names")
+        names = sorted(set(values))
         for n in names:
             if not isinstance(n, str) or Path(n).name != n or not (path / n).is_file():
                 raise PretrainedError(f"{index} names shard {n!r}, which is not a file in {path}")
@@ -314,6 +358,7 @@ def read_weights(path: Path) -> tuple[dict, str]:
     out, dtypes = {}, set()
     for f in weight_files(path):
         header, data_start = read_header(f)
+        _refuse_overlaps(f, header)
         raw = np.memmap(f, dtype=np.uint8, mode="r", offset=data_start) if f.stat().st_size > data_start else None
         for name, (dtype, shape, (begin, end)) in header.items():
             if dtype not in _WIDEN:
@@ -322,7 +367,11 @@ def read_weights(path: Path) -> tuple[dict, str]:
                 raise PretrainedError(f"{path}: tensor {name} is stored twice")
             if end - begin != _WIDEN[dtype].itemsize * math.prod(shape):
                 raise PretrainedError(f"{f}: tensor {name} has {end - begin} bytes for shape {list(shape)}")
-            out[name] = _widen(raw, begin, dtype, shape)
+            a = _widen(raw, begin, dtype, shape)
+            if not np.isfinite(a).all():
+                raise PretrainedError(f"{f}: tensor {name} holds {a.size - int(np.count_nonzero(np.isfinite(a)))} "
+                                      f"non-finite values (NaN or Inf); refusing to train from it")
+            out[name] = a
             dtypes.add(dtype)
     source = "f32" if dtypes <= {"F32"} else ("bf16" if "BF16" in dtypes else "f16")
     return out, source
@@ -339,7 +388,7 @@ def read_header(f: Path) -> tuple[dict, int]:
     with open(f, "rb") as fh:
         head = fh.read(8)
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if not 0 <= n <= size - 8:
+        if not 0 <= n <= min(size - 8, MAX_HEADER_BYTES):
             bad("too short, or an impossible header length")
         try:
             header = json.loads(fh.read(n))
@@ -361,6 +410,16 @@ def read_header(f: Path) -> tuple[dict, int]:
     return out, 8 + n
 
 
+def _refuse_overlaps(f: Path, header: dict) -> None:
+    """PretrainedError when two tensors of one file share bytes (a crafted file: the library
+    refuses it too, and a model whose weights alias each other is no model)."""
+    spans = sorted((begin, end, name) for name, (_, _, (begin, end)) in header.items() if end > begin)
+    for (_, end, name), (begin, _, other) in zip(spans, spans[1:]):
+        if begin < end:
+            raise PretrainedError(f"{f}: not a readable safetensors file (tensors {name[:80]!r} and "
+                                  f"{other[:80]!r} overlap)")
+
+
 def _widen(raw, begin: int, dtype: str, shape) -> np.ndarray:
     """The tensor at byte `begin` of the data section `raw` as a float32 array, exactly (bf16 is
     the top half of a float32)."""
@@ -374,6 +433,12 @@ def _widen(raw, begin: int, dtype: str, shape) -> np.ndarray:
 def match_tensors(raw: dict, config, path: Path) -> dict:
     """Our name -> array for every parameter of `config` (a TransformerConfig), checked: every
     tensor present with its shape, nothing left over (PretrainedError naming the tensors)."""
+    stored = sum(1 for name in raw if not name.endswith(SKIPPED_SUFFIXES))
+    # Before param_shapes(), which has an entry per tensor: a config implying far more tensors than
+    # the files hold is refused here (a few missing ones are named below).
+    if config.param_count() > 2 * stored + 16:
+        raise PretrainedError(f"{path}: the config implies {config.param_count():,} tensors "
+                              f"({config.n_layers:,} layers); the weight files hold {stored}")
     shapes = config.param_shapes()
     wanted = {hf_name(n): n for n in shapes}  # Hugging Face name -> ours
     ours, extra = {}, []

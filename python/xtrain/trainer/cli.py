@@ -238,13 +238,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         import xtrain
         from xtrain.launch.rendezvous import EXIT_STOPPED, RankStopped, RendezvousError
-        from xtrain.trainer.train import NonFiniteStepsError
+        from xtrain.trainer.train import DivergedRunError, NonFiniteStepsError
 
         who = _who(args)
         if isinstance(e, RankStopped):  # another rank failed; its own message says why
             print(f"{who}stopped: {_first_line(e).split(' stopped because ', 1)[-1]}", file=sys.stderr)
             return EXIT_STOPPED
-        if isinstance(e, NonFiniteStepsError):
+        if isinstance(e, (NonFiniteStepsError, DivergedRunError)):
             print(f"{who}training stopped: {_first_line(e)}", file=sys.stderr)
             return 1
         if isinstance(e, (xtrain.OutOfMemoryError, MemoryError)):
@@ -297,7 +297,10 @@ def cmd_train(args) -> int:
 
         values["init_from"] = str(resolve_pretrained(values["init_from"]))
     cfg = runconfig.train_config(values)
-    _check_train_config(cfg, values["devices"], group)
+    try:
+        _check_train_config(cfg, values["devices"], group)
+    except runconfig.ConfigError as e:
+        raise _name_recorded(e, values.get(RECORDED, ())) from None
 
     @contextlib.contextmanager
     def claimed():
@@ -322,6 +325,23 @@ def cmd_train(args) -> int:
 
             train_data_parallel(cfg, values["devices"])
     return 0
+
+
+# _train_values's key for the names whose value came from the resumed run's record alone.
+RECORDED = "_recorded"
+
+
+def _name_recorded(e: Exception, recorded) -> Exception:
+    """A configuration error that names a flag the user did not give, whose value came from the
+    resumed run's record: said so, with how to change it."""
+    text = str(e)
+    for name in recorded:
+        flag = runconfig.flags_of(name)[0]
+        if text.startswith(flag + " "):
+            return runconfig.ConfigError(
+                f"the resumed run's {flag[2:]} (recorded in its {runconfig.CONFIG_FILE}, not given here): "
+                f"{text}; pass {flag} to change it")
+    return e
 
 
 def _process_group():
@@ -405,8 +425,10 @@ def _train_values(args, group=None) -> dict:
         record.pop("init_from", None)  # how the run began: the checkpoint holds the model now
         values.update(record)
         given["resume"] = resume
+    recorded = {name for name in values if name in record} - set(file) - set(given) if given.get("resume") else set()
     values.update(file)
     values.update(given)
+    values[RECORDED] = sorted(recorded)
     values["out"] = values["out"] or default_out(values)
     if group is not None:
         values["devices"] = group.world_size  # the record's GPU count, whatever it was
@@ -436,7 +458,7 @@ def cmd_prepare(args) -> int:
     from xtrain.data.layout import read_meta
     from xtrain.data.saved import is_saved_dataset
     from xtrain.data.write import split_counts
-    from xtrain.io.rundir import DirLock
+    from xtrain.io.rundir import DirLock, check_prepare_dir, enclosing_run
 
     name = args.source[0] if len(args.source) == 1 else None
     hub = hub_source(name, args.text_column, args.split, args.val_split) if name else None
@@ -461,8 +483,13 @@ def cmd_prepare(args) -> int:
             raise UsageError("--out is required when preparing files")
     out = args.out if args.out is not None else (name if token_dir else default_out_dir(name))
     progress = not args.no_progress
-    with DirLock(out, "xtrain prepare"):  # a second prepare into the same directory refuses
-        out = _prepare_into(args, name, hub, out, progress)
+    check_prepare_dir(out)
+    run = enclosing_run(out)
+    # A second prepare into the same directory refuses, and so does one into the folder of a run
+    # that is training (RUN/data): it would replace the data under it.
+    with DirLock(run, "xtrain prepare") if run is not None else contextlib.nullcontext():
+        with DirLock(out, "xtrain prepare"):
+            out = _prepare_into(args, name, hub, out, progress)
     print(f"prepared {out}")
     counts = split_counts(read_meta(out))
     if counts:
@@ -501,13 +528,18 @@ def cmd_sample(args) -> int:
     if args.greedy and (args.temperature is not None or args.top_k is not None or args.top_p is not None):
         raise UsageError("--greedy cannot be combined with --temperature, --top-k or --top-p")
     runconfig.check("device", args.device)
-    ckpt = state.load(checkpoint_in(args.ckpt))
-    model = ckpt.build_model(resolve_device(args.device))
+    for text in args.prompt or ():
+        _check_text(text, "--prompt")
+    source = checkpoint_in(args.ckpt)
+    with state.reading(source):  # a save into the run waits: one checkpoint's files
+        ckpt = state.load(source)
+        model = ckpt.build_model(resolve_device(args.device))
+        tokenizer = ckpt.tokenizer()
     model.eval()
     prompts = args.prompt
     if prompts is None:  # the prompt of the run's own sample (the start of a validation document)
         prompts = [(ckpt.meta.get("train_args") or {}).get("sample_prompt") or SAMPLE_PROMPT]
-    texts = sample_texts(model, ckpt.tokenizer(), prompts, args.max_new_tokens, seed=args.seed,
+    texts = sample_texts(model, tokenizer, prompts, args.max_new_tokens, seed=args.seed,
                          temperature=args.temperature if args.temperature is not None else 0.8,
                          top_k=args.top_k if args.top_k is not None else 50, top_p=args.top_p,
                          greedy=args.greedy, cuda_graphs=args.cuda_graphs)
@@ -517,6 +549,16 @@ def cmd_sample(args) -> int:
         for i, text in enumerate(texts):
             print(f"=== sample {i + 1} ===\n{text}")
     return 0
+
+
+def _check_text(text: str, flag: str) -> None:
+    """UsageError unless `text` (an argument) is UTF-8: bytes that are not arrive as lone
+    surrogates (Python's surrogateescape), which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UsageError(f"{flag}: not UTF-8 text (byte {e.object[e.start:e.end].encode('utf-8', 'surrogateescape')!r} "
+                         f"at character {e.start})") from None
 
 
 def cmd_export(args) -> int:

@@ -46,6 +46,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xtrain.data.bounded import MAX_TOML_BYTES, read_text_bounded
+from xtrain.io.rundir import writing
 from xtrain.models import ALL_PRESETS
 from xtrain.trainer.schedule import DEFAULT_DECAY_FRAC, SCHEDULES
 
@@ -381,12 +383,23 @@ def check(name: str, value, flag: str | None = None) -> None:
         return
     if not _is_type(o.type, value):
         raise ConfigError(f"{flag} {value!r}: {_expected(o)}")
+    if isinstance(value, str) and not _is_utf8(value):  # config.toml (UTF-8) records every value
+        raise ConfigError(f"{flag}: not UTF-8 text ({value.encode('utf-8', 'surrogateescape')[:40]!r})")
     if o.choices is not None and value not in o.choices:
         raise ConfigError(f"{flag} {value!r}: invalid choice (choose from {', '.join(o.choices)})")
     if o.pattern is not None and not re.fullmatch(o.pattern[0], str(value)):
         raise ConfigError(f"{flag} {value!r}: expected {o.pattern[1]}")
     if o.type in (int, float) and not _in_range(o, value):
         raise ConfigError(f"{flag} must be {_rule(o)}, got {value}")
+
+
+def _is_utf8(text: str) -> bool:
+    """False for text with lone surrogates: bytes of an argument that were not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_type(kind: type, value) -> bool:
@@ -452,11 +465,8 @@ def read_toml(path, what: str = "--config") -> dict:
     underscores)."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {path}: no such file") from None
-    except tomllib.TOMLDecodeError as e:
+        data = tomllib.loads(read_text_bounded(path, MAX_TOML_BYTES, what, ConfigError))
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
         raise ConfigError(f"{what} {path}: invalid TOML ({e})") from None
     out = {}
     for key, value in data.items():
@@ -474,8 +484,9 @@ def read_config(path) -> dict:
 
 def values_of(data: dict, where: str, record: bool = False) -> dict:
     """Option name -> value from TOML keys (or a checkpoint's train_args) -> values; `where` prefixes
-    the errors. A record's keys of options it does not keep are dropped; None values are left out."""
-    out = {}
+    the errors. A record's keys of options it does not keep are dropped; None values are left out.
+    The two keys of a switch that disagree (bf16 = true, fp32 = true) are an error."""
+    out, keys = {}, {}
     for key, value in data.items():
         name, flag = _KEYS.get(key.replace("-", "_"), (None, None))
         if record and name is not None and not option(name).recorded:
@@ -492,9 +503,12 @@ def values_of(data: dict, where: str, record: bool = False) -> dict:
                 raise ConfigError(f"{where}: {flag} {value!r}: expected true or false")
             value = o.switch[flag] if value else not o.switch[flag]
         try:
-            out[name] = value_of(name, value, flag)
+            value = value_of(name, value, flag)
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
+        if o.switch and name in out and out[name] != value:
+            raise ConfigError(f"{where}: keys {keys[name]!r} and {key!r} set one option two ways; keep one")
+        out[name], keys[name] = value, key
     return out
 
 
@@ -507,7 +521,12 @@ def write_record(path, record: dict, notes=()) -> Path:
     lines += [f"# {n}" for n in notes]
     lines += [_record_line(key, value) for key, value in record.items() if value is not None]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
+    try:
+        with writing(path):
+            tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     return path
 

@@ -56,6 +56,7 @@ from xtrain import graphs, ops
 from xtrain.models import hf_import
 from xtrain.io import llmc
 from xtrain.io import state as ckpt_state
+from xtrain.io.rundir import DirLock, writing
 from xtrain.models import TinyTransformer, TransformerConfig, config_classes, model_class, preset_config
 from xtrain.optim import AdamW, Muon
 from xtrain.trainer.runconfig import ConfigError, TrainConfig
@@ -91,6 +92,20 @@ CONTROL_EVERY = 10
 # validation loss rose at the last two evaluations.
 REPEAT_EPOCHS = 4
 BEST_DIR = "best"
+# Note [Diverged checkpoints]: a save must not replace OUT/ckpt with weights that diverged while
+# still finite (a too-large step; NaN/Inf ones state.save refuses anyway). A save is suspect when
+# its largest |weight| is more than DIVERGED_WEIGHT_FACTOR times that of the weights the run
+# started from or last saved (at least 1: RMSNorm weights start there), or when the mean
+# training loss of its last LOSS_WINDOW logged steps is above the lowest such mean of this
+# invocation's earlier saves by more than max(DIVERGED_LOSS_NATS, DIVERGED_LOSS_FRACTION x it), or
+# when none of those steps had a finite loss. A suspect save goes to OUT/ckpt.suspect, OUT/ckpt
+# keeps the last good one, and the run stops naming both (DivergedRunError). Normal training
+# moves max |w| by a few times over a run and its windowed loss by well under a nat between
+# saves; a run that blew up moves them by orders of magnitude.
+DIVERGED_WEIGHT_FACTOR = 100.0
+LOSS_WINDOW = 10
+DIVERGED_LOSS_NATS = 2.0
+DIVERGED_LOSS_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -140,6 +155,9 @@ class Run:
     graphs: object = None              # xtrain.graphs.StepGraphs on a GPU, else None
     bad_steps: int = 0                 # non-finite steps in a row (their updates skipped)
     skipped_steps: int = 0             # all of them
+    start_step: int = 0                # the step this invocation started at
+    good_max_w: float | None = None    # max |w| at the start or the last good save (rank 0)
+    good_loss: float | None = None     # the lowest windowed loss at this invocation's saves
 
 
 def train(cfg: TrainConfig, ctx=None, prepared=None, stop=None) -> dict | None:
@@ -246,7 +264,7 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     dataset, start = prepared if prepared is not None else open_inputs(cfg, cfg.progress)
     ckpt = start if isinstance(start, ckpt_state.Checkpoint) else None
     init = start if isinstance(start, hf_import.Pretrained) else None
-    recorded = (ckpt.meta.get("train_args") or {}) if ckpt is not None else {}
+    recorded = recorded_args(ckpt) if ckpt is not None else {}
     if ckpt is not None and ckpt.step >= cfg.steps:
         if ctx.is_main:  # a finished run: nothing is trained, evaluated, sampled or written
             print(f"xtrain: nothing to do: {ckpt.path} is at step {ckpt.step} and --steps is {cfg.steps}; "
@@ -358,6 +376,9 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
             print(f"xtrain: {n}", flush=True)
         run.bar = progress.open_progress(cfg.steps, step, cfg.log_every, cfg.progress)  # below the header
     _resume_results(run)
+    run.start_step = step
+    if ctx.is_main:  # sync point, once: the reference of Note [Diverged checkpoints]
+        run.good_max_w = ckpt_state.max_abs(model.store.state_arrays())
     run.step_s = []
     run.t_saved = time.monotonic()
     if run.device.startswith("cuda"):
@@ -390,6 +411,14 @@ def _resume_results(run: Run) -> None:
     best_step = ckpt_state.step_of(run.out / BEST_DIR)
     at_best = [v for s, v in vals if s == best_step]
     run.best = (at_best[-1], best_step) if at_best else None
+
+
+def recorded_args(ckpt) -> dict:
+    """The checkpoint's record of its run's options (state.json train_args), each value held to
+    its option's rule as a flag's would be: an edited or damaged record is one ConfigError. Keys
+    that name no option (one an older xtrain recorded) are left out."""
+    args = {k: v for k, v in (ckpt.meta.get("train_args") or {}).items() if k in runconfig.OPTIONS}
+    return runconfig.values_of(args, f"{ckpt.path / ckpt_state.STATE_FILE} train_args", record=True)
 
 
 def make_schedule(cfg: TrainConfig, recorded: dict) -> Schedule:
@@ -548,20 +577,65 @@ def save(run: Run) -> None:
     """Checkpoint the run at its step into OUT/ckpt, and into OUT/best too when the evaluation at
     this step has the lowest validation loss so far (rank 0 writes; every rank takes part: with
     ranks the sharded state is gathered and every rank's generator state is collected first)."""
+    settle(run)  # the log holds every step the checkpoint holds, before it is saved
     states = None
     if run.dp is not None:
         run.dp.gather_state(root=0)  # the weights complete, a full copy of the moments on rank 0
         states = run.ctx.exchange("rank_rng", xtrain.get_rng_state(run.device))
     if run.ctx.is_main:
-        ckpt_state.save(run.out / CKPT_DIR, run.model, run.optimizer, run.step,
-                        loader_state=run.train_loader.state_dict(), tokenizer=run.dataset.tokenizer,
-                        dataset=str(run.dataset.path), train_args=run.record,
-                        rank_rng=states)
+        loss = window_loss(run)
+        try:
+            ckpt_state.save(run.out / CKPT_DIR, run.model, run.optimizer, run.step,
+                            loader_state=run.train_loader.state_dict(), tokenizer=run.dataset.tokenizer,
+                            dataset=str(run.dataset.path), train_args=run.record,
+                            rank_rng=states, suspect=lambda params: diverged(run, params, loss))
+        except ckpt_state.DivergedError as e:
+            todo = (f"resume from the good one: xtrain train --out {run.out} --resume" if
+                    ckpt_state.exists(run.out / CKPT_DIR) else f"start again: xtrain train --out {run.out} --overwrite")
+            raise DivergedRunError(f"{e}. To go on, {todo} (with a lower --lr or --grad-clip); inspect the suspect "
+                                   f"one with xtrain sample --ckpt {e.aside}") from None
+        if loss is not None and math.isfinite(loss):
+            run.good_loss = loss if run.good_loss is None else min(run.good_loss, loss)
     run.saved_step, run.t_saved = run.step, time.monotonic()
     if run.val_step == run.step and (run.best is None or run.val_loss < run.best[0]):
         run.best = (run.val_loss, run.step)
         if run.ctx.is_main:  # the files of OUT/ckpt, linked (no second write)
             ckpt_state.copy(run.out / CKPT_DIR, run.out / BEST_DIR)
+
+
+class DivergedRunError(RuntimeError):
+    """Training stopped: a checkpoint's weights or loss diverged (Note [Diverged checkpoints]);
+    it was saved aside and the last good checkpoint kept."""
+
+
+def window_loss(run: Run) -> float | None:
+    """The mean training loss of the last LOSS_WINDOW logged steps (NaN when none of them is
+    finite; None before any step of this invocation)."""
+    losses = [r["loss"] for r in run.history[-4 * LOSS_WINDOW:]
+              if "loss" in r and r["step"] >= run.start_step][-LOSS_WINDOW:]
+    if not losses:
+        return None
+    finite = [v for v in losses if math.isfinite(v)]
+    return statistics.fmean(finite) if finite else math.nan
+
+
+def diverged(run: Run, params: dict, loss: float | None) -> str | None:
+    """Why the weights `params` (name -> host array) and the windowed training `loss` must not
+    replace the last good checkpoint, or None (Note [Diverged checkpoints])."""
+    top = ckpt_state.max_abs(params)
+    ref = max(run.good_max_w or 0.0, 1.0)
+    if top > DIVERGED_WEIGHT_FACTOR * ref:
+        return (f"the weights diverged (largest |w| {top:.3g}, {top / ref:.3g} times the {ref:.3g} of the last good "
+                f"weights)")
+    if loss is not None and math.isnan(loss):
+        return f"the loss of the last {LOSS_WINDOW} steps was not finite"
+    if loss is not None and run.good_loss is not None:
+        margin = max(DIVERGED_LOSS_NATS, DIVERGED_LOSS_FRACTION * run.good_loss)
+        if loss > run.good_loss + margin:
+            return (f"the loss diverged (mean {loss:.4g} over the last {LOSS_WINDOW} steps; it was {run.good_loss:.4g} "
+                    f"at an earlier save)")
+    run.good_max_w = top
+    return None
 
 
 def log_step(run: Run, step: int, values, lr: float, replayed: bool, timing: tuple) -> None:
@@ -749,8 +823,9 @@ def _note(run: Run, message: str) -> None:
 
 
 def _emit(run: Run, record: dict) -> None:
-    run.log.write(json.dumps(record) + "\n")
-    run.log.flush()
+    with writing(run.out / LOG_FILE):
+        run.log.write(json.dumps(record) + "\n")
+        run.log.flush()
     run.history.append(record)
     for t in run.trackers:
         t.log(record)
@@ -812,7 +887,7 @@ def train_processes(cfg: TrainConfig, env, *, rendezvous: str | None = None, cla
             # Rank 0 has prepared the data (if it had to: maybe for long; its heartbeat says it is alive).
             ctx.exchange("inputs_ready", True, timeout=math.inf)
             if not ctx.is_main:
-                prepared = open_inputs(cfg, False)
+                prepared = open_inputs(cfg, False, lock=False)  # rank 0 prepared it, holding the lock
             if not isinstance(prepared[1], ckpt_state.Checkpoint):
                 xtrain.manual_seed(cfg.seed)  # as the threads' launch: every rank's generators alike
             return train(cfg, ctx=ctx, prepared=prepared)
@@ -820,7 +895,7 @@ def train_processes(cfg: TrainConfig, env, *, rendezvous: str | None = None, cla
     return distributed.run_process(rank_main, env, rendezvous_method=rendezvous, timeout=timeout, **stand_ins)
 
 
-def open_inputs(cfg: TrainConfig, progress: bool):
+def open_inputs(cfg: TrainConfig, progress: bool, lock: bool = True):
     """(dataset, start): the run's data, opened (or prepared into OUT/data, with the pretrained
     model's tokenizer under --init-from), and what the run starts from (the checkpoint it resumes,
     the hf_import.Pretrained of --init-from, or None), checked against each other."""
@@ -833,7 +908,7 @@ def open_inputs(cfg: TrainConfig, progress: bool):
     else:
         start = None
     dataset = open_data(cfg.data, out, cfg.vocab_size, progress,
-                        tokenizer=start.tokenizer if isinstance(start, hf_import.Pretrained) else None)
+                        tokenizer=start.tokenizer if isinstance(start, hf_import.Pretrained) else None, lock=lock)
     check_tokenizer(start, dataset)
     return dataset, start
 
@@ -881,11 +956,11 @@ def resolve_device(device: str) -> str:
     return "cuda:0" if device == "cuda" else device
 
 
-def open_data(data, out: Path, vocab_size: int, progress: bool, tokenizer=None):
+def open_data(data, out: Path, vocab_size: int, progress: bool, tokenizer=None, lock: bool = True):
     """None means the built-in stories as an endless stream (xtrain.data.stream); a stream,
     prepared directory or nanoGPT/llm.c token directory is opened (the token files are read in
     place); a raw source is prepared into out/data first, with `tokenizer` when given (else a BPE
-    of vocab_size trained on it)."""
+    of vocab_size trained on it; under the lock of out/data unless `lock` is off)."""
     from xtrain.data import is_dataset_dir, is_stream_dir, open_dataset, open_stream, prepare
 
     if data is None:
@@ -895,7 +970,11 @@ def open_data(data, out: Path, vocab_size: int, progress: bool, tokenizer=None):
         return open_stream(path, progress=progress)
     if is_dataset_dir(path):
         return open_dataset(path)
-    return open_dataset(prepare(path, out / "data", vocab_size=vocab_size, tokenizer=tokenizer, progress=progress))
+    # The run's own data directory is locked while it is prepared, like any prepare's --out: an
+    # `xtrain prepare --out OUT/data` at the same time refuses rather than writing beside it.
+    with DirLock(out / "data", "xtrain train") if lock else contextlib.nullcontext():
+        prepared = prepare(path, out / "data", vocab_size=vocab_size, tokenizer=tokenizer, progress=progress)
+    return open_dataset(prepared)
 
 
 def default_prompt(data, dataset) -> str:
