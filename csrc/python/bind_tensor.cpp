@@ -220,7 +220,13 @@ void init_tensor(py::module_& m) {
       .def_property_readonly("_version", &Tensor::version,
                              "How many in-place writes the engine made to this tensor's storage (shared by views)")
       .def("detach", &Tensor::detach, "A tensor sharing storage, with no history")
-      .def("numpy", &to_numpy, "As a numpy array (shares memory for CPU float32/float64/int; bf16 -> float32 copy)")
+      .def("numpy", [](const Tensor& t) {
+             py::array a = to_numpy(t);
+             a.attr("setflags")(py::arg("write") = false);  // never a writable alias of the tensor's memory
+             return a;
+           },
+           "As a read-only numpy array (shares memory for CPU float32/float64/int; bf16 -> float32 copy); "
+           ".copy() it to write")
       .def("item", &item, "The value of a one-element tensor (a sync point on CUDA)")
       .def("backward", [](const Tensor& t) { backward(t); }, NoGil(),
            "Backpropagate from a one-element tensor (seed of ones)")

@@ -2,13 +2,11 @@
 
 install(Tensor) attaches them to the compiled class (xtrain/__init__.py calls it once):
 + - * / ** (with Python numbers on either side), unary -, @, and .sum .mean .reshape .view
-.transpose .permute .to .float .bfloat16 .double .softmax .log_softmax .exp .log .sqrt .silu,
-and .numpy() made read-only.
+.transpose .permute .to .float .bfloat16 .double .softmax .log_softmax .exp .log .sqrt .silu.
 
-Invariant: t.numpy() never hands out a writable alias of a tensor's memory. On the CPU it shares
-the tensor's storage (no copy); writing into it would change the tensor behind the tape's back (a
-value a backward saved, a weight the optimizer holds) and give silently wrong gradients, so the
-array is read-only (`.copy()` gives a writable one; in-place changes go through xtrain's ops).
+(.numpy() is the binding's own, read-only: on the CPU it shares the tensor's storage, and writing
+into it would change the tensor behind the tape's back and give silently wrong gradients;
+`.copy()` gives a writable array, in-place changes go through xtrain's ops.)
 """
 import numbers
 
@@ -83,21 +81,9 @@ def _to_method(native):
     return to
 
 
-def _read_only_numpy(numpy):
-    def method(self):
-        a = numpy(self)
-        a.flags.writeable = False
-        return a
-    method.__name__ = "numpy"
-    method.__doc__ = ("As a read-only numpy array (shares memory for CPU float32/float64/int; "
-                      "bf16 -> float32 copy); .copy() it to write")
-    return method
-
-
 def install(Tensor):
     methods = {
         "to": _to_method(Tensor.to),
-        "numpy": _read_only_numpy(Tensor.numpy),
         "__add__": _binary(ops.add), "__radd__": _binary(ops.add, reflected=True),
         "__sub__": _binary(ops.sub), "__rsub__": _binary(ops.sub, reflected=True),
         "__mul__": _binary(ops.mul), "__rmul__": _binary(ops.mul, reflected=True),
