@@ -10,7 +10,8 @@
 //    in the compute type and are rounded once; every gradient is written with `=`.
 //  - The matrix products (q k^T, p v, dO v^T, ds k, ds^T q, p^T dO) run per (b, head) through the
 //    CPU GEMM (OpenBLAS: deterministic, it never splits K), in blocks of kBlock query rows that
-//    stop at the causal diagonal's block; the softmax rows between them are plain loops. One
+//    stop at the causal diagonal's block; the softmax rows between them are plain loops, their
+//    float32 exps and sums through vec_math.h (float64: the C library's exp). One
 //    head's S x S scores live in one buffer per thread, nothing is allocated per row. The
 //    (b, head) pairs (backward: (b, kv head) groups) split over the CPU backend's threads
 //    (parallel.h); the GEMMs of one head are small enough that OpenBLAS runs them on the thread
@@ -23,6 +24,7 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -110,16 +112,9 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, compute_t<T>*
       for (int64_t i = 0; i < S; ++i) {  // p_ij = exp(scale s_ij - m_i), 0 beyond the mask
         C* p = sc.data() + i * S;
         const int64_t jend = causal ? i + 1 : S, jn = block_cols(i, S, causal);
-        C m = -std::numeric_limits<C>::infinity();
-        for (int64_t j = 0; j < jend; ++j) {
-          p[j] = p[j] * scale;
-          m = std::max(m, p[j]);
-        }
-        C li = 0;
-        for (int64_t j = 0; j < jend; ++j) {
-          p[j] = std::exp(p[j] - m);
-          li += p[j];
-        }
+        for (int64_t j = 0; j < jend; ++j) p[j] = p[j] * scale;
+        C m;
+        const C li = exp_row(p, jend, &m);
         std::fill(p + jend, p + jn, C(0));
         l[i] = li;
         lse[n.stat(b, h, i)] = m + std::log(li);
@@ -166,10 +161,9 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
           C* p = pm.data() + i * S;
           C* dsi = ds.data() + i * S;
           const int64_t jend = causal ? i + 1 : S, jn = block_cols(i, S, causal);
-          for (int64_t j = 0; j < jend; ++j) {
-            p[j] = std::exp(p[j] * scale - lse_i);
-            dsi[j] = p[j] * (dsi[j] - delta);
-          }
+          for (int64_t j = 0; j < jend; ++j) p[j] = p[j] * scale;
+          exp_shift(p, lse_i, jend);
+          for (int64_t j = 0; j < jend; ++j) dsi[j] = p[j] * (dsi[j] - delta);
           std::fill(p + jend, p + jn, C(0));
           std::fill(dsi + jend, dsi + jn, C(0));
         }
