@@ -40,9 +40,11 @@ void cpu_relax() {
 #endif
 }
 
-// Pauses spent waiting before blocking: a worker for the next call (kernels often come back to
-// back), the caller for the workers' tasks (a split is even, they end close together).
-constexpr int kWorkerSpin = 4000;
+// Pauses (~10 ns each on the 2-core Xeon) spent waiting before blocking: a worker ~20 us for the
+// next call (split kernels often come back to back; longer would take the core from OpenBLAS's
+// threads in the GEMM that usually follows), the caller ~200 us for the workers' tasks (a split
+// is even, they end close together).
+constexpr int kWorkerSpin = 2000;
 constexpr int kCallerSpin = 20000;
 
 class Pool {
