@@ -19,6 +19,16 @@ namespace {
 
 float add_lanes(const float* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
 
+// exp_shift_sum_f32's elements [from, n) after the lanes: stored, and added to sum one by one.
+float exp_tail(const float* x, float shift, float* y, int64_t from, int64_t n, float sum) {
+  for (int64_t i = from; i < n; ++i) {
+    const float v = exp_f32(x[i] - shift);
+    if (y) y[i] = v;
+    sum += v;
+  }
+  return sum;
+}
+
 #ifdef XT_VEC_MATH_AVX2
 
 bool has_avx2() {
@@ -64,13 +74,7 @@ __attribute__((target("avx2"))) float exp_shift_sum_avx2(const float* x, float s
   }
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, acc);
-  float sum = add_lanes(lanes);
-  for (int64_t i = n8; i < n; ++i) {
-    const float v = exp_f32(x[i] - shift);
-    if (y) y[i] = v;
-    sum += v;
-  }
-  return sum;
+  return exp_tail(x, shift, y, n8, n, add_lanes(lanes));
 }
 
 __attribute__((target("avx2"))) void sigmoid_rows_avx2(const float* x, float* y, int64_t n) {
@@ -107,13 +111,7 @@ float exp_shift_sum_f32_scalar(const float* x, float shift, float* y, int64_t n)
     if (y) y[i] = v;
     lanes[i & 7] += v;
   }
-  float sum = add_lanes(lanes);
-  for (int64_t i = n8; i < n; ++i) {
-    const float v = exp_f32(x[i] - shift);
-    if (y) y[i] = v;
-    sum += v;
-  }
-  return sum;
+  return exp_tail(x, shift, y, n8, n, add_lanes(lanes));
 }
 
 void sigmoid_rows_f32_scalar(const float* x, float* y, int64_t n) {
