@@ -13,8 +13,9 @@
 //    anyway gives a NaN loss and a zero gradient row, never a read out of bounds.
 //  - float32/bfloat16 compute in float32 (dlogits rounded once); float64 computes in double, but
 //    lse and the losses are float32 by the contract.
-//  - float32/bfloat16 exps and the row sums go through vec_math.h (xtrain's exp_f32, the sum in
-//    its fixed lane order); float64 uses the C library's exp and a sequential sum.
+//  - The forward's float32/bfloat16 exps and row sums go through vec_math.h (xtrain's exp_f32,
+//    the sum in its fixed lane order); the backward's exp is the C library's (see backward_row);
+//    float64 uses the C library's exp and a sequential sum.
 //  - forward and backward split their rows over the CPU backend's threads (parallel.h): a row's
 //    values do not depend on who computes it.
 #include <cmath>
@@ -93,25 +94,15 @@ void forward_rows(const T* logits, bool t64, const void* targets, float* losses,
   });
 }
 
-// dlogits of one row: (e^(x_j - lse) - [j == t]) * coef.
+// dlogits of one row: (e^(x_j - lse) - [j == t]) * coef, with the C library's exp: the CUDA
+// kernel's emulation checks its backward from the CPU's lse against this bit for bit
+// (tests/emu/cross_entropy_emu.cpp), the host's expf standing in for the device's.
 template <typename T>
-void backward_row(const T* xr, T* dr, compute_t<T> row_lse, int64_t t, compute_t<T> coef, int64_t vocab,
-                  std::vector<float>& buf) {
+void backward_row(const T* xr, T* dr, compute_t<T> row_lse, int64_t t, compute_t<T> coef, int64_t vocab) {
   using C = compute_t<T>;
-  if constexpr (std::is_same_v<T, float>) {
-    exp_shift_sum_f32(xr, row_lse, dr, vocab);  // dr may be xr: read, then written, element by element
-    const float pt = dr[t];
-    for (int64_t j = 0; j < vocab; ++j) dr[j] = dr[j] * coef;
-    dr[t] = (pt - 1.0f) * coef;
-  } else if constexpr (std::is_same_v<C, float>) {
-    const float* x = row_f32(xr, vocab, buf);
-    exp_shift_sum_f32(x, row_lse, buf.data(), vocab);
-    for (int64_t j = 0; j < vocab; ++j) store(dr, j, static_cast<C>((buf[j] - (j == t ? 1.0f : 0.0f)) * coef));
-  } else {
-    for (int64_t j = 0; j < vocab; ++j) {
-      const C p = std::exp(load(xr, j) - row_lse);
-      store(dr, j, static_cast<C>((p - (j == t ? C(1) : C(0))) * coef));
-    }
+  for (int64_t j = 0; j < vocab; ++j) {
+    const C p = std::exp(load(xr, j) - row_lse);
+    store(dr, j, static_cast<C>((p - (j == t ? C(1) : C(0))) * coef));
   }
 }
 
@@ -121,7 +112,6 @@ void backward_rows(const T* logits, const float* lse, bool t64, const void* targ
   using C = compute_t<T>;
   const C coef = static_cast<C>(dloss) / static_cast<C>(count > 1.0f ? count : 1.0f);
   parallel_for(rows, kRowGrain, [&](int64_t lo, int64_t hi) {
-    std::vector<float> buf;
     for (int64_t r = lo; r < hi; ++r) {
       const T* xr = logits + r * ld;
       T* dr = dlogits + r * ld;
@@ -131,7 +121,7 @@ void backward_rows(const T* logits, const float* lse, bool t64, const void* targ
         for (int64_t j = 0; j < vocab; ++j) store(dr, j, C(0));
         continue;
       }
-      backward_row(xr, dr, static_cast<C>(lse[r]), t, coef, vocab, buf);
+      backward_row(xr, dr, static_cast<C>(lse[r]), t, coef, vocab);
     }
   });
 }
