@@ -7,18 +7,20 @@ The CPU counterpart of scripts/gpu_session.sh's `ab` step, for every change that
 kernel or the step. The base commit's tree (git archive) is built once, CPU only, with CMake into
 --cache/COMMIT (kept: a later run of the same base reuses it) and laid out as an importable package;
 the new side is the xtrain this interpreter imports (a dev build on PYTHONPATH, or the installed
-package). Each side runs its own tree's bench/train_throughput.py as a separate process (the tiny
-preset, batch 16, seq 128, vocab 4096, fp32 by default: --bench-args), xtrain only, in the order
-base, new, then the new tree's bench with its PyTorch CPU eager peer, round after round
-(--rounds), so a load change on a shared machine hits every side alike. The medians over the
-rounds, the ratios new/base, new/torch and base/torch, and the median xtrain/PyTorch ratio within
-the peer's own runs (the two measured in the same minute) go to bench/results/cpu_ab-BASE-DATE.json,
-with every run's tok/s and the host load.
+package), handed to its runs as an absolute PYTHONPATH (recorded in the JSON as new_package). Each
+side runs its own tree's bench/train_throughput.py as a separate process (the tiny preset, batch 16,
+seq 128, vocab 4096, fp32 by default: --bench-args), xtrain only, in the order base, new, then the
+new tree's bench with its PyTorch CPU eager peer, round after round (--rounds), so a load change on
+a shared machine hits every side alike. The medians over the rounds, the ratios new/base, new/torch
+and base/torch, and the median xtrain/PyTorch ratio within the peer's own runs (the two measured in
+the same minute) go to bench/results/cpu_ab-BASE-DATE.json, with every run's tok/s and the host
+load.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -126,17 +128,31 @@ def run_bench(label: str, tree: Path, pkg: Path | None, bench_args: list[str], t
     return row
 
 
+def new_side_pkg() -> Path:
+    """The folder holding the xtrain this interpreter imports, as an absolute path (symbolic links
+    kept: a dev build's package is links into python/xtrain beside its own _C). The new side's runs
+    get it as their PYTHONPATH: they run in another working directory, where a relative PYTHONPATH
+    (`PYTHONPATH=build-cpu/pkg`) would find nothing and the runs would silently import the
+    installed xtrain instead."""
+    spec = importlib.util.find_spec("xtrain")
+    if spec is None or spec.origin is None:
+        raise SystemExit("cpu_ab: no xtrain to import for the new side (a dev build on PYTHONPATH, or installed)")
+    return Path(os.path.abspath(spec.origin)).parent.parent
+
+
 def main(argv=None):
     args = parse_args(argv)
     base = git("rev-parse", "--verify", f"{args.base}^{{commit}}")
     home = build_base(base, Path(args.cache), args.jobs)
+    new_pkg = new_side_pkg()
+    print(f"cpu_ab: new side: {new_pkg / 'xtrain'}", flush=True)
     bench_args = args.bench_args.split()
     runs = []
     for _ in range(args.rounds):
         runs.append(run_bench("base", home / "src", home / "pkg", bench_args, args.threads, torch=False))
-        runs.append(run_bench("new", ROOT, None, bench_args, args.threads, torch=False))
+        runs.append(run_bench("new", ROOT, new_pkg, bench_args, args.threads, torch=False))
         if not args.no_torch:
-            runs.append(run_bench("torch", ROOT, None, bench_args, args.threads, torch=True))
+            runs.append(run_bench("torch", ROOT, new_pkg, bench_args, args.threads, torch=True))
 
     def median(side, key="tok_s"):
         vals = [r[key] for r in runs if r["side"] == side and key in r]
@@ -156,7 +172,7 @@ def main(argv=None):
           f"(in the peer's own run {fmt(summary['same_run_xtrain_over_torch'], '.3f')})")
     common.write_json(common.result_name(f"cpu_ab-{base[:7]}", args.tag),
                       {"benchmark": "cpu_ab", "env": common.env_info("cpu"), "args": vars(args),
-                       "base_commit": base, "openblas_threads": args.threads or os.environ.get("OPENBLAS_NUM_THREADS"),
+                       "base_commit": base, "new_package": str(new_pkg / "xtrain"), "openblas_threads": args.threads or os.environ.get("OPENBLAS_NUM_THREADS"),
                        "summary": summary, "runs": runs}, args.out)
 
 

@@ -1,6 +1,6 @@
 """The CPU kernels that split their work over the CPU backend's threads (kernels/cpu/parallel.h:
-flash attention's (batch, head) pairs, RoPE positions, cross-entropy rows, SwiGLU elements, RMSNorm and add+RMSNorm forward rows, AdamW and clipping
-elements) give the same bits at every thread count."""
+flash attention's (batch, head) pairs, RoPE positions, cross-entropy rows, SwiGLU elements, RMSNorm and add+RMSNorm forward rows,
+RMSNorm backward rows and columns, AdamW and clipping elements) give the same bits at every thread count."""
 import numpy as np
 import pytest
 
@@ -70,6 +70,25 @@ def test_rms_norm_forwards_same_bits_at_any_thread_count(threads, dtype):
         return bits(ops.rms_norm(xt, wt, 1e-6)), bits(h), bits(y)
 
     assert_same_bits(run)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rms_norm_backwards_same_bits_at_any_thread_count(threads, dtype):
+    """dx split by rows, dw by columns (each column's rows still in order)."""
+    r = np.random.default_rng(8)
+    x, res, w, dy = r.standard_normal((1031, 96)), r.standard_normal((1031, 96)), r.standard_normal(96), \
+        r.standard_normal((1031, 96))
+
+    def run():
+        xt, rt, wt = (xtrain.tensor(a, dtype=dtype, requires_grad=True) for a in (x, res, w))
+        ops.rms_norm(xt, wt, 1e-6).backward_seeded(xtrain.tensor(dy, dtype=dtype))
+        plain = [bits(xt.grad), bits(wt.grad)]
+        xt, rt, wt = (xtrain.tensor(a, dtype=dtype, requires_grad=True) for a in (x, res, w))
+        h, y = ops.add_rms_norm(xt, rt, wt, 1e-6)
+        ops.add(ops.sum(ops.mul(h, h)), ops.sum(ops.mul(y, xtrain.tensor(dy, dtype=dtype)))).backward()
+        return plain + [bits(xt.grad), bits(rt.grad), bits(wt.grad)]
+
+    assert_same_bits(run, (1, 3))
 
 
 def test_adamw_and_clip_same_bits_at_any_thread_count(threads):

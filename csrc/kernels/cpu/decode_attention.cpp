@@ -5,7 +5,7 @@
 //    of each row (a row's S slots are contiguous: one copy per row).
 //  - decode_attention, per (b, h): s_j = scale * q . k_j for j < len[b], m = max_j s_j,
 //    p_j = exp(s_j - m), out = sum_j p_j v_j / sum_j p_j, in float32 (float64 for float64), rounded
-//    once. Query head h reads kv head h / (H / Hkv).
+//    once; the exps and sum_j p_j by vec_math.h's exp_row (flash attention's). Query head h reads kv head h / (H / Hkv).
 //  - decode_prep is the composition it fuses on CUDA: rmsnorm_forward (when there are norm
 //    weights) then rope at each row's position, through this backend's own kernels, then the
 //    cache writes.
@@ -19,6 +19,7 @@
 #include "core/error.h"
 
 #include "kernels/common.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -52,19 +53,16 @@ void decode_attention(DType dt, const void* q_, const void* k_, const void* v_, 
         const int64_t n = len[b] >= 0 && len[b] <= L ? len[b] : 0;
         const T* qh = q + (b * H + h) * D;
         const int64_t hk = h / rep;
-        C m = -std::numeric_limits<C>::infinity();
         for (int64_t j = 0; j < n; ++j) {
           const T* kj = k + ((b * L + j) * Hkv + hk) * D;
           C s = 0;
           for (int64_t d = 0; d < D; ++d) s += load(qh, d) * load(kj, d);
           p[j] = s * sc;
-          m = std::max(m, p[j]);
         }
-        C l = 0;
+        C m;
+        const C l = exp_row(p.data(), n, &m);
         std::fill(acc.begin(), acc.end(), C(0));
         for (int64_t j = 0; j < n; ++j) {
-          p[j] = std::exp(p[j] - m);
-          l += p[j];
           const T* vj = v + ((b * L + j) * Hkv + hk) * D;
           for (int64_t d = 0; d < D; ++d) acc[d] += p[j] * load(vj, d);
         }

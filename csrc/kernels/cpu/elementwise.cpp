@@ -6,8 +6,15 @@
 // kernels/common.h, the ones the CUDA kernels use, and rounded to the storage type once.
 // Dropout's mask depends only on (seed, offset + i), so the backward (and a recompute) rebuilds
 // the exact same mask. SwiGLU splits its elements over the CPU backend's threads (parallel.h).
+// In float32/bfloat16, exp, silu (and its gradient) and SwiGLU take their exp from vec_math.h
+// (xtrain's exp_f32, the one every CPU kernel uses) with kernels/common.h's expressions around
+// it; float64 and the other ops use kernels/common.h as it is.
+#include <algorithm>
+#include <type_traits>
+
 #include "kernels/common.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -42,6 +49,24 @@ void binary_broadcast(BinaryOp op, const T* a, const T* b, T* out, int64_t n, co
       boff -= bc.bstride[d] * bc.shape[d];
       idx[d] = 0;
     }
+  }
+}
+
+// f(c0, m, xf, s) over [lo, hi) in chunks of kChunk: xf holds x[c0, c0 + m) as float32 (x itself
+// when T is float), s is kChunk floats of scratch.
+constexpr int64_t kChunk = 512;
+template <typename T, typename F>
+void float_chunks(const T* x, int64_t lo, int64_t hi, F&& f) {
+  float xbuf[kChunk], s[kChunk];
+  for (int64_t c0 = lo; c0 < hi; c0 += kChunk) {
+    const int64_t m = std::min(kChunk, hi - c0);
+    const float* xf = xbuf;
+    if constexpr (std::is_same_v<T, float>) {
+      xf = x + c0;
+    } else {
+      for (int64_t i = 0; i < m; ++i) xbuf[i] = load(x, c0 + i);
+    }
+    f(c0, m, xf, s);
   }
 }
 
@@ -85,6 +110,20 @@ void unary(UnaryOp op, DType dt, const void* x, void* out, int64_t n, void*) {
     using C = compute_t<T>;
     const T* px = static_cast<const T*>(x);
     T* po = static_cast<T*>(out);
+    if constexpr (std::is_same_v<C, float>) {
+      if (op == UnaryOp::Exp || op == UnaryOp::Silu) {  // vec_math.h's exp
+        float_chunks(px, 0, n, [&](int64_t c0, int64_t m, const float* xf, float* s) {
+          if (op == UnaryOp::Exp) {
+            exp_shift_sum_f32(xf, 0.0f, s, m);  // x - 0 is x
+            for (int64_t i = 0; i < m; ++i) store(po, c0 + i, s[i]);
+          } else {
+            sigmoid_rows_f32(xf, s, m);
+            for (int64_t i = 0; i < m; ++i) store(po, c0 + i, xf[i] * s[i]);
+          }
+        });
+        return;
+      }
+    }
     for (int64_t i = 0; i < n; ++i) store(po, i, apply_unary<C>(op, load(px, i)));
   });
 }
@@ -95,6 +134,16 @@ void unary_backward(UnaryOp op, DType dt, const void* x, const void* dy, void* d
     const T* px = static_cast<const T*>(x);
     const T* pdy = static_cast<const T*>(dy);
     T* pdx = static_cast<T*>(dx);
+    if constexpr (std::is_same_v<C, float>) {
+      if (op == UnaryOp::Silu) {  // silu'(x) = s + x * s * (1 - s), s = sigmoid_f32(x)
+        float_chunks(px, 0, n, [&](int64_t c0, int64_t m, const float* xf, float* s) {
+          sigmoid_rows_f32(xf, s, m);
+          for (int64_t i = 0; i < m; ++i)
+            store(pdx, c0 + i, load(pdy, c0 + i) * s[i] * (1.0f + xf[i] * (1.0f - s[i])));
+        });
+        return;
+      }
+    }
     for (int64_t i = 0; i < n; ++i) store(pdx, i, apply_unary_grad<C>(op, load(px, i), load(pdy, i)));
   });
 }
@@ -105,7 +154,14 @@ void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64
     const T* pu = static_cast<const T*>(up);
     T* po = static_cast<T*>(out);
     parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) store(po, i, swiglu_value(load(pg, i), load(pu, i)));
+      if constexpr (std::is_same_v<compute_t<T>, float>) {
+        float_chunks(pg, lo, hi, [&](int64_t c0, int64_t m, const float* g, float* s) {
+          sigmoid_rows_f32(g, s, m);
+          for (int64_t i = 0; i < m; ++i) store(po, c0 + i, g[i] * s[i] * load(pu, c0 + i));
+        });
+      } else {
+        for (int64_t i = lo; i < hi; ++i) store(po, i, swiglu_value(load(pg, i), load(pu, i)));
+      }
     });
   });
 }
@@ -121,11 +177,22 @@ void swiglu_backward(DType dt, const void* gate, const void* up, const void* dou
     T* pdg = static_cast<T*>(dgate);
     T* pdu = static_cast<T*>(dup);
     parallel_for(n, kElementGrain, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        C dg, du;
-        swiglu_grads<C>(load(pg, i), load(pu, i), load(pd, i), &dg, &du);
-        store(pdg, i, dg);
-        store(pdu, i, du);
+      if constexpr (std::is_same_v<C, float>) {  // swiglu_grads' expressions with sigmoid_f32
+        float_chunks(pg, lo, hi, [&](int64_t c0, int64_t m, const float* g, float* s) {
+          sigmoid_rows_f32(g, s, m);
+          for (int64_t i = 0; i < m; ++i) {
+            const float u = load(pu, c0 + i), d = load(pd, c0 + i);
+            store(pdg, c0 + i, d * u * s[i] * (1.0f + g[i] * (1.0f - s[i])));
+            store(pdu, c0 + i, d * g[i] * s[i]);
+          }
+        });
+      } else {
+        for (int64_t i = lo; i < hi; ++i) {
+          C dg, du;
+          swiglu_grads<C>(load(pg, i), load(pu, i), load(pd, i), &dg, &du);
+          store(pdg, i, dg);
+          store(pdu, i, du);
+        }
       }
     });
   });

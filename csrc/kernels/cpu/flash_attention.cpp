@@ -13,7 +13,8 @@
 //    keys before it are computed by the block GEMMs and then set to zero probability, so a row
 //    without a document boundary gives the same bits as plain causal attention.
 //    CPU GEMM (OpenBLAS: deterministic, it never splits K), in blocks of kBlock query rows that
-//    stop at the causal diagonal's block; the softmax rows between them are plain loops. One
+//    stop at the causal diagonal's block; the softmax rows between them are plain loops, their
+//    float32 exps and sums through vec_math.h (float64: the C library's exp). One
 //    head's S x S scores live in one buffer per thread, nothing is allocated per row. The
 //    (b, head) pairs (backward: (b, kv head) groups) split over the CPU backend's threads
 //    (parallel.h); the GEMMs of one head are small enough that OpenBLAS runs them on the thread
@@ -26,6 +27,7 @@
 
 #include "kernels/common.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -118,16 +120,9 @@ void attention_forward(const T* q, const T* k, const T* v, T* out, compute_t<T>*
       for (int64_t i = 0; i < S; ++i) {  // p_ij = exp(scale s_ij - m_i), 0 beyond the mask
         C* p = sc.data() + i * S;
         const int64_t jend = causal ? i + 1 : S, jn = block_cols(i, S, causal), j0 = n.first_key(b, i);
-        C m = -std::numeric_limits<C>::infinity();
-        for (int64_t j = j0; j < jend; ++j) {
-          p[j] = p[j] * scale;
-          m = std::max(m, p[j]);
-        }
-        C li = 0;
-        for (int64_t j = j0; j < jend; ++j) {
-          p[j] = std::exp(p[j] - m);
-          li += p[j];
-        }
+        for (int64_t j = j0; j < jend; ++j) p[j] = p[j] * scale;
+        C m;
+        const C li = exp_row(p + j0, jend - j0, &m);
         std::fill(p, p + j0, C(0));
         std::fill(p + jend, p + jn, C(0));
         l[i] = li;
@@ -175,10 +170,9 @@ void attention_backward(const T* q, const T* k, const T* v, const T* out, const 
           C* p = pm.data() + i * S;
           C* dsi = ds.data() + i * S;
           const int64_t jend = causal ? i + 1 : S, jn = block_cols(i, S, causal), j0 = n.first_key(b, i);
-          for (int64_t j = j0; j < jend; ++j) {
-            p[j] = std::exp(p[j] * scale - lse_i);
-            dsi[j] = p[j] * (dsi[j] - delta);
-          }
+          for (int64_t j = j0; j < jend; ++j) p[j] = p[j] * scale;
+          exp_shift(p + j0, lse_i, jend - j0);
+          for (int64_t j = j0; j < jend; ++j) dsi[j] = p[j] * (dsi[j] - delta);
           std::fill(p, p + j0, C(0));
           std::fill(dsi, dsi + j0, C(0));
           std::fill(p + jend, p + jn, C(0));

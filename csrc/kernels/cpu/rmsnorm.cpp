@@ -10,8 +10,8 @@
 //  - add_rmsnorm_forward: h = x + r rounded to x's dtype, y = rmsnorm(h) of the rounded h (bitwise
 //    add then rms_norm). With dres, the backward rounds dx once and adds dres (bitwise rms_norm's
 //    dx followed by the gradient add of the unfused graph).
-//  - The forwards split their rows over the CPU backend's threads (parallel.h); the backward stays
-//    on the calling thread (dw adds the rows in order).
+//  - The forwards split their rows over the CPU backend's threads (parallel.h); the backward
+//    splits dx's rows, then dw's columns (each column still adds the rows in order).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -66,29 +66,38 @@ template <typename T, typename W>
 void backward_rows(const T* x, const W* w, const float* rstd, const T* dy, const T* dres, T* dx, W* dw, int64_t rows,
                    int64_t dim) {
   using C = compute_t<T>;
-  std::vector<C> dw_acc(static_cast<size_t>(dim), C(0));
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * dim;
-    const T* dyr = dy + r * dim;
-    T* dxr = dx + r * dim;
-    const C inv = static_cast<C>(rstd[r]);
-    C dot = 0;  // sum_j g_j * xhat_j
-    for (int64_t j = 0; j < dim; ++j) {
-      const C xhat = load(xr, j) * inv;
-      const C d = load(dyr, j);
-      dot += d * static_cast<C>(load(w, j)) * xhat;
-      dw_acc[j] += d * xhat;
+  parallel_for(rows, kRowElements / std::max<int64_t>(dim, 1), [&](int64_t lo, int64_t hi) {  // dx, row by row
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* xr = x + r * dim;
+      const T* dyr = dy + r * dim;
+      T* dxr = dx + r * dim;
+      const C inv = static_cast<C>(rstd[r]);
+      C dot = 0;  // sum_j g_j * xhat_j
+      for (int64_t j = 0; j < dim; ++j) {
+        const C xhat = load(xr, j) * inv;
+        dot += load(dyr, j) * static_cast<C>(load(w, j)) * xhat;
+      }
+      const C mean_dot = dot / static_cast<C>(dim);
+      for (int64_t j = 0; j < dim; ++j) {
+        const C xhat = load(xr, j) * inv;
+        const C g = load(dyr, j) * static_cast<C>(load(w, j));
+        C v = static_cast<C>(inv * (g - xhat * mean_dot));
+        if (dres != nullptr) v = to_compute(from_compute<T>(v)) + load(dres + r * dim, j);
+        store(dxr, j, v);
+      }
     }
-    const C mean_dot = dot / static_cast<C>(dim);
-    for (int64_t j = 0; j < dim; ++j) {
-      const C xhat = load(xr, j) * inv;
-      const C g = load(dyr, j) * static_cast<C>(load(w, j));
-      C v = static_cast<C>(inv * (g - xhat * mean_dot));
-      if (dres != nullptr) v = to_compute(from_compute<T>(v)) + load(dres + r * dim, j);
-      store(dxr, j, v);
+  });
+  // dw, column by column: each column's sum runs over the rows in increasing order.
+  parallel_for(dim, std::max<int64_t>(1, kRowElements / std::max<int64_t>(rows, 1)), [&](int64_t lo, int64_t hi) {
+    std::vector<C> acc(static_cast<size_t>(hi - lo), C(0));
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * dim;
+      const T* dyr = dy + r * dim;
+      const C inv = static_cast<C>(rstd[r]);
+      for (int64_t j = lo; j < hi; ++j) acc[j - lo] += load(dyr, j) * (load(xr, j) * inv);
     }
-  }
-  for (int64_t j = 0; j < dim; ++j) store(dw, j, static_cast<compute_t<W>>(dw_acc[j]));
+    for (int64_t j = lo; j < hi; ++j) store(dw, j, static_cast<compute_t<W>>(acc[j - lo]));
+  });
 }
 
 }  // namespace

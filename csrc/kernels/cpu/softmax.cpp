@@ -1,8 +1,9 @@
 // Softmax on the CPU over the last dim of [rows, cols]: softmax/log_softmax forward and
 // backward.
 //
-//  - float32/bfloat16 compute in float32 and round once on store; float64 in double. Row
-//    maxima and sums run left to right, so every run gives the same bits.
+//  - float32/bfloat16 compute in float32 and round once on store; float64 in double. float32
+//    exps and their row sums go through vec_math.h (exp_f32, the sum in its fixed lane order);
+//    float64 sums run left to right. Every run gives the same bits.
 //  - Every output (y, dx) is written with `=`.
 #include <cmath>
 #include <limits>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kernels/common.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
 namespace xt {
@@ -21,20 +23,23 @@ namespace {
 // buf[0..n) holds one row in the compute type; turns it into softmax (or log_softmax) in place.
 template <typename C>
 void softmax_row(C* buf, int64_t n, bool log) {
-  C mx = -std::numeric_limits<C>::infinity();
-  for (int64_t j = 0; j < n; ++j) mx = buf[j] > mx ? buf[j] : mx;
-  if (mx == -std::numeric_limits<C>::infinity()) mx = 0;  // an all -inf row: avoid inf - inf here
-  C sum = 0;
   if (log) {
-    for (int64_t j = 0; j < n; ++j) sum += std::exp(buf[j] - mx);
+    C mx = -std::numeric_limits<C>::infinity();
+    for (int64_t j = 0; j < n; ++j) mx = buf[j] > mx ? buf[j] : mx;
+    if (mx == -std::numeric_limits<C>::infinity()) mx = 0;  // an all -inf row: avoid inf - inf here
+    C sum;
+    if constexpr (std::is_same_v<C, float>) {
+      sum = exp_shift_sum_f32(buf, mx, nullptr, n);
+    } else {
+      sum = 0;
+      for (int64_t j = 0; j < n; ++j) sum += std::exp(buf[j] - mx);
+    }
     const C log_sum = std::log(sum);
     // (x - max) - log(sum), not x - (max + log(sum)): exact where |x| is large and the result is not
     for (int64_t j = 0; j < n; ++j) buf[j] = (buf[j] - mx) - log_sum;
   } else {
-    for (int64_t j = 0; j < n; ++j) {
-      buf[j] = std::exp(buf[j] - mx);
-      sum += buf[j];
-    }
+    C mx;
+    const C sum = exp_row(buf, n, &mx);  // an all -inf row gives NaN, as e^(-inf - -inf) does
     const C inv = C(1) / sum;
     for (int64_t j = 0; j < n; ++j) buf[j] *= inv;
   }
@@ -56,6 +61,7 @@ void forward_rows(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
 template <typename T>
 void backward_rows(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols, bool log) {
   using C = compute_t<T>;
+  std::vector<C> ey(log ? static_cast<size_t>(cols) : 0);
   for (int64_t r = 0; r < rows; ++r) {
     const T* yr = y + r * cols;
     const T* dyr = dy + r * cols;
@@ -63,7 +69,9 @@ void backward_rows(const T* y, const T* dy, T* dx, int64_t rows, int64_t cols, b
     C s = 0;
     if (log) {
       for (int64_t j = 0; j < cols; ++j) s += load(dyr, j);
-      for (int64_t j = 0; j < cols; ++j) store(dxr, j, static_cast<C>(load(dyr, j) - std::exp(load(yr, j)) * s));
+      for (int64_t j = 0; j < cols; ++j) ey[j] = load(yr, j);
+      exp_shift(ey.data(), C(0), cols);  // y - 0 is y
+      for (int64_t j = 0; j < cols; ++j) store(dxr, j, static_cast<C>(load(dyr, j) - ey[j] * s));
     } else {
       for (int64_t j = 0; j < cols; ++j) s += load(dyr, j) * load(yr, j);
       for (int64_t j = 0; j < cols; ++j) store(dxr, j, static_cast<C>(load(yr, j) * (load(dyr, j) - s)));
