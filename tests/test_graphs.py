@@ -630,15 +630,16 @@ def test_data_parallel_graph_steps_equal_eager_steps_bitwise(tmp_path, data, dev
 def test_poisoned_steps_are_skipped_the_same_with_graphs(tmp_path, data):
     from xtrain.trainer.train import NonFiniteStepsError
 
+    # no saves on the way: at lr 1e6 a save would stop the run as diverged (Note [Diverged
+    # checkpoints]) before the poisoned steps this test is about
     for name, on in (("eager", False), ("graphs", True)):
-        cfg = tiny_run(tmp_path / name, data, 40, "cuda", lr=1e6, warmup=1, save_every=2, nonfinite_limit=3,
-                   cuda_graphs=on)
+        cfg = tiny_run(tmp_path / name, data, 40, "cuda", lr=1e6, warmup=1, save_every=0, save_minutes=0,
+                       nonfinite_limit=3, cuda_graphs=on)
         with pytest.raises(NonFiniteStepsError, match="3 steps in a row"):
             train(cfg)
     a, b = _step_values(tmp_path / "eager"), _step_values(tmp_path / "graphs")
-    assert a == b and sum('true]' in r for r in b) == 3
+    assert a == b and sum('true]' in r for r in b) == 3  # every step's loss and norm, skips included
     assert any(r.get("graph") for r in run_log(tmp_path / "graphs"))
-    _same_checkpoints(tmp_path / "graphs", tmp_path / "eager")
 
 
 @needs_gpu

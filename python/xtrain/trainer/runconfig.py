@@ -65,7 +65,7 @@ class ConfigError(ValueError):
 
 
 # What `xtrain train` runs when a flag is not given, by the kind of device it trains on. CPU: the
-# tiny model (800 steps, 129 s on 2 cores measured, README). GPU: a model that uses the card
+# tiny model (800 steps, 98 s on 2 cores measured, README). GPU: a model that uses the card
 # (dim768, 127M parameters in blocks, bf16: 26 ms a step, the 3000 steps in about 110 s on an
 # H200, README). TrainConfig's own defaults are the CPU ones (its preset None means tiny).
 MACHINE_DEFAULTS = {
