@@ -252,3 +252,21 @@ def test_gpt2_masks_documents_too(device, recompute):
     np.testing.assert_array_equal(masked[:, :31], plain[:, :31])
     assert np.abs(masked[:, 31:] - plain[:, 31:]).max() > 1e-3
     np.testing.assert_array_equal(masked, again)
+
+
+def test_resuming_a_run_recorded_before_doc_mask_keeps_causal_attention(tmp_path):
+    """A run whose record has no doc_mask (made before the flag existed) resumes as it trained:
+    causal attention over the whole sequence; --doc-mask given on the command line still wins."""
+    from modelhelp import prepared_stories, tiny_run
+    from xtrain.trainer.cli import _train_values, build_parser
+    from xtrain.trainer.train import train
+
+    data = prepared_stories(tmp_path / "data")
+    out = tmp_path / "run"
+    train(tiny_run(out, data, 2, doc_mask=False))
+    toml = out / "config.toml"
+    toml.write_text("".join(line for line in toml.read_text().splitlines(True) if not line.startswith("doc-mask")))
+    parser = build_parser()
+    args = ["train", "--out", str(out), "--resume", "--steps", "4", "--device", "cpu"]
+    assert _train_values(parser.parse_args(args))["doc_mask"] is False
+    assert _train_values(parser.parse_args(args + ["--doc-mask"]))["doc_mask"] is True

@@ -423,6 +423,7 @@ def _train_values(args, group=None) -> dict:
         state.resolve(resume)  # a clear error now rather than after the data is prepared
         record = runconfig.read_record(resume)
         record.pop("init_from", None)  # how the run began: the checkpoint holds the model now
+        record.setdefault("doc_mask", False)  # a record without it: a run from before --doc-mask, causal
         values.update(record)
         given["resume"] = resume
     recorded = {name for name in values if name in record} - set(file) - set(given) if given.get("resume") else set()
