@@ -279,6 +279,26 @@ _SAVER = textwrap.dedent("""
 """)
 
 
+def test_finding_a_runs_checkpoint_waits_for_a_save_between_its_renames(tmp_path, tokenizer):
+    """A save publishes RUN/ckpt with two renames under the writer's lock (ckpt -> ckpt.old, then
+    ckpt.tmp -> ckpt). Looking for the run's checkpoint between them once found neither name and
+    said `no checkpoint at RUN` (1 in ~120 reads in CI); the look now waits for the publish."""
+    import fcntl
+    from xtrain.io.export import checkpoint_in
+    run = tmp_path / "run"
+    _checkpoint(run / "ckpt", tokenizer, step=0)
+    found = []
+    looker = threading.Thread(target=lambda: found.append(checkpoint_in(run)))
+    with state._parent_lock(run / "ckpt", fcntl.LOCK_EX):
+        os.rename(run / "ckpt", run / "ckpt.old")  # the first rename of a publish
+        looker.start()
+        time.sleep(0.3)
+        assert looker.is_alive() and not found  # it waits for the writer's lock
+        os.rename(run / "ckpt.old", run / "ckpt")  # (the test's second rename puts it back)
+    looker.join(10)
+    assert found == [run / "ckpt"]
+
+
 def test_sample_and_export_of_a_run_that_is_saving_never_see_a_corrupt_checkpoint(tmp_path, tokenizer, capsys):
     """A process saves RUN/ckpt over and over while sample and export read the run: every read
     is a complete checkpoint (before, 4 in 40 reads said optim.safetensors was corrupt)."""

@@ -60,11 +60,15 @@ def checkpoint_in(path) -> Path:
     else the checkpoint of the run folder `path` (PATH/ckpt, which state.load then checks).
     CheckpointError saying what was looked for when it is neither."""
     path = Path(path)
-    if ckpt_state.exists(path):
-        return path
+    # Each look is taken under the reader's lock of the directory it looks into: a save publishes
+    # with two renames under the writer's lock, and a look between them would find no checkpoint.
+    with ckpt_state.reading(path):
+        if ckpt_state.exists(path):
+            return path
     run_ckpt = path / RUN_CHECKPOINT
-    if path.is_dir() and (run_ckpt.exists() or ckpt_state.exists(run_ckpt)):
-        return run_ckpt
+    with ckpt_state.reading(run_ckpt):
+        if path.is_dir() and (run_ckpt.exists() or ckpt_state.exists(run_ckpt)):
+            return run_ckpt
     raise ckpt_state.CheckpointError(
         f"no checkpoint at {path}: looked for a checkpoint ({path / ckpt_state.STATE_FILE}) and for a run "
         f"folder's ({run_ckpt / ckpt_state.STATE_FILE})")
