@@ -28,6 +28,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -39,6 +40,9 @@ LOCK_FILE = ".xtrain.lock"
 RUN_MARKERS = ("ckpt", "ckpt.old", "log.jsonl")
 RUN_OUTPUTS = RUN_MARKERS + ("ckpt.tmp", "best", "best.tmp", "best.old", "ckpt.suspect", "ckpt.suspect.tmp",
                              "log.jsonl.tmp", "loss.png", "sample.txt")
+# `--keep N`: the checkpoints a save replaced, OUT/ckpt-STEP (and their staging names).
+HISTORY_PREFIX = "ckpt-"
+_HISTORY_NAME = re.compile(r"ckpt-(\d{1,18})(\.tmp|\.old)?")
 # The files of a checkpoint directory that identify it as one (xtrain.io.state writes both).
 _CKPT_FILES = ("state.json", "model.safetensors")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -171,16 +175,51 @@ def check_run_dir(out, resume=None, overwrite: bool = False) -> None:
         raise RunDirError(f"{out} already holds a run ({', '.join(existing)}); pass --resume to "
                           f"continue it or --overwrite to replace it")
     own = {(out / name).resolve() for name in ("ckpt", "ckpt.old", "best", "ckpt.suspect")}
+    own |= {p.resolve() for p in checkpoint_history(out)}
     if Path(resume).resolve() not in own:
         raise RunDirError(f"{out} holds another run ({', '.join(existing)}) than the checkpoint "
                           f"--resume {resume} continues; pass --overwrite to replace it or "
                           f"choose another --out")
 
 
+def is_run_output(name: str) -> bool:
+    """Whether a `train` run writes an entry of this name into its --out (RUN_OUTPUTS, or a
+    checkpoint of its history)."""
+    return name in RUN_OUTPUTS or _HISTORY_NAME.fullmatch(name) is not None
+
+
+def history_name(step: int) -> str:
+    """The name under which `--keep` keeps the checkpoint of `step` once a newer save replaces it."""
+    return f"{HISTORY_PREFIX}{int(step)}"
+
+
+def checkpoint_history(out) -> list[Path]:
+    """The run's older checkpoints (OUT/ckpt-STEP holding a state.json), oldest save first (by
+    the time their state.json was written; a resumed run's abandoned later steps are older saves
+    than its new ones)."""
+    out = Path(out)
+    try:
+        entries = list(out.iterdir())
+    except OSError:
+        return []
+    found = []
+    for p in entries:
+        m = _HISTORY_NAME.fullmatch(p.name)
+        if m is None or m.group(2) or p.is_symlink() or not (p / _CKPT_FILES[0]).is_file():
+            continue
+        found.append(((p / _CKPT_FILES[0]).stat().st_mtime_ns, int(m.group(1)), p))
+    return [p for _, _, p in sorted(found)]
+
+
 def clear_run(out) -> None:
-    """Remove what a previous `train` run wrote into `out` (RUN_OUTPUTS; OUT/data stays)."""
-    for name in RUN_OUTPUTS:
-        p = Path(out) / name
+    """Remove what a previous `train` run wrote into `out` (RUN_OUTPUTS and its checkpoint
+    history; OUT/data stays)."""
+    out = Path(out)
+    names = list(RUN_OUTPUTS)
+    if out.is_dir():
+        names += sorted(p.name for p in out.iterdir() if _HISTORY_NAME.fullmatch(p.name))
+    for name in names:
+        p = out / name
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         elif p.exists() or p.is_symlink():
@@ -198,7 +237,7 @@ def check_prepare_dir(out) -> None:
         if all((p / f).is_file() for f in _CKPT_FILES):
             raise RunDirError(f"refusing to prepare data into {out}: it is inside the checkpoint directory "
                               f"{p}, whose files it would replace; choose another --out")
-    if target.name in RUN_OUTPUTS and _holds_run(target.parent):
+    if is_run_output(target.name) and _holds_run(target.parent):
         raise RunDirError(f"refusing to prepare data into {out}: {target.parent} holds a run, which writes "
                           f"{target.name} itself; use {target.parent / 'data'} or another --out")
 

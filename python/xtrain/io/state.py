@@ -28,6 +28,13 @@ Decisions:
   a reader that reads under it (sample, export) sees one complete checkpoint, never files of two
   saves. A Checkpoint remembers the directory it verified; a later read of it outside `reading()`
   that finds another directory there (a save replaced it) is a CheckpointError, not mixed files.
+  A reader that reads in parts (a resume: the state first, the weights and moments once the data
+  are ready) loads with pin=True instead: load() opens every listed file under the lock it
+  verifies them under, and the later reads take those open files, which a save's rename and
+  removal leave readable (POSIX keeps an unlinked file while a descriptor holds it).
+- History (`--keep N`): a save given `keep_previous=DIR` moves the checkpoint it replaces to DIR
+  (a rename within the parent, under the same lock) instead of removing it; the training loop
+  names those OUT/ckpt-STEP and removes the oldest beyond N (rundir.checkpoint_history).
 - Integrity: state.json records the byte size and sha256 of each file, checked on load, so a
   truncated or altered file raises CheckpointError (a ValueError) instead of loading garbage.
   Before that, the whole of state.json is checked against its schema (schema.py), and after
@@ -47,7 +54,8 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +97,7 @@ class DivergedError(CheckpointError):
 
 def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_state=None,
          tokenizer=None, dataset: str | None = None, train_args: dict | None = None,
-         rank_rng: list | None = None, suspect=None) -> Path:
+         rank_rng: list | None = None, suspect=None, keep_previous: Path | None = None) -> Path:
     """Write a checkpoint of the run at `step` (steps completed) to directory `path`, atomically.
 
     rank_rng: in data-parallel runs, each rank's device generator state in rank order (ranks
@@ -99,7 +107,9 @@ def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_
     any failure the partial NAME.tmp is removed and the previous checkpoint stays as it was; a
     full disk raises an OSError saying so. `suspect(params)` (name -> array, on the host), when
     given, returns None or why these weights must not replace NAME: then the checkpoint is saved
-    as NAME.suspect and DivergedError raised."""
+    as NAME.suspect and DivergedError raised. `keep_previous`: where the checkpoint this save
+    replaces goes instead of being removed (a directory beside it; one already there is replaced);
+    a suspect save replaces nothing and keeps nothing."""
     path = Path(path)
     # Sync point: parameters and moments come to the host (one copy of each flat buffer).
     params = model.store.state_arrays()
@@ -145,7 +155,7 @@ def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_
         }
         write_synced(tmp / STATE_FILE, (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
         fsync_dir(tmp)
-    _promote(tmp, target)
+    _promote(tmp, target, None if why else keep_previous)
     if why:
         kept = f"{path} keeps step {step_of(path)}" if exists(path) else f"{path} was not written"
         raise DivergedError(f"step {step}: {why}; this checkpoint was saved aside as {target} and {kept}",
@@ -201,9 +211,10 @@ def _refuse_non_finite(path: Path, tensors: dict, kind: str) -> None:
                              f"{'the previous checkpoint is kept' if exists(path) else 'nothing was written'}")
 
 
-def _promote(tmp: Path, path: Path) -> None:
+def _promote(tmp: Path, path: Path, keep_previous: Path | None = None) -> None:
     """NAME.tmp -> NAME, keeping a loadable checkpoint at every instant (see module doc), under
-    the exclusive lock of the parent directory, so no reader holding reading() sees it happen."""
+    the exclusive lock of the parent directory, so no reader holding reading() sees it happen.
+    The replaced NAME is removed, or renamed to `keep_previous`."""
     old = path.with_name(path.name + OLD_SUFFIX)
     with _parent_lock(path, fcntl.LOCK_EX):
         if path.exists():
@@ -214,7 +225,22 @@ def _promote(tmp: Path, path: Path) -> None:
         os.rename(tmp, path)
         fsync_dir(path.parent)
         if old.exists():
-            shutil.rmtree(old)
+            if keep_previous is not None and (old / STATE_FILE).is_file():
+                if keep_previous.exists():
+                    shutil.rmtree(keep_previous)
+                os.rename(old, keep_previous)
+                fsync_dir(path.parent)
+            else:
+                shutil.rmtree(old)
+
+
+def remove(path) -> None:
+    """Remove checkpoint directory `path` under its parent's exclusive lock: no reader holding
+    reading() has it vanish under its reads (the training loop prunes its history this way)."""
+    path = Path(path)
+    with _parent_lock(path, fcntl.LOCK_EX):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
 
 
 @contextlib.contextmanager
@@ -254,6 +280,8 @@ class Checkpoint:
     path: Path
     meta: dict
     identity: tuple | None = None  # (st_dev, st_ino) of the directory load() verified
+    # load(pin=True): file name -> a descriptor opened under the lock load() verified under
+    pinned: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def step(self) -> int:
@@ -274,14 +302,35 @@ class Checkpoint:
 
     def model_tensors(self) -> dict:
         with self._reading():
-            return _read_safetensors(self.path / MODEL_FILE)
+            return _read_safetensors(self._file(MODEL_FILE))
+
+    def _file(self, name: str) -> Path:
+        """Where to read file `name` of this checkpoint: its pinned descriptor when load() pinned
+        it (the file verified, even if a save has replaced the directory since), else the path."""
+        if self.pinned is not None and name in self.pinned:
+            return Path(f"/proc/self/fd/{self.pinned[name]}")
+        return self.path / name
+
+    def _pin(self) -> None:
+        fds = {}
+        try:
+            for name in self.meta["files"]:
+                fds[name] = os.open(self.path / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as e:
+            _close_all(fds)
+            raise CheckpointError(f"{self.path}: cannot open {e.filename}: {e.strerror}") from None
+        if not Path(f"/proc/self/fd/{next(iter(fds.values()), 0)}").exists():
+            _close_all(fds)  # no /proc (not Linux): the reads go by path, as without pin
+            return
+        self.pinned = fds
+        weakref.finalize(self, _close_all, fds)
 
     @contextlib.contextmanager
     def _reading(self):
         """reading() this checkpoint, and CheckpointError when a save has replaced the directory
-        load() verified (its files are another step's)."""
+        load() verified (its files are another step's) and load() did not pin its files."""
         with reading(self.path):
-            if self.identity is not None and _identity(self.path) != self.identity:
+            if self.pinned is None and self.identity is not None and _identity(self.path) != self.identity:
                 raise CheckpointError(f"{self.path} was replaced by a newer save while it was being read; "
                                       f"run the command again")
             yield
@@ -307,7 +356,7 @@ class Checkpoint:
         if meta is None:
             raise CheckpointError(f"{self.path} holds no optimizer state")
         with self._reading():
-            tensors = _read_safetensors(self.path / OPTIM_FILE)
+            tensors = _read_safetensors(self._file(OPTIM_FILE))
         state = {"step": meta["step"], "hyper": meta["hyper"],
                  "exp_avg": {n[len("exp_avg."):]: t for n, t in tensors.items()
                              if n.startswith("exp_avg.")},
@@ -385,13 +434,25 @@ def exists(path) -> bool:
         return False
 
 
-def load(path, verify: bool = True) -> Checkpoint:
+def load(path, verify: bool = True, pin: bool = False) -> Checkpoint:
     """Open a checkpoint: parse state.json and check it against the schema (xtrain.io.schema),
     check every listed file's size and (verify=True) sha256, then the tensor headers against the
     config. Nothing is allocated from an unchecked number. Runs under reading(path), so a save
-    cannot swap the files between the checks."""
+    cannot swap the files between the checks. pin=True: also open every listed file under that
+    lock; the Checkpoint's later reads take those files, whatever a save does meanwhile."""
     with reading(Path(path)):
-        return _load(resolve(path), verify)
+        ckpt = _load(resolve(path), verify)
+        if pin:
+            ckpt._pin()
+        return ckpt
+
+
+def _close_all(fds: dict) -> None:
+    for fd in fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _load(path: Path, verify: bool) -> Checkpoint:

@@ -207,6 +207,9 @@ class TrainConfig:
                                  ge=0, shown="after every evaluation; with --eval-every 0, at the end")
     save_minutes: float = opt(30.0, "also checkpoint when this many minutes have passed since the last "
                               "save (0: off)", "evaluation and checkpoints", ge=0, metavar="M")
+    keep: int = opt(1, "keep the last N checkpoints: OUT/ckpt (the newest) and OUT/ckpt-STEP for the N-1 "
+                    "saves before it, the oldest removed; OUT/best is kept besides", "evaluation and checkpoints",
+                    ge=1, le=1_000_000, metavar="N")
     resume: str | None = opt(None, "continue from a checkpoint directory (alone: OUT/ckpt) with the "
                              "run's recorded configuration", "evaluation and checkpoints", str,
                              alone="", metavar="CKPT", shown="a new run", in_file=False, recorded=False)

@@ -54,7 +54,7 @@ from xtrain.trainer import batching, progress, runconfig, stopping, trackers
 from xtrain.launch import distributed
 from xtrain import graphs, ops
 from xtrain.models import hf_import
-from xtrain.io import llmc
+from xtrain.io import llmc, rundir
 from xtrain.io import state as ckpt_state
 from xtrain.io.rundir import DirLock, writing
 from xtrain.models import TinyTransformer, TransformerConfig, config_classes, model_class, preset_config
@@ -584,16 +584,23 @@ def save(run: Run) -> None:
         states = run.ctx.exchange("rank_rng", xtrain.get_rng_state(run.device))
     if run.ctx.is_main:
         loss = window_loss(run)
+        previous = ckpt_state.step_of(run.out / CKPT_DIR) if run.cfg.keep > 1 else None
         try:
             ckpt_state.save(run.out / CKPT_DIR, run.model, run.optimizer, run.step,
                             loader_state=run.train_loader.state_dict(), tokenizer=run.dataset.tokenizer,
                             dataset=str(run.dataset.path), train_args=run.record,
-                            rank_rng=states, suspect=lambda params: diverged(run, params, loss))
+                            rank_rng=states, suspect=lambda params: diverged(run, params, loss),
+                            keep_previous=None if previous in (None, run.step) else
+                            run.out / rundir.history_name(previous))
         except ckpt_state.DivergedError as e:
             todo = (f"resume from the good one: xtrain train --out {run.out} --resume" if
                     ckpt_state.exists(run.out / CKPT_DIR) else f"start again: xtrain train --out {run.out} --overwrite")
+            older = [str(p) for p in reversed(rundir.checkpoint_history(run.out))]
+            if older:
+                todo += f" (older ones: {', '.join(older[:3])}{', ...' if len(older) > 3 else ''})"
             raise DivergedRunError(f"{e}. To go on, {todo} (with a lower --lr or --grad-clip); inspect the suspect "
                                    f"one with xtrain sample --ckpt {e.aside}") from None
+        prune_history(run)
         if loss is not None and math.isfinite(loss):
             run.good_loss = loss if run.good_loss is None else min(run.good_loss, loss)
     run.saved_step, run.t_saved = run.step, time.monotonic()
@@ -601,6 +608,14 @@ def save(run: Run) -> None:
         run.best = (run.val_loss, run.step)
         if run.ctx.is_main:  # the files of OUT/ckpt, linked (no second write)
             ckpt_state.copy(run.out / CKPT_DIR, run.out / BEST_DIR)
+
+
+def prune_history(run: Run) -> None:
+    """Keep the newest run.cfg.keep - 1 of the run's older checkpoints (OUT/ckpt-STEP, oldest save
+    removed first): with OUT/ckpt, the last --keep saves. OUT/best is no part of the history."""
+    history = rundir.checkpoint_history(run.out)
+    for path in history[:max(0, len(history) - (run.cfg.keep - 1))]:
+        ckpt_state.remove(path)
 
 
 class DivergedRunError(RuntimeError):
@@ -806,7 +821,9 @@ def finish(run: Run, t_start: float) -> dict | None:
         speed += ")"
     print(f"done: {run.step} steps in {summary['time_s']:.0f}s{speed}, train loss {_fmt(summary['final_loss'])}, "
           f"val loss {_fmt(run.val_loss)}")
-    print(f"checkpoints: {run.out / CKPT_DIR} (step {run.step}){_best_note(run)}")
+    older = [p.name for p in reversed(rundir.checkpoint_history(run.out))]
+    history = f"; older {', '.join(older)} (--keep {run.cfg.keep})" if older else ""
+    print(f"checkpoints: {run.out / CKPT_DIR} (step {run.step}){history}{_best_note(run)}")
     print(f"outputs in {run.out}: {_outputs(run)}")
     print(f"sample:\n{sample}", flush=True)
     return summary
@@ -902,7 +919,7 @@ def open_inputs(cfg: TrainConfig, progress: bool, lock: bool = True):
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.resume:
-        start = ckpt_state.load(cfg.resume)
+        start = ckpt_state.load(cfg.resume, pin=True)  # its weights and moments are read after the data
     elif cfg.init_from is not None:
         start = read_init_from(cfg.init_from)
     else:
