@@ -261,8 +261,9 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tmp_path, data, d
     # lr 1e6 ruins the weights within a few steps; the loss then stays NaN, and the run stops. (No
     # saves meanwhile: a save of such weights is set aside as diverged, tests/test_reliability_runs.py.)
     cfg = tiny_run(tmp_path / "run", data, 40, device, lr=1e6, warmup=1, save_every=0, nonfinite_limit=3)
-    with pytest.raises(NonFiniteStepsError, match="3 steps in a row"):
+    with pytest.raises(NonFiniteStepsError, match="3 steps in a row") as e:
         train(cfg)
+    assert f"To go on, start again: xtrain train --out {tmp_path / 'run'} --overwrite" in str(e.value)
     records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     skipped = [r for r in records if r.get("skipped")]
     assert len(skipped) == 3 and all(not (np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])) for r in skipped)

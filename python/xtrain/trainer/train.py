@@ -593,13 +593,8 @@ def save(run: Run) -> None:
                             keep_previous=None if previous in (None, run.step) else
                             run.out / rundir.history_name(previous))
         except ckpt_state.DivergedError as e:
-            todo = (f"resume from the good one: xtrain train --out {run.out} --resume" if
-                    ckpt_state.exists(run.out / CKPT_DIR) else f"start again: xtrain train --out {run.out} --overwrite")
-            older = [str(p) for p in reversed(rundir.checkpoint_history(run.out))]
-            if older:
-                todo += f" (older ones: {', '.join(older[:3])}{', ...' if len(older) > 3 else ''})"
-            raise DivergedRunError(f"{e}. To go on, {todo} (with a lower --lr or --grad-clip); inspect the suspect "
-                                   f"one with xtrain sample --ckpt {e.aside}") from None
+            raise DivergedRunError(f"{e}. To go on, {resume_hint(run)} (with a lower --lr or --grad-clip); inspect "
+                                   f"the suspect one with xtrain sample --ckpt {e.aside}") from None
         prune_history(run)
         if loss is not None and math.isfinite(loss):
             run.good_loss = loss if run.good_loss is None else min(run.good_loss, loss)
@@ -608,6 +603,19 @@ def save(run: Run) -> None:
         run.best = (run.val_loss, run.step)
         if run.ctx.is_main:  # the files of OUT/ckpt, linked (no second write)
             ckpt_state.copy(run.out / CKPT_DIR, run.out / BEST_DIR)
+
+
+def resume_hint(run: Run) -> str:
+    """How to go on after the run stopped on divergence: the command resuming its last good
+    checkpoint (and the older ones of its --keep history), or starting again when it has none."""
+    if not ckpt_state.exists(run.out / CKPT_DIR):
+        return f"start again: xtrain train --out {run.out} --overwrite"
+    hint = (f"resume from the good one ({run.out / CKPT_DIR}, step {ckpt_state.step_of(run.out / CKPT_DIR)}): "
+            f"xtrain train --out {run.out} --resume")
+    older = [str(p) for p in reversed(rundir.checkpoint_history(run.out))]
+    if older:
+        hint += f" (older ones: {', '.join(older[:3])}{', ...' if len(older) > 3 else ''})"
+    return hint
 
 
 def prune_history(run: Run) -> None:
@@ -724,8 +732,9 @@ def note_skipped_step(run: Run, step: int, loss_f: float, norm_f: float) -> None
     if run.bad_steps >= run.cfg.nonfinite_limit:
         raise NonFiniteStepsError(
             f"step {step}: {run.bad_steps} steps in a row had a non-finite loss or gradient norm "
-            f"(loss {loss_f}, norm {norm_f}); training stopped, the last checkpoint is kept. Lower --lr or "
-            f"--grad-clip, raise --warmup, or check the data (--nonfinite-limit sets how many such steps "
+            f"(loss {loss_f}, norm {norm_f}); training stopped, nothing of them saved. To go on, "
+            f"{resume_hint(run) if run.ctx.is_main else 'resume the last checkpoint'} with a lower --lr or "
+            f"--grad-clip or a longer --warmup, or check the data (--nonfinite-limit sets how many such steps "
             f"in a row are tolerated)")
 
 
