@@ -190,6 +190,21 @@ def test_init_from_the_largest_max_seq_trains_and_its_checkpoint_loads(hf_dir, t
     assert state.load(tmp_path / "ckpt").config.max_seq == 2**31 - 1
 
 
+def test_a_run_from_pretrained_weights_on_raw_text_resumes(hf_dir, tmp_path):
+    """--init-from with a raw text --data prepares OUT/data with the model's tokenizer; the resume
+    (no --init-from: the checkpoint carries the tokenizer) once prepared it again as a new BPE and
+    refused: 'OUT/data holds a dataset prepared with other settings'."""
+    from xtrain.data import write_corpus
+
+    corpus = write_corpus(tmp_path / "stories.txt", 700_000)  # 2 validation documents
+    out = tmp_path / "run"
+    base = dict(data=str(corpus), out=str(out), device="cpu", batch=2, seq=16, lr=1e-4, warmup=1, eval_every=0,
+                sample_tokens=4, progress=False, decay_steps=4)
+    train(train_mod.TrainConfig(init_from=str(hf_dir), steps=2, **base))
+    summary = train(train_mod.TrainConfig(resume=str(out / "ckpt"), steps=4, **base))
+    assert summary["steps"] == 4 and state.load(out / "ckpt").step == 4
+
+
 def _rewrite_weights(path, edit):
     """Rewrite model.safetensors' header with edit(header dict) (the data section unchanged)."""
     f = path / "model.safetensors"

@@ -927,14 +927,17 @@ def open_inputs(cfg: TrainConfig, progress: bool, lock: bool = True):
     the hf_import.Pretrained of --init-from, or None), checked against each other."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    given = None  # the tokenizer a raw --data source is prepared with (else a BPE trained on it)
     if cfg.resume:
         start = ckpt_state.load(cfg.resume, pin=True)  # its weights and moments are read after the data
+        if (start.meta.get("train_args") or {}).get("init_from"):
+            given = start.tokenizer()  # the pretrained model's, as the run began: OUT/data holds that
     elif cfg.init_from is not None:
         start = read_init_from(cfg.init_from)
+        given = start.tokenizer
     else:
         start = None
-    dataset = open_data(cfg.data, out, cfg.vocab_size, progress,
-                        tokenizer=start.tokenizer if isinstance(start, hf_import.Pretrained) else None, lock=lock)
+    dataset = open_data(cfg.data, out, cfg.vocab_size, progress, tokenizer=given, lock=lock)
     check_tokenizer(start, dataset)
     return dataset, start
 
