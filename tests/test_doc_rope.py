@@ -116,7 +116,7 @@ def _run_prep(fused, arrays, pos, dtype, device):
     q, k = (ops.cast(xtrain.tensor(a, device=device), dtype).detach() for a in (q0, k0))
     q.requires_grad = k.requires_grad = True
     wq, wk = (xtrain.tensor(a, device=device, requires_grad=True) for a in (wq0, wk0))
-    p = xtrain.tensor(pos, device=device)
+    p = None if pos is None else xtrain.tensor(pos, device=device)
     if fused:
         qo, ko = ops.qk_norm_rope(q, k, wq, wk, 1e-6, 1e4, p)
     else:
@@ -137,8 +137,11 @@ def test_qk_norm_rope_per_document_is_bitwise_the_composition(device, dtype, D):
     fused, composed = _run_prep(True, arrays, pos, dtype, device), _run_prep(False, arrays, pos, dtype, device)
     for name, a, b in zip(("q", "k", "dq", "dk", "dwq", "dwk"), fused, composed):
         assert bits_equal(a, b), name
-    plain = _run_prep(True, arrays, np.tile(np.arange(37), (2, 1)), dtype, device)
+    plain = _run_prep(True, arrays, None, dtype, device)
     assert not bits_equal(fused[0], plain[0])
+    # 0..S-1 given as [B, S] or [S] rows are the default positions' bits
+    for given in (np.tile(np.arange(37), (2, 1)), np.arange(37)):
+        assert all(bits_equal(a, b) for a, b in zip(plain, _run_prep(True, arrays, given, dtype, device)))
     assert all(bits_equal(a, b) for a, b in zip(fused, _run_prep(True, arrays, pos, dtype, device)))
 
 

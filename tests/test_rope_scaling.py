@@ -242,14 +242,14 @@ def test_llama_preset_has_the_published_scaling():
 
 
 @pytest.mark.cuda
+@pytest.mark.skipif(not xtrain.cuda.is_available(),
+                    reason="no CUDA device (xtrain.cuda.is_available() is False): runs on the GPU machine")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_llama3_cuda_matches_cpu(dtype):
     """The CUDA kernels compute the llama3 frequencies as the CPU does (uncontracted float32):
     rope, qk_norm_rope (forward and backward) and the decode head preparation agree with the CPU
     to the rounding of cos/sin; the frequencies themselves are the same bits (a rotation at
     position 1 of a unit pair, float64, equal to 1e-15)."""
-    if not xtrain.cuda.is_available():
-        pytest.skip("needs CUDA")
     rng = np.random.default_rng(2)
     x = rng.standard_normal((2, 50, 3, 64)).astype(np.float32)
     pos = np.arange(50, dtype=np.int64) * 211
