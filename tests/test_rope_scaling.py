@@ -98,6 +98,40 @@ def test_llama3_fused_and_composed_bitwise(device):
         assert bits_equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("D, L, norm", [(16, 300, False), (64, 40, True), (32, 1100, True)])
+def test_llama3_decode_prep_attention_is_the_composition(device, dtype, D, L, norm):
+    """The decode step's head preparation with llama3 is bitwise rms_norm, rope (llama3) at each
+    row's position and the cache writes, then decode_attention (on CUDA: the fused one-pass kernel
+    at L 40 and 300, the preparation kernel then the split attention at L 1100)."""
+    rng = np.random.default_rng(D + L)
+    B, H, Hkv = 3, 4, 2
+
+    def t(*shape):
+        return ops.cast(xtrain.tensor(rng.standard_normal(shape).astype(np.float32), device=device), dtype)
+
+    q, k, v = t(B, H, D), t(B, Hkv, D), t(B, Hkv, D)
+    wq, wk = (t(D), t(D)) if norm else (None, None)
+    positions = xtrain.tensor(np.array([L - 1, L // 3, 9]), device=device)
+    lengths = xtrain.tensor(np.array([L, L // 3 + 1, 10]), device=device)
+    base = rng.standard_normal((B, L, Hkv, D)).astype(np.float32)
+    caches = [[ops.cast(xtrain.tensor(base, device=device), dtype) for _ in range(2)] for _ in range(2)]
+    qn, kn = (ops.rms_norm(q, wq, 1e-5), ops.rms_norm(k, wk, 1e-5)) if norm else (q, k)
+    qp = ops.rope(qn.reshape(1, B, H, D), positions, 5e5, LLAMA3).reshape(B, H, D)
+    kp = ops.rope(kn.reshape(1, B, Hkv, D), positions, 5e5, LLAMA3).reshape(B, 1, Hkv, D)
+    ops.kv_cache_write_(caches[0][0], kp, positions)
+    ops.kv_cache_write_(caches[0][1], v.reshape(B, 1, Hkv, D), positions)
+    want = ops.decode_attention(qp, *caches[0], lengths, 0.3)
+    got = ops.decode_prep_attention(q, k, v, *caches[1], positions, lengths, wq, wk, eps=1e-5, theta=5e5,
+                                    scale=0.3, llama3=LLAMA3)
+    assert bits_equal(ops.cast(got, "float32").numpy(), ops.cast(want, "float32").numpy())
+    for a, b in zip(caches[0], caches[1]):
+        assert bits_equal(ops.cast(a, "float32").numpy(), ops.cast(b, "float32").numpy())
+    plain = ops.decode_prep_attention(q, k, v, *caches[1], positions, lengths, wq, wk, eps=1e-5, theta=5e5,
+                                      scale=0.3)
+    assert not bits_equal(ops.cast(plain, "float32").numpy(), ops.cast(want, "float32").numpy())
+
+
 def test_llama3_bad_arguments():
     x = xtrain.tensor(np.zeros((1, 2, 1, 4), np.float32))
     for bad, message in [((0.5, 1.0, 4.0, 64.0), "factor must be finite and >= 1"),
@@ -108,6 +142,10 @@ def test_llama3_bad_arguments():
             ops.rope(x, None, 1e4, bad)
         with pytest.raises(ValueError, match=message):
             ops.qk_norm_rope(x, x, xtrain.ones([4]), xtrain.ones([4]), 1e-6, 1e4, None, bad)
+        with pytest.raises(ValueError, match=message):
+            z = xtrain.zeros(1, 1, 4)
+            ops.decode_prep_attention(z, z, z, xtrain.zeros(1, 2, 1, 4), xtrain.zeros(1, 2, 1, 4),
+                                      xtrain.tensor(np.array([0])), xtrain.tensor(np.array([1])), llama3=bad)
     with pytest.raises(TypeError):
         ops.rope(x, None, 1e4, (8.0, 1.0, 4.0))
 
@@ -184,11 +222,11 @@ def test_llama3_checkpoint_and_export_round_trip(tmp_path):
     assert TinyTransformer.from_pretrained(tmp_path / "out").config == model.config
 
 
-def test_llama3_generation_matches_forward(tmp_path):
+def test_llama3_generation_matches_forward(tmp_path, device):
     """The decode path rotates with the same scaled frequencies: greedy tokens from generate equal
     the argmax of full forwards, token by token, at positions past original / factor."""
     _hf_llama(tmp_path)
-    model = TinyTransformer.from_pretrained(tmp_path)
+    model = TinyTransformer.from_pretrained(tmp_path, device=device)
     prompt = np.random.default_rng(7).integers(0, model.config.vocab_size, (1, 70))
     out = model.generate(prompt, max_new_tokens=6, greedy=True)
     seq = prompt
@@ -196,7 +234,7 @@ def test_llama3_generation_matches_forward(tmp_path):
         logits, _ = model(seq)
         seq = np.concatenate([seq, [[int(np.argmax(logits.numpy()[-1]))]]], axis=1)
     assert np.array_equal(out[0, -6:], seq[0, -6:])
-    plain = TinyTransformer.from_pretrained(tmp_path, rope_scaling=None)
+    plain = TinyTransformer.from_pretrained(tmp_path, device=device, rope_scaling=None)
     assert not np.array_equal(plain.generate(prompt, max_new_tokens=6, greedy=True), out)
 
 
