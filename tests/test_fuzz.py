@@ -76,7 +76,8 @@ EXPLICIT_SIGNATURES = {
     "permute": "T shape", "reshape": "T shape", "view": "T shape", "embedding": "T ids",
     "cross_entropy": "T ids scalar", "dropout": "T scalar bool", "linear_cross_entropy": "T T ids scalar bool",
     "flash_attention": "T T T bool scalar bool", "decode_attention": "T T T T scalar",
-    "decode_prep_attention": "T T T T T T T Topt Topt scalar scalar scalar Tlist llama3", "greedy_next_": "T T T scalar",
+    "decode_prep_attention": "T T T T T T T Topt Topt scalar scalar scalar Tlist llama3",
+    "greedy_next_": "T T T scalar",
 }
 # A parameter's kind from its annotation in pybind11's signature line.
 ANNOTATION_KINDS = {"xtrain._C.Tensor": "T", "xtrain._C.Tensor | None": "Topt", "bool": "bool",

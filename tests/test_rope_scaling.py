@@ -79,8 +79,8 @@ def test_rope_llama3_matches_transformers_frequencies(device, theta, head_dim, s
 def test_llama3_fused_and_composed_bitwise(device):
     """qk_norm_rope with llama3 is bitwise rms_norm then rope with llama3 (values and gradients)."""
     rng = np.random.default_rng(1)
-    q0, k0 = rng.standard_normal((2, 40, 4, 16)).astype(np.float32), rng.standard_normal((2, 40, 2, 16)).astype(np.float32)
-    w0, v0 = (1 + 0.1 * rng.standard_normal(16)).astype(np.float32), (1 + 0.1 * rng.standard_normal(16)).astype(np.float32)
+    q0, k0 = (rng.standard_normal(shape).astype(np.float32) for shape in ((2, 40, 4, 16), (2, 40, 2, 16)))
+    w0, v0 = ((1 + 0.1 * rng.standard_normal(16)).astype(np.float32) for _ in range(2))
     dq, dk = rng.standard_normal(q0.shape).astype(np.float32), rng.standard_normal(k0.shape).astype(np.float32)
 
     def run(fused):
@@ -306,7 +306,7 @@ def test_llama3_cuda_matches_cpu(dtype):
     w = (1 + 0.1 * rng.standard_normal(64)).astype(np.float32)
     res = {}
     for dev in ("cpu", "cuda"):
-        qt, kt = (xtrain.tensor(a, device=dev, requires_grad=True) for a in (np.ascontiguousarray(q), np.ascontiguousarray(k)))
+        qt, kt = (xtrain.tensor(np.ascontiguousarray(a), device=dev, requires_grad=True) for a in (q, k))
         wt = xtrain.tensor(w, device=dev, requires_grad=True)
         qo, ko = ops.qk_norm_rope(ops.cast(qt, dtype), ops.cast(kt, dtype), wt, wt, 1e-6, 5e5,
                                   xtrain.tensor(np.tile(pos, (2, 1)), device=dev), LLAMA3)

@@ -10,8 +10,8 @@
 //    lengths[b] slots of its row: no causal mask is needed (the query is the newest position).
 //  - decode_prep_attention(q, k, v, k_cache, v_cache, positions, lengths, wq, wk) is a decode
 //    step's head preparation (q's and k's rms_norm when wq, wk are given, and rope at each row's
-//    position, with Llama 3's frequency scaling when given; k and v written into their cache slots) then decode_attention of that q over
-//    lengths, bitwise those ops; on CUDA one kernel where the one-pass attention applies (the
+//    position, with Llama 3's frequency scaling when given; k and v written into their cache
+//    slots) then decode_attention of that q over lengths, bitwise those ops; on CUDA one kernel where the one-pass attention applies (the
 //    batch-1 decode step: one launch per layer fewer).
 // Positions and lengths are checked on the CPU before the kernel runs and by the kernel on CUDA
 // (Note [Device-side index checks], core/cuda/cuda_check.h: a host check would sync every step).

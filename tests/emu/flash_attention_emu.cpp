@@ -295,7 +295,8 @@ void prep_forward_reg(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const 
     emu::set_schedule(schedule);
     emu::launch(dim3(unsigned(cu::ceil_div(int64_t(B) * S, tpb))), dim3(cu::kThreads), sizeof(C) * size_t(tpb * D), [&] {
       const auto args = std::make_tuple(q.p(), k.p(), wq.data(), wk.data(), oq.p(), ok.p(), sq.data(), sk.data(),
-                                        int64_t(B) * S, S, qp::HeadRows{H, Hkv}, int(tpb), D, eps, rope.freqs, rope.pos);
+                                        int64_t(B) * S, S, qp::HeadRows{H, Hkv}, int(tpb), D, eps, rope.freqs,
+                                        rope.pos);
       if constexpr (kR == 0)
         std::apply(qp::qk_norm_rope_forward_reg_kernel<kD, T, float>, args);
       else
@@ -484,10 +485,12 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
       constexpr int kD = reg_dim_of<G>();
       if (D != kD) expect("register path's head dim", false);
       emu::launch(grid, dim3(cu::kThreads), smem, [&] {
+        const auto& f = rope.freqs;
+        const auto& p = rope.pos;
         switch (g_prep_bwd_rows) {  // rows in flight other than the launch shape's: the same bits
-          case 1: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 1>(qs, ks, S, D, rope.freqs, rope.pos); break;
-          case 4: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 4>(qs, ks, S, D, rope.freqs, rope.pos); break;
-          default: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float>(qs, ks, S, D, rope.freqs, rope.pos); break;
+          case 1: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 1>(qs, ks, S, D, f, p); break;
+          case 4: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 4>(qs, ks, S, D, f, p); break;
+          default: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float>(qs, ks, S, D, f, p); break;
         }
       });
     } else {

@@ -99,8 +99,8 @@ void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void*
 void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq,
                            const void* wk, void* k_cache, void* v_cache, const int64_t* pos, const int64_t* len,
                            void* out, int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps,
-                           const RopeFreqs& freqs, double scale, int /*n_pf*/, const void* const* /*pf*/, const int64_t* /*pf_bytes*/,
-                           void* stream) {  // the L2 hint means nothing here
+                           const RopeFreqs& freqs, double scale, int /*n_pf*/, const void* const* /*pf*/,
+                           const int64_t* /*pf_bytes*/, void* stream) {  // the L2 hint means nothing here
   std::vector<unsigned char> q_out(static_cast<size_t>(B * H * D) * dtype_size(dt));
   decode_prep(dt, w_dt, q, k, v, wq, wk, q_out.data(), k_cache, v_cache, pos, B, L, H, Hkv, D, eps, freqs, stream);
   decode_attention(dt, q_out.data(), k_cache, v_cache, len, out, B, L, H, Hkv, D, scale, stream);

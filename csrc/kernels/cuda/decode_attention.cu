@@ -734,7 +734,8 @@ void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void*
 void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq,
                            const void* wk, void* k_cache, void* v_cache, const int64_t* pos, const int64_t* len,
                            void* out, int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps,
-                           const RopeFreqs& freqs, double scale, int n_pf, const void* const* pf, const int64_t* pf_bytes, void* stream) {
+                           const RopeFreqs& freqs, double scale, int n_pf, const void* const* pf,
+                           const int64_t* pf_bytes, void* stream) {
   if (B == 0 || D == 0) return;
   XT_ASSERT(D % 2 == 0, "decode_prep_attention: odd head dim ", D);
   XT_ASSERT(n_pf >= 0 && n_pf <= kMaxL2Prefetch, "decode_prep_attention: ", n_pf, " prefetch ranges");

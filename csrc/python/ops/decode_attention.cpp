@@ -41,7 +41,8 @@ XT_BIND_OPS(decode_attention, m) {
         py::arg("prefetch") = std::vector<Tensor>{}, py::arg("llama3") = py::none(),
         "A decode step's head preparation then its attention: k and v [B, H_kv, D] into their cache slots at "
         "positions[b] (int64 [B]), q [B, H, D] and k normed (rms_norm(eps), with the norm weights) and rotated "
-        "(rope(theta, llama3)) at that position, then decode_attention of that q over each row's first lengths[b] slots; "
+        "(rope(theta, llama3)) at that position, then decode_attention of that q over each row's first "
+        "lengths[b] slots; "
         "returns [B, H, D]. Bitwise those ops; on CUDA one kernel where the one-pass attention applies; not "
         "differentiable. prefetch: up to 8 tensors on q's device that the next ops read, asked into L2 by the SMs "
         "the attention leaves idle (a hint: no value changes)");

@@ -48,8 +48,8 @@ Decisions:
   k/v_proj narrower, flash_attention reads fewer kv heads), qk_norm off (Llama: no q/k_norm, q and
   k through ops.rope alone), tie_embeddings (no lm_head: the head reads embed_tokens.weight, one
   parameter whose gradient sums both uses; in bf16 a cast of it per forward, since the embedding
-  lookup reads the float32 master), rope_scaling (Llama 3's scaled RoPE frequencies, RopeScaling). from_pretrained imports a Hugging Face Qwen3/Llama directory
-  (xtrain.models.hf_import).
+  lookup reads the float32 master), rope_scaling (Llama 3's scaled RoPE frequencies, RopeScaling).
+  from_pretrained imports a Hugging Face Qwen3/Llama directory (xtrain.models.hf_import).
 - Init as GPT-2/nanoGPT: N(0, 0.02) everywhere, residual projections (o_proj, down_proj) scaled by
   1/sqrt(2L), norms ones; drawn on the CPU from one seeded xtrain.Generator in construction order,
   then uploaded into the store in one copy, so the same seed gives the same weights on any device.
