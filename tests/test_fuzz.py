@@ -64,6 +64,9 @@ KINDS = {
     "bool": st.one_of(st.booleans(), st.sampled_from([0, 2, None, "yes"])),
     "Tlist": st.lists(tensors(("float32", "bfloat16", "int64")), max_size=3).map(lambda xs: {"list": xs}),
     "Topt": st.one_of(st.none(), tensors(("float32", "int64", "int32"))),
+    # RoPE's Llama 3 scaling (factor, low_freq_factor, high_freq_factor, original_max_positions)
+    "llama3": st.one_of(st.none(), st.just((32.0, 1.0, 4.0, 8192.0)),
+                        st.lists(st.one_of(odd_floats, odd_ints), min_size=3, max_size=5)),
 }
 # The kinds of each op's parameters, for the ops whose bound signature does not say them
 # (indices, shapes, dtypes, devices, ops written in Python); the others are read from it.
@@ -73,13 +76,16 @@ EXPLICIT_SIGNATURES = {
     "permute": "T shape", "reshape": "T shape", "view": "T shape", "embedding": "T ids",
     "cross_entropy": "T ids scalar", "dropout": "T scalar bool", "linear_cross_entropy": "T T ids scalar bool",
     "flash_attention": "T T T bool scalar bool", "decode_attention": "T T T T scalar",
-    "decode_prep_attention": "T T T T T T T Topt Topt scalar scalar scalar", "greedy_next_": "T T T scalar",
+    "decode_prep_attention": "T T T T T T T Topt Topt scalar scalar scalar Tlist llama3",
+    "greedy_next_": "T T T scalar",
 }
 # A parameter's kind from its annotation in pybind11's signature line.
 ANNOTATION_KINDS = {"xtrain._C.Tensor": "T", "xtrain._C.Tensor | None": "Topt", "bool": "bool",
                     "typing.SupportsFloat | typing.SupportsIndex": "scalar",
                     "typing.SupportsInt | typing.SupportsIndex": "dim",
-                    "collections.abc.Sequence[xtrain._C.Tensor]": "Tlist"}
+                    "collections.abc.Sequence[xtrain._C.Tensor]": "Tlist",
+                    'typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], '
+                    '"FixedSize(4)"] | None': "llama3"}
 
 
 def bound_signature(name):
@@ -214,7 +220,7 @@ def test_every_op_is_fuzzed():
     # the inference reads the kinds the explicit rows would give
     assert bound_signature("gelu") == "T"
     assert bound_signature("rms_norm") == "T T scalar"
-    assert bound_signature("rope") == "T Topt scalar"
+    assert bound_signature("rope") == "T Topt scalar llama3"
     assert bound_signature("rms_norm_linear_rows") == "T Tlist T scalar Topt bool"
     assert bound_signature("sum") is None  # dim: int | None, an explicit row
 

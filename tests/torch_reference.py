@@ -10,7 +10,10 @@ float32, output rounded once); cross-entropy runs in float32. In float32 every r
 and this is a plain float32 model.
 """
 
+import math
+
 import numpy as np
+
 import torch
 
 LAYER_PARAMS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
@@ -35,10 +38,23 @@ def rms_norm(x, w, eps):
     return y.to(x.dtype)
 
 
-def rope(x, theta):
-    """Rotate-half RoPE on x (B, S, H, D), positions 0..S-1."""
+def llama3_inv_freq(inv_freq, scaling):
+    """Llama 3's rescaled frequencies (float32): wavelengths above original / low_freq_factor
+    divided by factor, below original / high_freq_factor kept, blended between."""
+    old = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    low, high = old / scaling.low_freq_factor, old / scaling.high_freq_factor
+    return torch.where(wavelen > low, inv_freq / scaling.factor, torch.where(wavelen < high, inv_freq, blended))
+
+
+def rope(x, theta, scaling=None):
+    """Rotate-half RoPE on x (B, S, H, D), positions 0..S-1; scaling: a RopeScaling or None."""
     B, S, H, D = x.shape
     inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     ang = torch.outer(torch.arange(S, dtype=torch.float32), inv_freq)           # (S, D/2)
     cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :]
     sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :]
@@ -85,7 +101,7 @@ class TorchTransformer(torch.nn.Module):
         if getattr(c, "qk_norm", True):
             q = rms_norm(q, p("self_attn.q_norm.weight"), c.norm_eps)
             k = rms_norm(k, p("self_attn.k_norm.weight"), c.norm_eps)
-        q, k = rope(q, c.rope_theta), rope(k, c.rope_theta)
+        q, k = rope(q, c.rope_theta, c.rope_scaling), rope(k, c.rope_theta, c.rope_scaling)
         # grouped-query attention: query head h reads kv head h // (H / Hkv)
         k, v = k.repeat_interleave(H // Hkv, dim=2), v.repeat_interleave(H // Hkv, dim=2)
         a = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, S, D)

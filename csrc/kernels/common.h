@@ -181,13 +181,100 @@ template <typename T, typename W> XT_HD compute_t<T> rms_scaled(const T* x, cons
 // v as a store to T and a load back give it: the value the next op of a composition reads.
 template <typename T> XT_HD compute_t<T> rounded(compute_t<T> v) { return to_compute(from_compute<T>(v)); }
 
-// RoPE's frequency i of D/2 (rotate-half): 1 / theta^(2i/D), the power in double rounded once to
-// float32 (Hugging Face's float32 inv_freq, up to that one rounding). I: the caller's index type.
-template <typename I> XT_HD float rope_inv_freq(float theta, I i, I D) {
-  const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
-  const float p = static_cast<float>(pow(static_cast<double>(theta), static_cast<double>(expo)));
-  return 1.0f / p;
+// RoPE's frequencies as the kernels take them: the base theta and, when llama3 is set, Llama 3's
+// rescaling of the low frequencies (transformers' rope_type "llama3"). The scaling's constants are
+// float32 as transformers' float32 tensor arithmetic uses them (each Python number rounded once),
+// made on the host by rope_freqs_llama3 (ops/rope.cpp checks the parameters).
+struct RopeFreqs {
+  float theta = 10000.0f;
+  bool llama3 = false;
+  float factor = 1.0f;         // the long wavelengths' divisor
+  float low_freq_factor = 1.0f;
+  float smooth_den = 1.0f;     // high_freq_factor - low_freq_factor
+  float old_context = 1.0f;    // original_max_position_embeddings
+  float low_wavelen = 1.0f;    // old_context / low_freq_factor: longer wavelengths divide by factor
+  float high_wavelen = 1.0f;   // old_context / high_freq_factor: shorter ones stay as they are
+  float two_pi = 6.2831855f;   // 2 pi rounded to float32
+};
+
+// Plain RoPE at theta.
+inline RopeFreqs rope_freqs(double theta) {
+  RopeFreqs f;
+  f.theta = static_cast<float>(theta);
+  return f;
 }
+
+// RoPE at theta with Llama 3's scaling (factor, low_freq_factor, high_freq_factor,
+// original_max_position_embeddings): the differences and quotients of the Python numbers in
+// double, each rounded once to float32, as transformers' tensor arithmetic receives them.
+inline RopeFreqs rope_freqs_llama3(double theta, double factor, double low_freq_factor, double high_freq_factor,
+                                   double original_max_positions) {
+  RopeFreqs f = rope_freqs(theta);
+  f.llama3 = true;
+  f.factor = static_cast<float>(factor);
+  f.low_freq_factor = static_cast<float>(low_freq_factor);
+  f.smooth_den = static_cast<float>(high_freq_factor - low_freq_factor);
+  f.old_context = static_cast<float>(original_max_positions);
+  f.low_wavelen = static_cast<float>(original_max_positions / low_freq_factor);
+  f.high_wavelen = static_cast<float>(original_max_positions / high_freq_factor);
+  f.two_pi = static_cast<float>(2.0 * 3.14159265358979323846);
+  return f;
+}
+
+// float32 operations rounded once each: on the device as intrinsics nvcc never contracts into a
+// multiply-add, so the llama3 frequencies below are the host's bits on both backends.
+XT_HD float rope_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+XT_HD float rope_div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+XT_HD float rope_add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// RoPE's frequency i of D/2 (rotate-half): 1 / theta^(2i/D), the power in double rounded once to
+// float32 (Hugging Face's float32 inv_freq, up to that one rounding). With llama3, transformers'
+// _compute_llama3_parameters on that value, operation for operation in float32 (its `c / t` is
+// reciprocal(t) * c, as torch evaluates a number divided by a tensor): wavelen = 2pi / f; wavelen
+// above low_wavelen: f / factor; below high_wavelen: f; between: with smooth = (old_context /
+// wavelen - low_freq_factor) / smooth_den, (1 - smooth) * f / factor + smooth * f.
+// I: the caller's index type.
+template <typename I> XT_HD float rope_inv_freq(const RopeFreqs& rf, I i, I D) {
+  const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
+  const float p = static_cast<float>(pow(static_cast<double>(rf.theta), static_cast<double>(expo)));
+  const float f = 1.0f / p;
+  if (!rf.llama3) return f;
+  const float wavelen = rope_mul(rope_div(1.0f, f), rf.two_pi);
+  if (wavelen > rf.low_wavelen) return rope_div(f, rf.factor);
+  if (wavelen < rf.high_wavelen) return f;
+  const float smooth =
+      rope_div(rope_add(rope_mul(rope_div(1.0f, wavelen), rf.old_context), -rf.low_freq_factor), rf.smooth_den);
+  return rope_add(rope_div(rope_mul(rope_add(1.0f, -smooth), f), rf.factor), rope_mul(smooth, f));
+}
+
+// The RoPE positions of the tokens t = b * S + s of a [B, S, ...] tensor: pos[b * row_stride + s]
+// (pos int64 [S] with row_stride 0, or [B, S] with row_stride S), or s when pos is null.
+struct RopePositions {
+  const int64_t* pos = nullptr;
+  int64_t row_stride = 0;
+  XT_HD float at(int64_t t, int64_t S) const {
+    const int64_t s = t % S;
+    return static_cast<float>(pos == nullptr ? s : pos[(t / S) * row_stride + s]);
+  }
+};
 
 // cos and sin of a RoPE angle (float32) in the compute type: the C library's on the host, CUDA's
 // sincos on the device.

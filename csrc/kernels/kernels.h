@@ -195,10 +195,13 @@ struct MuonParams {
   void layernorm_backward(DType dt, DType w_dt, const void* x, const void* w, const void* mean,         \
                           const void* rstd, const void* dy, const void* dres, void* dx, void* dw,       \
                           void* db, int64_t rows, int64_t dim, void* stream);                           \
-  /* ---- rope (kernels/{cpu,cuda}/rope): rotate-half on x [B, S, H, D]; pos int64 [S]; inverse rotates by */  \
-  /* -angle (the backward). inv_freq[i] = 1/theta^(2i/D) and angles computed in float32.          */  \
-  void rope(DType dt, const void* x, void* out, const int64_t* pos, int64_t B, int64_t S, int64_t H,    \
-            int64_t D, float theta, bool inverse, void* stream);                                        \
+  /* ---- rope (kernels/{cpu,cuda}/rope): rotate-half on x [B, S, H, D] at positions pos (common.h's */ \
+  /* RopePositions: [S], [B, S] or 0..S-1); inverse rotates by -angle (the backward). inv_freq[i] = */   \
+  /* rope_inv_freq(freqs, i, D) and the angles computed in float32. */                                  \
+  void rope(DType dt, const void* x, void* out, RopePositions pos, int64_t B, int64_t S, int64_t H,     \
+            int64_t D, const RopeFreqs& freqs, bool inverse, void* stream);                             \
+  /* document_positions: pos [B, S] int64 = s - doc_start[b, s] (doc_start int32 [B, S]) */            \
+  void document_positions(const int32_t* doc_start, int64_t* pos, int64_t B, int64_t S, void* stream);  \
   /* ---- softmax (kernels/{cpu,cuda}/softmax) over the last dim; log selects log_softmax */                    \
   void softmax_forward(DType dt, const void* x, void* y, int64_t rows, int64_t cols, bool log,          \
                        void* stream);                                                                   \
@@ -226,7 +229,7 @@ struct MuonParams {
   void document_starts(DType id_dt, const void* ids, int32_t* doc_start, int64_t B, int64_t S,          \
                        int64_t sep, void* stream);                                                      \
   /* ---- fused q/k head preparation (kernels/{cpu,cuda}/qk_norm_rope): rms_norm over D (weights */    \
-  /* wq, wk [D] of w_dt = dt or float32, eps) then rope (positions 0..S-1) on q [B, S, H, D] and */     \
+  /* wq, wk [D] of w_dt = dt or float32, eps) then rope (positions pos, freqs) on q [B, S, H, D] and */ \
   /* k [B, S, Hkv, D], with the arithmetic and rounding points of rmsnorm_forward + rope (bitwise */    \
   /* equal on the same backend). rstd_q [B*S*H], rstd_k [B*S*Hkv] float32. H or Hkv may be 0 (that */   \
   /* side skipped, its pointers unused). Backward: dq, dk written (dt); dwq, dwk written (w_dt), the */ \
@@ -234,12 +237,12 @@ struct MuonParams {
   void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, const void* wq,          \
                             const void* wk, void* q_out, void* k_out, float* rstd_q, float* rstd_k,     \
                             int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D, float eps,         \
-                            float theta, void* stream);                                                 \
+                            const RopeFreqs& freqs, RopePositions pos, void* stream);                   \
   void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, const void* wq,        \
                              const void* wk, const float* rstd_q, const float* rstd_k,                  \
                              const void* dq_out, const void* dk_out, void* dq, void* dk, void* dwq,     \
                              void* dwk, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,        \
-                             float theta, void* stream);                                                \
+                             const RopeFreqs& freqs, RopePositions pos, void* stream);                  \
   /* ---- decode attention (kernels/{cpu,cuda}/decode_attention): one new query per row against a */   \
   /* KV cache [B, L, Hkv, D] (L slots per row). kv_cache_write: cache[b, pos[b] + s] = x[b, s] for */   \
   /* x [B, S, Hkv, D], pos int64 [B]; a row with pos[b] outside [0, L - S] writes nothing. */           \
@@ -260,8 +263,8 @@ struct MuonParams {
   /* to dt) then rope. A row with p outside [0, L) writes no cache slot (CUDA reports it). */          \
   void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq,  \
                    const void* wk, void* q_out, void* k_cache, void* v_cache, const int64_t* pos,       \
-                   int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps, float theta,     \
-                   void* stream);                                                                       \
+                   int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps,                  \
+                   const RopeFreqs& freqs, void* stream);                                               \
   /* decode_prep_attention: decode_prep (q_out kept internal) then decode_attention(q_out, the */    \
   /* caches, len, scale) -> out [B, H, D], bitwise that composition; CUDA runs both in one kernel */  \
   /* where decode_attention's one-pass kernel applies (Note [Decode attention in one pass]). The */   \
@@ -270,7 +273,8 @@ struct MuonParams {
   void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, const void* v,         \
                              const void* wq, const void* wk, void* k_cache, void* v_cache,              \
                              const int64_t* pos, const int64_t* len, void* out, int64_t B, int64_t L,   \
-                             int64_t H, int64_t Hkv, int64_t D, float eps, float theta, double scale,   \
+                             int64_t H, int64_t Hkv, int64_t D, float eps, const RopeFreqs& freqs,      \
+                             double scale,                                                              \
                              int n_pf, const void* const* pf, const int64_t* pf_bytes, void* stream);   \
   /* ---- greedy pick (kernels/{cpu,cuda}/greedy_next): per row b of logits [B, V] (dt), */             \
   /* tok = argmax (the first of equal maxima; NaN above every number, the first NaN). state int64 */    \

@@ -10,8 +10,8 @@
 //    lengths[b] slots of its row: no causal mask is needed (the query is the newest position).
 //  - decode_prep_attention(q, k, v, k_cache, v_cache, positions, lengths, wq, wk) is a decode
 //    step's head preparation (q's and k's rms_norm when wq, wk are given, and rope at each row's
-//    position; k and v written into their cache slots) then decode_attention of that q over
-//    lengths, bitwise those ops; on CUDA one kernel where the one-pass attention applies (the
+//    position, with Llama 3's frequency scaling when given; k and v written into their cache
+//    slots) then decode_attention of that q over lengths, bitwise those ops; on CUDA one kernel where the one-pass attention applies (the
 //    batch-1 decode step: one launch per layer fewer).
 // Positions and lengths are checked on the CPU before the kernel runs and by the kernel on CUDA
 // (Note [Device-side index checks], core/cuda/cuda_check.h: a host check would sync every step).
@@ -115,7 +115,7 @@ namespace {
 
 // decode_prep_attention's checks of the head preparation's arguments.
 void check_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache, const Tensor& v_cache,
-                const Tensor& positions, const Tensor& wq, const Tensor& wk, double eps, double theta, const char* op) {
+                const Tensor& positions, const Tensor& wq, const Tensor& wk, double eps, const char* op) {
   check_cache(k_cache, op, "k_cache");
   check_floating(v_cache, op, "v_cache");
   XT_CHECK(v_cache.shape() == k_cache.shape(), ValueError, op, ": v_cache must have k_cache's shape, got k_cache ",
@@ -143,7 +143,6 @@ void check_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
     check_same_dtype(wq, wk, op, "q_norm_weight", "k_norm_weight");
     XT_CHECK(std::isfinite(eps) && eps >= 0, ValueError, op, ": eps must be finite and >= 0, got ", eps);
   }
-  XT_CHECK(std::isfinite(theta) && theta > 0, ValueError, op, ": theta must be finite and > 0, got ", theta);
   check_rows(positions, k_cache, B, 0, L - 1, op, "positions");
 }
 
@@ -152,9 +151,10 @@ void check_prep(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&
 Tensor decode_prep_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                              const Tensor& v_cache, const Tensor& positions, const Tensor& lengths, const Tensor& wq,
                              const Tensor& wk, double eps, double theta, double scale,
-                             const std::vector<Tensor>& prefetch) {
+                             const std::vector<Tensor>& prefetch, const RopeScaling& llama3) {
   const char* op = "decode_prep_attention";
-  check_prep(q, k, v, k_cache, v_cache, positions, wq, wk, eps, theta, op);
+  check_prep(q, k, v, k_cache, v_cache, positions, wq, wk, eps, op);
+  const kernels::RopeFreqs freqs = rope_freqs(theta, llama3, op);
   XT_CHECK(static_cast<int>(prefetch.size()) <= kMaxL2Prefetch, ValueError, op, ": at most ", kMaxL2Prefetch,
            " prefetch tensors, got ", prefetch.size());
   std::vector<const void*> pf;
@@ -178,7 +178,7 @@ Tensor decode_prep_attention(const Tensor& q, const Tensor& k, const Tensor& v, 
   XT_KERNEL(q.device(), decode_prep_attention, q.dtype(), wq.defined() ? wq.dtype() : q.dtype(), q.data_ptr(),
             k.data_ptr(), v.data_ptr(), wq.defined() ? wq.data_ptr() : nullptr, wk.defined() ? wk.data_ptr() : nullptr,
             k_cache.data_ptr(), v_cache.data_ptr(), positions.data<int64_t>(), lengths.data<int64_t>(), out.data_ptr(),
-            B, L, H, Hkv, D, static_cast<float>(eps), static_cast<float>(theta), sc, static_cast<int>(pf.size()),
+            B, L, H, Hkv, D, static_cast<float>(eps), freqs, sc, static_cast<int>(pf.size()),
             pf.data(), pf_bytes.data(), stream_for(q.device()));
   return out;
 }

@@ -15,6 +15,7 @@
 // raises ValueError/TypeError/IndexError naming the argument and what it saw. Results are new
 // tensors on the inputs' device.
 #pragma once
+#include <array>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -191,10 +192,23 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const
 std::vector<Tensor> add_layer_norm_forward(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b,
                                            double eps);
 
-// ---- rope (ops/rope.cpp): x [B, S, H, D], D even; positions int64 [S] (undefined: 0..S-1)
-Tensor rope(const Tensor& x, const Tensor& positions, double theta);
+// ---- rope (ops/rope.cpp): x [B, S, H, D], D even; positions int64 [S] or [B, S] (each row its
+// own: RoPE positions restarting per document), undefined: 0..S-1; theta > 0 and finite.
+// llama3: Llama 3's rescaling of the frequencies (transformers' rope_type "llama3"; factor >= 1,
+// 0 < low_freq_factor < high_freq_factor, original_max_positions >= 1, all finite), none: plain RoPE.
+// (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings), transformers'
+// rope_scaling fields in that order (a Python 4-tuple).
+using RopeScaling = std::optional<std::array<double, 4>>;
+// The kernels' frequencies of theta and llama3, checked (ValueError naming op).
+kernels::RopeFreqs rope_freqs(double theta, const RopeScaling& llama3, const char* op);
+// The kernels' view of positions for x [B, S, ...] (x's device), checked; undefined: null.
+kernels::RopePositions rope_positions(const Tensor& positions, const Tensor& x, const char* op);
+Tensor rope(const Tensor& x, const Tensor& positions, double theta, const RopeScaling& llama3 = std::nullopt);
 // raw; inverse rotates back (the backward)
-Tensor rope_forward(const Tensor& x, const Tensor& positions, double theta, bool inverse);
+Tensor rope_forward(const Tensor& x, const Tensor& positions, const kernels::RopeFreqs& freqs, bool inverse);
+// document_positions: doc_start int32 [B, S] (document_starts) -> int64 [B, S], s - doc_start[b, s]:
+// each token's distance from the start of its document, the positions of RoPE restarting per document.
+Tensor document_positions(const Tensor& doc_start);
 
 // ---- softmax (ops/softmax.cpp), last dim
 Tensor softmax(const Tensor& x);
@@ -223,17 +237,21 @@ Tensor document_starts(const Tensor& ids, int64_t sep);
 
 // ---- the fused q/k head preparation (ops/qk_norm_rope.cpp), in the same layout.
 // qk_norm_rope: rope(rms_norm(x, w, eps), theta) over D for x = q [B, S, H, D] and k [B, S, Hkv, D]
-// (D even; the weights [D] in x's dtype or float32, one dtype for both), positions 0..S-1, bitwise
-// equal to ops::rms_norm followed by ops::rope on the same device. Returns (q_out, k_out).
+// (D even; the weights [D] in x's dtype or float32, one dtype for both), at positions (as rope's:
+// [S], [B, S] or undefined for 0..S-1) with llama3's scaling, bitwise equal to ops::rms_norm
+// followed by ops::rope on the same device. Returns (q_out, k_out).
 std::pair<Tensor, Tensor> qk_norm_rope(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
-                                       double eps, double theta);
+                                       double eps, double theta, const Tensor& positions = Tensor(),
+                                       const RopeScaling& llama3 = std::nullopt);
 // raw: (q_out, k_out, rstd_q [B*S*H], rstd_k [B*S*Hkv]) and (dq, dk, dwq, dwk); an undefined dq_out
 // (dk_out) leaves dq and dwq (dk and dwk) undefined.
 std::vector<Tensor> qk_norm_rope_forward(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
-                                         double eps, double theta);
+                                         double eps, const kernels::RopeFreqs& freqs,
+                                         const Tensor& positions = Tensor());
 std::vector<Tensor> qk_norm_rope_backward(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
                                           const Tensor& rstd_q, const Tensor& rstd_k, const Tensor& dq_out,
-                                          const Tensor& dk_out, double theta);
+                                          const Tensor& dk_out, const kernels::RopeFreqs& freqs,
+                                          const Tensor& positions = Tensor());
 
 // ---- decode attention (ops/decode_attention.cpp): generation with a KV cache, not differentiable.
 // kv_cache_write_: cache [B, L, Hkv, D] (written in place), x [B, S, Hkv, D] of cache's dtype,
@@ -247,7 +265,7 @@ Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_
 // decode_prep_attention: a decode step's head preparation then its attention. q [B, H, D], k, v
 // [B, Hkv, D]; k and v are written into k_cache, v_cache [B, L, Hkv, D] at slot positions[b] (in
 // [0, L)) of each row; with wq, wk [D] (both or neither) q and k get rms_norm(eps) then
-// rope(theta) at the row's position, without them rope only; then decode_attention of that q over
+// rope(theta, llama3) at the row's position, without them rope only; then decode_attention of that q over
 // lengths (int64 [B] in [0, L]) with scale (<= 0: 1/sqrt(D)) -> out [B, H, D]. Bitwise those ops,
 // in one kernel on CUDA where the one-pass attention applies.
 // prefetch: up to kMaxL2Prefetch tensors on q's device that the ops after this one read (the
@@ -256,7 +274,7 @@ using kernels::kMaxL2Prefetch;
 Tensor decode_prep_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                              const Tensor& v_cache, const Tensor& positions, const Tensor& lengths, const Tensor& wq,
                              const Tensor& wk, double eps, double theta, double scale,
-                             const std::vector<Tensor>& prefetch = {});
+                             const std::vector<Tensor>& prefetch = {}, const RopeScaling& llama3 = std::nullopt);
 
 // ---- the greedy pick of a decode step (ops/greedy_next.cpp), not differentiable.
 // greedy_next_: logits [B, V]; state int64 [6, B] (token, position, length, limit, done, count per

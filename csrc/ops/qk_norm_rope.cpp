@@ -2,9 +2,10 @@
 // GEMMs write: argument checks, dispatch to kernels/{cpu,cuda}/qk_norm_rope, the backward node and
 // the differentiable op.
 //
-//  - qk_norm_rope(q, k, wq, wk) is rms_norm over D then rope (positions 0..S-1) for q and k in one
-//    kernel, bitwise equal to ops::rms_norm followed by ops::rope on the same device. The node
-//    saves q, k, the weights and the float32 rstd rows; backward returns dq, dk, dwq, dwk (dwq,
+//  - qk_norm_rope(q, k, wq, wk) is rms_norm over D then rope (positions 0..S-1, or rope's [S] or
+//    [B, S] positions; theta with or without Llama 3's scaling) for q and k in one kernel, bitwise
+//    equal to ops::rms_norm followed by ops::rope on the same device. The node saves q, k, the
+//    weights, the float32 rstd rows and the positions; backward returns dq, dk, dwq, dwk (dwq,
 //    dwk straight into the weights' gradient slots when the leaves have them free:
 //    claim_grad_buffer, the parameter store's flat gradients; no copy afterwards).
 #include <cmath>
@@ -39,10 +40,10 @@ void check_qk(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& 
 }  // namespace
 
 std::vector<Tensor> qk_norm_rope_forward(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
-                                         double eps, double theta) {
+                                         double eps, const kernels::RopeFreqs& freqs, const Tensor& positions) {
   check_qk(q, k, wq, wk);
   XT_CHECK(std::isfinite(eps) && eps >= 0, ValueError, "qk_norm_rope: eps must be finite and >= 0, got ", eps);
-  XT_CHECK(std::isfinite(theta) && theta > 0, ValueError, "qk_norm_rope: theta must be finite and > 0, got ", theta);
+  const kernels::RopePositions pos = rope_positions(positions, q, "qk_norm_rope");
   const int64_t B = q.size(0), S = q.size(1), H = q.size(2), Hkv = k.size(2), D = q.size(3);
   Tensor q_out = Tensor::empty(q.shape(), q.dtype(), q.device());
   Tensor k_out = Tensor::empty(k.shape(), k.dtype(), k.device());
@@ -51,7 +52,7 @@ std::vector<Tensor> qk_norm_rope_forward(const Tensor& q, const Tensor& k, const
   if (q.numel() + k.numel() > 0)
     XT_KERNEL(q.device(), qk_norm_rope_forward, q.dtype(), wq.dtype(), q.data_ptr(), k.data_ptr(), wq.data_ptr(),
               wk.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), rstd_q.data<float>(), rstd_k.data<float>(), B, S, H,
-              Hkv, D, static_cast<float>(eps), static_cast<float>(theta), stream_for(q.device()));
+              Hkv, D, static_cast<float>(eps), freqs, pos, stream_for(q.device()));
   return {q_out, k_out, rstd_q, rstd_k};
 }
 
@@ -60,10 +61,12 @@ namespace {
 // qk_norm_rope_backward writing dwq, dwk into dwq_into, dwk_into when defined (claimed slots).
 std::vector<Tensor> qk_norm_rope_backward_into(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
                                                const Tensor& rstd_q, const Tensor& rstd_k, const Tensor& dq_out,
-                                               const Tensor& dk_out, double theta, const Tensor& dwq_into,
+                                               const Tensor& dk_out, const kernels::RopeFreqs& freqs,
+                                               const Tensor& positions, const Tensor& dwq_into,
                                                const Tensor& dwk_into) {
   check_qk(q, k, wq, wk);
   const char* op = "qk_norm_rope_backward";
+  const kernels::RopePositions pos = rope_positions(positions, q, op);
   const int64_t B = q.size(0), S = q.size(1), D = q.size(3);
   const bool do_q = dq_out.defined(), do_k = dk_out.defined();
   const int64_t H = do_q ? q.size(2) : 0, Hkv = do_k ? k.size(2) : 0;
@@ -99,7 +102,7 @@ std::vector<Tensor> qk_norm_rope_backward_into(const Tensor& q, const Tensor& k,
               wk.data_ptr(), rstd_q.data<float>(), rstd_k.data<float>(), do_q ? dq_out.data_ptr() : nullptr,
               do_k ? dk_out.data_ptr() : nullptr, do_q ? grads[0].data_ptr() : nullptr,
               do_k ? grads[1].data_ptr() : nullptr, do_q ? grads[2].data_ptr() : nullptr,
-              do_k ? grads[3].data_ptr() : nullptr, B, S, H, Hkv, D, static_cast<float>(theta),
+              do_k ? grads[3].data_ptr() : nullptr, B, S, H, Hkv, D, freqs, pos,
               stream_for(q.device()));
   return grads;
 }
@@ -108,44 +111,49 @@ std::vector<Tensor> qk_norm_rope_backward_into(const Tensor& q, const Tensor& k,
 
 std::vector<Tensor> qk_norm_rope_backward(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
                                           const Tensor& rstd_q, const Tensor& rstd_k, const Tensor& dq_out,
-                                          const Tensor& dk_out, double theta) {
-  return qk_norm_rope_backward_into(q, k, wq, wk, rstd_q, rstd_k, dq_out, dk_out, theta, Tensor(), Tensor());
+                                          const Tensor& dk_out, const kernels::RopeFreqs& freqs,
+                                          const Tensor& positions) {
+  return qk_norm_rope_backward_into(q, k, wq, wk, rstd_q, rstd_k, dq_out, dk_out, freqs, positions, Tensor(),
+                                    Tensor());
 }
 
 namespace {
 
-class QkNormRopeBackward : public NodeWithSaved<6> {
+class QkNormRopeBackward : public NodeWithSaved<7> {
  public:
   QkNormRopeBackward(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk, const Tensor& rstd_q,
-                     const Tensor& rstd_k, double theta)
+                     const Tensor& rstd_k, const Tensor& positions, const kernels::RopeFreqs& freqs)
       : NodeWithSaved({SavedTensor("q", q), SavedTensor("k", k), SavedTensor("q_norm_weight", wq),
                        SavedTensor("k_norm_weight", wk), SavedTensor("rstd_q", rstd_q),
-                       SavedTensor("rstd_k", rstd_k)}),
-        theta_(theta) {}
+                       SavedTensor("rstd_k", rstd_k), SavedTensor("positions", positions)}),
+        freqs_(freqs) {}
   const char* name() const override { return "QkNormRopeBackward"; }
   uint32_t num_outputs() const override { return 2; }  // q_out, k_out
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (!grads[0].defined() && !grads[1].defined()) return std::vector<Tensor>(4);
-    const auto [q, k, wq, wk, rstd_q, rstd_k] = unpack();
+    const auto [q, k, wq, wk, rstd_q, rstd_k, positions] = unpack();  // positions undefined: 0..S-1
     // a weight's gradient is written only with its half's (dwq with dq), so claim only those
     const Tensor dwq = grads[0].defined() ? claim_grad_buffer(next_edges[2], wq.shape(), wq.dtype(), wq.device())
                                           : Tensor();
     const Tensor dwk = grads[1].defined() ? claim_grad_buffer(next_edges[3], wk.shape(), wk.dtype(), wk.device())
                                           : Tensor();
-    return qk_norm_rope_backward_into(q, k, wq, wk, rstd_q, rstd_k, grads[0], grads[1], theta_, dwq, dwk);
+    return qk_norm_rope_backward_into(q, k, wq, wk, rstd_q, rstd_k, grads[0], grads[1], freqs_, positions, dwq,
+                                      dwk);
   }
 
  private:
-  double theta_;
+  kernels::RopeFreqs freqs_;
 };
 
 }  // namespace
 
 std::pair<Tensor, Tensor> qk_norm_rope(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
-                                       double eps, double theta) {
-  std::vector<Tensor> r = qk_norm_rope_forward(q, k, wq, wk, eps, theta);
+                                       double eps, double theta, const Tensor& positions,
+                                       const RopeScaling& llama3) {
+  const kernels::RopeFreqs freqs = rope_freqs(theta, llama3, "qk_norm_rope");
+  std::vector<Tensor> r = qk_norm_rope_forward(q, k, wq, wk, eps, freqs, positions);
   if (needs_grad({&q, &k, &wq, &wk})) {
-    auto node = make_node<QkNormRopeBackward>({q, k, wq, wk}, q, k, wq, wk, r[2], r[3], theta);
+    auto node = make_node<QkNormRopeBackward>({q, k, wq, wk}, q, k, wq, wk, r[2], r[3], positions, freqs);
     set_history(r[0], node, 0);
     set_history(r[1], node, 1);
   }

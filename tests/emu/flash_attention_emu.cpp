@@ -255,12 +255,35 @@ constexpr int reg_dim_of() {
   return G == cu::lanes_for(32) ? 32 : G == cu::lanes_for(64) ? 64 : 128;
 }
 
+// The RoPE of a head-preparation case: theta at positions 0..S-1, or (doc_llama3) Llama 3's
+// frequencies (a short original context, so that D/2 <= 64 frequencies fall in all three bands)
+// at each row's own positions: documents of lengths 5, 1, 9, 3, ... (row b starting at length b),
+// each token's distance from its document's start. `positions` holds them.
+struct PrepRope {
+  xt::kernels::RopeFreqs freqs;
+  xt::kernels::RopePositions pos;
+};
+PrepRope prep_rope(double theta, int B, int S, bool doc_llama3, std::vector<int64_t>& positions) {
+  if (!doc_llama3) return {xt::kernels::rope_freqs(theta), {}};
+  const int lengths[] = {5, 1, 9, 3};
+  positions.assign(size_t(B) * S, 0);
+  for (int b = 0; b < B; ++b)
+    for (int s = 0, start = 0, i = b, next = lengths[b % 4]; s < S; ++s) {
+      if (s == next) {
+        start = s;
+        next += lengths[++i % 4];
+      }
+      positions[size_t(b) * S + s] = s - start;
+    }
+  return {xt::kernels::rope_freqs_llama3(theta, 8.0, 1.0, 4.0, 64.0), {positions.data(), S}};
+}
+
 // The register-path forward (Note [Head preparation in registers]) as qk_norm_rope.cu launches
 // it, bit for bit against the general kernel's outputs (yq, yk, rstd), under the schedules.
 template <typename T>
 void prep_forward_reg(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const std::vector<float>& wk,
                       const Buf<T>& yq, const Buf<T>& yk, const std::vector<float>& rsq, const std::vector<float>& rsk,
-                      int B, int S, int H, int Hkv, int D, float eps, float theta) {
+                      int B, int S, int H, int Hkv, int D, float eps, const PrepRope& rope) {
   using C = xt::kernels::compute_t<T>;
   // rows: rows in flight (0: the launch shape of Note [Head preparation occupancy]); tpb_override:
   // tokens per block (0: prep_tokens_per_block's). Neither may change a bit.
@@ -272,7 +295,8 @@ void prep_forward_reg(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const 
     emu::set_schedule(schedule);
     emu::launch(dim3(unsigned(cu::ceil_div(int64_t(B) * S, tpb))), dim3(cu::kThreads), sizeof(C) * size_t(tpb * D), [&] {
       const auto args = std::make_tuple(q.p(), k.p(), wq.data(), wk.data(), oq.p(), ok.p(), sq.data(), sk.data(),
-                                        int64_t(B) * S, S, qp::HeadRows{H, Hkv}, int(tpb), D, eps, theta);
+                                        int64_t(B) * S, S, qp::HeadRows{H, Hkv}, int(tpb), D, eps, rope.freqs,
+                                        rope.pos);
       if constexpr (kR == 0)
         std::apply(qp::qk_norm_rope_forward_reg_kernel<kD, T, float>, args);
       else
@@ -305,23 +329,26 @@ void prep_forward_reg(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const 
 }
 
 template <typename T>
-void prep_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
+void prep_case(int B, int S, int H, int Hkv, int D, DType dt, double tol, bool doc_llama3 = false) {
   using C = xt::kernels::compute_t<T>;
-  std::printf("qk_norm_rope (%s), B%d S%d H%d/%d D%d\n", type_name<T>(), B, S, H, Hkv, D);
+  std::printf("qk_norm_rope (%s), B%d S%d H%d/%d D%d%s\n", type_name<T>(), B, S, H, Hkv, D,
+              doc_llama3 ? ", llama3 frequencies at document positions" : "");
   const size_t nq = size_t(B) * S * H * D, nk = size_t(B) * S * Hkv * D;
   Buf<T> q(randn(nq, 9)), k(randn(nk, 10)), dq_out(randn(nq, 11)), dk_out(randn(nk, 12));
   std::vector<float> wq = randn(D, 13, 0.3f), wk = randn(D, 14, 0.3f);
   for (float& w : wq) w += 1.f;
   for (float& w : wk) w += 1.f;
-  const float eps = 1e-5f, theta = 10000.f;
+  const float eps = 1e-5f;
+  std::vector<int64_t> positions;
+  const PrepRope rope = prep_rope(10000.0, B, S, doc_llama3, positions);
   // CPU reference
   Buf<T> rq(nq), rk(nk), rdq(nq), rdk(nk);
   std::vector<float> rrq(nq / D), rrk(nk / D), rdwq(D), rdwk(D);
   cpu::qk_norm_rope_forward(dt, DType::Float32, q.p(), k.p(), wq.data(), wk.data(), rq.p(), rk.p(), rrq.data(),
-                            rrk.data(), B, S, H, Hkv, D, eps, theta, nullptr);
+                            rrk.data(), B, S, H, Hkv, D, eps, rope.freqs, rope.pos, nullptr);
   cpu::qk_norm_rope_backward(dt, DType::Float32, q.p(), k.p(), wq.data(), wk.data(), rrq.data(), rrk.data(),
                              dq_out.p(), dk_out.p(), rdq.p(), rdk.p(), rdwq.data(), rdwk.data(), B, S, H, Hkv, D,
-                             theta, nullptr);
+                             rope.freqs, rope.pos, nullptr);
   // emulated CUDA kernels, launched as qk_norm_rope.cu does (the forward; the backward of head
   // dims without a one-pass plan: dx kernel + column sums; prep_onepass_case covers the one-pass one)
   Buf<T> yq(nq), yk(nk), dq(nq), dk(nk);
@@ -331,11 +358,11 @@ void prep_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
     constexpr int G = decltype(g)::value;
     emu::launch(dim3(B * S), dim3(128), sizeof(C) * D, [&] {
       qp::qk_norm_rope_forward_kernel<G, T, float>(q.p(), k.p(), wq.data(), wk.data(), yq.p(), yk.p(), rsq.data(),
-                                                   rsk.data(), S, hr, D, eps, theta);
+                                                   rsk.data(), S, hr, D, eps, rope.freqs, rope.pos);
     });
     emu::launch(dim3(B * S), dim3(128), sizeof(C) * D, [&] {
       qp::qk_norm_rope_dx_kernel<G, T, float>(q.p(), k.p(), wq.data(), wk.data(), rsq.data(), rsk.data(),
-                                              dq_out.p(), dk_out.p(), dq.p(), dk.p(), S, hr, D, theta);
+                                              dq_out.p(), dk_out.p(), dq.p(), dk.p(), S, hr, D, rope.freqs, rope.pos);
     });
   });
   const auto side = [&](const void* x, const float* rstd, const void* dy, float* dw, int heads, C* partial) {
@@ -348,12 +375,12 @@ void prep_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
   const cu::ColumnSumPlan plan = cu::column_sum_plan(1, D);
   const int max_chunks = std::max(qs.nchunks, ks.nchunks);
   emu::launch(dim3(unsigned(plan.col_blocks), unsigned(max_chunks), 2), dim3(plan.threads), 0,
-              [&] { qp::qk_norm_rope_dw_partial_kernel<T, float>(qs, ks, S, D, theta); });
+              [&] { qp::qk_norm_rope_dw_partial_kernel<T, float>(qs, ks, S, D, rope.freqs, rope.pos); });
   if (max_chunks > 1)
     emu::launch(dim3(unsigned(plan.col_blocks), 1, 2), dim3(plan.threads), 0,
                 [&] { qp::qk_norm_rope_dw_final_kernel<T, float>(qs, ks, D); });
   std::printf("  (dw row chunks: q %d, k %d)\n", qs.nchunks, ks.nchunks);
-  if (qp::prep_reg_dim(D)) prep_forward_reg(q, k, wq, wk, yq, yk, rsq, rsk, B, S, H, Hkv, D, eps, theta);
+  if (qp::prep_reg_dim(D)) prep_forward_reg(q, k, wq, wk, yq, yk, rsq, rsk, B, S, H, Hkv, D, eps, rope);
   expect_close("prep q", yq.floats(), rq.floats(), tol);
   expect_close("prep k", yk.floats(), rk.floats(), tol);
   expect_close("prep rstd_q", rsq, rrq, 1e-6);
@@ -371,16 +398,15 @@ void prep_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
 // under onepass_plan) over rows = B*S*heads of width D.
 template <int G, typename T>
 void composed_side(const Buf<T>& x, const std::vector<float>& w, const std::vector<float>& rstd, const Buf<T>& dy,
-                   int B, int S, int heads, int D, float theta, Buf<T>& dx, std::vector<float>& dw) {
+                   int B, int S, int heads, int D, const PrepRope& rope, Buf<T>& dx, std::vector<float>& dw) {
   using C = xt::kernels::compute_t<T>;
   namespace rn = xt::kernels::cuda::rmsnorm;
   const int half = D / 2;
   Buf<T> g(dy.v.size());
   for (int64_t t = 0; t < int64_t(B) * S; ++t) {
-    const int s = int(t % S);
     for (int i = 0; i < half; ++i) {
       C cs, sn;
-      xt::kernels::rope_cos_sin(static_cast<float>(int64_t(s)) * xt::kernels::rope_inv_freq(theta, i, D), &cs, &sn);
+      xt::kernels::rope_cos_sin(rope.pos.at(t, S) * xt::kernels::rope_inv_freq(rope.freqs, i, D), &cs, &sn);
       sn = -sn;
       for (int h = 0; h < heads; ++h) {
         const int64_t base = (t * heads + h) * D;
@@ -417,7 +443,7 @@ struct PrepGrads {
 template <int G, typename T>
 PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, const std::vector<float>& wk,
                         const std::vector<float>& rsq, const std::vector<float>& rsk, Buf<T>& dq_out, Buf<T>& dk_out,
-                        int B, int S, int H, int Hkv, int D, float theta, bool min_table, bool reg,
+                        int B, int S, int H, int Hkv, int D, const PrepRope& rope, bool min_table, bool reg,
                         std::string* info, int64_t force_rows_per_block = 0) {
   using C = xt::kernels::compute_t<T>;
   namespace rn = xt::kernels::cuda::rmsnorm;
@@ -453,16 +479,18 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
   const dim3 grid(unsigned(qs.nblocks + ks.nblocks));
   if (!reg) {
     emu::launch(grid, dim3(cu::kThreads), smem,
-                [&] { qp::qk_norm_rope_backward_onepass_kernel<G, T, float>(qs, ks, S, D, theta); });
+                [&] { qp::qk_norm_rope_backward_onepass_kernel<G, T, float>(qs, ks, S, D, rope.freqs, rope.pos); });
   } else {  // the register path of qk_norm_rope.cu's D in {32, 64, 128}
     if constexpr (G == cu::lanes_for(32) || G == cu::lanes_for(64) || G == cu::lanes_for(128)) {
       constexpr int kD = reg_dim_of<G>();
       if (D != kD) expect("register path's head dim", false);
       emu::launch(grid, dim3(cu::kThreads), smem, [&] {
+        const auto& f = rope.freqs;
+        const auto& p = rope.pos;
         switch (g_prep_bwd_rows) {  // rows in flight other than the launch shape's: the same bits
-          case 1: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 1>(qs, ks, S, D, theta); break;
-          case 4: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 4>(qs, ks, S, D, theta); break;
-          default: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float>(qs, ks, S, D, theta); break;
+          case 1: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 1>(qs, ks, S, D, f, p); break;
+          case 4: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float, 4>(qs, ks, S, D, f, p); break;
+          default: qp::qk_norm_rope_backward_onepass_reg_kernel<kD, T, float>(qs, ks, S, D, f, p); break;
         }
       });
     } else {
@@ -484,44 +512,47 @@ PrepGrads fused_onepass(Buf<T>& q, Buf<T>& k, const std::vector<float>& wq, cons
 // The fused one-pass backward against the emulated composition, bit for bit (dq, dk, dwq, dwk), under
 // the schedules and with the smallest token tables; and against the CPU reference to tolerance.
 template <typename T>
-void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol) {
-  std::printf("qk_norm_rope one-pass backward (%s), B%d S%d H%d/%d D%d\n", type_name<T>(), B, S, H, Hkv, D);
+void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol, bool doc_llama3 = false) {
+  std::printf("qk_norm_rope one-pass backward (%s), B%d S%d H%d/%d D%d%s\n", type_name<T>(), B, S, H, Hkv, D,
+              doc_llama3 ? ", llama3 frequencies at document positions" : "");
   const size_t nq = size_t(B) * S * H * D, nk = size_t(B) * S * Hkv * D;
   Buf<T> q(randn(nq, 21)), k(randn(nk, 22)), dq_out(randn(nq, 23)), dk_out(randn(nk, 24));
   std::vector<float> wq = randn(D, 25, 0.3f), wk = randn(D, 26, 0.3f);
   for (float& w : wq) w += 1.f;
   for (float& w : wk) w += 1.f;
-  const float eps = 1e-5f, theta = 500.f;
+  const float eps = 1e-5f;
+  std::vector<int64_t> positions;
+  const PrepRope rope = prep_rope(500.0, B, S, doc_llama3, positions);
   Buf<T> yq(nq), yk(nk), rdq(nq), rdk(nk);
   std::vector<float> rsq(nq / D), rsk(nk / D), rdwq(D), rdwk(D);
   cpu::qk_norm_rope_forward(dt, DType::Float32, q.p(), k.p(), wq.data(), wk.data(), yq.p(), yk.p(), rsq.data(),
-                            rsk.data(), B, S, H, Hkv, D, eps, theta, nullptr);
+                            rsk.data(), B, S, H, Hkv, D, eps, rope.freqs, rope.pos, nullptr);
   cpu::qk_norm_rope_backward(dt, DType::Float32, q.p(), k.p(), wq.data(), wk.data(), rsq.data(), rsk.data(),
                              dq_out.p(), dk_out.p(), rdq.p(), rdk.p(), rdwq.data(), rdwk.data(), B, S, H, Hkv, D,
-                             theta, nullptr);
+                             rope.freqs, rope.pos, nullptr);
   cu::with_lanes(D, [&](auto g) {
     constexpr int G = decltype(g)::value;
     PrepGrads want;
     {
       Buf<T> cdq(nq), cdk(nk);
       std::vector<float> cdwq(D), cdwk(D);
-      composed_side<G, T>(q, wq, rsq, dq_out, B, S, H, D, theta, cdq, cdwq);
-      composed_side<G, T>(k, wk, rsk, dk_out, B, S, Hkv, D, theta, cdk, cdwk);
+      composed_side<G, T>(q, wq, rsq, dq_out, B, S, H, D, rope, cdq, cdwq);
+      composed_side<G, T>(k, wk, rsk, dk_out, B, S, Hkv, D, rope, cdk, cdwk);
       want = {cdq.floats(), cdk.floats(), cdwq, cdwk};
     }
     std::string info;
     const bool reg = qp::prep_reg_dim(D);  // what qk_norm_rope.cu launches
-    const PrepGrads got = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta, false,
+    const PrepGrads got = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, rope, false,
                                              reg, &info);
     std::printf("  (%s; %s kernel)\n", info.c_str(), reg ? "register" : "general");
     if (reg)
       expect("register kernel bitwise the general one",
-             got == fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta, false, false,
+             got == fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, rope, false, false,
                                         nullptr));
     if (reg)
       for (const int rb : {1, 4}) {
         g_prep_bwd_rows = rb;
-        const PrepGrads r = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta, false,
+        const PrepGrads r = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, rope, false,
                                                 true, nullptr);
         g_prep_bwd_rows = 0;
         expect("register kernel with " + std::to_string(rb) + " rows in flight bitwise the launch shape's", r == got);
@@ -536,7 +567,7 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
     expect_close("dwk vs CPU", got.dwk, rdwk, 1e-5);
     const auto rerun = [&](emu::Schedule schedule, bool min_table) {
       emu::set_schedule(schedule);
-      const PrepGrads r = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta,
+      const PrepGrads r = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, rope,
                                               min_table, reg, nullptr);
       emu::set_schedule(emu::Schedule::Lockstep);
       return r;
@@ -554,7 +585,7 @@ void prep_onepass_case(int B, int S, int H, int Hkv, int D, DType dt, double tol
         for (const bool min_table : {false, true}) {
           const auto plan_run = [&](bool use_reg, emu::Schedule schedule) {
             emu::set_schedule(schedule);
-            const PrepGrads r = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, theta,
+            const PrepGrads r = fused_onepass<G, T>(q, k, wq, wk, rsq, rsk, dq_out, dk_out, B, S, H, Hkv, D, rope,
                                                     min_table, use_reg, nullptr, rpb);
             emu::set_schedule(emu::Schedule::Lockstep);
             return r;
@@ -583,6 +614,10 @@ void prep_onepass_cases() {
   prep_onepass_case<bf16_t>(1, 11, 2, 2, 40, DType::BFloat16, 1e-2);
   prep_onepass_case<bf16_t>(1, 17, 24, 24, 32, DType::BFloat16, 1e-2);
   prep_onepass_case<double>(1, 9, 4, 2, 64, DType::Float64, 1e-12);
+  // RoPE with Llama 3's frequencies at per-row document positions: register and general kernels
+  prep_onepass_case<float>(2, 37, 6, 2, 32, DType::Float32, 1e-5, true);
+  prep_onepass_case<bf16_t>(2, 21, 3, 2, 128, DType::BFloat16, 1e-2, true);
+  prep_onepass_case<float>(1, 13, 3, 1, 48, DType::Float32, 1e-5, true);
 }
 
 // head preparation: the forward (both paths), and the backward of head dims without a one-pass plan
@@ -601,6 +636,11 @@ void prep_forward_cases() {
   prep_case<bf16_t>(1, 13, 3, 3, 128, DType::BFloat16, 1e-2);
   prep_case<bf16_t>(1, 5, 2, 2, 48, DType::BFloat16, 1e-2);
   prep_case<double>(1, 6, 3, 1, 32, DType::Float64, 1e-12);
+  // RoPE with Llama 3's frequencies at per-row document positions
+  prep_case<float>(2, 5, 4, 2, 32, DType::Float32, 1e-5, true);
+  prep_case<bf16_t>(3, 11, 24, 24, 32, DType::BFloat16, 1e-2, true);
+  prep_case<bf16_t>(2, 9, 3, 1, 64, DType::BFloat16, 1e-2, true);
+  prep_case<float>(1, 9, 2, 2, 48, DType::Float32, 1e-5, true);
 }
 
 // Document starts [B, S] for documents of the given lengths, cycled (row b starts at length b).

@@ -74,7 +74,7 @@ void decode_attention(DType dt, const void* q_, const void* k_, const void* v_, 
 
 void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq, const void* wk,
                  void* q_out, void* k_cache, void* v_cache, const int64_t* pos, int64_t B, int64_t L, int64_t H,
-                 int64_t Hkv, int64_t D, float eps, float theta, void* stream) {
+                 int64_t Hkv, int64_t D, float eps, const RopeFreqs& freqs, void* stream) {
   const size_t esize = dtype_size(dt);
   // One side (q or k, `heads` rows of D per token): normed (or the input) -> rope at pos -> out.
   // rope's layout is [B', S, H, D] with positions over S: the decode rows are its S axis.
@@ -87,7 +87,7 @@ void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void*
       rmsnorm_forward(dt, w_dt, x, w, normed.data(), rstd.data(), B * heads, D, eps, stream);
       src = normed.data();
     }
-    rope(dt, src, out, pos, 1, B, heads, D, theta, /*inverse=*/false, stream);
+    rope(dt, src, out, RopePositions{pos, 0}, 1, B, heads, D, freqs, /*inverse=*/false, stream);
   };
   side(q, wq, q_out, H);
   std::vector<unsigned char> k_out(static_cast<size_t>(B * Hkv * D) * esize);
@@ -98,11 +98,11 @@ void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void*
 
 void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq,
                            const void* wk, void* k_cache, void* v_cache, const int64_t* pos, const int64_t* len,
-                           void* out, int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps, float theta,
-                           double scale, int /*n_pf*/, const void* const* /*pf*/, const int64_t* /*pf_bytes*/,
-                           void* stream) {  // the L2 hint means nothing here
+                           void* out, int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps,
+                           const RopeFreqs& freqs, double scale, int /*n_pf*/, const void* const* /*pf*/,
+                           const int64_t* /*pf_bytes*/, void* stream) {  // the L2 hint means nothing here
   std::vector<unsigned char> q_out(static_cast<size_t>(B * H * D) * dtype_size(dt));
-  decode_prep(dt, w_dt, q, k, v, wq, wk, q_out.data(), k_cache, v_cache, pos, B, L, H, Hkv, D, eps, theta, stream);
+  decode_prep(dt, w_dt, q, k, v, wq, wk, q_out.data(), k_cache, v_cache, pos, B, L, H, Hkv, D, eps, freqs, stream);
   decode_attention(dt, q_out.data(), k_cache, v_cache, len, out, B, L, H, Hkv, D, scale, stream);
 }
 

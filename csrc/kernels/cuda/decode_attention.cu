@@ -457,11 +457,11 @@ constexpr int kPrepThreads = 512;
 // The rope table of position p (rope_rows_kernel's: the float32 angle) by the block's threads;
 // kLast: by its last threads (entry i by thread blockDim.x - 1 - i), which the head rows leave idle.
 template <bool kLast = false, typename C>
-__device__ __forceinline__ void rope_table(C* tab_cos, C* tab_sin, int64_t p, int D, float theta) {
+__device__ __forceinline__ void rope_table(C* tab_cos, C* tab_sin, int64_t p, int D, const RopeFreqs& freqs) {
   const int t = kLast ? static_cast<int>(blockDim.x) - 1 - static_cast<int>(threadIdx.x) : threadIdx.x;
   for (int i = t; i < D / 2; i += blockDim.x) {
     C sn, cs;
-    rope_cos_sin(static_cast<float>(p) * rope_inv_freq(theta, i, D), &cs, &sn);
+    rope_cos_sin(static_cast<float>(p) * rope_inv_freq(freqs, i, D), &cs, &sn);
     tab_cos[i] = cs;
     tab_sin[i] = sn;
   }
@@ -532,8 +532,8 @@ __device__ __forceinline__ void prep_rows(const T* qx, T* qy, int nq, const T* k
 template <int Gl, typename T, typename W>
 __global__ void __launch_bounds__(kPrepThreads)
     decode_prep_kernel(const T* q, const T* k, const T* v, const W* wq, const W* wk, T* q_out, T* k_cache,
-                       T* v_cache, const int64_t* pos, int64_t L, int H, int Hkv, int D, float eps, float theta,
-                       IndexErrorRecord* err) {
+                       T* v_cache, const int64_t* pos, int64_t L, int H, int Hkv, int D, float eps,
+                       RopeFreqs freqs, IndexErrorRecord* err) {
   using C = compute_t<T>;
   extern __shared__ __align__(16) unsigned char prep_smem[];
   C* tab_cos = reinterpret_cast<C*>(prep_smem);
@@ -542,7 +542,7 @@ __global__ void __launch_bounds__(kPrepThreads)
   const int64_t p = pos[b];
   const bool slot_ok = p >= 0 && p < L;
   if (!slot_ok && threadIdx.x == 0) report_bad_index(err, IndexSite::DecodePrep, p, L, 0);
-  rope_table(tab_cos, tab_sin, p, D, theta);
+  rope_table(tab_cos, tab_sin, p, D, freqs);
   __syncthreads();
   const int64_t n = static_cast<int64_t>(Hkv) * D, slot = (b * L + (slot_ok ? p : 0)) * n;
   prep_rows<Gl>(q + b * H * D, q_out + b * H * D, H, k + b * n, k_cache + slot, Hkv, wq, wk, D, eps, tab_cos,
@@ -593,7 +593,7 @@ template <int Gl, int kV, typename T, typename W>
 __global__ void __launch_bounds__(kOneThreads, 1)
     decode_prep_one_pass_kernel(const T* q, const T* k, const T* v, const W* wq, const W* wk, T* k_cache, T* v_cache,
                                 const int64_t* pos, const int64_t* len, T* out, int64_t L, int H, int Hkv, int D,
-                                float eps, float theta, compute_t<T> qscale, int attn_smem, L2Ranges pf,
+                                float eps, RopeFreqs freqs, compute_t<T> qscale, int attn_smem, L2Ranges pf,
                                 IndexErrorRecord* err) {
   using C = compute_t<T>;
   extern __shared__ __align__(16) unsigned char decode_smem[];
@@ -617,12 +617,12 @@ __global__ void __launch_bounds__(kOneThreads, 1)
   // fit its registers; else the table goes first, as decode_prep_kernel does it.
   const int64_t slot = ((b * L + (slot_ok ? p : 0)) * Hkv + hk) * D;
   if ((G + 1) * Gl + D / 2 <= static_cast<int>(blockDim.x) && D <= kPrepRegPairs * Gl) {
-    rope_table<true>(tab_cos, tab_sin, p, D, theta);
+    rope_table<true>(tab_cos, tab_sin, p, D, freqs);
     wait_prior_grids();  // q, k, v are the kernel ahead's output (Note [Early launch of the decode step's kernels])
     prep_rows<Gl, true>(q + (b * H + hk * G) * D, qn, G, k + (b * Hkv + hk) * D, k_cache + slot, 1, wq, wk, D, eps,
                         tab_cos, tab_sin, slot_ok);
   } else {
-    rope_table(tab_cos, tab_sin, p, D, theta);
+    rope_table(tab_cos, tab_sin, p, D, freqs);
     __syncthreads();
     wait_prior_grids();
     prep_rows<Gl>(q + (b * H + hk * G) * D, qn, G, k + (b * Hkv + hk) * D, k_cache + slot, 1, wq, wk, D, eps,
@@ -709,7 +709,7 @@ void decode_attention(DType dt, const void* q, const void* k_cache, const void* 
 
 void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq, const void* wk,
                  void* q_out, void* k_cache, void* v_cache, const int64_t* pos, int64_t B, int64_t L, int64_t H,
-                 int64_t Hkv, int64_t D, float eps, float theta, void* stream) {
+                 int64_t Hkv, int64_t D, float eps, const RopeFreqs& freqs, void* stream) {
   if (B == 0 || D == 0) return;
   XT_ASSERT(D % 2 == 0, "decode_prep: odd head dim ", D);
   XT_CHECK(B <= INT32_MAX && (H + Hkv) * D <= INT32_MAX, ValueError, "decode_prep: shape too large for CUDA: B=", B,
@@ -725,7 +725,7 @@ void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void*
       decode_prep_kernel<G, T, W><<<static_cast<unsigned>(B), kPrepThreads, smem, on.s>>>(
           static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const W*>(wq),
           static_cast<const W*>(wk), static_cast<T*>(q_out), static_cast<T*>(k_cache), static_cast<T*>(v_cache), pos,
-          L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), eps, theta, err);
+          L, static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), eps, freqs, err);
       XT_LAUNCH_CHECK();
     });
   });
@@ -733,8 +733,9 @@ void decode_prep(DType dt, DType w_dt, const void* q, const void* k, const void*
 
 void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, const void* v, const void* wq,
                            const void* wk, void* k_cache, void* v_cache, const int64_t* pos, const int64_t* len,
-                           void* out, int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps, float theta,
-                           double scale, int n_pf, const void* const* pf, const int64_t* pf_bytes, void* stream) {
+                           void* out, int64_t B, int64_t L, int64_t H, int64_t Hkv, int64_t D, float eps,
+                           const RopeFreqs& freqs, double scale, int n_pf, const void* const* pf,
+                           const int64_t* pf_bytes, void* stream) {
   if (B == 0 || D == 0) return;
   XT_ASSERT(D % 2 == 0, "decode_prep_attention: odd head dim ", D);
   XT_ASSERT(n_pf >= 0 && n_pf <= kMaxL2Prefetch, "decode_prep_attention: ", n_pf, " prefetch ranges");
@@ -775,14 +776,14 @@ void decode_prep_attention(DType dt, DType w_dt, const void* q, const void* k, c
                      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
                      static_cast<const W*>(wq), static_cast<const W*>(wk), static_cast<T*>(k_cache),
                      static_cast<T*>(v_cache), pos, len, static_cast<T*>(out), L, static_cast<int>(H),
-                     static_cast<int>(Hkv), static_cast<int>(D), eps, theta, qscale, static_cast<int>(attn_al),
+                     static_cast<int>(Hkv), static_cast<int>(D), eps, freqs, qscale, static_cast<int>(attn_al),
                      ranges, err);
       });
     });
   });
   if (fused) return;
   Scratch q_out(static_cast<size_t>(B * H * D) * dtype_size(dt), on);
-  decode_prep(dt, w_dt, q, k, v, wq, wk, q_out.as<void>(), k_cache, v_cache, pos, B, L, H, Hkv, D, eps, theta, stream);
+  decode_prep(dt, w_dt, q, k, v, wq, wk, q_out.as<void>(), k_cache, v_cache, pos, B, L, H, Hkv, D, eps, freqs, stream);
   decode_attention(dt, q_out.as<void>(), k_cache, v_cache, len, out, B, L, H, Hkv, D, scale, stream);
 }
 

@@ -37,7 +37,8 @@ void with_prep(const char* op, DType dt, DType w_dt, int64_t B, int64_t S, int64
 
 void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, const void* wq, const void* wk,
                           void* q_out, void* k_out, float* rstd_q, float* rstd_k, int64_t B, int64_t S, int64_t H,
-                          int64_t Hkv, int64_t D, float eps, float theta, void* stream) {
+                          int64_t Hkv, int64_t D, float eps, const RopeFreqs& freqs, RopePositions pos,
+                          void* stream) {
   with_prep("qk_norm_rope_forward", dt, w_dt, B, S, H, Hkv, D, stream,
             [&](auto xtag, auto wtag, const OnStream& on, const qk_prep::HeadRows& hr) {
     using T = typename decltype(xtag)::type;
@@ -51,7 +52,7 @@ void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, co
             <<<static_cast<unsigned>(ceil_div(B * S, tpb)), kThreads, smem, on.s>>>(
                 static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq),
                 static_cast<const W*>(wk), static_cast<T*>(q_out), static_cast<T*>(k_out), rstd_q, rstd_k, B * S,
-                static_cast<int>(S), hr, static_cast<int>(tpb), static_cast<int>(D), eps, theta);
+                static_cast<int>(S), hr, static_cast<int>(tpb), static_cast<int>(D), eps, freqs, pos);
       });
       XT_LAUNCH_CHECK();
       return;
@@ -62,7 +63,7 @@ void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, co
       qk_prep::qk_norm_rope_forward_kernel<G, T, W><<<static_cast<unsigned>(B * S), kPrepThreads, smem, on.s>>>(
           static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq), static_cast<const W*>(wk),
           static_cast<T*>(q_out), static_cast<T*>(k_out), rstd_q, rstd_k, static_cast<int>(S), hr,
-          static_cast<int>(D), eps, theta);
+          static_cast<int>(D), eps, freqs, pos);
       XT_LAUNCH_CHECK();
     });
   });
@@ -71,20 +72,18 @@ void qk_norm_rope_forward(DType dt, DType w_dt, const void* q, const void* k, co
 void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, const void* wq, const void* wk,
                            const float* rstd_q, const float* rstd_k, const void* dq_out, const void* dk_out, void* dq,
                            void* dk, void* dwq, void* dwk, int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D,
-                           float theta, void* stream) {
+                           const RopeFreqs& freqs, RopePositions pos, void* stream) {
   if (dt == DType::BFloat16 && rmsnorm::wide_chunks(D) != 0 && B * S * (H + Hkv) > 0) {
     // rms_norm's backward takes its wide kernel at this width (Note [Wide RMSNorm backward],
     // rmsnorm.cuh), whose sums no one-pass head kernel repeats: run the composition itself, rope's
     // inverse into a scratch gradient, then rmsnorm_backward, per side.
     OnStream on(stream);
-    Scratch pos(sizeof(int64_t) * static_cast<size_t>(S > 0 ? S : 1), on);
-    arange(DType::Int64, pos.as<void>(), S, 0.0, 1.0, stream);  // positions 0 .. S-1
     const auto side = [&](const void* x, const void* w, const float* rstd, const void* dy, void* dx, void* dw,
                           int64_t heads) {
       if (heads == 0 || dy == nullptr) return;  // a side without a gradient: nothing to write
       const int64_t rows = B * S * heads;
       Scratch g(sizeof(uint16_t) * static_cast<size_t>(rows > 0 ? rows * D : 1), on);
-      rope(dt, dy, g.as<void>(), pos.as<int64_t>(), B, S, heads, D, theta, true, stream);
+      rope(dt, dy, g.as<void>(), pos, B, S, heads, D, freqs, true, stream);
       rmsnorm_backward(dt, w_dt, x, w, rstd, g.as<void>(), dx, dw, rows, D, stream);
     };
     side(q, wq, rstd_q, dq_out, dq, dwq, H);
@@ -121,11 +120,11 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
       if (qk_prep::prep_reg_dim(D)) {  // Note [Head preparation in registers]
         XT_INT_SWITCH(D, kD, (32, 64, 128), [&] {
           qk_prep::qk_norm_rope_backward_onepass_reg_kernel<kD, T, W><<<nblocks, kThreads, smem, on.s>>>(
-              qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+              qs, ks, static_cast<int>(S), static_cast<int>(D), freqs, pos);
         });
       } else {
         qk_prep::qk_norm_rope_backward_onepass_kernel<G, T, W><<<nblocks, kThreads, smem, on.s>>>(
-            qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+            qs, ks, static_cast<int>(S), static_cast<int>(D), freqs, pos);
       }
       XT_LAUNCH_CHECK();
       if (part_q + part_k > 0) {
@@ -145,7 +144,7 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
       qk_prep::qk_norm_rope_dx_kernel<G, T, W><<<static_cast<unsigned>(B * S), kPrepThreads, smem, on.s>>>(
           static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const W*>(wq), static_cast<const W*>(wk),
           rstd_q, rstd_k, static_cast<const T*>(dq_out), static_cast<const T*>(dk_out), static_cast<T*>(dq),
-          static_cast<T*>(dk), static_cast<int>(S), hr, static_cast<int>(D), theta);
+          static_cast<T*>(dk), static_cast<int>(S), hr, static_cast<int>(D), freqs, pos);
       XT_LAUNCH_CHECK();
     });
     // dw: rmsnorm_backward's column sums (column_sum_plan) of each side, both sides per launch.
@@ -166,7 +165,7 @@ void qk_norm_rope_backward(DType dt, DType w_dt, const void* q, const void* k, c
     const int max_chunks = qs.nchunks > ks.nchunks ? qs.nchunks : ks.nchunks;
     qk_prep::qk_norm_rope_dw_partial_kernel<T, W>
         <<<dim3(static_cast<unsigned>(plan.col_blocks), static_cast<unsigned>(max_chunks), 2), plan.threads, 0,
-           on.s>>>(qs, ks, static_cast<int>(S), static_cast<int>(D), theta);
+           on.s>>>(qs, ks, static_cast<int>(S), static_cast<int>(D), freqs, pos);
     XT_LAUNCH_CHECK();
     if (max_chunks > 1) {
       qk_prep::qk_norm_rope_dw_final_kernel<T, W>

@@ -27,12 +27,13 @@ __device__ __forceinline__ compute_t<T> rope_at(compute_t<T> x1, compute_t<T> x2
   return second ? y2 : y1;
 }
 
-// Fills this block's tables with cos and sin (negated when inverse) of position s.
+// Fills this block's tables with cos and sin (negated when inverse) of position p.
 template <typename C>
-__device__ __forceinline__ void rope_table(C* tab_cos, C* tab_sin, int s, int D, float theta, bool inverse) {
+__device__ __forceinline__ void rope_table(C* tab_cos, C* tab_sin, float p, int D, const RopeFreqs& freqs,
+                                           bool inverse) {
   for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
     C sn, cs;
-    rope_cos_sin(static_cast<float>(s) * rope_inv_freq(theta, i, D), &cs, &sn);
+    rope_cos_sin(p * rope_inv_freq(freqs, i, D), &cs, &sn);
     tab_cos[i] = cs;
     tab_sin[i] = inverse ? -sn : sn;
   }
@@ -64,11 +65,11 @@ __device__ __forceinline__ void for_token_rows(const HeadRows& hr, Fn&& row_fn) 
 template <int G, typename T, typename W>
 __global__ void qk_norm_rope_forward_kernel(const T* q, const T* k, const W* wq, const W* wk, T* q_out, T* k_out,
                                             float* rstd_q, float* rstd_k, int S, HeadRows hr, int D, float eps,
-                                            float theta) {
+                                            RopeFreqs freqs, RopePositions pos) {
   using C = compute_t<T>;
   C* tab_cos = reinterpret_cast<C*>(dynamic_smem());
   C* tab_sin = tab_cos + D / 2;
-  rope_table(tab_cos, tab_sin, static_cast<int>(blockIdx.x % S), D, theta, /*inverse=*/false);
+  rope_table(tab_cos, tab_sin, pos.at(blockIdx.x, S), D, freqs, /*inverse=*/false);
   const int lane = threadIdx.x % G, half = D / 2;
   for_token_rows<G>(hr, [&](bool is_q, int64_t row, bool valid) {
     const T* x = (is_q ? q : k) + row * D;
@@ -92,11 +93,11 @@ __global__ void qk_norm_rope_forward_kernel(const T* q, const T* k, const W* wq,
 template <int G, typename T, typename W>
 __global__ void qk_norm_rope_dx_kernel(const T* q, const T* k, const W* wq, const W* wk, const float* rstd_q,
                                        const float* rstd_k, const T* dq_out, const T* dk_out, T* dq, T* dk, int S,
-                                       HeadRows hr, int D, float theta) {
+                                       HeadRows hr, int D, RopeFreqs freqs, RopePositions pos) {
   using C = compute_t<T>;
   C* tab_cos = reinterpret_cast<C*>(dynamic_smem());
   C* tab_sin = tab_cos + D / 2;
-  rope_table(tab_cos, tab_sin, static_cast<int>(blockIdx.x % S), D, theta, /*inverse=*/true);
+  rope_table(tab_cos, tab_sin, pos.at(blockIdx.x, S), D, freqs, /*inverse=*/true);
   const int lane = threadIdx.x % G, half = D / 2;
   for_token_rows<G>(hr, [&](bool is_q, int64_t row, bool valid) {
     const T* x = (is_q ? q : k) + row * D;
@@ -136,20 +137,21 @@ struct DwSide {
 };
 
 template <typename T, typename W>
-__device__ __forceinline__ void dw_partial(const DwSide& sd, int S, int D, float theta) {
+__device__ __forceinline__ void dw_partial(const DwSide& sd, int S, int D, const RopeFreqs& freqs,
+                                           const RopePositions& pos) {
   using C = compute_t<T>;
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (static_cast<int>(blockIdx.y) >= sd.nchunks || j >= D) return;
   const T* x = static_cast<const T*>(sd.x);
   const T* dy = static_cast<const T*>(sd.dy);
   const int half = D / 2, i = j < half ? j : j - half;
-  const float inv_freq = rope_inv_freq(theta, i, D);
+  const float inv_freq = rope_inv_freq(freqs, i, D);
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * sd.rows_per_chunk;
   const int64_t r1 = r0 + sd.rows_per_chunk < sd.rows ? r0 + sd.rows_per_chunk : sd.rows;
   C acc = 0;
   for (int64_t r = r0; r < r1; ++r) {
     C sn, cs;
-    rope_cos_sin(static_cast<float>((r / sd.heads) % S) * inv_freq, &cs, &sn);
+    rope_cos_sin(pos.at(r / sd.heads, S) * inv_freq, &cs, &sn);
     const C g = rounded<T>(rope_at<T>(load(dy, r * D + i), load(dy, r * D + i + half), cs, -sn, j >= half));
     acc += g * (load(x, r * D + j) * static_cast<C>(sd.rstd[r]));
   }
@@ -158,9 +160,10 @@ __device__ __forceinline__ void dw_partial(const DwSide& sd, int S, int D, float
 }
 
 template <typename T, typename W>
-__global__ void qk_norm_rope_dw_partial_kernel(DwSide q_side, DwSide k_side, int S, int D, float theta) {
-  if (blockIdx.z == 0) dw_partial<T, W>(q_side, S, D, theta);
-  else dw_partial<T, W>(k_side, S, D, theta);
+__global__ void qk_norm_rope_dw_partial_kernel(DwSide q_side, DwSide k_side, int S, int D, RopeFreqs freqs,
+                                               RopePositions pos) {
+  if (blockIdx.z == 0) dw_partial<T, W>(q_side, S, D, freqs, pos);
+  else dw_partial<T, W>(k_side, S, D, freqs, pos);
 }
 
 // dw = the partial rows added in chunk order (rmsnorm_dw_final_kernel), sides with > 1 chunk.
@@ -192,7 +195,7 @@ __global__ void qk_norm_rope_dw_final_kernel(DwSide q_side, DwSide k_side, int D
 // same rows, group g of G lanes the same rows in the same order, and dx, the groups' shared-memory
 // sums, the block's partial row and the final pass are the same expressions, with g computed from
 // dy as the rows are read. So dq, dk, dwq and dwk are bitwise the composition's. RoPE's cos and
-// (negated) sin of a row's position (row / heads) % S come from a shared-memory table of
+// (negated) sin of a row's position (token row / heads's) come from a shared-memory table of
 // consecutive tokens per block, refilled (between two barriers) when a round of rows runs past
 // it; PrepDwPlan sizes it to the whole block's tokens when that fits in 48 KB.
 template <typename T, typename W>
@@ -241,7 +244,7 @@ PrepDwPlan prep_dw_plan(int64_t rows, int64_t heads, int64_t D) {
 template <typename C, typename InvFreq>
 __device__ __forceinline__ void refill_inverse_table(C* tab, int64_t& t_lo, int64_t& t_hi, int64_t base, int64_t r1,
                                                      int groups, int64_t heads, int64_t tab_tokens, int S, int D,
-                                                     InvFreq&& inv_freq) {
+                                                     const RopePositions& pos, InvFreq&& inv_freq) {
   const int half = D / 2;
   const int64_t last = (base + groups < r1 ? base + groups : r1) - 1;
   if (base / heads < t_lo || last / heads >= t_hi) {
@@ -252,7 +255,7 @@ __device__ __forceinline__ void refill_inverse_table(C* tab, int64_t& t_lo, int6
       const int64_t t = e / half;
       const int i = static_cast<int>(e - t * half);
       C sn, cs;
-      rope_cos_sin(static_cast<float>(static_cast<int>((t_lo + t) % S)) * inv_freq(i), &cs, &sn);
+      rope_cos_sin(pos.at(t_lo + t, S) * inv_freq(i), &cs, &sn);
       tab[t * D + i] = cs;
       tab[t * D + half + i] = -sn;  // the inverse rotation
     }
@@ -265,7 +268,7 @@ __device__ __forceinline__ void refill_inverse_table(C* tab, int64_t& t_lo, int6
 template <int G, typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
 qk_norm_rope_backward_onepass_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int S, int D,
-                                     float theta) {
+                                     RopeFreqs freqs, RopePositions pos) {
   using C = compute_t<T>;
   const bool is_q = static_cast<int64_t>(blockIdx.x) < q_side.nblocks;
   const OnePassSide<T, W>& sd = is_q ? q_side : k_side;
@@ -281,8 +284,8 @@ qk_norm_rope_backward_onepass_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W>
   const int64_t r1 = sd.rows < r0 + sd.rows_per_block ? sd.rows : r0 + sd.rows_per_block;
   int64_t t_lo = 0, t_hi = 0;  // the table holds tokens [t_lo, t_hi)
   for (int64_t base = r0; base < r1; base += groups) {
-    refill_inverse_table(tab, t_lo, t_hi, base, r1, groups, heads, tab_tokens, S, D,
-                         [&](int i) { return rope_inv_freq(theta, i, D); });
+    refill_inverse_table(tab, t_lo, t_hi, base, r1, groups, heads, tab_tokens, S, D, pos,
+                         [&](int i) { return rope_inv_freq(freqs, i, D); });
     const int64_t r = base + group;
     const bool valid = r < r1;
     const T* xr = sd.x + (valid ? r : 0) * D;
@@ -442,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k, const W* __restrict__ wq,
                                 const W* __restrict__ wk, T* __restrict__ q_out, T* __restrict__ k_out,
                                 float* __restrict__ rstd_q, float* __restrict__ rstd_k, int64_t tokens, int S,
-                                HeadRows hr, int tpb, int dim, float eps, float theta) {
+                                HeadRows hr, int tpb, int dim, float eps, RopeFreqs freqs, RopePositions pos) {
   using C = compute_t<T>;
   constexpr int G = prep_lanes<D>(), groups = kThreads / G, E = D / G, half = D / 2, E2 = E / 2;
   C* tab = reinterpret_cast<C*>(dynamic_smem());  // [tpb][D]: cos, then sin
@@ -454,7 +457,7 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
   // Only the threads that fill the table need their frequency (a float64 pow each: computed by
   // every thread of every block, it cost more than the loads it was meant to hide behind).
   const float inv_freq = static_cast<int>(threadIdx.x) < nt * half
-                             ? rope_inv_freq(theta, static_cast<int>(threadIdx.x % half), dim)
+                             ? rope_inv_freq(freqs, static_cast<int>(threadIdx.x % half), dim)
                              : 0.0f;  // before the loads
   C wqv[E], wkv[E];
 #pragma unroll
@@ -476,7 +479,7 @@ qk_norm_rope_forward_reg_kernel(const T* __restrict__ q, const T* __restrict__ k
       for (int e = threadIdx.x; e < nt * half; e += kThreads) {
         const int t = e / half, i = e - t * half;
         C sn, cs;
-        rope_cos_sin(static_cast<float>(static_cast<int>((t0 + t) % S)) * inv_freq, &cs, &sn);
+        rope_cos_sin(pos.at(t0 + t, S) * inv_freq, &cs, &sn);
         tab[t * D + i] = cs;
         tab[t * D + half + i] = sn;
       }
@@ -524,7 +527,7 @@ template <int D, typename T, typename W, int RB = prep_shape<D, T>().bwd_rows,
           int kMinBlocks = prep_shape<D, T>().bwd_blocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
 qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T, W> k_side, int S, int dim,
-                                         float theta) {
+                                         RopeFreqs freqs, RopePositions pos) {
   using C = compute_t<T>;
   constexpr int G = prep_lanes<D>(), groups = kThreads / G, E = D / G, half = D / 2, E2 = E / 2;
   const bool is_q = static_cast<int64_t>(blockIdx.x) < q_side.nblocks;
@@ -537,7 +540,7 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
   const T* __restrict__ dys = sd.dy;
   T* __restrict__ dxs = sd.dx;
   static_assert(kThreads % half == 0, "a thread fills the table's frequency threadIdx.x % half");
-  const float inv_freq = rope_inv_freq(theta, static_cast<int>(threadIdx.x % half), dim);
+  const float inv_freq = rope_inv_freq(freqs, static_cast<int>(threadIdx.x % half), dim);
   C wv[E], my[E];  // my: this lane's elements of the group's dw row
 #pragma unroll
   for (int e = 0; e < E; ++e) {
@@ -567,7 +570,7 @@ qk_norm_rope_backward_onepass_reg_kernel(OnePassSide<T, W> q_side, OnePassSide<T
       const int64_t base = b0 + static_cast<int64_t>(m) * groups;  // a round of the kernel above
       if (base >= r1) break;  // the same for every thread of the block
       // a thread's table entries are all of frequency threadIdx.x % half (kThreads % half == 0)
-      refill_inverse_table(tab, t_lo, t_hi, base, r1, groups, heads, tab_tokens, S, D,
+      refill_inverse_table(tab, t_lo, t_hi, base, r1, groups, heads, tab_tokens, S, D, pos,
                            [inv_freq](int) { return inv_freq; });
       const int64_t r = base + group;
       const bool valid = r < r1;

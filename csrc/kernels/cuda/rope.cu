@@ -1,10 +1,12 @@
 // CUDA rotary position embedding, rotate-half convention (Hugging Face Llama/Qwen3), on
-// x [B, S, H, D] with pos int64 [S]:
+// x [B, S, H, D] at positions pos[s] ([S]), pos[b, s] ([B, S]) or s (common.h's RopePositions):
 //   out[i]       = x[i] * cos(a_i) - x[i + D/2] * sin(a_i)
 //   out[i + D/2] = x[i + D/2] * cos(a_i) + x[i] * sin(a_i),   a_i = pos * inv_freq[i], i < D/2
 //
-//  - inv_freq[i] = 1 / theta^(2i/D) and the angles are float32, computed exactly as the CPU
-//    kernel does (the power in double, rounded once to float32).
+//  - inv_freq[i] = rope_inv_freq(freqs, i, D) (1 / theta^(2i/D), with Llama 3's scaling when set)
+//    and the angles are float32, computed exactly as the CPU kernel does (the power in double,
+//    rounded once to float32; the scaling's float32 operations uncontracted).
+//  - document_positions: pos [B, S] = s - doc_start[b, s], one thread per token.
 //  - inverse rotates by -angle (the backward). out is written with `=` and must not alias x.
 //  - One block per (b, s) row with a shared cos/sin table; float32 compute for float32/bfloat16, float64 with the cos/sin
 //    of the float32 angle for float64.
@@ -21,7 +23,7 @@ namespace {
 // 64-bit index division per element), then rotates the row's H*D/2 pairs. The frequency, angle and
 // rotation are kernels/common.h's rope_* (the fused head preparation uses them too).
 template <typename T>
-__global__ void rope_rows_kernel(const T* x, T* out, const int64_t* pos, int S, int H, int D, float theta,
+__global__ void rope_rows_kernel(const T* x, T* out, RopePositions pos, int S, int H, int D, RopeFreqs freqs,
                                  bool inverse) {
   using C = compute_t<T>;
   extern __shared__ unsigned char rope_smem[];
@@ -29,10 +31,10 @@ __global__ void rope_rows_kernel(const T* x, T* out, const int64_t* pos, int S, 
   const int half = D / 2;
   C* tab_sin = tab_cos + half;
   const int64_t row = blockIdx.x;  // b * S + s
-  const int s = static_cast<int>(row % S);
+  const float p = pos.at(row, S);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     C sn, cs;
-    rope_cos_sin(static_cast<float>(pos[s]) * rope_inv_freq(theta, i, D), &cs, &sn);
+    rope_cos_sin(p * rope_inv_freq(freqs, i, D), &cs, &sn);
     tab_cos[i] = cs;
     tab_sin[i] = inverse ? -sn : sn;
   }
@@ -53,10 +55,15 @@ __global__ void rope_rows_kernel(const T* x, T* out, const int64_t* pos, int S, 
 
 constexpr int kRopeThreads = 128;
 
+__global__ void document_positions_kernel(const int32_t* doc_start, int64_t* pos, int64_t n, int64_t S) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t < n) pos[t] = t % S - doc_start[t];
+}
+
 }  // namespace
 
-void rope(DType dt, const void* x, void* out, const int64_t* pos, int64_t B, int64_t S, int64_t H, int64_t D,
-          float theta, bool inverse, void* stream) {
+void rope(DType dt, const void* x, void* out, RopePositions pos, int64_t B, int64_t S, int64_t H, int64_t D,
+          const RopeFreqs& freqs, bool inverse, void* stream) {
   XT_ASSERT(D % 2 == 0, "rope: odd head dim ", D);
   if (B * S * H * (D / 2) == 0) return;
   XT_CHECK(B * S <= INT32_MAX && S <= INT32_MAX && H * D <= INT32_MAX, ValueError, "rope: shape too large for CUDA: [",
@@ -66,9 +73,19 @@ void rope(DType dt, const void* x, void* out, const int64_t* pos, int64_t B, int
     const size_t smem = sizeof(compute_t<T>) * static_cast<size_t>(D);  // cos and sin, D/2 each
     rope_rows_kernel<T><<<static_cast<unsigned>(B * S), kRopeThreads, smem, on.s>>>(
         static_cast<const T*>(x), static_cast<T*>(out), pos, static_cast<int>(S), static_cast<int>(H),
-        static_cast<int>(D), theta, inverse);
+        static_cast<int>(D), freqs, inverse);
     XT_LAUNCH_CHECK();
   });
+}
+
+void document_positions(const int32_t* doc_start, int64_t* pos, int64_t B, int64_t S, void* stream) {
+  const int64_t n = B * S;
+  if (n == 0) return;
+  OnStream on(stream);
+  constexpr int kThreadsPerBlock = 256;
+  document_positions_kernel<<<static_cast<unsigned>(ceil_div(n, kThreadsPerBlock)), kThreadsPerBlock, 0, on.s>>>(
+      doc_start, pos, n, S);
+  XT_LAUNCH_CHECK();
 }
 
 }  // namespace cuda

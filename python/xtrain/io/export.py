@@ -139,7 +139,7 @@ def hf_config(config, dtype: str, eot_id: int) -> dict:
         "max_position_embeddings": config.max_seq,
         "rms_norm_eps": config.norm_eps,
         "rope_theta": config.rope_theta,
-        "rope_scaling": None,
+        "rope_scaling": config.rope_scaling.to_dict() if config.rope_scaling is not None else None,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "tie_word_embeddings": config.tie_embeddings,

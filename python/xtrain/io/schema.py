@@ -24,6 +24,7 @@ from pathlib import Path
 
 from xtrain.data.tokenizer import TOKENIZER_FILES
 from xtrain.models import config_from_dict
+from xtrain.models.transformer import RopeScaling
 
 MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optim.safetensors"
@@ -86,7 +87,7 @@ def check_config(config) -> None:
     for name in ("rope_theta", "norm_eps"):
         if name in config:
             _float(config[name], f"config.{name}", lo=0.0, lo_open=True)
-    for name in ("bf16", "recompute", "tie_embeddings", "qk_norm"):
+    for name in ("bf16", "recompute", "tie_embeddings", "qk_norm", "doc_rope"):
         if name in config:
             _require(isinstance(config[name], bool), f"config.{name} must be true or false")
     if config.get("n_kv_heads") is not None:  # absent in older checkpoints: n_heads
@@ -97,9 +98,14 @@ def check_config(config) -> None:
         _float(config["dropout"], "config.dropout", lo=0.0, hi=1.0, hi_open=True)
     if config.get("doc_sep") is not None:  # attention within documents (absent or null: off)
         _int(config["doc_sep"], "config.doc_sep", 0, config["vocab_size"] - 1)
+    if config.get("rope_scaling") is not None:  # Llama 3's RoPE scaling (absent or null: plain RoPE)
+        try:
+            RopeScaling.from_dict(config["rope_scaling"])
+        except (TypeError, ValueError) as e:
+            raise SchemaError(f"config.rope_scaling: {e}") from None
     unknown = sorted(set(config) - set(_CONFIG_INTS) - {"rope_theta", "norm_eps", "bf16", "recompute",
                                                         "dropout", "n_kv_heads", "tie_embeddings", "qk_norm",
-                                                        "doc_sep"})
+                                                        "doc_sep", "rope_scaling", "doc_rope"})
     _require(not unknown, f"config has unknown fields {unknown[:8]}")
 
 

@@ -75,14 +75,14 @@ class LayerKV:
         ops.kv_cache_write_(self.v, v, self.cache.positions)
 
     def prep_attend(self, q, k, v, q_norm_weight, k_norm_weight, eps: float, theta: float, scale: float,
-                    prefetch=()):
+                    prefetch=(), llama3=None):
         """A decode step's heads: q (B, H, D), k, v (B, H_kv, D) normed and rotated at positions[b],
         k and v written into that slot, then q against the first lengths[b] slots -> (B, H, D)
         (ops.decode_prep_attention: rms_norm, rope and the cache writes, then ops.decode_attention,
-        bitwise; prefetch: its L2 hint)."""
+        bitwise; prefetch: its L2 hint; llama3: RoPE's Llama 3 scaling, RopeScaling.llama3())."""
         return ops.decode_prep_attention(q, k, v, self.k, self.v, self.cache.positions, self.cache.lengths,
                                          q_norm_weight, k_norm_weight, eps=eps, theta=theta, scale=scale,
-                                         prefetch=list(prefetch))
+                                         prefetch=list(prefetch), llama3=llama3)
 
 
 class KVCache:
@@ -185,7 +185,8 @@ def attention_heads(attn, q, k, v, cache: LayerKV, prefetch=()):
     B, H, Hkv, D = q.shape[0], attn.n_heads, attn.n_kv_heads, attn.head_dim
     norms = (attn.q_norm.weight, attn.k_norm.weight) if attn.qk_norm else (None, None)
     return cache.prep_attend(q.reshape(B, H, D), k.reshape(B, Hkv, D), v.reshape(B, Hkv, D), *norms, eps=attn.eps,
-                             theta=attn.rope_theta, scale=1.0 / math.sqrt(D), prefetch=prefetch).reshape(B, H * D)
+                             theta=attn.rope_theta, scale=1.0 / math.sqrt(D), prefetch=prefetch,
+                             llama3=attn.rope_llama3).reshape(B, H * D)
 
 
 # ---- a decode step of at most DECODE_GEMV_MAX_ROWS rows: matrix-vector kernels

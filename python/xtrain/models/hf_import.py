@@ -15,12 +15,14 @@ Mapping (the inverse of xtrain.io.export): the Hugging Face names are ours with 
 same head layout. Config: hidden_size -> dim, num_hidden_layers -> n_layers, num_attention_heads
 -> n_heads, num_key_value_heads -> n_kv_heads, head_dim (default hidden_size / heads) -> head_dim,
 intermediate_size -> ffn_dim, max_position_embeddings -> max_seq, rope theta (rope_theta, or
-rope_parameters.rope_theta in transformers >= 5) -> rope_theta, rms_norm_eps -> norm_eps,
+rope_parameters.rope_theta in transformers >= 5) -> rope_theta, rope_scaling (or rope_parameters)
+of rope_type "llama3" -> rope_scaling (factor, low_freq_factor, high_freq_factor,
+original_max_position_embeddings: Llama 3's frequency scaling), rms_norm_eps -> norm_eps,
 tie_word_embeddings -> tie_embeddings, and qk_norm on for Qwen3, off for Llama.
 
 Decisions:
 - Anything the model cannot represent is refused with a PretrainedError naming it, never dropped:
-  another architecture, RoPE scaling, attention or MLP biases, a sliding window, experts (MoE), an
+  another architecture, a RoPE scaling other than llama3's, attention or MLP biases, a sliding window, experts (MoE), an
   activation other than SiLU, a head_dim above the attention kernels' 256, a missing, unexpected
   or misshapen tensor. Only RoPE's cached inverse frequencies (rotary_emb.inv_freq), which some
   older files carry, are skipped: they are a function of the config.
@@ -252,7 +254,7 @@ def config_from_hf(hf: dict, source, config_cls) -> tuple:
     for key in ("num_experts", "num_local_experts", "n_routed_experts"):
         if hf.get(key):
             unsupported(f"mixture of experts ({key} = {hf[key]})")
-    theta = _rope_theta(hf, unsupported)
+    theta, llama3 = _rope(hf, unsupported, source)
     ints = {}
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
         ints[key] = _config_int(hf.get(key), key, source)
@@ -274,7 +276,7 @@ def config_from_hf(hf: dict, source, config_cls) -> tuple:
             vocab_size=ints["vocab_size"], dim=ints["hidden_size"], n_layers=ints["num_hidden_layers"],
             n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim, ffn_dim=ints["intermediate_size"],
             max_seq=max_seq, rope_theta=floats["rope_theta"], norm_eps=floats["rms_norm_eps"],
-            tie_embeddings=tie, qk_norm=qk_norm)
+            tie_embeddings=tie, qk_norm=qk_norm, rope_scaling=llama3)
     except (TypeError, ValueError) as e:
         raise PretrainedError(f"{source}: {e}") from None
     return arch, config
@@ -307,22 +309,41 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def _rope_theta(hf: dict, unsupported) -> float:
-    """RoPE's base from rope_theta or rope_parameters (transformers >= 5); any scaling refused."""
+def _rope(hf: dict, unsupported, source) -> tuple:
+    """RoPE's base and scaling from rope_theta and rope_scaling, or rope_parameters (transformers
+    >= 5): (theta, None) for plain RoPE, (theta, the llama3 fields) for rope_type "llama3"; any
+    other rope type refused."""
     scaling = hf.get("rope_scaling")
     params = hf.get("rope_parameters")
+    llama3 = None
     for what, p in (("rope_scaling", scaling), ("rope_parameters", params)):
         if p is None:
             continue
         if not isinstance(p, dict):
-            unsupported(f"{what} {p!r}")
+            unsupported(f"{what} {_shown(p)}")
         kind = p.get("rope_type", p.get("type", "default"))
-        if kind != "default":
-            unsupported(f"RoPE scaling ({what}.rope_type {kind!r})")
+        if kind == "llama3":
+            llama3 = _llama3_fields(p, what, hf, source)
+        elif kind != "default":
+            unsupported(f"RoPE scaling ({what}.rope_type {_shown(kind)}; xtrain implements 'default' and 'llama3')")
     theta = hf.get("rope_theta")
     if theta is None and isinstance(params, dict):
         theta = params.get("rope_theta")
-    return 10000.0 if theta is None else theta
+    return (10000.0 if theta is None else theta), llama3
+
+
+def _llama3_fields(p: dict, what: str, hf: dict, source) -> dict:
+    """The llama3 scaling's fields of rope_scaling / rope_parameters, checked: factor,
+    low_freq_factor, high_freq_factor (finite numbers) and original_max_position_embeddings (an
+    integer; transformers falls back to max_position_embeddings when it is absent)."""
+    fields = {}
+    for key in ("factor", "low_freq_factor", "high_freq_factor"):
+        if key not in p:
+            raise PretrainedError(f"{source}: {what} of rope_type 'llama3' has no {key}")
+        fields[key] = _config_float(p[key], f"{what}.{key}", source)
+    old = p.get("original_max_position_embeddings", hf.get("max_position_embeddings"))
+    fields["original_max_position_embeddings"] = _config_int(old, f"{what}.original_max_position_embeddings", source)
+    return fields
 
 
 # ---- weights

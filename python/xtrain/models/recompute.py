@@ -17,14 +17,14 @@ from __future__ import annotations
 from xtrain import nn
 
 
-def forward_recompute(block, x: nn.ResidualStream, seq: int, doc_start=None) -> nn.ResidualStream:
-    """block(x, seq, doc_start=doc_start) with selective recompute: the residual stream x (B*S, dim)
+def forward_recompute(block, x: nn.ResidualStream, seq: int, doc_start=None, positions=None) -> nn.ResidualStream:
+    """block(x, seq, doc_start=doc_start, positions=positions) with selective recompute: the residual stream x (B*S, dim)
     -> the stream after the block (nothing pending); seq is S."""
     if not isinstance(x, nn.ResidualStream):
         raise TypeError(f"forward_recompute: x must be an nn.ResidualStream, got {type(x).__name__}")
     attn_norm, attn = block.input_layernorm, block.self_attn
     mlp_norm, mlp = block.post_attention_layernorm, block.mlp
     x = x.resolve()                                   # the add the block before left pending
-    x = nn.checkpoint(lambda x: x + attn(attn_norm(x), seq, None, doc_start), x, attn_norm, attn)
+    x = nn.checkpoint(lambda x: x + attn(attn_norm(x), seq, None, doc_start, positions), x, attn_norm, attn)
     g = nn.checkpoint(lambda x: mlp.hidden(mlp_norm(x)), x, mlp_norm, mlp.gate_proj, mlp.up_proj)
     return nn.ResidualStream(x + mlp.dropout(mlp.down_proj(g)))

@@ -48,8 +48,8 @@ Decisions:
   k/v_proj narrower, flash_attention reads fewer kv heads), qk_norm off (Llama: no q/k_norm, q and
   k through ops.rope alone), tie_embeddings (no lm_head: the head reads embed_tokens.weight, one
   parameter whose gradient sums both uses; in bf16 a cast of it per forward, since the embedding
-  lookup reads the float32 master). from_pretrained imports a Hugging Face Qwen3/Llama directory
-  (xtrain.models.hf_import).
+  lookup reads the float32 master), rope_scaling (Llama 3's scaled RoPE frequencies, RopeScaling).
+  from_pretrained imports a Hugging Face Qwen3/Llama directory (xtrain.models.hf_import).
 - Init as GPT-2/nanoGPT: N(0, 0.02) everywhere, residual projections (o_proj, down_proj) scaled by
   1/sqrt(2L), norms ones; drawn on the CPU from one seeded xtrain.Generator in construction order,
   then uploaded into the store in one copy, so the same seed gives the same weights on any device.
@@ -72,6 +72,62 @@ IGNORE_INDEX = -100
 INIT_STD = 0.02
 
 
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3's rescaling of RoPE's frequencies: Hugging Face's rope_scaling (or rope_parameters)
+    with rope_type "llama3", as transformers' _compute_llama3_parameters applies it. A frequency
+    whose wavelength 2 pi / f exceeds original_max_position_embeddings / low_freq_factor is divided
+    by factor, one shorter than original_max_position_embeddings / high_freq_factor is kept, and
+    those between are blended: (1 - s) f / factor + s f with s = (original_max_position_embeddings
+    / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor). The kernels compute it
+    (kernels/common.h rope_inv_freq); the model passes llama3() to the RoPE ops."""
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+    rope_type: str = "llama3"
+
+    def __post_init__(self):
+        if self.rope_type != "llama3":
+            raise ValueError(f"RopeScaling.rope_type must be 'llama3' (the only RoPE scaling xtrain implements), "
+                             f"got {self.rope_type!r}")
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"RopeScaling.{name} must be a finite number, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        if self.factor < 1:
+            raise ValueError(f"RopeScaling.factor must be >= 1, got {self.factor}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(f"RopeScaling needs 0 < low_freq_factor < high_freq_factor, got "
+                             f"{self.low_freq_factor} and {self.high_freq_factor}")
+        v = self.original_max_position_embeddings
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 2**31 - 1:
+            raise ValueError(f"RopeScaling.original_max_position_embeddings must be an integer in "
+                             f"[1, {2**31 - 1}], got {v!r}")
+
+    @classmethod
+    def from_dict(cls, d) -> "RopeScaling":
+        """A RopeScaling from its to_dict() record (Hugging Face's rope_scaling keys)."""
+        if isinstance(d, cls):
+            return d
+        if not isinstance(d, dict):
+            raise ValueError(f"rope_scaling must be an object with rope_type 'llama3', got {d!r}")
+        known = {f.name for f in fields(cls)}
+        unknown, missing = sorted(set(d) - known), sorted(known - set(d) - {"rope_type"})
+        if unknown or missing:
+            raise ValueError(f"rope_scaling: unknown keys {unknown}, missing keys {missing}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def llama3(self) -> tuple:
+        """The RoPE ops' llama3 argument."""
+        return (self.factor, self.low_freq_factor, self.high_freq_factor,
+                float(self.original_max_position_embeddings))
+
+
 @dataclass
 class TransformerConfig:
     vocab_size: int
@@ -82,6 +138,7 @@ class TransformerConfig:
     ffn_dim: int
     max_seq: int
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None  # Llama 3's frequency scaling (Llama-3.2-1B); None: plain RoPE
     norm_eps: float = 1e-6
     n_kv_heads: int | None = None      # grouped-query attention; None: n_heads (plain multi-head)
     tie_embeddings: bool = False       # lm_head reads embed_tokens.weight (one parameter)
@@ -94,6 +151,12 @@ class TransformerConfig:
     # keys of its own document (ops.document_starts, flash_attention's doc_start). None: causal
     # attention over the whole sequence. Generation (the KV cache) attends over the whole prompt.
     doc_sep: int | None = None
+    # RoPE positions restarting per document (needs doc_sep): each token's position is its distance
+    # from the start of its own document in the packed row (ops.document_positions), as a prompt
+    # starting at 0 in generation has it. Off: positions 0..S-1 along the row. Within documents
+    # RoPE's scores depend on distances only, so this changes the angles' float32 rounding, not
+    # the model (docs/attention.md, Note [RoPE positions per document]).
+    doc_rope: bool = False
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -115,6 +178,15 @@ class TransformerConfig:
                                          or not 0 <= self.doc_sep < self.vocab_size):
             raise ValueError(f"TransformerConfig.doc_sep must be None or a token id in [0, {self.vocab_size}), "
                              f"got {self.doc_sep!r}")
+        if isinstance(self.rope_scaling, dict):  # a to_dict() record
+            self.rope_scaling = RopeScaling.from_dict(self.rope_scaling)
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(f"TransformerConfig.rope_scaling must be None or a RopeScaling, got {self.rope_scaling!r}")
+        if not isinstance(self.doc_rope, bool):
+            raise ValueError(f"TransformerConfig.doc_rope must be True or False, got {self.doc_rope!r}")
+        if self.doc_rope and self.doc_sep is None:
+            raise ValueError("TransformerConfig.doc_rope needs doc_sep: RoPE positions restart per document only "
+                             "with attention within documents")
         for name in ("tie_embeddings", "qk_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TransformerConfig.{name} must be True or False, got {getattr(self, name)!r}")
@@ -124,8 +196,8 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TransformerConfig":
-        """The config of a to_dict() record; keys added since (n_kv_heads, tie_embeddings, qk_norm)
-        take their defaults, which are the model the older record describes."""
+        """The config of a to_dict() record; keys added since (n_kv_heads, tie_embeddings, qk_norm,
+        rope_scaling, doc_rope) take their defaults, which are the model the older record describes."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -190,8 +262,8 @@ class TransformerConfig:
 # has the published head and embedding; a tokenizer with fewer ids trains it with the rows past
 # its vocabulary unused (as the published tokenizers leave their padding rows), one with more is
 # an error. Llama-3.2-1B's published RoPE also rescales the low frequencies (rope_scaling
-# "llama3"), which xtrain does not implement: the preset runs plain RoPE at the same theta, and
-# --init-from refuses a checkpoint with rope_scaling (xtrain.models.hf_import).
+# "llama3": factor 32, low/high_freq_factor 1 and 4, original_max_position_embeddings 8192), and
+# so does the preset (RopeScaling).
 PRESETS = {
     "tiny": dict(dim=128, n_layers=4, n_heads=4, head_dim=32, ffn_dim=384, max_seq=2048),
     "dim384": dict(dim=384, n_layers=12, n_heads=12, head_dim=32, ffn_dim=1024, max_seq=8192),
@@ -207,7 +279,9 @@ PRESETS = {
                        qk_norm=True),
     "llama3.2-1b": dict(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64,
                         ffn_dim=8192, max_seq=131072, rope_theta=5e5, norm_eps=1e-5, tie_embeddings=True,
-                        qk_norm=False),
+                        qk_norm=False, rope_scaling=RopeScaling(factor=32.0, low_freq_factor=1.0,
+                                                                high_freq_factor=4.0,
+                                                                original_max_position_embeddings=8192)),
 }
 
 
@@ -237,6 +311,7 @@ class Attention(nn.Module):
         inner, kv_inner = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
         self.eps, self.rope_theta = c.norm_eps, c.rope_theta
+        self.rope_llama3 = c.rope_scaling.llama3() if c.rope_scaling is not None else None  # the ops' argument
         self.q_proj = nn.Linear(c.dim, inner, generator=gen, std=INIT_STD)
         self.k_proj = nn.Linear(c.dim, kv_inner, generator=gen, std=INIT_STD)
         self.v_proj = nn.Linear(c.dim, kv_inner, generator=gen, std=INIT_STD)
@@ -247,10 +322,11 @@ class Attention(nn.Module):
         self.qk_norm = c.qk_norm
         self.dropout = nn.Dropout(c.dropout)
 
-    def forward(self, x, seq: int, cache=None, doc_start=None):
+    def forward(self, x, seq: int, cache=None, doc_start=None, positions=None):
         """x (B*S, dim), already normed -> (B*S, dim). With a KV cache (generation's prefill), k
         (after norm and RoPE) and v are also stored in it. doc_start (int32 (B, S), from
-        ops.document_starts): each query attends within its own document only."""
+        ops.document_starts): each query attends within its own document only. positions (int64
+        (B, S), ops.document_positions): RoPE's positions, None for 0..S-1."""
         B, H, Hkv, D = x.shape[0] // seq, self.n_heads, self.n_kv_heads, self.head_dim
         # q, k, v from batched GEMMs: views of one buffer, block after block (ops.linear_multi)
         q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
@@ -258,9 +334,11 @@ class Attention(nn.Module):
         k = k.reshape(B, seq, Hkv, D)                                  # (B, S, Hkv, D)
         v = v.reshape(B, seq, Hkv, D)
         if self.qk_norm:
-            q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta)
+            q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta,
+                                    positions, self.rope_llama3)
         else:
-            q, k = ops.rope(q, None, self.rope_theta), ops.rope(k, None, self.rope_theta)
+            q = ops.rope(q, positions, self.rope_theta, self.rope_llama3)
+            k = ops.rope(k, positions, self.rope_theta, self.rope_llama3)
         if cache is not None:
             cache.write(k, v)
         a = ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D), doc_start=doc_start)  # (B, S, H, D)
@@ -300,12 +378,12 @@ class Block(nn.Module):
         self.mlp = MLP(c, gen, residual_std)
         self.recompute = c.recompute  # TinyTransformer.forward runs the block through forward_recompute
 
-    def forward(self, x, seq: int, cache=None, doc_start=None):
+    def forward(self, x, seq: int, cache=None, doc_start=None, positions=None):
         """The residual stream x (B*S, dim) -> (B*S, dim); seq is S. x is an nn.ResidualStream in
         the model's forward (each add then runs fused into the norm after it) or a plain tensor.
         cache: the block's KV cache (generation's prefill, under no_grad), filled on the way.
-        doc_start: attention within documents (Attention.forward)."""
-        x = x + self.self_attn(self.input_layernorm(x), seq, cache, doc_start)
+        doc_start, positions: attention within documents, RoPE's positions (Attention.forward)."""
+        x = x + self.self_attn(self.input_layernorm(x), seq, cache, doc_start, positions)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x
 
@@ -371,8 +449,10 @@ class TinyTransformer(nn.Module):
             x = nn.ResidualStream(self.dropout(x.to(c.dtype)))  # each add fused into the next norm
             # attention within documents: where each token's document begins, once for every layer
             docs = ops.document_starts(ids, c.doc_sep) if c.doc_sep is not None else None
+            pos = ops.document_positions(docs) if c.doc_rope else None  # RoPE restarting per document
             for block in self.layers:
-                x = forward_recompute(block, x, S, docs) if block.recompute else block(x, S, doc_start=docs)
+                x = (forward_recompute(block, x, S, docs, pos) if block.recompute
+                     else block(x, S, doc_start=docs, positions=pos))
             x = self.norm(x)
             head = self.head_weight()                                       # (V, dim)
             if targets is None:

@@ -159,6 +159,11 @@ class TrainConfig:
                          "document (documents end at the tokenizer's end-of-text token; a sequence without "
                          "one is plain causal attention, bit for bit), or over the whole sequence",
                          "model", switch={"--doc-mask": True, "--no-doc-mask": False})
+    doc_rope: bool = opt(False, "RoPE positions restarting per document (with --doc-mask; Qwen3/Llama "
+                         "models): each token's position is its distance from its document's start, as "
+                         "generation's prompts start at 0; off: positions 0..seq-1 along the row (with "
+                         "the documents masked the two differ only in the angles' rounding)",
+                         "model", switch={"--doc-rope": True, "--no-doc-rope": False})
     seed: int = opt(0, "seed of the weights, the data order and the sample", "model", ge=0, lt=2**64)
     # ---- data
     data: str | None = opt(None, "a prepared data directory, a nanoGPT/llm.c token directory (read in "
@@ -441,6 +446,11 @@ def validate(cfg: TrainConfig) -> None:
     micro-batch and the GPUs) is xtrain.trainer.batching.plan's, which knows both."""
     for name in _TRAIN_OPTIONS:
         check(name, getattr(cfg, name))
+    if cfg.doc_rope and not cfg.doc_mask:
+        raise ConfigError("--doc-rope restarts RoPE's positions per document, which needs attention within "
+                          "documents: drop --no-doc-mask")
+    if cfg.doc_rope and cfg.preset is not None and ALL_PRESETS[cfg.preset] != "qwen3":
+        raise ConfigError(f"--doc-rope: --preset {cfg.preset} has learned positions, not RoPE")
     if cfg.min_lr is not None and cfg.lr is not None and cfg.min_lr > cfg.lr:
         raise ConfigError(f"--min-lr {cfg.min_lr:g} must be <= --lr {cfg.lr:g}")
     if cfg.init_from is not None:

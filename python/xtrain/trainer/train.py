@@ -274,6 +274,8 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     # ---- model: fresh from the preset, pretrained weights (--init-from), or the checkpoint's
     run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute is True, dropout=cfg.dropout,
                      doc_sep=dataset.tokenizer.eot_id if cfg.doc_mask else None)
+    if cfg.doc_rope:  # a TransformerConfig field (RoPE restarting per document); GPT-2 has none
+        run_flags["doc_rope"] = True
     if ckpt is None:
         if prepared is None:
             xtrain.manual_seed(cfg.seed)  # process-wide; train_data_parallel seeds once for all ranks
