@@ -255,3 +255,23 @@ def test_doc_rope_flag_rules():
         validate(TrainConfig(doc_rope=True, doc_mask=False))
     with pytest.raises(ConfigError, match="learned positions"):
         validate(TrainConfig(doc_rope=True, preset="gpt2-124m"))
+
+
+def test_doc_rope_on_a_gpt2_checkpoint_is_one_config_error(tmp_path):
+    """--doc-rope with a GPT-2 model that comes from a checkpoint (no --preset to check it by) is
+    a ConfigError naming the architecture, not GPT2Config's 'unknown fields'."""
+    from xtrain.io import state
+    from xtrain.models import GPT2, GPT2Config
+    from xtrain.optim import AdamW
+    from xtrain.trainer.runconfig import ConfigError
+    from xtrain.trainer.train import train
+    from xtrain.data import open_dataset
+
+    data = prepared_stories(tmp_path / "data")
+    tok = open_dataset(data).tokenizer
+    model = GPT2(GPT2Config(vocab_size=tok.vocab_size, dim=64, n_layers=2, n_heads=4, max_seq=64))
+    state.save(tmp_path / "run" / "ckpt", model, AdamW(model.named_parameters(), lr=1e-3), 2, tokenizer=tok,
+               loader_state=None)
+    with pytest.raises(ConfigError, match="--doc-rope applies to .* GPT2Config"):
+        train(tiny_run(tmp_path / "run", data, 4, preset=None, resume=str(tmp_path / "run" / "ckpt"),
+                       doc_rope=True))

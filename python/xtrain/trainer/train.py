@@ -275,6 +275,10 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute is True, dropout=cfg.dropout,
                      doc_sep=dataset.tokenizer.eot_id if cfg.doc_mask else None)
     if cfg.doc_rope:  # a TransformerConfig field (RoPE restarting per document); GPT-2 has none
+        source = init.config if init is not None else ckpt.config if ckpt is not None else None
+        if source is not None and not isinstance(source, TransformerConfig):
+            raise ConfigError(f"--doc-rope applies to the Qwen3/Llama block's RoPE; this model is "
+                              f"{type(source).__name__}, whose positions are learned")
         run_flags["doc_rope"] = True
     if ckpt is None:
         if prepared is None:
