@@ -1,9 +1,11 @@
 // The CUDA kernels of LayerNorm (launched by kernels/cuda/layernorm.cu), in a header so that
 // tests/emu runs them on the CPU under the warp/block emulator (tests/emu/layernorm_emu.cpp): the
-// forward (with the fused residual add), dx (with the residual form's dres), and the ordered column
-// sums of dw and db. Launch shapes depend only on rows and dim.
+// forward (with the fused residual add), the one-pass backward (dx, dw, db from one read of x and
+// dy: Note [One-pass LayerNorm backward], layernorm.cu), and the two-pass form for rows too long
+// for it (dx, then the ordered column sums of dw and db). Launch shapes depend only on rows and dim.
 #pragma once
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/rmsnorm.cuh"  // the one-pass plan, the block's row sum and the final tree
 #include "kernels/layernorm_math.h"
 
 namespace xt {
@@ -93,6 +95,80 @@ layernorm_dx_kernel(const T* __restrict__ x, const W* __restrict__ w, const comp
     if (dres != nullptr) v = rounded<T>(v) + load(dres + r * dim, j);
     store(dxr, j, v);
   }
+}
+
+// The one-pass backward: block b takes rows [b * rows_per_block, ...); group g of G lanes walks
+// rows r0 + g, r0 + g + groups, ... in order and per row computes dx exactly as layernorm_dx_kernel
+// does (the same sums, expressions and order: the same bits), then adds dy * xhat and dy of its
+// columns into its own rows of shared memory (acc_w, acc_b: [groups][dim] each). At the end the
+// block adds its groups' rows in group order (rmsnorm::store_block_dw): dw and db directly with
+// one block, else the block's partial rows, partial[b, :] for dw and partial[nblocks + b, :] for
+// db, which rmsnorm_dw_tree_kernel then adds in block order.
+template <int G, typename T, typename W>
+__global__ void __launch_bounds__(kThreads)
+layernorm_backward_onepass_kernel(const T* __restrict__ x, const W* __restrict__ w,
+                                  const compute_t<T>* __restrict__ mean, const compute_t<T>* __restrict__ rstd,
+                                  const T* __restrict__ dy, const T* __restrict__ dres, T* __restrict__ dx,
+                                  W* __restrict__ dw, W* __restrict__ db, compute_t<T>* __restrict__ partial,
+                                  int64_t rows, int64_t dim, int64_t rows_per_block) {
+  using C = compute_t<T>;
+  constexpr int groups = kThreads / G;
+  C* acc_w = reinterpret_cast<C*>(dynamic_smem());  // [groups][dim], then acc_b [groups][dim]
+  C* acc_b = acc_w + static_cast<int64_t>(groups) * dim;
+  const int lane = threadIdx.x % G, group = threadIdx.x / G;
+  C* my_w = acc_w + static_cast<int64_t>(group) * dim;
+  C* my_b = acc_b + static_cast<int64_t>(group) * dim;
+  for (int64_t j = lane; j < dim; j += G) my_w[j] = my_b[j] = 0;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = rows < r0 + rows_per_block ? rows : r0 + rows_per_block;
+  // Every thread runs the same trip count (group_sum's shuffles take the whole warp); a group past
+  // the block's last row adds nothing and writes nothing.
+  for (int64_t base = r0; base < r1; base += groups) {
+    const int64_t r = base + group;
+    const bool valid = r < r1;
+    const int64_t rr = valid ? r : 0;
+    const T* xr = x + rr * dim;
+    const T* dyr = dy + rr * dim;
+    const C mu = mean[rr], inv = rstd[rr];
+    C sum_g = 0, sum_gx = 0;
+    if (valid)
+#pragma unroll 8
+      for (int64_t j = lane; j < dim; j += G) {
+        const C g = load(dyr, j) * static_cast<C>(load(w, j));
+        sum_g += g;
+        sum_gx += g * ((load(xr, j) - mu) * inv);
+      }
+    sum_g = group_sum<G>(sum_g);
+    sum_gx = group_sum<G>(sum_gx);
+    if (!valid) continue;
+    const C mean_g = sum_g / static_cast<C>(dim), mean_gx = sum_gx / static_cast<C>(dim);
+    T* dxr = dx + r * dim;
+    const T* dresr = dres != nullptr ? dres + r * dim : nullptr;
+#pragma unroll 8
+    for (int64_t j = lane; j < dim; j += G) {
+      const C xhat = (load(xr, j) - mu) * inv;
+      const C d = load(dyr, j);
+      const C g = d * static_cast<C>(load(w, j));
+      C v = layernorm_dx(g, mean_g, xhat, mean_gx, inv);
+      if (dresr != nullptr) v = rounded<T>(v) + load(dresr, j);
+      store(dxr, j, v);
+      my_w[j] += d * xhat;
+      my_b[j] += d;
+    }
+  }
+  const bool one_block = gridDim.x == 1;
+  rmsnorm::store_block_dw<int64_t>(acc_w, groups, static_cast<int>(dim), one_block, dw, partial, blockIdx.x);
+  rmsnorm::store_block_dw<int64_t>(acc_b, groups, static_cast<int>(dim), one_block, db,
+                                   one_block ? partial : partial + static_cast<int64_t>(gridDim.x) * dim, blockIdx.x);
+}
+
+// The one-pass plan: rmsnorm's (the same blocks of rows, which depend only on rows) for a row twice
+// as long, since each group keeps two accumulator rows (dw's and db's); smem == 0 when they do not
+// fit in the 48 KiB a block gets without opting in (float: dim <= 768; double: 384), and then the
+// two-pass form runs.
+template <int G, typename C>
+rmsnorm::OnePassPlan onepass_plan(int64_t rows, int64_t dim) {
+  return rmsnorm::onepass_plan<G, C>(rows, 2 * dim);
 }
 
 // Thread = column j, blockIdx.y = row chunk: sums dy * xhat and dy over the chunk's rows in order.
