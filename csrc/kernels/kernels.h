@@ -347,5 +347,23 @@ namespace cuda {
 XT_KERNEL_DECLS
 }  // namespace cuda
 
+// A GEMM with a fused epilogue (kernels/cuda/gemm_lt.cu, cuBLASLt): CUDA only. Row-major
+// C [M, N] = op(A) @ op(B) (ta/tb as gemm's, packed), then
+//   Bias:        C = AB + bias[N]
+//   GeluAuxBias: aux = AB + bias[N], C = gelu_tanh(aux)   (aux [M, N])
+//   DGelu:       C = AB * gelu_tanh'(aux)                 (aux read)
+// in float32 on the accumulator, rounded once to dt (bfloat16 or float32; bias, aux in dt).
+// Returns false, launching nothing, when cuBLASLt has no algorithm for the call (float64, an N
+// that is not a multiple of 8 with aux, ...); the ops then compose the unfused kernels. The CPU
+// has no twin: its ops compose gemm, the bias add and gelu, so the CPU results stay bitwise the
+// unfused ops'.
+enum class GemmEpilogue : int { Bias, GeluAuxBias, DGelu };
+#ifdef XT_CUDA
+namespace cuda {
+bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
+                   const void* B, void* C, const void* bias, void* aux, void* stream);
+}  // namespace cuda
+#endif
+
 }  // namespace kernels
 }  // namespace xt

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'greedy_next_', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_cross_entropy', 'linear_multi', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_multi', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -74,6 +74,10 @@ def gelu(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     GELU, tanh approximation: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), as GPT-2 and torch.nn.functional.gelu(x, approximate='tanh')
     """
+def gelu_mlp(x: xtrain._C.Tensor, fc_weight: xtrain._C.Tensor, fc_bias: xtrain._C.Tensor, proj_weight: xtrain._C.Tensor, proj_bias: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    gelu_tanh(x @ fc_weight^T + fc_bias) @ proj_weight^T + proj_bias (GPT-2's MLP); on CUDA bias and GELU in the GEMMs' epilogues both ways (cuBLASLt), on the CPU the unfused ops, bitwise
+    """
 def greedy_next_(logits: xtrain._C.Tensor, state: xtrain._C.Tensor, ring: xtrain._C.Tensor, stop_token: typing.SupportsInt | typing.SupportsIndex | None = None) -> None:
     """
     Greedy decoding on the device: row b's most likely token of logits [B, V] (the first of equal maxima, NaN first) advances its state int64 [6, B] = (token, position, length, limit, done, count) when the row is not done and position + 1 < limit (done after stop_token); ring [R, B][count % R, b] gets the token taken or -1; count += 1. In place, not differentiable
@@ -89,6 +93,10 @@ def layer_norm(x: xtrain._C.Tensor, weight: xtrain._C.Tensor, bias: xtrain._C.Te
 def linear(x: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     x @ weight^T, weight is [out, in]
+    """
+def linear_bias(x: xtrain._C.Tensor, weight: xtrain._C.Tensor, bias: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    x @ weight^T + bias (weight [out, in], bias [out], x's dtype); on CUDA the bias is added in the GEMM's epilogue (cuBLASLt), on the CPU it is linear then add, bitwise
     """
 def linear_cross_entropy(x: xtrain._C.Tensor, w: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100, return_logits: bool = False, chunk_rows: typing.SupportsInt | typing.SupportsIndex = 0) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor | None]:
     """

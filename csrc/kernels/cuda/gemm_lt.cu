@@ -1,0 +1,192 @@
+// CUDA GEMMs with a fused epilogue through cuBLASLt (the biased linears of GPT-2 and its MLP):
+// row-major C = epilogue(op(A) @ op(B)), C [M, N], as gemm.cu's GEMMs (the same column-major swap:
+// cuBLASLt's A is our B, its B our A, m = N, n = M), with
+//   Bias:        C = A @ B + bias[N]
+//   GeluAuxBias: aux = A @ B + bias[N];  C = gelu_tanh(aux)     (aux [M, N], C's dtype and ld)
+//   DGelu:       C = (A @ B) * gelu_tanh'(aux)                  (aux read: the forward's pre-activation)
+// The bias is added to the float32 accumulator and C rounded once (the unfused forms round the GEMM
+// output, then the sum, then GELU's output). bf16 inputs and outputs (float32 compute), or float32
+// (true fp32, TF32 when allow_tf32()); bias in C's dtype.
+//
+// Note [cuBLASLt epilogues: exact and deterministic]
+// What cuBLAS documents, and how this file keeps to it:
+//  - Reproducibility: cuBLAS's routines give the same bits run after run on GPUs of the same
+//    architecture and SM count with one toolkit version, for a given algorithm; with concurrent
+//    streams that holds for cublasLtMatmul given a workspace of the caller's own (the workspace
+//    here is the thread's cuBLAS workspace on its stream, gemm.cu). So the algorithm must be a
+//    function of the call: it is the first result of cublasLtMatmulAlgoGetHeuristic for the query
+//    (types, transposes, sizes, epilogue, workspace limit, and the operands' alignments, capped at
+//    256 bytes: the allocator's blocks and the store's views are aligned alike in every run, so the
+//    same program asks the same query), cached per query for the process. Never a timed search.
+//  - Split-K: the reduction scheme mask allows only CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, whose
+//    partial products are float32 in the workspace, reduced in a separate step in a fixed order
+//    (no atomics). Not INPLACE and not OUTPUT_TYPE: both add partial sums in C's type (bf16),
+//    which the cublasGemmEx path forbids too (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION).
+//  - The epilogues used are pointwise on the accumulator tile (BIAS, GELU_AUX_BIAS, DGELU), so they
+//    add no reduction of their own. The bias-gradient epilogues (BGRADA/B, DGELU_BGRAD) reduce
+//    across the rows of a tile grid in an order cuBLAS does not document; the ops compute bias
+//    gradients with their own ordered column sums (ops::sum_to) instead (as llm.c does too).
+//  - GELU is the tanh form (cuBLASLt's GELU epilogue; GPT-2's gelu_new), in float32 on the
+//    accumulator; it is not the CPU's or ops::gelu's formula to the last bit, which is why the
+//    fused op is its own op with its own tolerance tests (tests/test_gpt2_fused.py), and why a
+//    model uses it on both the recompute and the plain path.
+// When cuBLASLt has no algorithm for a query (an aux ld not a multiple of 8, an unsupported type),
+// gemm_epilogue returns false having launched nothing, and the op composes the unfused kernels:
+// a choice that depends only on the query, so it repeats too.
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include <cublasLt.h>
+
+#include "kernels/cuda/common.cuh"
+
+namespace xt {
+namespace kernels {
+namespace cuda {
+
+namespace {
+
+// The largest power of two (at most 256) that divides p's address: part of the heuristic query.
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al) al /= 2;
+  return al;
+}
+
+using LtQuery = std::tuple<int, int, int, bool, bool, int64_t, int64_t, int64_t, bool, size_t, uint32_t, uint32_t,
+                           uint32_t, uint32_t, uint32_t>;
+
+struct LtChoice {
+  bool found = false;
+  cublasLtMatmulAlgo_t algo;
+};
+
+std::mutex g_lt_cache_mutex;
+std::map<LtQuery, LtChoice>& lt_cache() {
+  static std::map<LtQuery, LtChoice> cache;
+  return cache;
+}
+
+// Owns the cuBLASLt descriptors of one call.
+struct LtDescs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~LtDescs() {  // status ignored: nothing to do about a failed destroy
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+template <typename V>
+void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {
+  XT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+}
+
+template <typename V>
+void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const V& v) {
+  XT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)));
+}
+
+}  // namespace
+
+bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
+                   const void* B, void* C, const void* bias, void* aux, void* stream) {
+  XT_CHECK(M > 0 && N > 0 && K > 0, ValueError, "gemm_epilogue: sizes must be positive, got M=", M, " N=", N,
+           " K=", K);
+  XT_CHECK(ep == GemmEpilogue::DGelu ? bias == nullptr && aux != nullptr
+                                     : bias != nullptr && (aux != nullptr) == (ep == GemmEpilogue::GeluAuxBias),
+           ValueError, "gemm_epilogue: the epilogue's operands (bias, aux) do not match it");
+  cudaDataType_t type;
+  cublasComputeType_t compute;
+  if (dt == DType::BFloat16) {
+    type = CUDA_R_16BF;
+    compute = CUBLAS_COMPUTE_32F;
+  } else if (dt == DType::Float32) {
+    type = CUDA_R_32F;
+    compute = allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  } else {
+    return false;  // float64: the op composes the unfused kernels
+  }
+  const cublasLtEpilogue_t epilogue = ep == GemmEpilogue::Bias          ? CUBLASLT_EPILOGUE_BIAS
+                                      : ep == GemmEpilogue::GeluAuxBias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                                        : CUBLASLT_EPILOGUE_DGELU;
+  // cuBLASLt's view (column-major, see the header): A' = our B, B' = our A, D' = C^T (N x M).
+  const int64_t m = N, n = M, k = K;
+  const int64_t ld_b = tb ? K : N, ld_a = ta ? M : K, ld_c = N;
+  if (ep != GemmEpilogue::Bias && ld_c % 8 != 0) return false;  // aux's ld: a multiple of 8 elements
+
+  OnStream on(stream);
+  const LtWorkspace ws = cublaslt_workspace(on);
+  const uint32_t al_a = alignment_of(A), al_b = alignment_of(B), al_c = alignment_of(C);
+  const uint32_t al_bias = bias ? alignment_of(bias) : 256, al_aux = aux ? alignment_of(aux) : 256;
+  const LtQuery query{on.device, static_cast<int>(dt), static_cast<int>(ep), ta, tb, M, N, K,
+                      compute == CUBLAS_COMPUTE_32F_FAST_TF32, ws.bytes, al_a, al_b, al_c, al_bias, al_aux};
+
+  LtDescs d;
+  XT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
+  const cublasOperation_t op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_desc(d.op, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
+  set_desc(d.op, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+  set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  if (bias != nullptr) {
+    set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(type));
+    set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  }
+  if (aux != nullptr) {
+    set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+    set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ld_c);
+    set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, static_cast<int32_t>(type));
+  }
+  // Stored shapes: A' is k x m (op T) or m x k; B' is n x k (op T) or k x n; D' m x n.
+  XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, type, tb ? k : m, tb ? m : k, ld_b));
+  XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, type, ta ? n : k, ta ? k : n, ld_a));
+  XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, type, m, n, ld_c));
+
+  LtChoice choice;
+  bool cached = false;
+  {
+    std::lock_guard<std::mutex> lock(g_lt_cache_mutex);
+    auto it = lt_cache().find(query);
+    if (it != lt_cache().end()) {
+      choice = it->second;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    XT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
+    set_pref(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(ws.bytes));
+    set_pref(d.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+             static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
+    // cuBLASLt's A' is our B and its B' our A; C' and D' are our C.
+    set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_b);
+    set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_a);
+    set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c);
+    set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c);
+    cublasLtMatmulHeuristicResult_t result;
+    std::memset(&result, 0, sizeof(result));
+    int returned = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(ws.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &returned);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) XT_CUBLAS_CHECK(st);
+    choice.found = st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (choice.found) choice.algo = result.algo;
+    std::lock_guard<std::mutex> lock(g_lt_cache_mutex);
+    lt_cache().emplace(query, choice);  // a query answered "none" is remembered too
+  }
+  if (!choice.found) return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  XT_CUBLAS_CHECK(cublasLtMatmul(ws.handle, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &choice.algo,
+                                 ws.ptr, ws.bytes, on.s));
+  return true;
+}
+
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace xt
