@@ -141,8 +141,7 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
   }
   if (aux != nullptr) {
     set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
-    set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ld_c);
-    set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, static_cast<int32_t>(type));
+    set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ld_c);  // its type: D's (the default)
   }
   // Stored shapes: A' is k x m (op T) or m x k; B' is n x k (op T) or k x n; D' m x n.
   XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, type, tb ? k : m, tb ? m : k, ld_b));
