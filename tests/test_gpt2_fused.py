@@ -1,5 +1,5 @@
-"""The biased linears with fused epilogues (ops.linear_bias, ops.gelu_mlp: csrc/ops/linear_bias.cpp)
-that GPT-2's attention projection and MLP run.
+"""The biased linears with fused epilogues (ops.linear_bias, ops.gelu_mlp: csrc/ops/linear_bias.cpp;
+ops.linear_multi_bias: csrc/ops/matmul.cpp) that GPT-2's q/k/v, attention projection and MLP run.
 
 On the CPU (always): each op is the unfused composition (linear, add, gelu), bit for bit, values
 and every gradient, in float32, bf16 and float64; against PyTorch; bad inputs. On a GPU (skipped
@@ -75,6 +75,47 @@ def test_the_cpu_runs_the_composition_bitwise(dtype):
     _, composed = _run(_linear_bias_composed, a, dtype, "cpu")
     _equal(fused, composed, "linear_bias")
     assert y.grad_fn == "AddBackward"
+
+
+def _qkv_arrays(rows=24, K=16, N=8, seed=12):
+    g = np.random.default_rng(seed)
+    return [g.standard_normal((rows, K))] + [0.3 * g.standard_normal((N, K)) for _ in range(3)] + \
+        [0.5 * g.standard_normal(N) for _ in range(3)]
+
+
+def _qkv_run(fused, arrays, dtype, device, seed=13):
+    """linear_multi_bias (fused) or linear_multi then add over fresh leaves; the three outputs'
+    backward from fixed seeds -> bits of the outputs and of every leaf's gradient."""
+    leaves = _leaves(arrays, dtype, device)
+    x, ws, bs = leaves[0], leaves[1:4], leaves[4:]
+    outs = ops.linear_multi_bias(x, ws, bs) if fused else [ops.add(y, b) for y, b in zip(ops.linear_multi(x, ws), bs)]
+    g = np.random.default_rng(seed)
+    total = None
+    for y in outs:
+        s = ops.sum(ops.mul(y, xtrain.tensor(g.standard_normal(tuple(y.shape)), dtype=dtype, device=device)))
+        total = s if total is None else ops.add(total, s)
+    total.backward()
+    return outs, [bits(y) for y in outs] + [bits(t.grad) for t in leaves]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_linear_multi_bias_on_the_cpu_is_linear_multi_then_add(dtype):
+    a = _qkv_arrays()
+    outs, fused = _qkv_run(True, a, dtype, "cpu")
+    _, composed = _qkv_run(False, a, dtype, "cpu")
+    _equal(fused, composed, "linear_multi_bias")
+    assert [tuple(y.shape) for y in outs] == [(24, 8)] * 3
+
+
+def test_linear_multi_bias_bad_inputs():
+    leaves = _leaves(_qkv_arrays(), "float32", "cpu")
+    x, ws, bs = leaves[0], leaves[1:4], leaves[4:]
+    with pytest.raises(ValueError, match="3 weights but 2 biases"):
+        ops.linear_multi_bias(x, ws, bs[:2])
+    with pytest.raises(ValueError, match=r"biases\[1\] must have shape \[8\]"):
+        ops.linear_multi_bias(x, ws, [bs[0], ws[0], bs[2]])
+    with pytest.raises(TypeError, match="same dtype"):
+        ops.linear_multi_bias(x, ws, [bs[0], bs[1].to("bfloat16"), bs[2]])
 
 
 def _torch_mlp(x, w1, b1, w2, b2):
@@ -181,6 +222,27 @@ def test_cuda_composes_where_cublaslt_has_no_epilogue():
         _equal(fused, composed, f"gelu_mlp {dtype}")
 
 
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_linear_multi_bias(dtype):
+    """The q/k/v form on CUDA: one batched GEMM with the Bias epilogue (the node is
+    LinearMultiBiasBackward), against linear_multi then add within rounding; two runs bitwise."""
+    a = _qkv_arrays(rows=512, K=128, N=128, seed=14)
+    outs, fused = _qkv_run(True, a, dtype, "cuda")
+    assert outs[0].grad_fn == "LinearMultiBiasBackward"
+    _, again = _qkv_run(True, a, dtype, "cuda")
+    _equal(fused, again, "linear_multi_bias run to run")
+    _, composed = _qkv_run(False, a, dtype, "cuda")
+    tol = 1e-4 if dtype == "float32" else 2e-2
+    for i, (u, v) in enumerate(zip(fused, composed)):
+        dt = np.float32 if dtype == "float32" else np.uint16
+        u, v = u.view(dt), v.view(dt)
+        if dtype == "bfloat16":  # bf16 bits -> float32 values
+            u = (u.astype(np.uint32) << 16).view(np.float32)
+            v = (v.astype(np.uint32) << 16).view(np.float32)
+        np.testing.assert_allclose(u, v, rtol=tol, atol=tol * np.abs(v).max(), err_msg=f"array {i}")
+
+
 def _chain_arrays(seed):
     """An MLP, then a biased projection of its output: x, the MLP's four, w3 [64, 64], b3 [64]."""
     g = np.random.default_rng(seed + 100)
@@ -232,3 +294,4 @@ def test_cuda_gpt2_runs_the_fused_ops(bf16):
         block = model.h[0]
         assert block.mlp(x).grad_fn == "GeluMlpBackward"
         assert block.attn.c_proj(x).grad_fn == "LinearBiasBackward"
+        assert block.attn.qkv(x)[0].grad_fn == "LinearMultiBiasBackward"

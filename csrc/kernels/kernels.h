@@ -353,6 +353,8 @@ XT_KERNEL_DECLS
 //   GeluAuxBias: aux = AB + bias[N], C = gelu_tanh(aux)   (aux [M, N])
 //   DGelu:       C = AB * gelu_tanh'(aux)                 (aux read)
 // in float32 on the accumulator, rounded once to dt (bfloat16 or float32; bias, aux in dt).
+// batch > 1 (Bias only): strided-batched as gemm's, A[b] at A + b * strideA (0: one A for all),
+// likewise B, C, and bias[b] at bias + b * stride_bias (elements).
 // Returns false, launching nothing, when cuBLASLt has no algorithm for the call (float64, an N
 // that is not a multiple of 8 with aux, ...); the ops then compose the unfused kernels. The CPU
 // has no twin: its ops compose gemm, the bias add and gelu, so the CPU results stay bitwise the
@@ -361,7 +363,8 @@ enum class GemmEpilogue : int { Bias, GeluAuxBias, DGelu };
 #ifdef XT_CUDA
 namespace cuda {
 bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
-                   const void* B, void* C, const void* bias, void* aux, void* stream);
+                   const void* B, void* C, const void* bias, void* aux, void* stream, int64_t batch = 1,
+                   int64_t strideA = 0, int64_t strideB = 0, int64_t strideC = 0, int64_t stride_bias = 0);
 }  // namespace cuda
 #endif
 

@@ -8,9 +8,11 @@
 // linear: y = x @ W^T over all leading dims as [rows, K]; dx = dy @ W, dW = dy^T @ x as one GEMM
 // over every row, written in W's dtype. Each node saves an input only when the other input needs
 // its gradient.
-// linear_multi: several linears of one input (q/k/v, gate/up), see Note [Merged projections].
+// linear_multi: several linears of one input (q/k/v, gate/up), see Note [Merged projections];
+// linear_multi_bias: the same with biases, added in the GEMM's epilogue on CUDA (below).
 #include <atomic>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -365,6 +367,133 @@ std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<Tensor>& ws)
     bool w_grad = false;
     for (const Tensor& w : ws) w_grad = w_grad || w.requires_grad();
     auto node = make_node<LinearMultiBackward>(inputs, w_grad ? x : Tensor(), ws, x.requires_grad());
+    for (size_t i = 0; i < out.size(); ++i) set_history(out[i], node, static_cast<uint32_t>(i));
+  }
+  return out;
+}
+
+// linear_multi_bias: [linear(x, wi) + bi] (GPT-2's q/k/v). On CUDA each run of equal shapes is one
+// strided-batched cuBLASLt GEMM with the Bias epilogue (the biases at a uniform distance, as the
+// store lays them out, else packed: the same values): the outputs are written once, as
+// linear_multi's views of one buffer. Backward: linear_multi's, and each bias gradient sum_to's
+// ordered row sum of its output gradient (the unfused add's). On the CPU, in float64 and where
+// cuBLASLt has no algorithm: linear_multi followed by ops::add, bitwise those ops.
+// (ops/linear_bias.cpp holds the single biased linears; Note [cuBLASLt epilogues: exact and
+// deterministic] in kernels/cuda/gemm_lt.cu.)
+
+namespace {
+
+class LinearMultiBiasBackward : public Node {
+ public:
+  LinearMultiBiasBackward(const Tensor& x, const std::vector<Tensor>& ws, bool keep_weights) {
+    saved_.emplace_back("x", x);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      saved_.emplace_back("weights[" + std::to_string(i) + "]", keep_weights ? ws[i] : Tensor());
+      shapes_.push_back(ws[i].shape());
+    }
+  }
+  const char* name() const override { return "LinearMultiBiasBackward"; }
+  uint32_t num_outputs() const override { return static_cast<uint32_t>(shapes_.size()); }
+  void release_saved() override {
+    for (SavedTensor& s : saved_) s.reset();
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const size_t n = shapes_.size();
+    const Tensor x = saved_[0].unpack(*this);
+    std::vector<Tensor> ws(n);
+    for (size_t i = 0; i < n; ++i) ws[i] = saved_[1 + i].unpack(*this);
+    std::vector<bool> want_dw(n);
+    for (size_t i = 0; i < n; ++i) want_dw[i] = wants_grad(1 + i);
+    std::vector<Tensor> out = linear_multi_backward(x, ws, shapes_, grads, wants_grad(0), want_dw);
+    for (size_t i = 0; i < n; ++i)
+      out.push_back(wants_grad(1 + n + i) && grads[i].defined() ? sum_to(grads[i], {shapes_[i][0]}) : Tensor());
+    return out;
+  }
+
+ private:
+  std::vector<SavedTensor> saved_;  // x (when a weight takes a gradient), then the weights (when x does)
+  std::vector<Shape> shapes_;       // the weights' shapes
+};
+
+// The fused forward on CUDA; empty when it cannot run (then the op composes).
+std::vector<Tensor> linear_multi_bias_fused(const Tensor& x, const std::vector<Tensor>& ws,
+                                            const std::vector<Tensor>& bs) {
+#ifdef XT_CUDA
+  const int64_t K = x.shape().back();
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  if (!x.device().is_cuda() || rows == 0 || K == 0) return {};
+  int64_t total = 0;
+  for (const Tensor& w : ws) total += w.size(0);
+  Tensor buf = Tensor::empty({rows * total}, x.dtype(), x.device());
+  std::vector<Tensor> out;
+  int64_t off = 0;
+  for (const Tensor& w : ws) {
+    Shape shape = x.shape();
+    shape.back() = w.size(0);
+    out.push_back(buf.storage_view(off, shape));
+    off += rows * w.size(0);
+  }
+  const Tensor x2 = x.view_as_shape({rows, K});
+  for (const auto& [lo, hi] : shape_runs_of(shapes_of(ws))) {
+    const int64_t N = ws[lo].size(0), n = static_cast<int64_t>(hi - lo);
+    if (N == 0) continue;
+    int64_t wstride = uniform_stride(ws, lo, hi), bstride = uniform_stride(bs, lo, hi);
+    Tensor wbase = ws[lo], bbase = bs[lo];
+    if (wstride < 0) {  // pack (same values: same bits)
+      wbase = Tensor::empty({n, N, K}, x.dtype(), x.device());
+      for (size_t i = lo; i < hi; ++i) {
+        Tensor dst = wbase.storage_view(static_cast<int64_t>(i - lo) * N * K, ws[i].shape());
+        copy_(dst, ws[i]);
+      }
+      wstride = N * K;
+    }
+    if (bstride < 0) {
+      bbase = Tensor::empty({n, N}, x.dtype(), x.device());
+      for (size_t i = lo; i < hi; ++i) {
+        Tensor dst = bbase.storage_view(static_cast<int64_t>(i - lo) * N, bs[i].shape());
+        copy_(dst, bs[i]);
+      }
+      bstride = N;
+    }
+    if (!kernels::cuda::gemm_epilogue(x.dtype(), kernels::GemmEpilogue::Bias, false, true, rows, N, K, x2.data_ptr(),
+                                      wbase.data_ptr(), out[lo].data_ptr(), bbase.data_ptr(), nullptr,
+                                      stream_for(x.device()), n, 0, wstride, rows * N, bstride))
+      return {};
+  }
+  return out;
+#else
+  (void)x, (void)ws, (void)bs;
+  return {};
+#endif
+}
+
+}  // namespace
+
+std::vector<Tensor> linear_multi_bias(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& bs) {
+  const char* op = "linear_multi_bias";
+  check_linear_multi(x, ws);
+  XT_CHECK(bs.size() == ws.size(), ValueError, op, ": ", ws.size(), " weights but ", bs.size(), " biases");
+  for (size_t i = 0; i < bs.size(); ++i) {
+    const std::string name = "biases[" + std::to_string(i) + "]";
+    check_defined(bs[i], name.c_str());
+    check_same_device(x, bs[i], op, "x", name.c_str());
+    check_same_dtype(x, bs[i], op, "x", name.c_str());
+    XT_CHECK(bs[i].dim() == 1 && bs[i].numel() == ws[i].size(0), ValueError, op, ": ", name, " must have shape [",
+             ws[i].size(0), "] (weight ", i, "'s out_features), got ", bs[i].describe());
+  }
+  std::vector<Tensor> out = linear_multi_bias_fused(x, ws, bs);
+  if (out.empty()) {
+    out = linear_multi(x, ws);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = add(out[i], bs[i]);
+    return out;
+  }
+  std::vector<Tensor> inputs{x};
+  inputs.insert(inputs.end(), ws.begin(), ws.end());
+  inputs.insert(inputs.end(), bs.begin(), bs.end());
+  if (needs_grad(inputs)) {
+    bool w_grad = false;
+    for (const Tensor& w : ws) w_grad = w_grad || w.requires_grad();
+    auto node = make_node<LinearMultiBiasBackward>(inputs, w_grad ? x : Tensor(), ws, x.requires_grad());
     for (size_t i = 0; i < out.size(); ++i) set_history(out[i], node, static_cast<uint32_t>(i));
   }
   return out;

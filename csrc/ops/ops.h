@@ -146,6 +146,9 @@ Tensor linear(const Tensor& x, const Tensor& w);  // x [..., K] @ w[N, K]^T -> [
 // per run of weights of one shape (Note [Merged projections] in ops/matmul.cpp).
 std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<Tensor>& ws);
 std::vector<Tensor> linear_multi_forward(const Tensor& x, const std::vector<Tensor>& ws);
+// [linear(x, wi) + bi] as linear_multi's views; on CUDA the biases in the batched GEMM's epilogue
+// (cuBLASLt), on the CPU linear_multi then add, bitwise (ops/matmul.cpp).
+std::vector<Tensor> linear_multi_bias(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& bs);
 // -> {dx, dw0, dw1, ...}; x is needed for the dws, ws for dx (undefined entries otherwise).
 std::vector<Tensor> linear_multi_backward(const Tensor& x, const std::vector<Tensor>& ws,
                                           const std::vector<Shape>& w_shapes, const std::vector<Tensor>& grads,

@@ -6,7 +6,8 @@
 //   DGelu:       C = (A @ B) * gelu_tanh'(aux)                  (aux read: the forward's pre-activation)
 // The bias is added to the float32 accumulator and C rounded once (the unfused forms round the GEMM
 // output, then the sum, then GELU's output). bf16 inputs and outputs (float32 compute), or float32
-// (true fp32, TF32 when allow_tf32()); bias in C's dtype.
+// (true fp32, TF32 when allow_tf32()); bias in C's dtype. Bias also strided-batched (linear_multi_bias's
+// q/k/v: one call for the three projections, the input shared with batch stride 0).
 //
 // Note [cuBLASLt epilogues: exact and deterministic]
 // What cuBLAS documents, and how this file keeps to it:
@@ -37,6 +38,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 
 #include <cublasLt.h>
 
@@ -57,7 +59,7 @@ uint32_t alignment_of(const void* p) {
 }
 
 using LtQuery = std::tuple<int, int, int, bool, bool, int64_t, int64_t, int64_t, bool, size_t, uint32_t, uint32_t,
-                           uint32_t, uint32_t, uint32_t>;
+                           uint32_t, uint32_t, uint32_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
 struct LtChoice {
   bool found = false;
@@ -97,9 +99,12 @@ void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t
 }  // namespace
 
 bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
-                   const void* B, void* C, const void* bias, void* aux, void* stream) {
-  XT_CHECK(M > 0 && N > 0 && K > 0, ValueError, "gemm_epilogue: sizes must be positive, got M=", M, " N=", N,
-           " K=", K);
+                   const void* B, void* C, const void* bias, void* aux, void* stream, int64_t batch, int64_t strideA,
+                   int64_t strideB, int64_t strideC, int64_t stride_bias) {
+  XT_CHECK(M > 0 && N > 0 && K > 0 && batch > 0, ValueError, "gemm_epilogue: sizes must be positive, got M=", M,
+           " N=", N, " K=", K, " batch=", batch);
+  XT_CHECK(batch == 1 || ep == GemmEpilogue::Bias, ValueError, "gemm_epilogue: batches take the Bias epilogue only");
+  XT_CHECK(batch <= INT32_MAX, ValueError, "gemm_epilogue: batch ", batch, " does not fit in int32");
   XT_CHECK(ep == GemmEpilogue::DGelu ? bias == nullptr && aux != nullptr
                                      : bias != nullptr && (aux != nullptr) == (ep == GemmEpilogue::GeluAuxBias),
            ValueError, "gemm_epilogue: the epilogue's operands (bias, aux) do not match it");
@@ -127,7 +132,8 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
   const uint32_t al_a = alignment_of(A), al_b = alignment_of(B), al_c = alignment_of(C);
   const uint32_t al_bias = bias ? alignment_of(bias) : 256, al_aux = aux ? alignment_of(aux) : 256;
   const LtQuery query{on.device, static_cast<int>(dt), static_cast<int>(ep), ta, tb, M, N, K,
-                      compute == CUBLAS_COMPUTE_32F_FAST_TF32, ws.bytes, al_a, al_b, al_c, al_bias, al_aux};
+                      compute == CUBLAS_COMPUTE_32F_FAST_TF32, ws.bytes, al_a, al_b, al_c, al_bias, al_aux,
+                      batch, strideA, strideB, strideC, stride_bias};
 
   LtDescs d;
   XT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
@@ -147,6 +153,16 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
   XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, type, tb ? k : m, tb ? m : k, ld_b));
   XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, type, ta ? n : k, ta ? k : n, ld_a));
   XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, type, m, n, ld_c));
+  if (batch > 1) {
+    const int32_t count = static_cast<int32_t>(batch);
+    const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {{d.a, strideB}, {d.b, strideA}, {d.c, strideC}};
+    for (const auto& [layout, stride] : layouts) {
+      XT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      XT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                       sizeof(stride)));
+    }
+    set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, stride_bias);
+  }
 
   LtChoice choice;
   bool cached = false;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_multi', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_multi', 'linear_multi_bias', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -105,6 +105,10 @@ def linear_cross_entropy(x: xtrain._C.Tensor, w: xtrain._C.Tensor, targets: xtra
 def linear_multi(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor]) -> list[xtrain._C.Tensor]:
     """
     [x @ w^T for w in weights] as views of one buffer, one batched GEMM per run of equal shapes
+    """
+def linear_multi_bias(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor], biases: collections.abc.Sequence[xtrain._C.Tensor]) -> list[xtrain._C.Tensor]:
+    """
+    [x @ w^T + b for w, b in zip(weights, biases)] as linear_multi's views; on CUDA the biases in the batched GEMM's epilogue (cuBLASLt), on the CPU linear_multi then add, bitwise
     """
 def linear_rows(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor]) -> list[xtrain._C.Tensor]:
     """

@@ -22,9 +22,9 @@ Decisions:
 - Biases: every linear has one. The attention's output projection is ops.linear_bias and the MLP
   one ops.gelu_mlp: on CUDA the bias (and GELU) run in the GEMMs' epilogues (cuBLASLt) both ways,
   so no biased output and no hidden gradient takes an elementwise pass of its own (docs/gpt2.md,
-  "Fused epilogues"); on the CPU they are the unfused ops (linear, add, gelu), bitwise. q/k/v's
-  biases are added by a broadcast ops.add after their batched GEMM. Bias gradients are ordered
-  row sums (deterministic). In bf16 the store keeps bf16 copies of the linears' weights and biases
+  "Fused epilogues"); on the CPU they are the unfused ops (linear, add, gelu), bitwise. q/k/v run
+  as one batched GEMM with their biases (ops.linear_multi_bias), likewise fused on CUDA. Bias
+  gradients are ordered row sums (deterministic). In bf16 the store keeps bf16 copies of the linears' weights and biases
   (nn.linear_params); LayerNorm weights and biases stay float32.
 - Learned absolute positions: wpe (max_seq, dim), gathered at positions 0..S-1 (xtrain.arange on
   the device: nothing from the host, so the step captures as a CUDA graph) and added to the token
@@ -222,9 +222,10 @@ class Attention(nn.Module):
 
     def qkv(self, x):
         """x (rows, dim), already normed -> q, k, v (rows, dim) each, biases added; the three GEMMs
-        as one batched GEMM (ops.linear_multi)."""
-        q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        return q + self.q_proj.bias, k + self.k_proj.bias, v + self.v_proj.bias
+        as one batched GEMM, on CUDA with the biases in its epilogue (ops.linear_multi_bias)."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        q, k, v = ops.linear_multi_bias(x, [p.weight for p in projs], [p.bias for p in projs])
+        return q, k, v
 
     def forward(self, x, seq: int, cache=None, doc_start=None):
         """x (B*S, dim), already normed -> (B*S, dim). With a KV cache (generation's prefill), k
