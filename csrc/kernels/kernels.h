@@ -352,11 +352,12 @@ XT_KERNEL_DECLS
 //   Bias:        C = AB + bias[N]
 //   GeluAuxBias: aux = AB + bias[N], C = gelu_tanh(aux)   (aux [M, N])
 //   DGelu:       C = AB * gelu_tanh'(aux)                 (aux read)
-// in float32 on the accumulator, rounded once to dt (bfloat16 or float32; bias, aux in dt).
+// in float32 on the accumulator, rounded once to dt (bfloat16 or float32; bias, aux in dt; the
+// GELU epilogues bfloat16 only: Note [cuBLASLt epilogues: exact and deterministic]).
 // batch > 1 (Bias only): strided-batched as gemm's, A[b] at A + b * strideA (0: one A for all),
 // likewise B, C, and bias[b] at bias + b * stride_bias (elements).
-// Returns false, launching nothing, when cuBLASLt has no algorithm for the call (float64, an N
-// that is not a multiple of 8 with aux, ...); the ops then compose the unfused kernels. The CPU
+// Returns false, launching nothing, when it does not run the call (float64, GELU in float32, an
+// N that is not a multiple of 8 with aux, no cuBLASLt algorithm); the ops then compose. The CPU
 // has no twin: its ops compose gemm, the bias add and gelu, so the CPU results stay bitwise the
 // unfused ops'.
 enum class GemmEpilogue : int { Bias, GeluAuxBias, DGelu };

@@ -3,11 +3,12 @@
 //   gelu_mlp(x, w_fc, b_fc, w_pr, b_pr) = gelu_tanh(x @ w_fc^T + b_fc) @ w_pr^T + b_pr
 // x [..., K] over all leading dims as [rows, K]; weights [out, in]; biases [out]; one dtype.
 //
-// On CUDA (bfloat16, float32) the bias and GELU run in cuBLASLt's epilogues (kernels/cuda/
-// gemm_lt.cu, Note [cuBLASLt epilogues: exact and deterministic]): the forward writes each output
-// once, and gelu_mlp's backward applies GELU's derivative in the epilogue of the GEMM that makes
-// the hidden gradient (DGELU, reading the pre-activation the forward kept), so neither the biased
-// outputs nor the hidden gradient take an elementwise pass of their own. Bias gradients are
+// On CUDA the bias (bfloat16, float32) and GELU (bfloat16) run in cuBLASLt's epilogues
+// (kernels/cuda/gemm_lt.cu, Note [cuBLASLt epilogues: exact and deterministic]): the forward
+// writes each output once, and gelu_mlp's backward applies GELU's derivative in the epilogue of
+// the GEMM that makes the hidden gradient (DGELU, reading the pre-activation the forward kept), so
+// neither the biased outputs nor the hidden gradient take an elementwise pass of their own. In
+// float32 gelu_mlp is linear_bias, gelu, linear_bias. Bias gradients are
 // ops::sum_to's ordered column sums of the output gradients (the unfused add's backward, the same
 // bits); weight gradients and dx are the linear's GEMMs. Numerics: the bias and GELU act on the
 // float32 accumulator, rounded once, where the unfused ops round after the GEMM, after the add and
@@ -166,8 +167,10 @@ Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const T
   XT_CHECK(w_fc.size(1) == K && w_pr.size(1) == F, ValueError, op, ": x ", x.describe(), ", fc_weight ",
            w_fc.describe(), " and proj_weight ", w_pr.describe(),
            " do not chain (x [..., K], fc_weight [F, K], proj_weight [N, F])");
-  const auto composed = [&] { return add(linear(gelu(add(linear(x, w_fc), b_fc)), w_pr), b_pr); };
-  if (!x.device().is_cuda()) return composed();
+  // The composition: on the CPU linear then add, bitwise the unfused ops; on CUDA the BIAS GEMMs
+  // around the engine's GELU (float32, and where the GELU epilogues have no algorithm).
+  const auto composed = [&] { return linear_bias(gelu(linear_bias(x, w_fc, b_fc)), w_pr, b_pr); };
+  if (!x.device().is_cuda() || x.dtype() != DType::BFloat16) return composed();  // GELU epilogues: bf16 only
   Tensor pre = Tensor::empty({rows, F}, x.dtype(), x.device());
   Tensor h = Tensor::empty({rows, F}, x.dtype(), x.device());
   if (!fused_gemm(x, GemmEpilogue::GeluAuxBias, true, rows, F, K, x.view_as_shape({rows, K}), w_fc, h, &b_fc, &pre))

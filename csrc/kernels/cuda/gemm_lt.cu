@@ -16,9 +16,10 @@
 //    streams that holds for cublasLtMatmul given a workspace of the caller's own (the workspace
 //    here is the thread's cuBLAS workspace on its stream, gemm.cu). So the algorithm must be a
 //    function of the call: it is the first result of cublasLtMatmulAlgoGetHeuristic for the query
-//    (types, transposes, sizes, epilogue, workspace limit, and the operands' alignments, capped at
-//    256 bytes: the allocator's blocks and the store's views are aligned alike in every run, so the
-//    same program asks the same query), cached per query for the process. Never a timed search.
+//    (types, transposes, sizes, batch strides, epilogue, workspace limit, and the operands'
+//    alignments, capped at 256 bytes and taken over a batch's every entry: the allocator's blocks
+//    and the store's views are aligned alike in every run, so the same program asks the same
+//    query), cached per query for the process. Never a timed search.
 //  - Split-K: the reduction scheme mask allows only CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, whose
 //    partial products are float32 in the workspace, reduced in a separate step in a fixed order
 //    (no atomics). Not INPLACE and not OUTPUT_TYPE: both add partial sums in C's type (bf16),
@@ -27,10 +28,12 @@
 //    add no reduction of their own. The bias-gradient epilogues (BGRADA/B, DGELU_BGRAD) reduce
 //    across the rows of a tile grid in an order cuBLAS does not document; the ops compute bias
 //    gradients with their own ordered column sums (ops::sum_to) instead (as llm.c does too).
-//  - GELU is the tanh form (cuBLASLt's GELU epilogue; GPT-2's gelu_new), in float32 on the
-//    accumulator; it is not the CPU's or ops::gelu's formula to the last bit, which is why the
-//    fused op is its own op with its own tolerance tests (tests/test_gpt2_fused.py), and why a
-//    model uses it on both the recompute and the plain path.
+//  - GELU is the tanh form (cuBLASLt's GELU epilogue; GPT-2's gelu_new) on the float32
+//    accumulator, but cuBLAS does not document how it evaluates tanh (a hardware approximation
+//    would be ~5e-4 relative): close to ops::gelu's formula within bf16's rounding, not
+//    necessarily float32's. So the GELU epilogues run for bf16 only (false for float32, whose ops
+//    then take the engine's GELU kernels between BIAS GEMMs), and a model uses the fused op on the
+//    recompute and the plain path alike.
 // When cuBLASLt has no algorithm for a query (an aux ld not a multiple of 8, an unsupported type),
 // gemm_epilogue returns false having launched nothing, and the op composes the unfused kernels:
 // a choice that depends only on the query, so it repeats too.
@@ -50,11 +53,13 @@ namespace cuda {
 
 namespace {
 
-// The largest power of two (at most 256) that divides p's address: part of the heuristic query.
-uint32_t alignment_of(const void* p) {
+// The largest power of two (at most 256) that divides p's address and, in a batch, every entry's
+// (p + b * stride elements of `elem` bytes): part of the heuristic query.
+uint32_t alignment_of(const void* p, int64_t stride = 0, int64_t batch = 1, size_t elem = 1) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t step = batch > 1 ? static_cast<uintptr_t>(stride) * elem : 0;
   uint32_t al = 256;
-  while (al > 1 && a % al) al /= 2;
+  while (al > 1 && (a % al || step % al)) al /= 2;
   return al;
 }
 
@@ -119,6 +124,7 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
   } else {
     return false;  // float64: the op composes the unfused kernels
   }
+  if (ep != GemmEpilogue::Bias && dt != DType::BFloat16) return false;  // GELU epilogues: bf16 only (above)
   const cublasLtEpilogue_t epilogue = ep == GemmEpilogue::Bias          ? CUBLASLT_EPILOGUE_BIAS
                                       : ep == GemmEpilogue::GeluAuxBias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                                                         : CUBLASLT_EPILOGUE_DGELU;
@@ -129,8 +135,11 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
 
   OnStream on(stream);
   const LtWorkspace ws = cublaslt_workspace(on);
-  const uint32_t al_a = alignment_of(A), al_b = alignment_of(B), al_c = alignment_of(C);
-  const uint32_t al_bias = bias ? alignment_of(bias) : 256, al_aux = aux ? alignment_of(aux) : 256;
+  const size_t elem = dtype_size(dt);
+  const uint32_t al_a = alignment_of(A, strideA, batch, elem), al_b = alignment_of(B, strideB, batch, elem),
+                 al_c = alignment_of(C, strideC, batch, elem);
+  const uint32_t al_bias = bias ? alignment_of(bias, stride_bias, batch, elem) : 256;
+  const uint32_t al_aux = aux ? alignment_of(aux) : 256;
   const LtQuery query{on.device, static_cast<int>(dt), static_cast<int>(ep), ta, tb, M, N, K,
                       compute == CUBLAS_COMPUTE_32F_FAST_TF32, ws.bytes, al_a, al_b, al_c, al_bias, al_aux,
                       batch, strideA, strideB, strideC, stride_bias};
@@ -141,9 +150,13 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
   set_desc(d.op, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
   set_desc(d.op, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
   set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  // The heuristic reads the bias pointer's value for its alignment only (it never dereferences it):
+  // it is shown an address of exactly al_bias's alignment, which a batch's later biases share, and
+  // the real pointer is set before the call.
+  const void* bias_probe = reinterpret_cast<const void*>(static_cast<uintptr_t>(al_bias));
   if (bias != nullptr) {
     set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(type));
-    set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_probe);
   }
   if (aux != nullptr) {
     set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
@@ -189,13 +202,16 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
     int returned = 0;
     const cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(ws.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &returned);
-    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) XT_CUBLAS_CHECK(st);
+    // NOT_SUPPORTED / INVALID_VALUE: no algorithm for this combination (then the op composes)
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+      XT_CUBLAS_CHECK(st);
     choice.found = st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
     if (choice.found) choice.algo = result.algo;
     std::lock_guard<std::mutex> lock(g_lt_cache_mutex);
     lt_cache().emplace(query, choice);  // a query answered "none" is remembered too
   }
   if (!choice.found) return false;
+  if (bias != nullptr) set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   const float alpha = 1.0f, beta = 0.0f;
   XT_CUBLAS_CHECK(cublasLtMatmul(ws.handle, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &choice.algo,
                                  ws.ptr, ws.bytes, on.s));

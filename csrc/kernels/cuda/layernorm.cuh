@@ -61,6 +61,43 @@ layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ res, con
 }
 
 // With xhat = (x - mean) * rstd and g = dy * w:  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+// The row's mean(g) and mean(g * xhat): lane-strided partial sums, then group_sum (every lane of
+// the group calls it, valid or not: the shuffles); both backward kernels take them from here.
+template <int G, typename T, typename W>
+__device__ __forceinline__ void layernorm_dx_means(const T* __restrict__ xr, const T* __restrict__ dyr,
+                                                   const W* __restrict__ w, compute_t<T> mu, compute_t<T> inv,
+                                                   int64_t dim, int lane, bool valid, compute_t<T>& mean_g,
+                                                   compute_t<T>& mean_gx) {
+  using C = compute_t<T>;
+  C sum_g = 0, sum_gx = 0;
+  if (valid)
+#pragma unroll 8
+    for (int64_t j = lane; j < dim; j += G) {
+      const C g = load(dyr, j) * static_cast<C>(load(w, j));
+      sum_g += g;
+      sum_gx += g * ((load(xr, j) - mu) * inv);
+    }
+  mean_g = group_sum<G>(sum_g) / static_cast<C>(dim);
+  mean_gx = group_sum<G>(sum_gx) / static_cast<C>(dim);
+}
+
+// dx element j of a row (dres: the residual form's round(dx) + dres), with xhat and dy returned
+// for the one-pass kernel's dw and db.
+template <typename T, typename W>
+__device__ __forceinline__ compute_t<T> layernorm_dx_at(const T* __restrict__ xr, const T* __restrict__ dyr,
+                                                        const T* __restrict__ dresr, const W* __restrict__ w,
+                                                        int64_t j, compute_t<T> mu, compute_t<T> inv,
+                                                        compute_t<T> mean_g, compute_t<T> mean_gx,
+                                                        compute_t<T>& xhat, compute_t<T>& d) {
+  using C = compute_t<T>;
+  xhat = (load(xr, j) - mu) * inv;
+  d = load(dyr, j);
+  const C g = d * static_cast<C>(load(w, j));
+  C v = layernorm_dx(g, mean_g, xhat, mean_gx, inv);
+  if (dresr != nullptr) v = rounded<T>(v) + load(dresr, j);
+  return v;
+}
+
 template <int G, typename T, typename W>
 __global__ void __launch_bounds__(kThreads)
 layernorm_dx_kernel(const T* __restrict__ x, const W* __restrict__ w, const compute_t<T>* __restrict__ mean,
@@ -74,32 +111,21 @@ layernorm_dx_kernel(const T* __restrict__ x, const W* __restrict__ w, const comp
   const T* xr = x + rr * dim;
   const T* dyr = dy + rr * dim;
   const C mu = mean[rr], inv = rstd[rr];
-  C sum_g = 0, sum_gx = 0;
-  if (valid)
-#pragma unroll 8
-    for (int64_t j = lane; j < dim; j += G) {
-      const C g = load(dyr, j) * static_cast<C>(load(w, j));
-      sum_g += g;
-      sum_gx += g * ((load(xr, j) - mu) * inv);
-    }
-  sum_g = group_sum<G>(sum_g);
-  sum_gx = group_sum<G>(sum_gx);
+  C mean_g, mean_gx;
+  layernorm_dx_means<G>(xr, dyr, w, mu, inv, dim, lane, valid, mean_g, mean_gx);
   if (!valid) return;
-  const C mean_g = sum_g / static_cast<C>(dim), mean_gx = sum_gx / static_cast<C>(dim);
   T* dxr = dx + r * dim;
+  const T* dresr = dres != nullptr ? dres + r * dim : nullptr;
 #pragma unroll 8
   for (int64_t j = lane; j < dim; j += G) {
-    const C xhat = (load(xr, j) - mu) * inv;
-    const C g = load(dyr, j) * static_cast<C>(load(w, j));
-    C v = layernorm_dx(g, mean_g, xhat, mean_gx, inv);
-    if (dres != nullptr) v = rounded<T>(v) + load(dres + r * dim, j);
-    store(dxr, j, v);
+    C xhat, d;
+    store(dxr, j, layernorm_dx_at(xr, dyr, dresr, w, j, mu, inv, mean_g, mean_gx, xhat, d));
   }
 }
 
 // The one-pass backward: block b takes rows [b * rows_per_block, ...); group g of G lanes walks
-// rows r0 + g, r0 + g + groups, ... in order and per row computes dx exactly as layernorm_dx_kernel
-// does (the same sums, expressions and order: the same bits), then adds dy * xhat and dy of its
+// rows r0 + g, r0 + g + groups, ... in order and per row computes dx as layernorm_dx_kernel does
+// (layernorm_dx_means and layernorm_dx_at, the same order), then adds dy * xhat and dy of its
 // columns into its own rows of shared memory (acc_w, acc_b: [groups][dim] each). At the end the
 // block adds its groups' rows in group order (rmsnorm::store_block_dw): dw and db directly with
 // one block, else the block's partial rows, partial[b, :] for dw and partial[nblocks + b, :] for
@@ -130,28 +156,15 @@ layernorm_backward_onepass_kernel(const T* __restrict__ x, const W* __restrict__
     const T* xr = x + rr * dim;
     const T* dyr = dy + rr * dim;
     const C mu = mean[rr], inv = rstd[rr];
-    C sum_g = 0, sum_gx = 0;
-    if (valid)
-#pragma unroll 8
-      for (int64_t j = lane; j < dim; j += G) {
-        const C g = load(dyr, j) * static_cast<C>(load(w, j));
-        sum_g += g;
-        sum_gx += g * ((load(xr, j) - mu) * inv);
-      }
-    sum_g = group_sum<G>(sum_g);
-    sum_gx = group_sum<G>(sum_gx);
+    C mean_g, mean_gx;
+    layernorm_dx_means<G>(xr, dyr, w, mu, inv, dim, lane, valid, mean_g, mean_gx);
     if (!valid) continue;
-    const C mean_g = sum_g / static_cast<C>(dim), mean_gx = sum_gx / static_cast<C>(dim);
     T* dxr = dx + r * dim;
     const T* dresr = dres != nullptr ? dres + r * dim : nullptr;
 #pragma unroll 8
     for (int64_t j = lane; j < dim; j += G) {
-      const C xhat = (load(xr, j) - mu) * inv;
-      const C d = load(dyr, j);
-      const C g = d * static_cast<C>(load(w, j));
-      C v = layernorm_dx(g, mean_g, xhat, mean_gx, inv);
-      if (dresr != nullptr) v = rounded<T>(v) + load(dresr, j);
-      store(dxr, j, v);
+      C xhat, d;
+      store(dxr, j, layernorm_dx_at(xr, dyr, dresr, w, j, mu, inv, mean_g, mean_gx, xhat, d));
       my_w[j] += d * xhat;
       my_b[j] += d;
     }

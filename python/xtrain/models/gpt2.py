@@ -20,7 +20,7 @@ Decisions:
   (nn.ResidualStream -> ops.add_layer_norm, bitwise the add then the norm), the parameters in a
   ParamStore, bf16 as mixed precision, and the fused head + loss.
 - Biases: every linear has one. The attention's output projection is ops.linear_bias and the MLP
-  one ops.gelu_mlp: on CUDA the bias (and GELU) run in the GEMMs' epilogues (cuBLASLt) both ways,
+  one ops.gelu_mlp: on CUDA the bias (and in bf16 GELU) run in the GEMMs' epilogues (cuBLASLt),
   so no biased output and no hidden gradient takes an elementwise pass of its own (docs/gpt2.md,
   "Fused epilogues"); on the CPU they are the unfused ops (linear, add, gelu), bitwise. q/k/v run
   as one batched GEMM with their biases (ops.linear_multi_bias), likewise fused on CUDA. Bias
@@ -240,9 +240,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """c_proj(gelu_tanh(c_fc(x))), 4 x dim wide, as one op (ops.gelu_mlp: on CUDA the biases and
-    GELU in the GEMMs' epilogues, GELU's derivative in the backward GEMM's; on the CPU the unfused
-    linear, add, gelu, linear, add)."""
+    """c_proj(gelu_tanh(c_fc(x))), 4 x dim wide, as one op (ops.gelu_mlp: on CUDA the biases in
+    the GEMMs' epilogues, and in bf16 GELU and its derivative too; on the CPU the unfused linear,
+    add, gelu, linear, add)."""
 
     def __init__(self, c: GPT2Config, gen, residual_std: float):
         super().__init__()
