@@ -224,6 +224,27 @@ def test_cuda_composes_where_cublaslt_has_no_epilogue():
         _equal(fused, composed, f"gelu_mlp {dtype}")
 
 
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_linear_multi_bias(dtype):
+    """The q/k/v form on CUDA: one batched GEMM with the Bias epilogue (the node is
+    LinearMultiBiasBackward), against linear_multi then add within rounding; two runs bitwise."""
+    a = _qkv_arrays(rows=512, K=128, N=128, seed=14)
+    outs, fused = _qkv_run(True, a, dtype, "cuda")
+    assert outs[0].grad_fn == "LinearMultiBiasBackward"
+    _, again = _qkv_run(True, a, dtype, "cuda")
+    _equal(fused, again, "linear_multi_bias run to run")
+    _, composed = _qkv_run(False, a, dtype, "cuda")
+    tol = 1e-4 if dtype == "float32" else 2e-2
+    for i, (u, v) in enumerate(zip(fused, composed)):
+        if dtype == "float32":
+            u, v = u.view(np.float32), v.view(np.float32)
+        else:  # bf16 bits -> float32 values
+            u = (u.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            v = (v.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        np.testing.assert_allclose(u, v, rtol=tol, atol=tol * np.abs(v).max(), err_msg=f"array {i}")
+
+
 def _chain_arrays(seed):
     """An MLP, then a biased projection of its output: x, the MLP's four, w3 [64, 64], b3 [64]."""
     g = np.random.default_rng(seed + 100)
@@ -277,3 +298,33 @@ def test_cuda_gpt2_runs_the_fused_ops(bf16):
         assert block.mlp(x).grad_fn == ("GeluMlpBackward" if bf16 else "LinearBiasBackward")
         assert block.attn.c_proj(x).grad_fn == "LinearBiasBackward"
         assert block.attn.qkv(x)[0].grad_fn == "LinearMultiBiasBackward"
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_one_pass_layer_norm_backward_at_gpt2_scale(dtype):
+    """add_layer_norm's one-pass backward (Note [One-pass LayerNorm backward]) at d12's width over
+    8192 rows (512 blocks, the final trees): dx, dw, db against float64 torch on the same values,
+    and two runs bitwise."""
+    g = np.random.default_rng(15)
+    rows, dim = 8192, 768
+    arrays = [g.standard_normal((rows, dim)), g.standard_normal((rows, dim)), 1 + 0.1 * g.standard_normal(dim),
+              0.1 * g.standard_normal(dim)]
+    seed_np = g.standard_normal((rows, dim))
+    runs = []
+    for _ in range(2):
+        x, r = _leaves(arrays[:2], dtype, "cuda")
+        w, b = _leaves(arrays[2:], "float32", "cuda")
+        h, y = ops.add_layer_norm(x, r, w, b)
+        y.backward_seeded(xtrain.tensor(seed_np, dtype=dtype, device="cuda"))
+        runs.append([bits(y)] + [bits(t.grad) for t in (x, r, w, b)])
+    _equal(runs[0], runs[1], "add_layer_norm run to run")
+    ht = torch.tensor(to_numpy64(h), dtype=torch.float64, requires_grad=True)
+    wt = torch.tensor(arrays[2], dtype=torch.float64, requires_grad=True)
+    bt = torch.tensor(arrays[3], dtype=torch.float64, requires_grad=True)
+    yt = F.layer_norm(ht, (dim,), wt, bt, 1e-5)
+    yt.backward(torch.tensor(to_numpy64(xtrain.tensor(seed_np, dtype=dtype)), dtype=torch.float64))
+    tol = 1e-4 if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(to_numpy64(x.grad), ht.grad.numpy(), rtol=tol, atol=tol)
+    for got, want in ((w.grad, wt.grad), (b.grad, bt.grad)):  # sums over 8192 rows
+        np.testing.assert_allclose(to_numpy64(got), want.numpy(), rtol=tol, atol=tol * np.sqrt(rows))
