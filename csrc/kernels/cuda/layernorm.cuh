@@ -175,6 +175,92 @@ layernorm_backward_onepass_kernel(const T* __restrict__ x, const W* __restrict__
                                    one_block ? partial : partial + static_cast<int64_t>(gridDim.x) * dim, blockIdx.x);
 }
 
+// The wide one-pass backward for bf16 rows of dim = 256 * NC (NC <= 3: widths 256, 512, 768)
+// whose x, dy, dres and dx start at 16-byte boundaries, as RMSNorm's (Note [Wide RMSNorm
+// backward]): a warp per row, lane L owning the 8 consecutive elements [256c + 8L, 256c + 8L + 8)
+// of each chunk c, so every row moves in 16-byte packs; the lane's dw and db partials stay in
+// registers across its rows, w sits widened in shared memory (the row of acc_w that the block sum
+// later overwrites). The blocks, the rows of each warp and their order, the block sum and the
+// final trees are the lane-strided kernel's plan (onepass_plan<32>); the difference is the order of
+// a row's two sums (a lane's elements chunk by chunk, then group_sum<32>), so dx, dw and db
+// differ from the lane-strided kernel's in the last bits. Nothing has to agree with it bitwise
+// but itself: layer_norm and add_layer_norm take the same kernel for a row.
+template <int NC, typename W>
+__global__ void __launch_bounds__(kThreads, rmsnorm::kWideBlocks)
+layernorm_backward_wide_kernel(const bf16_t* __restrict__ x, const W* __restrict__ w, const float* __restrict__ mean,
+                               const float* __restrict__ rstd, const bf16_t* __restrict__ dy,
+                               const bf16_t* __restrict__ dres, bf16_t* __restrict__ dx, W* __restrict__ dw,
+                               W* __restrict__ db, float* __restrict__ partial, int64_t rows, int64_t rows_per_block) {
+  using C = float;
+  using P = Pack<bf16_t, 8>;
+  constexpr int kChunk = rmsnorm::kWideChunk;
+  constexpr int dim = NC * kChunk, groups = kThreads / kWarp;
+  C* acc_w = reinterpret_cast<C*>(dynamic_smem());  // [groups][dim]; w widened in row 0 until the rows are done
+  C* acc_b = acc_w + groups * dim;                    // [groups][dim]
+  const int lane = threadIdx.x % kWarp, group = threadIdx.x / kWarp;
+  for (int j = threadIdx.x; j < dim; j += kThreads) acc_w[j] = static_cast<C>(load(w, j));
+  C aw[NC][8], ab[NC][8];
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) aw[c][e] = ab[c][e] = 0;
+  __syncthreads();
+  const C* wl = acc_w + lane * 8;  // this lane's w: wl[c * kChunk + e]
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = rows < r0 + rows_per_block ? rows : r0 + rows_per_block;
+  for (int64_t r = r0 + group; r < r1; r += groups) {  // the whole warp takes row r
+    const int64_t off = r * dim + lane * 8;
+    P xp[NC], dp[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      xp[c] = *reinterpret_cast<const P*>(x + off + c * kChunk);
+      dp[c] = *reinterpret_cast<const P*>(dy + off + c * kChunk);
+    }
+    const C mu = mean[r], inv = rstd[r];
+    C sum_g = 0, sum_gx = 0;
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const C g = to_compute(dp[c].v[e]) * wl[c * kChunk + e];
+        sum_g += g;
+        sum_gx += g * ((to_compute(xp[c].v[e]) - mu) * inv);
+      }
+    const C mean_g = group_sum<kWarp>(sum_g) / static_cast<C>(dim);
+    const C mean_gx = group_sum<kWarp>(sum_gx) / static_cast<C>(dim);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      P o, rp;  // dres's pack is loaded here, not with x and dy: 12 registers fewer (dim 768 spilled)
+      if (dres != nullptr) rp = *reinterpret_cast<const P*>(dres + off + c * kChunk);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const C xhat = (to_compute(xp[c].v[e]) - mu) * inv;
+        const C d = to_compute(dp[c].v[e]);
+        C v = layernorm_dx(d * wl[c * kChunk + e], mean_g, xhat, mean_gx, inv);
+        if (dres != nullptr) v = rounded<bf16_t>(v) + to_compute(rp.v[e]);
+        o.v[e] = from_compute<bf16_t>(v);
+        aw[c][e] += d * xhat;
+        ab[c][e] += d;
+      }
+      *reinterpret_cast<P*>(dx + off + c * kChunk) = o;
+    }
+  }
+  __syncthreads();  // every warp is done reading w from row 0
+  C* my_w = acc_w + group * dim;
+  C* my_b = acc_b + group * dim;
+#pragma unroll
+  for (int c = 0; c < NC; ++c)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      my_w[c * kChunk + lane * 8 + e] = aw[c][e];
+      my_b[c * kChunk + lane * 8 + e] = ab[c][e];
+    }
+  const bool one_block = gridDim.x == 1;
+  rmsnorm::store_block_dw<int>(acc_w, groups, dim, one_block, dw, partial, blockIdx.x);
+  rmsnorm::store_block_dw<int>(acc_b, groups, dim, one_block, db,
+                               one_block ? partial : partial + static_cast<int64_t>(gridDim.x) * dim, blockIdx.x);
+}
+
 // The one-pass plan: rmsnorm's (the same blocks of rows, which depend only on rows) for a row twice
 // as long, since each group keeps two accumulator rows (dw's and db's); smem == 0 when they do not
 // fit in the 48 KiB a block gets without opting in (float: dim <= 768; double: 384), and then the
