@@ -81,32 +81,17 @@ __device__ __forceinline__ void layernorm_dx_means(const T* __restrict__ xr, con
   mean_gx = group_sum<G>(sum_gx) / static_cast<C>(dim);
 }
 
-// dx element j of a row (dres: the residual form's round(dx) + dres), with xhat and dy returned
-// for the one-pass kernel's dw and db.
-template <typename T, typename W>
-__device__ __forceinline__ compute_t<T> layernorm_dx_at(const T* __restrict__ xr, const T* __restrict__ dyr,
-                                                        const T* __restrict__ dresr, const W* __restrict__ w,
-                                                        int64_t j, compute_t<T> mu, compute_t<T> inv,
-                                                        compute_t<T> mean_g, compute_t<T> mean_gx,
-                                                        compute_t<T>& xhat, compute_t<T>& d) {
+// Row r's backward by the G lanes of a group (every lane calls it, valid or not: the shuffles):
+// dx (dres: the residual form's round(dx) + dres), and with kAcc dy * xhat and dy of the lane's
+// columns added into acc_w and acc_b (the one-pass kernel's rows of shared memory).
+template <int G, bool kAcc, typename T, typename W>
+__device__ __forceinline__ void layernorm_backward_row(const T* __restrict__ x, const W* __restrict__ w,
+                                                       const compute_t<T>* __restrict__ mean,
+                                                       const compute_t<T>* __restrict__ rstd,
+                                                       const T* __restrict__ dy, const T* __restrict__ dres,
+                                                       T* __restrict__ dx, int64_t r, bool valid, int64_t dim,
+                                                       int lane, compute_t<T>* acc_w, compute_t<T>* acc_b) {
   using C = compute_t<T>;
-  xhat = (load(xr, j) - mu) * inv;
-  d = load(dyr, j);
-  const C g = d * static_cast<C>(load(w, j));
-  C v = layernorm_dx(g, mean_g, xhat, mean_gx, inv);
-  if (dresr != nullptr) v = rounded<T>(v) + load(dresr, j);
-  return v;
-}
-
-template <int G, typename T, typename W>
-__global__ void __launch_bounds__(kThreads)
-layernorm_dx_kernel(const T* __restrict__ x, const W* __restrict__ w, const compute_t<T>* __restrict__ mean,
-                    const compute_t<T>* __restrict__ rstd, const T* __restrict__ dy, const T* __restrict__ dres,
-                    T* __restrict__ dx, int64_t rows, int64_t dim) {
-  using C = compute_t<T>;
-  const int64_t r = group_row<G>();
-  const bool valid = r < rows;
-  const int lane = threadIdx.x % G;
   const int64_t rr = valid ? r : 0;
   const T* xr = x + rr * dim;
   const T* dyr = dy + rr * dim;
@@ -118,14 +103,31 @@ layernorm_dx_kernel(const T* __restrict__ x, const W* __restrict__ w, const comp
   const T* dresr = dres != nullptr ? dres + r * dim : nullptr;
 #pragma unroll 8
   for (int64_t j = lane; j < dim; j += G) {
-    C xhat, d;
-    store(dxr, j, layernorm_dx_at(xr, dyr, dresr, w, j, mu, inv, mean_g, mean_gx, xhat, d));
+    const C xhat = (load(xr, j) - mu) * inv;
+    const C d = load(dyr, j);
+    C v = layernorm_dx(d * static_cast<C>(load(w, j)), mean_g, xhat, mean_gx, inv);
+    if (dresr != nullptr) v = rounded<T>(v) + load(dresr, j);
+    store(dxr, j, v);
+    if constexpr (kAcc) {
+      acc_w[j] += d * xhat;
+      acc_b[j] += d;
+    }
   }
+}
+
+template <int G, typename T, typename W>
+__global__ void __launch_bounds__(kThreads)
+layernorm_dx_kernel(const T* __restrict__ x, const W* __restrict__ w, const compute_t<T>* __restrict__ mean,
+                    const compute_t<T>* __restrict__ rstd, const T* __restrict__ dy, const T* __restrict__ dres,
+                    T* __restrict__ dx, int64_t rows, int64_t dim) {
+  const int64_t r = group_row<G>();
+  layernorm_backward_row<G, false>(x, w, mean, rstd, dy, dres, dx, r, r < rows, dim, threadIdx.x % G, nullptr,
+                                   nullptr);
 }
 
 // The one-pass backward: block b takes rows [b * rows_per_block, ...); group g of G lanes walks
 // rows r0 + g, r0 + g + groups, ... in order and per row computes dx as layernorm_dx_kernel does
-// (layernorm_dx_means and layernorm_dx_at, the same order), then adds dy * xhat and dy of its
+// (layernorm_backward_row, the same code), then adds dy * xhat and dy of its
 // columns into its own rows of shared memory (acc_w, acc_b: [groups][dim] each). At the end the
 // block adds its groups' rows in group order (rmsnorm::store_block_dw): dw and db directly with
 // one block, else the block's partial rows, partial[b, :] for dw and partial[nblocks + b, :] for
@@ -149,26 +151,9 @@ layernorm_backward_onepass_kernel(const T* __restrict__ x, const W* __restrict__
   const int64_t r1 = rows < r0 + rows_per_block ? rows : r0 + rows_per_block;
   // Every thread runs the same trip count (group_sum's shuffles take the whole warp); a group past
   // the block's last row adds nothing and writes nothing.
-  for (int64_t base = r0; base < r1; base += groups) {
-    const int64_t r = base + group;
-    const bool valid = r < r1;
-    const int64_t rr = valid ? r : 0;
-    const T* xr = x + rr * dim;
-    const T* dyr = dy + rr * dim;
-    const C mu = mean[rr], inv = rstd[rr];
-    C mean_g, mean_gx;
-    layernorm_dx_means<G>(xr, dyr, w, mu, inv, dim, lane, valid, mean_g, mean_gx);
-    if (!valid) continue;
-    T* dxr = dx + r * dim;
-    const T* dresr = dres != nullptr ? dres + r * dim : nullptr;
-#pragma unroll 8
-    for (int64_t j = lane; j < dim; j += G) {
-      C xhat, d;
-      store(dxr, j, layernorm_dx_at(xr, dyr, dresr, w, j, mu, inv, mean_g, mean_gx, xhat, d));
-      my_w[j] += d * xhat;
-      my_b[j] += d;
-    }
-  }
+  for (int64_t base = r0; base < r1; base += groups)
+    layernorm_backward_row<G, true>(x, w, mean, rstd, dy, dres, dx, base + group, base + group < r1, dim, lane, my_w,
+                                    my_b);
   const bool one_block = gridDim.x == 1;
   rmsnorm::store_block_dw<int64_t>(acc_w, groups, static_cast<int>(dim), one_block, dw, partial, blockIdx.x);
   rmsnorm::store_block_dw<int64_t>(acc_b, groups, static_cast<int>(dim), one_block, db,
