@@ -142,8 +142,8 @@ void check_linear_bias(const Tensor& x, const Tensor& w, const Tensor& b) {
   const char* op = "linear_bias";
   check_input(x, op);
   check_biased(x, w, b, op, "weight", "bias");
-  XT_CHECK(x.shape().back() == w.size(1), ValueError, op, ": x ", x.describe(), " must end in the weight's in_features ",
-           w.size(1), " (weight ", w.describe(), " is [out, in])");
+  XT_CHECK(x.shape().back() == w.size(1), ValueError, op, ": x ", x.describe(),
+           " must end in the weight's in_features ", w.size(1), " (weight ", w.describe(), " is [out, in])");
 }
 
 }  // namespace

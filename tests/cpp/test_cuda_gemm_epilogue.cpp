@@ -90,7 +90,8 @@ std::vector<double> product(const std::vector<float>& A, const std::vector<float
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
       double s = 0;
-      for (int k = 0; k < K; ++k) s += double(ta ? A[k * M + i] : A[i * K + k]) * double(tb ? B[j * K + k] : B[k * N + j]);
+      for (int k = 0; k < K; ++k)
+        s += double(ta ? A[k * M + i] : A[i * K + k]) * double(tb ? B[j * K + k] : B[k * N + j]);
       C[static_cast<size_t>(i) * N + j] = s;
     }
   return C;

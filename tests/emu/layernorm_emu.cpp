@@ -3,8 +3,9 @@
 // CPU reference kernels (csrc/kernels/cpu/layernorm.cpp): the forward with and without the fused
 // residual add (h bitwise the CPU's add), and the backwards with and without dres: the one-pass
 // kernel (dx, dw, db from one read; one block, and several with the final tree), the wide one
-// (bf16 rows of 256/512/768 in 16-byte packs) and the two-pass form (dx, then dw, db from the ordered column sums: one chunk, and several with the final pass),
-// their dx bitwise each other's. What it checks before any GPU run: the row ranges of the groups
+// (bf16 rows of 256/512/768 in 16-byte packs) and the two-pass form (dx, then dw, db from the
+// ordered column sums: one chunk, and several with the final pass), the lane-strided one-pass
+// and two-pass dx bitwise each other's. What it checks before any GPU run: the row ranges of the groups
 // (rows that do not fill the last block, where the shuffles must still see every lane), the
 // mean/rstd stores, the layout of the partial rows (dw's, then db's), and that the emulator's
 // schedules give the same bits. Not checked: the hardware's rounding, nor nvcc's contraction of

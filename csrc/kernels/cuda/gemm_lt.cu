@@ -170,7 +170,8 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
     const int32_t count = static_cast<int32_t>(batch);
     const std::pair<cublasLtMatrixLayout_t, int64_t> layouts[] = {{d.a, strideB}, {d.b, strideA}, {d.c, strideC}};
     for (const auto& [layout, stride] : layouts) {
-      XT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      XT_CUBLAS_CHECK(
+          cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
       XT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
                                                        sizeof(stride)));
     }

@@ -24,8 +24,8 @@ Decisions:
   so no biased output and no hidden gradient takes an elementwise pass of its own (docs/gpt2.md,
   "Fused epilogues"); on the CPU they are the unfused ops (linear, add, gelu), bitwise. q/k/v run
   as one batched GEMM with their biases (ops.linear_multi_bias), likewise fused on CUDA. Bias
-  gradients are ordered row sums (deterministic). In bf16 the store keeps bf16 copies of the linears' weights and biases
-  (nn.linear_params); LayerNorm weights and biases stay float32.
+  gradients are ordered row sums (deterministic). In bf16 the store keeps bf16 copies of the
+  linears' weights and biases (nn.linear_params); LayerNorm weights and biases stay float32.
 - Learned absolute positions: wpe (max_seq, dim), gathered at positions 0..S-1 (xtrain.arange on
   the device: nothing from the host, so the step captures as a CUDA graph) and added to the token
   embeddings in float32 before the cast to the compute dtype. max_seq sizes wpe: a weight.
