@@ -34,9 +34,10 @@
 //    necessarily float32's. So the GELU epilogues run for bf16 only (false for float32, whose ops
 //    then take the engine's GELU kernels between BIAS GEMMs), and a model uses the fused op on the
 //    recompute and the plain path alike.
-// When cuBLASLt has no algorithm for a query (an aux ld not a multiple of 8, an unsupported type),
-// gemm_epilogue returns false having launched nothing, and the op composes the unfused kernels:
-// a choice that depends only on the query, so it repeats too.
+// When cuBLASLt has no algorithm for a query (an aux ld not a multiple of 8, an unsupported type)
+// or refuses the call as not supported, gemm_epilogue returns false having launched nothing, and
+// the op composes the unfused kernels: a choice that depends only on the query (remembered with
+// it), so it repeats too.
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -214,8 +215,16 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
   if (!choice.found) return false;
   if (bias != nullptr) set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   const float alpha = 1.0f, beta = 0.0f;
-  XT_CUBLAS_CHECK(cublasLtMatmul(ws.handle, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &choice.algo,
-                                 ws.ptr, ws.bytes, on.s));
+  const cublasStatus_t st = cublasLtMatmul(ws.handle, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
+                                           &choice.algo, ws.ptr, ws.bytes, on.s);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+    // Refused before any launch (a combination the heuristic offered but the call does not take):
+    // remembered as "none", so this query composes from now on, the same way every time after.
+    std::lock_guard<std::mutex> lock(g_lt_cache_mutex);
+    lt_cache()[query].found = false;
+    return false;
+  }
+  XT_CUBLAS_CHECK(st);
   return true;
 }
 
