@@ -351,5 +351,27 @@ namespace cuda {
 XT_KERNEL_DECLS
 }  // namespace cuda
 
+// A GEMM with a fused epilogue (kernels/cuda/gemm_lt.cu, cuBLASLt): CUDA only. Row-major
+// C [M, N] = op(A) @ op(B) (ta/tb as gemm's, packed), then
+//   Bias:        C = AB + bias[N]
+//   GeluAuxBias: aux = AB + bias[N], C = gelu_tanh(aux)   (aux [M, N])
+//   DGelu:       C = AB * gelu_tanh'(aux)                 (aux read)
+// in float32 on the accumulator, rounded once to dt (bfloat16 or float32; bias, aux in dt; the
+// GELU epilogues bfloat16 only: Note [cuBLASLt epilogues: exact and deterministic]).
+// batch > 1 (Bias only): strided-batched as gemm's, A[b] at A + b * strideA (0: one A for all),
+// likewise B, C, and bias[b] at bias + b * stride_bias (elements).
+// Returns false, launching nothing, when it does not run the call (float64, GELU in float32, an
+// N that is not a multiple of 8 with aux, no cuBLASLt algorithm); the ops then compose. The CPU
+// has no twin: its ops compose gemm, the bias add and gelu, so the CPU results stay bitwise the
+// unfused ops'.
+enum class GemmEpilogue : int { Bias, GeluAuxBias, DGelu };
+#ifdef XT_CUDA
+namespace cuda {
+bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A,
+                   const void* B, void* C, const void* bias, void* aux, void* stream, int64_t batch = 1,
+                   int64_t strideA = 0, int64_t strideB = 0, int64_t strideC = 0, int64_t stride_bias = 0);
+}  // namespace cuda
+#endif
+
 }  // namespace kernels
 }  // namespace xt

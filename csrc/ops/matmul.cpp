@@ -8,9 +8,11 @@
 // linear: y = x @ W^T over all leading dims as [rows, K]; dx = dy @ W, dW = dy^T @ x as one GEMM
 // over every row, written in W's dtype. Each node saves an input only when the other input needs
 // its gradient.
-// linear_multi: several linears of one input (q/k/v, gate/up), see Note [Merged projections].
+// linear_multi: several linears of one input (q/k/v, gate/up), see Note [Merged projections];
+// linear_multi_bias: the same with biases, added in the GEMM's epilogue on CUDA (below).
 #include <atomic>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -208,8 +210,12 @@ void check_linear_multi(const Tensor& x, const std::vector<Tensor>& ws) {
 
 }  // namespace
 
-std::vector<Tensor> linear_multi_forward(const Tensor& x, const std::vector<Tensor>& ws) {
-  check_linear_multi(x, ws);
+namespace {
+
+// linear_multi's forward; with biases (bs non-null, CUDA only) each run's batched GEMM takes the
+// Bias epilogue, the biases at a uniform distance or packed (linear_multi_bias), and an empty
+// result means that epilogue has no algorithm here (nothing was written to the outputs).
+std::vector<Tensor> multi_forward(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>* bs) {
   const int64_t K = x.shape().back();
   const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
   int64_t total = 0;
@@ -239,10 +245,38 @@ std::vector<Tensor> linear_multi_forward(const Tensor& x, const std::vector<Tens
       }
       wstride = N * K;
     }
-    XT_KERNEL(x.device(), gemm, x.dtype(), x.dtype(), false, true, rows, N, K, 1.0f, x2.data_ptr(), wbase.data_ptr(),
-              0.0f, out[lo].data_ptr(), n, 0, wstride, rows * N, stream_for(x.device()));
+    if (bs == nullptr) {
+      XT_KERNEL(x.device(), gemm, x.dtype(), x.dtype(), false, true, rows, N, K, 1.0f, x2.data_ptr(),
+                wbase.data_ptr(), 0.0f, out[lo].data_ptr(), n, 0, wstride, rows * N, stream_for(x.device()));
+      continue;
+    }
+#ifdef XT_CUDA
+    int64_t bstride = uniform_stride(*bs, lo, hi);
+    Tensor bbase = (*bs)[lo];
+    if (bstride < 0) {
+      bbase = Tensor::empty({n, N}, x.dtype(), x.device());
+      for (size_t i = lo; i < hi; ++i) {
+        Tensor dst = bbase.storage_view(static_cast<int64_t>(i - lo) * N, (*bs)[i].shape());
+        copy_(dst, (*bs)[i]);
+      }
+      bstride = N;
+    }
+    if (!kernels::cuda::gemm_epilogue(x.dtype(), kernels::GemmEpilogue::Bias, false, true, rows, N, K, x2.data_ptr(),
+                                      wbase.data_ptr(), out[lo].data_ptr(), bbase.data_ptr(), nullptr,
+                                      stream_for(x.device()), n, 0, wstride, rows * N, bstride))
+      return {};
+#else
+    return {};
+#endif
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<Tensor> linear_multi_forward(const Tensor& x, const std::vector<Tensor>& ws) {
+  check_linear_multi(x, ws);
+  return multi_forward(x, ws, nullptr);
 }
 
 std::vector<Tensor> linear_multi_backward(const Tensor& x, const std::vector<Tensor>& ws,
@@ -326,16 +360,19 @@ std::vector<Tensor> linear_multi_backward(const Tensor& x, const std::vector<Ten
 
 namespace {
 
+// Inputs x, the weights, and with_biases the biases; the biases' gradients are sum_to's ordered
+// row sums of their outputs' gradients (the unfused add's backward).
 class LinearMultiBackward : public Node {
  public:
-  LinearMultiBackward(const Tensor& x, const std::vector<Tensor>& ws, bool keep_weights) {
+  LinearMultiBackward(const Tensor& x, const std::vector<Tensor>& ws, bool keep_weights, bool with_biases)
+      : with_biases_(with_biases) {
     saved_.emplace_back("x", x);
     for (size_t i = 0; i < ws.size(); ++i) {
       saved_.emplace_back("weights[" + std::to_string(i) + "]", keep_weights ? ws[i] : Tensor());
       shapes_.push_back(ws[i].shape());
     }
   }
-  const char* name() const override { return "LinearMultiBackward"; }
+  const char* name() const override { return with_biases_ ? "LinearMultiBiasBackward" : "LinearMultiBackward"; }
   uint32_t num_outputs() const override { return static_cast<uint32_t>(shapes_.size()); }
   void release_saved() override {
     for (SavedTensor& s : saved_) s.reset();
@@ -347,26 +384,70 @@ class LinearMultiBackward : public Node {
     for (size_t i = 0; i < n; ++i) ws[i] = saved_[1 + i].unpack(*this);
     std::vector<bool> want_dw(n);
     for (size_t i = 0; i < n; ++i) want_dw[i] = wants_grad(1 + i);
-    return linear_multi_backward(x, ws, shapes_, grads, wants_grad(0), want_dw);
+    std::vector<Tensor> out = linear_multi_backward(x, ws, shapes_, grads, wants_grad(0), want_dw);
+    if (with_biases_)
+      for (size_t i = 0; i < n; ++i)
+        out.push_back(wants_grad(1 + n + i) && grads[i].defined() ? sum_to(grads[i], {shapes_[i][0]}) : Tensor());
+    return out;
   }
 
  private:
   std::vector<SavedTensor> saved_;  // x (when a weight takes a gradient), then the weights (when x does)
   std::vector<Shape> shapes_;       // the weights' shapes
+  bool with_biases_;
 };
+
+// Records the node of linear_multi (bs empty) or linear_multi_bias on its outputs.
+void record_multi(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& bs,
+                  std::vector<Tensor>& out) {
+  std::vector<Tensor> inputs{x};
+  inputs.insert(inputs.end(), ws.begin(), ws.end());
+  inputs.insert(inputs.end(), bs.begin(), bs.end());
+  if (!needs_grad(inputs)) return;
+  bool w_grad = false;
+  for (const Tensor& w : ws) w_grad = w_grad || w.requires_grad();
+  auto node = make_node<LinearMultiBackward>(inputs, w_grad ? x : Tensor(), ws, x.requires_grad(), !bs.empty());
+  for (size_t i = 0; i < out.size(); ++i) set_history(out[i], node, static_cast<uint32_t>(i));
+}
 
 }  // namespace
 
 std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<Tensor>& ws) {
   std::vector<Tensor> out = linear_multi_forward(x, ws);
-  std::vector<Tensor> inputs{x};
-  inputs.insert(inputs.end(), ws.begin(), ws.end());
-  if (needs_grad(inputs)) {
-    bool w_grad = false;
-    for (const Tensor& w : ws) w_grad = w_grad || w.requires_grad();
-    auto node = make_node<LinearMultiBackward>(inputs, w_grad ? x : Tensor(), ws, x.requires_grad());
-    for (size_t i = 0; i < out.size(); ++i) set_history(out[i], node, static_cast<uint32_t>(i));
+  record_multi(x, ws, {}, out);
+  return out;
+}
+
+// linear_multi_bias: [linear(x, wi) + bi] (GPT-2's q/k/v). On CUDA each run of equal shapes is one
+// strided-batched cuBLASLt GEMM with the Bias epilogue (the biases at a uniform distance, as the
+// store lays them out, else packed: the same values): the outputs are written once, as
+// linear_multi's views of one buffer. Backward: linear_multi's, and each bias gradient sum_to's
+// ordered row sum of its output gradient (the unfused add's). On the CPU, in float64 and where
+// cuBLASLt has no algorithm: linear_multi followed by ops::add, bitwise those ops.
+// (ops/linear_bias.cpp holds the single biased linears; Note [cuBLASLt epilogues: exact and
+// deterministic] in kernels/cuda/gemm_lt.cu.)
+
+std::vector<Tensor> linear_multi_bias(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& bs) {
+  const char* op = "linear_multi_bias";
+  check_linear_multi(x, ws);
+  XT_CHECK(bs.size() == ws.size(), ValueError, op, ": ", ws.size(), " weights but ", bs.size(), " biases");
+  for (size_t i = 0; i < bs.size(); ++i) {
+    const std::string name = "biases[" + std::to_string(i) + "]";
+    check_defined(bs[i], name.c_str());
+    check_same_device(x, bs[i], op, "x", name.c_str());
+    check_same_dtype(x, bs[i], op, "x", name.c_str());
+    XT_CHECK(bs[i].dim() == 1 && bs[i].numel() == ws[i].size(0), ValueError, op, ": ", name, " must have shape [",
+             ws[i].size(0), "] (weight ", i, "'s out_features), got ", bs[i].describe());
   }
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
+  std::vector<Tensor> out;
+  if (x.device().is_cuda() && rows > 0 && x.shape().back() > 0) out = multi_forward(x, ws, &bs);
+  if (out.empty()) {  // the CPU, float64, no algorithm: linear_multi then add
+    out = linear_multi(x, ws);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = add(out[i], bs[i]);
+    return out;
+  }
+  record_multi(x, ws, bs, out);
   return out;
 }
 

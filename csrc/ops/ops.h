@@ -147,10 +147,20 @@ Tensor linear(const Tensor& x, const Tensor& w);  // x [..., K] @ w[N, K]^T -> [
 // per run of weights of one shape (Note [Merged projections] in ops/matmul.cpp).
 std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<Tensor>& ws);
 std::vector<Tensor> linear_multi_forward(const Tensor& x, const std::vector<Tensor>& ws);
+// [linear(x, wi) + bi] as linear_multi's views; on CUDA the biases in the batched GEMM's epilogue
+// (cuBLASLt), on the CPU linear_multi then add, bitwise (ops/matmul.cpp).
+std::vector<Tensor> linear_multi_bias(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& bs);
 // -> {dx, dw0, dw1, ...}; x is needed for the dws, ws for dx (undefined entries otherwise).
 std::vector<Tensor> linear_multi_backward(const Tensor& x, const std::vector<Tensor>& ws,
                                           const std::vector<Shape>& w_shapes, const std::vector<Tensor>& grads,
                                           bool want_dx, const std::vector<bool>& want_dw);
+// ---- biased linears with fused epilogues (ops/linear_bias.cpp): on CUDA the bias (and GELU) in
+// the GEMM's epilogue (cuBLASLt), bias gradients by sum_to; on the CPU (and float64) the unfused
+// ops' composition, bitwise. x [..., K]; weights [out, in]; biases [out]; one dtype.
+Tensor linear_bias(const Tensor& x, const Tensor& w, const Tensor& b);  // x @ w^T + b
+// gelu_tanh(x @ w_fc^T + b_fc) @ w_pr^T + b_pr (GPT-2's MLP), one node: its backward applies GELU's
+// derivative in the epilogue of the GEMM that makes the hidden gradient.
+Tensor gelu_mlp(const Tensor& x, const Tensor& w_fc, const Tensor& b_fc, const Tensor& w_pr, const Tensor& b_pr);
 // raw: a [M, K] @ b [K, N], or batched [Bt, M, K] @ [Bt, K, N]; ta/tb read a/b transposed.
 Tensor matmul_forward(const Tensor& a, const Tensor& b, bool ta = false, bool tb = false);
 // out_dtype lets weight-gradient GEMMs write float32 directly from bf16 inputs.

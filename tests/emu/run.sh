@@ -3,7 +3,7 @@
 #   tests/emu/run.sh [--quick]      (flash attention and the q/k head preparation; --prep: the latter only;
 #                                    --documents: attention within documents only)
 #   tests/emu/run.sh rmsnorm        (RMSNorm's one-pass backward, the fused residual add, the few-row forward)
-#   tests/emu/run.sh layernorm      (LayerNorm: forward with the fused residual add, dx, the dw/db column sums)
+#   tests/emu/run.sh layernorm      (LayerNorm: forward with the fused residual add, the one-pass backward, the two-pass one)
 #   tests/emu/run.sh linear_rows    (the decode step's matrix-vector kernel)
 #   tests/emu/run.sh cross_entropy  (the one-pass cross-entropy forward, reduce and backward)
 #   tests/emu/run.sh optim          (AdamW over ranges in 16-byte packs, the global norm's staged partials)

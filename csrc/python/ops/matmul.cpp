@@ -1,4 +1,5 @@
-// xtrain._C.ops bindings of the matmul family (csrc/ops/matmul.cpp): matmul, linear, linear_multi.
+// xtrain._C.ops bindings of the matmul family (csrc/ops/matmul.cpp): matmul, linear, linear_multi,
+// linear_multi_bias.
 #include "ops/ops.h"
 #include "python/op_registry.h"
 
@@ -9,4 +10,7 @@ XT_BIND_OPS(matmul, m) {
   m.def("linear", &ops::linear, py::arg("x"), py::arg("weight"), NoGil(), "x @ weight^T, weight is [out, in]");
   m.def("linear_multi", &ops::linear_multi, py::arg("x"), py::arg("weights"), NoGil(),
         "[x @ w^T for w in weights] as views of one buffer, one batched GEMM per run of equal shapes");
+  m.def("linear_multi_bias", &ops::linear_multi_bias, py::arg("x"), py::arg("weights"), py::arg("biases"), NoGil(),
+        "[x @ w^T + b for w, b in zip(weights, biases)] as linear_multi's views; on CUDA the biases in the batched "
+        "GEMM's epilogue (cuBLASLt), on the CPU linear_multi then add, bitwise");
 }

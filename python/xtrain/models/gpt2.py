@@ -19,10 +19,13 @@ Decisions:
   dim 64 runs its tensor-core kernels), each residual add fused into the LayerNorm after it
   (nn.ResidualStream -> ops.add_layer_norm, bitwise the add then the norm), the parameters in a
   ParamStore, bf16 as mixed precision, and the fused head + loss.
-- Biases: every linear has one (nn.Linear(bias=True)), added to the GEMM's output by a broadcast
-  ops.add whose backward sums the rows (deterministic). In bf16 the store keeps bf16 copies of
-  the linears' weights and biases (nn.linear_params), so the add runs in bf16 as under autocast;
-  LayerNorm weights and biases stay float32.
+- Biases: every linear has one. The attention's output projection is ops.linear_bias and the MLP
+  one ops.gelu_mlp: on CUDA the bias (and in bf16 GELU) run in the GEMMs' epilogues (cuBLASLt),
+  so no biased output and no hidden gradient takes an elementwise pass of its own (docs/gpt2.md,
+  "Fused epilogues"); on the CPU they are the unfused ops (linear, add, gelu), bitwise. q/k/v run
+  as one batched GEMM with their biases (ops.linear_multi_bias), likewise fused on CUDA. Bias
+  gradients are ordered row sums (deterministic). In bf16 the store keeps bf16 copies of the
+  linears' weights and biases (nn.linear_params); LayerNorm weights and biases stay float32.
 - Learned absolute positions: wpe (max_seq, dim), gathered at positions 0..S-1 (xtrain.arange on
   the device: nothing from the host, so the step captures as a CUDA graph) and added to the token
   embeddings in float32 before the cast to the compute dtype. max_seq sizes wpe: a weight.
@@ -39,7 +42,7 @@ Decisions:
   weights one and biases zero; drawn on the CPU from one seeded xtrain.Generator in construction
   order, then uploaded into the store in one copy.
 - Recompute (config.recompute, or block.recompute): forward_recompute below re-runs the attention
-  half and the MLP up to its output projection in backward: bitwise the same loss and gradients.
+  half and the MLP (one op, ops.gelu_mlp) in backward: bitwise the same loss and gradients.
 - Generation with a KV cache: models/gpt2_decode.py (the prefill is this forward; a decode step
   gathers wpe at each row's position and attends over the cache with ops.decode_attention).
 """
@@ -194,6 +197,17 @@ def config_for(preset: str, vocab_size: int, **overrides) -> GPT2Config:
 
 # ---- the modules
 
+class Linear(nn.Linear):
+    """nn.Linear with a bias, its forward ops.linear_bias: on CUDA the bias is added in the GEMM's
+    epilogue (one pass over the output instead of two), on the CPU it is linear then add."""
+
+    def __init__(self, in_features: int, out_features: int, generator=None, std: float = INIT_STD):
+        super().__init__(in_features, out_features, bias=True, generator=generator, std=std)
+
+    def forward(self, x):
+        return ops.linear_bias(x, self.weight, self.bias)
+
+
 class Attention(nn.Module):
     """Causal multi-head self-attention with biased q/k/v and output projections."""
 
@@ -203,14 +217,15 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(c.dim, c.dim, bias=True, generator=gen, std=INIT_STD)
         self.k_proj = nn.Linear(c.dim, c.dim, bias=True, generator=gen, std=INIT_STD)
         self.v_proj = nn.Linear(c.dim, c.dim, bias=True, generator=gen, std=INIT_STD)
-        self.c_proj = nn.Linear(c.dim, c.dim, bias=True, generator=gen, std=residual_std)
+        self.c_proj = Linear(c.dim, c.dim, generator=gen, std=residual_std)
         self.dropout = nn.Dropout(c.dropout)
 
     def qkv(self, x):
         """x (rows, dim), already normed -> q, k, v (rows, dim) each, biases added; the three GEMMs
-        as one batched GEMM (ops.linear_multi)."""
-        q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        return q + self.q_proj.bias, k + self.k_proj.bias, v + self.v_proj.bias
+        as one batched GEMM, on CUDA with the biases in its epilogue (ops.linear_multi_bias)."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        q, k, v = ops.linear_multi_bias(x, [p.weight for p in projs], [p.bias for p in projs])
+        return q, k, v
 
     def forward(self, x, seq: int, cache=None, doc_start=None):
         """x (B*S, dim), already normed -> (B*S, dim). With a KV cache (generation's prefill), k
@@ -225,21 +240,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """c_proj(gelu_tanh(c_fc(x))), 4 x dim wide."""
+    """c_proj(gelu_tanh(c_fc(x))), 4 x dim wide, as one op (ops.gelu_mlp: on CUDA the biases in
+    the GEMMs' epilogues, and in bf16 GELU and its derivative too; on the CPU the unfused linear,
+    add, gelu, linear, add)."""
 
     def __init__(self, c: GPT2Config, gen, residual_std: float):
         super().__init__()
-        self.c_fc = nn.Linear(c.dim, c.ffn_dim, bias=True, generator=gen, std=INIT_STD)
-        self.c_proj = nn.Linear(c.ffn_dim, c.dim, bias=True, generator=gen, std=residual_std)
+        self.c_fc = Linear(c.dim, c.ffn_dim, generator=gen, std=INIT_STD)
+        self.c_proj = Linear(c.ffn_dim, c.dim, generator=gen, std=residual_std)
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x):
         """x (B*S, dim), already normed -> (B*S, dim)."""
-        return self.dropout(self.c_proj(self.hidden(x)))
-
-    def hidden(self, x):
-        """(B*S, dim) -> (B*S, 4 dim): everything before the output projection."""
-        return ops.gelu(self.c_fc(x))
+        fc, proj = self.c_fc, self.c_proj
+        return self.dropout(ops.gelu_mlp(x, fc.weight, fc.bias, proj.weight, proj.bias))
 
 
 class Block(nn.Module):
@@ -263,18 +277,17 @@ class Block(nn.Module):
 
 
 def forward_recompute(block: Block, x: nn.ResidualStream, seq: int, doc_start=None) -> nn.ResidualStream:
-    """block(x, seq) with selective recompute: the attention half and the MLP up to its output
-    projection run under nn.checkpoint (re-run in backward); what the block keeps is its input and
-    the MLP's hidden activation, which c_proj saves. The same modules run the same ops in the same
-    order as Block.forward (add + layer_norm is bitwise the fused add_layer_norm), so the results
-    are bitwise those without recompute."""
+    """block(x, seq) with recompute: the attention half and the MLP half (ln_2 and the one-op MLP)
+    run under nn.checkpoint (re-run in backward); what the block keeps is its input and the
+    stream between the halves. The same modules run the same ops in the same order as
+    Block.forward (add + layer_norm is bitwise the fused add_layer_norm), so the results are
+    bitwise those without recompute."""
     if not isinstance(x, nn.ResidualStream):
         raise TypeError(f"forward_recompute: x must be an nn.ResidualStream, got {type(x).__name__}")
     ln_1, attn, ln_2, mlp = block.ln_1, block.attn, block.ln_2, block.mlp
     x = x.resolve()                                   # the add the block before left pending
     x = nn.checkpoint(lambda x: x + attn(ln_1(x), seq, None, doc_start), x, ln_1, attn)
-    g = nn.checkpoint(lambda x: mlp.hidden(ln_2(x)), x, ln_2, mlp.c_fc)
-    return nn.ResidualStream(x + mlp.dropout(mlp.c_proj(g)))
+    return nn.ResidualStream(x + nn.checkpoint(lambda x: mlp(ln_2(x)), x, ln_2, mlp))
 
 
 class GPT2(nn.Module):
