@@ -15,7 +15,8 @@ import xtrain
 from modelhelp import batch, make_model, prepared_stories, run_log, small_config, tiny_run
 from xtrain.data.layout import file_sha256
 from xtrain.io import state as ckpt_state
-from xtrain.optim import AdamW, Muon
+from xtrain.models import GPT2, preset_config
+from xtrain.optim import AdamW, Muon, block_matrices
 from xtrain.trainer.train import train
 
 OPTIM = "optim.safetensors"
@@ -61,6 +62,16 @@ def test_muon_allocates_no_second_moment_for_its_matrices():
     assert muon_bytes <= 9 / 8 * 4 * (muon.flat_momentum.numel() + 2 * muon.adamw.flat_v.numel()) + 3 * 512
     assert adamw_bytes - muon_bytes >= 4 * matrix_elems, (adamw_bytes, muon_bytes, matrix_elems)
     assert muon.adamw.exp_avg_sq[muon.matrices[0]] is None
+
+
+def test_block_matrices_are_the_blocks_2d_weights():
+    model = make_model(small_config())
+    assert block_matrices(model.named_parameters()) == _block_matrices(model)
+    gpt2 = GPT2(preset_config("gpt2-124m", 96, n_layers=2, dim=32, n_heads=2, max_seq=16))
+    names = block_matrices(gpt2.named_parameters())
+    assert names == [f"h.{i}.{n}.weight" for i in range(2) for n in
+                     ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+    Muon(gpt2.named_parameters(), matrices=names)  # the rest (wte, wpe, norms, biases) AdamW's
 
 
 # ---------------------------------------------------------------- AdamW(only=...)

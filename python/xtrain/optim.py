@@ -445,6 +445,19 @@ def _indices_of(names: list, only, who: str) -> list:
     return sorted(index[n] for n in only)
 
 
+def block_matrices(named_params) -> list:
+    """The names of the 2-D weights inside a model's repeated blocks, whose names run
+    "<blocks>.<index>.<...>" (TinyTransformer's "layers.3.mlp.up_proj.weight", GPT-2's
+    "h.3.attn.q_proj.weight"): the matrices Muon trains. The embeddings, the positions and the
+    head lie outside the blocks and stay AdamW's."""
+    out = []
+    for name, p in named_params:
+        parts = str(name).split(".")
+        if len(p.shape) == 2 and len(parts) > 2 and parts[1].isdigit():
+            out.append(str(name))
+    return out
+
+
 # torch.optim.Muon's defaults (its Newton-Schulz coefficients, steps and eps).
 MUON_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 MUON_NS_STEPS = 5
