@@ -31,27 +31,28 @@ def _block_matrices(model):
     return [n for n, p in model.named_parameters() if n.startswith("layers.") and len(p.shape) == 2]
 
 
-def _allocated() -> int:
-    return xtrain.memory_stats("cpu")["allocated_bytes.current"]
+def _allocated(device: str) -> int:
+    return xtrain.memory_stats(device)["allocated_bytes.current"]
 
 
 # ---------------------------------------------------------------- memory
 
-def test_muon_allocates_no_second_moment_for_its_matrices():
+def test_muon_allocates_no_second_moment_for_its_matrices(device):
     """AdamW over everything: two float32 moments per element of the store. Muon: one momentum per
     matrix element, two moments per other element (each block of its buffers aligned to 64
     elements): the drop is the matrices' second moment (before the fix: no drop at all)."""
-    model = make_model(small_config(vocab_size=512, dim=128, head_dim=32, n_heads=4, ffn_dim=256, n_layers=2))
+    model = make_model(small_config(vocab_size=512, dim=128, head_dim=32, n_heads=4, ffn_dim=256, n_layers=2),
+                       device=device)
     mats = _block_matrices(model)
     named = dict(model.named_parameters())
     matrix_elems = sum(named[n].numel() for n in mats)
-    base = _allocated()
+    base = _allocated(device)
     adamw = AdamW(model.named_parameters())
-    adamw_bytes = _allocated() - base
+    adamw_bytes = _allocated(device) - base
     del adamw
-    base = _allocated()
+    base = _allocated(device)
     muon = Muon(model.named_parameters(), matrices=mats)
-    muon_bytes = _allocated() - base
+    muon_bytes = _allocated(device) - base
     # the layout: one aligned block per matrix; AdamW's blocks cover the other parameters only
     aligned = lambda n: -(-n // 64) * 64  # noqa: E731
     assert muon.flat_momentum.numel() == sum(aligned(named[n].numel()) for n in mats)
@@ -198,8 +199,8 @@ def _losses(out):
     return [(r["step"], r["loss"], r["grad_norm"]) for r in run_log(out) if "loss" in r]
 
 
-def test_checkpoint_names_muon_state_and_a_legacy_checkpoint_resumes_bit_exactly(tmp_path, data):
-    kw = dict(decay_steps=8, optimizer="muon")
+def test_checkpoint_names_muon_state_and_a_legacy_checkpoint_resumes_bit_exactly(tmp_path, data, device):
+    kw = dict(decay_steps=8, optimizer="muon", device=device)
     train(tiny_run(tmp_path / "straight", data, 8, **kw))
     split = tmp_path / "split"
     train(tiny_run(split, data, 4, **kw))
