@@ -143,7 +143,7 @@ class AdamW:
     def _cover(self, indices) -> list:
         """[(lo, hi)]: the store's element ranges that hold the parameters `indices`, neighbours in
         the layout (no other parameter, nor more than the alignment gap, between them) in one."""
-        out, last = [], None
+        out, last, indices = [], None, set(indices)
         for rank, (o, n, i) in enumerate(sorted((o, p.numel(), i) for i, (o, p) in
                                                 enumerate(zip(self.offsets, self.params)))):
             if i not in indices:
@@ -169,7 +169,8 @@ class AdamW:
         if sharded:  # no per-parameter views: a rank holds pieces of parameters' moments
             self.exp_avg = self.exp_avg_sq = None
             return
-        self.exp_avg, self.exp_avg_sq = ([None if i not in self.updated else
+        updated = set(self.updated)
+        self.exp_avg, self.exp_avg_sq = ([None if i not in updated else
                                           self._moment_view(flat, o, o + p.numel(), tuple(p.shape))
                                           for i, (o, p) in enumerate(zip(self.offsets, self.params))]
                                          for flat in (self.flat_m, self.flat_v))
@@ -207,10 +208,10 @@ class AdamW:
         between them, which the update leaves zero); a range never spans a parameter left out
         (`only`)."""
         hi = self.store.numel if hi is None else hi
-        decay = set(self.decay)
+        decay, updated = set(self.decay), set(self.updated)
         out, joinable = [], False
         for o, n, i in sorted((o, p.numel(), i) for i, (o, p) in enumerate(zip(self.offsets, self.params))):
-            if i not in self.updated:
+            if i not in updated:
                 joinable = False
                 continue
             a, b = max(o, lo), min(o + n, hi)
@@ -521,7 +522,8 @@ class Muon:
         if not matrices:
             raise ValueError("Muon: no matrix to update (every parameter would be AdamW's)")
         self.matrices = matrices
-        self.others = [i for i in range(len(named)) if i not in set(matrices)]
+        mine = set(matrices)
+        self.others = [i for i in range(len(named)) if i not in mine]
         self.adamw = AdamW(named, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                            only=[names[i] for i in self.others])
         a = self.adamw
