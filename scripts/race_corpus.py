@@ -1,7 +1,10 @@
 """The English corpus of the time-to-loss race, written by others and tokenised with GPT-2's BPE,
 into a folder the GPU call carries (the GPU machine has no network):
 
-    python3 scripts/race_corpus.py [--out .gpu/corpus]
+    PYTHONPATH=build-cpu/pkg python3 scripts/race_corpus.py [--out .gpu/corpus]   # ~1.5 minutes
+
+(xtrain importable: the documents are prepared with xtrain.data.prepare; tokenizers and, for the
+check, tiktoken installed.)
 
 What it does, on a machine that reaches Debian's and PyPI's registries:
 - `apt-get download` the Debian packages of PACKAGES (documentation written in English by the
