@@ -32,6 +32,9 @@ def _block_matrices(model):
 
 
 def _allocated(device: str) -> int:
+    """Live bytes, with the cache emptied first: a request served from a cached block counts that
+    block's size (up to twice its own), so what comes next is measured on fresh blocks."""
+    xtrain.empty_cache(device)
     return xtrain.memory_stats(device)["allocated_bytes.current"]
 
 
