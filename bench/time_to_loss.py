@@ -5,6 +5,12 @@
     python bench/time_to_loss.py --device cpu --preset tiny --batch 4 --seq 64 --steps 6 \\
         --eval-every 3 --eval-batches 2 --targets 7,6 --lrs 1e-3 --arms xtrain-adamw,torch-adamw \
         --compile-mode none   # smoke
+    python bench/time_to_loss.py --corpus .gpu/corpus --preset gpt2-124m ...   # the race's corpus
+
+--corpus DIR reads the folder scripts/race_corpus.py writes (English documentation of the Python,
+Perl and Vim projects from Debian's packages, GPT-2's tokenizer, 5% of the documents held out):
+its data/ is the prepared directory, its manifest.json goes into the result. --preset takes any
+architecture's preset: the Qwen3-style ones (tiny ... dim1024) or GPT-2's (gpt2-124m is d12).
 
 Every arm trains the same model from the same initial weights (xtrain's init for --seed, copied
 into the PyTorch model) on the same token order (the prepared --data directory's training windows
@@ -17,14 +23,19 @@ evaluation at or below it: its step, tokens and seconds. Arms:
   xtrain-adamw, xtrain-muon             `xtrain train` itself (CUDA graphs, fused kernels), with
                                          attention within documents (--doc-mask, its default)
   xtrain-adamw-nodoc, xtrain-muon-nodoc  the same with --no-doc-mask
-  torch-adamw                            the same model in PyTorch (bench/torch_model.py) under a
-                                         whole-model torch.compile, fused AdamW
+  torch-adamw                            the same model in PyTorch under a whole-model
+                                         torch.compile, fused AdamW: bench/torch_model.py's peer,
+                                         or for GPT-2 transformers' GPT2LMHeadModel (SDPA
+                                         attention, bf16 autocast) with the same weights
   torch-muon                             the same with torch.optim.Muon for the blocks' matrices
-                                         (AdamW for the rest, as xtrain's Muon splits them)
+                                         (AdamW for the rest, as xtrain's Muon splits them; GPT-2's
+                                         GPT2LMHeadModel holds q, k and v as one c_attn matrix,
+                                         which Muon orthogonalises whole: xtrain's are three)
 
 Every arm runs each LR of --lrs (the sweep is recorded); an arm's best LR per target is the one
 that reaches it soonest. `speedup_vs_pytorch` per target: the best PyTorch arm's seconds over the
-best xtrain arm's; `muon_token_ratio`: AdamW's tokens over Muon's (xtrain, doc mask on). Time
+best xtrain arm's; `muon_token_ratio`: AdamW's tokens over Muon's (xtrain, doc mask on; `_nodoc`:
+off; `torch_muon_token_ratio`: PyTorch's arms). Time
 counts what a user waits for: the xtrain arms' step times as `xtrain train` logs them (device
 events; the first steps include the CUDA graphs' warm-up and capture), the PyTorch arms' training
 segments between evaluations with a device sync at each end (the first includes compilation).
@@ -51,7 +62,9 @@ BETAS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 0.1, 1.0
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", help="a prepared data directory (default: the built-in stories' prepared copy)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--data", help="a prepared data directory (default: the built-in stories' prepared copy)")
+    src.add_argument("--corpus", help="a folder written by scripts/race_corpus.py (its data/ and manifest.json)")
     p.add_argument("--device", default="auto")
     p.add_argument("--preset", default="dim768")
     p.add_argument("--batch", type=int, default=32)
@@ -119,25 +132,75 @@ def run_xtrain(args, arm: str, lr: float, data: str, device: str) -> list:
     return curve
 
 
+def torch_gpt2(weights: dict, cfg, device: str):
+    """transformers' GPT2LMHeadModel with xtrain's GPT-2 weights (models/hf_gpt2.py's names), SDPA
+    attention, float32 master weights under bf16 autocast (float32 with --fp32), returning
+    (logits, mean cross-entropy) as the xtrain model does. named: (name, parameter) pairs."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    from xtrain.models import hf_gpt2
+
+    hf = transformers.GPT2Config(**{k: v for k, v in hf_gpt2.hf_config(cfg, "float32", 0).items()
+                                    if k not in ("architectures", "torch_dtype")})
+    hf._attn_implementation = "sdpa"
+    hf.use_cache = False
+    inner = transformers.GPT2LMHeadModel(hf)
+    tensors = {k: torch.from_numpy(np.array(v)) for k, v in hf_gpt2.hf_tensors(weights, cfg).items()}
+    missing, unexpected = inner.load_state_dict(tensors, strict=False)
+    if unexpected or any(k != "lm_head.weight" and not k.endswith(".attn.bias") for k in missing):
+        raise RuntimeError(f"GPT-2 peer: weights missing {missing[:4]}, unexpected {unexpected[:4]}")
+
+    class LossModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids, targets):
+            with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+                logits = self.inner(input_ids=ids).logits
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            return logits, loss
+
+    model = LossModel().to(device)
+    model.named = list(inner.named_parameters())
+    return model
+
+
+def torch_optimizers(arm: str, model, lr: float) -> list:
+    """AdamW over every parameter, or (torch-muon) torch.optim.Muon for the blocks' matrices
+    beside AdamW for the rest, xtrain's split (bench/torch_model.py's helpers)."""
+    import torch_model
+    from xtrain.optim import block_matrices
+
+    named = model.named if hasattr(model, "named") else list(zip(model.names, model.params))
+    if arm != "torch-muon":
+        return [torch_model.adamw(model, lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY)]
+    # GPT2LMHeadModel's names run "transformer.h.<i>.": its blocks' matrices by the same rule
+    matrices = set(block_matrices((n.removeprefix("transformer."), p) for n, p in named))
+    return torch_model.muon_and_adamw([p for n, p in named if n.removeprefix("transformer.") in matrices],
+                                      [p for n, p in named if n.removeprefix("transformer.") not in matrices],
+                                      lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+
+
 def run_torch(args, arm: str, lr: float, ds, weights: dict, cfg, device: str) -> list:
     """The PyTorch arm: the same weights, windows, schedule and evaluations; the curve as above."""
     import torch
 
     import torch_model
+    from xtrain.models import GPT2Config
     from xtrain.trainer.schedule import cosine_lr
 
-    model = torch_model.build(weights, cfg, device, compile=None if args.compile_mode == "none" else args.compile_mode)
-    if arm == "torch-muon":
-        matrices = [p for n, p in zip(model.names, model.params) if p.dim() == 2 and n.startswith("layers.")]
-        ids = {id(p) for p in matrices}
-        rest = [p for p in model.parameters() if id(p) not in ids]
-        decay = [p for p in rest if p.dim() >= 2]
-        opts = [torch.optim.Muon(matrices, lr=lr, weight_decay=WEIGHT_DECAY, adjust_lr_fn="match_rms_adamw"),
-                torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
-                                   {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
-                                  lr=lr, betas=BETAS, fused=device.startswith("cuda"))]
+    compile = None if args.compile_mode == "none" else args.compile_mode
+    if isinstance(cfg, GPT2Config):
+        model = torch_gpt2(weights, cfg, device)
+        opts = torch_optimizers(arm, model, lr)
+        if compile is not None:
+            model = torch.compile(model, mode=compile, dynamic=False)
     else:
-        opts = [torch_model.adamw(model, lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY)]
+        model = torch_model.build(weights, cfg, device, compile=compile)
+        opts = torch_optimizers(arm, model, lr)
     params = list(model.parameters())
     loader = ds.loader("train", args.batch, args.seq, args.seed)
     evals = list(ds.loader("val", args.batch, args.seq, args.seed).iter_eval(args.batch, args.seq, args.eval_batches))
@@ -192,9 +255,12 @@ def summarize(args, runs: dict) -> dict:
         row = {"xtrain_best": best(runs, xt, t, "seconds"), "pytorch_best": best(runs, pt, t, "seconds")}
         if row["xtrain_best"] and row["pytorch_best"]:
             row["speedup_vs_pytorch"] = row["pytorch_best"]["seconds"] / row["xtrain_best"]["seconds"]
-        adam, muon = best(runs, ["xtrain-adamw"], t, "tokens"), best(runs, ["xtrain-muon"], t, "tokens")
-        if adam and muon:
-            row["muon_token_ratio"] = adam["tokens"] / muon["tokens"]
+        for key, adam_arm, muon_arm in (("muon_token_ratio", "xtrain-adamw", "xtrain-muon"),
+                                        ("muon_token_ratio_nodoc", "xtrain-adamw-nodoc", "xtrain-muon-nodoc"),
+                                        ("torch_muon_token_ratio", "torch-adamw", "torch-muon")):
+            adam, muon = best(runs, [adam_arm], t, "tokens"), best(runs, [muon_arm], t, "tokens")
+            if adam and muon:
+                row[key] = adam["tokens"] / muon["tokens"]
         out[t] = row
     return out
 
@@ -205,12 +271,19 @@ def main(argv=None) -> None:
     if any(a.startswith("torch") for a in args.arms):
         common.setup_torch(device)
     from xtrain.data import default_dataset, open_dataset
-    from xtrain.models import TinyTransformer, config_for
+    from xtrain.models import model_class, preset_config
 
-    data = str(args.data or default_dataset(progress=False))
+    manifest = None
+    if args.corpus:
+        manifest = json.loads((Path(args.corpus) / "manifest.json").read_text())
+        data = str(Path(args.corpus) / manifest["data"])
+    else:
+        data = str(args.data or default_dataset(progress=False))
     ds = open_dataset(data)
-    cfg = config_for(args.preset, ds.vocab_size, bf16=not args.fp32)
-    weights = {n: p.numpy().copy() for n, p in TinyTransformer(cfg, device="cpu", seed=args.seed).named_parameters()}
+    cfg = preset_config(args.preset, ds.vocab_size, bf16=not args.fp32)
+    if args.seq > cfg.max_seq:
+        raise SystemExit(f"--seq {args.seq} exceeds {args.preset}'s max_seq {cfg.max_seq}")
+    weights = {n: p.numpy().copy() for n, p in model_class(cfg)(cfg, device="cpu", seed=args.seed).named_parameters()}
     print(f"time_to_loss: {args.preset} on {data} ({ds.vocab_size} tokens), batch {args.batch} x seq {args.seq}, "
           f"{args.steps} steps, targets {args.targets}, LRs {args.lrs}, {device}", flush=True)
     runs: dict = {}
@@ -235,8 +308,9 @@ def main(argv=None) -> None:
     for t, row in summary.items():
         print(f"target {t}: xtrain best {row['xtrain_best']}, PyTorch best {row['pytorch_best']}, "
               f"speedup {row.get('speedup_vs_pytorch', float('nan')):.2f}, "
-              f"Muon token ratio {row.get('muon_token_ratio', float('nan')):.2f}", flush=True)
-    payload = {"benchmark": "time_to_loss", "env": common.env_info(device), "data": data,
+              f"Muon token ratio {row.get('muon_token_ratio', row.get('muon_token_ratio_nodoc', float('nan'))):.2f}",
+              flush=True)
+    payload = {"benchmark": "time_to_loss", "env": common.env_info(device), "data": data, "corpus": manifest,
                "config": {**cfg.to_dict(), "preset": args.preset}, "batch": args.batch, "seq": args.seq,
                "steps": args.steps, "warmup": args.warmup, "eval_every": args.eval_every,
                "eval_batches": args.eval_batches, "targets": args.targets, "lrs": args.lrs,

@@ -153,3 +153,14 @@ def adamw(model, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
     return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=lr, betas=betas, eps=eps, fused=fused)
+
+
+def muon_and_adamw(matrices, rest, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1) -> list:
+    """xtrain's Muon split in PyTorch: torch.optim.Muon (adjust_lr_fn "match_rms_adamw", so one
+    learning rate and weight decay serve both) over `matrices`, torch.optim.AdamW with xtrain's
+    grouping (2-D weights decay, the rest not) over `rest`; fused AdamW on CUDA. Step both."""
+    fused = rest[0].is_cuda if rest else False
+    return [torch.optim.Muon(matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw"),
+            torch.optim.AdamW([{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
+                               {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}],
+                              lr=lr, betas=betas, eps=eps, fused=fused)]

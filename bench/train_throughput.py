@@ -6,7 +6,7 @@
     python bench/train_throughput.py --device cpu --preset tiny --steps 3 --no-compile   # smoke
 
 One training step is what train.py runs: forward, cross-entropy, backward, clip_grad_norm_(1.0),
-AdamW, zero_grad (xtrain: AdamW.clip_and_step, the norm, clipping and update in one pass, as
+the optimizer, zero_grad (xtrain: AdamW.clip_and_step, the norm, clipping and update in one pass, as
 train.py; on a GPU by default as replayed CUDA graphs, xtrain.graphs, after two eager steps;
 `--cuda-graphs both` adds an eager xtrain row, and the JSON records the graph's nodes per step:
 the kernel launches and copies one replay issues). Both frameworks start from the same weights (xtrain's init, copied into torch),
@@ -19,6 +19,12 @@ Printed and written to bench/results/train_throughput-PRESET-...-DATE.json: ms/s
 allocated device memory during the timed steps, MFU (bf16 against 790 TFLOP/s; float32 against a
 float32 matmul ceiling measured in this run), the loss before and after (the two frameworks should
 agree: same model), and xtrain/PyTorch ratios.
+
+--optimizer muon (default adamw; recorded in the JSON's args and its file name) steps Muon for the
+blocks' matrices and AdamW for the rest on both sides: xtrain.optim.Muon as `xtrain train
+--optimizer muon` builds it, and torch.optim.Muon + torch.optim.AdamW in PyTorch (the optimizers
+uncompiled, as nanoGPT steps its AdamW). The same command with --optimizer adamw times AdamW's
+step: the difference is Muon's cost per step.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ def parse_args(argv=None):
                         "are in the JSON (a window slowed by the host shows as an outlier)")
     p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw",
+                   help="adamw, or muon: Muon for the blocks' matrices and AdamW for the rest (both frameworks)")
     p.add_argument("--doc-len", type=int, default=0, metavar="L",
                    help="attention within documents (xtrain only, implies --no-torch): token 0 ends a "
                         "document every L tokens of each row (rows offset from each other), the model's "
@@ -70,12 +78,16 @@ def _train_xtrain(args, cfg, batches, device, use_graphs: bool = False):
     import xtrain
     from xtrain import graphs
     from xtrain.models import TinyTransformer
-    from xtrain.optim import AdamW
+    from xtrain.optim import AdamW, Muon, block_matrices
 
     model = TinyTransformer(cfg, device=device, seed=args.seed)
     # The torch runs start from these values. A copy: numpy() shares CPU memory with the parameter.
     weights = {n: p.numpy().copy() for n, p in model.named_parameters()}
-    opt = AdamW(model.named_parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    if args.optimizer == "muon":
+        opt = Muon(model.named_parameters(), matrices=block_matrices(model.named_parameters()), lr=args.lr,
+                   betas=(0.9, 0.95), weight_decay=0.1)
+    else:
+        opt = AdamW(model.named_parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     data = [(xtrain.tensor(x, device=device), xtrain.tensor(y, device=device)) for x, y in batches]
     with xtrain.no_grad():
         loss0 = model(*data[0])[1].item()
@@ -138,10 +150,16 @@ def _train_torch(args, cfg, batches, weights, device, compile):
     import torch
 
     import torch_model
+    from xtrain.optim import block_matrices
 
     model = torch_model.build(weights, cfg, device, compile=compile, recompute=cfg.recompute)
     params = list(model.parameters())
-    opt = torch_model.adamw(model, lr=args.lr)
+    if args.optimizer == "muon":  # the blocks' matrices, by xtrain's names (the peer keeps them)
+        names = set(block_matrices(zip(model.names, model.params)))
+        opts = torch_model.muon_and_adamw([p for n, p in zip(model.names, model.params) if n in names],
+                                          [p for n, p in zip(model.names, model.params) if n not in names], lr=args.lr)
+    else:
+        opts = [torch_model.adamw(model, lr=args.lr)]
     data = [(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in batches]
     loss0 = None
     if not compile:  # a no-grad call would compile a second (inference) graph; eager has it
@@ -155,8 +173,9 @@ def _train_torch(args, cfg, batches, weights, device, compile):
         _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         state["loss"] = loss.detach()
 
     t0 = time.perf_counter()
@@ -238,7 +257,7 @@ def main(argv=None):
     precision = "bf16" if args.bf16 else "fp32"
     ceiling = measure_ceiling(precision, device)
     print(f"train_throughput: {args.preset} ({flops['matmul_params'] / 1e6:.1f}M GEMM weights), "
-          f"batch {args.batch} x seq {args.seq} = {tokens} tokens/step, {precision}"
+          f"batch {args.batch} x seq {args.seq} = {tokens} tokens/step, {precision}, {args.optimizer}"
           f"{', recompute' if args.recompute else ''}, {device}; "
           f"{flops['total'] / 1e9:.3f} GFLOP/token; MFU ceiling "
           f"{'n/a' if ceiling is None else f'{ceiling / 1e12:.0f} TFLOP/s'}", flush=True)
@@ -250,9 +269,9 @@ def main(argv=None):
 
     def announce(r):  # each row as soon as it is measured: a run cut off later still leaves it
         if "seconds" in r:
+            peak = "n/a" if r["peak_allocated"] is None else f"{common.gib(r['peak_allocated']):.2f} GiB"
             print(f"measured: {r['framework']}: {1e3 * r['seconds'] / args.steps:.2f} ms/step, "
-                  f"{tokens * args.steps / r['seconds']:,.0f} tok/s, peak "
-                  f"{common.gib(r['peak_allocated']):.2f} GiB", flush=True)
+                  f"{tokens * args.steps / r['seconds']:,.0f} tok/s, peak {peak}", flush=True)
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.cuda_graphs]
     xt, weights = run_xtrain(args, cfg, batches, device, use_graphs=modes[0])
     results.append(xt)
@@ -328,6 +347,7 @@ def main(argv=None):
     name = f"train_throughput-{args.preset}-b{args.batch}-s{args.seq}-{precision}"
     name += "-recompute" if args.recompute else ""
     name += f"-docs{args.doc_len}" if args.doc_len else ""
+    name += "-muon" if args.optimizer == "muon" else ""
     common.write_json(common.result_name(name, args.tag), payload, args.out)
     return payload
 

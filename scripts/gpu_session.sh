@@ -30,6 +30,9 @@
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
 #             `xtrain train` rows, the shard/flat/all-reduce steps, PyTorch DDP)
+#   race      bench/time_to_loss.py on the carried English corpus ($RACE_ARGS; default: dim768, the
+#             xtrain and PyTorch arms with AdamW and Muon, one LR, ~7 minutes); carry .gpu/corpus
+#             (scripts/race_corpus.py writes it)
 # XTRAIN_COMMIT: the commit under test as a literal hash, written into every result file (the
 # device's copy of .git is stale: `git rev-parse HEAD` evaluated there names an old commit).
 # OUT receives at most 8 files: summary.txt, install.log, gtest.log, pytest.log, bench.log,
@@ -249,6 +252,12 @@ for step in $steps; do
       run_step scaling 540 "$out/bench.log" "$py" bench/scaling.py \
         ${SCALING_ARGS:---launch threads processes --cli --steps-dp shard flat all-reduce}
       grep -A20 "^engine" "$out/bench.log" | tail -20 | tee -a "$summary"
+      ;;
+    race)  # bench/time_to_loss.py on .gpu/corpus (docs/training.md, "The race")
+      run_step race "${RACE_TIMEOUT:-570}" "$out/bench.log" "$py" bench/time_to_loss.py ${RACE_ARGS:---corpus .gpu/corpus \
+        --preset dim768 --batch 32 --seq 512 --steps 600 --warmup 50 --eval-every 50 --eval-batches 8 \
+        --targets 6,5,4.5,4,3.5 --lrs 6e-4 --arms xtrain-adamw,xtrain-muon,torch-adamw,torch-muon}
+      grep -E "^time_to_loss:|: final val|failed:|^target " "$out/bench.log" | tail -20 | tee -a "$summary"
       ;;
     *)
       note "unknown step $step"

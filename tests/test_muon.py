@@ -39,6 +39,11 @@ def _update_tol(device) -> float:
     return BF16_UPDATE_TOL * (2 if device.startswith("cuda") else 1)
 
 
+def _state(opt) -> dict:
+    """The optimizer's state arrays as "<kind>.<name>" -> a copy (a checkpoint's tensor names)."""
+    return {f"{kind}.{n}": a.copy() for kind, arrays in opt.state_arrays().items() for n, a in arrays.items()}
+
+
 def _block_matrices(model):
     return [n for n, p in model.named_parameters() if n.startswith("layers.") and len(p.shape) == 2]
 
@@ -120,25 +125,25 @@ def test_muon_on_a_model_matches_torch(device):
         for n, b in zip(mats, opt.momentum_buffers):
             if ts[n] in ref_m.state:
                 ref_m.state[ts[n]]["momentum_buffer"] = torch.tensor(b.numpy())
-        adam_state = {n: a.copy() for n, a in opt.moment_arrays()[0].items()}, opt.moment_arrays()[1]
+        adam_state = opt.state_arrays()
         for n, p in named.items():
             if n not in mats and ts[n] in ref_a.state:
-                ref_a.state[ts[n]]["exp_avg"] = torch.tensor(adam_state[0][n])
-                ref_a.state[ts[n]]["exp_avg_sq"] = torch.tensor(adam_state[1][n])
+                ref_a.state[ts[n]]["exp_avg"] = torch.tensor(adam_state["exp_avg"][n])
+                ref_a.state[ts[n]]["exp_avg_sq"] = torch.tensor(adam_state["exp_avg_sq"][n])
         opt.clip_and_step(1.0, loss)
         torch.nn.utils.clip_grad_norm_(list(ts.values()), 1.0)
         ref_m.step()
         ref_a.step()
         opt.zero_grad()
-        exp_avg, exp_avg_sq = opt.moment_arrays()
+        st = opt.state_arrays()
         for n, p in named.items():
             got, want = p.numpy(), ts[n].detach().numpy()
             if n in mats:
                 tol = _update_tol(device) * lr * muon_lr_ratio("match_rms_adamw", p.shape)
                 assert np.abs(got - want).max() <= tol, (n, step)
-                np.testing.assert_allclose(exp_avg[n], ref_m.state[ts[n]]["momentum_buffer"].numpy(),
+                np.testing.assert_allclose(st["momentum_buffer"][n], ref_m.state[ts[n]]["momentum_buffer"].numpy(),
                                            rtol=1e-6, atol=1e-7, err_msg=n)
-                assert not exp_avg_sq[n].any()  # a matrix's second-moment slot is unused
+                assert n not in st["exp_avg"] and n not in st["exp_avg_sq"]  # no AdamW moment of a matrix
             else:
                 np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-7, err_msg=f"{n} after step {step + 1}")
 
@@ -160,13 +165,13 @@ def test_a_non_finite_step_writes_nothing(device, poison):
             else:
                 loss = ops.mul(loss, float("nan"))
             before = {n: p.numpy().copy() for n, p in model.named_parameters()}
-            moments = [{n: a.copy() for n, a in m.items()} for m in opt.moment_arrays()]
+            moments = _state(opt)
         opt.clip_and_step(1.0, loss)
         opt.zero_grad()
     for n, p in model.named_parameters():
         np.testing.assert_array_equal(p.numpy(), before[n], err_msg=n)
-        for got, want in zip(opt.moment_arrays(), moments):
-            np.testing.assert_array_equal(got[n], want[n], err_msg=n)
+    for key, a in _state(opt).items():
+        np.testing.assert_array_equal(a, moments[key], err_msg=key)
 
 
 def _train_small(device, hyper=False, prepared=False, steps=4):
@@ -186,7 +191,7 @@ def _train_small(device, hyper=False, prepared=False, steps=4):
         opt.clip_and_step(1.0, loss, prepared=prepared)
         opt.zero_grad()
         losses.append(loss.item())
-    return losses, {n: p.numpy().copy() for n, p in model.named_parameters()}, opt.moment_arrays()[0]
+    return losses, {n: p.numpy().copy() for n, p in model.named_parameters()}, _state(opt)
 
 
 def test_muon_is_deterministic_and_device_constants_give_the_same_bits(device):
@@ -241,7 +246,7 @@ def test_capture_step_equals_eager_with_muon(monkeypatch):
                 loss, norm = out
             values.append((loss.item(), norm.item()))
         assert sg.active == use_graphs and opt.step_count == 3
-        results.append((values, {n: p.numpy().copy() for n, p in model.named_parameters()}, opt.moment_arrays()[0]))
+        results.append((values, {n: p.numpy().copy() for n, p in model.named_parameters()}, _state(opt)))
     assert results[0][0] == results[1][0]
     for a, b in zip(results[0][1:], results[1][1:]):
         for n in a:

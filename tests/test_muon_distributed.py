@@ -51,7 +51,7 @@ def _muon_steps(ctx=None, steps=3):
             dp.step(1.0, extra=[loss.detach()], guard=loss.detach())
     if dp is not None:
         dp.gather_state()
-    return ({n: p.numpy().copy() for n, p in model.named_parameters()}, opt.moment_arrays()[0],
+    return ({n: p.numpy().copy() for n, p in model.named_parameters()}, {f"{kind}.{n}": a for kind, arrays in opt.state_arrays().items() for n, a in arrays.items()},
             [opt.names[i] for i in opt.owned])
 
 
@@ -73,6 +73,8 @@ def test_rank_threads_equal_one_device_bitwise():
     for weights, momentum, _ in ranks:
         for n in want[0]:
             np.testing.assert_array_equal(weights[n], want[0][n], err_msg=n)
+        assert momentum.keys() == want[1].keys()
+        for n in want[1]:
             np.testing.assert_array_equal(momentum[n], want[1][n], err_msg=n)
 
 

@@ -20,10 +20,11 @@ clipping (the LR schedules are the trainer's: xtrain.trainer.schedule).
   (before a replay); step(prepared=True) then launches without doing it again (what a capture
   records). The arithmetic is the same: the kernel reads the same float32 values.
 - Muon (torch.optim.Muon's update: Nesterov momentum, Newton-Schulz in bf16 on the engine's
-  GEMMs, decoupled decay, adjust_lr_fn) for the matrices it is given, AdamW for the rest, one
-  learning rate and weight decay; its momentum buffers are the matrices' slots of AdamW's
-  first-moment flat, so its state and checkpoints are AdamW's with "optimizer": "muon" in the
-  hyper-parameters (docs/training.md, "Muon").
+  GEMMs, decoupled decay, adjust_lr_fn) for the matrices it is given, AdamW (only=the rest) for
+  the rest, one learning rate and weight decay. Memory: one float32 momentum per matrix element,
+  two moments per other element (AdamW over everything: two per element). Its state holds
+  "momentum_buffer" beside AdamW's moments, "optimizer": "muon" in the hyper-parameters
+  (docs/training.md, "Muon"; docs/state-format.md).
 - clip_grad_norm_ computes the global L2 norm on the device and scales the gradients by
   min(1, max_norm / (norm + 1e-6)) there too: it returns the norm as a device Tensor and never
   waits for the device (read it with .item() only when logging). A non-finite norm leaves the
@@ -44,7 +45,8 @@ from xtrain.store import ParamStore
 
 class AdamW:
     def __init__(self, params, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.95),
-                 eps: float = 1e-8, weight_decay: float = 0.1, shard: tuple[int, int] | None = None):
+                 eps: float = 1e-8, weight_decay: float = 0.1, shard: tuple[int, int] | None = None,
+                 only=None):
         """params: tensors, or (name, tensor) pairs such as model.named_parameters() (names key
         the moments in state_dict; plain tensors are named "0", "1", ...).
 
@@ -55,7 +57,12 @@ class AdamW:
 
         shard=(rank, world_size): allocate only the moments of that rank's chunks of the store's
         layout, for DataParallelAdamW's sharded step with those ranks (keep_moments, without
-        ever holding the full moments)."""
+        ever holding the full moments).
+
+        only: the names of the parameters this AdamW updates and keeps moments for (None: all);
+        the others are someone else's (Muon's matrices) and have no moments here. With a store
+        the moments of `only` sit in compact buffers, each run of neighbouring parameters of the
+        layout at an aligned offset."""
         named = [(str(i), p) if isinstance(p, xtrain.Tensor) else (str(p[0]), p[1])
                  for i, p in enumerate(params)]
         if not named:
@@ -75,35 +82,40 @@ class AdamW:
             float(eps), float(weight_decay)
         self.decay = [i for i, p in enumerate(self.params) if len(p.shape) >= 2]
         self.no_decay = [i for i, p in enumerate(self.params) if len(p.shape) < 2]
+        self.updated = _indices_of(self.names, only, "AdamW")  # the parameters with moments here
         self.store = _store_of(self.params)
         device = self.params[0].device
         if self.store is not None:
             offsets = [s.offset for s in self.store.slots]
             total = self.store.numel
-        else:
-            offsets, total = [], 0
-            for p in self.params:
-                offsets.append(total)
-                total += -(-p.numel() // _ALIGN) * _ALIGN
+        else:  # only the updated parameters' moments, one after the other
+            offsets, total = [None] * len(self.params), 0
+            for i in self.updated:
+                offsets[i] = total
+                total += -(-self.params[i].numel() // _ALIGN) * _ALIGN
         self.offsets = offsets
         self.step_count = 0
         self.hyper_dev = None      # use_device_hyper(): float32 (6,) on the device, or None
-        # Sharded moments: [(lo, hi, base)]: store elements [lo, hi) sit at flat_m[base:base + hi - lo].
+        # Moments of part of the store's layout: [(lo, hi, base)]: store elements [lo, hi) sit at
+        # flat_m[base:base + hi - lo]. sharded: those are this data-parallel rank's chunks.
         self.moment_chunks: list | None = None
+        self.sharded = False
         self._gathered = None      # (exp_avg, exp_avg_sq) host arrays of the full layout, until a step
         if shard is not None:
             if self.store is None:
                 raise ValueError("AdamW(shard=...) needs every parameter of one ParamStore, in its order")
-            self._shard_layout(self.store.chunks(*shard), device)
+            if len(self.updated) != len(self.params):
+                raise ValueError("AdamW(shard=...) keeps moments for every parameter; it takes no `only`")
+            self._shard_layout(self.store.chunks(*shard), device, sharded=True)
+            return
+        if self.store is not None and len(self.updated) != len(self.params):
+            self._shard_layout(self._cover(self.updated), device)
             return
         self.flat_m = xtrain.zeros((max(total, 1),), dtype="float32", device=device)
         self.flat_v = xtrain.zeros((max(total, 1),), dtype="float32", device=device)
-        self.exp_avg = [self.flat_m._storage_view(o, tuple(p.shape)) for o, p in zip(offsets, self.params)]
-        self.exp_avg_sq = [self.flat_v._storage_view(o, tuple(p.shape)) for o, p in zip(offsets, self.params)]
-
-    @property
-    def sharded(self) -> bool:
-        return self.moment_chunks is not None
+        self.exp_avg, self.exp_avg_sq = ([None if o is None else flat._storage_view(o, tuple(p.shape))
+                                          for o, p in zip(offsets, self.params)]
+                                         for flat in (self.flat_m, self.flat_v))
 
     def keep_moments(self, chunks) -> None:
         """Keep only the moments of `chunks` ((lo, hi) element ranges of the store's layout, this
@@ -116,35 +128,62 @@ class AdamW:
                 any(a[1] > b[0] for a, b in zip(chunks, chunks[1:])):
             raise ValueError(f"AdamW.keep_moments: chunks {chunks} are not ordered, disjoint ranges of the "
                              f"{self.store.numel} elements")
-        if self.sharded:
-            if [(lo, hi) for lo, hi, _ in self.moment_chunks] == chunks:
+        if self.moment_chunks is not None:
+            if self.sharded and [(lo, hi) for lo, hi, _ in self.moment_chunks] == chunks:
                 return
-            raise ValueError("AdamW.keep_moments: the moments are already sharded into other chunks")
+            raise ValueError("AdamW.keep_moments: the moments are already kept for other chunks "
+                             "(sharded, or for part of the parameters: `only`)")
         full = (self.flat_m, self.flat_v)
-        self._shard_layout(chunks, self.flat_m.device)
+        self._shard_layout(chunks, self.flat_m.device, sharded=True)
         with xtrain.no_grad():
             for flat, old in zip((self.flat_m, self.flat_v), full):
                 for lo, hi, base in self.moment_chunks:
                     flat._storage_view(base, (hi - lo,)).copy_(old._storage_view(lo, (hi - lo,)))
 
-    def _shard_layout(self, chunks, device) -> None:
-        """Zero moment buffers for `chunks` of the store's layout, one after the other."""
+    def _cover(self, indices) -> list:
+        """[(lo, hi)]: the store's element ranges that hold the parameters `indices`, neighbours in
+        the layout (no other parameter, nor more than the alignment gap, between them) in one."""
+        out, last, indices = [], None, set(indices)
+        for rank, (o, n, i) in enumerate(sorted((o, p.numel(), i) for i, (o, p) in
+                                                enumerate(zip(self.offsets, self.params)))):
+            if i not in indices:
+                continue
+            if out and last == rank - 1 and o - out[-1][1] < _ALIGN:
+                out[-1] = (out[-1][0], o + n)
+            else:
+                out.append((o, o + n))
+            last = rank
+        return out
+
+    def _shard_layout(self, chunks, device, sharded: bool = False) -> None:
+        """Zero moment buffers for `chunks` of the store's layout, one after the other: a data-
+        parallel rank's chunks end to end (the gathers' layout), the cover of `only` each at an
+        aligned offset."""
         layout, base = [], 0
         for lo, hi in chunks:
             layout.append((lo, hi, base))
-            base += hi - lo
-        self.flat_m = xtrain.zeros((base,), dtype="float32", device=device)
-        self.flat_v = xtrain.zeros((base,), dtype="float32", device=device)
-        self.moment_chunks = layout
-        self.exp_avg = self.exp_avg_sq = None  # per-parameter views of moments that are not here
+            base += hi - lo if sharded else -(-(hi - lo) // _ALIGN) * _ALIGN
+        self.flat_m = xtrain.zeros((max(base, 1),), dtype="float32", device=device)
+        self.flat_v = xtrain.zeros((max(base, 1),), dtype="float32", device=device)
+        self.moment_chunks, self.sharded = layout, sharded
+        if sharded:  # no per-parameter views: a rank holds pieces of parameters' moments
+            self.exp_avg = self.exp_avg_sq = None
+            return
+        updated = set(self.updated)
+        self.exp_avg, self.exp_avg_sq = ([None if i not in updated else
+                                          self._moment_view(flat, o, o + p.numel(), tuple(p.shape))
+                                          for i, (o, p) in enumerate(zip(self.offsets, self.params))]
+                                         for flat in (self.flat_m, self.flat_v))
 
-    def _moment_view(self, flat, a: int, b: int):
-        """Elements [a, b) of the store's layout in moment buffer `flat` (full, or this rank's chunks)."""
+    def _moment_view(self, flat, a: int, b: int, shape=None):
+        """Elements [a, b) of the store's layout in moment buffer `flat` (full, or its chunks kept
+        here), flat or as `shape`."""
+        shape = (b - a,) if shape is None else shape
         if self.moment_chunks is None:
-            return flat._storage_view(a, (b - a,))
+            return flat._storage_view(a, shape)
         for lo, hi, base in self.moment_chunks:
             if lo <= a and b <= hi:
-                return flat._storage_view(base + a - lo, (b - a,))
+                return flat._storage_view(base + a - lo, shape)
         raise ValueError(f"AdamW: elements [{a}, {b}) are outside this rank's moment chunks")
 
     def full_moment(self, which: str):
@@ -162,17 +201,17 @@ class AdamW:
         read by moment_arrays() and state_dict() until the next step; None, None: none here."""
         self._gathered = None if exp_avg is None else (exp_avg, exp_avg_sq)
 
-    def runs(self, lo: int = 0, hi: int | None = None, only=None) -> list:
+    def runs(self, lo: int = 0, hi: int | None = None) -> list:
         """[(start, end, decays), ...]: the element ranges of the store's flats that hold the
-        parameters, cut to [lo, hi), in layout order; parameters next to each other in the layout
-        and in the same weight-decay group share one range (it may cover the zero gaps between
-        them, which the update leaves zero). only: the indices of the parameters to cover (None:
-        all); a range never spans a parameter left out."""
+        updated parameters, cut to [lo, hi), in layout order; parameters next to each other in the
+        layout and in the same weight-decay group share one range (it may cover the zero gaps
+        between them, which the update leaves zero); a range never spans a parameter left out
+        (`only`)."""
         hi = self.store.numel if hi is None else hi
-        decay = set(self.decay)
+        decay, updated = set(self.decay), set(self.updated)
         out, joinable = [], False
         for o, n, i in sorted((o, p.numel(), i) for i, (o, p) in enumerate(zip(self.offsets, self.params))):
-            if only is not None and i not in only:
+            if i not in updated:
                 joinable = False
                 continue
             a, b = max(o, lo), min(o + n, hi)
@@ -222,10 +261,9 @@ class AdamW:
         with xtrain.no_grad():
             self.hyper_dev.copy_(xtrain.tensor(np.asarray(consts, dtype=np.float32), device="cpu"))
 
-    def step(self, guard=None, clip_norm=None, max_norm: float | None = None, prepared: bool = False,
-             only=None) -> None:
-        """One update of every parameter that has a gradient (asynchronous on the device); with
-        `only` (a set of parameter indices), of those parameters only (Muon updates the others).
+    def step(self, guard=None, clip_norm=None, max_norm: float | None = None, prepared: bool = False) -> None:
+        """One update of every updated parameter (`only`) that has a gradient (asynchronous on the
+        device).
 
         guard: a one-element float32 tensor on the device (the training loop passes the step's
         gradient norm + 0 * loss); when it is not finite the kernels write nothing, with no host
@@ -240,10 +278,12 @@ class AdamW:
         self.begin_step(prepared)
         clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
         if self.store is not None and not self.store.sync_grads():
-            self._step_flat(self.store.params, self.store.grads, self.runs(only=only), guard, clip)
+            runs = self.runs() if self.moment_chunks is None else \
+                [run for lo, hi, _ in self.moment_chunks for run in self.runs(lo, hi)]
+            self._step_flat(self.store.params, self.store.grads, runs, guard, clip)
             return
         params, m, v = self.params, self.exp_avg, self.exp_avg_sq
-        idx = [i for i, p in enumerate(params) if p.grad is not None and (only is None or i in only)]
+        idx = [i for i in self.updated if params[i].grad is not None]
         if idx:
             decay = set(self.decay)
             _C.optim.adamw_step([params[i] for i in idx], [params[i].grad for i in idx],
@@ -298,60 +338,70 @@ class AdamW:
                 "weight_decay": self.weight_decay}
 
     def state_dict(self) -> dict:
-        """step, hyper-parameters and the moments by name: views of the device buffers, or with
-        sharded moments CPU tensors of the gathered copy (DataParallelAdamW.gather_state())."""
+        """step, hyper-parameters and the updated parameters' moments by name: views of the device
+        buffers, or with sharded moments CPU tensors of the gathered copy
+        (DataParallelAdamW.gather_state())."""
         if self.sharded:
             m, v = self.moment_arrays()
             return {"step": self.step_count, "hyper": self.hyper(),
                     "exp_avg": OrderedDict((n, xtrain.tensor(a)) for n, a in m.items()),
                     "exp_avg_sq": OrderedDict((n, xtrain.tensor(a)) for n, a in v.items())}
         return {"step": self.step_count, "hyper": self.hyper(),
-                "exp_avg": OrderedDict(zip(self.names, self.exp_avg)),
-                "exp_avg_sq": OrderedDict(zip(self.names, self.exp_avg_sq))}
+                **{key: OrderedDict((self.names[i], views[i]) for i in self.updated)
+                   for key, views in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq))}}
+
+    def state_arrays(self) -> dict:
+        """What a checkpoint's optim.safetensors holds, {kind: {parameter name: float32 array}}
+        (kinds "exp_avg", "exp_avg_sq"): moment_arrays()."""
+        return dict(zip(("exp_avg", "exp_avg_sq"), self.moment_arrays()))
 
     def moment_arrays(self) -> tuple[dict, dict]:
-        """(exp_avg, exp_avg_sq) as name -> float32 numpy arrays, from one device-to-host copy of
-        each flat buffer (a sync point); with sharded moments, from the gathered copy."""
+        """(exp_avg, exp_avg_sq) of the updated parameters as name -> float32 numpy arrays, from
+        one device-to-host copy of each flat buffer (a sync point); with sharded moments, from
+        the gathered copy."""
         if self.sharded:
             if self._gathered is None:
                 raise RuntimeError("AdamW: the moments are sharded over the data-parallel ranks; "
                                    "DataParallelAdamW.gather_state() gathers a full copy (on every rank, or "
                                    "on its root) before they can be read")
-            hosts = self._gathered
+            hosts, where = self._gathered, self.offsets
         else:
             hosts = [np.asarray(flat.numpy(), dtype=np.float32) for flat in (self.flat_m, self.flat_v)]
-        return tuple(OrderedDict((n, host[o:o + p.numel()].reshape(tuple(p.shape)))
-                                 for n, o, p in zip(self.names, self.offsets, self.params)) for host in hosts)
+            where = self._positions()
+        return tuple(OrderedDict((self.names[i], host[where[i]:where[i] + self.params[i].numel()]
+                                  .reshape(tuple(self.params[i].shape))) for i in self.updated)
+                     for host in hosts)
+
+    def _positions(self) -> list:
+        """Each updated parameter's first element in the flat moment buffers (unsharded)."""
+        if self.moment_chunks is None:
+            return list(self.offsets)
+        out = [None] * len(self.params)
+        for i in self.updated:
+            o = self.offsets[i]
+            out[i] = next(base + o - lo for lo, hi, base in self.moment_chunks if lo <= o < hi)
+        return out
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore step, hyper-parameters and moments (xtrain Tensors or numpy arrays, by name),
-        written into the flat moment buffers (one upload each). Everything is checked before
-        anything changes."""
-        for key in ("exp_avg", "exp_avg_sq"):
-            got = state.get(key, {})
-            missing = [n for n in self.names if n not in got]
-            unexpected = [n for n in got if n not in self.names]
-            if missing or unexpected:
-                raise KeyError(f"AdamW.load_state_dict: {key} has missing {missing[:8]} / "
-                               f"unexpected {unexpected[:8]} parameter names")
-            for n, p in zip(self.names, self.params):
-                if tuple(got[n].shape) != tuple(p.shape):
-                    raise ValueError(f"AdamW.load_state_dict: {key}[{n}] has shape "
-                                     f"{tuple(got[n].shape)}, parameter {tuple(p.shape)}")
-        step = state.get("step")
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"AdamW.load_state_dict: step must be a non-negative int, got {step!r}")
+        """Restore step, hyper-parameters and the updated parameters' moments (xtrain Tensors or
+        numpy arrays, by name), written into the flat moment buffers (one upload each).
+        Everything is checked before anything changes."""
         hyper = state.get("hyper", self.hyper())
         if hyper.get("optimizer", "adamw") != "adamw":
             raise ValueError(f"AdamW.load_state_dict: the state is {hyper['optimizer']}'s, not AdamW's")
+        names = [self.names[i] for i in self.updated]
+        for key in ("exp_avg", "exp_avg_sq"):
+            _check_named(f"AdamW.load_state_dict: {key}", state.get(key, {}), names,
+                         [self.params[i] for i in self.updated])
+        step = state.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"AdamW.load_state_dict: step must be a non-negative int, got {step!r}")
         _check_hyper(hyper["lr"], hyper["betas"], hyper["eps"], hyper["weight_decay"])
-        size = self.store.numel if self.sharded else self.flat_m.shape[0]
+        size, where = (self.store.numel, self.offsets) if self.sharded else (self.flat_m.shape[0], self._positions())
         for key, flat in (("exp_avg", self.flat_m), ("exp_avg_sq", self.flat_v)):
             host = np.zeros(size, dtype=np.float32)
-            for n, o, p in zip(self.names, self.offsets, self.params):
-                value = state[key][n]
-                arr = value.numpy() if isinstance(value, xtrain.Tensor) else np.asarray(value)
-                host[o:o + p.numel()] = np.asarray(arr, dtype=np.float32).reshape(-1)
+            for i in self.updated:
+                host[where[i]:where[i] + self.params[i].numel()] = _host_array(state[key][self.names[i]])
             if self.sharded:  # this rank's chunks only (a resume scatters the full state)
                 host = np.concatenate([host[lo:hi] for lo, hi, _ in self.moment_chunks])
             with xtrain.no_grad():
@@ -360,6 +410,53 @@ class AdamW:
         self.step_count = step
         self.lr, self.betas = float(hyper["lr"]), tuple(map(float, hyper["betas"]))
         self.eps, self.weight_decay = float(hyper["eps"]), float(hyper["weight_decay"])
+
+
+def _check_named(what: str, got, names: list, params: list) -> None:
+    """KeyError unless `got` (name -> array) holds exactly `names`; ValueError unless each has
+    its parameter's shape."""
+    if not isinstance(got, dict):
+        raise ValueError(f"{what} must map parameter names to arrays, got {type(got).__name__}")
+    missing = [n for n in names if n not in got]
+    unexpected = [n for n in got if n not in names]
+    if missing or unexpected:
+        raise KeyError(f"{what} has missing {missing[:8]} / unexpected {unexpected[:8]} parameter names")
+    for n, p in zip(names, params):
+        if tuple(got[n].shape) != tuple(p.shape):
+            raise ValueError(f"{what}[{n}] has shape {tuple(got[n].shape)}, parameter {tuple(p.shape)}")
+
+
+def _host_array(value) -> np.ndarray:
+    """A state entry (xtrain Tensor or array) as a flat float32 host array."""
+    arr = value.numpy() if isinstance(value, xtrain.Tensor) else np.asarray(value)
+    return np.asarray(arr, dtype=np.float32).reshape(-1)
+
+
+def _indices_of(names: list, only, who: str) -> list:
+    """The indices of the parameters named in `only` (None: all of them), in parameter order."""
+    if only is None:
+        return list(range(len(names)))
+    only = [str(n) for n in only]
+    index = {n: i for i, n in enumerate(names)}
+    unknown = [n for n in only if n not in index]
+    if unknown:
+        raise ValueError(f"{who}: {unknown[:8]} are not among the parameters")
+    if len(set(only)) != len(only):
+        raise ValueError(f"{who}: a parameter is named twice")
+    return sorted(index[n] for n in only)
+
+
+def block_matrices(named_params) -> list:
+    """The names of the 2-D weights inside a model's repeated blocks, whose names run
+    "<blocks>.<index>.<...>" (TinyTransformer's "layers.3.mlp.up_proj.weight", GPT-2's
+    "h.3.attn.q_proj.weight"): the matrices Muon trains. The embeddings, the positions and the
+    head lie outside the blocks and stay AdamW's."""
+    out = []
+    for name, p in named_params:
+        parts = str(name).split(".")
+        if len(p.shape) == 2 and len(parts) > 2 and parts[1].isdigit():
+            out.append(str(name))
+    return out
 
 
 # torch.optim.Muon's defaults (its Newton-Schulz coefficients, steps and eps).
@@ -391,11 +488,15 @@ class Muon:
     on the engine's GEMMs (matrices of one shape batched), decoupled weight decay and the
     learning rate scaled per shape by adjust_lr_fn (docs/training.md, "Muon").
 
-    State: one AdamW over every parameter keeps it, in the store's layout. A matrix's momentum
-    buffer is its AdamW first-moment slot (exp_avg), so state_dict(), moment_arrays() and the
-    checkpoint's optimizer file are AdamW's; a matrix's exp_avg_sq slot stays zero. hyper() adds
+    State: an AdamW with only=the other parameters keeps their two moments (compact buffers of
+    the store's layout: no moment of a matrix); the matrices' momentum buffers lie in one flat
+    buffer of their own, each at an aligned offset (momentum_buffers). state_dict() and
+    state_arrays() (the checkpoint's optim.safetensors) hold "exp_avg" and "exp_avg_sq" of the
+    other parameters and "momentum_buffer" of the matrices (torch.optim.Muon's name). hyper() adds
     "optimizer": "muon" and Muon's settings, which load_state_dict() checks (an AdamW state does
-    not load here, nor a Muon state into AdamW).
+    not load here, nor a Muon state into AdamW); a state in AdamW's layout over every parameter,
+    a matrix's momentum as its exp_avg (what Muon wrote before it had a layout of its own), loads
+    too.
 
     CUDA graphs: use_device_hyper() / prepare_step() write AdamW's constants and Muon's [decay,
     lr] to device memory, which the captured kernels read. Data parallel:
@@ -410,24 +511,31 @@ class Muon:
         torch.optim.Muon's (momentum, nesterov, ns_coefficients, ns_steps, ns_eps: its eps,
         adjust_lr_fn); lr and weight_decay apply to both."""
         _check_muon(momentum, nesterov, ns_coefficients, ns_steps, ns_eps, adjust_lr_fn)
-        self.adamw = AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        a = self.adamw
+        named = [(str(i), p) if isinstance(p, xtrain.Tensor) else (str(p[0]), p[1]) for i, p in enumerate(params)]
+        names = [n for n, _ in named]
         if matrices is None:
-            matrices = [n for n, p in zip(a.names, a.params) if len(p.shape) == 2]
-        matrices = [str(n) for n in matrices]
-        index = {n: i for i, n in enumerate(a.names)}
-        unknown = [n for n in matrices if n not in index]
-        if unknown:
-            raise ValueError(f"Muon: matrices {unknown[:8]} are not among the parameters")
-        if len(set(matrices)) != len(matrices):
-            raise ValueError("Muon: matrices names a parameter twice")
-        for n in matrices:
-            if len(a.params[index[n]].shape) != 2:
-                raise ValueError(f"Muon updates 2-D matrices; {n} has shape {tuple(a.params[index[n]].shape)}")
+            matrices = [n for n, p in named if len(p.shape) == 2]
+        matrices = _indices_of(names, matrices, "Muon: matrices")   # parameter indices, in parameter order
+        for i in matrices:
+            if len(named[i][1].shape) != 2:
+                raise ValueError(f"Muon updates 2-D matrices; {names[i]} has shape {tuple(named[i][1].shape)}")
         if not matrices:
             raise ValueError("Muon: no matrix to update (every parameter would be AdamW's)")
-        self.matrices = sorted(index[n] for n in matrices)   # parameter indices, in parameter order
-        self.others = set(range(len(a.params))) - set(self.matrices)
+        self.matrices = matrices
+        mine = set(matrices)
+        self.others = [i for i in range(len(named)) if i not in mine]
+        self.adamw = AdamW(named, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                           only=[names[i] for i in self.others])
+        a = self.adamw
+        offsets, total = [], 0
+        for i in self.matrices:
+            offsets.append(total)
+            total += -(-a.params[i].numel() // _ALIGN) * _ALIGN
+        self.flat_momentum = xtrain.zeros((total,), dtype="float32", device=a.params[0].device)
+        # the matrices' momentum buffers, in the order of `matrices`
+        self.momentum_buffers = [self.flat_momentum._storage_view(o, tuple(a.params[i].shape))
+                                 for o, i in zip(offsets, self.matrices)]
+        self._momentum_offsets = offsets
         self.momentum, self.nesterov = float(momentum), bool(nesterov)
         self.ns_coefficients = tuple(float(c) for c in ns_coefficients)
         self.ns_steps, self.ns_eps, self.adjust_lr_fn = int(ns_steps), float(ns_eps), adjust_lr_fn
@@ -445,11 +553,6 @@ class Muon:
     names = property(lambda self: self.adamw.names)
     params = property(lambda self: self.adamw.params)
     store = property(lambda self: self.adamw.store)
-
-    @property
-    def momentum_buffers(self) -> list:
-        """The matrices' momentum buffers (views of AdamW's first-moment flat)."""
-        return [self.adamw.exp_avg[i] for i in self.matrices]
 
     def use_device_hyper(self) -> None:
         """AdamW.use_device_hyper, and Muon's [decay, lr] in device memory too (CUDA graphs)."""
@@ -473,7 +576,7 @@ class Muon:
         """One update: AdamW over the other parameters, Muon over the matrices (asynchronous on
         the device). guard, clip_norm, max_norm, prepared: as AdamW.step's."""
         a = self.adamw
-        a.step(guard=guard, clip_norm=clip_norm, max_norm=max_norm, prepared=prepared, only=self.others)
+        a.step(guard=guard, clip_norm=clip_norm, max_norm=max_norm, prepared=prepared)
         if not prepared and self.muon_hyper_dev is not None:
             self._write_hyper()
         clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
@@ -486,7 +589,8 @@ class Muon:
         if not idx:
             return
         ratios = dict(zip(self.matrices, self.lr_ratios))
-        _C.optim.muon_step([a.params[i] for i in idx], [grads[i] for i in idx], [a.exp_avg[i] for i in idx],
+        buffers = dict(zip(self.matrices, self.momentum_buffers))
+        _C.optim.muon_step([a.params[i] for i in idx], [grads[i] for i in idx], [buffers[i] for i in idx],
                            self.lr, self.weight_decay, self.momentum, self.nesterov, list(self.ns_coefficients),
                            self.ns_steps, self.ns_eps, [ratios[i] for i in idx], guard, *clip,
                            hyper=self.muon_hyper_dev)
@@ -511,16 +615,26 @@ class Muon:
                          "matrices": [self.names[i] for i in self.matrices]}}
 
     def state_dict(self) -> dict:
-        return {**self.adamw.state_dict(), "hyper": self.hyper()}
+        """step, hyper-parameters, AdamW's moments of the other parameters and the matrices'
+        momentum buffers (views of the device buffers), by name."""
+        return {**self.adamw.state_dict(), "hyper": self.hyper(),
+                "momentum_buffer": OrderedDict((self.names[i], b) for i, b in zip(self.matrices, self.momentum_buffers))}
 
-    def moment_arrays(self) -> tuple[dict, dict]:
-        """AdamW.moment_arrays: exp_avg holds the matrices' momentum buffers."""
-        return self.adamw.moment_arrays()
+    def state_arrays(self) -> dict:
+        """What a checkpoint's optim.safetensors holds, {kind: {parameter name: float32 array}}:
+        AdamW's "exp_avg" and "exp_avg_sq" of the other parameters, "momentum_buffer" of the
+        matrices (one device-to-host copy of each flat buffer: a sync point)."""
+        host = np.asarray(self.flat_momentum.numpy(), dtype=np.float32)
+        momentum = OrderedDict((self.names[i], host[o:o + self.params[i].numel()].reshape(tuple(self.params[i].shape)))
+                               for o, i in zip(self._momentum_offsets, self.matrices))
+        return {**self.adamw.state_arrays(), "momentum_buffer": momentum}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a Muon state (state_dict(), or a checkpoint's): the same matrices, Muon's
-        settings, then AdamW's part. An AdamW state is refused. Everything is checked before
-        anything changes."""
+        settings, AdamW's part and the momentum buffers; a state in AdamW's layout over every
+        parameter (no "momentum_buffer": a matrix's momentum is its exp_avg, its exp_avg_sq is
+        not read) loads too. An AdamW state is refused. Everything is checked before anything
+        changes."""
         hyper = dict(state.get("hyper", self.hyper()))
         if hyper.get("optimizer", "adamw") != "muon":
             raise ValueError(f"Muon.load_state_dict: the state is {hyper.get('optimizer', 'adamw')}'s "
@@ -536,11 +650,43 @@ class Muon:
         settings = (muon.get("momentum"), muon.get("nesterov"), muon.get("ns_coefficients"), muon.get("ns_steps"),
                     muon.get("ns_eps"), muon.get("adjust_lr_fn"))
         _check_muon(*settings)
-        self.adamw.load_state_dict({**state, "hyper": hyper})
+        adamw_state = {"step": state.get("step"), "hyper": hyper}
+        if "momentum_buffer" in state:
+            momentum = state["momentum_buffer"]
+            adamw_state.update(exp_avg=state.get("exp_avg", {}), exp_avg_sq=state.get("exp_avg_sq", {}))
+        else:  # AdamW's layout over every parameter
+            for key in ("exp_avg", "exp_avg_sq"):
+                _check_named(f"Muon.load_state_dict: {key} (AdamW's layout)", state.get(key, {}), self.names,
+                             self.params)
+            momentum = {n: state["exp_avg"][n] for n in mine}
+            others = [self.names[i] for i in self.others]
+            adamw_state.update({key: {n: state[key][n] for n in others} for key in ("exp_avg", "exp_avg_sq")})
+        _check_named("Muon.load_state_dict: momentum_buffer", momentum, mine, [self.params[i] for i in self.matrices])
+        self.adamw.load_state_dict(adamw_state)
+        host = np.zeros(self.flat_momentum.shape[0], dtype=np.float32)
+        for o, i in zip(self._momentum_offsets, self.matrices):
+            host[o:o + self.params[i].numel()] = _host_array(momentum[self.names[i]])
+        with xtrain.no_grad():
+            self.flat_momentum.copy_(xtrain.tensor(host, dtype="float32", device="cpu"))
         self.momentum, self.nesterov = float(settings[0]), bool(settings[1])
         self.ns_coefficients = tuple(float(c) for c in settings[2])
         self.ns_steps, self.ns_eps, self.adjust_lr_fn = int(settings[3]), float(settings[4]), settings[5]
         self.lr_ratios = [muon_lr_ratio(self.adjust_lr_fn, self.params[i].shape) for i in self.matrices]
+
+
+def state_layouts(hyper: dict, shapes: dict) -> list:
+    """The tensors ({"<kind>.<parameter name>": shape}) that optim.safetensors may hold for an
+    optimizer whose hyper() is `hyper`, over parameters of `shapes` (name -> shape), newest layout
+    first: AdamW's exp_avg and exp_avg_sq of every parameter; Muon's momentum_buffer of its
+    matrices (hyper["muon"]["matrices"]) and the two moments of the rest, or AdamW's layout
+    (what Muon wrote before it had one of its own)."""
+    adamw = {f"{kind}.{n}": s for kind in ("exp_avg", "exp_avg_sq") for n, s in shapes.items()}
+    if hyper.get("optimizer", "adamw") != "muon":
+        return [adamw]
+    matrices = set(hyper["muon"]["matrices"])
+    muon = {f"{kind}.{n}": s for kind in ("exp_avg", "exp_avg_sq") for n, s in shapes.items() if n not in matrices}
+    muon.update({f"momentum_buffer.{n}": s for n, s in shapes.items() if n in matrices})
+    return [muon, adamw]
 
 
 def _check_muon(momentum, nesterov, ns_coefficients, ns_steps, ns_eps, adjust_lr_fn) -> None:

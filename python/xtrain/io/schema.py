@@ -25,6 +25,7 @@ from pathlib import Path
 from xtrain.data.tokenizer import TOKENIZER_FILES
 from xtrain.models import config_from_dict
 from xtrain.models.transformer import RopeScaling
+from xtrain.optim import state_layouts
 
 MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optim.safetensors"
@@ -158,6 +159,15 @@ def _check_optimizer(opt, config) -> None:
              "optimizer.names must be a list of strings")
     _require(len(names) == param_count(config) and set(names) == set(param_shapes(config)),
              "optimizer.names are not the model's parameter names")
+    _require(hyper.get("optimizer", "adamw") in ("adamw", "muon"),
+             "optimizer.hyper.optimizer must be \"adamw\" or \"muon\"")
+    if hyper.get("optimizer") == "muon":  # its matrices name optim.safetensors' tensors
+        muon = hyper.get("muon")
+        _require(isinstance(muon, dict), "optimizer.hyper.muon must be an object")
+        matrices = muon.get("matrices")
+        _require(isinstance(matrices, list) and all(isinstance(n, str) for n in matrices)
+                 and len(set(matrices)) == len(matrices) and set(matrices) <= set(names),
+                 "optimizer.hyper.muon.matrices must list distinct parameter names")
 
 
 def _check_rng(rng, rank_rng) -> None:
@@ -250,7 +260,8 @@ def check_tensor_files(directory, meta) -> None:
     _check_tensors(MODEL_FILE, model, shapes)
     if meta.get("optimizer") is not None:
         optim = read_header(directory / OPTIM_FILE)
-        moments = {f"{kind}.{n}": s for kind in ("exp_avg", "exp_avg_sq") for n, s in shapes.items()}
+        layouts = state_layouts(meta["optimizer"]["hyper"], shapes)  # the newest first
+        moments = next((layout for layout in layouts if set(layout) == set(optim)), layouts[0])
         _require(len(optim) == len(moments),
                  f"{OPTIM_FILE} holds {len(optim)} tensors; the config implies {len(moments)}")
         _check_tensors(OPTIM_FILE, optim, moments)

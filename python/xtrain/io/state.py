@@ -2,8 +2,9 @@
 
 A checkpoint is a directory:
     model.safetensors   parameters by name, float32 (the master weights)
-    optim.safetensors   AdamW moments, "exp_avg.<param>" and "exp_avg_sq.<param>", float32 (Muon:
-                        a matrix's exp_avg is its momentum buffer, its exp_avg_sq zero)
+    optim.safetensors   the optimizer's state_arrays() as "<kind>.<param>", float32: AdamW's
+                        "exp_avg.*" and "exp_avg_sq.*"; Muon's the same for the parameters
+                        AdamW updates and "momentum_buffer.<matrix>"
     tokenizer.json      the run's tokenizer: the files its kind saves (tokenizer.json, tiktoken.json,
                         tokenizer.model, tokenizer_config.json), so sample/export need nothing else
     state.json          written last: format version, model config, step, optimizer step and
@@ -118,11 +119,9 @@ def save(path, model: TinyTransformer, optimizer=None, step: int = 0, *, loader_
     target = path.with_name(path.name + SUSPECT_SUFFIX) if why else path
     moments, optim_meta = None, None
     if optimizer is not None:
-        exp_avg, exp_avg_sq = optimizer.moment_arrays()
-        moments = {f"exp_avg.{n}": a for n, a in exp_avg.items()}
-        moments.update({f"exp_avg_sq.{n}": a for n, a in exp_avg_sq.items()})
+        moments = {f"{kind}.{n}": a for kind, arrays in optimizer.state_arrays().items() for n, a in arrays.items()}
         _refuse_non_finite(path, moments, "optimizer moment")
-        optim_meta = {"step": optimizer.step_count, "hyper": optimizer.hyper(), "names": list(exp_avg)}
+        optim_meta = {"step": optimizer.step_count, "hyper": optimizer.hyper(), "names": list(optimizer.names)}
     ensure_dir(path.parent)
     previous = "the previous checkpoint is intact" if exists(path) else "no checkpoint was written"
     with staging_dir(target.with_name(target.name + TMP_SUFFIX), f"checkpoint {target} ({previous})") as tmp:
@@ -357,11 +356,10 @@ class Checkpoint:
             raise CheckpointError(f"{self.path} holds no optimizer state")
         with self._reading():
             tensors = _read_safetensors(self._file(OPTIM_FILE))
-        state = {"step": meta["step"], "hyper": meta["hyper"],
-                 "exp_avg": {n[len("exp_avg."):]: t for n, t in tensors.items()
-                             if n.startswith("exp_avg.")},
-                 "exp_avg_sq": {n[len("exp_avg_sq."):]: t for n, t in tensors.items()
-                                if n.startswith("exp_avg_sq.")}}
+        state = {"step": meta["step"], "hyper": meta["hyper"]}
+        for key, t in tensors.items():  # "<kind>.<parameter name>": the optimizer's state_arrays()
+            kind, _, name = key.partition(".")
+            state.setdefault(kind, {})[name] = t
         try:
             optimizer.load_state_dict(state)
         except (KeyError, ValueError) as e:

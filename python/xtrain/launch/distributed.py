@@ -717,8 +717,8 @@ class DataParallelMuon:
         return norm
 
     def _broadcast_matrices(self, per_param: list) -> None:
-        """Each rank's matrices of `per_param` (a tensor per parameter: the weights' views, or the
-        momentum buffers) broadcast from that rank, one collective per rank."""
+        """Each rank's matrices of `per_param` (a tensor per parameter index: the weights' views,
+        or the momentum buffers) broadcast from that rank, one collective per rank."""
         for rank, idx in enumerate(self._by_rank):
             if idx:
                 self.ctx.comm.broadcast([per_param[i] for i in idx], rank)
@@ -730,7 +730,7 @@ class DataParallelMuon:
     def gather_state(self, root: int | None = None) -> None:
         """Every matrix's momentum buffer current on every rank (broadcast from its owner), for a
         checkpoint; a collective, every rank calls it. The weights are always complete."""
-        self._broadcast_matrices(self.opt.adamw.exp_avg)
+        self._broadcast_matrices(dict(zip(self.opt.matrices, self.opt.momentum_buffers)))
 
 
 def _as_list(tensors) -> list:

@@ -58,7 +58,7 @@ from xtrain.io import llmc, rundir
 from xtrain.io import state as ckpt_state
 from xtrain.io.rundir import DirLock, writing
 from xtrain.models import TinyTransformer, TransformerConfig, config_classes, model_class, preset_config
-from xtrain.optim import AdamW, Muon
+from xtrain.optim import AdamW, Muon, block_matrices
 from xtrain.trainer.runconfig import ConfigError, TrainConfig
 from xtrain.trainer.schedule import DEFAULT_DECAY_FRAC, Schedule
 
@@ -400,7 +400,7 @@ def make_optimizer(cfg: TrainConfig, model, lr: float, shard=None):
     betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "adamw":
         return AdamW(model.named_parameters(), lr=lr, betas=betas, weight_decay=cfg.weight_decay, shard=shard)
-    matrices = [n for n, p in model.named_parameters() if n.startswith("layers.") and len(p.shape) == 2]
+    matrices = block_matrices(model.named_parameters())
     return Muon(model.named_parameters(), matrices=matrices, lr=lr, betas=betas, weight_decay=cfg.weight_decay)
 
 
