@@ -12,6 +12,7 @@
 //    [Early launch of the decode step's kernels]). Launch shapes depend only on problem sizes,
 //    never on the GPU model, so the reduction order (and the bits) depends only on the inputs.
 #pragma once
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -316,6 +317,14 @@ class Scratch {
 // This thread's cuBLAS handle for `on`'s device, bound to on.s, with a workspace from the
 // caching allocator. Handles live in a thread_local table: threads never share one.
 cublasHandle_t cublas_handle(const OnStream& on);
+// The same thread's cuBLASLt handle for `on`'s device and the cuBLAS handle's workspace (on.s's,
+// so stream-ordered with this thread's other GEMMs): what gemm_lt.cu's cublasLtMatmul calls use.
+struct LtWorkspace {
+  cublasLtHandle_t handle;
+  void* ptr;
+  size_t bytes;
+};
+LtWorkspace cublaslt_workspace(const OnStream& on);
 
 // TF32 tensor cores for float32 GEMMs (off by default: true fp32). The ops layer's
 // ops::set_allow_tf32 forwards here in CUDA builds.

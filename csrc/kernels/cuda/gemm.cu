@@ -10,7 +10,8 @@
 // use CUBLAS_COMPUTE_32F with bf16 or float32 output and reductions kept in fp32
 // (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION); float64 uses CUBLAS_COMPUTE_64F.
 // Determinism: one handle per (thread, device) with its own workspace, atomics not allowed
-// (cuBLAS's default), so the same shapes give the same algorithm and the same bits.
+// (cuBLAS's default), so the same shapes give the same algorithm and the same bits. The GEMMs with
+// fused epilogues (gemm_lt.cu, cuBLASLt) share the handle's workspace on its stream.
 #include <atomic>
 #include <climits>
 
@@ -29,6 +30,7 @@ constexpr size_t kCublasWorkspace = size_t(32) << 20;
 
 struct HandleEntry {
   cublasHandle_t handle = nullptr;
+  cublasLtHandle_t lt = nullptr;  // gemm_lt.cu's, created on first use
   cudaStream_t stream = nullptr;
   Block workspace;
 };
@@ -40,7 +42,10 @@ struct ThreadHandles {
     for (int d = 0; d < kMaxDevices; ++d) {
       HandleEntry& e = entry[d];
       if (!e.handle) continue;
-      if (cudaSetDevice(d) == cudaSuccess) cublasDestroy(e.handle);  // errors ignored at exit
+      if (cudaSetDevice(d) == cudaSuccess) {  // errors ignored at exit
+        cublasDestroy(e.handle);
+        if (e.lt) cublasLtDestroy(e.lt);
+      }
       cudaGetLastError();
       if (e.workspace.ptr) Allocator::get().free(e.workspace);
     }
@@ -72,6 +77,13 @@ cublasHandle_t cublas_handle(const OnStream& on) {
     e.stream = on.s;
   }
   return e.handle;
+}
+
+LtWorkspace cublaslt_workspace(const OnStream& on) {
+  cublas_handle(on);  // binds the workspace to on.s
+  HandleEntry& e = tl_handles.entry[on.device];
+  if (!e.lt) XT_CUBLAS_CHECK(cublasLtCreate(&e.lt));
+  return {e.lt, e.workspace.ptr, e.workspace.ptr ? kCublasWorkspace : 0};
 }
 
 void gemm_ld(DType ab_dt, DType c_dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,

@@ -219,6 +219,9 @@ class TrainConfig:
     recompute: bool | str = opt(False, "activation recompute of every block (bitwise the same results); "
                                 "auto: only if the micro-batch does not fit without it",
                                 "precision and memory", bool, words=_ON_OFF, alone=True, metavar="on|off|auto")
+    fp8: bool = opt(False, "the blocks' linears in FP8 (E4M3 forward, E5M2 gradients, per-tensor scales; "
+                    "bf16 elsewhere): cuBLASLt on a GPU, an exact emulation on the CPU",
+                    "precision and memory", switch={"--fp8": True, "--no-fp8": False})
     memory_limit: int | None = opt(None, "cap the device allocator, e.g. 32GiB or 500MB",
                                    "precision and memory", int, ge=1, size=True, metavar="SIZE",
                                    shown="no cap")
