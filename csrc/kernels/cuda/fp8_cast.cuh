@@ -36,16 +36,23 @@ __device__ __forceinline__ __nv_fp8_interpretation_t interpretation(Fp8Format f)
   return f == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
 }
 
+// A 16-byte load or store seen as its elements (a union: nvcc and gcc keep the punning defined).
+template <typename T>
+union Pack16 {
+  uint4 v;
+  T e[16 / sizeof(T)];
+};
+
 // 16 elements of x (T: float or bf16) at p (16-byte aligned) into v, as float.
 template <typename T>
 __device__ __forceinline__ void load16(const T* p, float (&v)[kChunk]) {
   constexpr int kPerPack = 16 / sizeof(T);
 #pragma unroll
   for (int j = 0; j < kChunk / kPerPack; ++j) {
-    alignas(16) T e[kPerPack];
-    *reinterpret_cast<uint4*>(e) = reinterpret_cast<const uint4*>(p)[j];
+    Pack16<T> pack;
+    pack.v = reinterpret_cast<const uint4*>(p)[j];
 #pragma unroll
-    for (int i = 0; i < kPerPack; ++i) v[j * kPerPack + i] = load(e, i);
+    for (int i = 0; i < kPerPack; ++i) v[j * kPerPack + i] = load(pack.e, i);
   }
 }
 
@@ -57,10 +64,10 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict_
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   float m = 0.0f;
   for (int64_t i = tid; i < packs; i += stride) {
-    alignas(16) T e[kPerPack];
-    *reinterpret_cast<uint4*>(e) = reinterpret_cast<const uint4*>(x)[i];
+    Pack16<T> pack;
+    pack.v = reinterpret_cast<const uint4*>(x)[i];
 #pragma unroll
-    for (int j = 0; j < kPerPack; ++j) m = fmaxf(m, fabsf(load(e, j)));
+    for (int j = 0; j < kPerPack; ++j) m = fmaxf(m, fabsf(load(pack.e, j)));
   }
   for (int64_t i = packs * kPerPack + tid; i < n; i += stride) m = fmaxf(m, fabsf(load(x, i)));
 #pragma unroll
@@ -89,20 +96,20 @@ __global__ void __launch_bounds__(kCastThreads)
   if (r < rows && c < cols) {
     float v[kChunk];
     load16(x + r * cols + c, v);
-    alignas(16) uint8_t codes[kChunk];
+    Pack16<uint8_t> codes;
 #pragma unroll
     for (int i = 0; i < kChunk; i += 2) {
       float2 pair;
       pair.x = v[i] * scale;
       pair.y = v[i + 1] * scale;
       const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, interpretation(f));
-      codes[i] = static_cast<uint8_t>(two & 0xFFu);
-      codes[i + 1] = static_cast<uint8_t>(two >> 8);
+      codes.e[i] = static_cast<uint8_t>(two & 0xFFu);
+      codes.e[i + 1] = static_cast<uint8_t>(two >> 8);
     }
-    *reinterpret_cast<uint4*>(out + r * cols + c) = *reinterpret_cast<const uint4*>(codes);
+    *reinterpret_cast<uint4*>(out + r * cols + c) = codes.v;
     if (out_t) {
 #pragma unroll
-      for (int i = 0; i < kChunk; ++i) tile[lr][lc + i] = codes[i];
+      for (int i = 0; i < kChunk; ++i) tile[lr][lc + i] = codes.e[i];
     }
   }
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) meta[1] = fp8_pow2(-k);
@@ -111,10 +118,10 @@ __global__ void __launch_bounds__(kCastThreads)
   // out_t row c0 + tc holds column c0 + tc of x: 16 codes of rows r0 + tr .. + 15 per thread
   const int tc = threadIdx.x / (kTile / kChunk), tr = (threadIdx.x % (kTile / kChunk)) * kChunk;
   if (c0 + tc < cols && r0 + tr < rows) {
-    alignas(16) uint8_t codes[kChunk];
+    Pack16<uint8_t> codes;
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) codes[i] = tile[tr + i][tc];
-    *reinterpret_cast<uint4*>(out_t + (c0 + tc) * rows + r0 + tr) = *reinterpret_cast<const uint4*>(codes);
+    for (int i = 0; i < kChunk; ++i) codes.e[i] = tile[tr + i][tc];
+    *reinterpret_cast<uint4*>(out_t + (c0 + tc) * rows + r0 + tr) = codes.v;
   }
 }
 
