@@ -43,6 +43,8 @@ Decisions:
   forward and scaled in backward (Note [Row-chunked head], csrc/ops/cross_entropy.cpp). forward(ids,
   targets) therefore returns (None, loss); return_logits=True adds a detached (B*S, V) copy of the
   logits. Without targets the logits come from the lm_head and stay differentiable.
+- FP8 (config.fp8, docs/fp8.md): the blocks' seven projections are Fp8Linear, whose product is
+  ops.linear_fp8 (E4M3 operands, E5M2 gradients, per-tensor scales); the same parameters.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Options for pretrained checkpoints (TransformerConfig): n_kv_heads (grouped-query attention:
   k/v_proj narrower, flash_attention reads fewer kv heads), qk_norm off (Llama: no q/k_norm, q and
