@@ -16,6 +16,10 @@
 // buffers (core has no 8-bit dtype); they never leave this file.
 // The CPU computes exactly quantise -> dequantise -> float32 GEMM -> round (kernels/cpu/fp8.cpp):
 // the reference the CUDA path is tested against, and a CPU run's FP8 emulation.
+// cuBLASLt's FP8 GEMMs want every dimension a multiple of 16. N and K are the weight's (a model's
+// widths): checked. M, the rows of x (a generation prompt's length, say), is padded on CUDA with
+// zero rows to the next multiple of 16 (x and dy): zeros change neither an amax nor a sum, so the
+// results are the unpadded recipe's, and y and dx are the first M rows of the padded outputs.
 #include <cstdint>
 
 #include "core/error.h"
@@ -73,6 +77,19 @@ Tensor aligned(const Tensor& t) {
   return t.device().is_cuda() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 ? clone(t) : t;
 }
 
+// The rows a GEMM runs over: M, or on CUDA M rounded up to a multiple of 16.
+int64_t padded_rows(int64_t M, Device dev) { return dev.is_cuda() ? (M + 15) / 16 * 16 : M; }
+
+// t viewed as [M, cols], with zero rows appended up to Mp (a copy), else as it is (aligned).
+Tensor rows_padded(const Tensor& t, int64_t M, int64_t cols, int64_t Mp) {
+  const Tensor t2 = t.view_as_shape({M, cols});
+  if (Mp == M) return aligned(t2);
+  Tensor p = zeros({Mp, cols}, t.dtype(), t.device());
+  Tensor head = p.storage_view(0, {M, cols});
+  copy_(head, t2);
+  return p;
+}
+
 void check_linear_fp8(const Tensor& x, const Tensor& w) {
   check_defined(x, "x");
   check_defined(w, "weight");
@@ -89,57 +106,56 @@ void check_linear_fp8(const Tensor& x, const Tensor& w) {
   const int64_t M = K ? x.numel() / K : 0;
   XT_CHECK(M > 0 && N > 0 && K > 0, ValueError, "linear_fp8: empty operands (x ", x.describe(), ", weight ",
            w.describe(), ")");
-  XT_CHECK(!x.device().is_cuda() || (M % 16 == 0 && N % 16 == 0 && K % 16 == 0), ValueError,
-           "linear_fp8 on CUDA: the rows of x (", M, "), out_features (", N, ") and in_features (", K,
-           ") must be multiples of 16 (cuBLASLt's FP8 GEMMs), x ", x.describe(), ", weight ", w.describe());
+  XT_CHECK(!x.device().is_cuda() || (N % 16 == 0 && K % 16 == 0), ValueError, "linear_fp8 on CUDA: out_features (",
+           N, ") and in_features (", K, ") must be multiples of 16 (cuBLASLt's FP8 GEMMs), weight ", w.describe());
 }
 
 class LinearFp8Backward : public NodeWithSaved<4> {
  public:
-  LinearFp8Backward(const Fp8Operand& xq, const Fp8Operand& wq, int64_t M, int64_t N, int64_t K)
+  LinearFp8Backward(const Fp8Operand& xq, const Fp8Operand& wq, int64_t M, int64_t Mp, int64_t N, int64_t K)
       : NodeWithSaved({SavedTensor("x_fp8_t", xq.codes_t), SavedTensor("x_meta", xq.meta),
                        SavedTensor("weight_fp8_t", wq.codes_t), SavedTensor("weight_meta", wq.meta)}),
-        M_(M), N_(N), K_(K) {}
+        M_(M), Mp_(Mp), N_(N), K_(K) {}
   const char* name() const override { return "LinearFp8Backward"; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];
     std::vector<Tensor> out(2);
     if (!g.defined()) return out;
     const auto [x_t, x_meta, w_t, w_meta] = unpack();
-    const Tensor dy = aligned(g);
-    const Fp8Operand gq = quantize(dy, M_, N_, Fp8Format::E5M2, wants_grad(0), wants_grad(1));
+    const Tensor dy = rows_padded(g, M_, N_, Mp_);
+    const Fp8Operand gq = quantize(dy, Mp_, N_, Fp8Format::E5M2, wants_grad(0), wants_grad(1));
     if (wants_grad(0)) {
       Shape xshape = g.shape();
       xshape.back() = K_;
-      out[0] = gemm_fp8(Fp8Format::E5M2, gq.codes, gq.meta, Fp8Format::E4M3, w_t, w_meta, M_, K_, N_, g.dtype(),
+      out[0] = gemm_fp8(Fp8Format::E5M2, gq.codes, gq.meta, Fp8Format::E4M3, w_t, w_meta, Mp_, K_, N_, g.dtype(),
                         /*fast_accum=*/false)
-                   .view_as_shape(xshape);
+                   .storage_view(0, xshape);
     }
     if (wants_grad(1))
-      out[1] = gemm_fp8(Fp8Format::E5M2, gq.codes_t, gq.meta, Fp8Format::E4M3, x_t, x_meta, N_, K_, M_, g.dtype(),
+      out[1] = gemm_fp8(Fp8Format::E5M2, gq.codes_t, gq.meta, Fp8Format::E4M3, x_t, x_meta, N_, K_, Mp_, g.dtype(),
                         /*fast_accum=*/false);
     return out;
   }
 
  private:
-  int64_t M_, N_, K_;
+  int64_t M_, Mp_, N_, K_;
 };
 
 }  // namespace
 
 Tensor linear_fp8(const Tensor& x, const Tensor& w) {
   check_linear_fp8(x, w);
-  const int64_t K = w.size(1), N = w.size(0), M = x.numel() / K;
+  const int64_t K = w.size(1), N = w.size(0), M = x.numel() / K, Mp = padded_rows(M, x.device());
   const bool record = needs_grad({&x, &w});
   const bool x_grad = record && x.requires_grad(), w_grad = record && w.requires_grad();
-  const Fp8Operand xq = quantize(aligned(x), M, K, Fp8Format::E4M3, true, w_grad);
+  const Fp8Operand xq = quantize(rows_padded(x, M, K, Mp), Mp, K, Fp8Format::E4M3, true, w_grad);
   const Fp8Operand wq = quantize(aligned(w), N, K, Fp8Format::E4M3, true, x_grad);
-  Tensor y = gemm_fp8(Fp8Format::E4M3, xq.codes, xq.meta, Fp8Format::E4M3, wq.codes, wq.meta, M, N, K, x.dtype(),
+  Tensor y = gemm_fp8(Fp8Format::E4M3, xq.codes, xq.meta, Fp8Format::E4M3, wq.codes, wq.meta, Mp, N, K, x.dtype(),
                       /*fast_accum=*/true);
   Shape shape = x.shape();
   shape.back() = N;
-  y = y.view_as_shape(shape);
-  if (record) set_history(y, make_node<LinearFp8Backward>({x, w}, xq, wq, M, N, K));
+  y = y.storage_view(0, shape);  // the first M rows
+  if (record) set_history(y, make_node<LinearFp8Backward>({x, w}, xq, wq, M, Mp, N, K));
   return y;
 }
 
