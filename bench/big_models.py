@@ -5,6 +5,7 @@ xtrain's training step against the same model in PyTorch at its strongest, same 
     python bench/big_models.py --preset qwen3-0.6b --seq 4096 --parts search --memory-limit 40GiB
     python bench/big_models.py --device cpu --preset qwen3-0.6b --shrink --batch 2 --seq 64 \\
         --steps 2 --warmup 1 --peers eager compile --parts step search --memory-limit 2GiB   # smoke
+    python bench/big_models.py --preset qwen3-1.7b --batch 2 --seq 4096 --fp8 --peers torchao   # FP8
 
 Part `step` (same batch): xtrain's step as `xtrain train` runs it (bench/recompute.py's
 XtrainTrainer: forward, the fused head, backward, clip, AdamW, replayed as CUDA graphs), then each
@@ -15,6 +16,13 @@ PyTorch peer of --peers from xtrain's very weights, each freeing the GPU before 
   compile  the whole model under torch.compile, the head as F.linear + F.cross_entropy (the
            logits materialised), fused AdamW
   eager    the whole model without compile (a CPU-runnable check of the peer's math)
+  torchao  liger's setup with the blocks' linears (q/k/v/o, gate/up/down) converted to torchao's
+           float8 training (convert_to_float8_training, the tensorwise recipe: E4M3 input and
+           weight, E5M2 grad_output, dynamic per-tensor scales, fast accumulation in the forward
+           GEMM only), under the same torch.compile: the FP8 peer of xtrain's --fp8
+With --fp8 the step part adds an "xtrain (fp8)" row after xtrain's: the same weights and batches
+with the blocks' linears in FP8 (TransformerConfig.fp8, docs/fp8.md), and its ratios to xtrain's
+bf16 step and to the torchao peer.
 The peers' attention is F.scaled_dot_product_attention restricted to the flash backend, with
 enable_gqa when this torch's flash kernel takes grouped-query attention (else k and v are
 repeated to the query heads first; the JSON says which). Linears under torch.autocast(bfloat16)
@@ -49,7 +57,8 @@ import time
 import common
 from recompute import TorchTrainer, XtrainTrainer, describe, measure, set_limit, try_batch
 
-PEERS = ("liger", "compile", "eager")
+PEERS = ("liger", "compile", "eager", "torchao")
+FP8_PEERS = ("torch (torchao)",)  # not candidates for the strongest bf16 peer
 
 
 def parse_args(argv=None):
@@ -68,6 +77,8 @@ def parse_args(argv=None):
                    help="the preset's heads (head dim, GQA ratio, q/k norm, tied head, theta) at a "
                         "test size: 2 layers, dim 128, vocabulary 1024 (CPU dry runs)")
     p.add_argument("--no-graphs", action="store_true", help="xtrain's step eagerly (not as it trains)")
+    p.add_argument("--fp8", action="store_true",
+                   help="add xtrain's step with the blocks' linears in FP8 (after its bf16 step; needs bf16)")
     common.add_common_args(p, steps=10, warmup=3)
     return p.parse_args(argv)
 
@@ -126,9 +137,21 @@ def build_peer(cfg, weights, device, seq, gqa_native):
             self.register_buffer("sin", torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :])
             self.bf16 = torch.bfloat16 if cfg.bf16 else torch.float32
             self.recompute = False  # no activation checkpoints (bench/recompute.py's trainers ask)
+            # the blocks' linears as nn.Linear modules over the same parameters (F.linear's math),
+            # which torchao's convert_to_float8_training can swap
+            self.linears = torch.nn.ModuleDict()
+            for n in self.names:
+                if n.startswith("layers.") and n.endswith("_proj.weight"):
+                    w = self.p(n)
+                    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+                    lin.weight = w
+                    self.linears[n.replace(".", "_")] = lin
 
         def p(self, name):
             return self.params[self.index[name]]
+
+        def lin(self, h, name):
+            return self.linears[name.replace(".", "_")](h)
 
         def head_weight(self):
             return self.p("embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight")
@@ -136,9 +159,10 @@ def build_peer(cfg, weights, device, seq, gqa_native):
         def attention(self, i, h, B, S):
             p = lambda n: self.p(f"layers.{i}.self_attn.{n}")  # noqa: E731
             H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-            q = F.linear(h, p("q_proj.weight")).view(B, S, H, D)
-            k = F.linear(h, p("k_proj.weight")).view(B, S, Hkv, D)
-            v = F.linear(h, p("v_proj.weight")).view(B, S, Hkv, D)
+            lin = lambda n: self.lin(h, f"layers.{i}.self_attn.{n}")  # noqa: E731
+            q = lin("q_proj.weight").view(B, S, H, D)
+            k = lin("k_proj.weight").view(B, S, Hkv, D)
+            v = lin("v_proj.weight").view(B, S, Hkv, D)
             if cfg.qk_norm:
                 q, k = rms_norm(q, p("q_norm.weight"), cfg.norm_eps), rms_norm(k, p("k_norm.weight"), cfg.norm_eps)
             q, k = rope(q, self.cos, self.sin), rope(k, self.cos, self.sin)
@@ -146,7 +170,7 @@ def build_peer(cfg, weights, device, seq, gqa_native):
             if Hkv != H and not gqa_native:
                 k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H and gqa_native)
-            return F.linear(a.transpose(1, 2).reshape(B * S, H * D), p("o_proj.weight"))
+            return self.lin(a.transpose(1, 2).reshape(B * S, H * D), f"layers.{i}.self_attn.o_proj.weight")
 
         def body(self, ids):
             """ids (B, S) -> the final norm's output (B*S, dim) in the activation dtype."""
@@ -157,8 +181,9 @@ def build_peer(cfg, weights, device, seq, gqa_native):
                     p = lambda n: self.p(f"layers.{i}.{n}")  # noqa: E731
                     x = x + self.attention(i, rms_norm(x, p("input_layernorm.weight"), cfg.norm_eps), B, S)
                     h = rms_norm(x, p("post_attention_layernorm.weight"), cfg.norm_eps)
-                    g = F.silu(F.linear(h, p("mlp.gate_proj.weight"))) * F.linear(h, p("mlp.up_proj.weight"))
-                    x = x + F.linear(g, p("mlp.down_proj.weight"))
+                    mlp = lambda v, n: self.lin(v, f"layers.{i}.mlp.{n}")  # noqa: E731
+                    g = F.silu(mlp(h, "gate_proj.weight")) * mlp(h, "up_proj.weight")
+                    x = x + mlp(g, "down_proj.weight")
                 return rms_norm(x, self.p("norm.weight"), cfg.norm_eps)
 
         def forward(self, ids, targets):
@@ -184,7 +209,11 @@ class PeerTrainer(TorchTrainer):
         self.torch, self.device, self.framework = torch, device, f"torch ({peer})"
         self.module = build_peer(cfg, weights, device, seq, gqa_native)
         self.dynamic = dynamic_batch
-        if peer == "liger":
+        if peer == "torchao":
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+            convert_to_float8_training(self.module.linears, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+        if peer in ("liger", "torchao"):
             from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
             body = torch.compile(self.module.body, dynamic=None if dynamic_batch else False)
@@ -231,6 +260,15 @@ def step_part(args, cfg, device, tdevice, gqa_native) -> tuple[list[dict], dict]
     rows.append(run_row(args, "xtrain", xt, batches, first_loss=xtrain_first_loss(xt, batches[0])))
     xt.close()
     del xt
+    if args.fp8:  # the same weights, the blocks' linears in FP8
+        from xtrain.models import TransformerConfig
+
+        xt = XtrainTrainer(TransformerConfig(**{**cfg.to_dict(), "fp8": True}), device, args.seed,
+                           use_graphs=not args.no_graphs)
+        xt.model.load_state_dict(weights)
+        rows.append(run_row(args, "xtrain (fp8)", xt, batches, first_loss=xtrain_first_loss(xt, batches[0])))
+        xt.close()
+        del xt
     for peer in args.peers:
         t0 = time.perf_counter()
         try:
@@ -343,15 +381,21 @@ def summarize(rows, flops_tok) -> dict:
         r["mfu"] = common.mfu(r["tok_s"], flops_tok, common.BF16_PEAK_FLOPS)
     xt = next((r for r in rows if r["framework"] == "xtrain" and "tok_s" in r), None)
     ratios = {}
-    peers = [r for r in rows if r["framework"] != "xtrain" and "tok_s" in r]
+    peers = [r for r in rows if not r["framework"].startswith("xtrain") and "tok_s" in r]
     if xt is not None:
         for r in peers:
             ratios[r["framework"]] = {"tok_s": common.ratio(xt["tok_s"], r["tok_s"]),
                                       "peak_memory": common.ratio(xt["peak_allocated"], r["peak_allocated"])}
-        compiled = [r for r in peers if r["framework"] != "torch (eager)"]
+        compiled = [r for r in peers if r["framework"] != "torch (eager)" and r["framework"] not in FP8_PEERS]
         if compiled:
             best = max(compiled, key=lambda r: r["tok_s"])
             ratios["strongest peer"] = {**ratios[best["framework"]], "peer": best["framework"]}
+    fp8 = next((r for r in rows if r["framework"] == "xtrain (fp8)" and "tok_s" in r), None)
+    if fp8 is not None:  # --fp8: its step against xtrain's bf16 step and the FP8 peer
+        for r in ([xt] if xt is not None else []) + [r for r in peers if r["framework"] in FP8_PEERS]:
+            ratios[f"xtrain (fp8) / {r['framework']}"] = {
+                "tok_s": common.ratio(fp8["tok_s"], r["tok_s"]),
+                "peak_memory": common.ratio(fp8["peak_allocated"], r["peak_allocated"])}
     return ratios
 
 
@@ -360,6 +404,8 @@ def main(argv=None):
     device, tdevice = common.resolve_device(args.device)
     common.setup_torch(device)
     cfg = model_config(args)
+    if args.fp8 and not args.bf16:
+        raise SystemExit("--fp8 compares against the bf16 step: drop --fp32")
     if args.vocab is None:
         args.vocab = cfg.vocab_size
     if not 1 <= args.vocab <= cfg.vocab_size:
@@ -388,7 +434,8 @@ def main(argv=None):
                             ("loss_last", "loss end", ".4f")])
         for name, r in ratios.items():
             times = lambda v: "n/a" if v is None else f"{v:.2f}x"  # noqa: E731
-            print(f"xtrain / {name}: tok/s {times(r['tok_s'])}, peak memory {times(r['peak_memory'])}"
+            print(f"{name if ' / ' in name else 'xtrain / ' + name}: tok/s {times(r['tok_s'])}, "
+                  f"peak memory {times(r['peak_memory'])}"
                   + (f" ({r['peer']})" if "peer" in r else ""))
     if "search" in args.parts:
         print(f"largest batch under {args.memory_limit}:", flush=True)

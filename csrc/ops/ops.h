@@ -169,6 +169,11 @@ Tensor linear_forward(const Tensor& x, const Tensor& w);
 // Use TF32 tensor cores for float32 GEMMs on CUDA (off by default: true fp32).
 void set_allow_tf32(bool allow);
 bool allow_tf32();
+// ---- fp8 (ops/fp8.cpp): linear_fp8 = x @ w^T with x and w in FP8 E4M3 (per-tensor current
+// scaling, power-of-two scales), the backward's dy in E5M2, float32 accumulation, output and
+// gradients in x's dtype (float32 or bf16); the CPU emulates the CUDA GEMM exactly up to the
+// summation order. docs/fp8.md.
+Tensor linear_fp8(const Tensor& x, const Tensor& w);
 
 // ---- embedding (ops/embedding.cpp): ids int32/int64 in [0, vocab)
 Tensor embedding(const Tensor& table, const Tensor& ids);

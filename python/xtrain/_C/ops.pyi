@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_multi', 'linear_multi_bias', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_positions', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_fp8', 'linear_multi', 'linear_multi_bias', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -38,9 +38,9 @@ def decode_attention(q: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xt
     """
     One query per row against a KV cache: q [B, H, D], k_cache and v_cache [B, L, H_kv, D], row b attends to its first lengths[b] slots (int64 [B]); returns [B, H, D]; scale None means 1/sqrt(D); not differentiable
     """
-def decode_prep_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xtrain._C.Tensor, positions: xtrain._C.Tensor, lengths: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor | None = None, k_norm_weight: xtrain._C.Tensor | None = None, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, prefetch: collections.abc.Sequence[xtrain._C.Tensor] = []) -> xtrain._C.Tensor:
+def decode_prep_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, k_cache: xtrain._C.Tensor, v_cache: xtrain._C.Tensor, positions: xtrain._C.Tensor, lengths: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor | None = None, k_norm_weight: xtrain._C.Tensor | None = None, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, prefetch: collections.abc.Sequence[xtrain._C.Tensor] = [], llama3: typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(4)"] | None = None) -> xtrain._C.Tensor:
     """
-    A decode step's head preparation then its attention: k and v [B, H_kv, D] into their cache slots at positions[b] (int64 [B]), q [B, H, D] and k normed (rms_norm(eps), with the norm weights) and rotated (rope(theta)) at that position, then decode_attention of that q over each row's first lengths[b] slots; returns [B, H, D]. Bitwise those ops; on CUDA one kernel where the one-pass attention applies; not differentiable. prefetch: up to 8 tensors on q's device that the next ops read, asked into L2 by the SMs the attention leaves idle (a hint: no value changes)
+    A decode step's head preparation then its attention: k and v [B, H_kv, D] into their cache slots at positions[b] (int64 [B]), q [B, H, D] and k normed (rms_norm(eps), with the norm weights) and rotated (rope(theta, llama3)) at that position, then decode_attention of that q over each row's first lengths[b] slots; returns [B, H, D]. Bitwise those ops; on CUDA one kernel where the one-pass attention applies; not differentiable. prefetch: up to 8 tensors on q's device that the next ops read, asked into L2 by the SMs the attention leaves idle (a hint: no value changes)
     """
 def div(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
@@ -49,6 +49,10 @@ def div(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
 def div_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
     """
     x / s
+    """
+def document_positions(doc_start: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    int64 [B, S] positions s - doc_start[b, s] of document_starts' int32 [B, S]: each token's distance from the start of its document (RoPE restarting per document)
     """
 def document_starts(ids: xtrain._C.Tensor, sep: typing.SupportsInt | typing.SupportsIndex) -> xtrain._C.Tensor:
     """
@@ -102,6 +106,10 @@ def linear_cross_entropy(x: xtrain._C.Tensor, w: xtrain._C.Tensor, targets: xtra
     """
     cross_entropy(linear(x, w), targets) fused (x [N, K], w [V, K]), in row chunks of chunk_rows (0: chosen from the shapes): returns (loss, logits [N, V] copy when return_logits else None)
     """
+def linear_fp8(x: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    x @ weight^T through FP8: x and weight in E4M3, the backward's dy in E5M2, each scaled per tensor by a power of two from its amax; float32 accumulation, output in x's dtype (docs/fp8.md)
+    """
 def linear_multi(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor]) -> list[xtrain._C.Tensor]:
     """
     [x @ w^T for w in weights] as views of one buffer, one batched GEMM per run of equal shapes
@@ -150,9 +158,9 @@ def pow_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsInd
     """
     x ** s
     """
-def qk_norm_rope(q: xtrain._C.Tensor, k: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor, k_norm_weight: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor]:
+def qk_norm_rope(q: xtrain._C.Tensor, k: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor, k_norm_weight: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0, positions: xtrain._C.Tensor | None = None, llama3: typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(4)"] | None = None) -> tuple[xtrain._C.Tensor, xtrain._C.Tensor]:
     """
-    rope(rms_norm(x, weight, eps), theta) over D for q [B, S, H, D] and k [B, S, H_kv, D] in one kernel (positions 0..S-1); returns (q, k), bitwise equal to rms_norm followed by rope
+    rope(rms_norm(x, weight, eps), theta) over D for q [B, S, H, D] and k [B, S, H_kv, D] in one kernel (positions as rope's: int64 [S] or [B, S], default 0..S-1; llama3 as rope's); returns (q, k), bitwise equal to rms_norm followed by rope
     """
 def rdiv_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
     """
@@ -170,9 +178,9 @@ def rms_norm_linear_rows(x: xtrain._C.Tensor, weights: collections.abc.Sequence[
     """
     (h, ys): h = x + residual (x itself without residual), ys = linear_rows(rms_norm(h, norm_weight, eps), weights), or with swiglu=True (weights = [gate, up], one shape) [swiglu(gate, up)]; bitwise add_rms_norm (rms_norm), linear_rows and swiglu, in one kernel that recomputes the norm in every block (the decode step's norm + linear); x [M, K] with 1 <= M <= 8; not differentiable
     """
-def rope(x: xtrain._C.Tensor, positions: xtrain._C.Tensor | None = None, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0) -> xtrain._C.Tensor:
+def rope(x: xtrain._C.Tensor, positions: xtrain._C.Tensor | None = None, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0, llama3: typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(4)"] | None = None) -> xtrain._C.Tensor:
     """
-    Rotary embedding (rotate-half) on x [B, S, H, D]; positions int64 [S], default 0..S-1
+    Rotary embedding (rotate-half) on x [B, S, H, D]; positions int64 [S] or [B, S] (each row its own), default 0..S-1; llama3: Llama 3's frequency scaling (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings), default none
     """
 def rsub_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
     """

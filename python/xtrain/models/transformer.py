@@ -43,6 +43,8 @@ Decisions:
   forward and scaled in backward (Note [Row-chunked head], csrc/ops/cross_entropy.cpp). forward(ids,
   targets) therefore returns (None, loss); return_logits=True adds a detached (B*S, V) copy of the
   logits. Without targets the logits come from the lm_head and stay differentiable.
+- FP8 (config.fp8, docs/fp8.md): the blocks' seven projections are Fp8Linear, whose product is
+  ops.linear_fp8 (E4M3 operands, E5M2 gradients, per-tensor scales); the same parameters.
 - Parameter names mirror Qwen3 (layers.N.self_attn.q_proj.weight, ...); export prefixes "model.".
 - Options for pretrained checkpoints (TransformerConfig): n_kv_heads (grouped-query attention:
   k/v_proj narrower, flash_attention reads fewer kv heads), qk_norm off (Llama: no q/k_norm, q and
@@ -157,6 +159,9 @@ class TransformerConfig:
     # RoPE's scores depend on distances only, so this changes the angles' float32 rounding, not
     # the model (docs/attention.md, Note [RoPE positions per document]).
     doc_rope: bool = False
+    # The blocks' linears (q/k/v/o, gate/up/down) in FP8 through ops.linear_fp8 (a run option, like
+    # recompute; docs/fp8.md); the embedding and the head stay in the compute dtype.
+    fp8: bool = False
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -187,7 +192,7 @@ class TransformerConfig:
         if self.doc_rope and self.doc_sep is None:
             raise ValueError("TransformerConfig.doc_rope needs doc_sep: RoPE positions restart per document only "
                              "with attention within documents")
-        for name in ("tie_embeddings", "qk_norm"):
+        for name in ("tie_embeddings", "qk_norm", "fp8"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TransformerConfig.{name} must be True or False, got {getattr(self, name)!r}")
 
@@ -302,6 +307,20 @@ def config_for(preset: str, vocab_size: int, **overrides) -> TransformerConfig:
 
 # ---- the modules
 
+class Fp8Linear(nn.Linear):
+    """nn.Linear with its product in FP8 (ops.linear_fp8): the blocks' linears when config.fp8."""
+
+    def forward(self, x):
+        return ops.linear_fp8(x, self.weight)
+
+
+def project(x, linears):
+    """[lin(x) for lin in linears]: one batched GEMM (ops.linear_multi), or in FP8 one GEMM each."""
+    if isinstance(linears[0], Fp8Linear):
+        return [lin(x) for lin in linears]
+    return ops.linear_multi(x, [lin.weight for lin in linears])
+
+
 class Attention(nn.Module):
     """Causal self-attention with RoPE, grouped-query when n_kv_heads < n_heads (query head h reads
     kv head h // (n_heads / n_kv_heads)), with per-head q/k RMSNorm (Qwen3) or without (Llama)."""
@@ -312,10 +331,11 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
         self.eps, self.rope_theta = c.norm_eps, c.rope_theta
         self.rope_llama3 = c.rope_scaling.llama3() if c.rope_scaling is not None else None  # the ops' argument
-        self.q_proj = nn.Linear(c.dim, inner, generator=gen, std=INIT_STD)
-        self.k_proj = nn.Linear(c.dim, kv_inner, generator=gen, std=INIT_STD)
-        self.v_proj = nn.Linear(c.dim, kv_inner, generator=gen, std=INIT_STD)
-        self.o_proj = nn.Linear(inner, c.dim, generator=gen, std=residual_std)
+        linear = Fp8Linear if c.fp8 else nn.Linear
+        self.q_proj = linear(c.dim, inner, generator=gen, std=INIT_STD)
+        self.k_proj = linear(c.dim, kv_inner, generator=gen, std=INIT_STD)
+        self.v_proj = linear(c.dim, kv_inner, generator=gen, std=INIT_STD)
+        self.o_proj = linear(inner, c.dim, generator=gen, std=residual_std)
         if c.qk_norm:
             self.q_norm = nn.RMSNorm(c.head_dim, c.norm_eps)
             self.k_norm = nn.RMSNorm(c.head_dim, c.norm_eps)
@@ -329,7 +349,7 @@ class Attention(nn.Module):
         (B, S), ops.document_positions): RoPE's positions, None for 0..S-1."""
         B, H, Hkv, D = x.shape[0] // seq, self.n_heads, self.n_kv_heads, self.head_dim
         # q, k, v from batched GEMMs: views of one buffer, block after block (ops.linear_multi)
-        q, k, v = ops.linear_multi(x, [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        q, k, v = project(x, [self.q_proj, self.k_proj, self.v_proj])
         q = q.reshape(B, seq, H, D)                                    # (B, S, H, D), no copy
         k = k.reshape(B, seq, Hkv, D)                                  # (B, S, Hkv, D)
         v = v.reshape(B, seq, Hkv, D)
@@ -350,9 +370,10 @@ class MLP(nn.Module):
 
     def __init__(self, c: TransformerConfig, gen, residual_std: float):
         super().__init__()
-        self.gate_proj = nn.Linear(c.dim, c.ffn_dim, generator=gen, std=INIT_STD)
-        self.up_proj = nn.Linear(c.dim, c.ffn_dim, generator=gen, std=INIT_STD)
-        self.down_proj = nn.Linear(c.ffn_dim, c.dim, generator=gen, std=residual_std)
+        linear = Fp8Linear if c.fp8 else nn.Linear
+        self.gate_proj = linear(c.dim, c.ffn_dim, generator=gen, std=INIT_STD)
+        self.up_proj = linear(c.dim, c.ffn_dim, generator=gen, std=INIT_STD)
+        self.down_proj = linear(c.ffn_dim, c.dim, generator=gen, std=residual_std)
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x):
@@ -362,7 +383,7 @@ class MLP(nn.Module):
     def hidden(self, x):
         """(B*S, dim) -> (B*S, ffn): everything before the down projection, silu(gate) * up in one
         kernel. gate and up come from one batched GEMM (views of one buffer)."""
-        gate, up = ops.linear_multi(x, [self.gate_proj.weight, self.up_proj.weight])  # (B*S, ffn) each
+        gate, up = project(x, [self.gate_proj, self.up_proj])  # (B*S, ffn) each
         return ops.swiglu(gate, up)
 
 

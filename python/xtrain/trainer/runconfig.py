@@ -224,6 +224,9 @@ class TrainConfig:
     recompute: bool | str = opt(False, "activation recompute of every block (bitwise the same results); "
                                 "auto: only if the micro-batch does not fit without it",
                                 "precision and memory", bool, words=_ON_OFF, alone=True, metavar="on|off|auto")
+    fp8: bool = opt(False, "the blocks' linears in FP8 (E4M3 forward, E5M2 gradients, per-tensor scales; "
+                    "bf16 elsewhere): cuBLASLt on a GPU, an exact emulation on the CPU",
+                    "precision and memory", switch={"--fp8": True, "--no-fp8": False})
     memory_limit: int | None = opt(None, "cap the device allocator, e.g. 32GiB or 500MB",
                                    "precision and memory", int, ge=1, size=True, metavar="SIZE",
                                    shown="no cap")
@@ -451,6 +454,8 @@ def validate(cfg: TrainConfig) -> None:
                           "documents: drop --no-doc-mask")
     if cfg.doc_rope and cfg.preset is not None and ALL_PRESETS[cfg.preset] != "qwen3":
         raise ConfigError(f"--doc-rope: --preset {cfg.preset} has learned positions, not RoPE")
+    if cfg.fp8 and cfg.preset is not None and ALL_PRESETS[cfg.preset] != "qwen3":
+        raise ConfigError(f"--fp8: --preset {cfg.preset} is GPT-2; FP8 runs the Qwen3/Llama block's linears")
     if cfg.min_lr is not None and cfg.lr is not None and cfg.min_lr > cfg.lr:
         raise ConfigError(f"--min-lr {cfg.min_lr:g} must be <= --lr {cfg.lr:g}")
     if cfg.init_from is not None:

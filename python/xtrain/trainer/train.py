@@ -274,12 +274,19 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     # ---- model: fresh from the preset, pretrained weights (--init-from), or the checkpoint's
     run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute is True, dropout=cfg.dropout,
                      doc_sep=dataset.tokenizer.eot_id if cfg.doc_mask else None)
-    if cfg.doc_rope:  # a TransformerConfig field (RoPE restarting per document); GPT-2 has none
-        source = init.config if init is not None else ckpt.config if ckpt is not None else None
-        if source is not None and not isinstance(source, TransformerConfig):
-            raise ConfigError(f"--doc-rope applies to the Qwen3/Llama block's RoPE; this model is "
-                              f"{type(source).__name__}, whose positions are learned")
+    # Options of the Qwen3/Llama block only (TransformerConfig fields); GPT-2's config has neither.
+    source = init.config if init is not None else ckpt.config if ckpt is not None else \
+        preset_config(cfg.preset or "tiny", dataset.tokenizer.vocab_size)
+    qwen3 = isinstance(source, TransformerConfig)
+    if cfg.doc_rope and not qwen3:
+        raise ConfigError(f"--doc-rope applies to the Qwen3/Llama block's RoPE; this model is "
+                          f"{type(source).__name__}, whose positions are learned")
+    if cfg.fp8 and not qwen3:
+        raise ConfigError(f"--fp8 applies to the Qwen3/Llama block's linears; this model is {type(source).__name__}")
+    if cfg.doc_rope:
         run_flags["doc_rope"] = True
+    if qwen3:
+        run_flags["fp8"] = cfg.fp8  # a run option, as recompute: a resume may switch it
     if ckpt is None:
         if prepared is None:
             xtrain.manual_seed(cfg.seed)  # process-wide; train_data_parallel seeds once for all ranks

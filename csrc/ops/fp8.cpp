@@ -1,0 +1,163 @@
+// linear_fp8: y = x @ W^T with both operands in FP8 (E4M3), the backward's dy in E5M2 (docs/fp8.md).
+//
+// Every operand is quantised per tensor with its current amax and a power-of-two scale
+// (Note [FP8 scaling], kernels/fp8_math.h): an amax pass, then a cast pass writing the codes, the
+// transposed codes a backward GEMM needs, and the dequantisation factor, all on the device (no
+// host sync; a CUDA graph captures it). The FP8 copies are transient: the weights stay the
+// caller's (the bf16 compute copy of a float32 master), the output and every gradient have x's
+// dtype, and the GEMMs accumulate in float32.
+//   forward: xq [M, K], wq [N, K] (E4M3)             y  [M, N] = xq . wq^T    (fast accumulation)
+//   dgrad:   dyq [M, N] (E5M2), wq^T [K, N]           dx [M, K] = dyq . (wq^T)^T
+//   wgrad:   dyq^T [N, M] (E5M2), xq^T [K, M]         dW [N, K] = dyq^T . (xq^T)^T
+// Every GEMM reads both operands K-major (Hopper's FP8 tensor cores want them so), which is why
+// the forward's cast writes xq^T (when W takes a gradient) and wq^T (when x does) beside xq and
+// wq: the node saves those FP8 copies (a byte per element) instead of x and W. dy's cast writes
+// dyq and dyq^T as the two gradients need them. The codes live in int32 tensors used as byte
+// buffers (core has no 8-bit dtype); they never leave this file.
+// The CPU computes exactly quantise -> dequantise -> float32 GEMM -> round (kernels/cpu/fp8.cpp):
+// the reference the CUDA path is tested against, and a CPU run's FP8 emulation.
+// cuBLASLt's FP8 GEMMs want every dimension a multiple of 16. N and K are the weight's (a model's
+// widths): checked. M, the rows of x (a generation prompt's length, say), is padded on CUDA with
+// zero rows to the next multiple of 16 (x and dy): zeros change neither an amax nor a sum, so the
+// results are the unpadded recipe's, and y and dx are the first M rows of the padded outputs.
+#include <cstdint>
+
+#include "core/error.h"
+#include "kernels/fp8_math.h"
+#include "ops/dispatch.h"
+#include "tape/node.h"
+
+namespace xt {
+namespace ops {
+
+namespace {
+
+using kernels::Fp8Format;
+
+// One quantised operand: the codes of a rows x cols matrix, optionally its transpose, and
+// [amax, 2^-k] (kernels::kFp8MetaFloats floats).
+struct Fp8Operand {
+  Tensor codes, codes_t, meta;
+};
+
+uint8_t* bytes_of(const Tensor& t) { return t.defined() ? static_cast<uint8_t*>(t.data_ptr()) : nullptr; }
+
+Tensor byte_buffer(int64_t n, Device device) { return Tensor::empty({(n + 3) / 4}, DType::Int32, device); }
+
+// x (rows x cols, contiguous) -> its FP8 codes in format f; `rowwise` / `transposed` pick the
+// copies written (at least one).
+Fp8Operand quantize(const Tensor& x, int64_t rows, int64_t cols, Fp8Format f, bool rowwise, bool transposed) {
+  Fp8Operand q;
+  const Device dev = x.device();
+  void* stream = stream_for(dev);
+  q.meta = Tensor::empty({kernels::kFp8MetaFloats}, DType::Float32, dev);
+  XT_KERNEL(dev, fp8_amax, x.dtype(), x.data_ptr(), rows * cols, q.meta.data<float>(), stream);
+  // The cast always writes the row-major codes; a caller wanting only the transpose drops them.
+  q.codes = byte_buffer(rows * cols, dev);
+  if (transposed) q.codes_t = byte_buffer(rows * cols, dev);
+  XT_KERNEL(dev, fp8_cast, x.dtype(), f, x.data_ptr(), rows, cols, q.meta.data<float>(), bytes_of(q.codes),
+            bytes_of(q.codes_t), stream);
+  if (!rowwise) q.codes = Tensor();
+  return q;
+}
+
+// C [M, N] = A [M, K] . B [N, K]^T of two quantised operands, in dtype c_dt.
+Tensor gemm_fp8(Fp8Format fa, const Tensor& a, const Tensor& a_meta, Fp8Format fb, const Tensor& b,
+                const Tensor& b_meta, int64_t M, int64_t N, int64_t K, DType c_dt, bool fast_accum) {
+  const Device dev = a.device();
+  Tensor c = Tensor::empty({M, N}, c_dt, dev);
+  XT_KERNEL(dev, fp8_gemm, fa, fb, M, N, K, bytes_of(a), a_meta.data<float>(), bytes_of(b), b_meta.data<float>(),
+            c_dt, c.data_ptr(), fast_accum, stream_for(dev));
+  return c;
+}
+
+// A CUDA operand must start 16-byte aligned (the cast's vector loads, cuBLASLt's FP8 operands);
+// a view into a larger buffer that does not is copied (the same values).
+Tensor aligned(const Tensor& t) {
+  return t.device().is_cuda() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 ? clone(t) : t;
+}
+
+// The rows a GEMM runs over: M, or on CUDA M rounded up to a multiple of 16.
+int64_t padded_rows(int64_t M, Device dev) { return dev.is_cuda() ? (M + 15) / 16 * 16 : M; }
+
+// t viewed as [M, cols], with zero rows appended up to Mp (a copy), else as it is (aligned).
+Tensor rows_padded(const Tensor& t, int64_t M, int64_t cols, int64_t Mp) {
+  const Tensor t2 = t.view_as_shape({M, cols});
+  if (Mp == M) return aligned(t2);
+  Tensor p = zeros({Mp, cols}, t.dtype(), t.device());
+  Tensor head = p.storage_view(0, {M, cols});
+  copy_(head, t2);
+  return p;
+}
+
+void check_linear_fp8(const Tensor& x, const Tensor& w) {
+  check_defined(x, "x");
+  check_defined(w, "weight");
+  check_floating(x, "linear_fp8", "x");
+  check_floating(w, "linear_fp8", "weight");
+  check_dim(w, 2, "linear_fp8", "weight");
+  check_same_device(x, w, "linear_fp8", "x", "weight");
+  check_same_dtype(x, w, "linear_fp8", "x", "weight");
+  XT_CHECK(x.dtype() != DType::Float64, TypeError,
+           "linear_fp8: x and weight must be float32 or bfloat16 (the output's dtype), got float64");
+  XT_CHECK(x.dim() >= 1 && x.shape().back() == w.size(1), ValueError, "linear_fp8: x ", x.describe(),
+           " must end in the weight's in_features ", w.size(1), " (weight ", w.describe(), " is [out, in])");
+  const int64_t K = w.size(1), N = w.size(0);
+  const int64_t M = K ? x.numel() / K : 0;
+  XT_CHECK(M > 0 && N > 0 && K > 0, ValueError, "linear_fp8: empty operands (x ", x.describe(), ", weight ",
+           w.describe(), ")");
+  XT_CHECK(!x.device().is_cuda() || (N % 16 == 0 && K % 16 == 0), ValueError, "linear_fp8 on CUDA: out_features (",
+           N, ") and in_features (", K, ") must be multiples of 16 (cuBLASLt's FP8 GEMMs), weight ", w.describe());
+}
+
+class LinearFp8Backward : public NodeWithSaved<4> {
+ public:
+  LinearFp8Backward(const Fp8Operand& xq, const Fp8Operand& wq, int64_t M, int64_t Mp, int64_t N, int64_t K)
+      : NodeWithSaved({SavedTensor("x_fp8_t", xq.codes_t), SavedTensor("x_meta", xq.meta),
+                       SavedTensor("weight_fp8_t", wq.codes_t), SavedTensor("weight_meta", wq.meta)}),
+        M_(M), Mp_(Mp), N_(N), K_(K) {}
+  const char* name() const override { return "LinearFp8Backward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    std::vector<Tensor> out(2);
+    if (!g.defined()) return out;
+    const auto [x_t, x_meta, w_t, w_meta] = unpack();
+    const Tensor dy = rows_padded(g, M_, N_, Mp_);
+    const Fp8Operand gq = quantize(dy, Mp_, N_, Fp8Format::E5M2, wants_grad(0), wants_grad(1));
+    if (wants_grad(0)) {
+      Shape xshape = g.shape();
+      xshape.back() = K_;
+      out[0] = gemm_fp8(Fp8Format::E5M2, gq.codes, gq.meta, Fp8Format::E4M3, w_t, w_meta, Mp_, K_, N_, g.dtype(),
+                        /*fast_accum=*/false)
+                   .storage_view(0, xshape);
+    }
+    if (wants_grad(1))
+      out[1] = gemm_fp8(Fp8Format::E5M2, gq.codes_t, gq.meta, Fp8Format::E4M3, x_t, x_meta, N_, K_, Mp_, g.dtype(),
+                        /*fast_accum=*/false);
+    return out;
+  }
+
+ private:
+  int64_t M_, Mp_, N_, K_;
+};
+
+}  // namespace
+
+Tensor linear_fp8(const Tensor& x, const Tensor& w) {
+  check_linear_fp8(x, w);
+  const int64_t K = w.size(1), N = w.size(0), M = x.numel() / K, Mp = padded_rows(M, x.device());
+  const bool record = needs_grad({&x, &w});
+  const bool x_grad = record && x.requires_grad(), w_grad = record && w.requires_grad();
+  const Fp8Operand xq = quantize(rows_padded(x, M, K, Mp), Mp, K, Fp8Format::E4M3, true, w_grad);
+  const Fp8Operand wq = quantize(aligned(w), N, K, Fp8Format::E4M3, true, x_grad);
+  Tensor y = gemm_fp8(Fp8Format::E4M3, xq.codes, xq.meta, Fp8Format::E4M3, wq.codes, wq.meta, Mp, N, K, x.dtype(),
+                      /*fast_accum=*/true);
+  Shape shape = x.shape();
+  shape.back() = N;
+  y = y.storage_view(0, shape);  // the first M rows
+  if (record) set_history(y, make_node<LinearFp8Backward>({x, w}, xq, wq, M, Mp, N, K));
+  return y;
+}
+
+}  // namespace ops
+}  // namespace xt
