@@ -25,6 +25,7 @@
 #include <cublasLt.h>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/lt.cuh"
 #include "kernels/fp8_math.h"
 
 namespace xt {
@@ -33,51 +34,15 @@ namespace cuda {
 
 namespace {
 
-uint32_t fp8_alignment(const void* p) {  // the largest power of two <= 256 dividing p's address
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  uint32_t al = 256;
-  while (al > 1 && a % al) al /= 2;
-  return al;
-}
-
 using Fp8Query = std::tuple<int, int, int, int64_t, int64_t, int64_t, int, bool, size_t, uint32_t, uint32_t, uint32_t>;
 
-struct Fp8Choice {
-  bool found = false;
-  cublasLtMatmulAlgo_t algo;
-};
-
 std::mutex g_fp8_cache_mutex;
-std::map<Fp8Query, Fp8Choice>& fp8_cache() {
-  static std::map<Fp8Query, Fp8Choice> cache;
+std::map<Fp8Query, LtChoice>& fp8_cache() {
+  static std::map<Fp8Query, LtChoice> cache;
   return cache;
 }
 
-// Owns the descriptors of one call.
-struct Fp8Descs {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~Fp8Descs() {  // status ignored: nothing to do about a failed destroy
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
-
 cudaDataType_t fp8_type(Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
-
-template <typename V>
-void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {
-  XT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
-}
-
-template <typename V>
-void set_attr(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const V& v) {
-  XT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)));
-}
 
 }  // namespace
 
@@ -95,23 +60,23 @@ void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const
 
   OnStream on(stream);
   const LtWorkspace ws = cublaslt_workspace(on);
-  const uint32_t al_a = fp8_alignment(A), al_b = fp8_alignment(B), al_c = fp8_alignment(C);
+  const uint32_t al_a = lt_alignment(A), al_b = lt_alignment(B), al_c = lt_alignment(C);
   const Fp8Query query{on.device, static_cast<int>(fa), static_cast<int>(fb), M, N, K, static_cast<int>(c_dt),
                        fast_accum, ws.bytes, al_a, al_b, al_c};
 
-  Fp8Descs d;
+  LtDescs d;
   XT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  set_attr(d.op, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
-  set_attr(d.op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
-  set_attr(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(fast_accum ? 1 : 0));
+  lt_set(d.op, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
+  lt_set(d.op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
+  lt_set(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(fast_accum ? 1 : 0));
   // cuBLASLt's A is our B, its B our A (see the header)
-  set_attr(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_meta + 1);
-  set_attr(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_meta + 1);
+  lt_set(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_meta + 1);
+  lt_set(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_meta + 1);
   XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, fp8_type(fb), K, N, K));
   XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, fp8_type(fa), K, M, K));
-  XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.d, c_type, N, M, N));
+  XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, c_type, N, M, N));
 
-  Fp8Choice choice;
+  LtChoice choice;
   bool cached = false;
   {
     std::lock_guard<std::mutex> lock(g_fp8_cache_mutex);
@@ -123,18 +88,18 @@ void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const
   }
   if (!cached) {
     XT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
-    set_attr(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(ws.bytes));
-    set_attr(d.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(ws.bytes));
+    lt_set(d.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
              static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
-    set_attr(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_b);  // cuBLASLt's A: our B
-    set_attr(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_a);
-    set_attr(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c);
-    set_attr(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c);
+    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_b);  // cuBLASLt's A: our B
+    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_a);
+    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c);
+    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c);
     cublasLtMatmulHeuristicResult_t result;
     std::memset(&result, 0, sizeof(result));
     int returned = 0;
     const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(ws.handle, d.op, d.a, d.b, d.d, d.d, d.pref, 1, &result, &returned);
+        cublasLtMatmulAlgoGetHeuristic(ws.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &returned);
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) XT_CUBLAS_CHECK(st);
     choice.found = st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
     if (choice.found) choice.algo = result.algo;
@@ -145,7 +110,7 @@ void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const
            " (", fp8_format_name(fa), " x ", fp8_format_name(fb), " -> ", dtype_name(c_dt),
            "); FP8 GEMMs need an sm_89+ GPU");
   const float alpha = 1.0f, beta = 0.0f;
-  XT_CUBLAS_CHECK(cublasLtMatmul(ws.handle, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.d, C, d.d, &choice.algo, ws.ptr,
+  XT_CUBLAS_CHECK(cublasLtMatmul(ws.handle, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &choice.algo, ws.ptr,
                                  ws.bytes, on.s));
 }
 

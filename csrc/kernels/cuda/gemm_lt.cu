@@ -47,6 +47,7 @@
 #include <cublasLt.h>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/lt.cuh"
 
 namespace xt {
 namespace kernels {
@@ -54,52 +55,13 @@ namespace cuda {
 
 namespace {
 
-// The largest power of two (at most 256) that divides p's address and, in a batch, every entry's
-// (p + b * stride elements of `elem` bytes): part of the heuristic query.
-uint32_t alignment_of(const void* p, int64_t stride = 0, int64_t batch = 1, size_t elem = 1) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t step = batch > 1 ? static_cast<uintptr_t>(stride) * elem : 0;
-  uint32_t al = 256;
-  while (al > 1 && (a % al || step % al)) al /= 2;
-  return al;
-}
-
 using LtQuery = std::tuple<int, int, int, bool, bool, int64_t, int64_t, int64_t, bool, size_t, uint32_t, uint32_t,
                            uint32_t, uint32_t, uint32_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
-
-struct LtChoice {
-  bool found = false;
-  cublasLtMatmulAlgo_t algo;
-};
 
 std::mutex g_lt_cache_mutex;
 std::map<LtQuery, LtChoice>& lt_cache() {
   static std::map<LtQuery, LtChoice> cache;
   return cache;
-}
-
-// Owns the cuBLASLt descriptors of one call.
-struct LtDescs {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~LtDescs() {  // status ignored: nothing to do about a failed destroy
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
-
-template <typename V>
-void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {
-  XT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
-}
-
-template <typename V>
-void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const V& v) {
-  XT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)));
 }
 
 }  // namespace
@@ -137,10 +99,10 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
   OnStream on(stream);
   const LtWorkspace ws = cublaslt_workspace(on);
   const size_t elem = dtype_size(dt);
-  const uint32_t al_a = alignment_of(A, strideA, batch, elem), al_b = alignment_of(B, strideB, batch, elem),
-                 al_c = alignment_of(C, strideC, batch, elem);
-  const uint32_t al_bias = bias ? alignment_of(bias, stride_bias, batch, elem) : 256;
-  const uint32_t al_aux = aux ? alignment_of(aux) : 256;
+  const uint32_t al_a = lt_alignment(A, strideA, batch, elem), al_b = lt_alignment(B, strideB, batch, elem),
+                 al_c = lt_alignment(C, strideC, batch, elem);
+  const uint32_t al_bias = bias ? lt_alignment(bias, stride_bias, batch, elem) : 256;
+  const uint32_t al_aux = aux ? lt_alignment(aux) : 256;
   const LtQuery query{on.device, static_cast<int>(dt), static_cast<int>(ep), ta, tb, M, N, K,
                       compute == CUBLAS_COMPUTE_32F_FAST_TF32, ws.bytes, al_a, al_b, al_c, al_bias, al_aux,
                       batch, strideA, strideB, strideC, stride_bias};
@@ -148,20 +110,20 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
   LtDescs d;
   XT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
   const cublasOperation_t op_a = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  set_desc(d.op, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
-  set_desc(d.op, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
-  set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  lt_set(d.op, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
+  lt_set(d.op, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+  lt_set(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
   // The heuristic reads the bias pointer's value for its alignment only (it never dereferences it):
   // it is shown an address of exactly al_bias's alignment, which a batch's later biases share, and
   // the real pointer is set before the call.
   const void* bias_probe = reinterpret_cast<const void*>(static_cast<uintptr_t>(al_bias));
   if (bias != nullptr) {
-    set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(type));
-    set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_probe);
+    lt_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(type));
+    lt_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_probe);
   }
   if (aux != nullptr) {
-    set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
-    set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ld_c);  // its type: D's (the default)
+    lt_set(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+    lt_set(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ld_c);  // its type: D's (the default)
   }
   // Stored shapes: A' is k x m (op T) or m x k; B' is n x k (op T) or k x n; D' m x n.
   XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, type, tb ? k : m, tb ? m : k, ld_b));
@@ -176,7 +138,7 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
       XT_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
                                                        sizeof(stride)));
     }
-    set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, stride_bias);
+    lt_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, stride_bias);
   }
 
   LtChoice choice;
@@ -191,14 +153,14 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
   }
   if (!cached) {
     XT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
-    set_pref(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(ws.bytes));
-    set_pref(d.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(ws.bytes));
+    lt_set(d.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
              static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
     // cuBLASLt's A' is our B and its B' our A; C' and D' are our C.
-    set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_b);
-    set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_a);
-    set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c);
-    set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c);
+    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_b);
+    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_a);
+    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c);
+    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c);
     cublasLtMatmulHeuristicResult_t result;
     std::memset(&result, 0, sizeof(result));
     int returned = 0;
@@ -213,7 +175,7 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
     lt_cache().emplace(query, choice);  // a query answered "none" is remembered too
   }
   if (!choice.found) return false;
-  if (bias != nullptr) set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (bias != nullptr) lt_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   const float alpha = 1.0f, beta = 0.0f;
   const cublasStatus_t st = cublasLtMatmul(ws.handle, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c,
                                            &choice.algo, ws.ptr, ws.bytes, on.s);
