@@ -143,3 +143,20 @@ def test_generate_bench_peer_is_the_same_model(tmp_path):
     (row,) = result["results"]
     assert "hf_static_error" not in row, row
     assert row["hf_static_same_tokens"] == 1.0 and row["fastest_peer"] == "hf_static" and row["vs_peer"] > 0
+
+
+def test_fp8_convergence_bench_runs_both_arms_alike(tmp_path):
+    """bench/fp8_convergence.py: the bf16 and --fp8 runs of one seed on the same data, their final
+    validation losses and the gap the issue's 1% is about (smoke sizes, float32 compute)."""
+    from modelhelp import prepared_stories
+
+    data = prepared_stories(tmp_path)
+    result = _bench_function("fp8_convergence", "main")(["--device", "cpu", "--preset", "tiny", "--no-bf16", "--data", str(data),
+                                   "--batch", "2", "--seq", "32", "--steps", "4", "--eval-every", "2",
+                                   "--eval-batches", "1", "--out", str(tmp_path / "out")])
+    bf16, fp8 = result["runs"]["bf16"], result["runs"]["fp8"]
+    assert not bf16["fp8"] and fp8["fp8"] and len(bf16["losses"]) == len(fp8["losses"]) == 4
+    assert [s for s, _ in bf16["val"]] == [s for s, _ in fp8["val"]] == [0, 2, 4]
+    assert bf16["losses"][0] != fp8["losses"][0] or bf16["losses"][1] != fp8["losses"][1]  # FP8 did run
+    assert result["val_gap"] == (fp8["val_loss"] - bf16["val_loss"]) / bf16["val_loss"]
+    assert abs(result["val_gap"]) < 0.05 and len(list((tmp_path / "out").glob("fp8_convergence-tiny-*.json"))) == 1
