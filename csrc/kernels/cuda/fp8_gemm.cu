@@ -17,7 +17,6 @@
 // accumulation, workspace, alignments), cached per query for the process, never a timed search;
 // split-K only with the float32 workspace reduction (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
 // the thread's cuBLAS workspace on its stream (gemm.cu's cublaslt_workspace).
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -76,36 +75,8 @@ void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const
   XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, fp8_type(fa), K, M, K));
   XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, c_type, N, M, N));
 
-  LtChoice choice;
-  bool cached = false;
-  {
-    std::lock_guard<std::mutex> lock(g_fp8_cache_mutex);
-    auto it = fp8_cache().find(query);
-    if (it != fp8_cache().end()) {
-      choice = it->second;
-      cached = true;
-    }
-  }
-  if (!cached) {
-    XT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
-    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(ws.bytes));
-    lt_set(d.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-             static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
-    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_b);  // cuBLASLt's A: our B
-    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_a);
-    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c);
-    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c);
-    cublasLtMatmulHeuristicResult_t result;
-    std::memset(&result, 0, sizeof(result));
-    int returned = 0;
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(ws.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &returned);
-    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) XT_CUBLAS_CHECK(st);
-    choice.found = st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    if (choice.found) choice.algo = result.algo;
-    std::lock_guard<std::mutex> lock(g_fp8_cache_mutex);
-    fp8_cache().emplace(query, choice);
-  }
+  // cuBLASLt's A is our B, its B our A
+  const LtChoice choice = lt_choose(fp8_cache(), g_fp8_cache_mutex, query, d, ws, al_b, al_a, al_c);
   XT_CHECK(choice.found, RuntimeError, "fp8_gemm: cuBLASLt has no FP8 algorithm for M=", M, " N=", N, " K=", K,
            " (", fp8_format_name(fa), " x ", fp8_format_name(fb), " -> ", dtype_name(c_dt),
            "); FP8 GEMMs need an sm_89+ GPU");

@@ -38,7 +38,6 @@
 // or refuses the call as not supported, gemm_epilogue returns false having launched nothing, and
 // the op composes the unfused kernels: a choice that depends only on the query (remembered with
 // it), so it repeats too.
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -141,39 +140,8 @@ bool gemm_epilogue(DType dt, GemmEpilogue ep, bool ta, bool tb, int64_t M, int64
     lt_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, stride_bias);
   }
 
-  LtChoice choice;
-  bool cached = false;
-  {
-    std::lock_guard<std::mutex> lock(g_lt_cache_mutex);
-    auto it = lt_cache().find(query);
-    if (it != lt_cache().end()) {
-      choice = it->second;
-      cached = true;
-    }
-  }
-  if (!cached) {
-    XT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
-    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(ws.bytes));
-    lt_set(d.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-             static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE));
-    // cuBLASLt's A' is our B and its B' our A; C' and D' are our C.
-    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_b);
-    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_a);
-    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c);
-    lt_set(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c);
-    cublasLtMatmulHeuristicResult_t result;
-    std::memset(&result, 0, sizeof(result));
-    int returned = 0;
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(ws.handle, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &returned);
-    // NOT_SUPPORTED / INVALID_VALUE: no algorithm for this combination (then the op composes)
-    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
-      XT_CUBLAS_CHECK(st);
-    choice.found = st == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    if (choice.found) choice.algo = result.algo;
-    std::lock_guard<std::mutex> lock(g_lt_cache_mutex);
-    lt_cache().emplace(query, choice);  // a query answered "none" is remembered too
-  }
+  // cuBLASLt's A' is our B and its B' our A; C' and D' are our C.
+  const LtChoice choice = lt_choose(lt_cache(), g_lt_cache_mutex, query, d, ws, al_b, al_a, al_c);
   if (!choice.found) return false;
   if (bias != nullptr) lt_set(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   const float alpha = 1.0f, beta = 0.0f;
