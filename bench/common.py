@@ -230,6 +230,33 @@ def parse_bytes(text: str) -> int:
 
 # ---- timing
 
+def xtrain_step(model, opt, data: list, blocked, record, warmup: int):
+    """train.py's training step over `data` ((x, y) device batches, taken in turn, clipping at 1.0):
+    captured as CUDA graphs after graphs.WARMUP_STEPS eager steps and replayed (the batch copied
+    into the graph's static inputs first), unless `blocked` says why not; record(loss) receives
+    each step's loss tensor. Returns (step, the StepGraphs, the warm-up steps the timing needs:
+    `warmup`, raised with graphs to reach the capture and a replay)."""
+    from xtrain import graphs
+
+    sg = graphs.StepGraphs(model, opt, 1, 1.0, blocked=blocked, note=lambda m: print(m, flush=True))
+    position = [0]
+
+    def step():
+        x, y = data[position[0] % len(data)]
+        position[0] += 1
+        out = sg.step(x, y)
+        if out is None:
+            loss = graphs.forward_backward(model, x, y, 1)
+            opt.clip_and_step(1.0, loss)
+            opt.zero_grad(set_to_none=True)
+            sg.eager()
+        else:
+            loss = out[0]
+        record(loss)
+
+    return step, sg, max(warmup, graphs.WARMUP_STEPS + 1) if sg.disabled is None else warmup
+
+
 def time_loop(step, sync, steps: int, warmup: int) -> float:
     """Seconds for `steps` calls of step() after `warmup` untimed ones, synchronised at both ends
     (one window: per-step syncs would add bubbles the training loop does not have)."""

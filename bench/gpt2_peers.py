@@ -419,24 +419,9 @@ def worker_xtrain(args) -> dict:
     opt = AdamW(model.named_parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
     data = [(xtrain.tensor(x, device=device), xtrain.tensor(y, device=device))
             for x, y in read_windows(args.train_shard, batch, seq, IN_PROCESS_BATCHES)]
-    blocked = graphs.graph_blockers(device)
-    sg = graphs.StepGraphs(model, opt, 1, 1.0, blocked=blocked, note=lambda m: print(m, flush=True))
-    state = {"i": 0, "losses": []}
-
-    def step():  # train.py's step: captured after graphs.WARMUP_STEPS eager steps, then replayed
-        x, y = data[state["i"] % len(data)]
-        state["i"] += 1
-        out = sg.step(x, y)
-        if out is None:
-            loss = graphs.forward_backward(model, x, y, 1)
-            opt.clip_and_step(1.0, loss)
-            opt.zero_grad(set_to_none=True)
-            sg.eager()
-        else:
-            loss = out[0]
-        state["losses"].append(loss)
-
-    warmup = max(args.warmup, graphs.WARMUP_STEPS + 1) if sg.disabled is None else args.warmup
+    losses = []
+    step, sg, warmup = common.xtrain_step(model, opt, data, graphs.graph_blockers(device), losses.append,
+                                          args.warmup)
     times = _timed(step, lambda: common.xt_sync(device), steps, 1 if args.smoke else warmup,
                    lambda: common.xt_reset_peak(device))
     peak = None
@@ -447,7 +432,7 @@ def worker_xtrain(args) -> dict:
         peak = common.xt_peak(device)["allocated_peak"] + pool
     return {"framework": "xtrain", "build": "graphs" if sg.active else "eager", "depth": args.depth,
             "batch": batch, "seq": seq, "recompute": args.recompute, "ms_step": 1000 * statistics.median(times),
-            "peak_allocated": peak, "loss_first": state["losses"][0].item(), "loss_last": state["losses"][-1].item(),
+            "peak_allocated": peak, "loss_first": losses[0].item(), "loss_last": losses[-1].item(),
             "steps_timed": len(times), "graphs_off_because": sg.disabled}
 
 
@@ -498,7 +483,7 @@ def worker_nanogpt(args) -> dict:
     return {"framework": "nanoGPT", "build": "torch.compile" if not args.smoke else "eager",
             "depth": args.depth, "batch": batch, "seq": seq, "recompute": 0, "ms_step": 1000 * statistics.median(times),
             "peak_allocated": common.torch_peak(device)["allocated_peak"],
-            "loss_first": state["losses"][0].item(), "loss_last": state["losses"][-1].item(),
+            "loss_first": losses[0].item(), "loss_last": losses[-1].item(),
             "steps_timed": len(times), "fused_adamw": "fused" in opt.defaults and bool(opt.defaults["fused"]),
             "torch": torch.__version__}
 

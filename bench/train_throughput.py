@@ -91,31 +91,16 @@ def _train_xtrain(args, cfg, batches, device, use_graphs: bool = False):
     data = [(xtrain.tensor(x, device=device), xtrain.tensor(y, device=device)) for x, y in batches]
     with xtrain.no_grad():
         loss0 = model(*data[0])[1].item()
-    state = {"i": 0, "loss": None}
-    # train.py's step: on a GPU, captured after graphs.WARMUP_STEPS eager steps and replayed (the
-    # batch is copied into the graph's static inputs first: a device-to-device copy of the ids).
+    state = {"loss": None}
     blocked = graphs.graph_blockers(device) if use_graphs else "the eager row (--cuda-graphs)"
-    sg = graphs.StepGraphs(model, opt, 1, 1.0, blocked=blocked, note=lambda m: print(m, flush=True))
-
-    def step():
-        x, y = data[state["i"] % len(data)]
-        state["i"] += 1
-        out = sg.step(x, y)
-        if out is None:
-            loss = graphs.forward_backward(model, x, y, 1)
-            opt.clip_and_step(1.0, loss)
-            opt.zero_grad(set_to_none=True)
-            sg.eager()
-        else:
-            loss = out[0]
-        state["loss"] = loss
+    step, sg, warmup = common.xtrain_step(model, opt, data, blocked, lambda loss: state.update(loss=loss),
+                                          args.warmup)
 
     t0 = time.perf_counter()
     step()
     common.xt_sync(device)
     first_step_s = time.perf_counter() - t0
     sync = functools.partial(common.xt_sync, device)
-    warmup = max(args.warmup, graphs.WARMUP_STEPS + 1) if sg.disabled is None else args.warmup
     for _ in range(max(0, warmup - 1)):  # with graphs: the eager steps, the capture, a replay
         step()
     sync()
