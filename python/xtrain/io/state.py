@@ -311,6 +311,8 @@ class Checkpoint:
         return self.path / name
 
     def _pin(self) -> None:
+        if not Path("/proc/self/fd").is_dir():  # no /proc (not Linux): the reads go by path, unpinned
+            return
         fds = {}
         try:
             for name in self.meta["files"]:
@@ -318,9 +320,6 @@ class Checkpoint:
         except OSError as e:
             _close_all(fds)
             raise CheckpointError(f"{self.path}: cannot open {e.filename}: {e.strerror}") from None
-        if not Path(f"/proc/self/fd/{next(iter(fds.values()), 0)}").exists():
-            _close_all(fds)  # no /proc (not Linux): the reads go by path, as without pin
-            return
         self.pinned = fds
         weakref.finalize(self, _close_all, fds)
 

@@ -57,7 +57,7 @@ from xtrain.models import hf_import
 from xtrain.io import llmc, rundir
 from xtrain.io import state as ckpt_state
 from xtrain.io.rundir import DirLock, writing
-from xtrain.models import TinyTransformer, TransformerConfig, config_classes, model_class, preset_config
+from xtrain.models import ALL_PRESETS, TinyTransformer, TransformerConfig, config_classes, model_class, preset_config
 from xtrain.optim import AdamW, Muon, block_matrices
 from xtrain.trainer.runconfig import ConfigError, TrainConfig
 from xtrain.trainer.schedule import DEFAULT_DECAY_FRAC, Schedule
@@ -275,14 +275,14 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     run_flags = dict(bf16=cfg.bf16, recompute=cfg.recompute is True, dropout=cfg.dropout,
                      doc_sep=dataset.tokenizer.eot_id if cfg.doc_mask else None)
     # Options of the Qwen3/Llama block only (TransformerConfig fields); GPT-2's config has neither.
-    source = init.config if init is not None else ckpt.config if ckpt is not None else \
-        preset_config(cfg.preset or "tiny", dataset.tokenizer.vocab_size)
-    qwen3 = isinstance(source, TransformerConfig)
-    if cfg.doc_rope and not qwen3:
-        raise ConfigError(f"--doc-rope applies to the Qwen3/Llama block's RoPE; this model is "
-                          f"{type(source).__name__}, whose positions are learned")
-    if cfg.fp8 and not qwen3:
-        raise ConfigError(f"--fp8 applies to the Qwen3/Llama block's linears; this model is {type(source).__name__}")
+    # (A --preset is held to this by runconfig.validate; here the model of a checkpoint or --init-from.)
+    source = init.config if init is not None else ckpt.config if ckpt is not None else None
+    qwen3 = ALL_PRESETS[cfg.preset or "tiny"] == "qwen3" if source is None else isinstance(source, TransformerConfig)
+    for flag, on, what in (("--doc-rope", cfg.doc_rope, "RoPE (GPT-2's positions are learned)"),
+                           ("--fp8", cfg.fp8, "linears")):
+        if on and not qwen3:
+            raise ConfigError(f"{flag} applies to the Qwen3/Llama block's {what}; this model is "
+                              f"{type(source).__name__}")
     if cfg.doc_rope:
         run_flags["doc_rope"] = True
     if qwen3:
