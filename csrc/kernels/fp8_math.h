@@ -1,4 +1,5 @@
-// FP8 numerics shared by the CPU and CUDA kernels (XT_HD), and the FP8 kernels' contract.
+// FP8 numerics shared by the CPU and CUDA kernels (XT_HD); the FP8 kernels' contract is in
+// kernels/kernels.h.
 //
 // Formats (OCP FP8, as CUDA's cuda_fp8.h and torch's float8_e4m3fn / float8_e5m2):
 //   E4M3: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, S.1111.111 is NaN;
@@ -134,31 +135,6 @@ XT_HD float fp8_pow2(int k) { return fp8_bits_float(static_cast<uint32_t>(k + 12
 // [0] amax = max |x| (written by fp8_amax), [1] the dequantisation factor 2^-k (written by
 // fp8_cast, read by the GEMM as cuBLASLt's A/B scale).
 constexpr int kFp8MetaFloats = 2;
-
-// The FP8 kernels (kernels/cpu/fp8.cpp, kernels/cuda/fp8_cast.cu, kernels/cuda/fp8_gemm.cu).
-// dt: float32 or bfloat16. Codes are bytes, row-major.
-//  fp8_amax:  meta[0] = max |x| over n elements (NaN ignored; 0 for n = 0).
-//  fp8_cast:  k from meta[0] (fp8_scale_exponent); out[r, c] = encode(x[r, c] * 2^k) for the rows x
-//             cols matrix x; out_t (nullptr: not written) [c, r] the same codes transposed;
-//             meta[1] = 2^-k. CUDA: rows and cols multiples of 16, x 16-byte aligned.
-//  fp8_gemm:  C [M, N] = (decode(A) * a_meta[1]) @ (decode(B) * b_meta[1])^T, A [M, K] codes of
-//             format fa, B [N, K] of fb (both K-major), float32 accumulation, C rounded once to
-//             c_dt. fast_accum: CUDA's FP8 fast accumulation (no effect on the CPU). CUDA:
-//             not both E5M2; M, N, K multiples of 16.
-#define XT_FP8_KERNEL_DECLS                                                                               \
-  void fp8_amax(DType dt, const void* x, int64_t n, float* meta, void* stream);                           \
-  void fp8_cast(DType dt, Fp8Format f, const void* x, int64_t rows, int64_t cols, float* meta,            \
-                uint8_t* out, uint8_t* out_t, void* stream);                                               \
-  void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const uint8_t* A,            \
-                const float* a_meta, const uint8_t* B, const float* b_meta, DType c_dt, void* C,          \
-                bool fast_accum, void* stream);
-
-namespace cpu {
-XT_FP8_KERNEL_DECLS
-}  // namespace cpu
-namespace cuda {
-XT_FP8_KERNEL_DECLS
-}  // namespace cuda
 
 }  // namespace kernels
 }  // namespace xt

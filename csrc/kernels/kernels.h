@@ -20,6 +20,7 @@
 
 #include "core/dtype.h"
 #include "kernels/common.h"  // BinaryOp, ScalarOp, UnaryOp and their formulas
+#include "kernels/fp8_math.h"  // Fp8Format, kFp8MetaFloats
 
 namespace xt {
 namespace kernels {
@@ -349,6 +350,31 @@ void set_num_threads(int n);
 
 namespace cuda {
 XT_KERNEL_DECLS
+}  // namespace cuda
+
+// The FP8 kernels (kernels/cpu/fp8.cpp, kernels/cuda/fp8_cast.cu, kernels/cuda/fp8_gemm.cu).
+// dt: float32 or bfloat16. Codes are bytes, row-major.
+//  fp8_amax:  meta[0] = max |x| over n elements (NaN ignored; 0 for n = 0).
+//  fp8_cast:  k from meta[0] (fp8_scale_exponent); out[r, c] = encode(x[r, c] * 2^k) for the rows x
+//             cols matrix x; out_t (nullptr: not written) [c, r] the same codes transposed;
+//             meta[1] = 2^-k. CUDA: rows and cols multiples of 16, x 16-byte aligned.
+//  fp8_gemm:  C [M, N] = (decode(A) * a_meta[1]) @ (decode(B) * b_meta[1])^T, A [M, K] codes of
+//             format fa, B [N, K] of fb (both K-major), float32 accumulation, C rounded once to
+//             c_dt. fast_accum: CUDA's FP8 fast accumulation (no effect on the CPU). CUDA:
+//             not both E5M2; M, N, K multiples of 16.
+#define XT_FP8_KERNEL_DECLS                                                                               \
+  void fp8_amax(DType dt, const void* x, int64_t n, float* meta, void* stream);                           \
+  void fp8_cast(DType dt, Fp8Format f, const void* x, int64_t rows, int64_t cols, float* meta,            \
+                uint8_t* out, uint8_t* out_t, void* stream);                                               \
+  void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const uint8_t* A,            \
+                const float* a_meta, const uint8_t* B, const float* b_meta, DType c_dt, void* C,          \
+                bool fast_accum, void* stream);
+
+namespace cpu {
+XT_FP8_KERNEL_DECLS
+}  // namespace cpu
+namespace cuda {
+XT_FP8_KERNEL_DECLS
 }  // namespace cuda
 
 // A GEMM with a fused epilogue (kernels/cuda/gemm_lt.cu, cuBLASLt): CUDA only. Row-major
