@@ -101,11 +101,11 @@ def main(argv=None):
     device, _ = common.resolve_device(args.device)
     import xtrain
     from xtrain import graphs
-    from xtrain.models import TinyTransformer, config_for
+    from xtrain.models import model_class, preset_config
     from xtrain.optim import AdamW
 
-    cfg = config_for(args.preset, args.vocab, bf16=args.bf16, recompute=args.recompute)
-    model = TinyTransformer(cfg, device=device, seed=args.seed)
+    cfg = preset_config(args.preset, args.vocab, bf16=args.bf16, recompute=args.recompute)
+    model = model_class(cfg)(cfg, device=device, seed=args.seed)
     opt = AdamW(model.named_parameters(), lr=3e-4)
     data = [(xtrain.tensor(x, device=device), xtrain.tensor(y, device=device))
             for x, y in common.random_batches(args.vocab, args.batch, args.seq, 4, args.seed)]
