@@ -37,7 +37,8 @@
 #             on the carried corpus's prepared data); carry .gpu/corpus
 # XTRAIN_COMMIT: the commit under test as a literal hash, written into every result file (the
 # device's copy of .git is stale: `git rev-parse HEAD` evaluated there names an old commit).
-# OUT receives at most 8 files: summary.txt, install.log, gtest.log, pytest.log, bench.log,
+# OUT receives at most 8 files: summary.txt, install.log, gtest.log, pytest.log (failures.txt: each
+# failure's report as it happens, for a pytest step cut off by its timeout), bench.log,
 # results.tgz (every bench/results file written during the call), autotune.tgz (INDUCTOR_CACHE),
 # and the step logs' tails.
 # The GPU machine has no package registry: carry .whl/ (scipy-openblas32, pybind11-stubgen) and .gpu/.
@@ -176,7 +177,7 @@ for step in $steps; do
       xdist=()
       "$py" -c "import xdist" 2>/dev/null && xdist=(-n 6 --dist loadfile)
       run_step pytest "${PYTEST_TIMEOUT:-400}" "$out/pytest.log" "$py" -m pytest ${PYTEST_ARGS:-tests} -q -p no:cacheprovider \
-        --device cuda -rs "${xdist[@]}"
+        --device cuda -rs --live-report "$out/failures.txt" -o faulthandler_timeout=120 "${xdist[@]}"
       tail -1 "$out/pytest.log" | tee -a "$summary"
       grep -E "^FAILED|^ERROR" "$out/pytest.log" | head -40 | tee -a "$summary"
       ;;

@@ -1,9 +1,24 @@
 """pytest options: --device cpu|cuda|all picks where the op suites run (default: cpu, plus cuda
-when xtrain sees a GPU)."""
+when xtrain sees a GPU); --live-report FILE appends each failed or errored test's report to FILE
+as it happens (the GPU machine's calls are cut off at a time limit, before pytest's summary)."""
 
 
 def pytest_addoption(parser):
     parser.addoption("--device", default="auto", help="cpu, cuda or auto (cpu plus cuda when present)")
+    parser.addoption("--live-report", default=None, help="append each failure's report to this file at once")
+
+
+def pytest_runtest_logreport(report):
+    """--live-report: the failure's node id, phase and traceback, written when it happens (under
+    xdist the controller receives every worker's reports, so one process writes the file)."""
+    path = getattr(pytest_runtest_logreport, "path", None)
+    if path and (report.failed or (report.when != "call" and report.outcome == "error")):
+        with open(path, "a") as f:
+            f.write(f"=== {report.nodeid} [{report.when}] ({report.duration:.1f} s)\n{report.longreprtext}\n")
+
+
+def pytest_configure(config):
+    pytest_runtest_logreport.path = config.getoption("--live-report")
 
 
 def _devices(config):
