@@ -76,6 +76,11 @@ def ref_ids(n, vocab, seed, dtype=np.int64):
 OPS = {
     "add_same": (ops.add, [randn(33, 65, seed=1), randn(33, 65, seed=2)], 1),
     "add_bcast_rows": (ops.add, [randn(4096, 64, seed=3), randn(64, seed=4)], 1),  # chunked sum_to
+    # sum_to's column sums (a bias gradient): 16-byte packs over many chunks; scalar loads (77
+    # columns); a reduced dim between kept ones (the general kernel)
+    "add_bcast_bias": (ops.add, [randn(3000, 768, seed=90), randn(768, seed=91)], 2),
+    "add_bcast_bias_odd": (ops.add, [randn(4, 300, 77, seed=92), randn(77, seed=93)], 2),
+    "mul_bcast_mid": (ops.mul, [randn(64, 5, 33, seed=94), randn(5, 1, seed=95)], 1),
     "sub_bcast_cols": (ops.sub, [randn(300, 1, seed=5), randn(1, 257, seed=6)], 1),
     "mul_bcast_3d": (ops.mul, [randn(2, 1, 4, 1, seed=7), randn(3, 1, 5, seed=8)], 1),
     "div_bcast": (ops.div, [randn(5, 7, seed=9), positive(7, seed=10)], 1),
@@ -138,7 +143,7 @@ def test_op_cuda_matches_cpu(name, dtype):
     check_cpu_vs_cuda(fn, arrays, dtype, tol_scale=scale)
 
 
-@pytest.mark.parametrize("name", ["add_bcast_rows", "sum_all_big", "matmul_batched", "rms_norm", "softmax_long",
+@pytest.mark.parametrize("name", ["add_bcast_rows", "add_bcast_bias_odd", "sum_all_big", "matmul_batched", "rms_norm", "softmax_long",
                                   "embedding", "flash_attention_causal", "cross_entropy"])
 def test_op_cuda_matches_cpu_float64(name):
     fn, arrays, _ = OPS[name]

@@ -9,6 +9,7 @@
 #   tests/emu/run.sh optim          (AdamW over ranges in 16-byte packs, the global norm's staged partials)
 #   tests/emu/run.sh muon           (Muon's momentum, normalisation and apply against the CPU kernels)
 #   tests/emu/run.sh fp8 [--full]   (the FP8 conversion against cuda_fp8.hpp; the amax and cast kernels)
+#   tests/emu/run.sh column_sum     (sum_to's column sums: a bias gradient, in the documented order)
 # Needs the CPU build (scripts/dev.sh cpu ...: its libxtrain_core.a holds the reference kernels) and
 # the CUDA headers (cuda_runtime.h, cuda_bf16.h; cublas_v2.h, which common.cuh includes). About a
 # minute to build and a minute to run on one core.
@@ -18,7 +19,7 @@ build=${XT_EMU_BUILD:-$root/build-cpu}
 cuda_inc=${CUDA_INC:-/usr/local/cuda/include}
 cublas_inc=$(python3 -c "import nvidia.cu13 as m; print(list(m.__path__)[0] + '/include')" 2>/dev/null || true)
 test=flash_attention
-case "${1:-}" in rmsnorm | layernorm | linear_rows | cross_entropy | optim | muon | fp8) test=$1; shift ;; esac  # tests/emu/run.sh NAME: tests/emu/NAME_emu.cpp
+case "${1:-}" in rmsnorm | layernorm | linear_rows | cross_entropy | optim | muon | fp8 | column_sum) test=$1; shift ;; esac  # tests/emu/run.sh NAME: tests/emu/NAME_emu.cpp
 exe=$build/${test}_emu
 # The CPU reference kernels call the CPU GEMM (OpenBLAS, the library the CPU build linked).
 openblas=$(sed -n 's/^XT_OPENBLAS_LIB:FILEPATH=//p' "$build/CMakeCache.txt")

@@ -4,8 +4,10 @@
 // shape (blocks, chunks) is a function of the problem sizes only, each thread sums a fixed set
 // of inputs in increasing order, warps/blocks combine in a fixed tree (common.cuh), and
 // cross-block partials are combined by one more pass in index order. Accumulation runs in
-// float32 (float64 for float64); outputs are written with `=`.
-#include "kernels/cuda/common.cuh"
+// float32 (float64 for float64); outputs are written with `=`. sum_to over the leading dims of a
+// contiguous input (a bias's gradient) takes the column sums of column_sum.cuh (Note [Column sums
+// in packs]).
+#include "kernels/cuda/column_sum.cuh"
 
 namespace xt {
 namespace kernels {
@@ -138,6 +140,47 @@ constexpr int64_t kTargetThreads = 1 << 16;
 constexpr int64_t kMinChunk = 32;
 constexpr int64_t kMaxChunks = 1024;
 
+// sum_to as column sums of a row-major [R, out_n]: true when, dims of size 1 aside, every reduced
+// dim comes before every kept dim and the input's strides are the contiguous ones (then the
+// kept dims' output strides are contiguous too: out has their shape).
+bool leading_reduction(const Broadcast* bc) {
+  int64_t want = 1;
+  bool kept_seen = false;  // walking from the last dim, a kept dim after a reduced one breaks it
+  bool reduced_seen = false;
+  for (int d = bc->ndim - 1; d >= 0; --d) {
+    if (bc->shape[d] == 1) continue;
+    if (bc->astride[d] != want) return false;
+    want *= bc->shape[d];
+    if (bc->bstride[d] == 0) {
+      reduced_seen = true;
+    } else {
+      if (reduced_seen) return false;
+      kept_seen = true;
+    }
+  }
+  return kept_seen && reduced_seen;
+}
+
+template <typename T>
+void column_sum(const T* in, T* out, int64_t rows, int64_t cols, const OnStream& on) {
+  using C = compute_t<T>;
+  using namespace colsum;
+  const Plan plan = column_sum_plan<T>(rows, cols);
+  XT_CHECK(plan.col_blocks <= INT32_MAX, ValueError, "sum_to: output too large for CUDA: ", cols);
+  const dim3 grid(static_cast<unsigned>(plan.col_blocks), static_cast<unsigned>(plan.nchunks));
+  const bool vec = cols % vec_of<T>() == 0 && aligned_to(in, 16);
+  Scratch partial(plan.nchunks > 1 ? sizeof(C) * static_cast<size_t>(plan.nchunks * cols) : 1, on);
+  C* part = plan.nchunks > 1 ? partial.as<C>() : nullptr;
+  if (vec) column_sum_partial_kernel<T, true><<<grid, kColThreads, 0, on.s>>>(in, out, part, plan);
+  else column_sum_partial_kernel<T, false><<<grid, kColThreads, 0, on.s>>>(in, out, part, plan);
+  XT_LAUNCH_CHECK();
+  if (plan.nchunks > 1) {
+    column_sum_final_kernel<T><<<static_cast<unsigned>(ceil_div(cols, int64_t{kColThreads})), kColThreads, 0, on.s>>>(
+        part, out, plan);
+    XT_LAUNCH_CHECK();
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ launchers
@@ -195,6 +238,12 @@ void sum_to(DType dt, const void* in, void* out, int64_t out_n, const Broadcast*
   OnStream on(stream);
   if (plan.R == 0) {  // an empty input: every sum is 0 (all-zero bits are 0 in every float type)
     XT_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(out_n) * dtype_size(dt), on.s));
+    return;
+  }
+  if (leading_reduction(bc)) {  // Note [Column sums in packs]
+    XT_DISPATCH_FLOAT(dt, "sum_to", T, {
+      column_sum(static_cast<const T*>(in), static_cast<T*>(out), plan.R, out_n, on);
+    });
     return;
   }
   int64_t nchunks = 1;
