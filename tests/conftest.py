@@ -18,7 +18,9 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_configure(config):
-    pytest_runtest_logreport.path = config.getoption("--live-report")
+    # under xdist only the controller writes (its workers' reports reach it too)
+    worker = hasattr(config, "workerinput")
+    pytest_runtest_logreport.path = None if worker else config.getoption("--live-report")
 
 
 def _devices(config):
