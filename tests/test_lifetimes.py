@@ -17,6 +17,7 @@ import pytest
 import xtrain
 from cpu_collectives import ThreadCollectives
 from modelhelp import make_model, prepared_stories, small_config
+from test_graphs import _RunAtOnce
 from test_process_training import CpuLaunch
 from xtrain import graphs
 from xtrain.launch import distributed
@@ -26,30 +27,15 @@ from xtrain.trainer import train as train_mod
 from xtrain.trainer.train import TrainConfig, open_inputs
 
 
-class _StandInGraph:
-    """xtrain.cuda.Graph on the CPU: the 'captured' work runs as it is queued, a replay does
-    nothing; `fail_at` (1, 2, ...): which graph's capture raises. Keeps a weak reference to every
-    graph made (`made`)."""
-    made: list = []
-    fail_at = None
+class _StandInGraph(_RunAtOnce):
+    """test_graphs' stand-in for xtrain.cuda.Graph on the CPU (the 'captured' work runs as it is
+    queued, a replay does nothing, capture number `fail_at` raises), with a weak reference to
+    every graph made (`refs`)."""
+    refs: list = []
 
     def __init__(self, device=0, share_pool_with=None):
-        type(self).made.append(weakref.ref(self))
-        self.index = len(type(self).made)
-        self.num_nodes = self.memsets_as_kernels = self.replays = 0
-
-    def capture_begin(self):
-        if self.index == type(self).fail_at:
-            raise RuntimeError("this capture fails")
-
-    def capture_end(self):
-        pass
-
-    def abort_capture(self):
-        pass
-
-    def replay(self):
-        self.replays += 1
+        super().__init__(device, share_pool_with)
+        type(self).refs.append(weakref.ref(self))
 
 
 @pytest.fixture
@@ -66,7 +52,8 @@ def no_gc():
 @pytest.fixture
 def stand_in_graphs(monkeypatch):
     monkeypatch.setattr(xtrain.cuda, "Graph", _StandInGraph)
-    monkeypatch.setattr(_StandInGraph, "made", [])
+    monkeypatch.setattr(_StandInGraph, "made", 0)
+    monkeypatch.setattr(_StandInGraph, "refs", [])
     monkeypatch.setattr(_StandInGraph, "fail_at", None)
     return _StandInGraph
 
@@ -100,8 +87,8 @@ def test_failed_update_capture_leaves_no_cycle(no_gc, stand_in_graphs):
     sg = graphs.StepGraphs(model, AdamW(model.named_parameters(), lr=1e-2), 1, 1.0, note=lambda m: None, warmup=0)
     ids = np.zeros((2, 16), np.int64)
     assert sg.step(ids, ids) is not None and sg.disabled.startswith("capture of the clip + AdamW failed")
-    assert len(stand_in_graphs.made) == 2
-    assert [g() for g in stand_in_graphs.made] == [None, None], "a failed capture's graphs outlived the step"
+    assert len(stand_in_graphs.refs) == 2
+    assert [g() for g in stand_in_graphs.refs] == [None, None], "a failed capture's graphs outlived the step"
 
 
 RUN = dict(preset="tiny", seq=32, batch=2, lr=3e-3, warmup=1, decay_steps=4, eval_every=0, save_every=0,
