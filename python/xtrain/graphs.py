@@ -51,6 +51,10 @@ import xtrain
 WARMUP_STEPS = 2
 
 
+def _no_note(message: str) -> None:
+    """A closed StepGraphs' note (it says nothing more)."""
+
+
 def graph_blockers(device: str) -> str | None:
     """Why the training step on `device` cannot be captured, or None when it can."""
     if not str(device).startswith("cuda"):
@@ -137,15 +141,22 @@ class StepGraphs:
         return self.upd.replays if self.active else 0
 
     def close(self) -> None:
-        """Drop the captured graphs; any later step runs eagerly. Call it on the thread that
-        captured them once the steps are done: their memory is bound to that thread's stream, and
-        (data parallel) NCCL keeps a communicator alive while a graph holding its collectives
-        exists (destroying the communicator waits for those graphs), so the rank's graphs must go
-        before the launcher destroys it, not whenever the garbage collector frees them."""
+        """Drop the captured graphs, their buffers and every reference this object holds; any
+        later step runs eagerly. Call it on the thread that captured them once the steps are done:
+        their memory is bound to that thread's stream, and (data parallel) NCCL keeps a
+        communicator alive while a graph holding its collectives exists (destroying the
+        communicator waits for those graphs), so the rank's graphs must go before the launcher
+        destroys it, not whenever the garbage collector frees them. The model, optimizer, `dp` and
+        `note` go too: a `note` that refers to the owner of this object (the training loop's run)
+        would otherwise keep the owner, and all it holds, in a reference cycle that only the
+        garbage collector frees, later, on whichever thread it happens to run."""
         if self.disabled is None:
             self.disabled = "closed after the run's steps"
         self.fwd = self.upd = None
         self.loss = self.norm = None
+        self.x = self.y = self.seed = self.rng = None
+        self.model = self.opt = self.dp = None
+        self.note = _no_note
 
     def eager(self) -> None:
         """The caller ran a step eagerly (counts towards the warm-up)."""
@@ -308,6 +319,9 @@ class StepGraphs:
         if failure is not None:
             # forward and backward ran (graph 1): finish the step eagerly, from its gradients
             self._give_up(stage, failure, keep_grads=True)
+            # the exception's traceback holds this frame, which holds the exception: a cycle that
+            # would keep both graphs (and their pool) alive until a garbage collection
+            failure = upd = None
             opt.step_count -= 1
             norm = self._update(loss, prepared=False)
             if self.dp is None:

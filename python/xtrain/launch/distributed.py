@@ -46,6 +46,7 @@ writing logs, checkpoints, the plot and the sample.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import threading
@@ -362,6 +363,21 @@ def require_available(what: str = "xtrain.launch.distributed.launch") -> None:
                            f"(xtrain.cuda.is_available() is False: {xtrain.cuda.runtime_info()})")
 
 
+# Note [Objects of a rank thread]: on a GPU what a rank makes is tied to its thread: the tensors'
+# blocks to the thread's stream, a CUDA graph to the stream it was captured on (both stream and
+# cuBLAS handle go when the thread ends). Such an object must die on its thread, or at least while
+# no rank runs, never in a garbage collection on another rank's thread: a thread started later
+# gets the ended one's thread id (the C library reuses it), so a graph destroyed there takes that
+# thread for its capturer and synchronises the ended thread's stream, a handle destroyed with
+# it (a segmentation fault inside the collector). Objects stay alive past their thread in
+# reference cycles, and a rank has more than its own: a frame that a library leaves in a cycle
+# (matplotlib's mathtext parser, plotting the loss curve, leaves several) holds every frame below
+# it, so the whole run of the rank. Hence: the run releases its graphs on its thread (the
+# step's, StepGraphs.close; the one generate() keeps on the model, release_decode), and launch()
+# collects what the ranks left in cycles once they have all ended, on the caller's thread, while
+# the communicator is still open.
+
+
 class _Launch:
     """One launch: the threads, the stop flag and what each rank returned or raised. The
     communicator only needs rank(r), abort(reason) and close(), so the failure handling is
@@ -394,6 +410,7 @@ class _Launch:
             err = self.errors[self.origin]
             self._add_note(err, stuck)
             raise err
+        gc.collect()  # what the ranks left in reference cycles (Note [Objects of a rank thread])
         self.comm.close()  # every rank finished: orderly teardown
         return self.results
 

@@ -54,6 +54,7 @@ from xtrain.trainer import batching, progress, runconfig, stopping, trackers
 from xtrain.launch import distributed
 from xtrain import graphs, ops
 from xtrain.models import hf_import
+from xtrain.models.generate import release_decode
 from xtrain.io import llmc, rundir
 from xtrain.io import state as ckpt_state
 from xtrain.io.rundir import DirLock, writing
@@ -201,7 +202,7 @@ def train(cfg: TrainConfig, ctx=None, prepared=None, stop=None) -> dict | None:
                 settle(run)
         finally:
             if run.graphs is not None:  # on this (rank) thread, before its communicator goes
-                run.graphs.close()
+                run.graphs.close()  # (xtrain.launch.distributed, Note [Objects of a rank thread])
         if stopped:
             return interrupted(run)
         with batching.explain_oom(run):
@@ -823,6 +824,10 @@ def finish(run: Run, t_start: float) -> dict | None:
     plot_losses(run.history, run.out / "loss.png")
     sample = sample_text(run.model, run.dataset.tokenizer, run.sample_prompt, run.cfg.sample_tokens,
                          seed=run.cfg.seed)
+    # The decode step generate() kept on the model: on a GPU a CUDA graph captured on this thread,
+    # which must go on it, not with the model in a later garbage collection on another thread
+    # (xtrain.launch.distributed, Note [Objects of a rank thread]).
+    release_decode(run.model)
     (run.out / "sample.txt").write_text(sample + "\n")
     train_losses = [r["loss"] for r in run.history if "loss" in r]
     summary = {"steps": run.step, "final_loss": train_losses[-1] if train_losses else None,
