@@ -561,6 +561,37 @@ def test_graph_replayed_on_an_ended_thread_is_freed_safely():
 
 
 @needs_gpu
+def test_graph_freed_on_a_later_thread_with_the_same_id_is_freed_safely():
+    # the C library reuses an ended thread's id for the next thread: a graph captured on thread A
+    # and dropped on a later thread B (a garbage collection in the next rank's thread) must not
+    # take B for its owner and synchronize A's destroyed stream
+    held, ids = [], []
+
+    def capture():
+        ids.append(threading.get_ident())
+        x = xtrain.tensor(np.ones(1 << 16, np.float32), device="cuda")
+        g = xtrain.cuda.Graph(0)
+        with xtrain.cuda.graph(g):
+            y = ops.mul(x, 2.0)
+        g.replay()
+        held.append((g, y))
+
+    def drop():
+        ids.append(threading.get_ident())
+        g, y = held.pop()
+        assert float(y.numpy()[0]) == 2.0
+        del g, y
+
+    for target in (capture, drop):
+        t = threading.Thread(target=target)
+        t.start()
+        t.join()
+    assert not held
+    xtrain.cuda.synchronize()
+    assert ops.sum(ops.mul(xtrain.tensor(np.ones(4, np.float32), device="cuda"), 2.0)).item() == 8.0
+
+
+@needs_gpu
 def test_train_drops_its_graphs_when_the_steps_end(tmp_path, data, monkeypatch):
     closed = []
     real = graphs.StepGraphs.close

@@ -126,7 +126,7 @@ class Graph {
   void end_redirect();
   int device_ = 0;
   void* stream_ = nullptr;
-  std::thread::id owner_;  // the thread that captured it (stream_ is that thread's stream)
+  uint64_t owner_ = 0;  // serial number of the thread that captured it (stream_ is that thread's stream)
   void* exec_ = nullptr;  // cudaGraphExec_t
   bool capturing_ = false;
   int64_t nodes_ = 0;

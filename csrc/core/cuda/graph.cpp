@@ -13,7 +13,7 @@
 //    (Note [Memset nodes as kernels] in graph_memset.cu).
 #include <cuda_runtime.h>
 
-#include <thread>
+#include <atomic>
 
 #include "core/allocator.h"
 #include "core/cuda/cuda_check.h"
@@ -37,6 +37,11 @@ class GraphPool {
 };
 
 namespace {
+
+// A number per thread, never reused: a thread started after another ended may get its
+// std::thread::id (the C library reuses it), so the id cannot tell the capturing thread.
+std::atomic<uint64_t> g_thread_serials{0};
+thread_local const uint64_t tl_thread_serial = ++g_thread_serials;
 
 [[noreturn]] void throw_capture_error(cudaError_t err, const char* step) {
   cudaGetLastError();
@@ -69,7 +74,7 @@ Graph::~Graph() {
       // rank thread ended) stream_ may be gone with that thread (its streams are destroyed at
       // thread exit, after a synchronize), so wait for the whole device instead.
       if (replays_ > 0) {
-        if (std::this_thread::get_id() == owner_) {
+        if (tl_thread_serial == owner_) {
           cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
         } else {
           cudaDeviceSynchronize();
@@ -96,7 +101,7 @@ void Graph::capture_begin() {
            "Graph.capture_begin: the graph shares its pool with one captured by another thread; capture both "
            "on the same thread");
   stream_ = s;
-  owner_ = std::this_thread::get_id();
+  owner_ = tl_thread_serial;
   redirect_ = std::make_unique<PoolRedirect>(PoolRedirect{Device::cuda(device_), s, pool_->id});
   prev_redirect_ = Allocator::set_redirect(redirect_.get());
   capture_depth_add(1);

@@ -365,11 +365,12 @@ def require_available(what: str = "xtrain.launch.distributed.launch") -> None:
 
 # Note [Objects of a rank thread]: on a GPU what a rank makes is tied to its thread: the tensors'
 # blocks to the thread's stream, a CUDA graph to the stream it was captured on (both stream and
-# cuBLAS handle go when the thread ends). Such an object must die on its thread, or at least while
-# no rank runs, never in a garbage collection on another rank's thread: a thread started later
-# gets the ended one's thread id (the C library reuses it), so a graph destroyed there takes that
-# thread for its capturer and synchronises the ended thread's stream, a handle destroyed with
-# it (a segmentation fault inside the collector). Objects stay alive past their thread in
+# cuBLAS handle go when the thread ends). Such an object should die on its thread, or at least
+# while no rank runs, not in a garbage collection on another rank's thread: a thread started later
+# gets the ended one's thread id (the C library reuses it), and a graph that told its capturer by
+# that id took the new thread for it and synchronised the ended thread's stream, a handle
+# destroyed with it (a segmentation fault inside the collector; a Graph now tells its capturer by
+# a serial number that is never reused, csrc/core/cuda/graph.cpp). Objects stay alive past their thread in
 # reference cycles, and a rank has more than its own: a frame that a library leaves in a cycle
 # (matplotlib's mathtext parser, plotting the loss curve, leaves several) holds every frame below
 # it, so the whole run of the rank. Hence: the run releases its graphs on its thread (the
