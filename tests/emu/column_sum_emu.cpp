@@ -1,8 +1,8 @@
 // The CUDA column sums (csrc/kernels/cuda/column_sum.cuh: sum_to over leading dims, every bias
 // gradient), run on the CPU under the warp/block emulator (cuda_emu.h) as reduce.cu launches
 // them, for float32, bfloat16 and float64 inputs. Checked: bit for bit against a host sum in the
-// order Note [Column sums in packs] fixes (row groups, then groups in order, then chunks in
-// order); the 16-byte path against the scalar one and a misaligned input (the same bits: the
+// order Note [Column sums in packs] fixes (row groups, then groups in order, then interleaved
+// sets of chunks, then the sets in order); the 16-byte path against the scalar one and a misaligned input (the same bits: the
 // plan depends on the shape only); every emulator schedule alike; and close to a float64 sum.
 // Shapes: one chunk and many, rows fewer than a block's row groups, columns that are not a
 // multiple of a pack or of a block's 32 packs, GPT-2's bias widths.
@@ -29,7 +29,7 @@ std::vector<T> host_order(const std::vector<T>& in, int64_t rows, int64_t cols) 
   const cs::Plan plan = cs::column_sum_plan<T>(rows, cols);
   std::vector<T> out(static_cast<size_t>(cols));
   for (int64_t c = 0; c < cols; ++c) {
-    C total = 0;
+    std::vector<C> chunks;
     for (int64_t k = 0; k < plan.nchunks; ++k) {
       const int64_t r0 = k * plan.rows_per_chunk, r1 = std::min(rows, r0 + plan.rows_per_chunk);
       C chunk = 0;
@@ -38,7 +38,16 @@ std::vector<T> host_order(const std::vector<T>& in, int64_t rows, int64_t cols) 
         for (int64_t r = r0 + g; r < r1; r += cs::kColRowsInFlight) acc += xt::kernels::load(in.data(), r * cols + c);
         chunk += acc;
       }
-      total = plan.nchunks == 1 ? chunk : total + chunk;
+      chunks.push_back(chunk);
+    }
+    C total = chunks[0];
+    if (plan.nchunks > 1) {  // interleaved sets of chunks, each in order, then the sets in order
+      total = 0;
+      for (int g = 0; g < cs::kColRowsInFlight; ++g) {
+        C set = 0;
+        for (int64_t k = g; k < plan.nchunks; k += cs::kColRowsInFlight) set += chunks[k];
+        total += set;
+      }
     }
     xt::kernels::store(out.data(), c, total);
   }
@@ -64,7 +73,7 @@ std::vector<T> emulated(const std::vector<T>& in, int64_t rows, int64_t cols, in
     else cs::column_sum_partial_kernel<T, false>(src, out.data(), part, plan);
   });
   if (plan.nchunks > 1)
-    emu::launch(dim3(static_cast<unsigned>(cu::ceil_div(cols, int64_t{cs::kColThreads}))), dim3(cs::kColThreads), 0,
+    emu::launch(dim3(static_cast<unsigned>(cu::ceil_div(cols, int64_t{cu::kWarp}))), dim3(cs::kColThreads), 0,
                 [&] { cs::column_sum_final_kernel<T>(part, out.data(), plan); });
   return out;
 }

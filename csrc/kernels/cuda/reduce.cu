@@ -175,7 +175,7 @@ void column_sum(const T* in, T* out, int64_t rows, int64_t cols, const OnStream&
   else column_sum_partial_kernel<T, false><<<grid, kColThreads, 0, on.s>>>(in, out, part, plan);
   XT_LAUNCH_CHECK();
   if (plan.nchunks > 1) {
-    column_sum_final_kernel<T><<<static_cast<unsigned>(ceil_div(cols, int64_t{kColThreads})), kColThreads, 0, on.s>>>(
+    column_sum_final_kernel<T><<<static_cast<unsigned>(ceil_div(cols, int64_t{kWarp})), kColThreads, 0, on.s>>>(
         part, out, plan);
     XT_LAUNCH_CHECK();
   }
