@@ -131,9 +131,15 @@ XT_HD int fp8_scale_exponent(float amax, Fp8Format f) {
 // 2^k as a float, |k| <= 126.
 XT_HD float fp8_pow2(int k) { return fp8_bits_float(static_cast<uint32_t>(k + 127) << 23); }
 
-// A tensor's quantisation record, 2 floats in the tensor's device memory (Fp8Meta below):
-// [0] amax = max |x| (written by fp8_amax), [1] the dequantisation factor 2^-k (written by
-// fp8_cast, read by the GEMM as cuBLASLt's A/B scale).
+// A tensor's quantisation record, 2 floats in the tensor's device memory: [kFp8MetaScale] the
+// dequantisation factor 2^-k (written by fp8_cast, read by the GEMM as cuBLASLt's A/B scale),
+// [kFp8MetaAmax] amax = max |x| (written by fp8_amax). The scale comes first: cuBLASLt refuses a
+// scale pointer that is not 16-byte aligned (CUBLAS_STATUS_NOT_SUPPORTED from cublasLtMatmul after
+// its heuristic accepted the call; measured on the H200 with cuBLASLt 13.1 by dev/fp8_lt_probe.cu:
+// every variant with the scale at a 4-byte offset refused, every one at the record's start ran),
+// and the record is a tensor of its own, so its start has the allocator's alignment.
+constexpr int kFp8MetaScale = 0;
+constexpr int kFp8MetaAmax = 1;
 constexpr int kFp8MetaFloats = 2;
 
 }  // namespace kernels

@@ -354,14 +354,15 @@ XT_KERNEL_DECLS
 
 // The FP8 kernels (kernels/cpu/fp8.cpp, kernels/cuda/fp8_cast.cu, kernels/cuda/fp8_gemm.cu).
 // dt: float32 or bfloat16. Codes are bytes, row-major.
-//  fp8_amax:  meta[0] = max |x| over n elements (NaN ignored; 0 for n = 0).
-//  fp8_cast:  k from meta[0] (fp8_scale_exponent); out[r, c] = encode(x[r, c] * 2^k) for the rows x
-//             cols matrix x; out_t (nullptr: not written) [c, r] the same codes transposed;
-//             meta[1] = 2^-k. CUDA: rows and cols multiples of 16, x 16-byte aligned.
-//  fp8_gemm:  C [M, N] = (decode(A) * a_meta[1]) @ (decode(B) * b_meta[1])^T, A [M, K] codes of
-//             format fa, B [N, K] of fb (both K-major), float32 accumulation, C rounded once to
-//             c_dt. fast_accum: CUDA's FP8 fast accumulation (no effect on the CPU). CUDA:
-//             not both E5M2; M, N, K multiples of 16.
+//  fp8_amax:  meta[kFp8MetaAmax] = max |x| over n elements (NaN ignored; 0 for n = 0).
+//  fp8_cast:  k from meta[kFp8MetaAmax] (fp8_scale_exponent); out[r, c] = encode(x[r, c] * 2^k) for
+//             the rows x cols matrix x; out_t (nullptr: not written) [c, r] the same codes
+//             transposed; meta[kFp8MetaScale] = 2^-k. CUDA: rows and cols multiples of 16, x
+//             16-byte aligned.
+//  fp8_gemm:  C [M, N] = (decode(A) * a_meta[kFp8MetaScale]) @ (decode(B) * b_meta[kFp8MetaScale])^T,
+//             A [M, K] codes of format fa, B [N, K] of fb (both K-major), float32 accumulation,
+//             C rounded once to c_dt. fast_accum: CUDA's FP8 fast accumulation (no effect on the
+//             CPU). CUDA: not both E5M2; M, N, K multiples of 16; the metas 16-byte aligned.
 #define XT_FP8_KERNEL_DECLS                                                                               \
   void fp8_amax(DType dt, const void* x, int64_t n, float* meta, void* stream);                           \
   void fp8_cast(DType dt, Fp8Format f, const void* x, int64_t rows, int64_t cols, float* meta,            \

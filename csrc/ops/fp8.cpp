@@ -35,7 +35,8 @@ namespace {
 using kernels::Fp8Format;
 
 // One quantised operand: the codes of a rows x cols matrix, optionally its transpose, and
-// [amax, 2^-k] (kernels::kFp8MetaFloats floats).
+// its record [2^-k, amax] (kernels::kFp8MetaFloats floats, a tensor of its own: the scale at its
+// 16-byte aligned start, as cuBLASLt requires).
 struct Fp8Operand {
   Tensor codes, codes_t, meta;
 };

@@ -36,13 +36,13 @@ void fp8_amax(DType dt, const void* x, int64_t n, float* meta, void* stream) {
       for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(load(p, i)));
     }
   });
-  meta[0] = amax;
+  meta[kFp8MetaAmax] = amax;
 }
 
 void fp8_cast(DType dt, Fp8Format f, const void* x, int64_t rows, int64_t cols, float* meta, uint8_t* out,
               uint8_t* out_t, void* stream) {
   (void)stream;
-  const int k = fp8_scale_exponent(meta[0], f);
+  const int k = fp8_scale_exponent(meta[kFp8MetaAmax], f);
   const float scale = fp8_pow2(k);
   XT_DISPATCH_FLOAT(dt, "fp8_cast", T, {
     if constexpr (std::is_same_v<T, double>) {
@@ -59,7 +59,7 @@ void fp8_cast(DType dt, Fp8Format f, const void* x, int64_t rows, int64_t cols, 
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) out_t[c * rows + r] = out[r * cols + c];
   }
-  meta[1] = fp8_pow2(-k);
+  meta[kFp8MetaScale] = fp8_pow2(-k);
 }
 
 void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* a_meta,
@@ -70,8 +70,8 @@ void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const
     for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = fp8_decode(codes[i], f) * factor;
     return v;
   };
-  const std::vector<float> a = dequantize(fa, A, M * K, a_meta[1]);
-  const std::vector<float> b = dequantize(fb, B, N * K, b_meta[1]);
+  const std::vector<float> a = dequantize(fa, A, M * K, a_meta[kFp8MetaScale]);
+  const std::vector<float> b = dequantize(fb, B, N * K, b_meta[kFp8MetaScale]);
   gemm(DType::Float32, c_dt, false, true, M, N, K, 1.0f, a.data(), b.data(), 0.0f, C, 1, M * K, N * K, M * N,
        stream);
 }

@@ -1,6 +1,6 @@
 // FP8 operands on CUDA: the amax pass and the cast(+transpose) pass (kernels in fp8_cast.cuh).
 // Launch shapes depend only on the sizes; both kernels run on the given stream with no host sync
-// (the scale is computed on the device from meta[0]), so a CUDA graph captures them.
+// (the scale is computed on the device from the amax), so a CUDA graph captures them.
 #include "kernels/cuda/fp8_cast.cuh"
 
 namespace xt {
@@ -10,7 +10,7 @@ namespace cuda {
 void fp8_amax(DType dt, const void* x, int64_t n, float* meta, void* stream) {
   OnStream on(stream);
   XT_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, ValueError, "fp8_amax: x must be 16-byte aligned");
-  XT_CUDA_CHECK(cudaMemsetAsync(meta, 0, sizeof(float), on.s));  // amax starts at 0 (= +0.0f's bits)
+  XT_CUDA_CHECK(cudaMemsetAsync(meta + kFp8MetaAmax, 0, sizeof(float), on.s));  // amax starts at 0 (= +0.0f's bits)
   if (n == 0) return;
   const unsigned blocks =
       static_cast<unsigned>(std::min<int64_t>(fp8::kAmaxMaxBlocks, ceil_div(ceil_div(n, 8), fp8::kAmaxThreads)));

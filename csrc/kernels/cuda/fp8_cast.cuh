@@ -1,18 +1,18 @@
 // The CUDA kernels producing FP8 operands (launched by kernels/cuda/fp8_cast.cu), in a header so
 // that tests/emu/fp8_emu.cpp runs them on the CPU under the warp/block emulator.
 //
-//  - amax_kernel: max |x| over n elements into meta[0], which the launcher zeroes first. Each
+//  - amax_kernel: max |x| over n elements into meta[kFp8MetaAmax], which the launcher zeroes first. Each
 //    thread reads 16-byte packs (grid-stride), the warp and the block reduce with fmaxf, and one
 //    thread per block folds its maximum in with an integer atomicMax on the float's bits: the
 //    maxima are non-negative floats, whose order is their bits' order, and a maximum is exact and
 //    independent of the order the blocks arrive in, so the result is bitwise deterministic (no
 //    floating-point accumulation). NaN is ignored (fmaxf), as on the CPU.
 //  - cast_kernel: a 64 x 64 tile per block of 256 threads. Each thread reads 16 elements of a row
-//    (16-byte packs), scales them by 2^k (k from meta[0], the same integer arithmetic as the CPU,
+//    (16-byte packs), scales them by 2^k (k from meta[kFp8MetaAmax], the same integer arithmetic as the CPU,
 //    Note [FP8 scaling]), converts them with the hardware's cvt.rn.satfinite (cuda_fp8.h, two at a
 //    time) and writes the 16 codes as one 16-byte store; with out_t, the tile goes through shared
 //    memory and each thread writes 16 codes of a column of x as a row of out_t. Block (0, 0)
-//    writes meta[1] = 2^-k. Rows and cols are multiples of 16 (the launcher checks), so a 16-wide
+//    writes meta[kFp8MetaScale] = 2^-k. Rows and cols are multiples of 16 (the launcher checks), so a 16-wide
 //    chunk is wholly inside the matrix or wholly outside.
 #pragma once
 #include <cuda_fp8.h>
@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict_
   if (threadIdx.x == 0) {
     float b = warp_max[0];
     for (int w = 1; w < kAmaxThreads / kWarp; ++w) b = fmaxf(b, warp_max[w]);
-    atomicMax(reinterpret_cast<unsigned int*>(meta), fp8_float_bits(b));
+    atomicMax(reinterpret_cast<unsigned int*>(meta + kFp8MetaAmax), fp8_float_bits(b));
   }
 }
 
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kCastThreads)
     cast_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, Fp8Format f, float* meta,
                 uint8_t* __restrict__ out, uint8_t* __restrict__ out_t) {
   __shared__ __align__(16) uint8_t tile[kTile][kTile + kTilePad];
-  const int k = fp8_scale_exponent(meta[0], f);
+  const int k = fp8_scale_exponent(meta[kFp8MetaAmax], f);
   const float scale = fp8_pow2(k);
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int lr = threadIdx.x / (kTile / kChunk), lc = (threadIdx.x % (kTile / kChunk)) * kChunk;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kCastThreads)
       for (int i = 0; i < kChunk; ++i) tile[lr][lc + i] = codes.e[i];
     }
   }
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) meta[1] = fp8_pow2(-k);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) meta[kFp8MetaScale] = fp8_pow2(-k);
   if (!out_t) return;  // uniform over the block
   __syncthreads();
   // out_t row c0 + tc holds column c0 + tc of x: 16 codes of rows r0 + tr .. + 15 per thread

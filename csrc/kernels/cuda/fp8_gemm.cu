@@ -1,4 +1,4 @@
-// The FP8 GEMM through cuBLASLt: row-major C [M, N] = (A [M, K] * a_meta[1]) . (B [N, K] * b_meta[1])^T,
+// The FP8 GEMM through cuBLASLt: row-major C [M, N] = (A [M, K] * a_scale) . (B [N, K] * b_scale)^T,
 // A and B FP8 codes (E4M3 or E5M2, not both E5M2), both K-major, C bf16 or float32.
 //
 // cuBLASLt is column-major: C^T (N x M, ld N) = B'^T . A', with B' the row-major B read as the
@@ -52,6 +52,9 @@ void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const
   XT_CHECK(M > 0 && N > 0 && K > 0 && M % 16 == 0 && N % 16 == 0 && K % 16 == 0, ValueError,
            "fp8_gemm: M, N, K must be positive multiples of 16, got M=", M, " N=", N, " K=", K);
   XT_CHECK(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX, ValueError, "fp8_gemm: sizes must fit in int32");
+  // cuBLASLt runs FP8 only with 16-byte aligned scale pointers (Note at kFp8MetaScale, fp8_math.h)
+  XT_CHECK(aligned_to(a_meta + kFp8MetaScale, 16) && aligned_to(b_meta + kFp8MetaScale, 16), ValueError,
+           "fp8_gemm: the operands' scales must be 16-byte aligned");
   cudaDataType_t c_type;
   if (c_dt == DType::BFloat16) c_type = CUDA_R_16BF;
   else if (c_dt == DType::Float32) c_type = CUDA_R_32F;
@@ -69,8 +72,8 @@ void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const
   lt_set(d.op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
   lt_set(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, static_cast<int8_t>(fast_accum ? 1 : 0));
   // cuBLASLt's A is our B, its B our A (see the header)
-  lt_set(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_meta + 1);
-  lt_set(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_meta + 1);
+  lt_set(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_meta + kFp8MetaScale);
+  lt_set(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_meta + kFp8MetaScale);
   XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, fp8_type(fb), K, N, K));
   XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, fp8_type(fa), K, M, K));
   XT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, c_type, N, M, N));
