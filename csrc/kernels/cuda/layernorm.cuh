@@ -87,19 +87,7 @@ layernorm_forward_wide_kernel(const bf16_t* __restrict__ x, const bf16_t* __rest
   if (r >= rows) return;  // a whole warp: the shuffles below are the warp's own
   const int64_t base = r * dim + lane * 8;
   P a[NC], bb[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {  // every load of the row before any use
-    if constexpr (kVec) {
-      a[c] = *reinterpret_cast<const P*>(x + base + c * kChunk);
-      if constexpr (kAdd) bb[c] = *reinterpret_cast<const P*>(res + base + c * kChunk);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        a[c].v[e] = x[base + c * kChunk + e];
-        if constexpr (kAdd) bb[c].v[e] = res[base + c * kChunk + e];
-      }
-    }
-  }
+  rmsnorm::wide_load_row<NC, kAdd, kVec>(x, res, base, a, bb);
   C s = 0;
 #pragma unroll
   for (int c = 0; c < NC; ++c)
@@ -109,17 +97,7 @@ layernorm_forward_wide_kernel(const bf16_t* __restrict__ x, const bf16_t* __rest
         a[c].v[e] = from_compute<T>(apply_binary(BinaryOp::Add, to_compute(a[c].v[e]), to_compute(bb[c].v[e])));
       s += to_compute(a[c].v[e]);
     }
-  if constexpr (kAdd) {
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      if constexpr (kVec) {
-        *reinterpret_cast<P*>(h + base + c * kChunk) = a[c];
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) h[base + c * kChunk + e] = a[c].v[e];
-      }
-    }
-  }
+  if constexpr (kAdd) rmsnorm::wide_store_row<NC, kVec>(h, base, a);
   const C mu = group_sum<kWarp>(s) / static_cast<C>(dim);
   C sq = 0;
 #pragma unroll
@@ -134,19 +112,13 @@ layernorm_forward_wide_kernel(const bf16_t* __restrict__ x, const bf16_t* __rest
     mean[r] = mu;
     rstd[r] = inv;
   }
+  P o[NC];
 #pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    P o;
+  for (int c = 0; c < NC; ++c)
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-      o.v[e] = from_compute<T>(layernorm_scaled(a[c].v, w + c * kChunk + lane * 8, b + c * kChunk + lane * 8, e, mu, inv));
-    if constexpr (kVec) {
-      *reinterpret_cast<P*>(y + base + c * kChunk) = o;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) y[base + c * kChunk + e] = o.v[e];
-    }
-  }
+      o[c].v[e] = from_compute<T>(layernorm_scaled(a[c].v, w + c * kChunk + lane * 8, b + c * kChunk + lane * 8, e, mu, inv));
+  rmsnorm::wide_store_row<NC, kVec>(y, base, o);
 }
 
 // With xhat = (x - mean) * rstd and g = dy * w:  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
