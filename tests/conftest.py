@@ -8,19 +8,22 @@ def pytest_addoption(parser):
     parser.addoption("--live-report", default=None, help="append each failure's report to this file at once")
 
 
+_live_report = None  # --live-report's file, in the process that writes it
+
+
 def pytest_runtest_logreport(report):
     """--live-report: the failure's node id, phase and traceback, written when it happens (under
     xdist the controller receives every worker's reports, so one process writes the file)."""
-    path = getattr(pytest_runtest_logreport, "path", None)
+    path = _live_report
     if path and (report.failed or (report.when != "call" and report.outcome == "error")):
         with open(path, "a") as f:
             f.write(f"=== {report.nodeid} [{report.when}] ({report.duration:.1f} s)\n{report.longreprtext}\n")
 
 
 def pytest_configure(config):
+    global _live_report
     # under xdist only the controller writes (its workers' reports reach it too)
-    worker = hasattr(config, "workerinput")
-    pytest_runtest_logreport.path = None if worker else config.getoption("--live-report")
+    _live_report = None if hasattr(config, "workerinput") else config.getoption("--live-report")
 
 
 def _devices(config):

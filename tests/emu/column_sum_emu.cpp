@@ -26,7 +26,7 @@ using xt::kernels::compute_t;
 template <typename T>
 std::vector<T> host_order(const std::vector<T>& in, int64_t rows, int64_t cols) {
   using C = compute_t<T>;
-  const cs::Plan plan = cs::column_sum_plan<T>(rows, cols);
+  const cs::PackedPlan plan = cs::packed_plan<T>(rows, cols);
   std::vector<T> out(static_cast<size_t>(cols));
   for (int64_t c = 0; c < cols; ++c) {
     std::vector<C> chunks;
@@ -59,7 +59,7 @@ std::vector<T> host_order(const std::vector<T>& in, int64_t rows, int64_t cols) 
 template <typename T>
 std::vector<T> emulated(const std::vector<T>& in, int64_t rows, int64_t cols, int offset, bool force_scalar) {
   using C = compute_t<T>;
-  const cs::Plan plan = cs::column_sum_plan<T>(rows, cols);
+  const cs::PackedPlan plan = cs::packed_plan<T>(rows, cols);
   std::vector<T> buf(in.size() + 16);
   std::copy(in.begin(), in.end(), buf.begin() + offset);
   const T* src = buf.data() + offset;
@@ -84,7 +84,7 @@ void check(const char* tname, int64_t rows, int64_t cols, std::mt19937& rng) {
   std::vector<float> x(static_cast<size_t>(rows * cols));
   for (auto& v : x) v = nd(rng);
   const std::vector<T> in = emucheck::as<T>(x);
-  const cs::Plan plan = cs::column_sum_plan<T>(rows, cols);
+  const cs::PackedPlan plan = cs::packed_plan<T>(rows, cols);
   std::printf("%s rows %lld cols %lld (chunks %lld of %lld rows, %lld column blocks)\n", tname, (long long)rows,
               (long long)cols, (long long)plan.nchunks, (long long)plan.rows_per_chunk, (long long)plan.col_blocks);
   const std::vector<T> want = host_order(in, rows, cols);

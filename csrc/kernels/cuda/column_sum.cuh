@@ -14,7 +14,7 @@
 // where the columns and the row starts allow, else V scalar loads of the same elements); so a
 // warp reads 512 contiguous bytes of a row, and each thread has kColUnroll rows' loads in flight.
 //
-// The order of every sum is fixed by (R, N) alone (column_sum_plan; not by the pointers'
+// The order of every sum is fixed by (R, N) alone (packed_plan; not by the pointers'
 // alignment, not by V's path):
 //  1. the rows are cut into nchunks chunks of rows_per_chunk;
 //  2. in a chunk, row group g (0 .. kColRowsInFlight - 1) adds rows r0 + g, r0 + g + kColRowsInFlight,
@@ -48,7 +48,9 @@ constexpr int vec_of() {
   return static_cast<int>(16 / sizeof(T));
 }
 
-struct Plan {
+// The plan of the packed column sums (not common.cuh's column_sum_plan, which the norms' weight
+// gradients take: a thread per column).
+struct PackedPlan {
   int64_t rows = 0, cols = 0;
   int64_t col_blocks = 0;      // blocks across the columns, 32 * V columns each
   int64_t nchunks = 1, rows_per_chunk = 0;
@@ -56,8 +58,8 @@ struct Plan {
 
 // The plan of a [rows, cols] sum of T: a function of (rows, cols, T) only.
 template <typename T>
-inline Plan column_sum_plan(int64_t rows, int64_t cols) {
-  Plan p;
+inline PackedPlan packed_plan(int64_t rows, int64_t cols) {
+  PackedPlan p;
   p.rows = rows;
   p.cols = cols;
   p.col_blocks = ceil_div(cols, static_cast<int64_t>(kWarp) * vec_of<T>());
@@ -77,7 +79,7 @@ inline Plan column_sum_plan(int64_t rows, int64_t cols) {
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kColThreads)
 column_sum_partial_kernel(const T* __restrict__ in, T* __restrict__ out, compute_t<T>* __restrict__ partial,
-                          Plan plan) {
+                          PackedPlan plan) {
   using C = compute_t<T>;
   constexpr int V = vec_of<T>();
   constexpr int kBlockCols = kWarp * V;
@@ -135,7 +137,7 @@ column_sum_partial_kernel(const T* __restrict__ in, T* __restrict__ out, compute
 // warp g adds the chunks of set g in increasing order, then warp 0 adds the sets in order.
 template <typename T>
 __global__ void __launch_bounds__(kColThreads)
-column_sum_final_kernel(const compute_t<T>* __restrict__ partial, T* __restrict__ out, Plan plan) {
+column_sum_final_kernel(const compute_t<T>* __restrict__ partial, T* __restrict__ out, PackedPlan plan) {
   using C = compute_t<T>;
   __shared__ C sets[kColRowsInFlight][kWarp];
   const int lane = threadIdx.x % kWarp, set = threadIdx.x / kWarp;

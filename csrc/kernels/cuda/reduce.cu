@@ -165,7 +165,7 @@ template <typename T>
 void column_sum(const T* in, T* out, int64_t rows, int64_t cols, const OnStream& on) {
   using C = compute_t<T>;
   using namespace colsum;
-  const Plan plan = column_sum_plan<T>(rows, cols);
+  const PackedPlan plan = packed_plan<T>(rows, cols);
   XT_CHECK(plan.col_blocks <= INT32_MAX, ValueError, "sum_to: output too large for CUDA: ", cols);
   const dim3 grid(static_cast<unsigned>(plan.col_blocks), static_cast<unsigned>(plan.nchunks));
   const bool vec = cols % vec_of<T>() == 0 && aligned_to(in, 16);
