@@ -480,6 +480,7 @@ def worker_nanogpt(args) -> dict:
 
     times = _timed(step, lambda: common.torch_sync(device), steps, 1 if args.smoke else args.warmup,
                    lambda: common.torch_reset_peak(device))
+    losses = state["losses"]
     return {"framework": "nanoGPT", "build": "torch.compile" if not args.smoke else "eager",
             "depth": args.depth, "batch": batch, "seq": seq, "recompute": 0, "ms_step": 1000 * statistics.median(times),
             "peak_allocated": common.torch_peak(device)["allocated_peak"],

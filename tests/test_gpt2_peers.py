@@ -31,6 +31,57 @@ def test_smoke_run_trains_xtrain_on_llmc_shards(tmp_path):
     assert shard.stat().st_size == 1024 + 2 * header[2]
 
 
+# nanoGPT's model.py interface as gpt2_peers.py calls it (GPTConfig, GPT, forward(idx, targets) ->
+# (logits, loss), configure_optimizers): CI has no nanoGPT checkout, so the worker's own code runs
+# here against this small stand-in (a bigram model), and on the GPU machine against the real one.
+NANOGPT_STANDIN = """
+from dataclasses import dataclass
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wte = torch.nn.Embedding(config.vocab_size, config.n_embd)
+        self.head = torch.nn.Linear(config.n_embd, config.vocab_size, bias=config.bias)
+
+    def forward(self, idx, targets):
+        logits = self.head(self.wte(idx))
+        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        return torch.optim.AdamW(self.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
+"""
+
+
+def test_smoke_run_trains_the_nanogpt_worker(tmp_path):
+    (tmp_path / "nanogpt").mkdir()
+    (tmp_path / "nanogpt" / "model.py").write_text(NANOGPT_STANDIN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.run([sys.executable, str(BENCH / "gpt2_peers.py"), "--smoke", "--only", "nanogpt",
+                           "--nanogpt", str(tmp_path / "nanogpt"), "--work", str(tmp_path / "work"),
+                           "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (path,) = (tmp_path / "out").glob("gpt2_peers-*.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["framework"] for r in rows] == ["nanoGPT"] * len(rows) and rows, rows
+    for r in rows:
+        assert "error" not in r, r
+        assert r["ms_step"] > 0 and r["tok_s"] > 0 and np.isfinite(r["loss_last"]), r
+
+
 def test_parse_llmc_step_lines():
     out = "\n".join(
         f"step {i:4d}/31 | loss {11.0 - i * 0.01:7.6f} (+0.00z)| norm 5.1234 (+0.00z)| lr 6.00e-04 | "
