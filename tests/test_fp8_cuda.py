@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import xtrain
-from modelhelp import bits_equal, fp8_fast_accum_tolerance
+from modelhelp import bits_equal, fp8_gemm_tolerance
 from xtrain import graphs, ops
 from xtrain.models import TinyTransformer, TransformerConfig
 from xtrain.optim import AdamW
@@ -51,7 +51,7 @@ def test_cuda_gemms_match_the_cpu_reference(dtype, shape):
     want = run(x, w, dy, dtype, "cpu")
     base = 2.0 ** -7 if dtype == "bfloat16" else 2.0 ** -9  # the gradients: promoted float32 sums
     for g, r, name in zip(got, want, ("y", "dx", "dW")):
-        tol = max(base, fp8_fast_accum_tolerance(K)) if name == "y" else base
+        tol = max(base, fp8_gemm_tolerance(K)) if name == "y" else base
         np.testing.assert_allclose(g, r, rtol=tol, atol=tol * np.abs(r).max(), err_msg=name)
         if name == "y":  # the bound is for the worst element; the typical one is far inside it
             rms = max(base, tol / 8) * np.sqrt(np.mean(r ** 2))
