@@ -233,8 +233,9 @@ for step in $steps; do
         --cudnn-frontend /tmp/peers/cudnn-frontend --work /tmp/gpt2-peers ${GPT2PEERS_ARGS:-}
       grep -E "^build |^(xtrain|llm\.c|nanoGPT) |^d[0-9]+ b[0-9]+:" "$out/bench.log" | tail -40 | tee -a "$summary"
       ;;
-    bigmodels)  # bench/big_models.py ($BIGMODELS_ARGS); liger-kernel from .whl/
+    bigmodels)  # bench/big_models.py ($BIGMODELS_ARGS); liger-kernel and torchao from .whl/
       "$py" -c "import liger_kernel" 2>/dev/null || "$py" -m pip install -q --no-deps --no-build-isolation .whl/liger_kernel-*.whl >/dev/null 2>&1
+      "$py" -c "import torchao" 2>/dev/null || "$py" -m pip install -q --no-deps --no-build-isolation .whl/torchao-*.whl >/dev/null 2>&1
       run_step bigmodels "${BIGMODELS_TIMEOUT:-560}" "$out/bench.log" "$py" bench/big_models.py ${BIGMODELS_ARGS:-}
       grep -E "^measured|xtrain|liger|compile|largest" "$out/bench.log" | tail -30 | tee -a "$summary"
       ;;
