@@ -252,12 +252,14 @@ class PeerTrainer(TorchTrainer):
 
 # ---- part 1: the step at one batch
 
-def step_part(args, cfg, device, tdevice, gqa_native) -> tuple[list[dict], dict]:
+def step_part(args, cfg, device, tdevice, gqa_native, rows: list, on_row) -> dict:
+    """Appends each framework's row to rows, calling on_row() after each (the file is rewritten, so
+    a call cut short by its time limit keeps the rows measured so far); returns xtrain's weights."""
     batches = common.random_batches(args.vocab, args.batch, args.seq, n=2, seed=args.seed)
-    rows = []
     xt = XtrainTrainer(cfg, device, args.seed, use_graphs=not args.no_graphs)
     weights = xt.weights()
     rows.append(run_row(args, "xtrain", xt, batches, first_loss=xtrain_first_loss(xt, batches[0])))
+    on_row()
     xt.close()
     del xt
     if args.fp8:  # the same weights, the blocks' linears in FP8
@@ -267,6 +269,7 @@ def step_part(args, cfg, device, tdevice, gqa_native) -> tuple[list[dict], dict]
                            use_graphs=not args.no_graphs)
         xt.model.load_state_dict(weights)
         rows.append(run_row(args, "xtrain (fp8)", xt, batches, first_loss=xtrain_first_loss(xt, batches[0])))
+        on_row()
         xt.close()
         del xt
     for peer in args.peers:
@@ -276,15 +279,17 @@ def step_part(args, cfg, device, tdevice, gqa_native) -> tuple[list[dict], dict]
         except Exception as e:  # e.g. Liger-Kernel missing, no Triton on the CPU: keep the rest
             rows.append({"framework": f"torch ({peer})", "error": describe(e)})
             print(f"torch ({peer}) failed: {rows[-1]['error']}", flush=True)
+            on_row()
             continue
         try:
             data = tr.upload(batches[:1])[0]
             rows.append(run_row(args, tr.framework, tr, batches, first_loss=tr.first_loss(*data)))
             rows[-1]["build_and_run_s"] = time.perf_counter() - t0
+            on_row()
         finally:
             tr.close()
             del tr
-    return rows, weights
+    return weights
 
 
 def xtrain_first_loss(trainer, batch) -> float:
@@ -423,8 +428,22 @@ def main(argv=None):
           f"{tokens} tokens, {'bf16' if args.bf16 else 'fp32'}, {device}; {flops_tok / 1e9:.2f} GFLOP/token; "
           f"attention {'flash SDPA, enable_gqa' if gqa_native else 'SDPA, k/v repeated'}", flush=True)
     rows, ratios, search, weights = [], {}, [], None
+    result_base = f"big_models-{args.preset}{'-shrunk' if args.shrink else ''}-s{args.seq}"
+    date = common.stamp()
+
+    def save(complete: bool = False, quiet: bool = True):
+        payload = {"benchmark": "big_models", "env": common.env_info(device),
+                   "args": {k: v for k, v in vars(args).items() if k != "out"}, "model": cfg.to_dict(),
+                   "flops_per_token": flops_tok, "tokens_per_step": tokens,
+                   "mfu_ceiling_flops": common.BF16_PEAK_FLOPS,
+                   "attention": "flash SDPA, enable_gqa" if gqa_native else "SDPA, k/v repeated to the query heads",
+                   "results": rows, "ratios_xtrain_over": summarize(rows, flops_tok), "largest_batch": search,
+                   "complete": complete}
+        common.write_json(common.result_name(result_base, args.tag), payload, args.out, date=date, quiet=quiet)
+        return payload
+
     if "step" in args.parts:
-        rows, weights = step_part(args, cfg, device, tdevice, gqa_native)
+        weights = step_part(args, cfg, device, tdevice, gqa_native, rows, save)
         ratios = summarize(rows, flops_tok)
         print()
         common.print_table([r for r in rows if "tok_s" in r],
@@ -440,14 +459,7 @@ def main(argv=None):
     if "search" in args.parts:
         print(f"largest batch under {args.memory_limit}:", flush=True)
         search = search_part(args, cfg, device, tdevice, gqa_native, weights)
-    payload = {"benchmark": "big_models", "env": common.env_info(device),
-               "args": {k: v for k, v in vars(args).items() if k != "out"}, "model": cfg.to_dict(),
-               "flops_per_token": flops_tok, "tokens_per_step": tokens, "mfu_ceiling_flops": common.BF16_PEAK_FLOPS,
-               "attention": "flash SDPA, enable_gqa" if gqa_native else "SDPA, k/v repeated to the query heads",
-               "results": rows, "ratios_xtrain_over": ratios, "largest_batch": search}
-    name = f"big_models-{args.preset}{'-shrunk' if args.shrink else ''}-s{args.seq}"
-    common.write_json(common.result_name(name, args.tag), payload, args.out)
-    return payload
+    return save(complete=True, quiet=False)
 
 
 if __name__ == "__main__":

@@ -392,13 +392,16 @@ def stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
 
 
-def write_json(name: str, payload: dict, out_dir: str | os.PathLike = RESULTS_DIR) -> Path:
-    """bench/results/NAME-DATE.json (DATE is UTC to the second, so runs never overwrite)."""
+def write_json(name: str, payload: dict, out_dir: str | os.PathLike = RESULTS_DIR, date: str | None = None,
+               quiet: bool = False) -> Path:
+    """bench/results/NAME-DATE.json (DATE is UTC to the second, so runs never overwrite; a script that
+    rewrites its file as rows arrive passes the DATE it took at its start)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}-{stamp()}.json"
+    path = out / f"{name}-{date or stamp()}.json"
     path.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")
     return path
 
 

@@ -539,9 +539,18 @@ def main(argv=None):
     if args.build_only:
         return
     rows = []
+    device = "cpu" if args.smoke else "cuda"
+    date = common.stamp()
+
+    def save(quiet: bool = True):  # after every row: a call cut short keeps what it measured
+        payload = {"env": common.env_info(device), "seq": SEQ if not args.smoke else 64, "steps": args.steps,
+                   "warmup": args.warmup, "smoke": args.smoke, "rows": rows, "ratios": ratios(rows),
+                   "builds": {k: {"ok": v["ok"], "log_tail": v["log"][-4000:]} for k, v in builds.items()}}
+        common.write_json(common.result_name("gpt2_peers", args.tag), payload, args.out, date=date, quiet=quiet)
 
     def record(row):
         rows.append(row)
+        save()
         shown = (f"{row.get('ms_step', float('nan')):8.2f} ms  {row.get('tok_s', 0):10,.0f} tok/s  "
                  f"MFU {100 * (row.get('mfu') or 0):5.1f}%  peak {row.get('peak_smi_mib')} MiB") \
             if row.get("ms_step") else f"ERROR {row.get('error')}"
@@ -559,15 +568,10 @@ def main(argv=None):
                         record(run_llmc(args, builds[name], name, depth, batch, r, shards))
             if "nanogpt" in args.only:
                 record(run_worker_process(args, "nanogpt", depth, batch, 0, shards))
-    summary = ratios(rows)
-    for s in summary:
+    for s in ratios(rows):
         print(f"d{s['depth']} b{s['batch']}: xtrain / {s['peer']} = {s['xtrain_over_peer_tok_s']:.3f}x tok/s "
               f"(peak {s['xtrain_peak_smi_mib']} vs {s['peer_peak_smi_mib']} MiB)", flush=True)
-    device = "cpu" if args.smoke else "cuda"
-    payload = {"env": common.env_info(device), "seq": SEQ if not args.smoke else 64, "steps": args.steps,
-               "warmup": args.warmup, "smoke": args.smoke, "rows": rows, "ratios": summary,
-               "builds": {k: {"ok": v["ok"], "log_tail": v["log"][-4000:]} for k, v in builds.items()}}
-    common.write_json(common.result_name("gpt2_peers", args.tag), payload, args.out)
+    save(quiet=False)
 
 
 if __name__ == "__main__":

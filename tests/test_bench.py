@@ -127,6 +127,7 @@ def test_big_models_bench_compares_the_same_model_and_searches_the_batch(tmp_pat
                   "--memory-limit", "24MiB", "--max-batch", "64", "--no-graphs")
     rows = {r["framework"]: r for r in result["results"]}
     assert set(rows) == {"xtrain", "torch (eager)"} and all("error" not in r for r in rows.values()), rows
+    assert result["complete"]  # the one file, rewritten after each row, ends marked whole
     assert abs(rows["xtrain"]["loss_first"] - rows["torch (eager)"]["loss_first"]) < 2e-2
     assert result["model"]["n_kv_heads"] * 4 == result["model"]["n_heads"] and result["model"]["tie_embeddings"]
     xt = next(s for s in result["largest_batch"] if s["framework"] == "xtrain")
