@@ -15,7 +15,7 @@ from xtrain import ops
 from ophelp import assert_close, bits, check_op, finite_difference_check, make_inputs, to_numpy64
 
 FLOATS = ["float32", "bfloat16"]
-SHAPES = [(4, 8), (2, 3, 37), (5, 768), (3, 1600), (1, 1), (300, 64), (10, 256), (33, 1024)]  # 256-1024: the wide CUDA forward in bf16
+SHAPES = [(4, 8), (2, 3, 37), (5, 768), (3, 1600), (1, 1), (300, 64), (10, 256), (33, 1024)]  # 256-1024: GPT-2 widths
 
 
 def ref_layer_norm(x, w, b, eps=1e-5):

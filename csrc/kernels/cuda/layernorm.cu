@@ -1,8 +1,7 @@
 // CUDA LayerNorm over the last dim of [rows, dim]: y = (x - mean) * rstd * w + b,
 // rstd = 1/sqrt(var + eps) (biased variance).
 //
-//  - Forward: bf16 rows of 256 to 1024 (256 * NC) a warp per row in 16-byte packs (Note [Wide
-//    LayerNorm forward], layernorm.cuh); other rows: G lanes per row (lanes_for(dim): 32 for dim >= 128), float32 compute for
+//  - Forward: G lanes per row (lanes_for(dim): 32 for dim >= 128), float32 compute for
 //    float32/bfloat16 (float64 for float64), rounded once on store. The statistics are two sums
 //    over the row (the mean, then the squared deviations; lane-strided partial sums then
 //    group_sum, an order fixed by dim), saved in the compute type. The element formulas are
@@ -77,24 +76,6 @@ bool backward_wide(const bf16_t* x, const W* w, const float* mean, const float* 
   return true;
 }
 
-// The wide forward (Note [Wide LayerNorm forward]): a warp per row, 16-byte moves when x, res, h and
-// y start at 16-byte boundaries (the same values either way).
-template <typename W>
-void forward_wide(int nc, const bf16_t* x, const bf16_t* res, const W* w, const W* b, bf16_t* h, bf16_t* y,
-                  float* mean, float* rstd, int64_t rows, float eps, const OnStream& on) {
-  const bool vec = aligned_to(x, 16) && aligned_to(y, 16) && (res == nullptr || (aligned_to(res, 16) && aligned_to(h, 16)));
-  const unsigned blocks = static_cast<unsigned>(ceil_div(rows, static_cast<int64_t>(kThreads / kWarp)));
-  XT_INT_SWITCH(nc, NC, (1, 2, 3, 4), [&] {
-    XT_BOOL_SWITCH(res != nullptr, kAdd, [&] {
-      XT_BOOL_SWITCH(vec, kVec, [&] {
-        layernorm_forward_wide_kernel<NC, kAdd, kVec, W><<<blocks, kThreads, 0, on.s>>>(x, res, w, b, h, y, mean,
-                                                                                        rstd, rows, eps);
-      });
-    });
-  });
-  XT_LAUNCH_CHECK();
-}
-
 template <typename T, typename W>
 void backward_typed(const T* x, const W* w, const compute_t<T>* mean, const compute_t<T>* rstd, const T* dy,
                     const T* dres, T* dx, W* dw, W* db, int64_t rows, int64_t dim, const OnStream& on) {
@@ -154,14 +135,6 @@ void layernorm_forward(DType dt, DType w_dt, const void* x, const void* res, con
   dispatch_float_weight(dt, w_dt, "layernorm_forward", [&](auto t, auto wt) {
     using T = typename decltype(t)::type;
     using W = typename decltype(wt)::type;
-    if constexpr (std::is_same_v<T, bf16_t>) {  // Note [Wide LayerNorm forward]
-      if (const int nc = rmsnorm::wide_forward_chunks<T>(dim); nc > 0) {
-        forward_wide(nc, static_cast<const T*>(x), static_cast<const T*>(res), static_cast<const W*>(w),
-                     static_cast<const W*>(b), static_cast<T*>(h), static_cast<T*>(y), static_cast<float*>(mean),
-                     static_cast<float*>(rstd), rows, eps, on);
-        return;
-      }
-    }
     with_lanes(dim, [&](auto g) {
       constexpr int G = decltype(g)::value;
       layernorm_forward_kernel<G, T, W>

@@ -60,67 +60,6 @@ layernorm_forward_kernel(const T* __restrict__ x, const T* __restrict__ res, con
   for (int64_t j = lane; j < dim; j += G) store(yr, j, layernorm_scaled(xr, w, b, j, mu, inv));
 }
 
-// Note [Wide LayerNorm forward]
-// For bf16 rows of dim = 256 * NC (rmsnorm::wide_forward_chunks: NC = 1..4, widths 256 to 1024:
-// GPT-2 d12 and d24) the forward is a warp per row whose lane L holds the 8 consecutive elements
-// [256c + 8L, 256c + 8L + 8) of each chunk c in registers, so x, res, h and y move in 16-byte
-// packs (the lane-strided kernel moves 2-byte elements, 64 bytes per warp request: 1.6 ms of
-// GPT-2 d12's 63.6 ms step in 25 calls). The row's two sums take the wide order: the lane's
-// elements chunk by chunk, each chunk's 8 in order, from 0 (the mean's sum `s += v`, the
-// deviations' `sq = fma(d, d, sq)` with d = v - mean), then group_sum<32>. Every kernel that
-// normalises such a row takes this one (layernorm.cu picks by dtype and dim alone; kVec only
-// chooses 16-byte or element-wise moves of the same values), so a row's mean and rstd have one
-// order everywhere: training, recompute and generation alike. The elements of y are
-// layernorm_math.h's expression, as in the lane-strided kernel.
-template <int NC, bool kAdd, bool kVec, typename W>
-__global__ void __launch_bounds__(kThreads)
-layernorm_forward_wide_kernel(const bf16_t* __restrict__ x, const bf16_t* __restrict__ res, const W* __restrict__ w,
-                              const W* __restrict__ b, bf16_t* __restrict__ h, bf16_t* __restrict__ y,
-                              float* __restrict__ mean, float* __restrict__ rstd, int64_t rows, float eps) {
-  using T = bf16_t;
-  using C = float;
-  using P = Pack<T, 8>;
-  constexpr int kChunk = rmsnorm::kWideChunk;
-  constexpr int dim = NC * kChunk;
-  const int lane = threadIdx.x % kWarp;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * (kThreads / kWarp) + threadIdx.x / kWarp;
-  if (r >= rows) return;  // a whole warp: the shuffles below are the warp's own
-  const int64_t base = r * dim + lane * 8;
-  P a[NC], bb[NC];
-  rmsnorm::wide_load_row<NC, kAdd, kVec>(x, res, base, a, bb);
-  C s = 0;
-#pragma unroll
-  for (int c = 0; c < NC; ++c)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      if constexpr (kAdd)  // h = x + res as stored (rounded to bf16), kept in a
-        a[c].v[e] = from_compute<T>(apply_binary(BinaryOp::Add, to_compute(a[c].v[e]), to_compute(bb[c].v[e])));
-      s += to_compute(a[c].v[e]);
-    }
-  if constexpr (kAdd) rmsnorm::wide_store_row<NC, kVec>(h, base, a);
-  const C mu = group_sum<kWarp>(s) / static_cast<C>(dim);
-  C sq = 0;
-#pragma unroll
-  for (int c = 0; c < NC; ++c)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const C d = to_compute(a[c].v[e]) - mu;
-      sq = rmsnorm::fma_dev(d, d, sq);
-    }
-  const C inv = layernorm_rstd(group_sum<kWarp>(sq), dim, eps);
-  if (lane == 0) {
-    mean[r] = mu;
-    rstd[r] = inv;
-  }
-  P o[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c)
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      o[c].v[e] = from_compute<T>(layernorm_scaled(a[c].v, w + c * kChunk + lane * 8, b + c * kChunk + lane * 8, e, mu, inv));
-  rmsnorm::wide_store_row<NC, kVec>(y, base, o);
-}
-
 // With xhat = (x - mean) * rstd and g = dy * w:  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
 // The row's mean(g) and mean(g * xhat): lane-strided partial sums, then group_sum (every lane of
 // the group calls it, valid or not: the shuffles); both backward kernels take them from here.

@@ -298,43 +298,6 @@ __device__ __forceinline__ float wide_add_sum_sq(Pack<bf16_t, 8> (&a)[NC], const
   return ss;
 }
 
-// A wide bf16 row's lane part (Note [Wide RMSNorm forward]): its NC packs of 8 at base + 256c, from
-// x into a and with kAdd from res into b, every load before any use; kVec: 16-byte loads, else
-// the same elements one by one.
-template <int NC, bool kAdd, bool kVec>
-__device__ __forceinline__ void wide_load_row(const bf16_t* __restrict__ x, const bf16_t* __restrict__ res,
-                                              int64_t base, Pack<bf16_t, 8> (&a)[NC], Pack<bf16_t, 8> (&b)[NC]) {
-  using P = Pack<bf16_t, 8>;
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    if constexpr (kVec) {
-      a[c] = *reinterpret_cast<const P*>(x + base + c * kWideChunk);
-      if constexpr (kAdd) b[c] = *reinterpret_cast<const P*>(res + base + c * kWideChunk);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        a[c].v[e] = x[base + c * kWideChunk + e];
-        if constexpr (kAdd) b[c].v[e] = res[base + c * kWideChunk + e];
-      }
-    }
-  }
-}
-
-// The lane's NC packs of a wide row stored at base + 256c (kVec: 16-byte stores).
-template <int NC, bool kVec>
-__device__ __forceinline__ void wide_store_row(bf16_t* __restrict__ out, int64_t base,
-                                               const Pack<bf16_t, 8> (&a)[NC]) {
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    if constexpr (kVec) {
-      *reinterpret_cast<Pack<bf16_t, 8>*>(out + base + c * kWideChunk) = a[c];
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) out[base + c * kWideChunk + e] = a[c].v[e];
-    }
-  }
-}
-
 // rms_norm (kAdd false: res and h unused) or add_rms_norm forward of wide bf16 rows, a warp per
 // row (Note [Wide RMSNorm forward]); kVec: 16-byte packs (x, res, h, y 16-byte aligned), else the
 // same elements one by one (the same bits).
@@ -352,20 +315,48 @@ rmsnorm_forward_wide_kernel(const bf16_t* __restrict__ x, const bf16_t* __restri
   if (r >= rows) return;  // a whole warp: the shuffles below are the warp's own
   const int64_t base = r * dim + lane * 8;
   P a[NC], b[NC];
-  wide_load_row<NC, kAdd, kVec>(x, res, base, a, b);
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {  // every load of the row before any use
+    if constexpr (kVec) {
+      a[c] = *reinterpret_cast<const P*>(x + base + c * kWideChunk);
+      if constexpr (kAdd) b[c] = *reinterpret_cast<const P*>(res + base + c * kWideChunk);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        a[c].v[e] = x[base + c * kWideChunk + e];
+        if constexpr (kAdd) b[c].v[e] = res[base + c * kWideChunk + e];
+      }
+    }
+  }
   C ss = wide_add_sum_sq<NC, kAdd>(a, b);
-  if constexpr (kAdd) wide_store_row<NC, kVec>(h, base, a);
+  if constexpr (kAdd) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      if constexpr (kVec) {
+        *reinterpret_cast<P*>(h + base + c * kWideChunk) = a[c];
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) h[base + c * kWideChunk + e] = a[c].v[e];
+      }
+    }
+  }
   ss = group_sum<kWarp>(ss);
   const C inv = rms_rstd(ss, dim, eps);
   if (lane == 0) rstd[r] = static_cast<float>(inv);
-  P o[NC];
 #pragma unroll
-  for (int c = 0; c < NC; ++c)
+  for (int c = 0; c < NC; ++c) {
+    P o;
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-      o[c].v[e] = from_compute<T>(
+      o.v[e] = from_compute<T>(
           static_cast<C>(to_compute(a[c].v[e]) * inv * static_cast<C>(load(w, c * kWideChunk + lane * 8 + e))));
-  wide_store_row<NC, kVec>(y, base, o);
+    if constexpr (kVec) {
+      *reinterpret_cast<P*>(y + base + c * kWideChunk) = o;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) y[base + c * kWideChunk + e] = o.v[e];
+    }
+  }
 }
 
 // y = rmsnorm(x): G lanes per row (group_row), rows_per_block<G>() rows per block.
