@@ -1,0 +1,331 @@
+// Development prototype, not part of the product: the flash attention forward with Hopper's
+// warpgroup MMA (known issue 34), against the product's mma.sync forward (flash_forward_kernel of
+// kernels/cuda/flash_attention.cuh, compiled into this binary) on the same inputs.
+//
+// Everything but the two products is the product kernel's: the block is the same 64 queries of one
+// (b, h) in 4 warps of 16 rows, the key loop, the mask, the online softmax, the P fragments and the
+// epilogue are its functions. The products become wgmma m64n64k16 (one warpgroup): S = Q K^T with Q
+// and K from shared memory (K-major), O += P V with P from registers and V from shared memory as it
+// lies in memory ([keys, D]: MN-major, the transpose flag), at D = 128 as two n64 halves of O. The
+// tiles are stored with the 128-byte swizzle (rows of 64 elements in 128 bytes, the eight 16-byte
+// chunks XOR the row's index within its 8; D = 128 as two such 64-column atoms), filled by cp.async,
+// double-buffered. The descriptor readings are those dev/wgmma_probe.cu checks: run it first; if it
+// shows other fields right, change kSboSwizzled / kLboSwizzled below.
+//
+// Output: per shape, both kernels' ms and TFLOP/s (causal FLOPs 4 B H S^2 D / 2), the largest
+// difference of their outputs (they round the same products in the same k order; equal bits are
+// likely, close is required) and of lse, and a float64 host check of a few rows.
+//
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DXT_CUDA \
+//     -I csrc -I $(python3 -c "import nvidia.cu13;print(list(nvidia.cu13.__path__)[0])")/include \
+//     dev/wgmma_flash_fwd.cu -o /tmp/wgmma_flash_fwd && /tmp/wgmma_flash_fwd
+#include "kernels/cuda/flash_attention.cuh"
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+namespace fl = xt::kernels::cuda::flash;
+using bf16_t = __nv_bfloat16;
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);    \
+      return 1;                                                                                \
+    }                                                                                          \
+  } while (0)
+
+namespace {
+
+constexpr int kAtomBytes = 64 * 128;  // one 64-row x 64-column bf16 atom of the 128-byte swizzle
+constexpr int kLboSwizzled = 16;      // (unused by the hardware for K-major swizzled operands)
+constexpr int kSboSwizzled = 1024;    // 8 rows of 128 bytes
+
+// Byte offset of element (r, c) of a [64, D] tile in the swizzled layout.
+__device__ __forceinline__ int swz(int r, int c) {
+  return (c / 64) * kAtomBytes + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16) + (c % 8) * 2;
+}
+
+__device__ __forceinline__ uint64_t descriptor(uint32_t addr, int lbo, int sbo) {
+  return static_cast<uint64_t>((addr >> 4) & 0x3FFF) |
+         static_cast<uint64_t>((static_cast<uint32_t>(lbo) >> 4) & 0x3FFF) << 16 |
+         static_cast<uint64_t>((static_cast<uint32_t>(sbo) >> 4) & 0x3FFF) << 32 | (1ull << 62);
+}
+
+// cp.async rows [row0, row0 + 64) of one head (row r at g + r * ld, D elements) into the swizzled
+// tile at sm; rows at or past S are zero-filled.
+template <int D>
+__device__ __forceinline__ void load_tile(unsigned char* sm, const bf16_t* g, int64_t ld, int row0, int S) {
+  constexpr int kChunks = D / 8;
+  for (int c = threadIdx.x; c < 64 * kChunks; c += fl::kBlockThreads) {
+    const int r = c / kChunks, col = c % kChunks * 8;
+    const bool valid = row0 + r < S;
+    xt::kernels::cuda::cp_async16(sm + swz(r, col), valid ? g + (row0 + r) * ld + col : g, valid);
+  }
+}
+
+#define XT_ACC(a)                                                                                             \
+  "+f"(a[0][0]), "+f"(a[0][1]), "+f"(a[0][2]), "+f"(a[0][3]), "+f"(a[1][0]), "+f"(a[1][1]), "+f"(a[1][2]),     \
+      "+f"(a[1][3]), "+f"(a[2][0]), "+f"(a[2][1]), "+f"(a[2][2]), "+f"(a[2][3]), "+f"(a[3][0]), "+f"(a[3][1]),  \
+      "+f"(a[3][2]), "+f"(a[3][3]), "+f"(a[4][0]), "+f"(a[4][1]), "+f"(a[4][2]), "+f"(a[4][3]), "+f"(a[5][0]),  \
+      "+f"(a[5][1]), "+f"(a[5][2]), "+f"(a[5][3]), "+f"(a[6][0]), "+f"(a[6][1]), "+f"(a[6][2]), "+f"(a[6][3]),  \
+      "+f"(a[7][0]), "+f"(a[7][1]), "+f"(a[7][2]), "+f"(a[7][3])
+#define XT_D32                                                                                              \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
+// acc (this warp's part of a 64 x 64 float32 accumulator, mma.sync's m16n8 layout per 8 columns)
+// += A B over one k-step of 16, both from shared memory, B K-major.
+__device__ __forceinline__ void wgmma_ss(float (&acc)[8][4], uint64_t da, uint64_t db) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " XT_D32 ", %32, %33, 1, 1, 1, 0, 0;\n"
+               : XT_ACC(acc)
+               : "l"(da), "l"(db)
+               : "memory");
+}
+
+// The same with A from registers (the m16n8k16 A fragment of this warp's rows) and B MN-major.
+__device__ __forceinline__ void wgmma_rs_t(float (&acc)[8][4], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " XT_D32
+               ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+               : XT_ACC(acc)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+               : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Keeps the compiler from moving reads or writes of an accumulator across the asynchronous MMA: its
+// registers pass through an empty asm statement, ordered with the wgmma statements (as the
+// accumulator fences of CUTLASS's warpgroup MMAs do).
+template <int R>
+__device__ __forceinline__ void pin(float (&acc)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][e])::"memory");
+}
+
+__device__ __forceinline__ void fence_async_proxy() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+template <int D> constexpr int wg_smem() { return 1024 + 5 * (D / 64) * kAtomBytes; }  // Q, 2 x K, 2 x V, + alignment
+
+template <int D>
+__global__ void __launch_bounds__(fl::kBlockThreads)
+    wgmma_forward_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                         bf16_t* __restrict__ out, float* __restrict__ lse, fl::Dims n) {
+  constexpr int kTileBytes = (D / 64) * kAtomBytes;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sQ = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* sK = sQ + kTileBytes;  // 2 buffers
+  unsigned char* sV = sK + 2 * kTileBytes;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const fl::QueryTile qt = fl::query_tile<D>(n);
+  const bf16_t* kh = k + qt.kvoff;
+  const bf16_t* vh = v + qt.kvoff;
+  load_tile<D>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
+  load_tile<D>(sK, kh, qt.ldkv, qt.kv_first * fl::kTile, n.S);
+  load_tile<D>(sV, vh, qt.ldkv, qt.kv_first * fl::kTile, n.S);
+  xt::kernels::cuda::cp_async_commit();
+
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int row = qt.q0 + warp * 16 + lane / 4;
+  const int col = 2 * (lane % 4);
+  const int lo[2] = {fl::first_key(n.doc, qt.b, n.S, row), fl::first_key(n.doc, qt.b, n.S, row + 8)};
+  const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sQ));
+  const int steps = qt.n_kv_tiles - qt.kv_first;
+  for (int t = 0; t < steps; ++t) {
+    const int j = qt.kv_first + t;
+    if (t + 1 < steps) {
+      const int nb = (t + 1) % 2;
+      load_tile<D>(sK + nb * kTileBytes, kh, qt.ldkv, (j + 1) * fl::kTile, n.S);
+      load_tile<D>(sV + nb * kTileBytes, vh, qt.ldkv, (j + 1) * fl::kTile, n.S);
+      xt::kernels::cuda::cp_async_commit();
+      xt::kernels::cuda::cp_async_wait<1>();
+    } else {
+      xt::kernels::cuda::cp_async_wait<0>();
+    }
+    fence_async_proxy();  // this thread's landed copies, visible to wgmma's async proxy
+    __syncthreads();
+    const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sK + t % 2 * kTileBytes));
+    const uint32_t v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sV + t % 2 * kTileBytes));
+    const int k0 = j * fl::kTile;
+
+    float s[fl::kTile / 8][4] = {};
+    pin(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {  // k-step kk: atom kk / 4, 32 bytes per step inside it
+      const uint32_t off = (kk / 4) * kAtomBytes + (kk % 4) * 32;
+      wgmma_ss(s, descriptor(q_addr + off, kLboSwizzled, kSboSwizzled),
+               descriptor(k_addr + off, kLboSwizzled, kSboSwizzled));
+    }
+    wgmma_wait_all();
+    pin(s);
+    if (k0 + fl::kTile > n.S || (n.causal && k0 + fl::kTile > qt.q0) || k0 < qt.doc_last) {
+#pragma unroll
+      for (int nb = 0; nb < fl::kTile / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!fl::visible(row + 8 * (e / 2), k0 + col + 8 * nb + e % 2, n.S, n.causal, lo[e / 2]))
+            s[nb][e] = -INFINITY;
+    }
+    fl::online_softmax<fl::kTile, D>(s, o, m, l, n.scale_log2);
+    uint32_t p[fl::kTile / 16][4];
+    fl::to_a_frags<fl::kTile>(p, s);
+    pin(o);
+    wgmma_fence();
+#pragma unroll
+    for (int h = 0; h < D / 64; ++h) {
+      float(&oh)[8][4] = *reinterpret_cast<float(*)[8][4]>(&o[8 * h][0]);
+#pragma unroll
+      for (int ks = 0; ks < fl::kTile / 16; ++ks)  // keys 16ks ..: 16 rows of 128 bytes further
+        wgmma_rs_t(oh, p[ks], descriptor(v_addr + h * kAtomBytes + ks * 16 * 128, kLboSwizzled, kSboSwizzled));
+    }
+    wgmma_wait_all();
+    pin(o);
+    __syncthreads();  // before the next prefetch overwrites this tile's buffers
+  }
+
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = 1.f / l[r];
+    const int qi = row + 8 * r;
+    if (qi < n.S && lane % 4 == 0)
+      lse[(static_cast<int64_t>(qt.b) * n.H + qt.h) * n.S + qi] = (m[r] + log2f(l[r])) * fl::kLn2;
+  }
+  fl::store_tile<D>(out + qt.qoff, qt.ldq, row, col, n.S, o, inv);
+}
+
+struct Shape {
+  const char* name;
+  int B, H, Hkv, S;
+};
+
+float bf(bf16_t x) { return __bfloat162float(x); }
+
+template <int D>
+int run(const Shape& sh, bool timed) {
+  const int64_t nq = static_cast<int64_t>(sh.B) * sh.S * sh.H * D, nkv = static_cast<int64_t>(sh.B) * sh.S * sh.Hkv * D;
+  std::vector<bf16_t> hq(nq), hk(nkv), hv(nkv);
+  uint32_t x = 2024u + sh.S;
+  auto uni = [&x]() { x = x * 1664525u + 1013904223u; return (static_cast<float>(x >> 8) / 16777216.f) * 2.f - 1.f; };
+  for (auto& e : hq) e = __float2bfloat16(uni());
+  for (auto& e : hk) e = __float2bfloat16(uni());
+  for (auto& e : hv) e = __float2bfloat16(uni());
+  bf16_t *q, *k, *v, *o1, *o2;
+  float *l1, *l2;
+  const int64_t nl = static_cast<int64_t>(sh.B) * sh.H * sh.S;
+  CK(cudaMalloc(&q, nq * 2));
+  CK(cudaMalloc(&k, nkv * 2));
+  CK(cudaMalloc(&v, nkv * 2));
+  CK(cudaMalloc(&o1, nq * 2));
+  CK(cudaMalloc(&o2, nq * 2));
+  CK(cudaMalloc(&l1, nl * 4));
+  CK(cudaMalloc(&l2, nl * 4));
+  CK(cudaMemcpy(q, hq.data(), nq * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(k, hk.data(), nkv * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(v, hv.data(), nkv * 2, cudaMemcpyHostToDevice));
+  const fl::Dims n = fl::make_dims(sh.B, sh.S, sh.H, sh.Hkv, 1.0 / std::sqrt(static_cast<double>(D)), true);
+  constexpr int smem_old = fl::fwd_smem<D>(), smem_new = wg_smem<D>();
+  CK(cudaFuncSetAttribute(fl::flash_forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_old));
+  CK(cudaFuncSetAttribute(wgmma_forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_new));
+  auto launch_old = [&] {
+    fl::flash_forward_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_old>>>(q, k, v, o1, l1, n);
+  };
+  auto launch_new = [&] {
+    wgmma_forward_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_new>>>(q, k, v, o2, l2, n);
+  };
+  launch_old();
+  launch_new();
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<bf16_t> a(nq), b(nq);
+  std::vector<float> la(nl), lb(nl);
+  CK(cudaMemcpy(a.data(), o1, nq * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b.data(), o2, nq * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(la.data(), l1, nl * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(lb.data(), l2, nl * 4, cudaMemcpyDeviceToHost));
+  double max_o = 0, max_l = 0;
+  int64_t same = 0;
+  for (int64_t i = 0; i < nq; ++i) {
+    max_o = std::fmax(max_o, std::fabs(bf(a[i]) - bf(b[i])));
+    same += bf(a[i]) == bf(b[i]);
+  }
+  for (int64_t i = 0; i < nl; ++i) max_l = std::fmax(max_l, std::fabs(la[i] - lb[i]));
+  // float64 reference for a few rows of (b = 0, h = 0) and the last (b, h)
+  double max_ref = 0;
+  const int rows[] = {0, 1, sh.S / 2, sh.S - 1};
+  for (int bh = 0; bh < 2; ++bh) {
+    const int b_ = bh ? sh.B - 1 : 0, h_ = bh ? sh.H - 1 : 0, hk_ = h_ / (sh.H / sh.Hkv);
+    for (int i : rows) {
+      std::vector<double> sc(i + 1);
+      double mx = -1e300;
+      for (int jj = 0; jj <= i; ++jj) {
+        double d = 0;
+        for (int c = 0; c < D; ++c)
+          d += static_cast<double>(bf(hq[((static_cast<int64_t>(b_) * sh.S + i) * sh.H + h_) * D + c])) *
+               bf(hk[((static_cast<int64_t>(b_) * sh.S + jj) * sh.Hkv + hk_) * D + c]);
+        sc[jj] = d / std::sqrt(static_cast<double>(D));
+        mx = std::fmax(mx, sc[jj]);
+      }
+      double den = 0;
+      for (auto& e : sc) den += (e = std::exp(e - mx));
+      for (int c = 0; c < D; ++c) {
+        double acc = 0;
+        for (int jj = 0; jj <= i; ++jj)
+          acc += sc[jj] * bf(hv[((static_cast<int64_t>(b_) * sh.S + jj) * sh.Hkv + hk_) * D + c]);
+        const double got = bf(b[((static_cast<int64_t>(b_) * sh.S + i) * sh.H + h_) * D + c]);
+        max_ref = std::fmax(max_ref, std::fabs(got - acc / den));
+      }
+    }
+  }
+  std::printf("%-10s D=%3d: |new - old| max %.3g (bitwise equal %.4f of elements), lse max %.3g; "
+              "|new - float64| max %.3g over 8 rows\n",
+              sh.name, D, max_o, static_cast<double>(same) / nq, max_l, max_ref);
+  const bool ok = max_ref < 2e-2 && max_o < 2e-2;
+  if (timed && ok) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const double flops = 4.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
+    for (int which = 0; which < 2; ++which) {
+      for (int w = 0; w < 3; ++w) which ? launch_new() : launch_old();
+      CK(cudaEventRecord(e0));
+      const int reps = 20;
+      for (int r = 0; r < reps; ++r) which ? launch_new() : launch_old();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      ms /= reps;
+      std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s\n", sh.name, D,
+                  which ? "wgmma forward" : "mma.sync forward", ms, flops / (ms * 1e-3) / 1e12);
+    }
+  }
+  cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o1); cudaFree(o2); cudaFree(l1); cudaFree(l2);
+  return ok ? 0 : 2;
+}
+
+}  // namespace
+
+int main() {
+  int rc = 0;
+  rc |= run<64>({"check", 2, 4, 2, 200}, false);
+  rc |= run<128>({"check", 2, 4, 2, 200}, false);
+  rc |= run<64>({"gpt2-d12", 32, 12, 12, 1024}, true);
+  rc |= run<64>({"llama-1b", 4, 32, 8, 4096}, true);
+  rc |= run<128>({"qwen3-1.7b", 4, 16, 8, 4096}, true);
+  std::printf(rc ? "FAILED: a shape's outputs are not close (see above)\n" : "all shapes close\n");
+  return rc;
+}
