@@ -1,6 +1,7 @@
-// Development prototype, not part of the product: the flash attention forward with Hopper's
-// warpgroup MMA (known issue 34), against the product's mma.sync forward (flash_forward_kernel of
-// kernels/cuda/flash_attention.cuh, compiled into this binary) on the same inputs.
+// Development prototype, not part of the product: the flash attention forward and the dq kernel with
+// Hopper's warpgroup MMA (known issue 34), against the product's mma.sync kernels
+// (flash_forward_kernel, flash_backward_dq_kernel of kernels/cuda/flash_attention.cuh, compiled
+// into this binary) on the same inputs.
 //
 // Everything but the two products is the product kernel's: the block is the same 64 queries of one
 // (b, h) in 4 warps of 16 rows, the key loop, the mask, the online softmax, the P fragments and the
@@ -12,6 +13,8 @@
 // double-buffered. The descriptor readings are those dev/wgmma_probe.cu checks: run it first; if it
 // shows other fields right, change kSboSwizzled / kLboSwizzled below.
 //
+// dq likewise: S = Q K^T and dP = dO V^T from shared memory, dq += dS K with dS from registers and K
+// MN-major (the dk/dv kernel's five products take the same three forms).
 // Output: per shape, both kernels' ms and TFLOP/s (causal FLOPs 4 B H S^2 D / 2), the largest
 // difference of their outputs (they round the same products in the same k order; equal bits are
 // likely, close is required) and of lse, and a float64 host check of a few rows.
@@ -207,6 +210,111 @@ __global__ void __launch_bounds__(fl::kBlockThreads)
   fl::store_tile<D>(out + qt.qoff, qt.ldq, row, col, n.S, o, inv);
 }
 
+// dq with wgmma (the product's flash_backward_dq_kernel with its three products replaced): S = Q K^T
+// and dP = dO V^T from shared memory (both K-major), dq += dS K with dS from registers and K as it
+// lies in memory ([keys, D]: MN-major). delta is read from the scratch the product's dq kernel
+// wrote (the prototype leaves out the product kernel's delta prologue: its time is not counted).
+template <int D> constexpr int wg_dq_smem() { return 1024 + 6 * (D / 64) * kAtomBytes; }  // Q, dO, 2 x K, 2 x V
+
+template <int D>
+__global__ void __launch_bounds__(fl::kBlockThreads)
+    wgmma_dq_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                    const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                    bf16_t* __restrict__ dq, fl::Dims n) {
+  constexpr int kTileBytes = (D / 64) * kAtomBytes;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sQ = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* sdO = sQ + kTileBytes;
+  unsigned char* sK = sdO + kTileBytes;  // 2 buffers
+  unsigned char* sV = sK + 2 * kTileBytes;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const fl::QueryTile qt = fl::query_tile<D>(n);
+  const bf16_t* kh = k + qt.kvoff;
+  const bf16_t* vh = v + qt.kvoff;
+  load_tile<D>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
+  load_tile<D>(sdO, dout + qt.qoff, qt.ldq, qt.q0, n.S);
+  load_tile<D>(sK, kh, qt.ldkv, qt.kv_first * fl::kTile, n.S);
+  load_tile<D>(sV, vh, qt.ldkv, qt.kv_first * fl::kTile, n.S);
+  xt::kernels::cuda::cp_async_commit();
+  const int row = qt.q0 + warp * 16 + lane / 4;
+  const int col = 2 * (lane % 4);
+  const int64_t stat = (static_cast<int64_t>(qt.b) * n.H + qt.h) * n.S;
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int qi = row + 8 * r;
+    lse2[r] = qi < n.S ? lse[stat + qi] * fl::kLog2e : 0.f;
+    dl[r] = qi < n.S ? delta[stat + qi] : 0.f;
+  }
+  float acc[D / 8][4] = {};
+  const int lo[2] = {fl::first_key(n.doc, qt.b, n.S, row), fl::first_key(n.doc, qt.b, n.S, row + 8)};
+  const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sQ));
+  const uint32_t o_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sdO));
+  const int steps = qt.n_kv_tiles - qt.kv_first;
+  for (int t = 0; t < steps; ++t) {
+    const int j = qt.kv_first + t;
+    if (t + 1 < steps) {
+      const int nb = (t + 1) % 2;
+      load_tile<D>(sK + nb * kTileBytes, kh, qt.ldkv, (j + 1) * fl::kTile, n.S);
+      load_tile<D>(sV + nb * kTileBytes, vh, qt.ldkv, (j + 1) * fl::kTile, n.S);
+      xt::kernels::cuda::cp_async_commit();
+      xt::kernels::cuda::cp_async_wait<1>();
+    } else {
+      xt::kernels::cuda::cp_async_wait<0>();
+    }
+    fence_async_proxy();
+    __syncthreads();
+    const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sK + t % 2 * kTileBytes));
+    const uint32_t v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sV + t % 2 * kTileBytes));
+    const int k0 = j * fl::kTile;
+    float s[fl::kTile / 8][4] = {}, dp[fl::kTile / 8][4] = {};
+    pin(s);
+    pin(dp);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t off = (kk / 4) * kAtomBytes + (kk % 4) * 32;
+      wgmma_ss(s, descriptor(q_addr + off, kLboSwizzled, kSboSwizzled),
+               descriptor(k_addr + off, kLboSwizzled, kSboSwizzled));
+      wgmma_ss(dp, descriptor(o_addr + off, kLboSwizzled, kSboSwizzled),
+               descriptor(v_addr + off, kLboSwizzled, kSboSwizzled));
+    }
+    wgmma_wait_all();
+    pin(s);
+    pin(dp);
+    const bool masked =
+        k0 + fl::kTile > n.S || qt.q0 + fl::kTile > n.S || (n.causal && k0 + fl::kTile > qt.q0) || k0 < qt.doc_last;
+#pragma unroll
+    for (int nb = 0; nb < fl::kTile / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        float ds = 0.f;
+        if (!masked || fl::visible(row + 8 * r, k0 + col + 8 * nb + e % 2, n.S, n.causal, lo[r])) {
+          const float p = exp2f(fmaf(s[nb][e], n.scale_log2, -lse2[r]));
+          ds = p * (dp[nb][e] - dl[r]);
+        }
+        s[nb][e] = ds;
+      }
+    uint32_t a[fl::kTile / 16][4];
+    fl::to_a_frags<fl::kTile>(a, s);
+    pin(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int h = 0; h < D / 64; ++h) {
+      float(&ah)[8][4] = *reinterpret_cast<float(*)[8][4]>(&acc[8 * h][0]);
+#pragma unroll
+      for (int ks = 0; ks < fl::kTile / 16; ++ks)
+        wgmma_rs_t(ah, a[ks], descriptor(k_addr + h * kAtomBytes + ks * 16 * 128, kLboSwizzled, kSboSwizzled));
+    }
+    wgmma_wait_all();
+    pin(acc);
+    __syncthreads();
+  }
+  const float mul[2] = {n.scale, n.scale};
+  fl::store_tile<D>(dq + qt.qoff, qt.ldq, row, col, n.S, acc, mul);
+}
+
 struct Shape {
   const char* name;
   int B, H, Hkv, S;
@@ -313,8 +421,64 @@ int run(const Shape& sh, bool timed) {
                   which ? "wgmma forward" : "mma.sync forward", ms, flops / (ms * 1e-3) / 1e12);
     }
   }
+  // dq: dO random; out and lse from the product's forward (o1, l1); delta from the product's dq kernel
+  std::vector<bf16_t> hdo(nq);
+  for (auto& e : hdo) e = __float2bfloat16(uni());
+  bf16_t *dO, *dq1, *dq2;
+  float* delta;
+  CK(cudaMalloc(&dO, nq * 2));
+  CK(cudaMalloc(&dq1, nq * 2));
+  CK(cudaMalloc(&dq2, nq * 2));
+  CK(cudaMalloc(&delta, nl * 4));
+  CK(cudaMemcpy(dO, hdo.data(), nq * 2, cudaMemcpyHostToDevice));
+  constexpr int dq_old = fl::dq_smem<D>(), dq_new = wg_dq_smem<D>();
+  CK(cudaFuncSetAttribute(fl::flash_backward_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_old));
+  CK(cudaFuncSetAttribute(wgmma_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_new));
+  auto dq_launch_old = [&] {
+    fl::flash_backward_dq_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, dq_old>>>(q, k, v, o1, dO, l1, delta, dq1, n);
+  };
+  auto dq_launch_new = [&] {
+    wgmma_dq_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, dq_new>>>(q, k, v, dO, l1, delta, dq2, n);
+  };
+  dq_launch_old();
+  dq_launch_new();
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(a.data(), dq1, nq * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b.data(), dq2, nq * 2, cudaMemcpyDeviceToHost));
+  double max_dq = 0, max_ref_dq = 0;
+  same = 0;
+  for (int64_t i = 0; i < nq; ++i) {
+    max_dq = std::fmax(max_dq, std::fabs(bf(a[i]) - bf(b[i])));
+    max_ref_dq = std::fmax(max_ref_dq, std::fabs(bf(a[i])));
+    same += bf(a[i]) == bf(b[i]);
+  }
+  const bool dq_ok = max_dq <= 2e-2 * max_ref_dq;
+  std::printf("%-10s D=%3d: dq |new - old| max %.3g of max |dq| %.3g (bitwise equal %.4f of elements)\n", sh.name, D,
+              max_dq, max_ref_dq, static_cast<double>(same) / nq);
+  if (timed && dq_ok) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    // dq's own work: three products per tile (S, dP, dq), 3 x 2 B H S^2 D, halved by the causal mask
+    const double flops = 3.0 * 2.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
+    for (int which = 0; which < 2; ++which) {
+      for (int w = 0; w < 3; ++w) which ? dq_launch_new() : dq_launch_old();
+      CK(cudaEventRecord(e0));
+      const int reps = 20;
+      for (int r = 0; r < reps; ++r) which ? dq_launch_new() : dq_launch_old();
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, e0, e1));
+      ms /= reps;
+      std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s (its three products)\n", sh.name, D,
+                  which ? "wgmma dq" : "mma.sync dq (+delta)", ms, flops / (ms * 1e-3) / 1e12);
+    }
+  }
+  cudaFree(dO); cudaFree(dq1); cudaFree(dq2); cudaFree(delta);
   cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o1); cudaFree(o2); cudaFree(l1); cudaFree(l2);
-  return ok ? 0 : 2;
+  return ok && dq_ok ? 0 : 2;
 }
 
 }  // namespace
