@@ -23,6 +23,7 @@
 //     -I csrc -I $(python3 -c "import nvidia.cu13;print(list(nvidia.cu13.__path__)[0])")/include \
 //     dev/wgmma_flash_fwd.cu -o /tmp/wgmma_flash_fwd && /tmp/wgmma_flash_fwd
 #include "kernels/cuda/flash_attention.cuh"
+#include "check.cuh"
 
 #include <cmath>
 #include <cstdio>
@@ -31,14 +32,6 @@
 namespace fl = xt::kernels::cuda::flash;
 using bf16_t = __nv_bfloat16;
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);    \
-      return 1;                                                                                \
-    }                                                                                          \
-  } while (0)
 
 namespace {
 
@@ -117,6 +110,29 @@ __device__ __forceinline__ void fence_async_proxy() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// Step t of a double-buffered key loop of `steps`: prefetches the next K and V tiles (rows k_next ..)
+// into the other buffers, waits for this step's, makes them visible to wgmma's async proxy (each
+// thread fences its own landed copies, then the barrier), and gives this step's buffers' addresses.
+template <int D>
+__device__ __forceinline__ void begin_kv_step(int t, int steps, unsigned char* sK, unsigned char* sV, const bf16_t* kh,
+                                              const bf16_t* vh, int64_t ldkv, int k_next, int S, uint32_t& k_addr,
+                                              uint32_t& v_addr) {
+  constexpr int kTileBytes = (D / 64) * kAtomBytes;
+  if (t + 1 < steps) {
+    const int nb = (t + 1) % 2;
+    load_tile<D>(sK + nb * kTileBytes, kh, ldkv, k_next, S);
+    load_tile<D>(sV + nb * kTileBytes, vh, ldkv, k_next, S);
+    xt::kernels::cuda::cp_async_commit();
+    xt::kernels::cuda::cp_async_wait<1>();
+  } else {
+    xt::kernels::cuda::cp_async_wait<0>();
+  }
+  fence_async_proxy();
+  __syncthreads();
+  k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sK + t % 2 * kTileBytes));
+  v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sV + t % 2 * kTileBytes));
+}
+
 template <int D> constexpr int wg_smem() { return 1024 + 5 * (D / 64) * kAtomBytes; }  // Q, 2 x K, 2 x V, + alignment
 
 template <int D>
@@ -146,19 +162,8 @@ __global__ void __launch_bounds__(fl::kBlockThreads)
   const int steps = qt.n_kv_tiles - qt.kv_first;
   for (int t = 0; t < steps; ++t) {
     const int j = qt.kv_first + t;
-    if (t + 1 < steps) {
-      const int nb = (t + 1) % 2;
-      load_tile<D>(sK + nb * kTileBytes, kh, qt.ldkv, (j + 1) * fl::kTile, n.S);
-      load_tile<D>(sV + nb * kTileBytes, vh, qt.ldkv, (j + 1) * fl::kTile, n.S);
-      xt::kernels::cuda::cp_async_commit();
-      xt::kernels::cuda::cp_async_wait<1>();
-    } else {
-      xt::kernels::cuda::cp_async_wait<0>();
-    }
-    fence_async_proxy();  // this thread's landed copies, visible to wgmma's async proxy
-    __syncthreads();
-    const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sK + t % 2 * kTileBytes));
-    const uint32_t v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sV + t % 2 * kTileBytes));
+    uint32_t k_addr, v_addr;
+    begin_kv_step<D>(t, steps, sK, sV, kh, vh, qt.ldkv, (j + 1) * fl::kTile, n.S, k_addr, v_addr);
     const int k0 = j * fl::kTile;
 
     float s[fl::kTile / 8][4] = {};
@@ -253,19 +258,8 @@ __global__ void __launch_bounds__(fl::kBlockThreads)
   const int steps = qt.n_kv_tiles - qt.kv_first;
   for (int t = 0; t < steps; ++t) {
     const int j = qt.kv_first + t;
-    if (t + 1 < steps) {
-      const int nb = (t + 1) % 2;
-      load_tile<D>(sK + nb * kTileBytes, kh, qt.ldkv, (j + 1) * fl::kTile, n.S);
-      load_tile<D>(sV + nb * kTileBytes, vh, qt.ldkv, (j + 1) * fl::kTile, n.S);
-      xt::kernels::cuda::cp_async_commit();
-      xt::kernels::cuda::cp_async_wait<1>();
-    } else {
-      xt::kernels::cuda::cp_async_wait<0>();
-    }
-    fence_async_proxy();
-    __syncthreads();
-    const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sK + t % 2 * kTileBytes));
-    const uint32_t v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sV + t % 2 * kTileBytes));
+    uint32_t k_addr, v_addr;
+    begin_kv_step<D>(t, steps, sK, sV, kh, vh, qt.ldkv, (j + 1) * fl::kTile, n.S, k_addr, v_addr);
     const int k0 = j * fl::kTile;
     float s[fl::kTile / 8][4] = {}, dp[fl::kTile / 8][4] = {};
     pin(s);

@@ -24,14 +24,7 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);    \
-      return 1;                                                                                \
-    }                                                                                          \
-  } while (0)
+#include "check.cuh"
 
 namespace {
 
