@@ -110,6 +110,26 @@ __device__ __forceinline__ void fence_async_proxy() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// acc (this warp's part of a [64, D] accumulator) += A B: A = 64 x 64 from registers (a product's
+// accumulator as fragments, to_a_frags), B = the swizzled [64, D] tile at b_addr read MN-major (its
+// rows are the reduction: keys 16ks .. are 16 rows of 128 bytes further), at D = 128 as two n64
+// halves (one 64-column atom each).
+template <int D>
+__device__ __forceinline__ void mma_regs_mn(float (&acc)[D / 8][4], const uint32_t (&a)[fl::kTile / 16][4],
+                                            uint32_t b_addr) {
+  pin(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int h = 0; h < D / 64; ++h) {
+    float(&half)[8][4] = *reinterpret_cast<float(*)[8][4]>(&acc[8 * h][0]);
+#pragma unroll
+    for (int ks = 0; ks < fl::kTile / 16; ++ks)
+      wgmma_rs_t(half, a[ks], descriptor(b_addr + h * kAtomBytes + ks * 16 * 128, kLboSwizzled, kSboSwizzled));
+  }
+  wgmma_wait_all();
+  pin(acc);
+}
+
 // Step t of a double-buffered key loop of `steps`: prefetches the next K and V tiles (rows k_next ..)
 // into the other buffers, waits for this step's, makes them visible to wgmma's async proxy (each
 // thread fences its own landed copies, then the barrier), and gives this step's buffers' addresses.
@@ -188,17 +208,7 @@ __global__ void __launch_bounds__(fl::kBlockThreads)
     fl::online_softmax<fl::kTile, D>(s, o, m, l, n.scale_log2);
     uint32_t p[fl::kTile / 16][4];
     fl::to_a_frags<fl::kTile>(p, s);
-    pin(o);
-    wgmma_fence();
-#pragma unroll
-    for (int h = 0; h < D / 64; ++h) {
-      float(&oh)[8][4] = *reinterpret_cast<float(*)[8][4]>(&o[8 * h][0]);
-#pragma unroll
-      for (int ks = 0; ks < fl::kTile / 16; ++ks)  // keys 16ks ..: 16 rows of 128 bytes further
-        wgmma_rs_t(oh, p[ks], descriptor(v_addr + h * kAtomBytes + ks * 16 * 128, kLboSwizzled, kSboSwizzled));
-    }
-    wgmma_wait_all();
-    pin(o);
+    mma_regs_mn<D>(o, p, v_addr);
     __syncthreads();  // before the next prefetch overwrites this tile's buffers
   }
 
@@ -292,17 +302,7 @@ __global__ void __launch_bounds__(fl::kBlockThreads)
       }
     uint32_t a[fl::kTile / 16][4];
     fl::to_a_frags<fl::kTile>(a, s);
-    pin(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int h = 0; h < D / 64; ++h) {
-      float(&ah)[8][4] = *reinterpret_cast<float(*)[8][4]>(&acc[8 * h][0]);
-#pragma unroll
-      for (int ks = 0; ks < fl::kTile / 16; ++ks)
-        wgmma_rs_t(ah, a[ks], descriptor(k_addr + h * kAtomBytes + ks * 16 * 128, kLboSwizzled, kSboSwizzled));
-    }
-    wgmma_wait_all();
-    pin(acc);
+    mma_regs_mn<D>(acc, a, k_addr);
     __syncthreads();
   }
   const float mul[2] = {n.scale, n.scale};
@@ -315,6 +315,23 @@ struct Shape {
 };
 
 float bf(bf16_t x) { return __bfloat162float(x); }
+
+// Mean milliseconds of 20 launches after 3 warm-up ones (CUDA events), negative on a CUDA error.
+template <class F>
+float time_ms(F&& launch) {
+  constexpr int kReps = 20;
+  cudaEvent_t e0, e1;
+  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) return -1.f;
+  for (int w = 0; w < 3; ++w) launch();
+  cudaEventRecord(e0);
+  for (int r = 0; r < kReps; ++r) launch();
+  cudaEventRecord(e1);
+  float ms = -1.f;
+  if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) ms = -kReps;
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms / kReps;
+}
 
 template <int D>
 int run(const Shape& sh, bool timed) {
@@ -397,20 +414,9 @@ int run(const Shape& sh, bool timed) {
               sh.name, D, max_o, static_cast<double>(same) / nq, max_l, max_ref);
   const bool ok = max_ref < 2e-2 && max_o < 2e-2;
   if (timed && ok) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     const double flops = 4.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
     for (int which = 0; which < 2; ++which) {
-      for (int w = 0; w < 3; ++w) which ? launch_new() : launch_old();
-      CK(cudaEventRecord(e0));
-      const int reps = 20;
-      for (int r = 0; r < reps; ++r) which ? launch_new() : launch_old();
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      ms /= reps;
+      const float ms = which ? time_ms(launch_new) : time_ms(launch_old);
       std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s\n", sh.name, D,
                   which ? "wgmma forward" : "mma.sync forward", ms, flops / (ms * 1e-3) / 1e12);
     }
@@ -451,21 +457,10 @@ int run(const Shape& sh, bool timed) {
   std::printf("%-10s D=%3d: dq |new - old| max %.3g of max |dq| %.3g (bitwise equal %.4f of elements)\n", sh.name, D,
               max_dq, max_ref_dq, static_cast<double>(same) / nq);
   if (timed && dq_ok) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
     // dq's own work: three products per tile (S, dP, dq), 3 x 2 B H S^2 D, halved by the causal mask
     const double flops = 3.0 * 2.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
     for (int which = 0; which < 2; ++which) {
-      for (int w = 0; w < 3; ++w) which ? dq_launch_new() : dq_launch_old();
-      CK(cudaEventRecord(e0));
-      const int reps = 20;
-      for (int r = 0; r < reps; ++r) which ? dq_launch_new() : dq_launch_old();
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      ms /= reps;
+      const float ms = which ? time_ms(dq_launch_new) : time_ms(dq_launch_old);
       std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s (its three products)\n", sh.name, D,
                   which ? "wgmma dq" : "mma.sync dq (+delta)", ms, flops / (ms * 1e-3) / 1e12);
     }
