@@ -1,7 +1,7 @@
-// Development prototype, not part of the product: the flash attention forward and the dq kernel with
-// Hopper's warpgroup MMA (known issue 34), against the product's mma.sync kernels
-// (flash_forward_kernel, flash_backward_dq_kernel of kernels/cuda/flash_attention.cuh, compiled
-// into this binary) on the same inputs.
+// Development prototype, not part of the product: the flash attention kernels (forward, dq, dk/dv)
+// with Hopper's warpgroup MMA (known issue 34), against the product's mma.sync kernels
+// (flash_forward_kernel, flash_backward_dq_kernel, flash_backward_dkdv_kernel of
+// kernels/cuda/flash_attention.cuh, compiled into this binary) on the same inputs.
 //
 // Everything but the two products is the product kernel's: the block is the same 64 queries of one
 // (b, h) in 4 warps of 16 rows, the key loop, the mask, the online softmax, the P fragments and the
@@ -13,15 +13,16 @@
 // double-buffered. The descriptor readings are those dev/wgmma_probe.cu checks: run it first; if it
 // shows other fields right, change kSboSwizzled / kLboSwizzled below.
 //
-// dq likewise: S = Q K^T and dP = dO V^T from shared memory, dq += dS K with dS from registers and K
-// MN-major (the dk/dv kernel's five products take the same three forms).
+// dq and dk/dv likewise: their products from shared memory where both factors are K-major (S, dP,
+// P^T, dP^T), with the left factor from registers and the right MN-major where it lies in memory
+// as [rows, D] (dq += dS K, dv += P^T dO, dk += dS^T Q); dk/dv takes 64 queries per step at every D.
 // Output: per shape, both kernels' ms and TFLOP/s (causal FLOPs 4 B H S^2 D / 2), the largest
 // difference of their outputs (they round the same products in the same k order; equal bits are
 // likely, close is required) and of lse, and a float64 host check of a few rows.
 //
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DXT_CUDA \
 //     -I csrc -I $(python3 -c "import nvidia.cu13;print(list(nvidia.cu13.__path__)[0])")/include \
-//     dev/wgmma_flash_fwd.cu -o /tmp/wgmma_flash_fwd && /tmp/wgmma_flash_fwd
+//     dev/wgmma_flash.cu -o /tmp/wgmma_flash && /tmp/wgmma_flash
 #include "kernels/cuda/flash_attention.cuh"
 #include "check.cuh"
 
@@ -110,6 +111,21 @@ __device__ __forceinline__ void fence_async_proxy() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// acc (this warp's part of a 64 x 64 accumulator) += A B^T over D: A and B the swizzled [64, D] tiles
+// at a_addr and b_addr, both K-major (k-step kk: atom kk / 4, 32 bytes per step inside it).
+template <int D>
+__device__ __forceinline__ void mma_smem_kk(float (&acc)[8][4], uint32_t a_addr, uint32_t b_addr) {
+  pin(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t off = (kk / 4) * kAtomBytes + (kk % 4) * 32;
+    wgmma_ss(acc, descriptor(a_addr + off, kLboSwizzled, kSboSwizzled), descriptor(b_addr + off, kLboSwizzled, kSboSwizzled));
+  }
+  wgmma_wait_all();
+  pin(acc);
+}
+
 // acc (this warp's part of a [64, D] accumulator) += A B: A = 64 x 64 from registers (a product's
 // accumulator as fragments, to_a_frags), B = the swizzled [64, D] tile at b_addr read MN-major (its
 // rows are the reduction: keys 16ks .. are 16 rows of 128 bytes further), at D = 128 as two n64
@@ -130,18 +146,13 @@ __device__ __forceinline__ void mma_regs_mn(float (&acc)[D / 8][4], const uint32
   pin(acc);
 }
 
-// Step t of a double-buffered key loop of `steps`: prefetches the next K and V tiles (rows k_next ..)
-// into the other buffers, waits for this step's, makes them visible to wgmma's async proxy (each
-// thread fences its own landed copies, then the barrier), and gives this step's buffers' addresses.
-template <int D>
-__device__ __forceinline__ void begin_kv_step(int t, int steps, unsigned char* sK, unsigned char* sV, const bf16_t* kh,
-                                              const bf16_t* vh, int64_t ldkv, int k_next, int S, uint32_t& k_addr,
-                                              uint32_t& v_addr) {
-  constexpr int kTileBytes = (D / 64) * kAtomBytes;
-  if (t + 1 < steps) {
-    const int nb = (t + 1) % 2;
-    load_tile<D>(sK + nb * kTileBytes, kh, ldkv, k_next, S);
-    load_tile<D>(sV + nb * kTileBytes, vh, ldkv, k_next, S);
+// fl::begin_step with wgmma's proxy fence: step t of a double-buffered loop of n steps issues step
+// t + 1's copies (prefetch()), waits for this thread's copies of step t, fences them into wgmma's
+// async proxy, then the barrier.
+template <typename Prefetch>
+__device__ __forceinline__ void begin_async_step(int t, int n, Prefetch&& prefetch) {
+  if (t + 1 < n) {
+    prefetch();
     xt::kernels::cuda::cp_async_commit();
     xt::kernels::cuda::cp_async_wait<1>();
   } else {
@@ -149,6 +160,19 @@ __device__ __forceinline__ void begin_kv_step(int t, int steps, unsigned char* s
   }
   fence_async_proxy();
   __syncthreads();
+}
+
+// Step t of a key loop of `steps` over double-buffered K and V tiles (the next tiles from row
+// k_next); gives this step's buffers' addresses.
+template <int D>
+__device__ __forceinline__ void begin_kv_step(int t, int steps, unsigned char* sK, unsigned char* sV, const bf16_t* kh,
+                                              const bf16_t* vh, int64_t ldkv, int k_next, int S, uint32_t& k_addr,
+                                              uint32_t& v_addr) {
+  constexpr int kTileBytes = (D / 64) * kAtomBytes;
+  begin_async_step(t, steps, [&] {
+    load_tile<D>(sK + (t + 1) % 2 * kTileBytes, kh, ldkv, k_next, S);
+    load_tile<D>(sV + (t + 1) % 2 * kTileBytes, vh, ldkv, k_next, S);
+  });
   k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sK + t % 2 * kTileBytes));
   v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sV + t % 2 * kTileBytes));
 }
@@ -187,16 +211,7 @@ __global__ void __launch_bounds__(fl::kBlockThreads)
     const int k0 = j * fl::kTile;
 
     float s[fl::kTile / 8][4] = {};
-    pin(s);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {  // k-step kk: atom kk / 4, 32 bytes per step inside it
-      const uint32_t off = (kk / 4) * kAtomBytes + (kk % 4) * 32;
-      wgmma_ss(s, descriptor(q_addr + off, kLboSwizzled, kSboSwizzled),
-               descriptor(k_addr + off, kLboSwizzled, kSboSwizzled));
-    }
-    wgmma_wait_all();
-    pin(s);
+    mma_smem_kk<D>(s, q_addr, k_addr);
     if (k0 + fl::kTile > n.S || (n.causal && k0 + fl::kTile > qt.q0) || k0 < qt.doc_last) {
 #pragma unroll
       for (int nb = 0; nb < fl::kTile / 8; ++nb)
@@ -272,20 +287,8 @@ __global__ void __launch_bounds__(fl::kBlockThreads)
     begin_kv_step<D>(t, steps, sK, sV, kh, vh, qt.ldkv, (j + 1) * fl::kTile, n.S, k_addr, v_addr);
     const int k0 = j * fl::kTile;
     float s[fl::kTile / 8][4] = {}, dp[fl::kTile / 8][4] = {};
-    pin(s);
-    pin(dp);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t off = (kk / 4) * kAtomBytes + (kk % 4) * 32;
-      wgmma_ss(s, descriptor(q_addr + off, kLboSwizzled, kSboSwizzled),
-               descriptor(k_addr + off, kLboSwizzled, kSboSwizzled));
-      wgmma_ss(dp, descriptor(o_addr + off, kLboSwizzled, kSboSwizzled),
-               descriptor(v_addr + off, kLboSwizzled, kSboSwizzled));
-    }
-    wgmma_wait_all();
-    pin(s);
-    pin(dp);
+    mma_smem_kk<D>(s, q_addr, k_addr);
+    mma_smem_kk<D>(dp, o_addr, v_addr);
     const bool masked =
         k0 + fl::kTile > n.S || qt.q0 + fl::kTile > n.S || (n.causal && k0 + fl::kTile > qt.q0) || k0 < qt.doc_last;
 #pragma unroll
@@ -307,6 +310,92 @@ __global__ void __launch_bounds__(fl::kBlockThreads)
   }
   const float mul[2] = {n.scale, n.scale};
   fl::store_tile<D>(dq + qt.qoff, qt.ldq, row, col, n.S, acc, mul);
+}
+
+// dk, dv with wgmma (the product's flash_backward_dkdv_kernel with its four products replaced), 64
+// keys of one (b, kv head) per block, 64 queries per step at every D: P^T = K Q^T and dP^T = V dO^T
+// from shared memory (K-major), dv += P^T dO and dk += dS^T Q with the left factor from registers
+// and dO, Q as they lie in memory (MN-major).
+template <int D> constexpr int wg_dkdv_smem() { return 1024 + 6 * (D / 64) * kAtomBytes + 4 * 64 * 4; }
+
+template <int D>
+__global__ void __launch_bounds__(fl::kBlockThreads)
+    wgmma_dkdv_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                      const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                      bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, fl::Dims n) {
+  constexpr int BR = fl::kTile, kTileBytes = (D / 64) * kAtomBytes;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* sK = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* sV = sK + kTileBytes;
+  unsigned char* sQ = sV + kTileBytes;      // 2 buffers
+  unsigned char* sdO = sQ + 2 * kTileBytes;  // 2 buffers
+  float* sL = reinterpret_cast<float*>(sdO + 2 * kTileBytes);  // lse, 2 buffers of BR
+  float* sDl = sL + 2 * BR;                                     // delta, 2 buffers
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.x / n.Hkv, hk = blockIdx.x % n.Hkv;
+  const int k0 = blockIdx.y * fl::kTile;
+  const int rep = n.H / n.Hkv;
+  const int64_t ldq = static_cast<int64_t>(n.H) * D, ldkv = static_cast<int64_t>(n.Hkv) * D;
+  const int64_t kvoff = fl::head_offset(b, n.S, hk, n.Hkv, D);
+  const int first = n.causal ? k0 / BR : 0;
+  const int q_end = fl::doc_end(n.doc, b, n.S, fl::imin(k0 + fl::kTile, n.S) - 1);
+  const int per_head = (q_end + BR - 1) / BR - first;
+  const int n_steps = rep * per_head;
+  const auto load_step = [&](int t, int buf) {
+    const int h = hk * rep + t / per_head, q0 = (first + t % per_head) * BR;
+    const int64_t qoff = fl::head_offset(b, n.S, h, n.H, D);
+    const int64_t stat = (static_cast<int64_t>(b) * n.H + h) * n.S;
+    load_tile<D>(sQ + buf * kTileBytes, q + qoff, ldq, q0, n.S);
+    load_tile<D>(sdO + buf * kTileBytes, dout + qoff, ldq, q0, n.S);
+    fl::load_stats<BR>(sL + buf * BR, lse + stat, q0, n.S);
+    fl::load_stats<BR>(sDl + buf * BR, delta + stat, q0, n.S);
+  };
+  load_tile<D>(sK, k + kvoff, ldkv, k0, n.S);
+  load_tile<D>(sV, v + kvoff, ldkv, k0, n.S);
+  load_step(0, 0);
+  xt::kernels::cuda::cp_async_commit();
+  const int key = k0 + warp * 16 + lane / 4;
+  const int col = 2 * (lane % 4);
+  float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+  const uint32_t k_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sK));
+  const uint32_t v_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sV));
+  for (int t = 0; t < n_steps; ++t) {
+    begin_async_step(t, n_steps, [&] { load_step(t + 1, (t + 1) % 2); });
+    const int buf = t % 2, q0 = (first + t % per_head) * BR;
+    const uint32_t q_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sQ + buf * kTileBytes));
+    const uint32_t o_addr = static_cast<uint32_t>(__cvta_generic_to_shared(sdO + buf * kTileBytes));
+    const float* sLt = sL + buf * BR;
+    const float* sDlt = sDl + buf * BR;
+    float pt[BR / 8][4] = {};
+    mma_smem_kk<D>(pt, k_addr, q_addr);
+    const bool masked = q0 + BR > n.S || (n.causal && q0 < k0 + fl::kTile) ||
+                        fl::first_key(n.doc, b, n.S, fl::imin(q0 + BR, n.S) - 1) > k0;
+#pragma unroll
+    for (int nb = 0; nb < BR / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qc = col + 8 * nb + e % 2;
+        float p = 0.f;
+        if (!masked || fl::visible(q0 + qc, key + 8 * (e / 2), n.S, n.causal, fl::first_key(n.doc, b, n.S, q0 + qc)))
+          p = exp2f(fmaf(pt[nb][e], n.scale_log2, -sLt[qc] * fl::kLog2e));
+        pt[nb][e] = p;
+      }
+    uint32_t a[BR / 16][4];
+    fl::to_a_frags<BR>(a, pt);
+    mma_regs_mn<D>(dv_acc, a, o_addr);  // dv += P^T dO
+    float dst[BR / 8][4] = {};
+    mma_smem_kk<D>(dst, v_addr, o_addr);  // dP^T = V dO^T
+#pragma unroll
+    for (int nb = 0; nb < BR / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dst[nb][e] = pt[nb][e] * (dst[nb][e] - sDlt[col + 8 * nb + e % 2]);
+    fl::to_a_frags<BR>(a, dst);
+    mma_regs_mn<D>(dk_acc, a, q_addr);  // dk += dS^T Q
+    __syncthreads();
+  }
+  const float dk_mul[2] = {n.scale, n.scale}, dv_mul[2] = {1.f, 1.f};
+  fl::store_tile<D>(dk + kvoff, ldkv, key, col, n.S, dk_acc, dk_mul);
+  fl::store_tile<D>(dv + kvoff, ldkv, key, col, n.S, dv_acc, dv_mul);
 }
 
 struct Shape {
@@ -465,9 +554,56 @@ int run(const Shape& sh, bool timed) {
                   which ? "wgmma dq" : "mma.sync dq (+delta)", ms, flops / (ms * 1e-3) / 1e12);
     }
   }
+  // dk, dv: the same inputs, delta as the product's dq kernel wrote it
+  bf16_t *dk1, *dk2, *dv1, *dv2;
+  CK(cudaMalloc(&dk1, nkv * 2));
+  CK(cudaMalloc(&dk2, nkv * 2));
+  CK(cudaMalloc(&dv1, nkv * 2));
+  CK(cudaMalloc(&dv2, nkv * 2));
+  constexpr int kBR = fl::dkdv_rows<D>();
+  constexpr int kv_old = fl::dkdv_smem<D>(), kv_new = wg_dkdv_smem<D>();
+  CK(cudaFuncSetAttribute(fl::flash_backward_dkdv_kernel<D, kBR>, cudaFuncAttributeMaxDynamicSharedMemorySize, kv_old));
+  CK(cudaFuncSetAttribute(wgmma_dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kv_new));
+  auto kv_launch_old = [&] {
+    fl::flash_backward_dkdv_kernel<D, kBR><<<fl::dkdv_grid(n), fl::kBlockThreads, kv_old>>>(q, k, v, dO, l1, delta,
+                                                                                           dk1, dv1, n);
+  };
+  auto kv_launch_new = [&] {
+    wgmma_dkdv_kernel<D><<<fl::dkdv_grid(n), fl::kBlockThreads, kv_new>>>(q, k, v, dO, l1, delta, dk2, dv2, n);
+  };
+  kv_launch_old();
+  kv_launch_new();
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  bool kv_ok = true;
+  for (int which = 0; which < 2; ++which) {
+    std::vector<bf16_t> ga(nkv), gb(nkv);
+    CK(cudaMemcpy(ga.data(), which ? dv1 : dk1, nkv * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gb.data(), which ? dv2 : dk2, nkv * 2, cudaMemcpyDeviceToHost));
+    double diff = 0, mag = 0;
+    int64_t eq = 0;
+    for (int64_t i = 0; i < nkv; ++i) {
+      diff = std::fmax(diff, std::fabs(bf(ga[i]) - bf(gb[i])));
+      mag = std::fmax(mag, std::fabs(bf(ga[i])));
+      eq += bf(ga[i]) == bf(gb[i]);
+    }
+    kv_ok = kv_ok && diff <= 2e-2 * mag;
+    std::printf("%-10s D=%3d: %s |new - old| max %.3g of max %.3g (bitwise equal %.4f of elements)\n", sh.name, D,
+                which ? "dv" : "dk", diff, mag, static_cast<double>(eq) / nkv);
+  }
+  if (timed && kv_ok) {
+    // four products per tile (P^T, dv, dP^T, dk), 4 x 2 B H S^2 D, halved by the causal mask
+    const double flops = 4.0 * 2.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
+    for (int which = 0; which < 2; ++which) {
+      const float ms = which ? time_ms(kv_launch_new) : time_ms(kv_launch_old);
+      std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s (its four products)\n", sh.name, D,
+                  which ? "wgmma dk/dv" : "mma.sync dk/dv", ms, flops / (ms * 1e-3) / 1e12);
+    }
+  }
+  cudaFree(dk1); cudaFree(dk2); cudaFree(dv1); cudaFree(dv2);
   cudaFree(dO); cudaFree(dq1); cudaFree(dq2); cudaFree(delta);
   cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o1); cudaFree(o2); cudaFree(l1); cudaFree(l2);
-  return ok && dq_ok ? 0 : 2;
+  return ok && dq_ok && kv_ok ? 0 : 2;
 }
 
 }  // namespace
