@@ -50,15 +50,7 @@ def _muon_steps(ctx=None, steps=3, n_matrices=None):
     model = make_model(cfg, weights_seed=6)
     opt = Muon(model.named_parameters(), matrices=_matrices(model)[:n_matrices], lr=1e-2)
     dp = DataParallelMuon(opt, ctx) if ctx is not None else None
-    for step in range(steps):
-        ids, targets = batch(cfg, seed=step)
-        _, loss = model(ids, targets)
-        loss.backward()
-        if dp is None:
-            opt.clip_and_step(1.0, loss.detach())
-            opt.zero_grad()
-        else:
-            dp.step(1.0, extra=[loss.detach()], guard=loss.detach())
+    muon_worker.run_steps(model, opt, 0, steps, dp)
     if dp is not None:
         dp.gather_state()
     return ({n: p.numpy().copy() for n, p in model.named_parameters()}, {f"{kind}.{n}": a for kind, arrays in opt.state_arrays().items() for n, a in arrays.items()},
@@ -107,7 +99,7 @@ def test_a_rank_keeps_its_share_and_refuses_another():
     """keep_momentum: the current values of the share stay, the rest go; one rank's optimizer
     cannot become another rank's (nor another world size's); one rank keeps everything."""
     model, opt = _small_muon()
-    _muon_steps_on(model, opt, 2)
+    muon_worker.run_steps(model, opt, 0, 2)
     before = dict(zip(opt.matrices, (b.numpy().copy() for b in opt.momentum_buffers)))
     DataParallelMuon(opt, _context(0, 1))
     assert not opt.sharded and opt.owned == opt.matrices  # one rank: nothing to drop
@@ -135,24 +127,12 @@ def test_a_rank_keeps_its_share_and_refuses_another():
         Muon(model.named_parameters(), matrices=_matrices(model)).keep_momentum(["q"])
 
 
-def _muon_steps_on(model, opt, steps, dp=None, first=0):
-    for step in range(first, first + steps):
-        ids, targets = batch(model.config, seed=step)
-        _, loss = model(ids, targets)
-        loss.backward()
-        if dp is None:
-            opt.clip_and_step(1.0, loss.detach())
-            opt.zero_grad()
-        else:
-            dp.step(1.0, extra=[loss.detach()], guard=loss.detach())
-
-
 def test_the_sharded_momentum_is_read_through_a_gather_and_loads_as_shares():
     """A rank's state reads only from a gathered copy: before gather_state() a RuntimeError naming
     it; gather_state(root=0) on rank 0 only; stale (refused again) after a step or a graph
     replay. A full state loads as each rank's share, checked whole first."""
     model, opt = _small_muon()
-    _muon_steps_on(model, opt, 2)
+    muon_worker.run_steps(model, opt, 0, 2)
     full = opt.state_arrays()
 
     def rank(ctx):
@@ -173,7 +153,7 @@ def test_the_sharded_momentum_is_read_through_a_gather_and_loads_as_shares():
         except RuntimeError:
             got = None
             refused.append("root")
-        _muon_steps_on(model, opt, 1, dp, first=2)
+        muon_worker.run_steps(model, opt, 2, 1, dp)
         with pytest.raises(RuntimeError, match="gather_state"):
             opt.state_arrays()
         dp.gather_state()
