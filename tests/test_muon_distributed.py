@@ -390,3 +390,49 @@ def test_a_two_rank_checkpoint_resumes_bit_exactly_on_one_two_and_four_ranks(tmp
         for r in ranks:
             assert r["weights"] == want_hashes, world
         _same_state(out, want_path)
+
+
+@pytest.mark.skipif(not distributed.is_available(), reason="needs an NCCL build of xtrain and a GPU")
+def test_two_gpus_hold_their_share_and_gather_one_state():
+    """Over NCCL on two GPUs (the lead's GPU run): each rank's optimizer state on its device is
+    AdamW's part and its share of the momentum (at least 40% of the momentum's bytes less than one
+    device's optimizer), and after two steps the gathered state and the weights are the same bits
+    on both ranks, every matrix's momentum present once."""
+    if xtrain.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+
+    def allocated(device):
+        xtrain.empty_cache(device)
+        return xtrain.memory_stats(device)["allocated_bytes.current"]
+
+    def build(device, shard=None):
+        model = make_model(muon_worker.model_config(), device=device, weights_seed=6)
+        named = list(model.named_parameters())
+        base = allocated(device)
+        opt = Muon(named, matrices=block_matrices(named), lr=1e-2, shard=shard)
+        return model, opt, allocated(device) - base
+
+    _, one, one_bytes = build("cuda:0")
+    full_elements = one.flat_momentum.numel()
+    del one
+
+    def rank(ctx):
+        model, opt, state_bytes = build(ctx.device, (ctx.rank, ctx.world_size))
+        dp = DataParallelMuon(opt, ctx)
+        muon_worker.run_steps(model, opt, 0, 2, dp)
+        dp.gather_state()
+        state = {f"{k}.{n}": a.copy() for k, arrays in opt.state_arrays().items() for n, a in arrays.items()}
+        return (opt.flat_momentum.numel(), state_bytes, state,
+                {n: p.numpy().copy() for n, p in model.named_parameters()})
+
+    ranks = distributed.launch(rank, devices=[0, 1])
+    assert sum(r[0] for r in ranks) == full_elements
+    for elements, state_bytes, _, _ in ranks:
+        assert state_bytes <= one_bytes - 0.4 * 4 * full_elements, (state_bytes, one_bytes, elements)
+    (_, _, s0, w0), (_, _, s1, w1) = ranks
+    assert s0.keys() == s1.keys() and sum(k.startswith("momentum_buffer.") for k in s0) == len(block_matrices(
+        make_model(muon_worker.model_config()).named_parameters()))
+    for n in s0:
+        np.testing.assert_array_equal(s0[n], s1[n], err_msg=n)
+    for n in w0:
+        np.testing.assert_array_equal(w0[n], w1[n], err_msg=n)
