@@ -24,7 +24,9 @@ clipping (the LR schedules are the trainer's: xtrain.trainer.schedule).
   the rest, one learning rate and weight decay. Memory: one float32 momentum per matrix element,
   two moments per other element (AdamW over everything: two per element). Its state holds
   "momentum_buffer" beside AdamW's moments, "optimizer": "muon" in the hyper-parameters
-  (docs/training.md, "Muon"; docs/state-format.md).
+  (docs/training.md, "Muon"; docs/state-format.md). Data parallel, Muon(..., shard=(rank,
+  world_size)) or keep_momentum() keeps the momentum of a rank's share of the matrices only
+  (DataParallelMuon: ZeRO-1's memory half for Muon's state).
 - clip_grad_norm_ computes the global L2 norm on the device and scales the gradients by
   min(1, max_norm / (norm + 1e-6)) there too: it returns the norm as a device Tensor and never
   waits for the device (read it with .item() only when logging). A non-finite norm leaves the
@@ -412,6 +414,18 @@ class AdamW:
         self.eps, self.weight_decay = float(hyper["eps"]), float(hyper["weight_decay"])
 
 
+def _check_shard(shard, who: str) -> tuple[int, int]:
+    """(rank, world_size) of a shard= argument; ValueError unless 0 <= rank < world_size."""
+    try:
+        rank, world = shard
+        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world)) and 0 <= rank < world
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{who}: shard must be (rank, world_size) with 0 <= rank < world_size, got {shard!r}")
+    return rank, world
+
+
 def _check_named(what: str, got, names: list, params: list) -> None:
     """KeyError unless `got` (name -> array) holds exactly `names`; ValueError unless each has
     its parameter's shape."""
@@ -489,8 +503,10 @@ class Muon:
     learning rate scaled per shape by adjust_lr_fn (docs/training.md, "Muon").
 
     State: an AdamW with only=the other parameters keeps their two moments (compact buffers of
-    the store's layout: no moment of a matrix); the matrices' momentum buffers lie in one flat
-    buffer of their own, each at an aligned offset (momentum_buffers). state_dict() and
+    the store's layout: no moment of a matrix); the momentum buffers of the matrices it keeps
+    (`owned`: all of them, or a data-parallel rank's share after keep_momentum()) lie in one flat
+    buffer of their own, each at an aligned offset (momentum_buffers, in the order of `owned`;
+    flat_momentum is None where a rank owns no matrix). state_dict() and
     state_arrays() (the checkpoint's optim.safetensors) hold "exp_avg" and "exp_avg_sq" of the
     other parameters and "momentum_buffer" of the matrices (torch.optim.Muon's name). hyper() adds
     "optimizer": "muon" and Muon's settings, which load_state_dict() checks (an AdamW state does
@@ -500,16 +516,24 @@ class Muon:
 
     CUDA graphs: use_device_hyper() / prepare_step() write AdamW's constants and Muon's [decay,
     lr] to device memory, which the captured kernels read. Data parallel:
-    xtrain.launch.distributed.DataParallelMuon (each rank steps its share, `owned`)."""
+    xtrain.launch.distributed.DataParallelMuon: each rank keeps the momentum of its share of the
+    matrices only and steps that share (shard=, or keep_momentum); a full copy exists only when its
+    gather_state() brings one (set_gathered: host arrays, read by state_dict() and state_arrays()
+    until the next step)."""
 
     def __init__(self, params, matrices=None, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.1, momentum: float = 0.95, nesterov: bool = True,
                  ns_coefficients: tuple[float, float, float] = MUON_NS_COEFFICIENTS, ns_steps: int = MUON_NS_STEPS,
-                 ns_eps: float = MUON_EPS, adjust_lr_fn: str = "match_rms_adamw"):
+                 ns_eps: float = MUON_EPS, adjust_lr_fn: str = "match_rms_adamw",
+                 shard: tuple[int, int] | None = None):
         """params: as AdamW's. matrices: the names of the parameters Muon updates (each 2-D;
         None: every 2-D parameter). The rest of the arguments are AdamW's (betas, eps) and
         torch.optim.Muon's (momentum, nesterov, ns_coefficients, ns_steps, ns_eps: its eps,
-        adjust_lr_fn); lr and weight_decay apply to both."""
+        adjust_lr_fn); lr and weight_decay apply to both.
+
+        shard=(rank, world_size): allocate only the momentum of that rank's share of the matrices
+        (shares()), for DataParallelMuon with those ranks (keep_momentum, without ever holding
+        the whole momentum)."""
         _check_muon(momentum, nesterov, ns_coefficients, ns_steps, ns_eps, adjust_lr_fn)
         named = [(str(i), p) if isinstance(p, xtrain.Tensor) else (str(p[0]), p[1]) for i, p in enumerate(params)]
         names = [n for n, _ in named]
@@ -527,23 +551,101 @@ class Muon:
         self.adamw = AdamW(named, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                            only=[names[i] for i in self.others])
         a = self.adamw
-        offsets, total = [], 0
-        for i in self.matrices:
-            offsets.append(total)
-            total += -(-a.params[i].numel() // _ALIGN) * _ALIGN
-        self.flat_momentum = xtrain.zeros((total,), dtype="float32", device=a.params[0].device)
-        # the matrices' momentum buffers, in the order of `matrices`
-        self.momentum_buffers = [self.flat_momentum._storage_view(o, tuple(a.params[i].shape))
-                                 for o, i in zip(offsets, self.matrices)]
-        self._momentum_offsets = offsets
+        # The matrices whose momentum this optimizer keeps and whose update its step runs
+        # (parameter indices, in the order of `matrices`): all of them, or a data-parallel rank's
+        # share (keep_momentum). sharded: a share, not all.
+        self.owned, self.sharded = list(self.matrices), False
+        self._gathered = None  # sharded: the full momentum (name -> host array) a gather brought, until a step
+        if shard is not None:
+            rank, world = _check_shard(shard, "Muon")
+            owners = self.shares(world)
+            self.owned = [i for i in self.matrices if owners[i] == rank]
+            self.sharded = self.owned != self.matrices
+        self._allocate_momentum()
         self.momentum, self.nesterov = float(momentum), bool(nesterov)
         self.ns_coefficients = tuple(float(c) for c in ns_coefficients)
         self.ns_steps, self.ns_eps, self.adjust_lr_fn = int(ns_steps), float(ns_eps), adjust_lr_fn
         self.lr_ratios = [muon_lr_ratio(adjust_lr_fn, a.params[i].shape) for i in self.matrices]
         self.muon_hyper_dev = None  # use_device_hyper(): float32 (2,) [decay, lr] on the device
-        # The matrices this optimizer's step updates (parameter indices): all of them, or a
-        # data-parallel rank's share (xtrain.launch.distributed.DataParallelMuon).
-        self.owned = list(self.matrices)
+
+    def shares(self, world_size: int) -> dict:
+        """{parameter index: data-parallel rank} of the matrices, whole matrices balanced by
+        Newton-Schulz cost (5 (4 r^2 c + 2 r^3) for an r x c operand, r <= c): largest first (ties
+        in parameter order), each to the rank with the least cost so far (the lowest rank on a
+        tie). A function of the shapes: every rank computes the same."""
+        def cost(i):
+            a, b = self.params[i].shape
+            r, c = min(a, b), max(a, b)
+            return 4 * r * r * c + 2 * r ** 3
+        load = [0] * world_size
+        owners = {}
+        for i in sorted(self.matrices, key=lambda i: (-cost(i), i)):
+            rank = min(range(world_size), key=lambda r: (load[r], r))
+            owners[i] = rank
+            load[rank] += cost(i)
+        return owners
+
+    def momentum_layout(self, indices) -> tuple[list, int]:
+        """The flat momentum buffer of the matrices `indices` (parameter indices, in that order):
+        each one's first element (64-element aligned) and the buffer's size."""
+        offsets, total = [], 0
+        for i in indices:
+            offsets.append(total)
+            total += -(-self.params[i].numel() // _ALIGN) * _ALIGN
+        return offsets, total
+
+    def _allocate_momentum(self) -> None:
+        """Zero momentum buffers for `owned`: flat_momentum (None for no matrix) and a view per matrix."""
+        offsets, total = self.momentum_layout(self.owned)
+        self.flat_momentum = xtrain.zeros((total,), dtype="float32", device=self.params[0].device) if total else None
+        self.momentum_buffers = [self.flat_momentum._storage_view(o, tuple(self.params[i].shape))
+                                 for o, i in zip(offsets, self.owned)]
+        self._momentum_offsets = offsets
+
+    def keep_momentum(self, owned) -> None:
+        """Keep the momentum of the matrices `owned` (parameter indices among `matrices`: a
+        data-parallel rank's share, DataParallelMuon) only, with their current values; the other
+        matrices' buffers go, and step() updates `owned` only. Their momentum is then read
+        through a gathered copy (set_gathered), and a loaded state gives this optimizer the
+        momentum of `owned` only. Keeping every matrix changes nothing."""
+        owned = list(owned)
+        try:
+            picked = {int(i) for i in owned}
+        except (TypeError, ValueError):
+            raise ValueError(f"Muon.keep_momentum: owned must be parameter indices, got {owned!r}") from None
+        if len(picked) != len(owned) or not picked <= set(self.matrices):
+            raise ValueError(f"Muon.keep_momentum: {owned} are not distinct indices of this optimizer's "
+                             f"matrices {self.matrices}")
+        picked = [i for i in self.matrices if i in picked]
+        if picked == self.owned:
+            return
+        if self.sharded:
+            raise ValueError(f"Muon.keep_momentum: the momentum is already kept for matrices {self.owned} only "
+                             f"(another rank's share, or another world size); build a new Muon")
+        kept = {i: b for i, b in zip(self.owned, self.momentum_buffers) if i in set(picked)}
+        self.owned, self.sharded, self._gathered = picked, True, None
+        self._allocate_momentum()
+        with xtrain.no_grad():
+            for i, b in zip(self.owned, self.momentum_buffers):
+                b.copy_(kept[i])
+
+    def set_gathered(self, momentum) -> None:
+        """The full momentum that DataParallelMuon.gather_state() brought here (name -> float32
+        host array, every matrix in the order of `matrices`), read by state_dict() and
+        state_arrays() until the next step; None: none here."""
+        self._gathered = None if momentum is None else OrderedDict(momentum)
+
+    def _full_momentum(self) -> OrderedDict:
+        """Every matrix's momentum on the host: the buffers here, or (sharded) the gathered copy."""
+        if not self.sharded:
+            host = np.asarray(self.flat_momentum.numpy(), dtype=np.float32)  # sync point
+            return OrderedDict((self.names[i], host[o:o + self.params[i].numel()].reshape(tuple(self.params[i].shape)))
+                               for o, i in zip(self._momentum_offsets, self.owned))
+        if self._gathered is None:
+            raise RuntimeError("Muon: this rank keeps the momentum of its share of the matrices only (data "
+                               "parallel); DataParallelMuon.gather_state() gathers a full copy (on every rank, "
+                               "or on its root) before it can be read")
+        return self._gathered
 
     # The AdamW part's attributes, which the training loop and the checkpoint read and set.
     lr = property(lambda self: self.adamw.lr, lambda self, v: setattr(self.adamw, "lr", float(v)))
@@ -577,6 +679,7 @@ class Muon:
         the device). guard, clip_norm, max_norm, prepared: as AdamW.step's."""
         a = self.adamw
         a.step(guard=guard, clip_norm=clip_norm, max_norm=max_norm, prepared=prepared)
+        self._gathered = None  # a gathered copy of the momentum goes stale now
         if not prepared and self.muon_hyper_dev is not None:
             self._write_hyper()
         clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
@@ -589,7 +692,7 @@ class Muon:
         if not idx:
             return
         ratios = dict(zip(self.matrices, self.lr_ratios))
-        buffers = dict(zip(self.matrices, self.momentum_buffers))
+        buffers = dict(zip(self.owned, self.momentum_buffers))
         _C.optim.muon_step([a.params[i] for i in idx], [grads[i] for i in idx], [buffers[i] for i in idx],
                            self.lr, self.weight_decay, self.momentum, self.nesterov, list(self.ns_coefficients),
                            self.ns_steps, self.ns_eps, [ratios[i] for i in idx], guard, *clip,
@@ -616,25 +719,28 @@ class Muon:
 
     def state_dict(self) -> dict:
         """step, hyper-parameters, AdamW's moments of the other parameters and the matrices'
-        momentum buffers (views of the device buffers), by name."""
-        return {**self.adamw.state_dict(), "hyper": self.hyper(),
-                "momentum_buffer": OrderedDict((self.names[i], b) for i, b in zip(self.matrices, self.momentum_buffers))}
+        momentum buffers by name: views of the device buffers, or (sharded) CPU tensors of the
+        gathered copy."""
+        if self.sharded:
+            momentum = OrderedDict((n, xtrain.tensor(a)) for n, a in self._full_momentum().items())
+        else:
+            momentum = OrderedDict((self.names[i], b) for i, b in zip(self.owned, self.momentum_buffers))
+        return {**self.adamw.state_dict(), "hyper": self.hyper(), "momentum_buffer": momentum}
 
     def state_arrays(self) -> dict:
         """What a checkpoint's optim.safetensors holds, {kind: {parameter name: float32 array}}:
         AdamW's "exp_avg" and "exp_avg_sq" of the other parameters, "momentum_buffer" of the
-        matrices (one device-to-host copy of each flat buffer: a sync point)."""
-        host = np.asarray(self.flat_momentum.numpy(), dtype=np.float32)
-        momentum = OrderedDict((self.names[i], host[o:o + self.params[i].numel()].reshape(tuple(self.params[i].shape)))
-                               for o, i in zip(self._momentum_offsets, self.matrices))
-        return {**self.adamw.state_arrays(), "momentum_buffer": momentum}
+        matrices (one device-to-host copy of each flat buffer: a sync point; sharded, the
+        gathered copy)."""
+        return {**self.adamw.state_arrays(), "momentum_buffer": self._full_momentum()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a Muon state (state_dict(), or a checkpoint's): the same matrices, Muon's
         settings, AdamW's part and the momentum buffers; a state in AdamW's layout over every
         parameter (no "momentum_buffer": a matrix's momentum is its exp_avg, its exp_avg_sq is
-        not read) loads too. An AdamW state is refused. Everything is checked before anything
-        changes."""
+        not read) loads too. An AdamW state is refused. Sharded (keep_momentum), the state is
+        still every matrix's (each checked) and this optimizer takes the momentum of `owned` from
+        it. Everything is checked before anything changes."""
         hyper = dict(state.get("hyper", self.hyper()))
         if hyper.get("optimizer", "adamw") != "muon":
             raise ValueError(f"Muon.load_state_dict: the state is {hyper.get('optimizer', 'adamw')}'s "
@@ -663,11 +769,13 @@ class Muon:
             adamw_state.update({key: {n: state[key][n] for n in others} for key in ("exp_avg", "exp_avg_sq")})
         _check_named("Muon.load_state_dict: momentum_buffer", momentum, mine, [self.params[i] for i in self.matrices])
         self.adamw.load_state_dict(adamw_state)
-        host = np.zeros(self.flat_momentum.shape[0], dtype=np.float32)
-        for o, i in zip(self._momentum_offsets, self.matrices):
-            host[o:o + self.params[i].numel()] = _host_array(momentum[self.names[i]])
-        with xtrain.no_grad():
-            self.flat_momentum.copy_(xtrain.tensor(host, dtype="float32", device="cpu"))
+        if self.flat_momentum is not None:
+            host = np.zeros(self.flat_momentum.shape[0], dtype=np.float32)
+            for o, i in zip(self._momentum_offsets, self.owned):
+                host[o:o + self.params[i].numel()] = _host_array(momentum[self.names[i]])
+            with xtrain.no_grad():
+                self.flat_momentum.copy_(xtrain.tensor(host, dtype="float32", device="cpu"))
+        self._gathered = None
         self.momentum, self.nesterov = float(settings[0]), bool(settings[1])
         self.ns_coefficients = tuple(float(c) for c in settings[2])
         self.ns_steps, self.ns_eps, self.adjust_lr_fn = int(settings[3]), float(settings[4]), settings[5]

@@ -684,38 +684,34 @@ class DataParallelMuon:
     the arithmetic of one device's step (its Newton-Schulz GEMMs batched with fewer matrices of
     its shape: on the CPU the same bits, each batch entry being one BLAS call).
 
-    Each rank keeps the whole optimizer state, but the momentum buffers are current only for its
-    own matrices: gather_state() broadcasts the others from their owners (a checkpoint's full
-    copy). A loaded state gives every rank every buffer. The interface is DataParallelAdamW's
-    (step, replayed, gather_state), so the training loop and its CUDA graphs drive either;
-    --no-shard-optimizer changes nothing here (the gradients are always all-reduced)."""
+    ZeRO-1 for Muon's state: each rank keeps the momentum buffers of its own matrices only
+    (Muon.keep_momentum: its share of the momentum memory, about 1/N; already so for
+    Muon(..., shard=(rank, world_size)), which never holds the rest); AdamW's moments of the
+    other parameters (embeddings, head, norms) are whole on every rank, as its update is.
+    gather_state() brings a full copy of the momentum to the host for a checkpoint (each rank's
+    buffer broadcast from it in turn), and a loaded state (Muon.load_state_dict) gives each rank
+    its share. The interface is DataParallelAdamW's (step, replayed, gather_state), so the
+    training loop and its CUDA graphs drive either; --no-shard-optimizer changes nothing here (the
+    gradients are always all-reduced, the momentum always sharded)."""
 
     def __init__(self, optimizer, ctx: RankContext):
         store = optimizer.store
         if store is None:
             raise ValueError("DataParallelMuon needs a Muon over every parameter of one ParamStore, in its order")
-        self.opt, self.ctx, self.store, self.shard = optimizer, ctx, store, False
+        self.opt, self.ctx, self.store = optimizer, ctx, store
         self._cast = False  # the weights are complete on every rank after a step (graphs.StepGraphs reads it)
         owners = self.shares(optimizer, ctx.world_size)
-        optimizer.owned = [i for i in optimizer.matrices if owners[i] == ctx.rank]
         self._by_rank = [[i for i in optimizer.matrices if owners[i] == r] for r in range(ctx.world_size)]
+        try:
+            optimizer.keep_momentum(self._by_rank[ctx.rank])
+        except ValueError as e:
+            raise ValueError(f"DataParallelMuon (rank {ctx.rank} of {ctx.world_size}): {e}") from None
 
     @staticmethod
     def shares(optimizer, world_size: int) -> dict:
-        """{parameter index: owning rank} for Muon's matrices: largest Newton-Schulz cost first
-        (5 (4 r^2 c + 2 r^3) for an r x c operand, r <= c; ties in parameter order), each to the
-        rank with the least cost so far (the lowest rank on a tie)."""
-        def cost(i):
-            a, b = optimizer.params[i].shape
-            r, c = min(a, b), max(a, b)
-            return 4 * r * r * c + 2 * r ** 3
-        load = [0] * world_size
-        owners = {}
-        for i in sorted(optimizer.matrices, key=lambda i: (-cost(i), i)):
-            rank = min(range(world_size), key=lambda r: (load[r], r))
-            owners[i] = rank
-            load[rank] += cost(i)
-        return owners
+        """{parameter index: owning rank} for Muon's matrices (Muon.shares: whole matrices,
+        balanced by Newton-Schulz FLOPs, a function of the shapes)."""
+        return optimizer.shares(world_size)
 
     def step(self, max_norm: float | None, extra=(), guard=None, prepared: bool = False,
              zero_grad: bool = True):
@@ -729,26 +725,47 @@ class DataParallelMuon:
                              f"{self.ctx.rank}; every rank must reduce every parameter")
         comm.all_reduce([store.grads, *_as_list(extra)], "avg")
         norm = opt.clip_and_step(max_norm, guard, prepared=prepared)
-        self._broadcast_matrices(store.views(store.params))
+        weights = store.views(store.params)
+        for rank, idx in enumerate(self._by_rank):  # each rank's updated matrices, from it
+            if idx:
+                comm.broadcast([weights[i] for i in idx], rank)
         if zero_grad:
             opt.zero_grad(set_to_none=True)
         return norm
 
-    def _broadcast_matrices(self, per_param: list) -> None:
-        """Each rank's matrices of `per_param` (a tensor per parameter index: the weights' views,
-        or the momentum buffers) broadcast from that rank, one collective per rank."""
-        for rank, idx in enumerate(self._by_rank):
-            if idx:
-                self.ctx.comm.broadcast([per_param[i] for i in idx], rank)
-
     def replayed(self) -> None:
-        """After a replay of the captured step: the watchdog times the replay's collectives."""
+        """After a replay of the captured step: the momentum changed without the host seeing it (a
+        gathered copy is stale), and the watchdog times the replay's collectives."""
+        self.opt.set_gathered(None)
         self.ctx.comm.note_replay()
 
     def gather_state(self, root: int | None = None) -> None:
-        """Every matrix's momentum buffer current on every rank (broadcast from its owner), for a
-        checkpoint; a collective, every rank calls it. The weights are always complete."""
-        self._broadcast_matrices(dict(zip(self.opt.matrices, self.opt.momentum_buffers)))
+        """Bring a full copy of the matrices' momentum to the host of rank `root` (None: of every
+        rank), where the optimizer's state_arrays() and state_dict() read it until the next step.
+        A collective: every rank calls it. The weights are always complete.
+
+        Sync point (the momentum comes to the host). Each rank's buffer is broadcast from it in
+        turn, into a temporary of its size on the others: a checkpoint needs one rank's share of
+        memory for a moment."""
+        opt, comm = self.opt, self.ctx.comm
+        if self.ctx.world_size == 1:  # every buffer is here
+            return
+        here = root is None or root == self.ctx.rank
+        full = {}
+        for rank, idx in enumerate(self._by_rank):
+            if not idx:
+                continue
+            offsets, total = opt.momentum_layout(idx)
+            buffer = opt.flat_momentum if rank == self.ctx.rank else \
+                xtrain.zeros((total,), dtype="float32", device=self.store.params.device)
+            comm.broadcast([buffer], rank)
+            if here:
+                host = np.array(buffer.numpy(), dtype=np.float32)  # a copy: the buffer lives on
+                for o, i in zip(offsets, idx):
+                    p = opt.params[i]
+                    full[i] = host[o:o + p.numel()].reshape(tuple(p.shape))
+            del buffer
+        opt.set_gathered([(opt.names[i], full[i]) for i in opt.matrices] if here else None)
 
 
 def _as_list(tensors) -> list:
