@@ -316,7 +316,8 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     # ---- optimizer and LR schedule
     schedule = make_schedule(cfg, recorded)
     sharded = ranked and cfg.shard_optimizer  # ZeRO-1: this rank's moments only, from the start
-    optimizer = make_optimizer(cfg, model, schedule.max_lr, shard=(ctx.rank, ctx.world_size) if sharded else None)
+    optimizer = make_optimizer(cfg, model, schedule.max_lr, shard=(ctx.rank, ctx.world_size) if sharded else None,
+                               ranks=(ctx.rank, ctx.world_size) if ranked else None)
 
     # ---- batch plan (may probe micro-batches on the model), then the loaders: one draw of the
     # training loader is this rank's share of a global batch, all its micro-batches
@@ -401,15 +402,19 @@ def setup(cfg: TrainConfig, ctx, prepared) -> Run:
     return run
 
 
-def make_optimizer(cfg: TrainConfig, model, lr: float, shard=None):
-    """--optimizer adamw: AdamW over every parameter. muon: Muon for the blocks' 2-D weights (q/k/v/o,
-    gate/up/down: the matrices under "layers."), AdamW for the embedding, the head and the norms;
-    one learning rate and weight decay for both (Muon's match_rms_adamw scaling, docs/training.md)."""
+def make_optimizer(cfg: TrainConfig, model, lr: float, shard=None, ranks=None):
+    """--optimizer adamw: AdamW over every parameter (its moments this rank's share only with
+    shard=(rank, world_size)). muon: Muon for the blocks' 2-D weights (q/k/v/o, gate/up/down: the
+    matrices under "layers."), AdamW for the embedding, the head and the norms; one learning rate
+    and weight decay for both (Muon's match_rms_adamw scaling, docs/training.md). With data
+    parallelism (ranks=(rank, world_size)) Muon allocates only this rank's share of the momentum
+    (DataParallelMuon keeps no more), whatever --shard-optimizer says."""
     betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "adamw":
         return AdamW(model.named_parameters(), lr=lr, betas=betas, weight_decay=cfg.weight_decay, shard=shard)
     matrices = block_matrices(model.named_parameters())
-    return Muon(model.named_parameters(), matrices=matrices, lr=lr, betas=betas, weight_decay=cfg.weight_decay)
+    return Muon(model.named_parameters(), matrices=matrices, lr=lr, betas=betas, weight_decay=cfg.weight_decay,
+                shard=ranks)
 
 
 def _resume_results(run: Run) -> None:
