@@ -3,6 +3,8 @@
 - ops.linear_multi(x, [w0, w1, ...]): several linears of one input as batched GEMMs, the outputs
   views of one buffer (q/k/v, gate/up; Note [Merged projections] in csrc/ops/matmul.cpp).
 - ops.add_rms_norm(x, r, w): (h = x + r, rms_norm(h)) in one kernel, bitwise add + rms_norm.
+- ops.swiglu_linear(gate, up, w): linear(swiglu(gate, up), w), bitwise, without keeping the hidden
+  (backward recomputes it; Note [SwiGLU recomputed for the down projection] in csrc/ops/matmul.cpp).
 - rms_norm's one-pass weight gradient (CUDA), deterministic run to run.
 
 Every test runs on each device of the `device` fixture (CUDA on the GPU machine).
@@ -252,6 +254,72 @@ def test_add_rms_norm_bad_inputs(device):
         ops.add_rms_norm(x, x, xtrain.ones((5,), device=device))
     with pytest.raises(ValueError, match="eps"):
         ops.add_rms_norm(x, x, w, float("nan"))
+
+
+# ---------------------------------------------------------------- swiglu_linear
+
+@pytest.mark.parametrize("dtype", FLOATS + ["float64"])
+@pytest.mark.parametrize("wants", ["all", "weight only", "inputs only"])
+@pytest.mark.parametrize("shape", [(5, 12, 7), (2, 3, 16, 8), (0, 6, 4)])
+def test_swiglu_linear_bitwise_equals_swiglu_then_linear(device, dtype, wants, shape):
+    """Forward and every gradient bitwise those of ops.swiglu then ops.linear, on every device:
+    backward recomputes the hidden with the same kernel and runs the composition's GEMMs."""
+    if dtype == "float64" and device != "cpu":
+        pytest.skip("float64 is a CPU dtype (gradient checks)")
+    *lead, K, N = shape
+    rng = np.random.default_rng(11)
+    gate_np, up_np = rng.standard_normal((*lead, K)), rng.standard_normal((*lead, K))
+    w_np, seed_np = rng.standard_normal((N, K)), rng.standard_normal((*lead, N))
+    results = []
+    for fused in (True, False):
+        gate, up = (xtrain.tensor(a, dtype=dtype, device=device, requires_grad=wants != "weight only")
+                    for a in (gate_np, up_np))
+        w = xtrain.tensor(w_np, dtype=dtype, device=device, requires_grad=wants != "inputs only")
+        y = ops.swiglu_linear(gate, up, w) if fused else ops.linear(ops.swiglu(gate, up), w)
+        y.backward_seeded(xtrain.tensor(seed_np, dtype=dtype, device=device))
+        results.append([bits(y)] + [bits(t.grad) if t.grad is not None else None for t in (gate, up, w)])
+    for name, a, b in zip(["y", "dgate", "dup", "dw"], *results):
+        assert (a is None) == (b is None), name
+        assert a is None or np.array_equal(a, b), name
+    assert (results[0][3] is None) == (wants == "inputs only")
+    assert (results[0][1] is None) == (wants == "weight only")
+
+
+def test_swiglu_linear_finite_differences():
+    rng = np.random.default_rng(12)
+    finite_difference_check(lambda g, u, w: ops.swiglu_linear(g, u, w),
+                            [rng.standard_normal((4, 6)), rng.standard_normal((4, 6)), rng.standard_normal((3, 6))])
+
+
+def test_swiglu_linear_keeps_no_hidden():
+    """What the node keeps between forward and backward: gate and up (the caller's) and nothing of
+    (rows, K) more, where swiglu then linear keeps the hidden too (the CPU allocator's count)."""
+    rows, K, N = 256, 64, 32
+    rng = np.random.default_rng(13)
+    gate, up = (xtrain.tensor(rng.standard_normal((rows, K)), dtype="float32", requires_grad=True) for _ in range(2))
+    w = xtrain.tensor(rng.standard_normal((N, K)), dtype="float32", requires_grad=True)
+    held = {}
+    for fused in (True, False):
+        before = xtrain.memory_stats("cpu")["allocated_bytes.current"]
+        y = ops.swiglu_linear(gate, up, w) if fused else ops.linear(ops.swiglu(gate, up), w)
+        held[fused] = xtrain.memory_stats("cpu")["allocated_bytes.current"] - before - rows * N * 4  # less y
+        del y
+    assert held[True] == 0
+    assert held[False] == rows * K * 4
+
+
+def test_swiglu_linear_bad_inputs(device):
+    g = xtrain.zeros((3, 4), device=device)
+    with pytest.raises(ValueError, match="in_features"):
+        ops.swiglu_linear(g, g, xtrain.zeros((2, 5), device=device))
+    with pytest.raises(ValueError, match="in_features"):
+        ops.swiglu_linear(g, g, xtrain.zeros((4,), device=device))
+    with pytest.raises(ValueError, match="same shape"):
+        ops.swiglu_linear(g, xtrain.zeros((3, 5), device=device), xtrain.zeros((2, 4), device=device))
+    with pytest.raises(TypeError, match="up"):
+        ops.swiglu_linear(g, xtrain.zeros((3, 4), dtype="bfloat16", device=device), xtrain.zeros((2, 4), device=device))
+    with pytest.raises(TypeError, match="weight"):
+        ops.swiglu_linear(g, g, xtrain.zeros((2, 4), dtype="bfloat16", device=device))
 
 
 @pytest.mark.parametrize("dtype,w_dtype", [("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16"),

@@ -241,7 +241,8 @@ def test_fused_residual_adds_equal_the_plain_blocks(device, dtype, option):
 def _fused_composition_loss(model, ids, targets):
     """The training forward written out op by op over the model's weights, every residual add
     fused with the norm after it (ops.add_rms_norm; the last block's into the final norm), q/k/v
-    and gate/up as one ops.linear_multi each, dropout where the modules put it, and the fused head:
+    and gate/up as one ops.linear_multi each, the down projection as ops.swiglu_linear (bitwise
+    swiglu then linear: tests/test_fusions.py), dropout where the modules put it, and the fused head:
     the composition the model's forward must run, kernel for kernel."""
     c = model.config
     B, S = ids.shape
@@ -272,7 +273,7 @@ def _fused_composition_loss(model, ids, targets):
             a = dropout(xtrain.ops.linear(a.reshape(B * S, H * D), attn.o_proj.weight))
             x, h = xtrain.ops.add_rms_norm(x, a, block.post_attention_layernorm.weight, c.norm_eps)
             gate, up = xtrain.ops.linear_multi(h, [mlp.gate_proj.weight, mlp.up_proj.weight])
-            delta = dropout(xtrain.ops.linear(xtrain.ops.swiglu(gate, up), mlp.down_proj.weight))
+            delta = dropout(xtrain.ops.swiglu_linear(gate, up, mlp.down_proj.weight))
         _, h = xtrain.ops.add_rms_norm(x, delta, model.norm.weight, c.norm_eps)
         head = model.embed_tokens.weight if c.tie_embeddings else model.lm_head.weight
         if c.tie_embeddings and c.bf16:

@@ -143,6 +143,9 @@ std::vector<int64_t> transpose_dims(const Tensor& x, int64_t d0, int64_t d1);
 // ---- matmul (ops/matmul.cpp): float32 compute; bf16 inputs accumulate in fp32 and round once
 Tensor matmul(const Tensor& a, const Tensor& b);  // 2-D, batched 3-D, or [..., K] @ [K, N]
 Tensor linear(const Tensor& x, const Tensor& w);  // x [..., K] @ w[N, K]^T -> [..., N]
+// linear(swiglu(gate, up), w), bitwise; keeps gate, up and w and recomputes swiglu(gate, up) in
+// backward (Note [SwiGLU recomputed for the down projection] in ops/matmul.cpp).
+Tensor swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& w);
 // [linear(x, w0), linear(x, w1), ...] as views of one buffer (block after block), one batched GEMM
 // per run of weights of one shape (Note [Merged projections] in ops/matmul.cpp).
 std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<Tensor>& ws);

@@ -1,5 +1,5 @@
 // xtrain._C.ops bindings of the matmul family (csrc/ops/matmul.cpp): matmul, linear, linear_multi,
-// linear_multi_bias.
+// linear_multi_bias, swiglu_linear.
 #include "ops/ops.h"
 #include "python/op_registry.h"
 
@@ -13,4 +13,7 @@ XT_BIND_OPS(matmul, m) {
   m.def("linear_multi_bias", &ops::linear_multi_bias, py::arg("x"), py::arg("weights"), py::arg("biases"), NoGil(),
         "[x @ w^T + b for w, b in zip(weights, biases)] as linear_multi's views; on CUDA the biases in the batched "
         "GEMM's epilogue (cuBLASLt), on the CPU linear_multi then add, bitwise");
+  m.def("swiglu_linear", &ops::swiglu_linear, py::arg("gate"), py::arg("up"), py::arg("weight"), NoGil(),
+        "linear(swiglu(gate, up), weight), bitwise, keeping gate, up and weight for backward (not the hidden "
+        "swiglu(gate, up), which backward recomputes): the SwiGLU MLP's down projection");
 }

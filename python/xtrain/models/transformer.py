@@ -377,12 +377,17 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x):
-        """x (B*S, dim), already normed -> (B*S, dim)."""
-        return self.dropout(self.down_proj(self.hidden(x)))
+        """x (B*S, dim), already normed -> (B*S, dim). gate and up come from one batched GEMM
+        (views of one buffer); down_proj(silu(gate) * up) runs as ops.swiglu_linear, which keeps
+        gate and up for backward but not the (B*S, ffn) hidden (it recomputes it, bitwise)."""
+        gate, up = project(x, [self.gate_proj, self.up_proj])  # (B*S, ffn) each
+        if isinstance(self.down_proj, Fp8Linear):
+            return self.dropout(self.down_proj(ops.swiglu(gate, up)))
+        return self.dropout(ops.swiglu_linear(gate, up, self.down_proj.weight))
 
     def hidden(self, x):
         """(B*S, dim) -> (B*S, ffn): everything before the down projection, silu(gate) * up in one
-        kernel. gate and up come from one batched GEMM (views of one buffer)."""
+        kernel (selective recompute keeps this, the down projection's input)."""
         gate, up = project(x, [self.gate_proj, self.up_proj])  # (B*S, ffn) each
         return ops.swiglu(gate, up)
 
