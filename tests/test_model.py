@@ -241,8 +241,10 @@ def test_fused_residual_adds_equal_the_plain_blocks(device, dtype, option):
 def _fused_composition_loss(model, ids, targets):
     """The training forward written out op by op over the model's weights, every residual add
     fused with the norm after it (ops.add_rms_norm; the last block's into the final norm), q/k/v
-    and gate/up as one ops.linear_multi each, the down projection as ops.swiglu_linear (bitwise
-    swiglu then linear: tests/test_fusions.py), dropout where the modules put it, and the fused head:
+    and gate/up as one ops.linear_multi each, q/k norm + RoPE + attention as ops.qk_norm_rope_attention
+    (bitwise qk_norm_rope then flash_attention: tests/test_flash_attention.py), the down projection as
+    ops.swiglu_linear (bitwise swiglu then linear: tests/test_fusions.py), dropout where the modules
+    put it, and the fused head:
     the composition the model's forward must run, kernel for kernel."""
     c = model.config
     B, S = ids.shape
@@ -266,10 +268,11 @@ def _fused_composition_loss(model, ids, targets):
             q, k, v = xtrain.ops.linear_multi(h, [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
             q, k, v = q.reshape(B, S, H, D), k.reshape(B, S, Hkv, D), v.reshape(B, S, Hkv, D)
             if c.qk_norm:
-                q, k = xtrain.ops.qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps, c.rope_theta)
+                a = xtrain.ops.qk_norm_rope_attention(q, k, v, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps,
+                                                      c.rope_theta, causal=True, scale=1.0 / math.sqrt(D))
             else:
                 q, k = xtrain.ops.rope(q, None, c.rope_theta), xtrain.ops.rope(k, None, c.rope_theta)
-            a = xtrain.ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))
+                a = xtrain.ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))
             a = dropout(xtrain.ops.linear(a.reshape(B * S, H * D), attn.o_proj.weight))
             x, h = xtrain.ops.add_rms_norm(x, a, block.post_attention_layernorm.weight, c.norm_eps)
             gate, up = xtrain.ops.linear_multi(h, [mlp.gate_proj.weight, mlp.up_proj.weight])

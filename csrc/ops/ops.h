@@ -270,6 +270,12 @@ std::vector<Tensor> qk_norm_rope_backward(const Tensor& q, const Tensor& k, cons
                                           const Tensor& rstd_q, const Tensor& rstd_k, const Tensor& dq_out,
                                           const Tensor& dk_out, const kernels::RopeFreqs& freqs,
                                           const Tensor& positions = Tensor());
+// flash_attention(qk_norm_rope(q, k, ...), v, causal, scale, doc_start).first, bitwise, keeping q and
+// k as they came rather than the normed, rotated pair, which backward recomputes (Note [Attention's
+// q and k recomputed] in ops/qk_norm_rope.cpp). Returns out [B, S, H, D].
+Tensor qk_norm_rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq, const Tensor& wk,
+                              double eps, double theta, const Tensor& positions, const RopeScaling& llama3,
+                              bool causal, double scale, const Tensor& doc_start);
 
 // ---- decode attention (ops/decode_attention.cpp): generation with a KV cache, not differentiable.
 // kv_cache_write_: cache [B, L, Hkv, D] (written in place), x [B, S, Hkv, D] of cache's dtype,

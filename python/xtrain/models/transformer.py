@@ -353,6 +353,13 @@ class Attention(nn.Module):
         q = q.reshape(B, seq, H, D)                                    # (B, S, H, D), no copy
         k = k.reshape(B, seq, Hkv, D)                                  # (B, S, Hkv, D)
         v = v.reshape(B, seq, Hkv, D)
+        if self.qk_norm and cache is None:
+            # q/k norm, RoPE and attention: the same kernels as below, keeping q and k as they came
+            # (backward recomputes the normed, rotated pair)
+            a = ops.qk_norm_rope_attention(q, k, v, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta,
+                                           positions, self.rope_llama3, causal=True, scale=1.0 / math.sqrt(D),
+                                           doc_start=doc_start)                                   # (B, S, H, D)
+            return self.dropout(self.o_proj(a.reshape(B * seq, H * D)))                          # (B*S, dim)
         if self.qk_norm:
             q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta,
                                     positions, self.rope_llama3)
