@@ -14,6 +14,7 @@ and qk_norm_rope_attention must equal qk_norm_rope followed by flash_attention b
 fewer bytes for backward (Note [Attention's q and k recomputed]).
 """
 import functools
+import gc
 import math
 
 import numpy as np
@@ -461,6 +462,7 @@ def test_qk_norm_rope_attention_keeps_no_normed_pair():
                for s in ((B, S, H, D), (B, S, Hkv, D), (B, S, Hkv, D)))
     wq, wk = (xtrain.tensor(1 + 0.3 * g.standard_normal(D), dtype="float32", requires_grad=True) for _ in range(2))
     held = {}
+    gc.collect()
     for fused in (True, False):
         before = xtrain.memory_stats("cpu")["requested_bytes.current"]
         if fused:

@@ -10,11 +10,14 @@
 // its gradient.
 // linear_multi: several linears of one input (q/k/v, gate/up), see Note [Merged projections];
 // linear_multi_bias: the same with biases, added in the GEMM's epilogue on CUDA (below).
+// rms_norm_linear_multi: the norm before the projections (with the residual add before it) and
+// linear_multi, keeping the norm's input only (Note [Normed input recomputed for the projections]).
 // swiglu_linear: linear(swiglu(gate, up), w), the SwiGLU MLP's down projection keeping gate and up
 // only (Note [SwiGLU recomputed for the down projection]).
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -418,6 +421,102 @@ std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<Tensor>& ws)
   std::vector<Tensor> out = linear_multi_forward(x, ws);
   record_multi(x, ws, {}, out);
   return out;
+}
+
+// Note [Normed input recomputed for the projections]
+// A block's norm and the projections after it as separate ops (add_rms_norm or rms_norm, then
+// linear_multi) keep the norm's input h (the norm's node) and its output y (linear_multi's node,
+// for the weight gradients): two [rows, dim] tensors where one and the float32 rstd rows would do.
+// rms_norm_linear_multi keeps h, the norm weight, rstd and the projection weights; its backward
+// recomputes y = rms_norm(h) with rms_norm's kernel (bitwise add_rms_norm's y: that op is bitwise the
+// add then rms_norm) and runs the composition's backward kernels in its order: linear_multi's (dy
+// as a chain of GEMMs, the weight gradients) then the norm's (dx, with h's own gradient added, and
+// the norm weight's gradient straight into its slot). The loss and every gradient are therefore those
+// of the two ops, bit for bit, on every device. Cost: one norm pass more per backward.
+
+namespace {
+
+// Inputs: x, residual (undefined: none), the norm weight, the projection weights. Outputs: h (only
+// with a residual), then the projections.
+class RmsNormLinearMultiBackward : public Node {
+ public:
+  RmsNormLinearMultiBackward(const Tensor& h, const Tensor& norm_w, const Tensor& rstd, const std::vector<Tensor>& ws,
+                             double eps, bool residual)
+      : eps_(eps), residual_(residual) {
+    saved_.emplace_back("h", h);
+    saved_.emplace_back("norm_weight", norm_w);
+    saved_.emplace_back("rstd", rstd);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      saved_.emplace_back("weights[" + std::to_string(i) + "]", ws[i]);
+      shapes_.push_back(ws[i].shape());
+    }
+  }
+  const char* name() const override { return "RmsNormLinearMultiBackward"; }
+  uint32_t num_outputs() const override { return static_cast<uint32_t>(1 + shapes_.size()); }
+  void release_saved() override {
+    for (SavedTensor& s : saved_) s.reset();
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const size_t n = shapes_.size();
+    std::vector<Tensor> out(3 + n);
+    const Tensor& dh = grads[0];
+    std::vector<Tensor> dys(grads.begin() + 1, grads.end());
+    bool any_dy = false;
+    for (const Tensor& g : dys) any_dy = any_dy || g.defined();
+    if (!any_dy) {  // only h was used: the add's backward
+      out[0] = dh;
+      out[1] = residual_ ? dh : Tensor();
+      return out;
+    }
+    const Tensor h = saved_[0].unpack(*this), w = saved_[1].unpack(*this), rstd = saved_[2].unpack(*this);
+    std::vector<Tensor> ws(n);
+    for (size_t i = 0; i < n; ++i) ws[i] = saved_[3 + i].unpack(*this);
+    Tensor y = rms_norm_forward(h, w, eps_).first;  // the forward's normed input, again
+    std::vector<bool> want_dw(n);
+    for (size_t i = 0; i < n; ++i) want_dw[i] = wants_grad(3 + i);
+    const bool want_dy = wants_grad(0) || wants_grad(1) || wants_grad(2);
+    std::vector<Tensor> lm = linear_multi_backward(y, ws, shapes_, dys, want_dy, want_dw);
+    y = Tensor();
+    for (size_t i = 0; i < n; ++i) out[3 + i] = lm[1 + i];
+    if (want_dy) {
+      auto [dsum, dw] = rms_norm_backward(h, w, rstd, lm[0], dh,
+                                          claim_grad_buffer(next_edges[2], w.shape(), w.dtype(), w.device()));
+      out[0] = dsum;
+      out[1] = residual_ ? dsum : Tensor();  // gradients are never written in place: x and r may share one
+      out[2] = dw;
+    }
+    return out;
+  }
+
+ private:
+  std::vector<SavedTensor> saved_;  // h, the norm weight, rstd, then the projection weights
+  std::vector<Shape> shapes_;
+  double eps_;
+  bool residual_;
+};
+
+}  // namespace
+
+std::pair<Tensor, std::vector<Tensor>> rms_norm_linear_multi(const Tensor& x, const std::vector<Tensor>& ws,
+                                                             const Tensor& norm_weight, double eps,
+                                                             const Tensor& residual) {
+  check_defined(x, "x");
+  check_defined(norm_weight, "norm_weight");
+  Tensor h = x, y, rstd;
+  if (residual.defined()) {
+    std::tie(h, y) = add_rms_norm_forward(x, residual, norm_weight, eps, &rstd);
+  } else {
+    std::tie(y, rstd) = rms_norm_forward(x, norm_weight, eps);
+  }
+  std::vector<Tensor> out = linear_multi_forward(y, ws);  // y dies here: backward recomputes it
+  std::vector<Tensor> inputs{x, residual, norm_weight};
+  inputs.insert(inputs.end(), ws.begin(), ws.end());
+  if (needs_grad(inputs)) {
+    auto node = make_node<RmsNormLinearMultiBackward>(inputs, h, norm_weight, rstd, ws, eps, residual.defined());
+    if (residual.defined()) set_history(h, node, 0);
+    for (size_t i = 0; i < out.size(); ++i) set_history(out[i], node, static_cast<uint32_t>(1 + i));
+  }
+  return {h, out};
 }
 
 // linear_multi_bias: [linear(x, wi) + bi] (GPT-2's q/k/v). On CUDA each run of equal shapes is one

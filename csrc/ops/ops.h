@@ -150,6 +150,13 @@ Tensor swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& w);
 // per run of weights of one shape (Note [Merged projections] in ops/matmul.cpp).
 std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<Tensor>& ws);
 std::vector<Tensor> linear_multi_forward(const Tensor& x, const std::vector<Tensor>& ws);
+// (h, ys) = (x + residual, linear_multi(rms_norm(h, norm_weight, eps), ws)), or without residual
+// (x, linear_multi(rms_norm(x, ...), ws)): bitwise add_rms_norm (rms_norm) then linear_multi,
+// forward and backward, keeping h, not the normed input, which backward recomputes (Note [Normed
+// input recomputed for the projections] in ops/matmul.cpp).
+std::pair<Tensor, std::vector<Tensor>> rms_norm_linear_multi(const Tensor& x, const std::vector<Tensor>& ws,
+                                                             const Tensor& norm_weight, double eps,
+                                                             const Tensor& residual = Tensor());
 // [linear(x, wi) + bi] as linear_multi's views; on CUDA the biases in the batched GEMM's epilogue
 // (cuBLASLt), on the CPU linear_multi then add, bitwise (ops/matmul.cpp).
 std::vector<Tensor> linear_multi_bias(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& bs);
@@ -187,9 +194,10 @@ Tensor embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab, 
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 // raw: (y in x's dtype and shape, rstd float32 [rows]) and (dx, dw in w's dtype)
 std::pair<Tensor, Tensor> rms_norm_forward(const Tensor& x, const Tensor& w, double eps);
-// dres (optional): dx = round(dx) + dres (the gradient add after a fused residual add)
+// dres (optional): dx = round(dx) + dres (the gradient add after a fused residual add); dw_into
+// (optional): where dw is written (a claimed gradient slot, claim_grad_buffer).
 std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                                            const Tensor& dres = Tensor());
+                                            const Tensor& dres = Tensor(), const Tensor& dw_into = Tensor());
 // add_rms_norm: (h = x + r, rms_norm(h, w, eps)) in one kernel; bitwise add then rms_norm, forward
 // and backward. r must match x. rstd_out (raw form): the float32 rstd of h's rows.
 std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, double eps);
