@@ -275,7 +275,9 @@ def _norm_projections(fused, x, r, w, ws, eps=1e-6):
 @pytest.mark.parametrize("dtype,w_dtype", [("float32", "float32"), ("bfloat16", "float32"), ("float64", "float64")])
 @pytest.mark.parametrize("residual", [True, False])
 @pytest.mark.parametrize("use", ["h and ys", "ys", "h", "one y"])
-@pytest.mark.parametrize("lead,K,Ns", [((6,), 8, [8, 4, 4]), ((2, 3), 16, [24, 24]), ((0,), 4, [4])])
+# the last: qwen3-1.7b's dim over enough rows for CUDA's wide bf16 norm kernels (Note [Wide RMSNorm forward])
+@pytest.mark.parametrize("lead,K,Ns", [((6,), 8, [8, 4, 4]), ((2, 3), 16, [24, 24]), ((0,), 4, [4]),
+                                       ((300,), 2048, [64, 64])])
 def test_rms_norm_linear_multi_bitwise_equals_the_composition(device, dtype, w_dtype, residual, use, lead, K, Ns):
     """h, every projection and every gradient (x, residual, the norm weight, each weight) bitwise
     those of add_rms_norm (rms_norm) then linear_multi, whichever outputs the loss reads."""

@@ -383,10 +383,11 @@ class Attention(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x, seq: int, cache=None, doc_start=None, positions=None):
-        """x (B*S, dim), normed (or Normed: the norm runs with the projections) -> (B*S, dim). With a KV cache (generation's prefill), k
-        (after norm and RoPE) and v are also stored in it. doc_start (int32 (B, S), from
-        ops.document_starts): each query attends within its own document only. positions (int64
-        (B, S), ops.document_positions): RoPE's positions, None for 0..S-1."""
+        """x (B*S, dim), normed (or Normed: the norm runs with the projections) -> (B*S, dim). With
+        a KV cache (generation's prefill), k (after norm and RoPE) and v are also stored in it.
+        doc_start (int32 (B, S), from ops.document_starts): each query attends within its own
+        document only. positions (int64 (B, S), ops.document_positions): RoPE's positions, None
+        for 0..S-1."""
         B, H, Hkv, D = x.shape[0] // seq, self.n_heads, self.n_kv_heads, self.head_dim
         # q, k, v from batched GEMMs: views of one buffer, block after block (ops.linear_multi)
         q, k, v = project(x, [self.q_proj, self.k_proj, self.v_proj])
