@@ -161,28 +161,32 @@ def head_bytes(cfg, tokens: int) -> dict:
             "kept_total": sum(kept.values()), "transient_total": sum(transient.values())}
 
 
-def measure_xtrain(cfg, seq: int, seed: int) -> dict:
-    """One batch of 1 x seq through a fresh model on the CPU: requested bytes before the forward
-    (static), kept after it, the forward's and the backward's peaks (allocated, above the start),
-    and after one optimizer step the static bytes with AdamW's moments."""
+def measure_xtrain(cfg, seq: int, seed: int, device: str = "cpu") -> dict:
+    """One batch of 1 x seq through a fresh model on `device` (the CPU here; a GPU test runs the
+    same count on CUDA), after a warm-up step: requested bytes before the forward (static), kept
+    after it, the forward's and the backward's peaks (allocated, above the start), and after one
+    optimizer step the static bytes with AdamW's moments."""
     import xtrain
     from xtrain.models import TinyTransformer
     from xtrain.optim import AdamW
 
-    stats = lambda: xtrain.memory_stats("cpu")  # noqa: E731
-    model = TinyTransformer(cfg, device="cpu", seed=seed)
+    stats = lambda: xtrain.memory_stats(device)  # noqa: E731
+    model = TinyTransformer(cfg, device=device, seed=seed)
     opt = AdamW(model.named_parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     rng = np.random.default_rng(seed)
-    ids = xtrain.tensor(rng.integers(0, cfg.vocab_size, (1, seq)))
-    targets = xtrain.tensor(rng.integers(0, cfg.vocab_size, (1, seq)))
-    model.store.compute_weights()                      # the bf16 copies exist before the forward
+    ids = xtrain.tensor(rng.integers(0, cfg.vocab_size, (1, seq)), device=device)
+    targets = xtrain.tensor(rng.integers(0, cfg.vocab_size, (1, seq)), device=device)
+    model(ids, targets)[1].backward()  # a warm-up step: what a backend makes once (a GEMM workspace) is made
+    opt.zero_grad(set_to_none=True)
+    model.store.compute_weights()      # the bf16 copies exist before the forward
     gc.collect()
+    common.xt_sync(device)  # sync point: the counts are read between steps
     start_req, start_alloc = stats()["requested_bytes.current"], stats()["allocated_bytes.current"]
-    xtrain.reset_peak_memory_stats("cpu")
+    xtrain.reset_peak_memory_stats(device)
     _, loss = model(ids, targets)
     kept = stats()["requested_bytes.current"] - start_req
     fwd_peak = stats()["allocated_bytes.peak"] - start_alloc
-    xtrain.reset_peak_memory_stats("cpu")
+    xtrain.reset_peak_memory_stats(device)
     loss.backward()
     bwd_peak = stats()["allocated_bytes.peak"] - start_alloc
     del loss
