@@ -9,9 +9,12 @@ each element stays small). S = 4096 runs on CUDA only (the CPU reference loops w
 On CUDA, bf16 with head_dim 32/64/128 is the tensor-core path; float32 and other head dims the
 one-warp-per-row fallback.
 
-qk_norm_rope must equal ops.rms_norm followed by ops.rope bit for bit (values and every gradient).
+qk_norm_rope must equal ops.rms_norm followed by ops.rope bit for bit (values and every gradient),
+and qk_norm_rope_attention must equal qk_norm_rope followed by flash_attention bit for bit, keeping
+fewer bytes for backward (Note [Attention's q and k recomputed]).
 """
 import functools
+import gc
 import math
 
 import numpy as np
@@ -407,6 +410,85 @@ def test_qk_norm_rope_bad_inputs(device):
         ops.qk_norm_rope(q, k, w, w, 1e-6, 0.0)
     with pytest.raises(ValueError, match="eps must be finite"):
         ops.qk_norm_rope(q, k, w, w, -1.0)
+
+
+# ---------------------------------------------------------------- qk_norm_rope_attention
+
+def run_prep_attention(fused, arrays, dtype, w_dtype, device, causal, positions, llama3, doc_start):
+    q, k, v = (xtrain.tensor(a, dtype=dtype, device=device, requires_grad=True) for a in arrays[:3])
+    wq, wk = (xtrain.tensor(a, dtype=w_dtype, device=device, requires_grad=True) for a in arrays[3:5])
+    scale = 0.3
+    if fused:
+        out = ops.qk_norm_rope_attention(q, k, v, wq, wk, 1e-5, 500.0, positions, llama3, causal=causal, scale=scale,
+                                         doc_start=doc_start)
+    else:
+        qo, ko = ops.qk_norm_rope(q, k, wq, wk, 1e-5, 500.0, positions, llama3)
+        out = ops.flash_attention(qo, ko, v, causal=causal, scale=scale, doc_start=doc_start)
+    out.backward_seeded(xtrain.tensor(arrays[5], dtype=dtype, device=device))
+    return dict(zip(["out", "dq", "dk", "dv", "dwq", "dwk"], [bits(out)] + [bits(t.grad) for t in (q, k, v, wq, wk)]))
+
+
+@pytest.mark.parametrize("dtype,w_dtype", [("float32", "float32"), ("bfloat16", "float32"), ("float64", "float64")])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1, 2), (2, 5, 4, 2, 32), (2, 9, 16, 8, 128), (1, 40, 2, 1, 64)],
+                         ids=lambda s: "B{}-S{}-H{}/{}-D{}".format(*s))
+@pytest.mark.parametrize("variant", ["causal", "full", "positions+llama3", "documents"])
+def test_qk_norm_rope_attention_matches_composition_bitwise(device, dtype, w_dtype, shape, variant):
+    if dtype == "float64" and device != "cpu":
+        pytest.skip("float64 runs on the CPU (gradient checks); CUDA covers float32 and bf16")
+    B, S, H, Hkv, D = shape
+    g = rng(21)
+    arrays = [g.standard_normal((B, S, H, D)), g.standard_normal((B, S, Hkv, D)), g.standard_normal((B, S, Hkv, D)),
+              1 + 0.3 * g.standard_normal(D), 1 + 0.3 * g.standard_normal(D), g.standard_normal((B, S, H, D))]
+    positions = llama3 = doc_start = None
+    if variant == "positions+llama3":
+        positions = xtrain.tensor(g.integers(0, 4 * S, (B, S)), dtype="int64", device=device)
+        llama3 = (8.0, 1.0, 4.0, 16.0)
+    if variant == "documents":
+        ids = g.integers(0, 3, (B, S))
+        doc_start = ops.document_starts(xtrain.tensor(ids, dtype="int64", device=device), 0)
+    causal = variant != "full"
+    got = run_prep_attention(True, arrays, dtype, w_dtype, device, causal, positions, llama3, doc_start)
+    want = run_prep_attention(False, arrays, dtype, w_dtype, device, causal, positions, llama3, doc_start)
+    for name in want:
+        assert np.array_equal(got[name], want[name]), f"{name} differs from qk_norm_rope + flash_attention"
+
+
+def test_qk_norm_rope_attention_keeps_no_normed_pair():
+    """Kept for backward (the CPU allocator's count): the composition keeps the normed, rotated q
+    and k and their float32 rstd rows besides q, k, v, out and lse; the fused op does not."""
+    B, S, H, Hkv, D = 2, 16, 4, 2, 32
+    g = rng(22)
+    q, k, v = (xtrain.tensor(g.standard_normal(s), dtype="bfloat16", requires_grad=True)
+               for s in ((B, S, H, D), (B, S, Hkv, D), (B, S, Hkv, D)))
+    wq, wk = (xtrain.tensor(1 + 0.3 * g.standard_normal(D), dtype="float32", requires_grad=True) for _ in range(2))
+    held = {}
+    gc.collect()
+    for fused in (True, False):
+        before = xtrain.memory_stats("cpu")["requested_bytes.current"]
+        if fused:
+            out = ops.qk_norm_rope_attention(q, k, v, wq, wk)
+        else:
+            out = ops.flash_attention(*ops.qk_norm_rope(q, k, wq, wk), v)
+        held[fused] = xtrain.memory_stats("cpu")["requested_bytes.current"] - before
+        del out
+    assert held[False] - held[True] == B * S * (H + Hkv) * (D * 2 + 4)
+
+
+def test_qk_norm_rope_attention_bad_inputs(device):
+    def t(shape, dtype="float32"):
+        return xtrain.tensor(np.ones(shape), dtype=dtype, device=device)
+
+    q, k, w = t((1, 2, 4, 8)), t((1, 2, 2, 8)), t((8,))
+    with pytest.raises(ValueError, match="scale must be a positive finite number"):
+        ops.qk_norm_rope_attention(q, k, k, w, w, scale=-1.0)
+    with pytest.raises(ValueError, match="must agree in B, S and D"):
+        ops.qk_norm_rope_attention(q, t((1, 3, 2, 8)), k, w, w)
+    with pytest.raises(ValueError, match=r"k_norm_weight must have shape \[8\]"):
+        ops.qk_norm_rope_attention(q, k, k, w, t((4,)))
+    with pytest.raises(ValueError):
+        ops.qk_norm_rope_attention(q, k, t((1, 2, 3, 8)), w, w)  # v's heads differ from k's
+    with pytest.raises(ValueError, match="theta must be finite and > 0"):
+        ops.qk_norm_rope_attention(q, k, k, w, w, 1e-6, 0.0)
 
 
 # ---------------------------------------------------------------- saved tensors

@@ -3,10 +3,16 @@
 - ops.linear_multi(x, [w0, w1, ...]): several linears of one input as batched GEMMs, the outputs
   views of one buffer (q/k/v, gate/up; Note [Merged projections] in csrc/ops/matmul.cpp).
 - ops.add_rms_norm(x, r, w): (h = x + r, rms_norm(h)) in one kernel, bitwise add + rms_norm.
+- ops.rms_norm_linear_multi(x, ws, w, eps, residual): add_rms_norm (rms_norm) then linear_multi,
+  bitwise, without keeping the normed input (Note [Normed input recomputed for the projections]).
+- ops.swiglu_linear(gate, up, w): linear(swiglu(gate, up), w), bitwise, without keeping the hidden
+  (backward recomputes it; Note [SwiGLU recomputed for the down projection] in csrc/ops/matmul.cpp).
 - rms_norm's one-pass weight gradient (CUDA), deterministic run to run.
 
 Every test runs on each device of the `device` fixture (CUDA on the GPU machine).
 """
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -252,6 +258,166 @@ def test_add_rms_norm_bad_inputs(device):
         ops.add_rms_norm(x, x, xtrain.ones((5,), device=device))
     with pytest.raises(ValueError, match="eps"):
         ops.add_rms_norm(x, x, w, float("nan"))
+
+
+# ---------------------------------------------------------------- rms_norm_linear_multi
+
+def _norm_projections(fused, x, r, w, ws, eps=1e-6):
+    """(h, ys) by the fused op or by the composition it replaces (r None: no residual add)."""
+    if fused:
+        return ops.rms_norm_linear_multi(x, ws, w, eps, residual=r)
+    if r is None:
+        return x, ops.linear_multi(ops.rms_norm(x, w, eps), ws)
+    h, y = ops.add_rms_norm(x, r, w, eps)
+    return h, ops.linear_multi(y, ws)
+
+
+@pytest.mark.parametrize("dtype,w_dtype", [("float32", "float32"), ("bfloat16", "float32"), ("float64", "float64")])
+@pytest.mark.parametrize("residual", [True, False])
+@pytest.mark.parametrize("use", ["h and ys", "ys", "h", "one y"])
+# the last: qwen3-1.7b's dim over enough rows for CUDA's wide bf16 norm kernels (Note [Wide RMSNorm forward])
+@pytest.mark.parametrize("lead,K,Ns", [((6,), 8, [8, 4, 4]), ((2, 3), 16, [24, 24]), ((0,), 4, [4]),
+                                       ((300,), 2048, [64, 64])])
+def test_rms_norm_linear_multi_bitwise_equals_the_composition(device, dtype, w_dtype, residual, use, lead, K, Ns):
+    """h, every projection and every gradient (x, residual, the norm weight, each weight) bitwise
+    those of add_rms_norm (rms_norm) then linear_multi, whichever outputs the loss reads."""
+    if dtype == "float64" and device != "cpu":
+        pytest.skip("float64 is a CPU dtype (gradient checks)")
+    if use == "h" and not residual:
+        pytest.skip("without a residual h is x itself")
+    rng = np.random.default_rng(14)
+    x_np, r_np, w_np = rng.standard_normal(lead + (K,)), rng.standard_normal(lead + (K,)), rng.standard_normal(K)
+    ws_np = [rng.standard_normal((n, K)) for n in Ns]
+    seeds_np = [rng.standard_normal(lead + (n,)) for n in Ns] + [rng.standard_normal(lead + (K,))]
+    results = []
+    for fused in (True, False):
+        x = xtrain.tensor(x_np, dtype=dtype, device=device, requires_grad=True)
+        r = xtrain.tensor(r_np, dtype=dtype, device=device, requires_grad=True) if residual else None
+        w = xtrain.tensor(w_np, dtype=w_dtype, device=device, requires_grad=True)
+        ws = [xtrain.tensor(a, dtype=dtype, device=device, requires_grad=True) for a in ws_np]
+        h, ys = _norm_projections(fused, x, r, w, ws)
+        seeds = [xtrain.tensor(a, dtype=dtype, device=device) for a in seeds_np]
+        outs = {"h and ys": list(ys) + [h], "ys": list(ys), "h": [h], "one y": [ys[-1]]}[use]
+        outs_seeds = {"h and ys": seeds, "ys": seeds[:-1], "h": seeds[-1:], "one y": [seeds[len(Ns) - 1]]}[use]
+        if use == "h":  # h alone: through a product, so the seed is not h's whole gradient
+            outs = [ops.mul(h, h)]
+        _loss_backward(outs, outs_seeds)
+        leaves = [x, w] + ws + ([r] if residual else [])
+        results.append([bits(h)] + [bits(y) for y in ys] + [None if t.grad is None else bits(t.grad) for t in leaves])
+    for i, (a, b) in enumerate(zip(*results)):
+        assert (a is None) == (b is None), i
+        assert a is None or np.array_equal(a, b), i
+
+
+def test_rms_norm_linear_multi_finite_differences():
+    rng = np.random.default_rng(15)
+
+    def fn(x, r, w, a, b):
+        h, (p, q) = ops.rms_norm_linear_multi(x, [a, b], w, 1e-5, residual=r)
+        return ops.add(ops.sum(ops.mul(p, q)), ops.sum(ops.mul(h, h)))
+
+    finite_difference_check(fn, [rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.standard_normal(4),
+                                 rng.standard_normal((5, 4)), rng.standard_normal((5, 4))])
+
+
+def test_rms_norm_linear_multi_keeps_no_normed_input():
+    """Kept for backward (the CPU allocator's count): the composition keeps the normed input as
+    well as h; the fused op keeps h and the rstd rows only."""
+    rows, K = 64, 32
+    rng = np.random.default_rng(16)
+    x, r = (xtrain.tensor(rng.standard_normal((rows, K)), dtype="float32", requires_grad=True) for _ in range(2))
+    w = xtrain.tensor(rng.standard_normal(K), dtype="float32", requires_grad=True)
+    ws = [xtrain.tensor(rng.standard_normal((K, K)), dtype="float32", requires_grad=True) for _ in range(2)]
+    held = {}
+    gc.collect()
+    for fused in (True, False):
+        before = xtrain.memory_stats("cpu")["requested_bytes.current"]
+        outs = _norm_projections(fused, x, r, w, ws)
+        held[fused] = xtrain.memory_stats("cpu")["requested_bytes.current"] - before
+        del outs
+    assert held[False] - held[True] == rows * K * 4
+
+
+def test_rms_norm_linear_multi_bad_inputs(device):
+    x = xtrain.zeros((3, 4), device=device)
+    w, ws = xtrain.ones((4,), device=device), [xtrain.zeros((2, 4), device=device)]
+    with pytest.raises(ValueError, match="residual must match"):
+        ops.rms_norm_linear_multi(x, ws, w, residual=xtrain.zeros((3, 5), device=device))
+    with pytest.raises(ValueError, match="weight must have shape"):
+        ops.rms_norm_linear_multi(x, ws, xtrain.ones((5,), device=device))
+    with pytest.raises(ValueError, match="eps"):
+        ops.rms_norm_linear_multi(x, ws, w, float("nan"))
+    with pytest.raises(ValueError):
+        ops.rms_norm_linear_multi(x, [xtrain.zeros((2, 5), device=device)], w)
+    with pytest.raises(ValueError):
+        ops.rms_norm_linear_multi(x, [], w)
+
+
+# ---------------------------------------------------------------- swiglu_linear
+
+@pytest.mark.parametrize("dtype", FLOATS + ["float64"])
+@pytest.mark.parametrize("wants", ["all", "weight only", "inputs only"])
+@pytest.mark.parametrize("shape", [(5, 12, 7), (2, 3, 16, 8), (0, 6, 4)])
+def test_swiglu_linear_bitwise_equals_swiglu_then_linear(device, dtype, wants, shape):
+    """Forward and every gradient bitwise those of ops.swiglu then ops.linear, on every device:
+    backward recomputes the hidden with the same kernel and runs the composition's GEMMs."""
+    if dtype == "float64" and device != "cpu":
+        pytest.skip("float64 is a CPU dtype (gradient checks)")
+    *lead, K, N = shape
+    rng = np.random.default_rng(11)
+    gate_np, up_np = rng.standard_normal((*lead, K)), rng.standard_normal((*lead, K))
+    w_np, seed_np = rng.standard_normal((N, K)), rng.standard_normal((*lead, N))
+    results = []
+    for fused in (True, False):
+        gate, up = (xtrain.tensor(a, dtype=dtype, device=device, requires_grad=wants != "weight only")
+                    for a in (gate_np, up_np))
+        w = xtrain.tensor(w_np, dtype=dtype, device=device, requires_grad=wants != "inputs only")
+        y = ops.swiglu_linear(gate, up, w) if fused else ops.linear(ops.swiglu(gate, up), w)
+        y.backward_seeded(xtrain.tensor(seed_np, dtype=dtype, device=device))
+        results.append([bits(y)] + [bits(t.grad) if t.grad is not None else None for t in (gate, up, w)])
+    for name, a, b in zip(["y", "dgate", "dup", "dw"], *results):
+        assert (a is None) == (b is None), name
+        assert a is None or np.array_equal(a, b), name
+    assert (results[0][3] is None) == (wants == "inputs only")
+    assert (results[0][1] is None) == (wants == "weight only")
+
+
+def test_swiglu_linear_finite_differences():
+    rng = np.random.default_rng(12)
+    finite_difference_check(lambda g, u, w: ops.swiglu_linear(g, u, w),
+                            [rng.standard_normal((4, 6)), rng.standard_normal((4, 6)), rng.standard_normal((3, 6))])
+
+
+def test_swiglu_linear_keeps_no_hidden():
+    """What the node keeps between forward and backward: gate and up (the caller's) and nothing of
+    (rows, K) more, where swiglu then linear keeps the hidden too (the CPU allocator's count)."""
+    rows, K, N = 256, 64, 32
+    rng = np.random.default_rng(13)
+    gate, up = (xtrain.tensor(rng.standard_normal((rows, K)), dtype="float32", requires_grad=True) for _ in range(2))
+    w = xtrain.tensor(rng.standard_normal((N, K)), dtype="float32", requires_grad=True)
+    held = {}
+    gc.collect()
+    for fused in (True, False):
+        before = xtrain.memory_stats("cpu")["requested_bytes.current"]
+        y = ops.swiglu_linear(gate, up, w) if fused else ops.linear(ops.swiglu(gate, up), w)
+        held[fused] = xtrain.memory_stats("cpu")["requested_bytes.current"] - before - rows * N * 4  # less y
+        del y
+    assert held[True] == 0
+    assert held[False] == rows * K * 4
+
+
+def test_swiglu_linear_bad_inputs(device):
+    g = xtrain.zeros((3, 4), device=device)
+    with pytest.raises(ValueError, match="in_features"):
+        ops.swiglu_linear(g, g, xtrain.zeros((2, 5), device=device))
+    with pytest.raises(ValueError, match="in_features"):
+        ops.swiglu_linear(g, g, xtrain.zeros((4,), device=device))
+    with pytest.raises(ValueError, match="same shape"):
+        ops.swiglu_linear(g, xtrain.zeros((3, 5), device=device), xtrain.zeros((2, 4), device=device))
+    with pytest.raises(TypeError, match="up"):
+        ops.swiglu_linear(g, xtrain.zeros((3, 4), dtype="bfloat16", device=device), xtrain.zeros((2, 4), device=device))
+    with pytest.raises(TypeError, match="weight"):
+        ops.swiglu_linear(g, g, xtrain.zeros((2, 4), dtype="bfloat16", device=device))
 
 
 @pytest.mark.parametrize("dtype,w_dtype", [("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16"),

@@ -240,8 +240,12 @@ def test_fused_residual_adds_equal_the_plain_blocks(device, dtype, option):
 
 def _fused_composition_loss(model, ids, targets):
     """The training forward written out op by op over the model's weights, every residual add
-    fused with the norm after it (ops.add_rms_norm; the last block's into the final norm), q/k/v
-    and gate/up as one ops.linear_multi each, dropout where the modules put it, and the fused head:
+    fused with the norm after it and the projections after that (ops.rms_norm_linear_multi: q/k/v,
+    gate/up; bitwise add_rms_norm then linear_multi: tests/test_fusions.py; the last block's add
+    into the final norm, ops.add_rms_norm), q/k norm + RoPE + attention as ops.qk_norm_rope_attention
+    (bitwise qk_norm_rope then flash_attention: tests/test_flash_attention.py), the down projection as
+    ops.swiglu_linear (bitwise swiglu then linear: tests/test_fusions.py), dropout where the modules
+    put it, and the fused head:
     the composition the model's forward must run, kernel for kernel."""
     c = model.config
     B, S = ids.shape
@@ -258,21 +262,20 @@ def _fused_composition_loss(model, ids, targets):
         for block in model.layers:
             attn, mlp = block.self_attn, block.mlp
             w_in = block.input_layernorm.weight
-            if delta is None:
-                h = xtrain.ops.rms_norm(x, w_in, c.norm_eps)
-            else:
-                x, h = xtrain.ops.add_rms_norm(x, delta, w_in, c.norm_eps)
-            q, k, v = xtrain.ops.linear_multi(h, [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+            x, (q, k, v) = xtrain.ops.rms_norm_linear_multi(
+                x, [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], w_in, c.norm_eps, residual=delta)
             q, k, v = q.reshape(B, S, H, D), k.reshape(B, S, Hkv, D), v.reshape(B, S, Hkv, D)
             if c.qk_norm:
-                q, k = xtrain.ops.qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps, c.rope_theta)
+                a = xtrain.ops.qk_norm_rope_attention(q, k, v, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps,
+                                                      c.rope_theta, causal=True, scale=1.0 / math.sqrt(D))
             else:
                 q, k = xtrain.ops.rope(q, None, c.rope_theta), xtrain.ops.rope(k, None, c.rope_theta)
-            a = xtrain.ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))
+                a = xtrain.ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))
             a = dropout(xtrain.ops.linear(a.reshape(B * S, H * D), attn.o_proj.weight))
-            x, h = xtrain.ops.add_rms_norm(x, a, block.post_attention_layernorm.weight, c.norm_eps)
-            gate, up = xtrain.ops.linear_multi(h, [mlp.gate_proj.weight, mlp.up_proj.weight])
-            delta = dropout(xtrain.ops.linear(xtrain.ops.swiglu(gate, up), mlp.down_proj.weight))
+            x, (gate, up) = xtrain.ops.rms_norm_linear_multi(x, [mlp.gate_proj.weight, mlp.up_proj.weight],
+                                                             block.post_attention_layernorm.weight, c.norm_eps,
+                                                             residual=a)
+            delta = dropout(xtrain.ops.swiglu_linear(gate, up, mlp.down_proj.weight))
         _, h = xtrain.ops.add_rms_norm(x, delta, model.norm.weight, c.norm_eps)
         head = model.embed_tokens.weight if c.tie_embeddings else model.lm_head.weight
         if c.tie_embeddings and c.bf16:

@@ -10,9 +10,14 @@
 // its gradient.
 // linear_multi: several linears of one input (q/k/v, gate/up), see Note [Merged projections];
 // linear_multi_bias: the same with biases, added in the GEMM's epilogue on CUDA (below).
+// rms_norm_linear_multi: the norm before the projections (with the residual add before it) and
+// linear_multi, keeping the norm's input only (Note [Normed input recomputed for the projections]).
+// swiglu_linear: linear(swiglu(gate, up), w), the SwiGLU MLP's down projection keeping gate and up
+// only (Note [SwiGLU recomputed for the down projection]).
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -418,6 +423,102 @@ std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<Tensor>& ws)
   return out;
 }
 
+// Note [Normed input recomputed for the projections]
+// A block's norm and the projections after it as separate ops (add_rms_norm or rms_norm, then
+// linear_multi) keep the norm's input h (the norm's node) and its output y (linear_multi's node,
+// for the weight gradients): two [rows, dim] tensors where one and the float32 rstd rows would do.
+// rms_norm_linear_multi keeps h, the norm weight, rstd and the projection weights; its backward
+// recomputes y = rms_norm(h) with rms_norm's kernel (bitwise add_rms_norm's y: that op is bitwise the
+// add then rms_norm) and runs the composition's backward kernels in its order: linear_multi's (dy
+// as a chain of GEMMs, the weight gradients) then the norm's (dx, with h's own gradient added, and
+// the norm weight's gradient straight into its slot). The loss and every gradient are therefore those
+// of the two ops, bit for bit, on every device. Cost: one norm pass more per backward.
+
+namespace {
+
+// Inputs: x, residual (undefined: none), the norm weight, the projection weights. Outputs: h (only
+// with a residual), then the projections.
+class RmsNormLinearMultiBackward : public Node {
+ public:
+  RmsNormLinearMultiBackward(const Tensor& h, const Tensor& norm_w, const Tensor& rstd, const std::vector<Tensor>& ws,
+                             double eps, bool residual)
+      : eps_(eps), residual_(residual) {
+    saved_.emplace_back("h", h);
+    saved_.emplace_back("norm_weight", norm_w);
+    saved_.emplace_back("rstd", rstd);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      saved_.emplace_back("weights[" + std::to_string(i) + "]", ws[i]);
+      shapes_.push_back(ws[i].shape());
+    }
+  }
+  const char* name() const override { return "RmsNormLinearMultiBackward"; }
+  uint32_t num_outputs() const override { return static_cast<uint32_t>(1 + shapes_.size()); }
+  void release_saved() override {
+    for (SavedTensor& s : saved_) s.reset();
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const size_t n = shapes_.size();
+    std::vector<Tensor> out(3 + n);
+    const Tensor& dh = grads[0];
+    std::vector<Tensor> dys(grads.begin() + 1, grads.end());
+    bool any_dy = false;
+    for (const Tensor& g : dys) any_dy = any_dy || g.defined();
+    if (!any_dy) {  // only h was used: the add's backward
+      out[0] = dh;
+      out[1] = residual_ ? dh : Tensor();
+      return out;
+    }
+    const Tensor h = saved_[0].unpack(*this), w = saved_[1].unpack(*this), rstd = saved_[2].unpack(*this);
+    std::vector<Tensor> ws(n);
+    for (size_t i = 0; i < n; ++i) ws[i] = saved_[3 + i].unpack(*this);
+    Tensor y = rms_norm_forward(h, w, eps_).first;  // the forward's normed input, again
+    std::vector<bool> want_dw(n);
+    for (size_t i = 0; i < n; ++i) want_dw[i] = wants_grad(3 + i);
+    const bool want_dy = wants_grad(0) || wants_grad(1) || wants_grad(2);
+    std::vector<Tensor> lm = linear_multi_backward(y, ws, shapes_, dys, want_dy, want_dw);
+    y = Tensor();
+    for (size_t i = 0; i < n; ++i) out[3 + i] = lm[1 + i];
+    if (want_dy) {
+      auto [dsum, dw] = rms_norm_backward(h, w, rstd, lm[0], dh,
+                                          claim_grad_buffer(next_edges[2], w.shape(), w.dtype(), w.device()));
+      out[0] = dsum;
+      out[1] = residual_ ? dsum : Tensor();  // gradients are never written in place: x and r may share one
+      out[2] = dw;
+    }
+    return out;
+  }
+
+ private:
+  std::vector<SavedTensor> saved_;  // h, the norm weight, rstd, then the projection weights
+  std::vector<Shape> shapes_;
+  double eps_;
+  bool residual_;
+};
+
+}  // namespace
+
+std::pair<Tensor, std::vector<Tensor>> rms_norm_linear_multi(const Tensor& x, const std::vector<Tensor>& ws,
+                                                             const Tensor& norm_weight, double eps,
+                                                             const Tensor& residual) {
+  check_defined(x, "x");
+  check_defined(norm_weight, "norm_weight");
+  Tensor h = x, y, rstd;
+  if (residual.defined()) {
+    std::tie(h, y) = add_rms_norm_forward(x, residual, norm_weight, eps, &rstd);
+  } else {
+    std::tie(y, rstd) = rms_norm_forward(x, norm_weight, eps);
+  }
+  std::vector<Tensor> out = linear_multi_forward(y, ws);  // y dies here: backward recomputes it
+  std::vector<Tensor> inputs{x, residual, norm_weight};
+  inputs.insert(inputs.end(), ws.begin(), ws.end());
+  if (needs_grad(inputs)) {
+    auto node = make_node<RmsNormLinearMultiBackward>(inputs, h, norm_weight, rstd, ws, eps, residual.defined());
+    if (residual.defined()) set_history(h, node, 0);
+    for (size_t i = 0; i < out.size(); ++i) set_history(out[i], node, static_cast<uint32_t>(1 + i));
+  }
+  return {h, out};
+}
+
 // linear_multi_bias: [linear(x, wi) + bi] (GPT-2's q/k/v). On CUDA each run of equal shapes is one
 // strided-batched cuBLASLt GEMM with the Bias epilogue (the biases at a uniform distance, as the
 // store lays them out, else packed: the same values): the outputs are written once, as
@@ -473,6 +574,67 @@ Tensor linear(const Tensor& x, const Tensor& w) {
   if (needs_grad({&x, &w}))
     set_history(out, make_node<LinearBackward>({x, w}, w.requires_grad() ? x : Tensor(),
                                                x.requires_grad() ? w : Tensor(), w.dtype()));
+  return out;
+}
+
+// Note [SwiGLU recomputed for the down projection]
+// The MLP's down projection linear(swiglu(gate, up), w) as separate ops keeps three tensors for
+// backward: gate and up (swiglu's node) and the hidden swiglu(gate, up) (the linear's node, for
+// dW), 1.5x the bytes of gate and up. swiglu_linear keeps gate, up and w and recomputes the hidden
+// in backward with the same kernel on the same inputs, so it is bitwise the value the forward
+// multiplied. Backward then runs the composition's kernels on the same values: dhidden = dy @ w,
+// dW = dy^T @ hidden in w's dtype, swiglu's backward of dhidden. The loss and every gradient are
+// therefore bitwise those of swiglu then linear, forward and backward, on every device (recompute,
+// which runs the composition, gives the same bits). Cost: one swiglu pass more in backward (it
+// reads gate and up, writes the hidden), against a third fewer bytes kept per MLP.
+
+namespace {
+
+class SwigluLinearBackward : public NodeWithSaved<3> {
+ public:
+  SwigluLinearBackward(const Tensor& gate, const Tensor& up, const Tensor& w, DType w_dtype)
+      : NodeWithSaved({SavedTensor("gate", gate), SavedTensor("up", up), SavedTensor("weight", w)}),
+        w_dtype_(w_dtype) {}
+  const char* name() const override { return "SwigluLinearBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    std::vector<Tensor> out(3);
+    if (!g.defined()) return out;
+    const auto [gate, up, w] = unpack();
+    const int64_t N = g.shape().back(), K = gate.shape().back();
+    const int64_t rows = N ? g.numel() / N : 0;
+    const Tensor g2 = g.view_as_shape({rows, N});                    // (rows, N)
+    Tensor hidden = swiglu_forward(gate, up);                        // the forward's bits, again
+    if (wants_grad(0) || wants_grad(1)) {
+      const Tensor dhidden = matmul_forward(g2, w, false, false).view_as_shape(gate.shape());  // (rows, K)
+      if (wants_grad(2)) out[2] = matmul_out_dtype(g2, hidden.view_as_shape({rows, K}), true, false, w_dtype_);
+      hidden = Tensor();
+      auto [dgate, dup] = swiglu_backward(gate, up, dhidden);
+      out[0] = dgate;
+      out[1] = dup;
+    } else if (wants_grad(2)) {
+      out[2] = matmul_out_dtype(g2, hidden.view_as_shape({rows, K}), true, false, w_dtype_);  // (N, K)
+    }
+    return out;
+  }
+
+ private:
+  DType w_dtype_;
+};
+
+}  // namespace
+
+Tensor swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& w) {
+  check_defined(gate, "gate");
+  check_defined(up, "up");
+  check_defined(w, "weight");
+  XT_CHECK(w.dim() == 2 && gate.dim() >= 1 && gate.shape().back() == w.size(1), ValueError, "swiglu_linear: gate ",
+           gate.describe(), " must end in the weight's in_features (weight ", w.describe(), " is [out, in])");
+  Tensor out = linear_forward(swiglu_forward(gate, up), w);  // the hidden dies here: backward recomputes it
+  if (needs_grad({&gate, &up, &w}))
+    set_history(out, make_node<SwigluLinearBackward>({gate, up, w}, gate, up,
+                                                     gate.requires_grad() || up.requires_grad() ? w : Tensor(),
+                                                     w.dtype()));
   return out;
 }
 

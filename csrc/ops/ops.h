@@ -143,10 +143,20 @@ std::vector<int64_t> transpose_dims(const Tensor& x, int64_t d0, int64_t d1);
 // ---- matmul (ops/matmul.cpp): float32 compute; bf16 inputs accumulate in fp32 and round once
 Tensor matmul(const Tensor& a, const Tensor& b);  // 2-D, batched 3-D, or [..., K] @ [K, N]
 Tensor linear(const Tensor& x, const Tensor& w);  // x [..., K] @ w[N, K]^T -> [..., N]
+// linear(swiglu(gate, up), w), bitwise; keeps gate, up and w and recomputes swiglu(gate, up) in
+// backward (Note [SwiGLU recomputed for the down projection] in ops/matmul.cpp).
+Tensor swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& w);
 // [linear(x, w0), linear(x, w1), ...] as views of one buffer (block after block), one batched GEMM
 // per run of weights of one shape (Note [Merged projections] in ops/matmul.cpp).
 std::vector<Tensor> linear_multi(const Tensor& x, const std::vector<Tensor>& ws);
 std::vector<Tensor> linear_multi_forward(const Tensor& x, const std::vector<Tensor>& ws);
+// (h, ys) = (x + residual, linear_multi(rms_norm(h, norm_weight, eps), ws)), or without residual
+// (x, linear_multi(rms_norm(x, ...), ws)): bitwise add_rms_norm (rms_norm) then linear_multi,
+// forward and backward, keeping h, not the normed input, which backward recomputes (Note [Normed
+// input recomputed for the projections] in ops/matmul.cpp).
+std::pair<Tensor, std::vector<Tensor>> rms_norm_linear_multi(const Tensor& x, const std::vector<Tensor>& ws,
+                                                             const Tensor& norm_weight, double eps,
+                                                             const Tensor& residual = Tensor());
 // [linear(x, wi) + bi] as linear_multi's views; on CUDA the biases in the batched GEMM's epilogue
 // (cuBLASLt), on the CPU linear_multi then add, bitwise (ops/matmul.cpp).
 std::vector<Tensor> linear_multi_bias(const Tensor& x, const std::vector<Tensor>& ws, const std::vector<Tensor>& bs);
@@ -184,9 +194,10 @@ Tensor embedding_backward(const Tensor& ids, const Tensor& dout, int64_t vocab, 
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 // raw: (y in x's dtype and shape, rstd float32 [rows]) and (dx, dw in w's dtype)
 std::pair<Tensor, Tensor> rms_norm_forward(const Tensor& x, const Tensor& w, double eps);
-// dres (optional): dx = round(dx) + dres (the gradient add after a fused residual add)
+// dres (optional): dx = round(dx) + dres (the gradient add after a fused residual add); dw_into
+// (optional): where dw is written (a claimed gradient slot, claim_grad_buffer).
 std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                                            const Tensor& dres = Tensor());
+                                            const Tensor& dres = Tensor(), const Tensor& dw_into = Tensor());
 // add_rms_norm: (h = x + r, rms_norm(h, w, eps)) in one kernel; bitwise add then rms_norm, forward
 // and backward. r must match x. rstd_out (raw form): the float32 rstd of h's rows.
 std::pair<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& r, const Tensor& w, double eps);
@@ -267,6 +278,12 @@ std::vector<Tensor> qk_norm_rope_backward(const Tensor& q, const Tensor& k, cons
                                           const Tensor& rstd_q, const Tensor& rstd_k, const Tensor& dq_out,
                                           const Tensor& dk_out, const kernels::RopeFreqs& freqs,
                                           const Tensor& positions = Tensor());
+// flash_attention(qk_norm_rope(q, k, ...), v, causal, scale, doc_start).first, bitwise, keeping q and
+// k as they came rather than the normed, rotated pair, which backward recomputes (Note [Attention's
+// q and k recomputed] in ops/qk_norm_rope.cpp). Returns out [B, S, H, D].
+Tensor qk_norm_rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq, const Tensor& wk,
+                              double eps, double theta, const Tensor& positions, const RopeScaling& llama3,
+                              bool causal, double scale, const Tensor& doc_start);
 
 // ---- decode attention (ops/decode_attention.cpp): generation with a KV cache, not differentiable.
 // kv_cache_write_: cache [B, L, Hkv, D] (written in place), x [B, S, Hkv, D] of cache's dtype,

@@ -8,6 +8,10 @@
 //    weights, the float32 rstd rows and the positions; backward returns dq, dk, dwq, dwk (dwq,
 //    dwk straight into the weights' gradient slots when the leaves have them free:
 //    claim_grad_buffer, the parameter store's flat gradients; no copy afterwards).
+//  - qk_norm_rope_attention(q, k, v, wq, wk, ...) is flash_attention(qk_norm_rope(q, k), v): the
+//    same kernels, bitwise, with one node that keeps q and k as they came (views of the projections'
+//    buffer, which v keeps alive anyway) and not the normed, rotated pair flash attention reads; its
+//    backward recomputes that pair (Note [Attention's q and k recomputed]).
 #include <cmath>
 
 #include "core/error.h"
@@ -158,6 +162,65 @@ std::pair<Tensor, Tensor> qk_norm_rope(const Tensor& q, const Tensor& k, const T
     set_history(r[1], node, 1);
   }
   return {r[0], r[1]};
+}
+
+// Note [Attention's q and k recomputed]
+// flash_attention(qk_norm_rope(q, k), v) as two ops keeps q and k twice: as they came (views of the
+// q/k/v projections' buffer, for the norm's backward) and normed and rotated (new tensors, for
+// attention's backward): (H + Hkv) * D elements per token more than needed. qk_norm_rope_attention
+// keeps q, k, v, the norm weights, the positions, out and lse, and its backward first recomputes
+// the normed, rotated pair with the same kernel on the same inputs (bitwise the pair the forward
+// attended over, and the same rstd rows), then runs the composition's backward kernels in its
+// order: flash attention's (dq, dk, dv), then the norm's and RoPE's (dq, dk of the inputs and the
+// weights' gradients, straight into their slots). The loss and every gradient are therefore those
+// of the two ops, bit for bit, on every device. Cost: one qk_norm_rope pass more per backward (it
+// reads q and k and writes the pair), against (H + Hkv) * D elements per token not kept.
+
+namespace {
+
+class QkNormRopeAttentionBackward : public NodeWithSaved<9> {
+ public:
+  QkNormRopeAttentionBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq, const Tensor& wk,
+                              const Tensor& positions, const Tensor& out, const Tensor& lse, const Tensor& doc_start,
+                              double eps, const kernels::RopeFreqs& freqs, bool causal, double scale)
+      : NodeWithSaved({SavedTensor("q", q), SavedTensor("k", k), SavedTensor("v", v), SavedTensor("q_norm_weight", wq),
+                       SavedTensor("k_norm_weight", wk), SavedTensor("positions", positions),
+                       SavedTensor("out", out), SavedTensor("lse", lse), SavedTensor("doc_start", doc_start)}),
+        eps_(eps), freqs_(freqs), causal_(causal), scale_(scale) {}
+  const char* name() const override { return "QkNormRopeAttentionBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    if (!grads[0].defined()) return std::vector<Tensor>(5);
+    const auto [q, k, v, wq, wk, positions, out, lse, doc_start] = unpack();  // positions undefined: 0..S-1
+    std::vector<Tensor> prep = qk_norm_rope_forward(q, k, wq, wk, eps_, freqs_, positions);  // the forward's bits
+    std::vector<Tensor> d = flash_attention_backward(prep[0], prep[1], v, out, lse, grads[0], causal_, scale_,
+                                                     doc_start);
+    prep[0] = prep[1] = Tensor();
+    const Tensor dwq = claim_grad_buffer(next_edges[3], wq.shape(), wq.dtype(), wq.device());
+    const Tensor dwk = claim_grad_buffer(next_edges[4], wk.shape(), wk.dtype(), wk.device());
+    std::vector<Tensor> g = qk_norm_rope_backward_into(q, k, wq, wk, prep[2], prep[3], d[0], d[1], freqs_, positions,
+                                                       dwq, dwk);
+    return {g[0], g[1], d[2], g[2], g[3]};
+  }
+
+ private:
+  double eps_;
+  kernels::RopeFreqs freqs_;
+  bool causal_;
+  double scale_;  // as given: <= 0 selects 1/sqrt(D)
+};
+
+}  // namespace
+
+Tensor qk_norm_rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq, const Tensor& wk,
+                              double eps, double theta, const Tensor& positions, const RopeScaling& llama3,
+                              bool causal, double scale, const Tensor& doc_start) {
+  const kernels::RopeFreqs freqs = rope_freqs(theta, llama3, "qk_norm_rope_attention");
+  std::vector<Tensor> prep = qk_norm_rope_forward(q, k, wq, wk, eps, freqs, positions);
+  auto [out, lse] = flash_attention_forward(prep[0], prep[1], v, causal, scale, doc_start);
+  if (needs_grad({&q, &k, &v, &wq, &wk}))  // the pair and the rstd rows die here: backward recomputes them
+    set_history(out, make_node<QkNormRopeAttentionBackward>({q, k, v, wq, wk}, q, k, v, wq, wk, positions, out, lse,
+                                                            doc_start, eps, freqs, causal, scale));
+  return out;
 }
 
 }  // namespace ops

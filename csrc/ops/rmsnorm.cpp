@@ -98,8 +98,8 @@ std::pair<Tensor, Tensor> rms_norm_backward_into(const Tensor& x, const Tensor& 
 }  // namespace
 
 std::pair<Tensor, Tensor> rms_norm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                                            const Tensor& dres) {
-  return rms_norm_backward_into(x, w, rstd, dy, dres, Tensor());
+                                            const Tensor& dres, const Tensor& dw_into) {
+  return rms_norm_backward_into(x, w, rstd, dy, dres, dw_into);
 }
 
 namespace {

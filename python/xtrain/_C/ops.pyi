@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_positions', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_fp8', 'linear_multi', 'linear_multi_bias', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'tanh', 'to', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_positions', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_fp8', 'linear_multi', 'linear_multi_bias', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'qk_norm_rope_attention', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_multi', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'swiglu_linear', 'tanh', 'to', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -162,6 +162,10 @@ def qk_norm_rope(q: xtrain._C.Tensor, k: xtrain._C.Tensor, q_norm_weight: xtrain
     """
     rope(rms_norm(x, weight, eps), theta) over D for q [B, S, H, D] and k [B, S, H_kv, D] in one kernel (positions as rope's: int64 [S] or [B, S], default 0..S-1; llama3 as rope's); returns (q, k), bitwise equal to rms_norm followed by rope
     """
+def qk_norm_rope_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, q_norm_weight: xtrain._C.Tensor, k_norm_weight: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0, positions: xtrain._C.Tensor | None = None, llama3: typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(4)"] | None = None, causal: bool = True, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, doc_start: xtrain._C.Tensor | None = None) -> xtrain._C.Tensor:
+    """
+    flash_attention(*qk_norm_rope(q, k, ...), v, causal, scale, doc_start=doc_start), bitwise, keeping q and k as given for backward (not the normed, rotated pair, which backward recomputes); returns out [B, S, H, D]
+    """
 def rdiv_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
     """
     s / x
@@ -173,6 +177,10 @@ def reshape(x: xtrain._C.Tensor, shape: collections.abc.Sequence[typing.Supports
 def rms_norm(x: xtrain._C.Tensor, weight: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06) -> xtrain._C.Tensor:
     """
     RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight (weight [D], x's dtype or float32)
+    """
+def rms_norm_linear_multi(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor], norm_weight: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, residual: xtrain._C.Tensor | None = None) -> tuple[xtrain._C.Tensor, list[xtrain._C.Tensor]]:
+    """
+    (h, ys): h = x + residual (x itself without residual), ys = linear_multi(rms_norm(h, norm_weight, eps), weights); bitwise add_rms_norm (rms_norm) then linear_multi, forward and backward, keeping h for backward but not the normed input, which backward recomputes
     """
 def rms_norm_linear_rows(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor], norm_weight: xtrain._C.Tensor, eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, residual: xtrain._C.Tensor | None = None, swiglu: bool = False) -> tuple[xtrain._C.Tensor, list[xtrain._C.Tensor]]:
     """
@@ -209,6 +217,10 @@ def sum(x: xtrain._C.Tensor, dim: typing.SupportsInt | typing.SupportsIndex | No
 def swiglu(gate: xtrain._C.Tensor, up: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     silu(gate) * up (fused)
+    """
+def swiglu_linear(gate: xtrain._C.Tensor, up: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    linear(swiglu(gate, up), weight), bitwise, keeping gate, up and weight for backward (not the hidden swiglu(gate, up), which backward recomputes): the SwiGLU MLP's down projection
     """
 def tanh(x: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """

@@ -22,6 +22,13 @@ Decisions:
   blocks over an nn.ResidualStream, which leaves each `x + delta` pending until the norm after it
   resolves it in one ops.add_rms_norm (bitwise the add then the norm, both ways): every residual
   add runs fused with the next norm, the last block's with the final norm.
+- What a block keeps for backward is the least its kernels need (docs/model.md, "Activation
+  memory"): a block passes its norms to the projections as Normed(norm, x), and the add, the norm
+  and the q/k/v (gate/up) GEMMs run as one ops.rms_norm_linear_multi, which keeps the norm's input
+  and not its output; q/k norm, RoPE and attention run as ops.qk_norm_rope_attention, which keeps
+  q and k as projected and not the normed, rotated pair; the down projection runs as
+  ops.swiglu_linear, which keeps gate and up and not their product. Each backward recomputes what
+  was not kept with the forward's kernel, so every value and gradient is bitwise the unfused ops'.
 - The parameters live in a ParamStore (xtrain.store), built at the end of __init__: flat float32
   buffers for the weights, their gradients and (with the optimizer) the AdamW moments, each
   parameter a view.
@@ -314,11 +321,44 @@ class Fp8Linear(nn.Linear):
         return ops.linear_fp8(x, self.weight)
 
 
+class Normed:
+    """norm(x), left for the projections after it: project() runs the norm (with the add pending on
+    a residual stream x, if any) and their GEMMs as one ops.rms_norm_linear_multi, which keeps the
+    norm's input for backward but not its output (backward recomputes it, bitwise). The values are
+    those of norm(x) then the projections (Note [Normed input recomputed for the projections] in
+    csrc/ops/matmul.cpp); value() is norm(x) itself, for the FP8 linears."""
+
+    __slots__ = ("norm", "x")
+
+    def __init__(self, norm: nn.RMSNorm, x):
+        self.norm, self.x = norm, x
+
+    @property
+    def shape(self):
+        return (self.x.base if isinstance(self.x, nn.ResidualStream) else self.x).shape
+
+    def value(self):
+        return self.norm(self.x)
+
+    def project(self, weights: list) -> list:
+        """[linear(norm(x), w) for w in weights] as one op; a stream x holds the add's sum after it,
+        as after norm(x)."""
+        x, norm = self.x, self.norm
+        if not isinstance(x, nn.ResidualStream):
+            return ops.rms_norm_linear_multi(x, weights, norm.weight, norm.eps)[1]
+        x.base, ys = ops.rms_norm_linear_multi(x.base, weights, norm.weight, norm.eps, residual=x.pending)
+        x.pending = None
+        return ys
+
+
 def project(x, linears):
-    """[lin(x) for lin in linears]: one batched GEMM (ops.linear_multi), or in FP8 one GEMM each."""
+    """[lin(x) for lin in linears]: one batched GEMM (ops.linear_multi; with the norm before it
+    when x is Normed), or in FP8 one GEMM each."""
     if isinstance(linears[0], Fp8Linear):
+        x = x.value() if isinstance(x, Normed) else x
         return [lin(x) for lin in linears]
-    return ops.linear_multi(x, [lin.weight for lin in linears])
+    weights = [lin.weight for lin in linears]
+    return x.project(weights) if isinstance(x, Normed) else ops.linear_multi(x, weights)
 
 
 class Attention(nn.Module):
@@ -343,16 +383,24 @@ class Attention(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x, seq: int, cache=None, doc_start=None, positions=None):
-        """x (B*S, dim), already normed -> (B*S, dim). With a KV cache (generation's prefill), k
-        (after norm and RoPE) and v are also stored in it. doc_start (int32 (B, S), from
-        ops.document_starts): each query attends within its own document only. positions (int64
-        (B, S), ops.document_positions): RoPE's positions, None for 0..S-1."""
+        """x (B*S, dim), normed (or Normed: the norm runs with the projections) -> (B*S, dim). With
+        a KV cache (generation's prefill), k (after norm and RoPE) and v are also stored in it.
+        doc_start (int32 (B, S), from ops.document_starts): each query attends within its own
+        document only. positions (int64 (B, S), ops.document_positions): RoPE's positions, None
+        for 0..S-1."""
         B, H, Hkv, D = x.shape[0] // seq, self.n_heads, self.n_kv_heads, self.head_dim
         # q, k, v from batched GEMMs: views of one buffer, block after block (ops.linear_multi)
         q, k, v = project(x, [self.q_proj, self.k_proj, self.v_proj])
         q = q.reshape(B, seq, H, D)                                    # (B, S, H, D), no copy
         k = k.reshape(B, seq, Hkv, D)                                  # (B, S, Hkv, D)
         v = v.reshape(B, seq, Hkv, D)
+        if self.qk_norm and cache is None:
+            # q/k norm, RoPE and attention: the same kernels as below, keeping q and k as they came
+            # (backward recomputes the normed, rotated pair)
+            a = ops.qk_norm_rope_attention(q, k, v, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta,
+                                           positions, self.rope_llama3, causal=True, scale=1.0 / math.sqrt(D),
+                                           doc_start=doc_start)                                   # (B, S, H, D)
+            return self.dropout(self.o_proj(a.reshape(B * seq, H * D)))                          # (B*S, dim)
         if self.qk_norm:
             q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta,
                                     positions, self.rope_llama3)
@@ -377,12 +425,17 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x):
-        """x (B*S, dim), already normed -> (B*S, dim)."""
-        return self.dropout(self.down_proj(self.hidden(x)))
+        """x (B*S, dim), normed (or Normed) -> (B*S, dim). gate and up come from one batched GEMM
+        (views of one buffer); down_proj(silu(gate) * up) runs as ops.swiglu_linear, which keeps
+        gate and up for backward but not the (B*S, ffn) hidden (it recomputes it, bitwise)."""
+        gate, up = project(x, [self.gate_proj, self.up_proj])  # (B*S, ffn) each
+        if isinstance(self.down_proj, Fp8Linear):
+            return self.dropout(self.down_proj(ops.swiglu(gate, up)))
+        return self.dropout(ops.swiglu_linear(gate, up, self.down_proj.weight))
 
     def hidden(self, x):
         """(B*S, dim) -> (B*S, ffn): everything before the down projection, silu(gate) * up in one
-        kernel. gate and up come from one batched GEMM (views of one buffer)."""
+        kernel (selective recompute keeps this, the down projection's input)."""
         gate, up = project(x, [self.gate_proj, self.up_proj])  # (B*S, ffn) each
         return ops.swiglu(gate, up)
 
@@ -404,8 +457,8 @@ class Block(nn.Module):
         the model's forward (each add then runs fused into the norm after it) or a plain tensor.
         cache: the block's KV cache (generation's prefill, under no_grad), filled on the way.
         doc_start, positions: attention within documents, RoPE's positions (Attention.forward)."""
-        x = x + self.self_attn(self.input_layernorm(x), seq, cache, doc_start, positions)
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.self_attn(Normed(self.input_layernorm, x), seq, cache, doc_start, positions)
+        x = x + self.mlp(Normed(self.post_attention_layernorm, x))
         return x
 
 
