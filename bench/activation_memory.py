@@ -82,9 +82,12 @@ def small_config(preset: str, layers: int, vocab: int, seq: int, **overrides):
 
 def xtrain_block_table(cfg) -> list[dict]:
     """What one block keeps between forward and backward (recompute off, no dropout, not FP8):
-    each stored tensor once, with the node(s) that keep it and its bytes per token. The residual
-    stream's add runs fused into the norm after it and the projections after that, so a block's
-    input is the h its input norm keeps (the first block's: the embedding's output)."""
+    each stored tensor once, with the node(s) that keep it and its bytes per token; the lean ops'
+    block with cfg.lean_activations, else the plain one (xtrain_plain_block_table)."""
+    if not cfg.lean_activations:
+        return xtrain_plain_block_table(cfg)
+    # The residual stream's add runs fused into the norm after it and the projections after that,
+    # so a block's input is the h its input norm keeps (the first block's: the embedding's output).
     e = 2 if cfg.bf16 else 4
     d, f = cfg.dim, cfg.ffn_dim
     q, kv, H = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_heads
@@ -107,6 +110,37 @@ def xtrain_block_table(cfg) -> list[dict]:
          act, d * e),
         ("post-attention norm's rstd", "RmsNormLinearMultiBackward.rstd", "float32", 4),
         ("gate, up (one buffer)", "SwigluLinearBackward.gate, .up (down_proj)", act, 2 * f * e),
+    ]
+    return [dict(what=w, kept_by=k, dtype=t, bytes_per_token=b) for w, k, t, b in rows]
+
+
+def xtrain_plain_block_table(cfg) -> list[dict]:
+    """The plain block's kept tensors (lean_activations off): each op keeps its own inputs, so the
+    norms' outputs, the normed and rotated q/k and the SwiGLU product are kept besides what the
+    lean ops keep."""
+    e = 2 if cfg.bf16 else 4
+    d, f = cfg.dim, cfg.ffn_dim
+    q, kv, H, Hkv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    act = cfg.dtype
+    rows = [
+        ("block input h (the residual stream)", "add_rms_norm (input_layernorm)", act, d * e),
+        ("input norm's rstd", "add_rms_norm", "float32", 4),
+        ("input norm's output", "linear_multi (q/k/v_proj)", act, d * e),
+        ("q, k, v projections (one buffer)",
+         "qk_norm_rope.q, .k and flash_attention.v (views of it)" if cfg.qk_norm
+         else "flash_attention.v (a view: the buffer lives on)", act, (q + 2 * kv) * e),
+        ("q, k after norm and RoPE" if cfg.qk_norm else "q, k after RoPE", "flash_attention.q, .k", act, (q + kv) * e),
+    ]
+    if cfg.qk_norm:
+        rows.append(("q/k norms' rstd rows", "qk_norm_rope", "float32", (H + Hkv) * 4))
+    rows += [
+        ("attention output", "flash_attention.out = linear (o_proj).x", act, q * e),
+        ("attention's log-sum-exp", "flash_attention.lse", "float32", H * 4),
+        ("residual after attention h", "add_rms_norm (post_attention_layernorm)", act, d * e),
+        ("post-attention norm's rstd", "add_rms_norm", "float32", 4),
+        ("post-attention norm's output", "linear_multi (gate/up_proj)", act, d * e),
+        ("gate, up (one buffer)", "swiglu", act, 2 * f * e),
+        ("silu(gate) * up", "linear (down_proj).x", act, f * e),
     ]
     return [dict(what=w, kept_by=k, dtype=t, bytes_per_token=b) for w, k, t, b in rows]
 

@@ -11,11 +11,14 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
-# qwen3-1.7b's dims in bf16 (dim 2048, 16 heads / 8 kv heads of 128, ffn 6144): the block's
-# table in docs/model.md, "Activation memory". Recompute keeps the block's input, the residual
+# qwen3-1.7b's dims in bf16 (dim 2048, 16 heads / 8 kv heads of 128, ffn 6144), the preset's lean
+# ops: the block's table in docs/model.md, "Activation memory". Recompute keeps the block's input, the residual
 # after attention and the MLP's hidden (the down projection's input).
 QWEN3_1_7B_BYTES_PER_TOKEN_PER_LAYER = 45_128
 QWEN3_1_7B_RECOMPUTE_BYTES_PER_TOKEN_PER_LAYER = 20_480
+# The plain blocks (lean_activations off) keep the norms' outputs, the normed and rotated q/k with
+# their rstd rows and the SwiGLU product besides: what the torch.compile peer keeps.
+QWEN3_1_7B_PLAIN_BYTES_PER_TOKEN_PER_LAYER = 71_848
 
 
 def _script():
@@ -49,16 +52,18 @@ def test_the_script_runs_and_its_tables_agree_with_the_allocator(tmp_path):
     assert ext["xtrain_plain"]["estimate"] > ext["xtrain_recompute"]["estimate"] > ext["xtrain_plain"]["static"]
 
 
-@pytest.mark.parametrize("recompute,expected", [(False, QWEN3_1_7B_BYTES_PER_TOKEN_PER_LAYER),
-                                                (True, QWEN3_1_7B_RECOMPUTE_BYTES_PER_TOKEN_PER_LAYER)])
-def test_xtrain_keeps_the_pinned_bytes_per_token_per_layer_at_qwen3_1_7b(device, recompute, expected):
-    """The same count on every device: what the tape keeps is the ops' choice, not the backend's."""
+@pytest.mark.parametrize("lean,recompute,expected", [(True, False, QWEN3_1_7B_BYTES_PER_TOKEN_PER_LAYER),
+                                                     (True, True, QWEN3_1_7B_RECOMPUTE_BYTES_PER_TOKEN_PER_LAYER),
+                                                     (False, False, QWEN3_1_7B_PLAIN_BYTES_PER_TOKEN_PER_LAYER)])
+def test_xtrain_keeps_the_pinned_bytes_per_token_per_layer_at_qwen3_1_7b(device, lean, recompute, expected):
+    """The same count on every device: what the tape keeps is the ops' choice, not the backend's.
+    The preset's lean ops, and the plain blocks (lean_activations off: the small presets' form)."""
     am = _script()
     seq = 16
-    runs = [am.measure_xtrain(am.small_config("qwen3-1.7b", L, 64, seq, recompute=recompute), seq, seed=0,
-                              device=device) for L in (1, 2)]
+    runs = [am.measure_xtrain(am.small_config("qwen3-1.7b", L, 64, seq, recompute=recompute, lean_activations=lean),
+                              seq, seed=0, device=device) for L in (1, 2)]
     per_token_per_layer = (runs[1]["kept_bytes"] - runs[0]["kept_bytes"]) / seq
     assert per_token_per_layer == expected
     if not recompute:
-        table = am.xtrain_block_table(am.small_config("qwen3-1.7b", 1, 64, seq))
+        table = am.xtrain_block_table(am.small_config("qwen3-1.7b", 1, 64, seq, lean_activations=lean))
         assert sum(r["bytes_per_token"] for r in table) == expected

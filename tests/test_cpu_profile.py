@@ -27,12 +27,13 @@ def step(model, seed=0):
     loss.backward()
 
 
-def small_model():
-    return TinyTransformer(config_for("tiny", 64, n_layers=1, max_seq=16), device="cpu", seed=0)
+def small_model(**overrides):
+    return TinyTransformer(config_for("tiny", 64, n_layers=1, max_seq=16, **overrides), device="cpu", seed=0)
 
 
-def test_records_the_step_kernels_and_nodes():
-    model = small_model()
+@pytest.mark.parametrize("lean", [False, True])
+def test_records_the_step_kernels_and_nodes(lean):
+    model = small_model(lean_activations=lean)
     prof.cpu_enable(True)
     assert prof.cpu_enabled()
     step(model)
@@ -45,16 +46,20 @@ def test_records_the_step_kernels_and_nodes():
                         ("gemm", "forward"), ("gemm", "backward"), ("gemm_ld", "forward"),
                         ("cross_entropy_forward", "forward"), ("cross_entropy_backward", "backward"),
                         ("swiglu_forward", "forward"), ("swiglu_backward", "backward"),
-                        ("embedding_forward", "forward"), ("embedding_backward", "backward"),
-                        # what the fused nodes recompute in backward (docs/model.md, "Activation memory")
-                        ("qk_norm_rope_forward", "backward"), ("swiglu_forward", "backward"),
-                        ("rmsnorm_forward", "backward")]:
+                        ("embedding_forward", "forward"), ("embedding_backward", "backward")] + (
+                        # what the lean ops recompute in backward (docs/model.md, "Activation memory")
+                        [("qk_norm_rope_forward", "backward"), ("swiglu_forward", "backward"),
+                         ("rmsnorm_forward", "backward")] if lean else []):
         assert (name, phase) in kernels, f"{name} ({phase}) not recorded: {sorted(kernels)}"
         assert kernels[name, phase]["calls"] > 0 and kernels[name, phase]["seconds"] > 0.0
     assert kernels["flash_attention_forward", "forward"]["calls"] == 1  # one layer, one call
-    for name, calls in [("QkNormRopeAttentionBackward", 1), ("LinearCrossEntropyBackward", 1),
-                        ("SwigluLinearBackward", 1), ("RmsNormLinearMultiBackward", 2)]:
+    expected = ([("QkNormRopeAttentionBackward", 1), ("LinearCrossEntropyBackward", 1), ("SwigluLinearBackward", 1),
+                 ("RmsNormLinearMultiBackward", 2)] if lean else
+                [("FlashAttentionBackward", 1), ("LinearCrossEntropyBackward", 1), ("QkNormRopeBackward", 1)])
+    for name, calls in expected:
         assert name in nodes and nodes[name]["calls"] == calls and nodes[name]["phase"] == "backward", name
+    if not lean:  # the plain blocks recompute nothing in backward
+        assert ("swiglu_forward", "backward") not in kernels and ("qk_norm_rope_forward", "backward") not in kernels
 
 
 def test_off_records_nothing_and_reset_empties():

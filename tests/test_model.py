@@ -261,21 +261,36 @@ def _fused_composition_loss(model, ids, targets):
         delta = None
         for block in model.layers:
             attn, mlp = block.self_attn, block.mlp
-            w_in = block.input_layernorm.weight
-            x, (q, k, v) = xtrain.ops.rms_norm_linear_multi(
-                x, [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], w_in, c.norm_eps, residual=delta)
+            w_in, w_post = block.input_layernorm.weight, block.post_attention_layernorm.weight
+            qkv_w = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
+            if c.lean_activations:
+                x, (q, k, v) = xtrain.ops.rms_norm_linear_multi(x, qkv_w, w_in, c.norm_eps, residual=delta)
+            else:
+                if delta is None:
+                    h = xtrain.ops.rms_norm(x, w_in, c.norm_eps)
+                else:
+                    x, h = xtrain.ops.add_rms_norm(x, delta, w_in, c.norm_eps)
+                q, k, v = xtrain.ops.linear_multi(h, qkv_w)
             q, k, v = q.reshape(B, S, H, D), k.reshape(B, S, Hkv, D), v.reshape(B, S, Hkv, D)
-            if c.qk_norm:
+            if c.qk_norm and c.lean_activations:
                 a = xtrain.ops.qk_norm_rope_attention(q, k, v, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps,
                                                       c.rope_theta, causal=True, scale=1.0 / math.sqrt(D))
             else:
-                q, k = xtrain.ops.rope(q, None, c.rope_theta), xtrain.ops.rope(k, None, c.rope_theta)
+                if c.qk_norm:
+                    q, k = xtrain.ops.qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps,
+                                                   c.rope_theta)
+                else:
+                    q, k = xtrain.ops.rope(q, None, c.rope_theta), xtrain.ops.rope(k, None, c.rope_theta)
                 a = xtrain.ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))
             a = dropout(xtrain.ops.linear(a.reshape(B * S, H * D), attn.o_proj.weight))
-            x, (gate, up) = xtrain.ops.rms_norm_linear_multi(x, [mlp.gate_proj.weight, mlp.up_proj.weight],
-                                                             block.post_attention_layernorm.weight, c.norm_eps,
-                                                             residual=a)
-            delta = dropout(xtrain.ops.swiglu_linear(gate, up, mlp.down_proj.weight))
+            if c.lean_activations:
+                x, (gate, up) = xtrain.ops.rms_norm_linear_multi(x, [mlp.gate_proj.weight, mlp.up_proj.weight],
+                                                                 w_post, c.norm_eps, residual=a)
+                delta = dropout(xtrain.ops.swiglu_linear(gate, up, mlp.down_proj.weight))
+            else:
+                x, h = xtrain.ops.add_rms_norm(x, a, w_post, c.norm_eps)
+                gate, up = xtrain.ops.linear_multi(h, [mlp.gate_proj.weight, mlp.up_proj.weight])
+                delta = dropout(xtrain.ops.linear(xtrain.ops.swiglu(gate, up), mlp.down_proj.weight))
         _, h = xtrain.ops.add_rms_norm(x, delta, model.norm.weight, c.norm_eps)
         head = model.embed_tokens.weight if c.tie_embeddings else model.lm_head.weight
         if c.tie_embeddings and c.bf16:
@@ -307,13 +322,15 @@ def _ops_called(run):
     return calls, result
 
 
+@pytest.mark.parametrize("lean", [False, True])
 @pytest.mark.parametrize("option", [None, "gqa", "mqa-no-qk-norm", "tied", "dropout"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_forward_is_the_fused_composition(device, dtype, option):
+def test_forward_is_the_fused_composition(device, dtype, option, lean):
     """The model's forward is, kernel for kernel, the fused composition written out op by op
-    (_fused_composition_loss): the loss and every parameter gradient bitwise, on every device."""
+    (_fused_composition_loss): the loss and every parameter gradient bitwise, on every device;
+    with the plain blocks and with the lean ops (lean_activations)."""
     options = dict(dropout=0.2) if option == "dropout" else OPTIONS[option] if option else {}
-    cfg = small_config(bf16=dtype == "bfloat16", **options)
+    cfg = small_config(bf16=dtype == "bfloat16", lean_activations=lean, **options)
     ids, targets = batch(cfg)
     targets[1, 3] = -100
     model = make_model(cfg, device, weights_seed=1)

@@ -88,7 +88,7 @@ def check_config(config) -> None:
     for name in ("rope_theta", "norm_eps"):
         if name in config:
             _float(config[name], f"config.{name}", lo=0.0, lo_open=True)
-    for name in ("bf16", "recompute", "tie_embeddings", "qk_norm", "doc_rope", "fp8"):
+    for name in ("bf16", "recompute", "tie_embeddings", "qk_norm", "doc_rope", "fp8", "lean_activations"):
         if name in config:
             _require(isinstance(config[name], bool), f"config.{name} must be true or false")
     if config.get("n_kv_heads") is not None:  # absent in older checkpoints: n_heads
@@ -106,7 +106,8 @@ def check_config(config) -> None:
             raise SchemaError(f"config.rope_scaling: {e}") from None
     unknown = sorted(set(config) - set(_CONFIG_INTS) - {"rope_theta", "norm_eps", "bf16", "recompute",
                                                         "dropout", "n_kv_heads", "tie_embeddings", "qk_norm",
-                                                        "doc_sep", "rope_scaling", "doc_rope", "fp8"})
+                                                        "doc_sep", "rope_scaling", "doc_rope", "fp8",
+                                                        "lean_activations"})
     _require(not unknown, f"config has unknown fields {unknown[:8]}")
 
 

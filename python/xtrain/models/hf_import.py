@@ -53,7 +53,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -276,7 +276,11 @@ def config_from_hf(hf: dict, source, config_cls) -> tuple:
             vocab_size=ints["vocab_size"], dim=ints["hidden_size"], n_layers=ints["num_hidden_layers"],
             n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim, ffn_dim=ints["intermediate_size"],
             max_seq=max_seq, rope_theta=floats["rope_theta"], norm_eps=floats["rms_norm_eps"],
-            tie_embeddings=tie, qk_norm=qk_norm, rope_scaling=llama3)
+            tie_embeddings=tie, qk_norm=qk_norm, rope_scaling=llama3,
+            # the lean ops at the published models' widths (1024 and up: Qwen3-0.6B and larger,
+            # Llama-3.2-1B), as their presets; smaller models keep the plain blocks
+            **({"lean_activations": ints["hidden_size"] >= 1024}
+               if "lean_activations" in {f.name for f in fields(config_cls)} else {}))
     except (TypeError, ValueError) as e:
         raise PretrainedError(f"{source}: {e}") from None
     return arch, config

@@ -22,8 +22,8 @@ Decisions:
   blocks over an nn.ResidualStream, which leaves each `x + delta` pending until the norm after it
   resolves it in one ops.add_rms_norm (bitwise the add then the norm, both ways): every residual
   add runs fused with the next norm, the last block's with the final norm.
-- What a block keeps for backward is the least its kernels need (docs/model.md, "Activation
-  memory"): a block passes its norms to the projections as Normed(norm, x), and the add, the norm
+- With config.lean_activations (the 0.6B-1.7B presets) what a block keeps for backward is the least
+  its kernels need (docs/model.md, "Activation memory"): a block passes its norms to the projections as Normed(norm, x), and the add, the norm
   and the q/k/v (gate/up) GEMMs run as one ops.rms_norm_linear_multi, which keeps the norm's input
   and not its output; q/k norm, RoPE and attention run as ops.qk_norm_rope_attention, which keeps
   q and k as projected and not the normed, rotated pair; the down projection runs as
@@ -169,6 +169,12 @@ class TransformerConfig:
     # The blocks' linears (q/k/v/o, gate/up/down) in FP8 through ops.linear_fp8 (a run option, like
     # recompute; docs/fp8.md); the embedding and the head stay in the compute dtype.
     fp8: bool = False
+    # The lean ops (docs/model.md, "Activation memory"): each block keeps 37% fewer bytes for
+    # backward (the norms' outputs, the normed and rotated q/k, the SwiGLU product are recomputed
+    # there with the forward's kernels, bitwise), for a few more elementwise passes in backward. On
+    # in the 0.6B-1.7B presets, where memory bounds the batch; off in the small presets, whose
+    # measured speed is the plain blocks' (a run option, like recompute).
+    lean_activations: bool = False
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -199,7 +205,7 @@ class TransformerConfig:
         if self.doc_rope and self.doc_sep is None:
             raise ValueError("TransformerConfig.doc_rope needs doc_sep: RoPE positions restart per document only "
                              "with attention within documents")
-        for name in ("tie_embeddings", "qk_norm", "fp8"):
+        for name in ("tie_embeddings", "qk_norm", "fp8", "lean_activations"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TransformerConfig.{name} must be True or False, got {getattr(self, name)!r}")
 
@@ -209,7 +215,8 @@ class TransformerConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "TransformerConfig":
         """The config of a to_dict() record; keys added since (n_kv_heads, tie_embeddings, qk_norm,
-        rope_scaling, doc_rope) take their defaults, which are the model the older record describes."""
+        rope_scaling, doc_rope, fp8, lean_activations) take their defaults, which are the model the
+        older record describes."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -285,15 +292,15 @@ PRESETS = {
     "dim1024": dict(dim=1024, n_layers=18, n_heads=32, head_dim=32, ffn_dim=2736, max_seq=8192),
     "qwen3-0.6b": dict(vocab_size=151936, dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,
                        ffn_dim=3072, max_seq=40960, rope_theta=1e6, norm_eps=1e-6, tie_embeddings=True,
-                       qk_norm=True),
+                       qk_norm=True, lean_activations=True),
     "qwen3-1.7b": dict(vocab_size=151936, dim=2048, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,
                        ffn_dim=6144, max_seq=40960, rope_theta=1e6, norm_eps=1e-6, tie_embeddings=True,
-                       qk_norm=True),
+                       qk_norm=True, lean_activations=True),
     "llama3.2-1b": dict(vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64,
                         ffn_dim=8192, max_seq=131072, rope_theta=5e5, norm_eps=1e-5, tie_embeddings=True,
-                        qk_norm=False, rope_scaling=RopeScaling(factor=32.0, low_freq_factor=1.0,
-                                                                high_freq_factor=4.0,
-                                                                original_max_position_embeddings=8192)),
+                        qk_norm=False, lean_activations=True,
+                        rope_scaling=RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                 original_max_position_embeddings=8192)),
 }
 
 
@@ -371,6 +378,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
         self.eps, self.rope_theta = c.norm_eps, c.rope_theta
         self.rope_llama3 = c.rope_scaling.llama3() if c.rope_scaling is not None else None  # the ops' argument
+        self.lean = c.lean_activations
         linear = Fp8Linear if c.fp8 else nn.Linear
         self.q_proj = linear(c.dim, inner, generator=gen, std=INIT_STD)
         self.k_proj = linear(c.dim, kv_inner, generator=gen, std=INIT_STD)
@@ -394,7 +402,7 @@ class Attention(nn.Module):
         q = q.reshape(B, seq, H, D)                                    # (B, S, H, D), no copy
         k = k.reshape(B, seq, Hkv, D)                                  # (B, S, Hkv, D)
         v = v.reshape(B, seq, Hkv, D)
-        if self.qk_norm and cache is None:
+        if self.qk_norm and self.lean and cache is None:
             # q/k norm, RoPE and attention: the same kernels as below, keeping q and k as they came
             # (backward recomputes the normed, rotated pair)
             a = ops.qk_norm_rope_attention(q, k, v, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta,
@@ -418,6 +426,7 @@ class MLP(nn.Module):
 
     def __init__(self, c: TransformerConfig, gen, residual_std: float):
         super().__init__()
+        self.lean = c.lean_activations
         linear = Fp8Linear if c.fp8 else nn.Linear
         self.gate_proj = linear(c.dim, c.ffn_dim, generator=gen, std=INIT_STD)
         self.up_proj = linear(c.dim, c.ffn_dim, generator=gen, std=INIT_STD)
@@ -426,10 +435,11 @@ class MLP(nn.Module):
 
     def forward(self, x):
         """x (B*S, dim), normed (or Normed) -> (B*S, dim). gate and up come from one batched GEMM
-        (views of one buffer); down_proj(silu(gate) * up) runs as ops.swiglu_linear, which keeps
-        gate and up for backward but not the (B*S, ffn) hidden (it recomputes it, bitwise)."""
+        (views of one buffer); with lean_activations down_proj(silu(gate) * up) runs as
+        ops.swiglu_linear, which keeps gate and up for backward but not the (B*S, ffn) hidden (it
+        recomputes it, bitwise)."""
         gate, up = project(x, [self.gate_proj, self.up_proj])  # (B*S, ffn) each
-        if isinstance(self.down_proj, Fp8Linear):
+        if not self.lean or isinstance(self.down_proj, Fp8Linear):
             return self.dropout(self.down_proj(ops.swiglu(gate, up)))
         return self.dropout(ops.swiglu_linear(gate, up, self.down_proj.weight))
 
@@ -451,12 +461,16 @@ class Block(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(c.dim, c.norm_eps)
         self.mlp = MLP(c, gen, residual_std)
         self.recompute = c.recompute  # TinyTransformer.forward runs the block through forward_recompute
+        self.lean = c.lean_activations
 
     def forward(self, x, seq: int, cache=None, doc_start=None, positions=None):
         """The residual stream x (B*S, dim) -> (B*S, dim); seq is S. x is an nn.ResidualStream in
         the model's forward (each add then runs fused into the norm after it) or a plain tensor.
         cache: the block's KV cache (generation's prefill, under no_grad), filled on the way.
         doc_start, positions: attention within documents, RoPE's positions (Attention.forward)."""
+        if not self.lean:
+            x = x + self.self_attn(self.input_layernorm(x), seq, cache, doc_start, positions)
+            return x + self.mlp(self.post_attention_layernorm(x))
         x = x + self.self_attn(Normed(self.input_layernorm, x), seq, cache, doc_start, positions)
         x = x + self.mlp(Normed(self.post_attention_layernorm, x))
         return x
