@@ -77,6 +77,9 @@ def parse_args(argv=None):
                    help="the preset's heads (head dim, GQA ratio, q/k norm, tied head, theta) at a "
                         "test size: 2 layers, dim 128, vocabulary 1024 (CPU dry runs)")
     p.add_argument("--no-graphs", action="store_true", help="xtrain's step eagerly (not as it trains)")
+    p.add_argument("--plain-blocks", action="store_true",
+                   help="add xtrain's step with lean_activations off (after its step with the preset's lean ops): "
+                        "their memory and speed against the plain blocks'")
     p.add_argument("--fp8", action="store_true",
                    help="add xtrain's step with the blocks' linears in FP8 (after its bf16 step; needs bf16)")
     common.add_common_args(p, steps=10, warmup=3)
@@ -262,6 +265,16 @@ def step_part(args, cfg, device, tdevice, gqa_native, rows: list, on_row) -> dic
     on_row()
     xt.close()
     del xt
+    if args.plain_blocks and cfg.lean_activations:  # the same weights and batches, lean_activations off
+        from xtrain.models import TransformerConfig
+
+        xt = XtrainTrainer(TransformerConfig(**{**cfg.to_dict(), "lean_activations": False}), device, args.seed,
+                           use_graphs=not args.no_graphs)
+        xt.model.load_state_dict(weights)
+        rows.append(run_row(args, "xtrain (plain blocks)", xt, batches, first_loss=xtrain_first_loss(xt, batches[0])))
+        on_row()
+        xt.close()
+        del xt
     if args.fp8:  # the same weights, the blocks' linears in FP8
         from xtrain.models import TransformerConfig
 

@@ -124,9 +124,12 @@ def test_big_models_bench_compares_the_same_model_and_searches_the_batch(tmp_pat
     that fits next to one that does not."""
     result = _run("big_models.py", tmp_path, "--preset", "llama3.2-1b", "--shrink", "--batch", "2", "--seq", "32",
                   "--steps", "1", "--warmup", "1", "--peers", "eager", "--parts", "step", "search",
-                  "--memory-limit", "24MiB", "--max-batch", "64", "--no-graphs")
+                  "--memory-limit", "24MiB", "--max-batch", "64", "--no-graphs", "--plain-blocks")
     rows = {r["framework"]: r for r in result["results"]}
-    assert set(rows) == {"xtrain", "torch (eager)"} and all("error" not in r for r in rows.values()), rows
+    assert set(rows) == {"xtrain", "xtrain (plain blocks)", "torch (eager)"}, rows
+    assert all("error" not in r for r in rows.values()), rows
+    # the preset's lean ops and the plain blocks: the same weights, batches and bits
+    assert rows["xtrain"]["loss_last"] == rows["xtrain (plain blocks)"]["loss_last"]
     assert result["complete"]  # the one file, rewritten after each row, ends marked whole
     assert abs(rows["xtrain"]["loss_first"] - rows["torch (eager)"]["loss_first"]) < 2e-2
     assert result["model"]["n_kv_heads"] * 4 == result["model"]["n_heads"] and result["model"]["tie_embeddings"]
