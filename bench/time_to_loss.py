@@ -40,7 +40,9 @@ counts what a user waits for: the xtrain arms' step times as `xtrain train` logs
 events; the first steps include the CUDA graphs' warm-up and capture), the PyTorch arms' training
 segments between evaluations with a device sync at each end (the first includes compilation).
 
-Results: bench/results/time_to_loss-PRESET-DATE.json.
+Results: bench/results/time_to_loss-PRESET-DATE.json, rewritten after every run (a call cut short
+keeps the runs it finished). --merge FILE... writes one result from several calls' files of the same
+preset, batch, seq, steps, schedule and evaluations (a sweep split over calls), summarised together.
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--eval-batches", type=int, default=10)
-    p.add_argument("--targets", required=True, help="validation-loss targets, comma-separated")
-    p.add_argument("--lrs", required=True, help="peak learning rates of the sweep, comma-separated")
+    p.add_argument("--targets", help="validation-loss targets, comma-separated (required unless --merge)")
+    p.add_argument("--lrs", help="peak learning rates of the sweep, comma-separated (required unless --merge)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     p.add_argument("--fp32", action="store_true", help="float32 (default: bf16 mixed precision)")
     p.add_argument("--compile-mode", default="default",
@@ -82,7 +84,13 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(common.RESULTS_DIR))
     p.add_argument("--tag", default="")
+    p.add_argument("--merge", nargs="+", metavar="FILE",
+                   help="combine earlier result files of one setting (their runs, summarised together); runs nothing")
     args = p.parse_args(argv)
+    if args.merge:
+        return args
+    if not args.targets or not args.lrs:
+        p.error("--targets and --lrs are required (unless --merge)")
     args.targets = sorted((float(t) for t in args.targets.split(",")), reverse=True)
     args.lrs = [float(v) for v in args.lrs.split(",")]
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -265,8 +273,47 @@ def summarize(args, runs: dict) -> dict:
     return out
 
 
+# What the merged files must share: the runs are comparable only on the same model, data, order,
+# schedule and evaluations.
+MERGE_KEYS = ("data", "config", "batch", "seq", "steps", "warmup", "eval_every", "eval_batches", "targets")
+
+
+def merge(args) -> None:
+    """One result of several calls' files (--merge): their runs side by side, summarised together."""
+    files = [json.loads(Path(f).read_text()) for f in args.merge]
+    first = files[0]
+    for f, r in zip(args.merge[1:], files[1:]):
+        diff = [k for k in MERGE_KEYS if r.get(k) != first.get(k)]
+        if diff:
+            raise SystemExit(f"--merge: {f} differs from {args.merge[0]} in {', '.join(diff)}")
+    runs: dict = {}
+    for f, r in zip(args.merge, files):
+        for arm, by_lr in r["runs"].items():
+            for lr, run in by_lr.items():
+                if lr in runs.get(arm, {}):
+                    raise SystemExit(f"--merge: {arm} at LR {lr} appears twice (again in {f})")
+                runs.setdefault(arm, {})[lr] = {**run, "env": r.get("env")}
+    args.targets = first["targets"]
+    lrs = sorted({float(lr) for by_lr in runs.values() for lr in by_lr})
+    summary = summarize(args, {arm: {float(lr): r for lr, r in by_lr.items()} for arm, by_lr in runs.items()})
+    report(summary)
+    payload = {**{k: first.get(k) for k in ("benchmark", "env", "corpus", *MERGE_KEYS)}, "lrs": lrs,
+               "merged_from": [Path(f).name for f in args.merge], "runs": runs, "summary": summary}
+    common.write_json(common.result_name(f"time_to_loss-{first['config']['preset']}", args.tag), payload, args.out)
+
+
+def report(summary: dict) -> None:
+    for t, row in summary.items():
+        print(f"target {t}: xtrain best {row['xtrain_best']}, PyTorch best {row['pytorch_best']}, "
+              f"speedup {row.get('speedup_vs_pytorch', float('nan')):.2f}, "
+              f"Muon token ratio {row.get('muon_token_ratio', row.get('muon_token_ratio_nodoc', float('nan'))):.2f}",
+              flush=True)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.merge:
+        return merge(args)
     device, tdevice = common.resolve_device(args.device)
     if any(a.startswith("torch") for a in args.arms):
         common.setup_torch(device)
@@ -287,6 +334,16 @@ def main(argv=None) -> None:
     print(f"time_to_loss: {args.preset} on {data} ({ds.vocab_size} tokens), batch {args.batch} x seq {args.seq}, "
           f"{args.steps} steps, targets {args.targets}, LRs {args.lrs}, {device}", flush=True)
     runs: dict = {}
+    date = common.stamp()
+
+    def payload() -> dict:
+        return {"benchmark": "time_to_loss", "env": common.env_info(device), "data": data, "corpus": manifest,
+                "config": {**cfg.to_dict(), "preset": args.preset}, "batch": args.batch, "seq": args.seq,
+                "steps": args.steps, "warmup": args.warmup, "eval_every": args.eval_every,
+                "eval_batches": args.eval_batches, "targets": args.targets, "lrs": args.lrs,
+                "runs": {arm: {str(lr): r for lr, r in by_lr.items()} for arm, by_lr in runs.items()},
+                "summary": summarize(args, runs)}
+
     for arm in args.arms:
         for lr in args.lrs:
             t0 = time.perf_counter()
@@ -304,19 +361,10 @@ def main(argv=None) -> None:
                              for t, h in r["reached"].items())
             final = curve[-1]["val_loss"] if curve else float("nan")
             print(f"{arm} lr {lr:g}: final val {final:.4f}; {hits}", flush=True)
-    summary = summarize(args, runs)
-    for t, row in summary.items():
-        print(f"target {t}: xtrain best {row['xtrain_best']}, PyTorch best {row['pytorch_best']}, "
-              f"speedup {row.get('speedup_vs_pytorch', float('nan')):.2f}, "
-              f"Muon token ratio {row.get('muon_token_ratio', row.get('muon_token_ratio_nodoc', float('nan'))):.2f}",
-              flush=True)
-    payload = {"benchmark": "time_to_loss", "env": common.env_info(device), "data": data, "corpus": manifest,
-               "config": {**cfg.to_dict(), "preset": args.preset}, "batch": args.batch, "seq": args.seq,
-               "steps": args.steps, "warmup": args.warmup, "eval_every": args.eval_every,
-               "eval_batches": args.eval_batches, "targets": args.targets, "lrs": args.lrs,
-               "runs": {arm: {str(lr): r for lr, r in by_lr.items()} for arm, by_lr in runs.items()},
-               "summary": summary}
-    common.write_json(common.result_name(f"time_to_loss-{args.preset}", args.tag), payload, args.out)
+            common.write_json(common.result_name(f"time_to_loss-{args.preset}", args.tag), payload(), args.out,
+                              date=date, quiet=True)
+    report(summarize(args, runs))
+    common.write_json(common.result_name(f"time_to_loss-{args.preset}", args.tag), payload(), args.out, date=date)
 
 
 if __name__ == "__main__":

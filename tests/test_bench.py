@@ -96,6 +96,32 @@ def test_fresh_compile_caches_keeps_a_carried_inductor_cache(monkeypatch, tmp_pa
     assert fresh != str(tmp_path / "carried") and fresh.startswith(str(tmp_path))
 
 
+def test_time_to_loss_merges_a_sweep_split_over_calls(tmp_path):
+    """Two calls at different LRs merge into one result whose summary takes the best of both; a
+    file of another setting is refused. Each call's file holds its finished runs."""
+    from modelhelp import prepared_stories
+
+    data = prepared_stories(tmp_path / "data")
+    common = ["--data", str(data), "--preset", "tiny", "--batch", "2", "--seq", "64", "--steps", "2", "--warmup", "1",
+              "--eval-every", "1", "--eval-batches", "1", "--targets", "20,1", "--fp32", "--arms", "xtrain-adamw-nodoc"]
+    a = _run("time_to_loss.py", tmp_path / "a", *common, "--lrs", "1e-3")
+    b = _run("time_to_loss.py", tmp_path / "b", *common, "--lrs", "3e-3")
+    assert list(a["runs"]["xtrain-adamw-nodoc"]) == ["0.001"] and a["summary"]["20.0"]["xtrain_best"]
+    merged = _run("time_to_loss.py", tmp_path / "m", "--merge", *map(str, [*(tmp_path / "a").glob("*.json"),
+                                                                         *(tmp_path / "b").glob("*.json")]))
+    assert sorted(merged["runs"]["xtrain-adamw-nodoc"]) == ["0.001", "0.003"] and merged["lrs"] == [1e-3, 3e-3]
+    best = merged["summary"]["20.0"]["xtrain_best"]
+    assert best["lr"] in (1e-3, 3e-3) and best["seconds"] == min(
+        r["runs"]["xtrain-adamw-nodoc"][lr]["reached"]["20.0"]["seconds"] for r, lr in ((a, "0.001"), (b, "0.003")))
+    other = _run("time_to_loss.py", tmp_path / "c", *[x if x != "64" else "32" for x in common], "--lrs", "1e-3")
+    assert other["seq"] == 32
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.run([sys.executable, str(BENCH / "time_to_loss.py"), "--out", str(tmp_path / "d"), "--merge",
+                           *map(str, [*(tmp_path / "a").glob("*.json"), *(tmp_path / "c").glob("*.json")])],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "differs" in proc.stderr + proc.stdout and not (tmp_path / "d").exists()
+
+
 def test_time_to_loss_arms_share_init_and_token_order(tmp_path):
     """The race's xtrain arm (`xtrain train`) and PyTorch arm start from the same weights and read
     the same windows: float32, one LR, their validation curves agree to float rounding; with and
