@@ -1,0 +1,365 @@
+// The flash backward's products with Hopper's warpgroup MMA (sm_90a): the dq and dk/dv kernels of
+// flash_attention.cuh with their tile products as wgmma instead of mma.sync, everything else
+// (blocks, loops, masks, the recompute of P from lse, delta, the epilogues) theirs. Included by
+// flash_attention.cu only (tests/emu emulates mma.sync, not wgmma).
+//
+// Note [Warpgroup products in the backward]
+// A block is still 4 warps = one warpgroup owning 64 rows; a product over a 64 x 64 tile is one
+// chain of wgmma.mma_async m64n64k16 (bf16 in, float32 accumulators) instead of each warp's
+// mma.sync m16n8k16 over its 16 rows. The accumulator fragment of m64n64 gives warp w rows
+// 16w .. 16w + 15 in mma.sync's m16n8 layout, so the masks, the softmax recompute, to_a_frags and
+// store_tile are the mma.sync kernels' code unchanged. Operands:
+//  - both from shared memory, K-major (S = Q K^T, dP = dO V^T, P^T = K Q^T, dP^T = V dO^T);
+//  - the left factor from registers (dS, P^T, dS^T as to_a_frags makes them) and the right one
+//    as it lies in memory, [rows, D] with the rows the reduction (MN-major, the transpose flag):
+//    dq += dS K, dv += P^T dO, dk += dS^T Q.
+// Tiles are [64, D] in the 128-byte swizzle (a row of 64 elements in 128 bytes, its eight 16-byte
+// chunks XOR the row's index mod 8; D = 128 as two 64-column atoms), filled by cp.async and
+// double-buffered, with a proxy fence between the copies and the MMAs that read them. The
+// descriptor fields were read off the hardware by dev/wgmma_probe.cu.
+// The bits: each output element is the same float32 sums in the same order as the mma.sync
+// kernels' (the k16 steps in ascending order; dk/dv's queries in the same ascending 16-row
+// chunks whether a step holds 32 or 64 of them), and dev/wgmma_flash.cu finds every output
+// bitwise equal to theirs on the H200 (GPT-2 d12, Llama-3.2-1B and Qwen3-1.7B attention shapes,
+// GQA and documents), so the GPU these kernels run on does not change a run's bits.
+// Where they run: flash_attention.cu launches them when the library holds sm_90a code
+// (XT_FLASH_SM90A, CMakeLists.txt: arch 90 builds this file for 90a) and the device is
+// compute capability 9.0: dk/dv at D = 64 and 128, dq at D = 128 (at D = 64 the mma.sync dq with
+// its Q/dO fragments in registers was as fast; dev/wgmma_flash.cu's figures in docs/attention.md).
+// Elsewhere the bodies compile to a trap and are never launched.
+#pragma once
+#include "kernels/cuda/flash_attention.cuh"
+
+namespace xt {
+namespace kernels {
+namespace cuda {
+namespace flash {
+namespace wg {
+
+constexpr int kAtomBytes = 64 * 128;  // one 64-row x 64-column bf16 atom of the 128-byte swizzle
+constexpr int kLbo = 16;              // (ignored by the hardware for swizzled K-major operands)
+constexpr int kSbo = 1024;            // 8 rows of 128 bytes
+template <int D> constexpr int tile_bytes() { return (D / 64) * kAtomBytes; }
+
+// Shared memory (bytes): 1024 for aligning the first tile to the swizzle's 1024-byte period.
+template <int D> constexpr int dq_smem() { return 1024 + 6 * tile_bytes<D>() + kTile * 4; }  // Q, dO, 2 K, 2 V, delta
+template <int D> constexpr int dkdv_smem() { return 1024 + 6 * tile_bytes<D>() + 4 * kTile * 4; }  // K, V, 2 Q, 2 dO, stats
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Byte offset of element (r, c) of a [64, D] tile in the swizzled layout.
+__device__ __forceinline__ int swz(int r, int c) {
+  return (c / 64) * kAtomBytes + r * 128 + ((((c % 64) / 8) ^ (r % 8)) * 16) + (c % 8) * 2;
+}
+
+__device__ __forceinline__ uint64_t descriptor(uint32_t addr) {
+  return static_cast<uint64_t>((addr >> 4) & 0x3FFF) | static_cast<uint64_t>((kLbo >> 4) & 0x3FFF) << 16 |
+         static_cast<uint64_t>((kSbo >> 4) & 0x3FFF) << 32 | (1ull << 62);  // 62: the 128-byte swizzle
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The 1024-byte-aligned start of the dynamic shared memory.
+__device__ __forceinline__ unsigned char* aligned_smem() {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(dynamic_smem()) + 1023) & ~uintptr_t(1023));
+}
+
+// cp.async rows [row0, row0 + 64) of one head (row r at g + r * ld, D elements) into the swizzled
+// tile at sm; rows at or past S are zero-filled. No commit here.
+template <int D>
+__device__ __forceinline__ void load_tile(unsigned char* sm, const bf16_t* g, int64_t ld, int row0, int S) {
+  constexpr int kChunks = D / 8;
+  static_assert(kTile * kChunks % kBlockThreads == 0, "a tile copy splits evenly over the block");
+#pragma unroll
+  for (int it = 0; it < kTile * kChunks / kBlockThreads; ++it) {
+    const int c = it * kBlockThreads + static_cast<int>(threadIdx.x);
+    const int r = c / kChunks, col = c % kChunks * 8;
+    const bool valid = row0 + r < S;
+    cp_async16(sm + swz(r, col), valid ? g + (row0 + r) * ld + col : g, valid);
+  }
+}
+
+#define XT_WG_ACC(a)                                                                                          \
+  "+f"(a[0][0]), "+f"(a[0][1]), "+f"(a[0][2]), "+f"(a[0][3]), "+f"(a[1][0]), "+f"(a[1][1]), "+f"(a[1][2]),     \
+      "+f"(a[1][3]), "+f"(a[2][0]), "+f"(a[2][1]), "+f"(a[2][2]), "+f"(a[2][3]), "+f"(a[3][0]), "+f"(a[3][1]),  \
+      "+f"(a[3][2]), "+f"(a[3][3]), "+f"(a[4][0]), "+f"(a[4][1]), "+f"(a[4][2]), "+f"(a[4][3]), "+f"(a[5][0]),  \
+      "+f"(a[5][1]), "+f"(a[5][2]), "+f"(a[5][3]), "+f"(a[6][0]), "+f"(a[6][1]), "+f"(a[6][2]), "+f"(a[6][3]),  \
+      "+f"(a[7][0]), "+f"(a[7][1]), "+f"(a[7][2]), "+f"(a[7][3])
+#define XT_WG_D32                                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+
+// acc (this warp's part of a 64 x 64 float32 accumulator, mma.sync's m16n8 layout per 8 columns)
+// += A B over one k-step of 16, both from shared memory, both K-major.
+__device__ __forceinline__ void mma_ss(float (&acc)[8][4], uint64_t da, uint64_t db) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " XT_WG_D32 ", %32, %33, 1, 1, 1, 0, 0;\n"
+               : XT_WG_ACC(acc)
+               : "l"(da), "l"(db)
+               : "memory");
+}
+
+// The same with A from registers (the m16n8k16 A fragment of this warp's rows) and B MN-major.
+__device__ __forceinline__ void mma_rs_t(float (&acc)[8][4], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " XT_WG_D32
+               ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+               : XT_WG_ACC(acc)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db)
+               : "memory");
+}
+#undef XT_WG_ACC
+#undef XT_WG_D32
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit_and_wait() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Keeps the compiler from moving reads or writes of an accumulator across the asynchronous MMA:
+// its registers pass through an empty asm statement ordered with the wgmma statements.
+template <int R>
+__device__ __forceinline__ void pin(float (&acc)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][e])::"memory");
+}
+
+// acc (this warp's part of a 64 x 64 accumulator) += A B^T over D: A and B the swizzled [64, D]
+// tiles at a_addr and b_addr, both K-major (k-step kk: atom kk / 4, 32 bytes per step inside it).
+template <int D>
+__device__ __forceinline__ void mma_kk(float (&acc)[8][4], uint32_t a_addr, uint32_t b_addr) {
+  pin(acc);
+  fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t off = (kk / 4) * kAtomBytes + (kk % 4) * 32;
+    mma_ss(acc, descriptor(a_addr + off), descriptor(b_addr + off));
+  }
+  commit_and_wait();
+  pin(acc);
+}
+
+// acc (this warp's part of a [64, D] accumulator) += A B: A = 64 x 64 from registers (a product's
+// accumulator as to_a_frags makes it), B = the swizzled [64, D] tile at b_addr read MN-major (its
+// rows are the reduction: keys 16ks .. are 16 rows of 128 bytes further), at D = 128 as two n64
+// halves (one 64-column atom each).
+template <int D>
+__device__ __forceinline__ void mma_regs(float (&acc)[D / 8][4], const uint32_t (&a)[kTile / 16][4], uint32_t b_addr) {
+  pin(acc);
+  fence();
+#pragma unroll
+  for (int h = 0; h < D / 64; ++h) {
+    float(&half)[8][4] = *reinterpret_cast<float(*)[8][4]>(&acc[8 * h][0]);
+#pragma unroll
+    for (int ks = 0; ks < kTile / 16; ++ks) mma_rs_t(half, a[ks], descriptor(b_addr + h * kAtomBytes + ks * 16 * 128));
+  }
+  commit_and_wait();
+  pin(acc);
+}
+
+// begin_step with the async proxy fence: step t of a double-buffered loop of n steps issues step
+// t + 1's copies (prefetch()), waits for this thread's copies of step t, fences them into wgmma's
+// proxy, then the barrier.
+template <typename Prefetch>
+__device__ __forceinline__ void begin_async_step(int t, int n, Prefetch&& prefetch) {
+  if (t + 1 < n) {
+    prefetch();
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  fence_async_proxy();
+  __syncthreads();
+}
+
+#define XT_WGMMA_BODY 1
+#endif  // sm_90a
+
+// dq for 64 queries of one (b, h) (flash_backward_dq_kernel with wgmma products): delta of its rows
+// from global memory with delta_kernel's lanes and order (Note [delta inside the dq kernel]; the
+// rows are not contiguous in the swizzled tiles), written for dk/dv, then the loop over the
+// visible key tiles: S = Q K^T, dP = dO V^T, dq += dS K.
+template <int D>
+__global__ void __launch_bounds__(kBlockThreads)
+    flash_backward_dq_wgmma_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                   const bf16_t* __restrict__ v, const bf16_t* __restrict__ out,
+                                   const bf16_t* __restrict__ dout, const float* __restrict__ lse,
+                                   float* __restrict__ delta, bf16_t* __restrict__ dq, Dims n) {
+#ifdef XT_WGMMA_BODY
+  constexpr int kTileBytes = tile_bytes<D>();
+  unsigned char* sQ = aligned_smem();
+  unsigned char* sdO = sQ + kTileBytes;
+  unsigned char* sK = sdO + kTileBytes;  // 2 buffers
+  unsigned char* sV = sK + 2 * kTileBytes;
+  float* sDl = reinterpret_cast<float*>(sV + 2 * kTileBytes);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const QueryTile qt = query_tile<D>(n);
+  const bf16_t* kh = k + qt.kvoff;
+  const bf16_t* vh = v + qt.kvoff;
+  load_tile<D>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
+  load_tile<D>(sdO, dout + qt.qoff, qt.ldq, qt.q0, n.S);
+  load_tile<D>(sK, kh, qt.ldkv, qt.kv_first * kTile, n.S);
+  load_tile<D>(sV, vh, qt.ldkv, qt.kv_first * kTile, n.S);
+  cp_async_commit();
+  const int64_t stat = (static_cast<int64_t>(qt.b) * n.H + qt.h) * n.S;
+  {
+    constexpr int G = lanes_for(D);
+    static_assert(kTile % (kBlockThreads / G) == 0, "the block's rows split into whole rounds of groups");
+    const int g_lane = threadIdx.x % G;
+#pragma unroll
+    for (int r0 = 0; r0 < kTile; r0 += kBlockThreads / G) {
+      const int r = r0 + static_cast<int>(threadIdx.x) / G, qi = qt.q0 + r;
+      const int64_t at = qt.qoff + static_cast<int64_t>(qi) * qt.ldq;
+      const float d_row = group_row_dot<G, bf16_t>(out + at, dout + at, D, g_lane, qi < n.S);
+      if (g_lane == 0) {
+        sDl[r] = d_row;
+        if (qi < n.S) delta[stat + qi] = d_row;
+      }
+    }
+  }
+  const int row = qt.q0 + warp * 16 + lane / 4;
+  const int col = 2 * (lane % 4);
+  float lse2[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) lse2[r] = row + 8 * r < n.S ? lse[stat + row + 8 * r] * kLog2e : 0.f;
+  __syncthreads();  // sDl complete
+  float dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) dl[r] = row + 8 * r < n.S ? sDl[row + 8 * r - qt.q0] : 0.f;
+  float acc[D / 8][4] = {};
+  const int lo[2] = {first_key(n.doc, qt.b, n.S, row), first_key(n.doc, qt.b, n.S, row + 8)};
+  const uint32_t q_addr = smem_addr(sQ), o_addr = smem_addr(sdO);
+  const int steps = qt.n_kv_tiles - qt.kv_first;
+  for (int t = 0; t < steps; ++t) {
+    const int j = qt.kv_first + t;
+    begin_async_step(t, steps, [&] {
+      load_tile<D>(sK + (t + 1) % 2 * kTileBytes, kh, qt.ldkv, (j + 1) * kTile, n.S);
+      load_tile<D>(sV + (t + 1) % 2 * kTileBytes, vh, qt.ldkv, (j + 1) * kTile, n.S);
+    });
+    const uint32_t k_addr = smem_addr(sK + t % 2 * kTileBytes), v_addr = smem_addr(sV + t % 2 * kTileBytes);
+    const int k0 = j * kTile;
+    float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
+    mma_kk<D>(s, q_addr, k_addr);
+    mma_kk<D>(dp, o_addr, v_addr);
+    const bool masked =
+        k0 + kTile > n.S || qt.q0 + kTile > n.S || (n.causal && k0 + kTile > qt.q0) || k0 < qt.doc_last;
+#pragma unroll
+    for (int nb = 0; nb < kTile / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e / 2;
+        float ds = 0.f;
+        if (!masked || visible(row + 8 * r, k0 + col + 8 * nb + e % 2, n.S, n.causal, lo[r])) {
+          const float p = exp2f(fmaf(s[nb][e], n.scale_log2, -lse2[r]));
+          ds = p * (dp[nb][e] - dl[r]);
+        }
+        s[nb][e] = ds;
+      }
+    uint32_t a[kTile / 16][4];
+    to_a_frags<kTile>(a, s);
+    mma_regs<D>(acc, a, k_addr);
+    __syncthreads();  // before the next prefetch overwrites this step's buffers
+  }
+  const float mul[2] = {n.scale, n.scale};
+  store_tile<D>(dq + qt.qoff, qt.ldq, row, col, n.S, acc, mul);
+#else
+  __trap();  // launched only where the library holds sm_90a code and the device is 9.0
+#endif
+}
+
+// dk, dv for 64 keys of one (b, kv head) (flash_backward_dkdv_kernel with wgmma products), 64
+// queries per step at every D: P^T = K Q^T, dP^T = V dO^T, dv += P^T dO, dk += dS^T Q.
+template <int D>
+__global__ void __launch_bounds__(kBlockThreads)
+    flash_backward_dkdv_wgmma_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
+                                     const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
+                                     const float* __restrict__ lse, const float* __restrict__ delta,
+                                     bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, Dims n) {
+#ifdef XT_WGMMA_BODY
+  constexpr int BR = kTile, kTileBytes = tile_bytes<D>();
+  unsigned char* sK = aligned_smem();
+  unsigned char* sV = sK + kTileBytes;
+  unsigned char* sQ = sV + kTileBytes;       // 2 buffers
+  unsigned char* sdO = sQ + 2 * kTileBytes;  // 2 buffers
+  float* sL = reinterpret_cast<float*>(sdO + 2 * kTileBytes);  // lse, 2 buffers of BR
+  float* sDl = sL + 2 * BR;                                     // delta, 2 buffers
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int b = blockIdx.x / n.Hkv, hk = blockIdx.x % n.Hkv;
+  const int k0 = blockIdx.y * kTile;
+  const int rep = n.H / n.Hkv;
+  const int64_t ldq = static_cast<int64_t>(n.H) * D, ldkv = static_cast<int64_t>(n.Hkv) * D;
+  const int64_t kvoff = head_offset(b, n.S, hk, n.Hkv, D);
+  const int first = n.causal ? k0 / BR : 0;
+  const int q_end = doc_end(n.doc, b, n.S, imin(k0 + kTile, n.S) - 1);
+  const int per_head = (q_end + BR - 1) / BR - first;
+  const int n_steps = rep * per_head;
+  const auto load_step = [&](int t, int buf) {
+    const int h = hk * rep + t / per_head, q0 = (first + t % per_head) * BR;
+    const int64_t qoff = head_offset(b, n.S, h, n.H, D);
+    const int64_t stat = (static_cast<int64_t>(b) * n.H + h) * n.S;
+    load_tile<D>(sQ + buf * kTileBytes, q + qoff, ldq, q0, n.S);
+    load_tile<D>(sdO + buf * kTileBytes, dout + qoff, ldq, q0, n.S);
+    load_stats<BR>(sL + buf * BR, lse + stat, q0, n.S);
+    load_stats<BR>(sDl + buf * BR, delta + stat, q0, n.S);
+  };
+  load_tile<D>(sK, k + kvoff, ldkv, k0, n.S);
+  load_tile<D>(sV, v + kvoff, ldkv, k0, n.S);
+  load_step(0, 0);
+  cp_async_commit();
+  const int key = k0 + warp * 16 + lane / 4;
+  const int col = 2 * (lane % 4);
+  float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+  const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
+  for (int t = 0; t < n_steps; ++t) {
+    begin_async_step(t, n_steps, [&] { load_step(t + 1, (t + 1) % 2); });
+    const int buf = t % 2, q0 = (first + t % per_head) * BR;
+    const uint32_t q_addr = smem_addr(sQ + buf * kTileBytes), o_addr = smem_addr(sdO + buf * kTileBytes);
+    const float* sLt = sL + buf * BR;
+    const float* sDlt = sDl + buf * BR;
+    float pt[BR / 8][4] = {};
+    mma_kk<D>(pt, k_addr, q_addr);
+    const bool masked = q0 + BR > n.S || (n.causal && q0 < k0 + kTile) ||
+                        first_key(n.doc, b, n.S, imin(q0 + BR, n.S) - 1) > k0;
+#pragma unroll
+    for (int nb = 0; nb < BR / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int qc = col + 8 * nb + e % 2;
+        float p = 0.f;
+        if (!masked || visible(q0 + qc, key + 8 * (e / 2), n.S, n.causal, first_key(n.doc, b, n.S, q0 + qc)))
+          p = exp2f(fmaf(pt[nb][e], n.scale_log2, -sLt[qc] * kLog2e));
+        pt[nb][e] = p;
+      }
+    uint32_t a[BR / 16][4];
+    to_a_frags<BR>(a, pt);
+    mma_regs<D>(dv_acc, a, o_addr);  // dv += P^T dO
+    float dst[BR / 8][4] = {};
+    mma_kk<D>(dst, v_addr, o_addr);  // dP^T = V dO^T
+#pragma unroll
+    for (int nb = 0; nb < BR / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dst[nb][e] = pt[nb][e] * (dst[nb][e] - sDlt[col + 8 * nb + e % 2]);
+    to_a_frags<BR>(a, dst);
+    mma_regs<D>(dk_acc, a, q_addr);  // dk += dS^T Q
+    __syncthreads();
+  }
+  const float dk_mul[2] = {n.scale, n.scale}, dv_mul[2] = {1.f, 1.f};
+  store_tile<D>(dk + kvoff, ldkv, key, col, n.S, dk_acc, dk_mul);
+  store_tile<D>(dv + kvoff, ldkv, key, col, n.S, dv_acc, dv_mul);
+#else
+  __trap();
+#endif
+}
+
+#undef XT_WGMMA_BODY
+
+}  // namespace wg
+}  // namespace flash
+}  // namespace cuda
+}  // namespace kernels
+}  // namespace xt
