@@ -8,9 +8,9 @@
 //    kernels; on the tensor-core path the dq kernel computes delta itself, so 2 launches there, 3
 //    on the fallback. Every output is written with `=`, no atomics, no memset.
 //  - Launch shapes depend only on the problem sizes (never on the GPU), so the bits do too. On a
-//    compute capability 9.0 device with sm_90a code in the library (XT_FLASH_SM90A) the backward's
-//    tensor-core kernels at D = 64 / 128 are the wgmma forms (Note [Warpgroup products in the
-//    backward], flash_wgmma.cuh): the same blocks and sums, the same bits.
+//    compute capability 9.0 device with sm_90a code in the library (XT_FLASH_SM90A) the
+//    tensor-core kernels at D = 64 / 128 are the wgmma forms (Note [Warpgroup products],
+//    flash_wgmma.cuh): the same blocks and sums, the same bits.
 #include <atomic>
 #include <initializer_list>
 
@@ -39,12 +39,9 @@ bool tensor_core_path(DType dt, int64_t D, std::initializer_list<const void*> pt
   return dt == DType::BFloat16 && (D == 32 || D == 64 || D == 128) && aligned16(ptrs);
 }
 
-// Whether the backward at head dim D takes the warpgroup-MMA kernels: (dq, dk/dv) (Note [Warpgroup
-// products in the backward]). Needs sm_90a code in this file and a 9.0 device.
-struct WgmmaUse {
-  bool dq, dkdv;
-};
-WgmmaUse wgmma_use(int device, int64_t D) {
+// Whether the tensor-core kernels at head dim D take their warpgroup-MMA forms (Note [Warpgroup
+// products]): sm_90a code in this file, a 9.0 device, D = 64 or 128.
+bool use_wgmma(int device, int64_t D) {
 #ifdef XT_FLASH_SM90A
   static std::atomic<int> cc[64];  // per device: 0 unknown, else major * 10 + minor
   int c = device < 64 ? cc[device].load() : 0;
@@ -55,12 +52,12 @@ WgmmaUse wgmma_use(int device, int64_t D) {
     c = major * 10 + minor;
     if (device < 64) cc[device].store(c);
   }
-  if (c == 90) return WgmmaUse{D == 128, D == 64 || D == 128};
+  return c == 90 && (D == 64 || D == 128);
 #else
   (void)device;
   (void)D;
+  return false;
 #endif
-  return WgmmaUse{false, false};
 }
 
 // Kernel's dynamic shared memory above the default 48 KB needs an opt-in, once per device.
@@ -125,12 +122,24 @@ void flash_attention_forward(DType dt, const void* q, const void* k, const void*
   OnStream on(stream);
   if (tensor_core_path(dt, D, {q, k, v, out})) {
     const Dims n = flash::make_dims(B, S, H, Hkv, scale, causal, doc_start);
+    const auto* q_ = static_cast<const bf16_t*>(q);
+    const auto* k_ = static_cast<const bf16_t*>(k);
+    const auto* v_ = static_cast<const bf16_t*>(v);
     XT_INT_SWITCH(D, kD, (32, 64, 128), [&] {
+      if constexpr (kD >= 64) {
+        if (use_wgmma(on.device, kD)) {  // Hopper (Note [Warpgroup products], flash_wgmma.cuh)
+          constexpr int smem = flash::wg::fwd_smem<kD>();
+          allow_smem<flash::wg::flash_forward_wgmma_kernel<kD>>(smem, on.device);
+          flash::wg::flash_forward_wgmma_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, smem, on.s>>>(
+              q_, k_, v_, static_cast<bf16_t*>(out), static_cast<float*>(lse), n);
+          XT_LAUNCH_CHECK();
+          return;
+        }
+      }
       constexpr int smem = flash::fwd_smem<kD>();
       allow_smem<flash::flash_forward_kernel<kD>>(smem, on.device);
       flash::flash_forward_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, smem, on.s>>>(
-          static_cast<const bf16_t*>(q), static_cast<const bf16_t*>(k), static_cast<const bf16_t*>(v),
-          static_cast<bf16_t*>(out), static_cast<float*>(lse), n);
+          q_, k_, v_, static_cast<bf16_t*>(out), static_cast<float*>(lse), n);
       XT_LAUNCH_CHECK();
     });
     return;
@@ -170,48 +179,40 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
         XT_INT_SWITCH(D, kD, (32, 64, 128), [&] {
           // Each kernel's form and occupancy per D: Notes [A fragments kept in registers] and
           // [Backward occupancy] (flash_attention.cuh); on Hopper the warpgroup-MMA forms (Note
-          // [Warpgroup products in the backward], flash_wgmma.cuh).
-          constexpr int kBR = flash::dkdv_rows<kD>();
-          const WgmmaUse wg = wgmma_use(on.device, kD);
+          // [Warpgroup products], flash_wgmma.cuh).
           const auto* q_ = static_cast<const T*>(q);
           const auto* k_ = static_cast<const T*>(k);
           const auto* v_ = static_cast<const T*>(v);
           const auto* o_ = static_cast<const T*>(out);
           const auto* do_ = static_cast<const T*>(dout);
           const auto* lse_ = static_cast<const float*>(lse);
-          bool dq_wg = false, dkdv_wg = false;  // launched in their wgmma forms
+          auto* dq_ = static_cast<T*>(dq);
+          auto* dk_ = static_cast<T*>(dk);
+          auto* dv_ = static_cast<T*>(dv);
+          float* delta_ = delta.as<float>();
           if constexpr (kD >= 64) {
-            if (wg.dq) {
-              constexpr int smem = flash::wg::dq_smem<kD>();
-              allow_smem<flash::wg::flash_backward_dq_wgmma_kernel<kD>>(smem, on.device);
-              flash::wg::flash_backward_dq_wgmma_kernel<kD>
-                  <<<flash::forward_grid(n), flash::kBlockThreads, smem, on.s>>>(q_, k_, v_, o_, do_, lse_,
-                                                                                 delta.as<float>(), static_cast<T*>(dq), n);
-              dq_wg = true;
+            if (use_wgmma(on.device, kD)) {
+              constexpr int dq_smem = flash::wg::dq_smem<kD>(), dkdv_smem = flash::wg::dkdv_smem<kD>();
+              allow_smem<flash::wg::flash_backward_dq_wgmma_kernel<kD>>(dq_smem, on.device);
+              allow_smem<flash::wg::flash_backward_dkdv_wgmma_kernel<kD>>(dkdv_smem, on.device);
+              flash::wg::flash_backward_dq_wgmma_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, dq_smem,
+                                                             on.s>>>(q_, k_, v_, o_, do_, lse_, delta_, dq_, n);
+              XT_LAUNCH_CHECK();
+              flash::wg::flash_backward_dkdv_wgmma_kernel<kD><<<flash::dkdv_grid(n), flash::kBlockThreads, dkdv_smem,
+                                                               on.s>>>(q_, k_, v_, do_, lse_, delta_, dk_, dv_, n);
+              XT_LAUNCH_CHECK();
+              return;
             }
           }
-          if (!dq_wg) {
-            constexpr int smem = flash::dq_smem<kD>();
-            allow_smem<flash::flash_backward_dq_kernel<kD>>(smem, on.device);
-            flash::flash_backward_dq_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, smem, on.s>>>(
-                q_, k_, v_, o_, do_, lse_, delta.as<float>(), static_cast<T*>(dq), n);
-          }
+          constexpr int kBR = flash::dkdv_rows<kD>();
+          constexpr int dq_smem = flash::dq_smem<kD>(), dkdv_smem = flash::dkdv_smem<kD>();
+          allow_smem<flash::flash_backward_dq_kernel<kD>>(dq_smem, on.device);
+          allow_smem<flash::flash_backward_dkdv_kernel<kD, kBR>>(dkdv_smem, on.device);
+          flash::flash_backward_dq_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, dq_smem, on.s>>>(
+              q_, k_, v_, o_, do_, lse_, delta_, dq_, n);
           XT_LAUNCH_CHECK();
-          if constexpr (kD >= 64) {
-            if (wg.dkdv) {
-              constexpr int smem = flash::wg::dkdv_smem<kD>();
-              allow_smem<flash::wg::flash_backward_dkdv_wgmma_kernel<kD>>(smem, on.device);
-              flash::wg::flash_backward_dkdv_wgmma_kernel<kD><<<flash::dkdv_grid(n), flash::kBlockThreads, smem, on.s>>>(
-                  q_, k_, v_, do_, lse_, delta.as<float>(), static_cast<T*>(dk), static_cast<T*>(dv), n);
-              dkdv_wg = true;
-            }
-          }
-          if (!dkdv_wg) {
-            constexpr int smem = flash::dkdv_smem<kD>();
-            allow_smem<flash::flash_backward_dkdv_kernel<kD, kBR>>(smem, on.device);
-            flash::flash_backward_dkdv_kernel<kD, kBR><<<flash::dkdv_grid(n), flash::kBlockThreads, smem, on.s>>>(
-                q_, k_, v_, do_, lse_, delta.as<float>(), static_cast<T*>(dk), static_cast<T*>(dv), n);
-          }
+          flash::flash_backward_dkdv_kernel<kD, kBR><<<flash::dkdv_grid(n), flash::kBlockThreads, dkdv_smem, on.s>>>(
+              q_, k_, v_, do_, lse_, delta_, dk_, dv_, n);
           XT_LAUNCH_CHECK();
         });
         return;

@@ -1,32 +1,33 @@
-// The flash backward's products with Hopper's warpgroup MMA (sm_90a): the dq and dk/dv kernels of
-// flash_attention.cuh with their tile products as wgmma instead of mma.sync, everything else
-// (blocks, loops, masks, the recompute of P from lse, delta, the epilogues) theirs. Included by
-// flash_attention.cu only (tests/emu emulates mma.sync, not wgmma).
+// Flash attention's tile products with Hopper's warpgroup MMA (sm_90a): the forward, dq and dk/dv
+// kernels of flash_attention.cuh with their products as wgmma instead of mma.sync, everything
+// else (blocks, loops, masks, the online softmax, the recompute of P from lse, delta, the
+// epilogues) theirs. Included by flash_attention.cu only (tests/emu emulates mma.sync, not wgmma).
 //
-// Note [Warpgroup products in the backward]
+// Note [Warpgroup products]
 // A block is still 4 warps = one warpgroup owning 64 rows; a product over a 64 x 64 tile is one
 // chain of wgmma.mma_async m64n64k16 (bf16 in, float32 accumulators) instead of each warp's
 // mma.sync m16n8k16 over its 16 rows. The accumulator fragment of m64n64 gives warp w rows
-// 16w .. 16w + 15 in mma.sync's m16n8 layout, so the masks, the softmax recompute, to_a_frags and
+// 16w .. 16w + 15 in mma.sync's m16n8 layout, so the masks, the softmax, to_a_frags and
 // store_tile are the mma.sync kernels' code unchanged. Operands:
 //  - both from shared memory, K-major (S = Q K^T, dP = dO V^T, P^T = K Q^T, dP^T = V dO^T);
-//  - the left factor from registers (dS, P^T, dS^T as to_a_frags makes them) and the right one
-//    as it lies in memory, [rows, D] with the rows the reduction (MN-major, the transpose flag):
-//    dq += dS K, dv += P^T dO, dk += dS^T Q.
+//  - the left factor from registers (P, dS, P^T, dS^T as to_a_frags makes them) and the right
+//    one as it lies in memory, [rows, D] with the rows the reduction (MN-major, the transpose
+//    flag): O += P V, dq += dS K, dv += P^T dO, dk += dS^T Q.
 // Tiles are [64, D] in the 128-byte swizzle (a row of 64 elements in 128 bytes, its eight 16-byte
-// chunks XOR the row's index mod 8; D = 128 as two 64-column atoms), filled by cp.async and
-// double-buffered, with a proxy fence between the copies and the MMAs that read them. The
-// descriptor fields were read off the hardware by dev/wgmma_probe.cu.
+// chunks XOR the row's index mod 8; D = 128 as two 64-column atoms), filled by cp.async in fully
+// unrolled copies and double-buffered, with a proxy fence between the copies and the MMAs that
+// read them. The descriptor fields were read off the hardware by dev/wgmma_probe.cu.
 // The bits: each output element is the same float32 sums in the same order as the mma.sync
-// kernels' (the k16 steps in ascending order; dk/dv's queries in the same ascending 16-row
-// chunks whether a step holds 32 or 64 of them), and dev/wgmma_flash.cu finds every output
-// bitwise equal to theirs on the H200 (GPT-2 d12, Llama-3.2-1B and Qwen3-1.7B attention shapes,
-// GQA and documents), so the GPU these kernels run on does not change a run's bits.
+// kernels' (the k16 steps in ascending order; dk/dv's queries in the same ascending 16-row chunks
+// whether a step holds 32 or 64 of them), and dev/wgmma_flash.cu finds every output (out, lse,
+// delta, dq, dk, dv) bitwise equal to theirs on the H200 at GPT-2 d12, Llama-3.2-1B and
+// Qwen3-1.7B attention shapes, with GQA and with documents: the GPU a run uses does not change
+// its bits. Measured there (ms, mma.sync -> wgmma, Qwen3-1.7B b4 s4096 D=128 per layer): forward
+// 1.114 -> 0.812, dq 1.542 -> 1.016, dk/dv 2.215 -> 1.275 (docs/attention.md has every shape).
 // Where they run: flash_attention.cu launches them when the library holds sm_90a code
-// (XT_FLASH_SM90A, CMakeLists.txt: arch 90 builds this file for 90a) and the device is
-// compute capability 9.0: dk/dv at D = 64 and 128, dq at D = 128 (at D = 64 the mma.sync dq with
-// its Q/dO fragments in registers was as fast; dev/wgmma_flash.cu's figures in docs/attention.md).
-// Elsewhere the bodies compile to a trap and are never launched.
+// (XT_FLASH_SM90A: CMakeLists.txt builds this file for 90a where the arch list has 90) and the
+// device is compute capability 9.0, at D = 64 and 128 (D = 32 keeps mma.sync: a 64-column
+// swizzle atom is wider than its rows). Elsewhere the bodies compile to a trap, never launched.
 #pragma once
 #include "kernels/cuda/flash_attention.cuh"
 
@@ -42,6 +43,7 @@ constexpr int kSbo = 1024;            // 8 rows of 128 bytes
 template <int D> constexpr int tile_bytes() { return (D / 64) * kAtomBytes; }
 
 // Shared memory (bytes): 1024 for aligning the first tile to the swizzle's 1024-byte period.
+template <int D> constexpr int fwd_smem() { return 1024 + 5 * tile_bytes<D>(); }  // Q, 2 K, 2 V
 template <int D> constexpr int dq_smem() { return 1024 + 6 * tile_bytes<D>() + kTile * 4; }  // Q, dO, 2 K, 2 V, delta
 template <int D> constexpr int dkdv_smem() { return 1024 + 6 * tile_bytes<D>() + 4 * kTile * 4; }  // K, V, 2 Q, 2 dO, stats
 
@@ -180,6 +182,70 @@ __device__ __forceinline__ void begin_async_step(int t, int n, Prefetch&& prefet
 #define XT_WGMMA_BODY 1
 #endif  // sm_90a
 
+// The forward for 64 queries of one (b, h) (flash_forward_kernel with wgmma products): S = Q K^T
+// from shared memory, the mask and online softmax as there, O += P V with P from registers.
+template <int D>
+__global__ void __launch_bounds__(kBlockThreads)
+    flash_forward_wgmma_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                               bf16_t* __restrict__ out, float* __restrict__ lse, Dims n) {
+#ifdef XT_WGMMA_BODY
+  constexpr int kTileBytes = tile_bytes<D>();
+  unsigned char* sQ = aligned_smem();
+  unsigned char* sK = sQ + kTileBytes;  // 2 buffers
+  unsigned char* sV = sK + 2 * kTileBytes;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const QueryTile qt = query_tile<D>(n);
+  const bf16_t* kh = k + qt.kvoff;
+  const bf16_t* vh = v + qt.kvoff;
+  load_tile<D>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
+  load_tile<D>(sK, kh, qt.ldkv, qt.kv_first * kTile, n.S);
+  load_tile<D>(sV, vh, qt.ldkv, qt.kv_first * kTile, n.S);
+  cp_async_commit();
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int row = qt.q0 + warp * 16 + lane / 4;
+  const int col = 2 * (lane % 4);
+  const int lo[2] = {first_key(n.doc, qt.b, n.S, row), first_key(n.doc, qt.b, n.S, row + 8)};
+  const uint32_t q_addr = smem_addr(sQ);
+  const int steps = qt.n_kv_tiles - qt.kv_first;
+  for (int t = 0; t < steps; ++t) {
+    const int j = qt.kv_first + t;
+    begin_async_step(t, steps, [&] {
+      load_tile<D>(sK + (t + 1) % 2 * kTileBytes, kh, qt.ldkv, (j + 1) * kTile, n.S);
+      load_tile<D>(sV + (t + 1) % 2 * kTileBytes, vh, qt.ldkv, (j + 1) * kTile, n.S);
+    });
+    const uint32_t k_addr = smem_addr(sK + t % 2 * kTileBytes), v_addr = smem_addr(sV + t % 2 * kTileBytes);
+    const int k0 = j * kTile;
+    float s[kTile / 8][4] = {};
+    mma_kk<D>(s, q_addr, k_addr);
+    if (k0 + kTile > n.S || (n.causal && k0 + kTile > qt.q0) || k0 < qt.doc_last) {
+#pragma unroll
+      for (int nb = 0; nb < kTile / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!visible(row + 8 * (e / 2), k0 + col + 8 * nb + e % 2, n.S, n.causal, lo[e / 2])) s[nb][e] = -INFINITY;
+    }
+    online_softmax<kTile, D>(s, o, m, l, n.scale_log2);
+    uint32_t p[kTile / 16][4];
+    to_a_frags<kTile>(p, s);
+    mma_regs<D>(o, p, v_addr);
+    __syncthreads();  // before the next prefetch overwrites this step's buffers
+  }
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = 1.f / l[r];
+    const int qi = row + 8 * r;
+    if (qi < n.S && lane % 4 == 0) lse[(static_cast<int64_t>(qt.b) * n.H + qt.h) * n.S + qi] = (m[r] + log2f(l[r])) * kLn2;
+  }
+  store_tile<D>(out + qt.qoff, qt.ldq, row, col, n.S, o, inv);
+#else
+  __trap();  // launched only where the library holds sm_90a code and the device is 9.0
+#endif
+}
+
 // dq for 64 queries of one (b, h) (flash_backward_dq_kernel with wgmma products): delta of its rows
 // from global memory with delta_kernel's lanes and order (Note [delta inside the dq kernel]; the
 // rows are not contiguous in the swizzled tiles), written for dk/dv, then the loop over the
@@ -268,7 +334,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const float mul[2] = {n.scale, n.scale};
   store_tile<D>(dq + qt.qoff, qt.ldq, row, col, n.S, acc, mul);
 #else
-  __trap();  // launched only where the library holds sm_90a code and the device is 9.0
+  __trap();
 #endif
 }
 
