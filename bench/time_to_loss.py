@@ -40,7 +40,8 @@ counts what a user waits for: the xtrain arms' step times as `xtrain train` logs
 events; the first steps include the CUDA graphs' warm-up and capture), the PyTorch arms' training
 segments between evaluations with a device sync at each end (the first includes compilation).
 
-Results: bench/results/time_to_loss-PRESET-DATE.json, rewritten after every run (a call cut short
+Results: bench/results/time_to_loss-PRESET-DATE.json, and beside it the curves as a .png (validation
+loss against training seconds and against tokens, one line per arm and LR), rewritten after every run (a call cut short
 keeps the runs it finished). --merge FILE... writes one result from several calls' files of the same
 preset, batch, seq, steps, schedule and evaluations (a sweep split over calls), summarised together.
 """
@@ -299,7 +300,47 @@ def merge(args) -> None:
     report(summary)
     payload = {**{k: first.get(k) for k in ("benchmark", "env", "corpus", *MERGE_KEYS)}, "lrs": lrs,
                "merged_from": [Path(f).name for f in args.merge], "runs": runs, "summary": summary}
-    common.write_json(common.result_name(f"time_to_loss-{first['config']['preset']}", args.tag), payload, args.out)
+    write(common.result_name(f"time_to_loss-{first['config']['preset']}", args.tag), payload, args.out, None)
+
+
+def plot(payload: dict, path: Path) -> Path:
+    """The validation curves of every run: loss against training seconds (left) and tokens (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_time, by_tokens) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for arm, by_lr in payload["runs"].items():
+        for lr, run in by_lr.items():
+            curve = run.get("curve") or []
+            if not curve:
+                continue
+            label = f"{arm} lr {float(lr):g}"
+            style = "-" if arm.startswith("xtrain") else "--"
+            by_time.plot([c["seconds"] for c in curve], [c["val_loss"] for c in curve], style, label=label)
+            by_tokens.plot([c["tokens"] / 1e6 for c in curve], [c["val_loss"] for c in curve], style, label=label)
+    for ax, xlabel in ((by_time, "training seconds (PyTorch: compile included)"), (by_tokens, "tokens (M)")):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("validation loss")
+        ax.grid(alpha=0.3)
+        for t in payload["targets"]:
+            ax.axhline(t, color="grey", lw=0.5, ls=":")
+    by_time.legend(fontsize=8)
+    corpus = "English manuals (Python, Perl, Vim)" if payload.get("corpus") else Path(str(payload.get("data", ""))).name
+    fig.suptitle(f"time to loss: {payload['config']['preset']}, batch {payload['batch']} x seq {payload['seq']}, "
+                 f"{corpus}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write(name: str, payload: dict, out: str, date: str | None, quiet: bool = False) -> Path:
+    """The result's JSON and its curves' PNG (same name)."""
+    path = common.write_json(name, payload, out, date=date, quiet=quiet)
+    plot(payload, path.with_suffix(".png"))
+    return path
 
 
 def report(summary: dict) -> None:
@@ -361,10 +402,9 @@ def main(argv=None) -> None:
                              for t, h in r["reached"].items())
             final = curve[-1]["val_loss"] if curve else float("nan")
             print(f"{arm} lr {lr:g}: final val {final:.4f}; {hits}", flush=True)
-            common.write_json(common.result_name(f"time_to_loss-{args.preset}", args.tag), payload(), args.out,
-                              date=date, quiet=True)
+            write(common.result_name(f"time_to_loss-{args.preset}", args.tag), payload(), args.out, date, quiet=True)
     report(summarize(args, runs))
-    common.write_json(common.result_name(f"time_to_loss-{args.preset}", args.tag), payload(), args.out, date=date)
+    write(common.result_name(f"time_to_loss-{args.preset}", args.tag), payload(), args.out, date)
 
 
 if __name__ == "__main__":

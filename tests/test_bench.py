@@ -97,8 +97,8 @@ def test_fresh_compile_caches_keeps_a_carried_inductor_cache(monkeypatch, tmp_pa
 
 
 def test_time_to_loss_merges_a_sweep_split_over_calls(tmp_path):
-    """Two calls at different LRs merge into one result whose summary takes the best of both; a
-    file of another setting is refused. Each call's file holds its finished runs."""
+    """Two calls at different LRs merge into one result (with its curves' plot) whose summary takes
+    the best of both; a file of another setting is refused. Each call's file holds its finished runs."""
     from modelhelp import prepared_stories
 
     data = prepared_stories(tmp_path / "data")
@@ -110,6 +110,7 @@ def test_time_to_loss_merges_a_sweep_split_over_calls(tmp_path):
     merged = _run("time_to_loss.py", tmp_path / "m", "--merge", *map(str, [*(tmp_path / "a").glob("*.json"),
                                                                          *(tmp_path / "b").glob("*.json")]))
     assert sorted(merged["runs"]["xtrain-adamw-nodoc"]) == ["0.001", "0.003"] and merged["lrs"] == [1e-3, 3e-3]
+    assert len(list((tmp_path / "m").glob("time_to_loss-tiny-*.png"))) == 1  # the curves beside the JSON
     best = merged["summary"]["20.0"]["xtrain_best"]
     assert best["lr"] in (1e-3, 3e-3) and best["seconds"] == min(
         r["runs"]["xtrain-adamw-nodoc"][lr]["reached"]["20.0"]["seconds"] for r, lr in ((a, "0.001"), (b, "0.003")))
