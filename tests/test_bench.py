@@ -96,6 +96,20 @@ def test_fresh_compile_caches_keeps_a_carried_inductor_cache(monkeypatch, tmp_pa
     assert fresh != str(tmp_path / "carried") and fresh.startswith(str(tmp_path))
 
 
+def test_time_to_loss_races_on_the_stream(tmp_path, monkeypatch):
+    """--stream: both frameworks read the built-in stream's windows in the same order (float32
+    curves agree to rounding) and its held-out set; the result names the stream."""
+    monkeypatch.setenv("XTRAIN_CACHE", str(tmp_path / "cache"))
+    result = _run("time_to_loss.py", tmp_path / "out", "--stream", "--preset", "tiny", "--batch", "4", "--seq", "128",
+                  "--steps", "4", "--warmup", "2", "--eval-every", "2", "--eval-batches", "2", "--targets", "9,1",
+                  "--lrs", "1e-3", "--fp32", "--compile-mode", "none", "--arms", "xtrain-adamw-nodoc,torch-adamw")
+    assert result["data"].endswith("stream") and result["corpus"] is None
+    curves = {arm: by_lr["0.001"]["curve"] for arm, by_lr in result["runs"].items()}
+    assert [c["step"] for c in curves["torch-adamw"]] == [2, 4] == [c["step"] for c in curves["xtrain-adamw-nodoc"]]
+    for a, b in zip(curves["xtrain-adamw-nodoc"], curves["torch-adamw"]):
+        assert abs(a["val_loss"] - b["val_loss"]) < 1e-3 * a["val_loss"], (a, b)
+
+
 def test_time_to_loss_merges_a_sweep_split_over_calls(tmp_path):
     """Two calls at different LRs merge into one result (with its curves' plot) whose summary takes
     the best of both; a file of another setting is refused. Each call's file holds its finished runs."""
