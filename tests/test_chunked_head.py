@@ -129,7 +129,12 @@ def test_chunked_all_ignored_and_return_logits(device):
     assert logits is not None and tuple(logits.shape) == (20, 33) and not logits.requires_grad
     want = ops.linear(xt, wt)
     if device == "cpu":
-        assert np.array_equal(bits(logits), bits(want))
+        # The head's GEMM per chunk of 6 rows: OpenBLAS may pick another kernel for 6 rows than for
+        # 20 (it does on AMD EPYC), so the bitwise reference is the same GEMM chunk by chunk.
+        chunks = [to_numpy64(ops.linear(xtrain.tensor(x[i:i + 6], dtype="float32", device=device), wt))
+                  for i in range(0, 20, 6)]
+        assert np.array_equal(to_numpy64(logits), np.concatenate(chunks))
+        np.testing.assert_allclose(to_numpy64(logits), to_numpy64(want), rtol=1e-5, atol=1e-6)
     else:
         np.testing.assert_allclose(to_numpy64(logits), to_numpy64(want), rtol=1e-5, atol=1e-5)
 
