@@ -271,6 +271,96 @@ def test_bad_inputs(device):
         assert ops.linear_fp8(xtrain.ones((3, 5)), xtrain.ones((7, 5))).shape == (3, 7)
 
 
+# ---- linear_fp8_multi: one x, several weights
+
+def _multi_inputs(device, dtype, seed=11, rows=48):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 32)).astype(np.float32)
+    ws = [(0.2 * rng.standard_normal((n, 32))).astype(np.float32) for n in (48, 16, 32)]
+    gs = [rng.standard_normal((rows, n)).astype(np.float32) for n in (48, 16, 32)]
+    return x, ws, gs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_fp8_multi_is_linear_fp8_per_weight(device, dtype):
+    """Each output and each weight gradient is linear_fp8's (x quantised once or three times gives
+    the same codes: one amax); dx is the separate dx's added in the weights' order."""
+    x, ws, gs = _multi_inputs(device, dtype)
+    X = xtrain.tensor(x, dtype=dtype, device=device, requires_grad=True)
+    W = [xtrain.tensor(w, dtype=dtype, device=device, requires_grad=True) for w in ws]
+    ys = ops.linear_fp8_multi(X, W)
+    seeds = [xtrain.tensor(g, dtype=dtype, device=device) for g in gs]
+    total = ops.add(ops.add(ops.sum(ops.mul(ys[0], seeds[0])), ops.sum(ops.mul(ys[1], seeds[1]))),
+                    ops.sum(ops.mul(ys[2], seeds[2])))
+    total.backward()
+    dx_parts = []
+    for i, w in enumerate(ws):
+        Xi = xtrain.tensor(x, dtype=dtype, device=device, requires_grad=True)
+        Wi = xtrain.tensor(w, dtype=dtype, device=device, requires_grad=True)
+        y = ops.linear_fp8(Xi, Wi)
+        assert bits_equal(values(ys[i]), values(y)), i
+        y.backward_seeded(seeds[i])
+        assert bits_equal(values(W[i].grad), values(Wi.grad)), i
+        dx_parts.append(Xi.grad)
+    want_dx = ops.add(ops.add(dx_parts[0], dx_parts[1]), dx_parts[2])
+    assert bits_equal(values(X.grad), values(want_dx))
+
+
+def test_linear_fp8_multi_one_weight_and_gradient_subsets(device):
+    x, ws, gs = _multi_inputs(device, "bfloat16", seed=12)
+    for x_grad, w_grad in ((True, True), (True, False), (False, True)):
+        X = xtrain.tensor(x, dtype="bfloat16", device=device, requires_grad=x_grad)
+        W = xtrain.tensor(ws[0], dtype="bfloat16", device=device, requires_grad=w_grad)
+        (y,) = ops.linear_fp8_multi(X, [W])
+        y.backward_seeded(xtrain.tensor(gs[0], dtype="bfloat16", device=device))
+        X2 = xtrain.tensor(x, dtype="bfloat16", device=device, requires_grad=x_grad)
+        W2 = xtrain.tensor(ws[0], dtype="bfloat16", device=device, requires_grad=w_grad)
+        y2 = ops.linear_fp8(X2, W2)
+        y2.backward_seeded(xtrain.tensor(gs[0], dtype="bfloat16", device=device))
+        assert bits_equal(values(y), values(y2))
+        for a, b, wanted in ((X.grad, X2.grad, x_grad), (W.grad, W2.grad, w_grad)):
+            assert (a is None) == (b is None) == (not wanted)
+            if wanted:
+                assert bits_equal(values(a), values(b))
+    # only one output used: the unused weights get no gradient, dx is that output's
+    X = xtrain.tensor(x, dtype="bfloat16", device=device, requires_grad=True)
+    W = [xtrain.tensor(w, dtype="bfloat16", device=device, requires_grad=True) for w in ws]
+    ys = ops.linear_fp8_multi(X, W)
+    ys[1].backward_seeded(xtrain.tensor(gs[1], dtype="bfloat16", device=device))
+    assert W[0].grad is None and W[2].grad is None and W[1].grad is not None and X.grad is not None
+
+
+def test_linear_fp8_multi_keeps_x_once(device):
+    """What the forward keeps for backward: x's transposed codes once, not once per weight."""
+    if not device == "cpu":
+        pytest.skip("the CPU allocator's requested bytes are the exact measure")
+    x, ws, _ = _multi_inputs(device, "bfloat16", rows=256)
+    X = xtrain.tensor(x, dtype="bfloat16", device=device, requires_grad=True)
+    W = [xtrain.tensor(w, dtype="bfloat16", device=device, requires_grad=True) for w in ws]
+
+    def kept(fn):
+        before = xtrain.memory_stats(device)["requested_bytes.current"]
+        outs = fn()
+        after = xtrain.memory_stats(device)["requested_bytes.current"]
+        return after - before - sum(o.numel() * 2 for o in outs), outs
+
+    multi, keep_a = kept(lambda: ops.linear_fp8_multi(X, W))
+    separate, keep_b = kept(lambda: [ops.linear_fp8(X, w) for w in W])
+    # each linear_fp8 keeps x's codes (256 x 32 bytes, in int32 words) and its record (2 floats)
+    # beside its weight's
+    assert separate - multi == 2 * (256 * 32 + 2 * 4), (separate, multi)
+
+
+def test_linear_fp8_multi_bad_inputs(device):
+    x = xtrain.zeros((16, 32), device=device)
+    with pytest.raises(ValueError, match="empty"):
+        ops.linear_fp8_multi(x, [])
+    with pytest.raises(ValueError, match="in_features"):
+        ops.linear_fp8_multi(x, [xtrain.zeros((16, 32), device=device), xtrain.zeros((16, 48), device=device)])
+    with pytest.raises(TypeError):
+        ops.linear_fp8_multi(x, [xtrain.zeros((16, 32), dtype="bfloat16", device=device)])
+
+
 # ---- the model with fp8
 
 def _losses_and_grads(device, dtype, recompute=False, fp8=True):

@@ -1,4 +1,5 @@
 // linear_fp8: y = x @ W^T with both operands in FP8 (E4M3), the backward's dy in E5M2 (docs/fp8.md).
+// linear_fp8_multi: the same for several weights of one x (q/k/v, gate/up), x quantised once.
 //
 // Every operand is quantised per tensor with its current amax and a power-of-two scale
 // (Note [FP8 scaling], kernels/fp8_math.h): an amax pass, then a cast pass writing the codes, the
@@ -142,7 +143,92 @@ class LinearFp8Backward : public NodeWithSaved<4> {
   int64_t M_, Mp_, N_, K_;
 };
 
+// linear_fp8_multi's node: x's transposed codes and record once, each weight's; the dgrad GEMMs'
+// dx added in the weights' order.
+class LinearFp8MultiBackward : public Node {
+ public:
+  LinearFp8MultiBackward(const Fp8Operand& xq, const std::vector<Fp8Operand>& wqs, int64_t M, int64_t Mp,
+                         std::vector<int64_t> ns, int64_t K)
+      : M_(M), Mp_(Mp), K_(K), ns_(std::move(ns)) {
+    saved_.emplace_back("x_fp8_t", xq.codes_t);
+    saved_.emplace_back("x_meta", xq.meta);
+    for (size_t i = 0; i < wqs.size(); ++i) {
+      saved_.emplace_back("weight_fp8_t[" + std::to_string(i) + "]", wqs[i].codes_t);
+      saved_.emplace_back("weight_meta[" + std::to_string(i) + "]", wqs[i].meta);
+    }
+  }
+  const char* name() const override { return "LinearFp8MultiBackward"; }
+  uint32_t num_outputs() const override { return static_cast<uint32_t>(ns_.size()); }
+  void release_saved() override {
+    for (SavedTensor& s : saved_) s.reset();
+  }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    const size_t n = ns_.size();
+    std::vector<Tensor> out(1 + n);
+    const Tensor x_t = saved_[0].unpack(*this), x_meta = saved_[1].unpack(*this);
+    Tensor dx;  // [Mp, K], the parts added in the weights' order
+    Shape xshape;
+    for (size_t i = 0; i < n; ++i) {
+      const Tensor& g = grads[i];
+      const bool want_dx = wants_grad(0), want_dw = wants_grad(1 + i);
+      if (!g.defined() || !(want_dx || want_dw)) continue;
+      const Tensor w_t = saved_[2 + 2 * i].unpack(*this), w_meta = saved_[3 + 2 * i].unpack(*this);
+      const Tensor dy = rows_padded(g, M_, ns_[i], Mp_);
+      const Fp8Operand gq = quantize(dy, Mp_, ns_[i], Fp8Format::E5M2, want_dx, want_dw);
+      if (want_dx) {
+        Tensor part = gemm_fp8(Fp8Format::E5M2, gq.codes, gq.meta, Fp8Format::E4M3, w_t, w_meta, Mp_, K_, ns_[i],
+                               g.dtype(), /*fast_accum=*/false);
+        dx = dx.defined() ? add(dx, part) : part;
+        xshape = g.shape();
+        xshape.back() = K_;
+      }
+      if (want_dw)
+        out[1 + i] = gemm_fp8(Fp8Format::E5M2, gq.codes_t, gq.meta, Fp8Format::E4M3, x_t, x_meta, ns_[i], K_, Mp_,
+                              g.dtype(), /*fast_accum=*/false);
+    }
+    if (dx.defined()) out[0] = dx.storage_view(0, xshape);
+    return out;
+  }
+
+ private:
+  std::vector<SavedTensor> saved_;  // x's transposed codes and record, then each weight's
+  int64_t M_, Mp_, K_;
+  std::vector<int64_t> ns_;  // each weight's out_features
+};
+
 }  // namespace
+
+std::vector<Tensor> linear_fp8_multi(const Tensor& x, const std::vector<Tensor>& ws) {
+  XT_CHECK(!ws.empty(), ValueError, "linear_fp8_multi: weights must not be empty");
+  for (const Tensor& w : ws) check_linear_fp8(x, w);
+  const int64_t K = ws[0].size(1), M = x.numel() / K, Mp = padded_rows(M, x.device());
+  std::vector<Tensor> inputs{x};
+  inputs.insert(inputs.end(), ws.begin(), ws.end());
+  const bool record = needs_grad(inputs);
+  const bool x_grad = record && x.requires_grad();
+  bool w_grad = false;
+  for (const Tensor& w : ws) w_grad = w_grad || (record && w.requires_grad());
+  const Fp8Operand xq = quantize(rows_padded(x, M, K, Mp), Mp, K, Fp8Format::E4M3, true, w_grad);
+  std::vector<Fp8Operand> wqs;
+  std::vector<int64_t> ns;
+  std::vector<Tensor> ys;
+  for (const Tensor& w : ws) {
+    const int64_t N = w.size(0);
+    wqs.push_back(quantize(aligned(w), N, K, Fp8Format::E4M3, true, x_grad));
+    Tensor y = gemm_fp8(Fp8Format::E4M3, xq.codes, xq.meta, Fp8Format::E4M3, wqs.back().codes, wqs.back().meta, Mp,
+                        N, K, x.dtype(), /*fast_accum=*/true);
+    Shape shape = x.shape();
+    shape.back() = N;
+    ys.push_back(y.storage_view(0, shape));  // the first M rows
+    ns.push_back(N);
+    wqs.back().codes = Tensor();  // the forward's copy: not kept (the node keeps the transpose, if x takes a grad)
+  }
+  if (record) {
+    auto node = make_node<LinearFp8MultiBackward>(inputs, xq, wqs, M, Mp, ns, K);
+    for (size_t i = 0; i < ys.size(); ++i) set_history(ys[i], node, static_cast<uint32_t>(i));
+  }
+  return ys;
+}
 
 Tensor linear_fp8(const Tensor& x, const Tensor& w) {
   check_linear_fp8(x, w);

@@ -184,6 +184,10 @@ bool allow_tf32();
 // gradients in x's dtype (float32 or bf16); the CPU emulates the CUDA GEMM exactly up to the
 // summation order. docs/fp8.md.
 Tensor linear_fp8(const Tensor& x, const Tensor& w);
+// [linear_fp8(x, w) for w in ws] with x quantised once (one amax pass, one cast, one saved copy of
+// its codes) for all of them: the outputs and the weight gradients are linear_fp8's bits; dx is
+// the weights' dgrad GEMMs added in ws' order.
+std::vector<Tensor> linear_fp8_multi(const Tensor& x, const std::vector<Tensor>& ws);
 
 // ---- embedding (ops/embedding.cpp): ids int32/int64 in [0, vocab)
 Tensor embedding(const Tensor& table, const Tensor& ids);

@@ -1,4 +1,4 @@
-// xtrain._C.ops bindings of the fp8 family (csrc/ops/fp8.cpp): linear_fp8.
+// xtrain._C.ops bindings of the fp8 family (csrc/ops/fp8.cpp): linear_fp8, linear_fp8_multi.
 #include "ops/ops.h"
 #include "python/op_registry.h"
 
@@ -7,4 +7,8 @@ XT_BIND_OPS(fp8, m) {
   m.def("linear_fp8", &ops::linear_fp8, py::arg("x"), py::arg("weight"), NoGil(),
         "x @ weight^T through FP8: x and weight in E4M3, the backward's dy in E5M2, each scaled per tensor "
         "by a power of two from its amax; float32 accumulation, output in x's dtype (docs/fp8.md)");
+  m.def("linear_fp8_multi", &ops::linear_fp8_multi, py::arg("x"), py::arg("weights"), NoGil(),
+        "[linear_fp8(x, w) for w in weights] with x quantised once for all of them (one amax pass, one cast, "
+        "one saved copy of its codes): the outputs and weight gradients are linear_fp8's bits, dx the weights' "
+        "parts added in their order");
 }

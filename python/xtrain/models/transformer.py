@@ -360,10 +360,10 @@ class Normed:
 
 def project(x, linears):
     """[lin(x) for lin in linears]: one batched GEMM (ops.linear_multi; with the norm before it
-    when x is Normed), or in FP8 one GEMM each."""
+    when x is Normed), or in FP8 one GEMM each on x quantised once (ops.linear_fp8_multi)."""
     if isinstance(linears[0], Fp8Linear):
         x = x.value() if isinstance(x, Normed) else x
-        return [lin(x) for lin in linears]
+        return ops.linear_fp8_multi(x, [lin.weight for lin in linears])
     weights = [lin.weight for lin in linears]
     return x.project(weights) if isinstance(x, Normed) else ops.linear_multi(x, weights)
 
