@@ -33,6 +33,8 @@
 #   race      bench/time_to_loss.py on the carried English corpus ($RACE_ARGS; default: dim768, the
 #             xtrain and PyTorch arms with AdamW and Muon, one LR, ~7 minutes); carry .gpu/corpus
 #             (scripts/race_corpus.py writes it)
+#   flashcheck dev/wgmma_flash.py: the wgmma attention kernels against the mma.sync ones, bit for bit
+#             and timed (needs no install; bench/results/wgmma_flash-COMMIT-DATE.json)
 #   fp8conv   bench/fp8_convergence.py ($FP8CONV_ARGS; default: dim768, 2000 steps, bf16 against --fp8
 #             on the carried corpus's prepared data); carry .gpu/corpus
 # XTRAIN_COMMIT: the commit under test as a literal hash, written into every result file (the
@@ -262,6 +264,10 @@ for step in $steps; do
         --preset dim768 --batch 32 --seq 512 --steps 600 --warmup 50 --eval-every 50 --eval-batches 8 \
         --targets 6,5,4.5,4,3.5 --lrs 6e-4 --arms xtrain-adamw,xtrain-muon,torch-adamw,torch-muon}
       grep -E "^time_to_loss:|: final val|failed:|^target " "$out/bench.log" | tail -20 | tee -a "$summary"
+      ;;
+    flashcheck)  # dev/wgmma_flash.py (docs/attention.md, "Hopper: warpgroup products")
+      run_step flashcheck 180 "$out/bench.log" env XTRAIN_COMMIT="${XTRAIN_COMMIT:-}" "$py" dev/wgmma_flash.py
+      grep -E "^every output|^FAILED|^wrote" "$out/bench.log" | tail -2 | tee -a "$summary"
       ;;
     fp8conv)  # bench/fp8_convergence.py on .gpu/corpus/data (docs/fp8.md)
       run_step fp8conv "${FP8CONV_TIMEOUT:-570}" "$out/bench.log" "$py" bench/fp8_convergence.py \
