@@ -371,14 +371,12 @@ def main(argv=None) -> None:
     manifest = None
     if args.corpus:
         manifest = json.loads((Path(args.corpus) / "manifest.json").read_text())
-        data = str(Path(args.corpus) / manifest["data"])
+        ds = open_dataset(Path(args.corpus) / manifest["data"])
     elif args.stream:
         ds = open_stream(progress=False)
-        data = str(ds.path)
     else:
-        data = str(args.data or default_dataset(progress=False))
-    if not args.stream:
-        ds = open_dataset(data)
+        ds = open_dataset(args.data or default_dataset(progress=False))
+    data = str(ds.path)
     cfg = preset_config(args.preset, ds.vocab_size, bf16=not args.fp32)
     if args.seq > cfg.max_seq:
         raise SystemExit(f"--seq {args.seq} exceeds {args.preset}'s max_seq {cfg.max_seq}")

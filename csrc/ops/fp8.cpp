@@ -1,5 +1,6 @@
 // linear_fp8: y = x @ W^T with both operands in FP8 (E4M3), the backward's dy in E5M2 (docs/fp8.md).
-// linear_fp8_multi: the same for several weights of one x (q/k/v, gate/up), x quantised once.
+// linear_fp8_multi: the same for several weights of one x (q/k/v, gate/up), x quantised once;
+// linear_fp8 is its one-weight case.
 //
 // Every operand is quantised per tensor with its current amax and a power-of-two scale
 // (Note [FP8 scaling], kernels/fp8_math.h): an amax pass, then a cast pass writing the codes, the
@@ -112,44 +113,13 @@ void check_linear_fp8(const Tensor& x, const Tensor& w) {
            N, ") and in_features (", K, ") must be multiples of 16 (cuBLASLt's FP8 GEMMs), weight ", w.describe());
 }
 
-class LinearFp8Backward : public NodeWithSaved<4> {
+// The node of linear_fp8 (one weight) and linear_fp8_multi: x's transposed codes and record once,
+// each weight's; dx is the weights' dgrad GEMMs added in their order.
+class LinearFp8Backward : public Node {
  public:
-  LinearFp8Backward(const Fp8Operand& xq, const Fp8Operand& wq, int64_t M, int64_t Mp, int64_t N, int64_t K)
-      : NodeWithSaved({SavedTensor("x_fp8_t", xq.codes_t), SavedTensor("x_meta", xq.meta),
-                       SavedTensor("weight_fp8_t", wq.codes_t), SavedTensor("weight_meta", wq.meta)}),
-        M_(M), Mp_(Mp), N_(N), K_(K) {}
-  const char* name() const override { return "LinearFp8Backward"; }
-  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
-    const Tensor& g = grads[0];
-    std::vector<Tensor> out(2);
-    if (!g.defined()) return out;
-    const auto [x_t, x_meta, w_t, w_meta] = unpack();
-    const Tensor dy = rows_padded(g, M_, N_, Mp_);
-    const Fp8Operand gq = quantize(dy, Mp_, N_, Fp8Format::E5M2, wants_grad(0), wants_grad(1));
-    if (wants_grad(0)) {
-      Shape xshape = g.shape();
-      xshape.back() = K_;
-      out[0] = gemm_fp8(Fp8Format::E5M2, gq.codes, gq.meta, Fp8Format::E4M3, w_t, w_meta, Mp_, K_, N_, g.dtype(),
-                        /*fast_accum=*/false)
-                   .storage_view(0, xshape);
-    }
-    if (wants_grad(1))
-      out[1] = gemm_fp8(Fp8Format::E5M2, gq.codes_t, gq.meta, Fp8Format::E4M3, x_t, x_meta, N_, K_, Mp_, g.dtype(),
-                        /*fast_accum=*/false);
-    return out;
-  }
-
- private:
-  int64_t M_, Mp_, N_, K_;
-};
-
-// linear_fp8_multi's node: x's transposed codes and record once, each weight's; the dgrad GEMMs'
-// dx added in the weights' order.
-class LinearFp8MultiBackward : public Node {
- public:
-  LinearFp8MultiBackward(const Fp8Operand& xq, const std::vector<Fp8Operand>& wqs, int64_t M, int64_t Mp,
-                         std::vector<int64_t> ns, int64_t K)
-      : M_(M), Mp_(Mp), K_(K), ns_(std::move(ns)) {
+  LinearFp8Backward(const Fp8Operand& xq, const std::vector<Fp8Operand>& wqs, Shape xshape, int64_t M, int64_t Mp,
+                    std::vector<int64_t> ns, int64_t K)
+      : xshape_(std::move(xshape)), M_(M), Mp_(Mp), K_(K), ns_(std::move(ns)) {
     saved_.emplace_back("x_fp8_t", xq.codes_t);
     saved_.emplace_back("x_meta", xq.meta);
     for (size_t i = 0; i < wqs.size(); ++i) {
@@ -157,7 +127,7 @@ class LinearFp8MultiBackward : public Node {
       saved_.emplace_back("weight_meta[" + std::to_string(i) + "]", wqs[i].meta);
     }
   }
-  const char* name() const override { return "LinearFp8MultiBackward"; }
+  const char* name() const override { return "LinearFp8Backward"; }
   uint32_t num_outputs() const override { return static_cast<uint32_t>(ns_.size()); }
   void release_saved() override {
     for (SavedTensor& s : saved_) s.reset();
@@ -167,7 +137,6 @@ class LinearFp8MultiBackward : public Node {
     std::vector<Tensor> out(1 + n);
     const Tensor x_t = saved_[0].unpack(*this), x_meta = saved_[1].unpack(*this);
     Tensor dx;  // [Mp, K], the parts added in the weights' order
-    Shape xshape;
     for (size_t i = 0; i < n; ++i) {
       const Tensor& g = grads[i];
       const bool want_dx = wants_grad(0), want_dw = wants_grad(1 + i);
@@ -179,19 +148,18 @@ class LinearFp8MultiBackward : public Node {
         Tensor part = gemm_fp8(Fp8Format::E5M2, gq.codes, gq.meta, Fp8Format::E4M3, w_t, w_meta, Mp_, K_, ns_[i],
                                g.dtype(), /*fast_accum=*/false);
         dx = dx.defined() ? add(dx, part) : part;
-        xshape = g.shape();
-        xshape.back() = K_;
       }
       if (want_dw)
         out[1 + i] = gemm_fp8(Fp8Format::E5M2, gq.codes_t, gq.meta, Fp8Format::E4M3, x_t, x_meta, ns_[i], K_, Mp_,
                               g.dtype(), /*fast_accum=*/false);
     }
-    if (dx.defined()) out[0] = dx.storage_view(0, xshape);
+    if (dx.defined()) out[0] = dx.storage_view(0, xshape_);  // the first M rows, x's shape
     return out;
   }
 
  private:
   std::vector<SavedTensor> saved_;  // x's transposed codes and record, then each weight's
+  Shape xshape_;
   int64_t M_, Mp_, K_;
   std::vector<int64_t> ns_;  // each weight's out_features
 };
@@ -224,27 +192,13 @@ std::vector<Tensor> linear_fp8_multi(const Tensor& x, const std::vector<Tensor>&
     wqs.back().codes = Tensor();  // the forward's copy: not kept (the node keeps the transpose, if x takes a grad)
   }
   if (record) {
-    auto node = make_node<LinearFp8MultiBackward>(inputs, xq, wqs, M, Mp, ns, K);
+    auto node = make_node<LinearFp8Backward>(inputs, xq, wqs, x.shape(), M, Mp, ns, K);
     for (size_t i = 0; i < ys.size(); ++i) set_history(ys[i], node, static_cast<uint32_t>(i));
   }
   return ys;
 }
 
-Tensor linear_fp8(const Tensor& x, const Tensor& w) {
-  check_linear_fp8(x, w);
-  const int64_t K = w.size(1), N = w.size(0), M = x.numel() / K, Mp = padded_rows(M, x.device());
-  const bool record = needs_grad({&x, &w});
-  const bool x_grad = record && x.requires_grad(), w_grad = record && w.requires_grad();
-  const Fp8Operand xq = quantize(rows_padded(x, M, K, Mp), Mp, K, Fp8Format::E4M3, true, w_grad);
-  const Fp8Operand wq = quantize(aligned(w), N, K, Fp8Format::E4M3, true, x_grad);
-  Tensor y = gemm_fp8(Fp8Format::E4M3, xq.codes, xq.meta, Fp8Format::E4M3, wq.codes, wq.meta, Mp, N, K, x.dtype(),
-                      /*fast_accum=*/true);
-  Shape shape = x.shape();
-  shape.back() = N;
-  y = y.storage_view(0, shape);  // the first M rows
-  if (record) set_history(y, make_node<LinearFp8Backward>({x, w}, xq, wq, M, Mp, N, K));
-  return y;
-}
+Tensor linear_fp8(const Tensor& x, const Tensor& w) { return linear_fp8_multi(x, {w})[0]; }
 
 }  // namespace ops
 }  // namespace xt
