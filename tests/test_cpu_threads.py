@@ -1,6 +1,6 @@
 """The CPU kernels that split their work over the CPU backend's threads (kernels/cpu/parallel.h:
 flash attention's (batch, head) pairs, RoPE positions, cross-entropy rows, SwiGLU elements, RMSNorm and add+RMSNorm forward rows,
-RMSNorm backward rows and columns, AdamW and clipping elements) give the same bits at every thread count."""
+RMSNorm backward rows and columns, AdamW and clipping elements, random draws and arange) give the same bits at every thread count."""
 import numpy as np
 import pytest
 
@@ -42,6 +42,24 @@ def test_cross_entropy_same_bits_at_any_thread_count(threads, dtype):
         return bits(loss), bits(x.grad)
 
     assert_same_bits(run, (1, 3))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_random_draws_same_bits_at_any_thread_count(threads, dtype):
+    """Element i of a draw is philox(seed, offset + i) whichever thread computes it, for a first
+    draw and for a second one that continues at the generator's offset; the values look normal."""
+    n = 300_007
+
+    def run():
+        g = xtrain.Generator(11)
+        a = xtrain.randn((n,), dtype=dtype, generator=g)
+        b = xtrain.rand((n,), dtype=dtype, generator=g)
+        return bits(a), bits(b), bits(xtrain.arange(0, n, 1, dtype=dtype))
+
+    assert_same_bits(run, (1, 3))
+    xtrain.set_num_threads(3)
+    whole = xtrain.randn((n,), dtype="float32", generator=xtrain.Generator(11)).numpy()
+    assert np.isfinite(whole).all() and abs(float(whole.mean())) < 0.01 and abs(float(whole.std()) - 1) < 0.01
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

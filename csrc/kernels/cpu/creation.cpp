@@ -2,13 +2,18 @@
 // cast_many is cast applied tensor by tensor (the same loops, so the same bits); a CPU gains
 // nothing from fusing the list, only the CUDA side does (one launch instead of one per tensor).
 // random_fill: element i draws from philox(seed, offset + i) by random_value (kernels/common.h),
-// the draws the CUDA kernel makes.
+// the draws the CUDA kernel makes. Element i's value depends on i alone, so random_fill and
+// arange split their range over the CPU threads (parallel_for) with the same bits at any count:
+// a 1.7B-parameter model's initial weights are drawn in seconds instead of a minute.
 #include "kernels/common.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/kernels.h"
 
 namespace xt {
 namespace kernels {
 namespace cpu {
+
+constexpr int64_t kDrawGrain = 1 << 14;  // elements per thread at the least (a draw is ~25 ns)
 
 void fill(DType dt, void* out, int64_t n, double value, void*) {
   XT_DISPATCH_ALL(dt, "fill", T, {
@@ -44,15 +49,19 @@ void random_fill(RandomKind kind, DType dt, void* out, int64_t n, uint64_t seed,
   XT_DISPATCH_FLOAT(dt, "random_fill", T, {
     T* o = static_cast<T*>(out);
     const bool normal = kind == RandomKind::Normal;
-    for (int64_t i = 0; i < n; ++i)
-      store_any(o, i, static_cast<double>(random_value(normal, seed, offset + static_cast<uint64_t>(i))));
+    parallel_for(n, kDrawGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i)
+        store_any(o, i, static_cast<double>(random_value(normal, seed, offset + static_cast<uint64_t>(i))));
+    });
   });
 }
 
 void arange(DType dt, void* out, int64_t n, double start, double step, void*) {
   XT_DISPATCH_ALL(dt, "arange", T, {
     T* o = static_cast<T*>(out);
-    for (int64_t i = 0; i < n; ++i) store_any(o, i, start + step * static_cast<double>(i));
+    parallel_for(n, kDrawGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) store_any(o, i, start + step * static_cast<double>(i));
+    });
   });
 }
 
