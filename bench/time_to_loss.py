@@ -93,13 +93,18 @@ def parse_args(argv=None):
     p.add_argument("--out", default=str(common.RESULTS_DIR))
     p.add_argument("--tag", default="")
     p.add_argument("--merge", nargs="+", metavar="FILE",
-                   help="combine earlier result files of one setting (their runs, summarised together); runs nothing")
+                   help="combine earlier result files of one setting (their runs, summarised together; with "
+                        "--targets, at those targets, read off each run's curve); runs nothing")
     args = p.parse_args(argv)
+    if args.targets is not None:
+        try:
+            args.targets = sorted((float(t) for t in args.targets.split(",")), reverse=True)
+        except ValueError:
+            p.error(f"--targets takes numbers separated by commas, got {args.targets!r}")
     if args.merge:
         return args
     if not args.targets or not args.lrs:
         p.error("--targets and --lrs are required (unless --merge)")
-    args.targets = sorted((float(t) for t in args.targets.split(",")), reverse=True)
     args.lrs = [float(v) for v in args.lrs.split(",")]
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in args.arms if a not in ARMS]
@@ -290,8 +295,12 @@ def merge(args) -> None:
     """One result of several calls' files (--merge): their runs side by side, summarised together."""
     files = [json.loads(Path(f).read_text()) for f in args.merge]
     first = files[0]
+    # --targets with --merge: every run's targets are read again off its curve (evaluations every
+    # eval_every steps), so files written with other targets merge, and one file can be summarised
+    # at targets chosen after its run.
+    keys = [k for k in MERGE_KEYS if k != "targets" or args.targets is None]
     for f, r in zip(args.merge[1:], files[1:]):
-        diff = [k for k in MERGE_KEYS if r.get(k) != first.get(k)]
+        diff = [k for k in keys if r.get(k) != first.get(k)]
         if diff:
             raise SystemExit(f"--merge: {f} differs from {args.merge[0]} in {', '.join(diff)}")
     runs: dict = {}
@@ -301,11 +310,14 @@ def merge(args) -> None:
                 if lr in runs.get(arm, {}):
                     raise SystemExit(f"--merge: {arm} at LR {lr} appears twice (again in {f})")
                 runs.setdefault(arm, {})[lr] = {**run, "env": r.get("env")}
-    args.targets = first["targets"]
+                if args.targets is not None:  # a failed run has no curve: reaches nothing
+                    runs[arm][lr]["reached"] = reached(run.get("curve") or [], args.targets)
+    if args.targets is None:
+        args.targets = first["targets"]
     lrs = sorted({float(lr) for by_lr in runs.values() for lr in by_lr})
     summary = summarize(args, {arm: {float(lr): r for lr, r in by_lr.items()} for arm, by_lr in runs.items()})
     report(summary)
-    payload = {**{k: first.get(k) for k in ("benchmark", "env", "corpus", *MERGE_KEYS)}, "lrs": lrs,
+    payload = {**{k: first.get(k) for k in ("benchmark", "env", "corpus", *MERGE_KEYS)}, "targets": args.targets, "lrs": lrs,
                "merged_from": [Path(f).name for f in args.merge], "runs": runs, "summary": summary}
     write(common.result_name(f"time_to_loss-{first['config']['preset']}", args.tag), payload, args.out, None)
 

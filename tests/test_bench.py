@@ -128,6 +128,13 @@ def test_time_to_loss_merges_a_sweep_split_over_calls(tmp_path):
     best = merged["summary"]["20.0"]["xtrain_best"]
     assert best["lr"] in (1e-3, 3e-3) and best["seconds"] == min(
         r["runs"]["xtrain-adamw-nodoc"][lr]["reached"]["20.0"]["seconds"] for r, lr in ((a, "0.001"), (b, "0.003")))
+    # --targets with --merge: one file summarised again at other targets, read off its curve
+    (file_a,) = (tmp_path / "a").glob("*.json")
+    again = _run("time_to_loss.py", tmp_path / "t", "--merge", str(file_a), "--targets", "1e6,0.001")
+    curve = a["runs"]["xtrain-adamw-nodoc"]["0.001"]["curve"]
+    assert again["targets"] == [1e6, 0.001] and list(again["summary"]) == ["1000000.0", "0.001"]
+    hit = again["runs"]["xtrain-adamw-nodoc"]["0.001"]["reached"]
+    assert hit["1000000.0"] == {k: curve[0][k] for k in ("step", "tokens", "seconds")} and hit["0.001"] is None
     other = _run("time_to_loss.py", tmp_path / "c", *[x if x != "64" else "32" for x in common], "--lrs", "1e-3")
     assert other["seq"] == 32
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
