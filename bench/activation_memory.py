@@ -92,17 +92,14 @@ def xtrain_block_table(cfg) -> list[dict]:
     d, f = cfg.dim, cfg.ffn_dim
     q, kv, H = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_heads
     act = cfg.dtype
-    attention = "QkNormRopeAttentionBackward" if cfg.qk_norm else "FlashAttentionBackward"
+    # Both recompute the rotated q and k in backward (Llama's rope_attention, Qwen3's with the q/k norm)
+    attention = "QkNormRopeAttentionBackward" if cfg.qk_norm else "RopeAttentionBackward"
     rows = [
         ("block input h (the residual stream)", "RmsNormLinearMultiBackward.h (input_layernorm + q/k/v_proj)",
          act, d * e),
         ("input norm's rstd", "RmsNormLinearMultiBackward.rstd", "float32", 4),
-        ("q, k, v projections (one buffer)",
-         f"{attention}.q, .k, .v (views of it)" if cfg.qk_norm
-         else "FlashAttentionBackward.v (a view: the buffer lives on)", act, (q + 2 * kv) * e),
+        ("q, k, v projections (one buffer)", f"{attention}.q, .k, .v (views of it)", act, (q + 2 * kv) * e),
     ]
-    if not cfg.qk_norm:  # Llama: ops.rope's outputs are attention's q and k (qk_norm_rope_attention recomputes)
-        rows.append(("q, k after RoPE", "FlashAttentionBackward.q, .k", act, (q + kv) * e))
     rows += [
         ("attention output", f"{attention}.out = LinearBackward.x (o_proj)", act, q * e),
         ("attention's log-sum-exp", f"{attention}.lse", "float32", H * 4),

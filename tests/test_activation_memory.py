@@ -1,5 +1,5 @@
 """What a training step keeps for backward, counted by the CPU allocator (bench/activation_memory.py):
-a smoke run of the script, and xtrain's bytes per token per layer at qwen3-1.7b's dims pinned, so a
+a smoke run of the script, and xtrain's bytes per token per layer at qwen3-1.7b's and llama3.2-1b's dims pinned, so a
 change that keeps one more tensor (or a copy of one) fails here with the number it moved to."""
 import json
 import os
@@ -19,6 +19,10 @@ QWEN3_1_7B_RECOMPUTE_BYTES_PER_TOKEN_PER_LAYER = 20_480
 # The plain blocks (lean_activations off) keep the norms' outputs, the normed and rotated q/k with
 # their rstd rows and the SwiGLU product besides: what the torch.compile peer keeps.
 QWEN3_1_7B_PLAIN_BYTES_PER_TOKEN_PER_LAYER = 71_848
+# llama3.2-1b (dim 2048, 32 heads / 8 kv heads of 64, ffn 8192, no q/k norm), lean: ops.rope_attention
+# keeps q and k unrotated (the three ops rope, rope, flash_attention kept the rotated pair besides,
+# 5,120 bytes more).
+LLAMA3_2_1B_BYTES_PER_TOKEN_PER_LAYER = 51_336
 
 
 def _script():
@@ -52,18 +56,20 @@ def test_the_script_runs_and_its_tables_agree_with_the_allocator(tmp_path):
     assert ext["xtrain_plain"]["estimate"] > ext["xtrain_recompute"]["estimate"] > ext["xtrain_plain"]["static"]
 
 
-@pytest.mark.parametrize("lean,recompute,expected", [(True, False, QWEN3_1_7B_BYTES_PER_TOKEN_PER_LAYER),
-                                                     (True, True, QWEN3_1_7B_RECOMPUTE_BYTES_PER_TOKEN_PER_LAYER),
-                                                     (False, False, QWEN3_1_7B_PLAIN_BYTES_PER_TOKEN_PER_LAYER)])
-def test_xtrain_keeps_the_pinned_bytes_per_token_per_layer_at_qwen3_1_7b(device, lean, recompute, expected):
+@pytest.mark.parametrize("preset,lean,recompute,expected", [
+    ("qwen3-1.7b", True, False, QWEN3_1_7B_BYTES_PER_TOKEN_PER_LAYER),
+    ("qwen3-1.7b", True, True, QWEN3_1_7B_RECOMPUTE_BYTES_PER_TOKEN_PER_LAYER),
+    ("qwen3-1.7b", False, False, QWEN3_1_7B_PLAIN_BYTES_PER_TOKEN_PER_LAYER),
+    ("llama3.2-1b", True, False, LLAMA3_2_1B_BYTES_PER_TOKEN_PER_LAYER)])
+def test_xtrain_keeps_the_pinned_bytes_per_token_per_layer(device, preset, lean, recompute, expected):
     """The same count on every device: what the tape keeps is the ops' choice, not the backend's.
-    The preset's lean ops, and the plain blocks (lean_activations off: the small presets' form)."""
+    The presets' lean ops, and the plain blocks (lean_activations off: the small presets' form)."""
     am = _script()
     seq = 16
-    runs = [am.measure_xtrain(am.small_config("qwen3-1.7b", L, 64, seq, recompute=recompute, lean_activations=lean),
+    runs = [am.measure_xtrain(am.small_config(preset, L, 64, seq, recompute=recompute, lean_activations=lean),
                               seq, seed=0, device=device) for L in (1, 2)]
     per_token_per_layer = (runs[1]["kept_bytes"] - runs[0]["kept_bytes"]) / seq
     assert per_token_per_layer == expected
     if not recompute:
-        table = am.xtrain_block_table(am.small_config("qwen3-1.7b", 1, 64, seq, lean_activations=lean))
+        table = am.xtrain_block_table(am.small_config(preset, 1, 64, seq, lean_activations=lean))
         assert sum(r["bytes_per_token"] for r in table) == expected

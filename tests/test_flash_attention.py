@@ -10,8 +10,9 @@ On CUDA, bf16 with head_dim 32/64/128 is the tensor-core path; float32 and other
 one-warp-per-row fallback.
 
 qk_norm_rope must equal ops.rms_norm followed by ops.rope bit for bit (values and every gradient),
-and qk_norm_rope_attention must equal qk_norm_rope followed by flash_attention bit for bit, keeping
-fewer bytes for backward (Note [Attention's q and k recomputed]).
+and qk_norm_rope_attention must equal qk_norm_rope followed by flash_attention bit for bit (and
+rope_attention rope on q and k followed by flash_attention), keeping fewer bytes for backward (Note
+[Attention's q and k recomputed], Note [Attention's rotated q and k recomputed]).
 """
 import functools
 import gc
@@ -412,29 +413,36 @@ def test_qk_norm_rope_bad_inputs(device):
         ops.qk_norm_rope(q, k, w, w, -1.0)
 
 
-# ---------------------------------------------------------------- qk_norm_rope_attention
+# ---------------------------------------------------------------- qk_norm_rope_attention, rope_attention
 
-def run_prep_attention(fused, arrays, dtype, w_dtype, device, causal, positions, llama3, doc_start):
+def run_prep_attention(fused, arrays, dtype, w_dtype, device, causal, positions, llama3, doc_start, norm=True):
+    """qk_norm_rope_attention (norm) or rope_attention against their compositions: out and every gradient."""
     q, k, v = (xtrain.tensor(a, dtype=dtype, device=device, requires_grad=True) for a in arrays[:3])
-    wq, wk = (xtrain.tensor(a, dtype=w_dtype, device=device, requires_grad=True) for a in arrays[3:5])
+    ws = [xtrain.tensor(a, dtype=w_dtype, device=device, requires_grad=True) for a in arrays[3:5]] if norm else []
     scale = 0.3
-    if fused:
-        out = ops.qk_norm_rope_attention(q, k, v, wq, wk, 1e-5, 500.0, positions, llama3, causal=causal, scale=scale,
+    if fused and norm:
+        out = ops.qk_norm_rope_attention(q, k, v, *ws, 1e-5, 500.0, positions, llama3, causal=causal, scale=scale,
                                          doc_start=doc_start)
+    elif fused:
+        out = ops.rope_attention(q, k, v, 500.0, positions, llama3, causal=causal, scale=scale, doc_start=doc_start)
     else:
-        qo, ko = ops.qk_norm_rope(q, k, wq, wk, 1e-5, 500.0, positions, llama3)
+        qo, ko = (ops.qk_norm_rope(q, k, *ws, 1e-5, 500.0, positions, llama3) if norm else
+                  (ops.rope(q, positions, 500.0, llama3), ops.rope(k, positions, 500.0, llama3)))
         out = ops.flash_attention(qo, ko, v, causal=causal, scale=scale, doc_start=doc_start)
     out.backward_seeded(xtrain.tensor(arrays[5], dtype=dtype, device=device))
-    return dict(zip(["out", "dq", "dk", "dv", "dwq", "dwk"], [bits(out)] + [bits(t.grad) for t in (q, k, v, wq, wk)]))
+    return dict(zip(["out", "dq", "dk", "dv", "dwq", "dwk"], [bits(out)] + [bits(t.grad) for t in (q, k, v, *ws)]))
 
 
 @pytest.mark.parametrize("dtype,w_dtype", [("float32", "float32"), ("bfloat16", "float32"), ("float64", "float64")])
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1, 2), (2, 5, 4, 2, 32), (2, 9, 16, 8, 128), (1, 40, 2, 1, 64)],
                          ids=lambda s: "B{}-S{}-H{}/{}-D{}".format(*s))
 @pytest.mark.parametrize("variant", ["causal", "full", "positions+llama3", "documents"])
-def test_qk_norm_rope_attention_matches_composition_bitwise(device, dtype, w_dtype, shape, variant):
+@pytest.mark.parametrize("op", ["qk_norm_rope_attention", "rope_attention"])
+def test_prep_attention_matches_composition_bitwise(device, dtype, w_dtype, shape, variant, op):
     if dtype == "float64" and device != "cpu":
         pytest.skip("float64 runs on the CPU (gradient checks); CUDA covers float32 and bf16")
+    if op == "rope_attention" and w_dtype != "float32" and dtype != "float64":
+        pytest.skip("no norm weights: one weight dtype is enough")
     B, S, H, Hkv, D = shape
     g = rng(21)
     arrays = [g.standard_normal((B, S, H, D)), g.standard_normal((B, S, Hkv, D)), g.standard_normal((B, S, Hkv, D)),
@@ -447,10 +455,48 @@ def test_qk_norm_rope_attention_matches_composition_bitwise(device, dtype, w_dty
         ids = g.integers(0, 3, (B, S))
         doc_start = ops.document_starts(xtrain.tensor(ids, dtype="int64", device=device), 0)
     causal = variant != "full"
-    got = run_prep_attention(True, arrays, dtype, w_dtype, device, causal, positions, llama3, doc_start)
-    want = run_prep_attention(False, arrays, dtype, w_dtype, device, causal, positions, llama3, doc_start)
+    norm = op == "qk_norm_rope_attention"
+    got = run_prep_attention(True, arrays, dtype, w_dtype, device, causal, positions, llama3, doc_start, norm)
+    want = run_prep_attention(False, arrays, dtype, w_dtype, device, causal, positions, llama3, doc_start, norm)
+    assert got.keys() == want.keys() and len(got) == (6 if norm else 4)
     for name in want:
-        assert np.array_equal(got[name], want[name]), f"{name} differs from qk_norm_rope + flash_attention"
+        assert np.array_equal(got[name], want[name]), f"{name} differs from {op}'s composition"
+
+
+def test_rope_attention_keeps_no_rotated_pair():
+    """Kept for backward (the CPU allocator's count): the composition keeps the rotated q and k
+    besides q, k, v, out and lse; rope_attention does not."""
+    B, S, H, Hkv, D = 2, 16, 4, 2, 32
+    g = rng(23)
+    q, k, v = (xtrain.tensor(g.standard_normal(s), dtype="bfloat16", requires_grad=True)
+               for s in ((B, S, H, D), (B, S, Hkv, D), (B, S, Hkv, D)))
+    held = {}
+    gc.collect()
+    for fused in (True, False):
+        before = xtrain.memory_stats("cpu")["requested_bytes.current"]
+        out = ops.rope_attention(q, k, v) if fused else ops.flash_attention(ops.rope(q), ops.rope(k), v)
+        held[fused] = xtrain.memory_stats("cpu")["requested_bytes.current"] - before
+        del out
+    assert held[False] - held[True] == B * S * (H + Hkv) * D * 2
+
+
+def test_rope_attention_bad_inputs(device):
+    def t(shape, dtype="float32"):
+        return xtrain.tensor(np.ones(shape), dtype=dtype, device=device)
+
+    q, k = t((1, 2, 4, 8)), t((1, 2, 2, 8))
+    with pytest.raises(ValueError, match="scale must be a positive finite number"):
+        ops.rope_attention(q, k, k, scale=-1.0)
+    with pytest.raises(ValueError, match="must agree in B, S and D"):
+        ops.rope_attention(q, t((1, 3, 2, 8)), t((1, 3, 2, 8)))
+    with pytest.raises(ValueError):
+        ops.rope_attention(q, k, t((1, 2, 3, 8)))  # v's heads differ from k's
+    with pytest.raises(ValueError, match="theta must be finite and > 0"):
+        ops.rope_attention(q, k, k, 0.0)
+    with pytest.raises(ValueError, match="must be even"):
+        ops.rope_attention(t((1, 2, 4, 7)), t((1, 2, 2, 7)), t((1, 2, 2, 7)))
+    with pytest.raises(ValueError, match="positions must have shape"):
+        ops.rope_attention(q, k, k, positions=xtrain.tensor(np.zeros(3), dtype="int64", device=device))
 
 
 def test_qk_norm_rope_attention_keeps_no_normed_pair():

@@ -243,7 +243,8 @@ def _fused_composition_loss(model, ids, targets):
     fused with the norm after it and the projections after that (ops.rms_norm_linear_multi: q/k/v,
     gate/up; bitwise add_rms_norm then linear_multi: tests/test_fusions.py; the last block's add
     into the final norm, ops.add_rms_norm), q/k norm + RoPE + attention as ops.qk_norm_rope_attention
-    (bitwise qk_norm_rope then flash_attention: tests/test_flash_attention.py), the down projection as
+    (bitwise qk_norm_rope then flash_attention: tests/test_flash_attention.py; without q/k norm
+    ops.rope_attention, bitwise rope then flash_attention), the down projection as
     ops.swiglu_linear (bitwise swiglu then linear: tests/test_fusions.py), dropout where the modules
     put it, and the fused head:
     the composition the model's forward must run, kernel for kernel."""
@@ -275,6 +276,8 @@ def _fused_composition_loss(model, ids, targets):
             if c.qk_norm and c.lean_activations:
                 a = xtrain.ops.qk_norm_rope_attention(q, k, v, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps,
                                                       c.rope_theta, causal=True, scale=1.0 / math.sqrt(D))
+            elif c.lean_activations:
+                a = xtrain.ops.rope_attention(q, k, v, c.rope_theta, causal=True, scale=1.0 / math.sqrt(D))
             else:
                 if c.qk_norm:
                     q, k = xtrain.ops.qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps,

@@ -236,6 +236,11 @@ kernels::RopePositions rope_positions(const Tensor& positions, const Tensor& x, 
 Tensor rope(const Tensor& x, const Tensor& positions, double theta, const RopeScaling& llama3 = std::nullopt);
 // raw; inverse rotates back (the backward)
 Tensor rope_forward(const Tensor& x, const Tensor& positions, const kernels::RopeFreqs& freqs, bool inverse);
+// flash_attention(rope(q, ...), rope(k, ...), v, causal, scale, doc_start).first, bitwise, keeping q
+// and k unrotated; backward rotates them again (Note [Attention's rotated q and k recomputed] in
+// ops/rope.cpp). scale <= 0: 1/sqrt(D). Returns out [B, S, H, D].
+Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v, double theta, const Tensor& positions,
+                      const RopeScaling& llama3, bool causal, double scale, const Tensor& doc_start);
 // document_positions: doc_start int32 [B, S] (document_starts) -> int64 [B, S], s - doc_start[b, s]:
 // each token's distance from the start of its document, the positions of RoPE restarting per document.
 Tensor document_positions(const Tensor& doc_start);

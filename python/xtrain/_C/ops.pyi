@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_positions', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_fp8', 'linear_fp8_multi', 'linear_multi', 'linear_multi_bias', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'qk_norm_rope_attention', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_multi', 'rms_norm_linear_rows', 'rope', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'swiglu_linear', 'tanh', 'to', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_positions', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_fp8', 'linear_fp8_multi', 'linear_multi', 'linear_multi_bias', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'qk_norm_rope_attention', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_multi', 'rms_norm_linear_rows', 'rope', 'rope_attention', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'swiglu_linear', 'tanh', 'to', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -193,6 +193,10 @@ def rms_norm_linear_rows(x: xtrain._C.Tensor, weights: collections.abc.Sequence[
 def rope(x: xtrain._C.Tensor, positions: xtrain._C.Tensor | None = None, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0, llama3: typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(4)"] | None = None) -> xtrain._C.Tensor:
     """
     Rotary embedding (rotate-half) on x [B, S, H, D]; positions int64 [S] or [B, S] (each row its own), default 0..S-1; llama3: Llama 3's frequency scaling (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings), default none
+    """
+def rope_attention(q: xtrain._C.Tensor, k: xtrain._C.Tensor, v: xtrain._C.Tensor, theta: typing.SupportsFloat | typing.SupportsIndex = 10000.0, positions: xtrain._C.Tensor | None = None, llama3: typing.Annotated[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], "FixedSize(4)"] | None = None, causal: bool = True, scale: typing.SupportsFloat | typing.SupportsIndex | None = None, doc_start: xtrain._C.Tensor | None = None) -> xtrain._C.Tensor:
+    """
+    flash_attention(rope(q, ...), rope(k, ...), v, causal, scale, doc_start=doc_start), bitwise, keeping q and k unrotated for backward (which rotates them again); returns out [B, S, H, D]
     """
 def rsub_scalar(x: xtrain._C.Tensor, s: typing.SupportsFloat | typing.SupportsIndex) -> xtrain._C.Tensor:
     """

@@ -25,8 +25,9 @@ Decisions:
 - With config.lean_activations (the 0.6B-1.7B presets) what a block keeps for backward is the least
   its kernels need (docs/model.md, "Activation memory"): a block passes its norms to the projections as Normed(norm, x), and the add, the norm
   and the q/k/v (gate/up) GEMMs run as one ops.rms_norm_linear_multi, which keeps the norm's input
-  and not its output; q/k norm, RoPE and attention run as ops.qk_norm_rope_attention, which keeps
-  q and k as projected and not the normed, rotated pair; the down projection runs as
+  and not its output; q/k norm, RoPE and attention run as ops.qk_norm_rope_attention (without q/k
+  norm, RoPE and attention as ops.rope_attention), which keeps q and k as projected and not the
+  normed, rotated pair; the down projection runs as
   ops.swiglu_linear, which keeps gate and up and not their product. Each backward recomputes what
   was not kept with the forward's kernel, so every value and gradient is bitwise the unfused ops'.
 - The parameters live in a ParamStore (xtrain.store), built at the end of __init__: flat float32
@@ -402,12 +403,16 @@ class Attention(nn.Module):
         q = q.reshape(B, seq, H, D)                                    # (B, S, H, D), no copy
         k = k.reshape(B, seq, Hkv, D)                                  # (B, S, Hkv, D)
         v = v.reshape(B, seq, Hkv, D)
-        if self.qk_norm and self.lean and cache is None:
-            # q/k norm, RoPE and attention: the same kernels as below, keeping q and k as they came
+        if self.lean and cache is None:
+            # (q/k norm,) RoPE and attention: the same kernels as below, keeping q and k as they came
             # (backward recomputes the normed, rotated pair)
-            a = ops.qk_norm_rope_attention(q, k, v, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta,
-                                           positions, self.rope_llama3, causal=True, scale=1.0 / math.sqrt(D),
-                                           doc_start=doc_start)                                   # (B, S, H, D)
+            if self.qk_norm:
+                a = ops.qk_norm_rope_attention(q, k, v, self.q_norm.weight, self.k_norm.weight, self.eps,
+                                               self.rope_theta, positions, self.rope_llama3, causal=True,
+                                               scale=1.0 / math.sqrt(D), doc_start=doc_start)       # (B, S, H, D)
+            else:
+                a = ops.rope_attention(q, k, v, self.rope_theta, positions, self.rope_llama3, causal=True,
+                                       scale=1.0 / math.sqrt(D), doc_start=doc_start)              # (B, S, H, D)
             return self.dropout(self.o_proj(a.reshape(B * seq, H * D)))                          # (B*S, dim)
         if self.qk_norm:
             q, k = ops.qk_norm_rope(q, k, self.q_norm.weight, self.k_norm.weight, self.eps, self.rope_theta,
