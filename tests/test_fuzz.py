@@ -79,6 +79,7 @@ EXPLICIT_SIGNATURES = {
     "decode_prep_attention": "T T T T T T T Topt Topt scalar scalar scalar Tlist llama3",
     "greedy_next_": "T T T scalar",
     "qk_norm_rope_attention": "T T T T T scalar scalar Topt llama3 bool scalar Topt",
+    "rope_attention": "T T T scalar Topt llama3 bool scalar Topt",
 }
 # A parameter's kind from its annotation in pybind11's signature line.
 ANNOTATION_KINDS = {"xtrain._C.Tensor": "T", "xtrain._C.Tensor | None": "Topt", "bool": "bool",
