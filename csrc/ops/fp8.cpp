@@ -114,34 +114,32 @@ void check_linear_fp8(const Tensor& x, const Tensor& w) {
 }
 
 // The node of linear_fp8 (one weight) and linear_fp8_multi: x's transposed codes and record once,
-// each weight's; dx is the weights' dgrad GEMMs added in their order.
-class LinearFp8Backward : public Node {
+// each weight's; dx is the weights' dgrad GEMMs added in their order. Saved: x's transposed codes
+// and record, then each weight's.
+class LinearFp8Backward : public NodeWithSavedList {
  public:
   LinearFp8Backward(const Fp8Operand& xq, const std::vector<Fp8Operand>& wqs, Shape xshape, int64_t M, int64_t Mp,
                     std::vector<int64_t> ns, int64_t K)
       : xshape_(std::move(xshape)), M_(M), Mp_(Mp), K_(K), ns_(std::move(ns)) {
-    saved_.emplace_back("x_fp8_t", xq.codes_t);
-    saved_.emplace_back("x_meta", xq.meta);
+    save("x_fp8_t", xq.codes_t);
+    save("x_meta", xq.meta);
     for (size_t i = 0; i < wqs.size(); ++i) {
-      saved_.emplace_back("weight_fp8_t[" + std::to_string(i) + "]", wqs[i].codes_t);
-      saved_.emplace_back("weight_meta[" + std::to_string(i) + "]", wqs[i].meta);
+      save("weight_fp8_t[" + std::to_string(i) + "]", wqs[i].codes_t);
+      save("weight_meta[" + std::to_string(i) + "]", wqs[i].meta);
     }
   }
   const char* name() const override { return "LinearFp8Backward"; }
   uint32_t num_outputs() const override { return static_cast<uint32_t>(ns_.size()); }
-  void release_saved() override {
-    for (SavedTensor& s : saved_) s.reset();
-  }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const size_t n = ns_.size();
     std::vector<Tensor> out(1 + n);
-    const Tensor x_t = saved_[0].unpack(*this), x_meta = saved_[1].unpack(*this);
+    const Tensor x_t = unpack(0), x_meta = unpack(1);
     Tensor dx;  // [Mp, K], the parts added in the weights' order
     for (size_t i = 0; i < n; ++i) {
       const Tensor& g = grads[i];
       const bool want_dx = wants_grad(0), want_dw = wants_grad(1 + i);
       if (!g.defined() || !(want_dx || want_dw)) continue;
-      const Tensor w_t = saved_[2 + 2 * i].unpack(*this), w_meta = saved_[3 + 2 * i].unpack(*this);
+      const Tensor w_t = unpack(2 + 2 * i), w_meta = unpack(3 + 2 * i);
       const Tensor dy = rows_padded(g, M_, ns_[i], Mp_);
       const Fp8Operand gq = quantize(dy, Mp_, ns_[i], Fp8Format::E5M2, want_dx, want_dw);
       if (want_dx) {
@@ -158,7 +156,6 @@ class LinearFp8Backward : public Node {
   }
 
  private:
-  std::vector<SavedTensor> saved_;  // x's transposed codes and record, then each weight's
   Shape xshape_;
   int64_t M_, Mp_, K_;
   std::vector<int64_t> ns_;  // each weight's out_features

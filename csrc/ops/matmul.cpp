@@ -367,26 +367,24 @@ namespace {
 
 // Inputs x, the weights, and with_biases the biases; the biases' gradients are sum_to's ordered
 // row sums of their outputs' gradients (the unfused add's backward).
-class LinearMultiBackward : public Node {
+// Saved: x (when a weight takes a gradient), then the weights (when x does).
+class LinearMultiBackward : public NodeWithSavedList {
  public:
   LinearMultiBackward(const Tensor& x, const std::vector<Tensor>& ws, bool keep_weights, bool with_biases)
       : with_biases_(with_biases) {
-    saved_.emplace_back("x", x);
+    save("x", x);
     for (size_t i = 0; i < ws.size(); ++i) {
-      saved_.emplace_back("weights[" + std::to_string(i) + "]", keep_weights ? ws[i] : Tensor());
+      save("weights[" + std::to_string(i) + "]", keep_weights ? ws[i] : Tensor());
       shapes_.push_back(ws[i].shape());
     }
   }
   const char* name() const override { return with_biases_ ? "LinearMultiBiasBackward" : "LinearMultiBackward"; }
   uint32_t num_outputs() const override { return static_cast<uint32_t>(shapes_.size()); }
-  void release_saved() override {
-    for (SavedTensor& s : saved_) s.reset();
-  }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const size_t n = shapes_.size();
-    const Tensor x = saved_[0].unpack(*this);
+    const Tensor x = unpack(0);
     std::vector<Tensor> ws(n);
-    for (size_t i = 0; i < n; ++i) ws[i] = saved_[1 + i].unpack(*this);
+    for (size_t i = 0; i < n; ++i) ws[i] = unpack(1 + i);
     std::vector<bool> want_dw(n);
     for (size_t i = 0; i < n; ++i) want_dw[i] = wants_grad(1 + i);
     std::vector<Tensor> out = linear_multi_backward(x, ws, shapes_, grads, wants_grad(0), want_dw);
@@ -397,8 +395,7 @@ class LinearMultiBackward : public Node {
   }
 
  private:
-  std::vector<SavedTensor> saved_;  // x (when a weight takes a gradient), then the weights (when x does)
-  std::vector<Shape> shapes_;       // the weights' shapes
+  std::vector<Shape> shapes_;  // the weights' shapes
   bool with_biases_;
 };
 
@@ -438,24 +435,22 @@ namespace {
 
 // Inputs: x, residual (undefined: none), the norm weight, the projection weights. Outputs: h (only
 // with a residual), then the projections.
-class RmsNormLinearMultiBackward : public Node {
+// Saved: h, the norm weight, rstd, then the projection weights.
+class RmsNormLinearMultiBackward : public NodeWithSavedList {
  public:
   RmsNormLinearMultiBackward(const Tensor& h, const Tensor& norm_w, const Tensor& rstd, const std::vector<Tensor>& ws,
                              double eps, bool residual)
       : eps_(eps), residual_(residual) {
-    saved_.emplace_back("h", h);
-    saved_.emplace_back("norm_weight", norm_w);
-    saved_.emplace_back("rstd", rstd);
+    save("h", h);
+    save("norm_weight", norm_w);
+    save("rstd", rstd);
     for (size_t i = 0; i < ws.size(); ++i) {
-      saved_.emplace_back("weights[" + std::to_string(i) + "]", ws[i]);
+      save("weights[" + std::to_string(i) + "]", ws[i]);
       shapes_.push_back(ws[i].shape());
     }
   }
   const char* name() const override { return "RmsNormLinearMultiBackward"; }
   uint32_t num_outputs() const override { return static_cast<uint32_t>(1 + shapes_.size()); }
-  void release_saved() override {
-    for (SavedTensor& s : saved_) s.reset();
-  }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     const size_t n = shapes_.size();
     std::vector<Tensor> out(3 + n);
@@ -468,9 +463,9 @@ class RmsNormLinearMultiBackward : public Node {
       out[1] = residual_ ? dh : Tensor();
       return out;
     }
-    const Tensor h = saved_[0].unpack(*this), w = saved_[1].unpack(*this), rstd = saved_[2].unpack(*this);
+    const Tensor h = unpack(0), w = unpack(1), rstd = unpack(2);
     std::vector<Tensor> ws(n);
-    for (size_t i = 0; i < n; ++i) ws[i] = saved_[3 + i].unpack(*this);
+    for (size_t i = 0; i < n; ++i) ws[i] = unpack(3 + i);
     Tensor y = rms_norm_forward(h, w, eps_).first;  // the forward's normed input, again
     std::vector<bool> want_dw(n);
     for (size_t i = 0; i < n; ++i) want_dw[i] = wants_grad(3 + i);
@@ -489,7 +484,6 @@ class RmsNormLinearMultiBackward : public Node {
   }
 
  private:
-  std::vector<SavedTensor> saved_;  // h, the norm weight, rstd, then the projection weights
   std::vector<Shape> shapes_;
   double eps_;
   bool residual_;

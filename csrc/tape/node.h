@@ -159,4 +159,21 @@ class NodeWithSaved : public Node {
   std::array<SavedTensor, N> saved_;
 };
 
+// The same for a node whose inputs include a list (linear_multi's weights): the tensors are saved
+// one by one in construction (save) and read back by position (unpack(i), version-checked).
+//   class LinearMultiBackward : public NodeWithSavedList { ... save("x", x); ... unpack(0) ... };
+class NodeWithSavedList : public Node {
+ public:
+  void release_saved() final {
+    for (SavedTensor& s : saved_) s.reset();
+  }
+
+ protected:
+  void save(std::string name, const Tensor& t) { saved_.emplace_back(std::move(name), t); }
+  Tensor unpack(size_t i) const { return saved_[i].unpack(*this); }
+
+ private:
+  std::vector<SavedTensor> saved_;
+};
+
 }  // namespace xt
