@@ -14,9 +14,12 @@ peaks. The per-layer slope is the difference between two layer counts over the t
 (the embedding's and the head's) is the intercept. The script writes out, op by op, what each
 block keeps (xtrain_block_table: each node's saved tensors, their dtype and bytes per token) and
 checks the table's sum against the measured slope, so the table cannot drift from the code.
-The static part is the parameter store's flats (float32 master weights, float32 gradient slots,
-AdamW's float32 m and v, all of one padded layout; the bf16 compute copies of the linears'
-weights), checked against the allocator after one optimizer step at the small size.
+The static part is the parameter store's flats (float32 master weights, AdamW's float32 m and v,
+all of one padded layout; the bf16 compute copies of the linears' weights), checked against the
+allocator after one optimizer step at the small size. The gradients are not static: each is
+allocated by the backward that makes it (Note [Gradients without a flat buffer], xtrain/store.py);
+at the start of backward only the head's exists (the tied embedding's float32 gradient, counted
+with the head's transients).
 
 PyTorch (bench/big_models.py's build_peer, the same weights, under torch.autocast(bfloat16) as the
 bench runs it): the body's forward under torch.autograd.graph.saved_tensors_hooks, every tensor
@@ -157,8 +160,7 @@ def store_layout(cfg) -> dict:
     numel = sum(lengths)
     params = sum(math.prod(s) for s in cfg.param_shapes().values())
     e = 2 if cfg.bf16 else 4
-    parts = {"float32 master weights": 4 * numel, "float32 gradient slots": 4 * numel,
-             "AdamW m and v (float32)": 8 * numel}
+    parts = {"float32 master weights": 4 * numel, "AdamW m and v (float32)": 8 * numel}
     if cfg.bf16:
         parts["bf16 compute copies of the linears' weights"] = e * lengths[0]
     return {"params": params, "flat_numel": numel, "region0_numel": lengths[0], "parts": parts,
@@ -188,6 +190,8 @@ def head_bytes(cfg, tokens: int) -> dict:
         transient["a chunk's logits"] = rows * ld * e
     if cfg.tie_embeddings and cfg.bf16:
         transient["the tied head's bf16 cast"] = V * K * e
+    # the first gradient backward makes, before it frees any activation: the head weight's
+    transient["the head weight's float32 gradient"] = V * K * 4
     return {"chunks": chunks, "kept": kept, "transient": transient,
             "kept_total": sum(kept.values()), "transient_total": sum(transient.values())}
 

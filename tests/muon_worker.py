@@ -68,6 +68,7 @@ def weight_hashes(model) -> dict:
 
 def rank_run(ctx, scenario):
     model, make_opt = build(scenario.get("load"))
+    model.store.use_flat_grads()  # as DataParallelMuon does: the store's buffer, not the optimizer's state
     base = allocated()
     opt = make_opt()
     dp = DataParallelMuon(opt, ctx)

@@ -99,64 +99,28 @@ def _bits(a):
 @pytest.mark.parametrize("recompute", [False, True], ids=["plain", "recompute"])
 def test_weight_gradients_are_converted_in_one_batch_unless_a_hook_reads_them(recompute):
     """Note [Batched gradient casts]: a bf16 model's backward converts every Linear weight's bf16
-    gradient into its float32 slot in one call at the end of the walk; without slots each is
-    converted on its own (as with data parallelism's gradient-ready hook, tests/cpp/test_tape.cpp),
-    and with gradients already in the slots each is converted and added. The same bits every way."""
+    gradient into float32 in one call at the end of the walk: into its slot (flat gradients) or
+    into a fresh buffer that becomes its .grad (gradients of their own, the default); with
+    gradients already set each is converted and added (tests/cpp/test_tape.cpp: with the
+    gradient-ready hook of data parallelism each is converted on its own). The same bits every way."""
     config = TransformerConfig(**SMALL, bf16=True, recompute=recompute)
     x, y = _batch()
-    model = TinyTransformer(config, device="cpu", seed=0)
-    _, loss = model(x, y)
-    loss.backward()
-    assert _C.last_backward_batched_casts() == sum(s.region == 0 for s in model.store.slots)
-    batched = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
-
-    plain = TinyTransformer(config, device="cpu", seed=0)
-    plain.store._slots = None  # no slots: each cast's backward converts its weight's gradient at once
-    _, loss = plain(x, y)
-    loss.backward()
-    assert _C.last_backward_batched_casts() == 0
-    for n, p in plain.named_parameters():
-        np.testing.assert_array_equal(_bits(p.grad.numpy()), _bits(batched[n]), err_msg=n)
-
-    _, loss = model(x, y)  # no zeroing: the second backward accumulates into the slots
-    loss.backward()
-    assert _C.last_backward_batched_casts() == 0
-    for n, p in model.named_parameters():
-        np.testing.assert_array_equal(_bits(p.grad.numpy()), _bits(batched[n] + batched[n]), err_msg=n)
-
-
-def test_slots_sync_copies_hand_made_grads_and_reports_missing(device):
-    ws = [_leaf(np.ones((2, 3)), device), _leaf(np.ones((4,)), device)]
-    flat = xtrain.zeros((16,), device=device)
-    slots = _C.GradSlots(ws, [flat._storage_view(0, (2, 3)), flat._storage_view(8, (4,))])
-    assert slots.sync() == [0, 1]
-    ws[1].grad = xtrain.full((4,), 2.5, device=device)
-    assert slots.sync() == [0]
-    assert ws[1].grad.data_ptr() == flat._storage_view(8, (1,)).data_ptr()
-    np.testing.assert_array_equal(flat.numpy()[8:12], 2.5)
-    del slots  # the destinations go with the slots: gradients are plain tensors again
-    ws[0].grad = None
-    ops.sum(ws[0]).backward()
-    assert ws[0].grad.data_ptr() != flat.data_ptr()
-
-
-def test_slots_and_views_reject_bad_input(device):
-    w = _leaf(np.ones((2, 3)), device)
-    with pytest.raises(ValueError, match="does not match"):
-        _C.GradSlots([w], [xtrain.zeros((3, 2), device=device)])
-    with pytest.raises(ValueError, match="does not match"):
-        _C.GradSlots([w], [xtrain.zeros((2, 3), dtype="bfloat16", device=device)])
-    with pytest.raises(ValueError, match="leaf tensor that requires grad"):
-        _C.GradSlots([xtrain.zeros((2, 3), device=device)], [xtrain.zeros((2, 3), device=device)])
-    with pytest.raises(ValueError, match="1 leaves but 2 slots"):
-        _C.GradSlots([w], [xtrain.zeros((2, 3), device=device)] * 2)
-    flat = xtrain.zeros((10,), device=device)
-    with pytest.raises(ValueError, match="do not fit"):
-        flat._storage_view(8, (3,))
-    with pytest.raises(ValueError, match="do not fit"):
-        flat._storage_view(-1, (2,))
-    with pytest.raises(ValueError, match="negative"):
-        flat._storage_view(0, (-1,))
+    linears = sum(s.region == 0 for s in TinyTransformer(config, device="cpu", seed=0).store.slots)
+    grads = {}
+    for flat in (True, False):
+        model = TinyTransformer(config, device="cpu", seed=0)
+        model.store.use_flat_grads(flat)
+        _, loss = model(x, y)
+        loss.backward()
+        assert _C.last_backward_batched_casts() == linears
+        grads[flat] = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+        _, loss = model(x, y)
+        loss.backward()  # no zeroing: each converted and added
+        assert _C.last_backward_batched_casts() == 0
+        for n, p in model.named_parameters():
+            np.testing.assert_array_equal(p.grad.numpy(), grads[flat][n] + grads[flat][n], err_msg=n)
+    for n in grads[True]:
+        np.testing.assert_array_equal(_bits(grads[False][n]), _bits(grads[True][n]), err_msg=n)
 
 
 # ---------------------------------------------------------------- the store
@@ -188,6 +152,7 @@ def test_parameters_are_aligned_views_of_one_buffer(device):
 def test_gradients_land_in_the_flat_buffer(device):
     for bf16 in (False, True):
         model = TinyTransformer(TransformerConfig(**SMALL, bf16=bf16), device=device, seed=0)
+        model.store.use_flat_grads()
         _, loss = model(*_batch())
         loss.backward()
         store = model.store
@@ -200,10 +165,84 @@ def test_gradients_land_in_the_flat_buffer(device):
         assert all(p.grad is None for p in model.parameters())
 
 
-def test_adamw_on_the_store_equals_adamw_on_separate_tensors(device):
+def test_gradients_of_their_own_by_default(device):
+    """Note [Gradients without a flat buffer]: without flat gradients (the default) each gradient
+    is a tensor of its own, allocated by backward and freed by zero_grad; the same bits as the
+    flat buffer's. Switching either way keeps the gradients already set."""
+    for bf16 in (False, True):
+        flat = TinyTransformer(TransformerConfig(**SMALL, bf16=bf16), device=device, seed=0)
+        flat.store.use_flat_grads()
+        own = TinyTransformer(TransformerConfig(**SMALL, bf16=bf16), device=device, seed=0)
+        store = own.store
+        assert not store.flat_grads and store.grads is None
+        for m in (flat, own):
+            _, loss = m(*_batch())
+            loss.backward()
+        assert store.sync_grads() == [] and not store.flat_grads_ready()
+        ptrs = {p.grad.data_ptr() for p in own.parameters()}
+        assert len(ptrs) == len(own.parameters())
+        lo, hi = store.params.data_ptr(), store.params.data_ptr() + 4 * store.numel
+        assert not any(lo <= q < hi for q in ptrs)  # nothing in the store's buffers
+        for (name, p), q in zip(own.named_parameters(), flat.parameters()):
+            np.testing.assert_array_equal(_bits(p.grad.numpy()), _bits(q.grad.numpy()), err_msg=name)
+        assert [g.data_ptr() for g in store.grad_list()] == [p.grad.data_ptr() for p in own.parameters()]
+        own.layers[0].mlp.up_proj.weight.grad = None
+        assert store.sync_grads() == ["layers.0.mlp.up_proj.weight"]
+        # to flat: the gradients set are copied into their slots at the next sync
+        store.use_flat_grads()
+        assert store.flat_grads and not store.flat_grads_ready()
+        own.layers[0].mlp.up_proj.weight.grad = flat.layers[0].mlp.up_proj.weight.grad
+        assert store.flat_grads_ready()
+        for s, p in zip(store.slots, own.parameters()):
+            assert p.grad.data_ptr() == store.grads._storage_view(s.offset, (1,)).data_ptr(), s.name
+        store.use_flat_grads(False)
+        assert store.grads is None and all(p.grad is not None for p in own.parameters())
+        store.zero_grad()
+        assert all(p.grad is None for p in own.parameters())
+
+
+def test_gradients_of_their_own_leave_the_peak(device):
+    """The allocator's peak over a step (forward, backward, clip + AdamW), counted from before the
+    model exists, is lower without the flat buffer by the buffer less the gradients alive at the
+    peak (here the activations dominate it and backward frees them as it makes the gradients).
+    Tied to the CPU allocator's exact accounting."""
+    if device != "cpu":
+        pytest.skip("exact peak accounting on the CPU allocator")
+    import gc
+    config = TransformerConfig(**{**SMALL, "max_seq": 64}, bf16=True)
+    ids = np.random.default_rng(0).integers(0, SMALL["vocab_size"], size=(16, 65))
+    x, y = ids[:, :-1], ids[:, 1:]
+    peaks, flat_bytes = {}, None
+    for flat in (True, False):
+        gc.collect()
+        base = xtrain.memory_stats("cpu")["allocated_bytes.current"]
+        model = TinyTransformer(config, device="cpu", seed=0)
+        model.store.use_flat_grads(flat)
+        opt = AdamW(model.named_parameters(), lr=1e-3)
+        for _ in range(2):
+            xtrain.reset_peak_memory_stats("cpu")
+            before = xtrain.memory_stats("cpu")["allocated_bytes.current"]
+            _, loss = model(x, y)
+            loss.backward()
+            opt.clip_and_step(1.0)
+            opt.zero_grad()
+            del loss
+            assert xtrain.memory_stats("cpu")["allocated_bytes.current"] == before  # the gradients freed
+            peaks[flat] = xtrain.memory_stats("cpu")["allocated_bytes.peak"] - base
+        if flat:
+            flat_bytes = model.store.grads.nbytes
+        del model, opt
+    grads = 4 * sum(int(np.prod(s)) for s in config.param_shapes().values())
+    assert peaks[True] - peaks[False] >= flat_bytes - grads, (peaks, flat_bytes, grads)
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "own"])
+def test_adamw_on_the_store_equals_adamw_on_separate_tensors(flat, device):
     """The flat step (one launch over whole ranges of the flats, a weight-decay flag per range)
-    and the per-tensor step give the same bits, clipping included."""
+    and the per-tensor step give the same bits, clipping included; so does the store's step on
+    gradients of their own (flat=False, the default)."""
     model = TinyTransformer(TransformerConfig(**SMALL, bf16=True), device=device, seed=0)
+    model.store.use_flat_grads(flat)
     plain = [xtrain.tensor(p.numpy(), device=device, requires_grad=True) for p in model.parameters()]
     opt = AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1)
     ref = AdamW(list(zip([n for n, _ in model.named_parameters()], plain)), lr=1e-2, weight_decay=0.1)
@@ -244,8 +283,10 @@ def test_a_parameter_without_gradient_is_left_alone(device):
     assert not opt.moment_arrays()[0]["layers.0.self_attn.q_proj.weight"].any()
 
 
-def test_zero_grad_without_none_accumulates_into_the_slots(device):
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "own"])
+def test_zero_grad_without_none_accumulates_into_the_slots(flat, device):
     model = TinyTransformer(TransformerConfig(**SMALL), device=device, seed=0)
+    model.store.use_flat_grads(flat)
     opt = AdamW(model.named_parameters(), lr=1e-2)
     _, loss = model(*_batch())
     loss.backward()

@@ -112,6 +112,13 @@ class ToBackward : public Node {
       if (!defer_grad_cast(next_edges[0], dst, grads[0])) copy_(dst, grads[0]);
       return {dst};
     }
+    // A leaf whose gradient is a tensor of its own (no flat buffer): batched the same way, into
+    // a fresh buffer that becomes its .grad (Note [Batched gradient casts]).
+    if (grads[0].device() == device_ && can_defer_grad_cast(next_edges[0])) {
+      Tensor fresh = claim_fresh_grad_buffer(next_edges[0]);
+      if (fresh.defined() && fresh.dtype() == dtype_ && defer_grad_cast(next_edges[0], fresh, grads[0]))
+        return {fresh};
+    }
     return {to_forward(grads[0], device_, dtype_)};
   }
 

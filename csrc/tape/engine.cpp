@@ -15,14 +15,19 @@
 //  - the leaf's sink has exactly one incoming edge in the walk and is not a root: otherwise the
 //    engine adds a second gradient to the slot before the sink runs (a weight used twice).
 // Then CastBackward hands the conversion to the walk (defer_grad_cast) and returns the slot as
-// the gradient; the sink takes the claimed slot as .grad without reading it. At the end of the
+// the gradient; the sink takes the claimed slot as .grad without reading it. A leaf without a
+// slot (a store whose gradients are tensors of their own, the one-process default: Note
+// [Gradients without a flat buffer], xtrain/store.py) gets the same batching: its sole producer
+// claims a fresh float32 buffer (claim_fresh_grad_buffer), which the sink makes .grad. At the end of the
 // walk (and before an exception leaves it) one cast_many call converts every deferred gradient,
 // element by element the same conversion as copy_, so the same bits. A slot that already holds a
 // gradient is never claimed (accumulation: to_forward and accumulate_ as before).
 // Cost: the walk keeps each deferred bf16 gradient alive until its end instead of freeing it
 // right after its conversion: at most every Linear weight's, 2 bytes per element (dim768: 166M
 // elements, 317 MiB). They pile up while the activations are being freed, after the lm_head's
-// backward has set the step's peak: dim768's backward peak did not move (docs/store.md).
+// backward has set the step's peak: dim768's backward peak did not move (docs/store.md). Without
+// slots the float32 buffers appear as the casts run, so the walk's end holds 6 bytes per Linear
+// weight element, what the flat buffer (4, held always) and the pending bf16 (2) hold there.
 #include "tape/engine.h"
 
 #include <algorithm>
@@ -205,9 +210,14 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& s
   run_cast_batch(batch);
 }
 
+bool can_defer_grad_cast(const Edge& edge) {
+  const GradCastBatch* batch = t_cast_batch;
+  return batch && edge.valid() && batch->sole_producer_sinks.count(edge.fn.get());
+}
+
 bool defer_grad_cast(const Edge& edge, const Tensor& dst, const Tensor& src) {
   GradCastBatch* batch = t_cast_batch;
-  if (!batch || !edge.valid() || !batch->sole_producer_sinks.count(edge.fn.get())) return false;
+  if (!can_defer_grad_cast(edge)) return false;
   if (!dst.defined() || !src.defined() || src.device() != dst.device() || src.numel() != dst.numel() ||
       !is_floating(src.dtype()) || !is_floating(dst.dtype()))
     return false;

@@ -36,6 +36,9 @@ GradReadyHook set_grad_ready_hook(GradReadyHook hook);
 // soon as it is final), or the leaf has another producer or is a root of this walk (the engine
 // would read dst before the batch wrote it).
 bool defer_grad_cast(const Edge& edge, const Tensor& dst, const Tensor& src);
+// Whether defer_grad_cast would take a conversion for the leaf behind `edge` now (asked before
+// allocating a buffer for it: claim_fresh_grad_buffer).
+bool can_defer_grad_cast(const Edge& edge);
 // Conversions the last walk on this thread batched (0 when none): a count for tests and profiles.
 int64_t last_backward_batched_casts();
 

@@ -20,12 +20,16 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>& grads) {
   Tensor g = std::move(grads[0]);
   const bool claimed = claimed_;
   claimed_ = false;
+  Tensor fresh = std::move(fresh_);  // this walk's, or a stale one from a walk that failed before here
+  fresh_ = Tensor();
   if (!g.defined()) return {};
   Tensor leaf(leaf_);
   XT_CHECK(g.shape() == leaf.shape() && g.dtype() == leaf.dtype() && g.device() == leaf.device(), RuntimeError,
            "gradient ", g.describe(), " does not match its leaf ", leaf.describe());
   Tensor cur = leaf.grad();
-  if (!cur.defined() && destination_.defined()) {
+  if (!cur.defined() && claimed && fresh.defined() && g.data_ptr() == fresh.data_ptr()) {
+    leaf.set_grad(fresh);  // the claimed fresh buffer itself (the batched cast still writes it)
+  } else if (!cur.defined() && destination_.defined()) {
     // A producer that claimed the destination wrote it in place (g is that memory): nothing to move.
     if (!(claimed && g.data_ptr() == destination_.data_ptr())) ops::copy_(destination_, g);
     leaf.set_grad(destination_);
@@ -60,6 +64,15 @@ Tensor AccumulateGrad::claim(const Shape& shape, DType dtype, Device device) {
   return destination_;
 }
 
+Tensor AccumulateGrad::claim_fresh() {
+  // Only the sole producer of a walk asks (can_defer_grad_cast), so a claim still standing is a
+  // failed walk's, whose sink never ran: replaced.
+  if (destination_.defined() || leaf_->grad) return Tensor();
+  fresh_ = Tensor::empty(leaf_->shape, leaf_->dtype, leaf_->device);
+  claimed_ = true;
+  return fresh_;
+}
+
 std::shared_ptr<AccumulateGrad> grad_accumulator(const Tensor& leaf) {
   XT_CHECK(leaf.defined() && leaf.is_leaf() && leaf.requires_grad(), ValueError,
            "grad_accumulator: needs a leaf tensor that requires grad, got ",
@@ -75,6 +88,11 @@ std::shared_ptr<AccumulateGrad> grad_accumulator(const Tensor& leaf) {
 Tensor claim_grad_buffer(const Edge& edge, const Shape& shape, DType dtype, Device device) {
   if (!edge.valid() || !edge.fn->reusable()) return Tensor();
   return static_cast<AccumulateGrad*>(edge.fn.get())->claim(shape, dtype, device);
+}
+
+Tensor claim_fresh_grad_buffer(const Edge& edge) {
+  if (!edge.valid() || !edge.fn->reusable()) return Tensor();
+  return static_cast<AccumulateGrad*>(edge.fn.get())->claim_fresh();
 }
 
 bool needs_grad(std::initializer_list<const Tensor*> inputs) {

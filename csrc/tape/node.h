@@ -72,10 +72,17 @@ class AccumulateGrad : public Node {
   // leaf's .grad is empty, the destination matches and nothing claimed it in this walk (then it
   // is marked claimed until apply() takes it).
   Tensor claim(const Shape& shape, DType dtype, Device device);
+  // A leaf without a destination (its gradient a tensor of its own): a fresh buffer of the leaf's
+  // shape, dtype and device that apply() makes .grad when the gradient arriving is that buffer,
+  // whoever else still refers to it (the walk's batched cast writes it: Note [Batched gradient
+  // casts]); undefined when the leaf has a destination or a .grad. For the sole producer of the
+  // leaf's gradient in a walk only (can_defer_grad_cast).
+  Tensor claim_fresh();
 
  private:
   std::shared_ptr<TensorImpl> leaf_;
   Tensor destination_;
+  Tensor fresh_;  // claim_fresh()'s buffer, until apply() of this walk takes it
   bool claimed_ = false;
 };
 
@@ -87,6 +94,8 @@ std::shared_ptr<AccumulateGrad> grad_accumulator(const Tensor& leaf);
 // destination cannot take it. A second producer for the same leaf then gets a fresh tensor and
 // the engine sums the two as usual.
 Tensor claim_grad_buffer(const Edge& edge, const Shape& shape, DType dtype, Device device);
+// AccumulateGrad::claim_fresh of the leaf behind `edge`; undefined when the edge leads elsewhere.
+Tensor claim_fresh_grad_buffer(const Edge& edge);
 
 // ---- grad mode (thread-local, like torch.no_grad)
 bool grad_enabled();

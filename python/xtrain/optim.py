@@ -279,7 +279,7 @@ class AdamW:
                                "(keep_moments); step with DataParallelAdamW.step")
         self.begin_step(prepared)
         clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
-        if self.store is not None and not self.store.sync_grads():
+        if self.store is not None and self.store.flat_grads_ready():
             runs = self.runs() if self.moment_chunks is None else \
                 [run for lo, hi, _ in self.moment_chunks for run in self.runs(lo, hi)]
             self._step_flat(self.store.params, self.store.grads, runs, guard, clip)
@@ -306,7 +306,7 @@ class AdamW:
     def _grads_for_norm(self) -> list:
         """What the global norm sums: the store's gradient regions (every trained parameter has
         a gradient), else each gradient."""
-        if self.store is not None and not self.store.sync_grads():
+        if self.store is not None and self.store.flat_grads_ready():
             return self.store.region_views(self.store.grads)
         grads = [p.grad for p in self.params if p.grad is not None]
         if not grads:
@@ -683,7 +683,7 @@ class Muon:
         if not prepared and self.muon_hyper_dev is not None:
             self._write_hyper()
         clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
-        if a.store is not None and not a.store.sync_grads():
+        if a.store is not None and a.store.flat_grads_ready():
             grads = a.store.views(a.store.grads)
             idx = self.owned
         else:
@@ -820,8 +820,9 @@ def clip_grad_norm_(params, max_norm: float):
     """Scale the gradients of `params` in place so their global L2 norm is at most max_norm.
     Returns the norm before clipping as a float32 scalar Tensor on the device (no host sync).
 
-    When params are every parameter of one ParamStore (and each has a gradient), the norm and the
-    scaling run over the store's flat gradient buffer, one launch each.
+    When params are every parameter of one ParamStore with flat gradients (and each has a
+    gradient), the norm and the scaling run over the store's flat gradient buffer, one launch
+    each; otherwise over the gradients as a list (up to 256 tensors per launch).
 
     A non-finite norm (a gradient holding NaN or Inf, or one too large for float32) leaves every
     gradient as it is and comes back as NaN or Inf: no scale factor repairs such a step, so its
@@ -830,7 +831,7 @@ def clip_grad_norm_(params, max_norm: float):
         raise ValueError(f"clip_grad_norm_: max_norm must be >= 0 (0 or None: no clipping), got {max_norm}")
     params = list(params)
     store = _store_of(params)
-    if store is not None and not store.sync_grads():
+    if store is not None and store.flat_grads_ready():
         grads = [store.grads]
         norm = _C.optim.global_norm(store.region_views(store.grads))
     else:

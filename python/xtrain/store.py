@@ -7,14 +7,32 @@ aligned buffers; every parameter is a view (llm.c allocates all parameters at on
 
 What lives on the flats, each as one buffer of the same layout:
 - `params`: the master weights (float32); each parameter of the module is a leaf view into it.
-- `grads`: each leaf's gradient slot. Backward puts a leaf's gradient there (the leaf's
+- `grads` (only with flat gradients, use_flat_grads(): data-parallel training reduces it as one
+  buffer): each leaf's gradient slot. Backward puts a leaf's gradient there (the leaf's
   AccumulateGrad has the slot as its destination, tape/grad_slots.h) and the slot becomes its
   .grad; a bf16 weight's cast backward writes its float32 gradient straight into the slot.
+  Without it (the default, one process) each gradient is a tensor of its own that backward
+  allocates when it produces it, as the activations it no longer needs are freed, and
+  zero_grad(set_to_none=True) frees: the peak at the start of backward holds no gradient buffer
+  (4 bytes per parameter; Note [Gradients without a flat buffer]). Clipping and AdamW then take
+  the gradients as a list (their kernels run over up to 256 tensors per launch).
 - `compute`: with a compute dtype (bf16 mixed precision), the compute copies of the region-0
   weights (the weights of every nn.Linear): one cast launch over the region, reused until the
   float32 weights change (their storage version moves).
-The optimizer adds its moments in the same layout (xtrain.optim.AdamW), so clipping, AdamW, the
-gradient average and ZeRO-1 sharding each work on whole regions (xtrain.launch.distributed).
+The optimizer adds its moments in the same layout (xtrain.optim.AdamW), so with flat gradients
+clipping, AdamW, the gradient average and ZeRO-1 sharding each work on whole regions
+(xtrain.launch.distributed).
+
+Note [Gradients without a flat buffer]: a flat gradient buffer lives across steps, so at the
+start of backward, where the step's peak is (every saved activation still held), it holds 4
+bytes per parameter beside the master weights, the moments and the compute copies; PyTorch's
+gradients appear as backward frees the activations. One process needs no flat buffer (only the
+collectives want one buffer), so by default each gradient is allocated by the backward that
+produces it. The same kernels update the same values: AdamW's elements are bitwise the flat
+runs' (elementwise math); the global norm sums the same squares over another partition into
+float64 partials, so its float32 value can differ from the flat buffer's by an ulp. Under CUDA
+graphs the gradients are allocated in the step graph's pool, in blocks the freed activations
+leave, at fixed addresses that the update graph reads.
 
 Layout, fixed at construction from the module's named_parameters() order:
 - Region 0: the parameters `compute` picks (a model passes nn.matmul_weights: the weights of its
@@ -84,10 +102,12 @@ class ParamStore:
 
     compute(submodule, attr) -> bool picks the region-0 parameters, which the forward uses in
     `compute_dtype` (None: the parameters' own dtype); nn.matmul_weights is the usual choice (the
-    weights of every nn.Linear). dtype: the master weights' dtype (float32 for training)."""
+    weights of every nn.Linear). dtype: the master weights' dtype (float32 for training).
+    flat_grads: keep the gradients in one flat buffer (`grads`, use_flat_grads()); by default
+    each gradient is a tensor of its own (Note [Gradients without a flat buffer])."""
 
     def __init__(self, module, device: str = "cpu", compute_dtype: str | None = None,
-                 dtype: str = "float32", compute=None):
+                 dtype: str = "float32", compute=None, flat_grads: bool = False):
         named = []
         for mod_name, m in module.named_modules():
             for attr, p in m._parameters.items():
@@ -100,6 +120,7 @@ class ParamStore:
             raise ValueError(f"ParamStore: {type(module).__name__} has no parameters")
         self.device, self.dtype = str(device), str(dtype)
         self.compute_dtype = None if compute_dtype in (None, dtype) else str(compute_dtype)
+        self._flat_grads = bool(flat_grads)
 
         # ---- layout: region 0, then region 1; each tensor at a multiple of ALIGN
         slots, regions, total = [], [], 0
@@ -154,7 +175,6 @@ class ParamStore:
         parameter in its module."""
         with xtrain.no_grad():
             self.params = xtrain.tensor(host, dtype=self.dtype, device=self.device)
-            self.grads = xtrain.zeros((self.numel,), dtype=self.dtype, device=self.device)
         self.device = self.params.device  # canonical: "cuda" -> "cuda:0"
         self.leaves = []
         for s in self.slots:
@@ -165,11 +185,10 @@ class ParamStore:
             owner = s.owner()
             if owner is not None:
                 owner._parameters[s.attr] = leaf
-        trained = [i for i, t in enumerate(self.leaves) if t.requires_grad]
-        self._trained = trained
-        self._slots = _C.GradSlots([self.leaves[i] for i in trained],
-                                   [self.grads._storage_view(self.slots[i].offset, self.slots[i].shape)
-                                    for i in trained])
+        self._trained = [i for i, t in enumerate(self.leaves) if t.requires_grad]
+        self.grads, self._slots = None, None
+        if self._flat_grads:
+            self._make_slots()
         # compute copies of region 0 (bf16 mixed precision): one flat buffer, a view per weight
         self.compute = None
         self._compute_views, self._compute_leaves, self._compute_names = [], [], []
@@ -226,23 +245,71 @@ class ParamStore:
 
     # ---- gradients
 
+    @property
+    def flat_grads(self) -> bool:
+        """Whether the gradients live in the flat buffer `grads` (use_flat_grads())."""
+        return self._slots is not None
+
+    def use_flat_grads(self, flat: bool = True) -> None:
+        """flat: from the next backward on, every gradient lands in its slot of one flat buffer,
+        `grads` (what the data-parallel collectives reduce); a gradient already set is copied in
+        at the next sync_grads(). flat=False: each gradient a tensor of its own again, `grads`
+        None (the gradients set keep their memory until zero_grad)."""
+        if bool(flat) == self.flat_grads:
+            return
+        self._flat_grads = bool(flat)
+        if flat:
+            self._make_slots()
+        else:
+            self._slots = self.grads = None  # the GradSlots' destructor removes the destinations
+
+    def _make_slots(self) -> None:
+        with xtrain.no_grad():
+            self.grads = xtrain.zeros((self.numel,), dtype=self.dtype, device=self.device)
+        self._slots = _C.GradSlots([self.leaves[i] for i in self._trained],
+                                   [self.grads._storage_view(self.slots[i].offset, self.slots[i].shape)
+                                    for i in self._trained])
+
     def sync_grads(self) -> list:
-        """Every gradient into its slot (one assigned by hand is copied in); returns the names of
-        the trained parameters without a gradient (their slots hold stale values)."""
+        """Returns the names of the trained parameters without a gradient. With flat gradients,
+        every gradient is first brought into its slot (one assigned by hand is copied in; the
+        slots of those without one hold stale values)."""
+        if self._slots is None:
+            return [self.slots[i].name for i in self._trained if self.leaves[i].grad is None]
         missing = self._slots.sync()
         return [self.slots[self._trained[i]].name for i in missing]
 
+    def flat_grads_ready(self) -> bool:
+        """True when `grads` holds every trained parameter's gradient (flat gradients, after
+        sync_grads()): clipping and AdamW may then run over the flat buffer's regions."""
+        return self._slots is not None and not self.sync_grads()
+
+    def grad_list(self) -> list:
+        """The trained parameters' gradients in layout order (those without one left out)."""
+        return [g for g in (self.leaves[i].grad for i in self._trained) if g is not None]
+
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """set_to_none: every .grad becomes None (the next backward writes the slots); else the
-        slots are zeroed and stay .grad, so the next backward accumulates into them."""
+        """set_to_none: every .grad becomes None (flat: the next backward writes the slots; else
+        the gradients' memory is freed); else the gradients are zeroed and stay .grad (a trained
+        parameter without one gets zeros), so the next backward accumulates into them."""
         if set_to_none:
-            self._slots.clear()
+            if self._slots is not None:
+                self._slots.clear()
+            else:
+                for i in self._trained:
+                    self.leaves[i].grad = None
             return
-        self.grads.zero_()
+        if self._slots is not None:
+            self.grads.zero_()
         for i in self._trained:
             leaf = self.leaves[i]
-            if leaf.grad is None:
+            if leaf.grad is not None:
+                if self._slots is None:
+                    leaf.grad.zero_()
+            elif self._slots is not None:
                 leaf.grad = self.grads._storage_view(self.slots[i].offset, self.slots[i].shape)
+            else:
+                leaf.grad = xtrain.zeros(leaf.shape, dtype=leaf.dtype, device=leaf.device)
 
     # ---- compute copies (bf16 mixed precision)
 

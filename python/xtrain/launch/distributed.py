@@ -586,6 +586,7 @@ class DataParallelAdamW:
             raise ValueError("DataParallelAdamW needs an AdamW over every parameter of one ParamStore, in its "
                              "order (e.g. AdamW(model.named_parameters()) of a TinyTransformer)")
         self.opt, self.ctx, self.shard, self.store = optimizer, ctx, bool(shard), store
+        store.use_flat_grads()  # the collectives reduce one buffer
         self._region_grads = store.region_views(store.grads)
         self._region_params = store.region_views(store.params)
         # This rank's chunk of each region, the gradient views over them, and the AdamW ranges in them.
@@ -699,6 +700,7 @@ class DataParallelMuon:
         if store is None:
             raise ValueError("DataParallelMuon needs a Muon over every parameter of one ParamStore, in its order")
         self.opt, self.ctx, self.store = optimizer, ctx, store
+        store.use_flat_grads()  # the collectives reduce one buffer
         self._cast = False  # the weights are complete on every rank after a step (graphs.StepGraphs reads it)
         owners = self.shares(optimizer, ctx.world_size)
         self._by_rank = [[i for i in optimizer.matrices if owners[i] == r] for r in range(ctx.world_size)]
