@@ -28,6 +28,7 @@ class CpuBackend : public RawBackend {
 size_t round_size(size_t nbytes) {
   if (nbytes == 0) nbytes = 1;
   if (nbytes < kLargeThreshold) return (nbytes + kSmallRound - 1) / kSmallRound * kSmallRound;
+  if (nbytes >= kHugeThreshold) return (nbytes + kHugeRound - 1) / kHugeRound * kHugeRound;
   // Octave = highest power of two <= nbytes; classes split it into kClassesPerOctave steps.
   size_t octave = size_t(1) << (63 - __builtin_clzll(static_cast<unsigned long long>(nbytes)));
   size_t step = octave / kClassesPerOctave;

@@ -1,8 +1,8 @@
 // The caching allocator: one policy for every device (CPU memory and each GPU).
 //
 // Policy (same for all devices; only the raw backend differs):
-//  - Requests are rounded up to a size class (kSmallRound / kClassesPerOctave below), so a
-//    freed block serves every later request of the same class.
+//  - Requests are rounded up to a size class (kSmallRound / kClassesPerOctave / kHugeRound
+//    below), so a freed block serves every later request of the same class.
 //  - Each device has its own pool: a free list keyed by (stream, size class) and a mutex, so
 //    threads driving different devices never wait on each other.
 //  - A request is served from the free list when a block of its class is cached, else by the
@@ -84,6 +84,12 @@ constexpr size_t kSmallRound = 512;
 constexpr size_t kLargeThreshold = 1 << 20;
 // Size classes per power of two for large requests: at most 1/kClassesPerOctave (12.5%) waste.
 constexpr size_t kClassesPerOctave = 8;
+// Requests at or above this size round to a multiple of kHugeRound instead (at most 3% waste,
+// 0.2% at 1 GiB): the buffers of this size are a model's flat weights, moments and compute
+// copies, allocated once (an eighth of an octave was up to 0.5 GiB each at 4-8 GiB), and the
+// activations of big shapes, whose sizes recur every step.
+constexpr size_t kHugeThreshold = size_t(64) << 20;
+constexpr size_t kHugeRound = size_t(2) << 20;
 // A request whose class has no cached block takes the smallest cached block of a larger class up
 // to this many times its size before asking the backend (Note [Reusing a larger block]).
 constexpr size_t kReuseSpan = 2;

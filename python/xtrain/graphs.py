@@ -3,7 +3,9 @@
 
 A step is two graphs, replayed in order on the thread's stream:
   1. forward + backward of every micro-batch, from the static input buffers (ids, targets) into
-     the parameter store's gradient slots; its output is the step's mean loss (device scalar);
+     the gradients (each allocated in the graph's pool as backward makes it, at the addresses
+     graph 2 reads; with data parallelism the store's flat gradient slots); its output is the
+     step's mean loss (device scalar);
   2. clip + AdamW (AdamW.clip_and_step: the norm, the non-finite guard, the update; with Muon,
      Muon.clip_and_step: AdamW's update of the other parameters and Muon's of the matrices)
      reading the step's constants (learning rate, bias corrections; Muon's decay and learning
@@ -75,7 +77,7 @@ def _rows(x, accum: int) -> list:
 
 def forward_backward(model, x, y, accum: int, seed=None):
     """Forward and backward over `accum` equal micro-batches of the rows of x, y; the gradients
-    sum in the store's slots (the first backward writes them, the next add). Returns the mean
+    sum in the leaves' .grad (the first backward writes them, the next add). Returns the mean
     loss, detached, on the device. x, y: int64 (accum x B, S) numpy arrays or device tensors.
     seed: the 1/accum upstream gradient as a device scalar (made here when None)."""
     if accum == 1:
@@ -271,7 +273,7 @@ class StepGraphs:
             # The warm-up's cached activations go back to the driver, so the graph's pool takes
             # their place instead of adding to them (a sync point, once).
             xtrain.cuda.empty_cache(device)
-            opt.zero_grad(set_to_none=True)   # the first backward writes the slots (=), as eagerly
+            opt.zero_grad(set_to_none=True)   # the first backward writes the gradients (=), as eagerly
             store = getattr(model, "store", None)
             if store is not None and not self._gathers_copies():
                 store._compute_version = None  # the bf16 cast is part of every replay

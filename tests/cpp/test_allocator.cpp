@@ -51,6 +51,21 @@ TEST(AllocatorPolicy, RoundsLargeRequestsToEighthOctaves) {
   }
 }
 
+TEST(AllocatorPolicy, RoundsHugeRequestsTo2MiB) {
+  const size_t mib = 1 << 20;
+  EXPECT_EQ(round_size(64 * mib - 1), 64 * mib);  // the last eighth-octave class
+  EXPECT_EQ(round_size(64 * mib), 64 * mib);
+  EXPECT_EQ(round_size(64 * mib + 1), 66 * mib);
+  // a 1.24B-parameter float32 flat buffer (4.94 GB): within 2 MiB, not rounded to 5 GiB
+  const size_t flat = size_t(1235814400) * 4;
+  EXPECT_EQ(round_size(flat), (flat + 2 * mib - 1) / (2 * mib) * (2 * mib));
+  EXPECT_LT(round_size(flat) - flat, 2 * mib);
+  for (size_t n = 60 * mib; n < 200 * mib; n += 123457) {  // monotone across the threshold
+    EXPECT_GE(round_size(n), n);
+    EXPECT_LE(round_size(n), round_size(n + 123457));
+  }
+}
+
 TEST(AllocatorPolicy, ReusesFreedBlockOfSameClass) {
   CountingBackend be;
   DevicePool pool(Device::cpu());

@@ -3,6 +3,7 @@
 // batched conversions into gradient slots.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -206,100 +207,69 @@ TEST(SavedTensors, UnpackIsCheckedOnlyForWhatWasSaved) {
   EXPECT_NO_THROW(empty.unpack(*node));
 }
 
-TEST(Engine, SlotConversionsWaitForTheEndOfTheWalkUnlessAHookReadsThem) {
-  // Note [Batched gradient casts]: a cast's backward into a leaf's gradient slot is deferred to
-  // one batch at the end of the walk; with a gradient-ready hook set it is done at once, so the
-  // hook reads the final value.
-  for (const bool hook : {false, true}) {
+TEST(Engine, ConversionsWaitForTheEndOfTheWalkUnlessAHookReadsThem) {
+  // Note [Batched gradient casts]: a cast's backward into a leaf's gradient slot, or without a
+  // slot into a fresh float32 buffer that becomes .grad, is deferred to one batch at the end of the
+  // walk; with a gradient-ready hook set it is done at once, so the hook reads the final value;
+  // with .grad already set it is converted and added.
+  for (const bool with_slot : {true, false}) {
+    for (const bool hook : {false, true}) {
+      Tensor w = leaf({1.5f, -2.f, 3.25f});
+      Tensor slot = ops::zeros({3}, DType::Float32, Device::cpu());
+      std::unique_ptr<GradSlots> slots;
+      if (with_slot) slots = std::make_unique<GradSlots>(std::vector<Tensor>{w}, std::vector<Tensor>{slot});
+      Tensor y = scale("s", ops::cast(w, DType::BFloat16), 3.0);  // dy/dw = 3, a bf16 gradient
+      std::vector<float> seen;
+      GradReadyHook prev;
+      if (hook) prev = set_grad_ready_hook([&](const Tensor& l) { seen.push_back(l.grad().data<float>()[1]); });
+      backward_seeded(y, ops::full({3}, 1.0, DType::BFloat16, Device::cpu()));
+      if (hook) set_grad_ready_hook(std::move(prev));
+      EXPECT_EQ(last_backward_batched_casts(), hook ? 0 : 1);
+      ASSERT_TRUE(w.grad().defined());
+      EXPECT_EQ(w.grad().dtype(), DType::Float32);
+      if (with_slot) EXPECT_EQ(w.grad().data_ptr(), slot.data_ptr());
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(w.grad().data<float>()[i], 3.f);
+      if (hook) {
+        ASSERT_EQ(seen.size(), 1u);
+        EXPECT_EQ(seen[0], 3.f);
+      }
+      Tensor y2 = scale("s", ops::cast(w, DType::BFloat16), 3.0);
+      backward_seeded(y2, ops::full({3}, 1.0, DType::BFloat16, Device::cpu()));
+      EXPECT_EQ(last_backward_batched_casts(), 0);  // .grad set: converted and added
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(w.grad().data<float>()[i], 6.f);
+    }
+  }
+}
+
+TEST(Engine, DeferredConversionsRunBeforeAnErrorLeavesTheWalk) {
+  // The cast's backward (newer) runs and hands its slot, or without a slot a fresh buffer, out as
+  // .grad (the sink runs as soon as its one producer has) before the older node raises: the
+  // gradient still gets its value, the node's error is what the caller sees, and no claim is
+  // left standing (the next walk batches as usual).
+  class Raises : public Node {
+   public:
+    std::vector<Tensor> apply(std::vector<Tensor>&) override { throw RuntimeError("raised in backward"); }
+    const char* name() const override { return "Raises"; }
+  };
+  for (const bool with_slot : {true, false}) {
+    Tensor x = leaf({1.f, 1.f, 1.f});
+    Tensor r = ops::cast(ops::scalar_op(kernels::ScalarOp::Mul, x, 1.0), DType::BFloat16);
+    set_history(r, make_node<Raises>({x}));
     Tensor w = leaf({1.5f, -2.f, 3.25f});
     Tensor slot = ops::zeros({3}, DType::Float32, Device::cpu());
-    GradSlots slots({w}, {slot});
-    Tensor y = scale("s", ops::cast(w, DType::BFloat16), 3.0);  // dy/dw = 3, a bf16 gradient
-    std::vector<float> seen;
-    GradReadyHook prev;
-    if (hook) prev = set_grad_ready_hook([&](const Tensor& l) { seen.push_back(l.grad().data<float>()[1]); });
-    backward_seeded(y, ops::full({3}, 1.0, DType::BFloat16, Device::cpu()));
-    if (hook) set_grad_ready_hook(std::move(prev));
-    EXPECT_EQ(last_backward_batched_casts(), hook ? 0 : 1);
-    ASSERT_EQ(w.grad().data_ptr(), slot.data_ptr());
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(slot.data<float>()[i], 3.f);
-    if (hook) {
-      ASSERT_EQ(seen.size(), 1u);
-      EXPECT_EQ(seen[0], 3.f);
-    }
-  }
-}
-
-TEST(Engine, LeavesWithoutSlotsGetTheirConversionBatchedIntoAFreshGradient) {
-  // A leaf without a destination (a parameter store without flat gradients): its cast's backward
-  // claims a fresh float32 buffer, defers the conversion into it and the buffer becomes .grad;
-  // with the hook set it converts at once; with .grad already set it converts and adds.
-  for (const bool hook : {false, true}) {
-    Tensor w = leaf({1.5f, -2.f, 3.25f});
-    Tensor y = scale("s", ops::cast(w, DType::BFloat16), 3.0);
-    std::vector<float> seen;
-    GradReadyHook prev;
-    if (hook) prev = set_grad_ready_hook([&](const Tensor& l) { seen.push_back(l.grad().data<float>()[1]); });
-    backward_seeded(y, ops::full({3}, 1.0, DType::BFloat16, Device::cpu()));
-    if (hook) set_grad_ready_hook(std::move(prev));
-    EXPECT_EQ(last_backward_batched_casts(), hook ? 0 : 1);
+    std::unique_ptr<GradSlots> slots;
+    if (with_slot) slots = std::make_unique<GradSlots>(std::vector<Tensor>{w}, std::vector<Tensor>{slot});
+    Tensor y = add("sum", scale("s", ops::cast(w, DType::BFloat16), 3.0), r);
+    EXPECT_THROW(backward_seeded(y, ops::full({3}, 1.0, DType::BFloat16, Device::cpu())), RuntimeError);
+    EXPECT_EQ(last_backward_batched_casts(), 1);
     ASSERT_TRUE(w.grad().defined());
-    EXPECT_EQ(w.grad().dtype(), DType::Float32);
+    if (with_slot) EXPECT_EQ(w.grad().data_ptr(), slot.data_ptr());
     for (int i = 0; i < 3; ++i) EXPECT_EQ(w.grad().data<float>()[i], 3.f);
-    if (hook) {
-      ASSERT_EQ(seen.size(), 1u);
-      EXPECT_EQ(seen[0], 3.f);
-    }
-    Tensor y2 = scale("s", ops::cast(w, DType::BFloat16), 3.0);
+    w.set_grad(Tensor());
+    Tensor y2 = scale("s", ops::cast(w, DType::BFloat16), 2.0);
     backward_seeded(y2, ops::full({3}, 1.0, DType::BFloat16, Device::cpu()));
-    EXPECT_EQ(last_backward_batched_casts(), 0);  // .grad set: converted and added
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(w.grad().data<float>()[i], 6.f);
+    EXPECT_EQ(last_backward_batched_casts(), 1);
+    ASSERT_TRUE(w.grad().defined());
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(w.grad().data<float>()[i], 2.f);
   }
-}
-
-TEST(Engine, AFreshGradientOfAFailedWalkGetsItsValueAndLeavesNoClaim) {
-  // As with a slot: the cast's backward hands its fresh buffer out as .grad (the sink runs as
-  // soon as its one producer has) before an older node raises; the batch still writes it, and the
-  // next walk claims a new buffer as usual.
-  class Raises : public Node {
-   public:
-    std::vector<Tensor> apply(std::vector<Tensor>&) override { throw RuntimeError("raised in backward"); }
-    const char* name() const override { return "Raises"; }
-  };
-  Tensor w = leaf({1.5f, -2.f, 3.25f});
-  Tensor x = leaf({1.f, 1.f, 1.f});
-  Tensor r = ops::cast(ops::scalar_op(kernels::ScalarOp::Mul, x, 1.0), DType::BFloat16);
-  set_history(r, make_node<Raises>({x}));
-  Tensor y = add("sum", scale("s", ops::cast(w, DType::BFloat16), 3.0), r);
-  EXPECT_THROW(backward_seeded(y, ops::full({3}, 1.0, DType::BFloat16, Device::cpu())), RuntimeError);
-  EXPECT_EQ(last_backward_batched_casts(), 1);
-  ASSERT_TRUE(w.grad().defined());
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(w.grad().data<float>()[i], 3.f);
-  w.set_grad(Tensor());
-  Tensor y2 = scale("s", ops::cast(w, DType::BFloat16), 2.0);
-  backward_seeded(y2, ops::full({3}, 1.0, DType::BFloat16, Device::cpu()));
-  EXPECT_EQ(last_backward_batched_casts(), 1);
-  ASSERT_TRUE(w.grad().defined());
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(w.grad().data<float>()[i], 2.f);
-}
-
-TEST(Engine, DeferredSlotConversionsRunBeforeAnErrorLeavesTheWalk) {
-  // The cast's backward (newer) runs and hands its slot out as .grad before the older node
-  // raises: the slot still gets its value, and the node's error is what the caller sees.
-  class Raises : public Node {
-   public:
-    std::vector<Tensor> apply(std::vector<Tensor>&) override { throw RuntimeError("raised in backward"); }
-    const char* name() const override { return "Raises"; }
-  };
-  Tensor x = leaf({1.f, 1.f, 1.f});
-  Tensor r = ops::cast(ops::scalar_op(kernels::ScalarOp::Mul, x, 1.0), DType::BFloat16);
-  set_history(r, make_node<Raises>({x}));
-  Tensor w = leaf({1.5f, -2.f, 3.25f});
-  Tensor slot = ops::zeros({3}, DType::Float32, Device::cpu());
-  GradSlots slots({w}, {slot});
-  Tensor y = add("sum", scale("s", ops::cast(w, DType::BFloat16), 3.0), r);
-  EXPECT_THROW(backward_seeded(y, ops::full({3}, 1.0, DType::BFloat16, Device::cpu())), RuntimeError);
-  EXPECT_EQ(last_backward_batched_casts(), 1);
-  ASSERT_EQ(w.grad().data_ptr(), slot.data_ptr());
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(slot.data<float>()[i], 3.f);
 }

@@ -15,7 +15,7 @@ Outputs in `out`:
 
 A step is one optimizer step over the global batch: micro_batch x accum x ranks sequences
 (xtrain.trainer.batching.BatchPlan). Each rank's share of it comes from one loader draw and runs as
-`accum` forward/backward passes whose gradients sum in the parameter store's slots
+`accum` forward/backward passes whose gradients sum in the leaves' .grad
 (accumulate_gradients); then one clip and one AdamW step (with ranks: one collective).
 
 The loop is train(): setup(), then per step train_step() (with evaluate() and save() when due),
@@ -510,9 +510,9 @@ def plan_eval(n: int, batch: int, seq: int, eval_batches: int, world_size: int, 
 
 def accumulate_gradients(model, x, y, accum: int, seed=None):
     """Forward and backward over `accum` equal micro-batches of the rows of x, y (int64
-    (accum x B, S)); the gradients sum in the parameter store's slots: the first backward writes
-    them (they are None after the last step's zero_grad), the next ones add. Each backward is
-    seeded with 1/accum, so the slots end holding the gradient of the mean loss over all the rows
+    (accum x B, S)); the gradients sum in the leaves' .grad (the store's slots with data
+    parallelism): the first backward writes them (they are None after the last step's zero_grad),
+    the next ones add. Each backward is seeded with 1/accum, so the gradients end holding the gradient of the mean loss over all the rows
     (every row has S targets, so the mean of the micro-batch means is the batch mean): one batch of
     accum x B rows gives the same up to float rounding (the 1/accum scaling itself is exact for
     powers of two). Returns the mean loss, detached, on the device (no host sync). x, y may also be
