@@ -18,8 +18,8 @@ The static part is the parameter store's flats (float32 master weights, AdamW's 
 all of one padded layout; the bf16 compute copies of the linears' weights), checked against the
 allocator after one optimizer step at the small size. The gradients are not static: each is
 allocated by the backward that makes it (Note [Gradients without a flat buffer], xtrain/store.py);
-at the start of backward only the head's exists (the tied embedding's float32 gradient, counted
-with the head's transients).
+the head weight's, the first, takes the place of the head's float32 dw accumulator, which its
+backward frees once it has rounded it to bf16, so the peak at the start of backward holds none.
 
 PyTorch (bench/big_models.py's build_peer, the same weights, under torch.autocast(bfloat16) as the
 bench runs it): the body's forward under torch.autograd.graph.saved_tensors_hooks, every tensor
@@ -190,8 +190,6 @@ def head_bytes(cfg, tokens: int) -> dict:
         transient["a chunk's logits"] = rows * ld * e
     if cfg.tie_embeddings and cfg.bf16:
         transient["the tied head's bf16 cast"] = V * K * e
-    # the first gradient backward makes, before it frees any activation: the head weight's
-    transient["the head weight's float32 gradient"] = V * K * 4
     return {"chunks": chunks, "kept": kept, "transient": transient,
             "kept_total": sum(kept.values()), "transient_total": sum(transient.values())}
 

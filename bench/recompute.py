@@ -125,6 +125,9 @@ class XtrainTrainer:
         common.xt_sync(self.device)
 
     def reset_peak(self):
+        # the data's own peak over the warm-up (the eager steps and the capture), before the reset:
+        # what peak() would read if the allocator wasted nothing (its classes, larger blocks reused)
+        self.warm_requested_peak = self.xt.memory_stats(self.device)["requested_bytes.peak"]
         common.xt_reset_peak(self.device)
 
     def peak(self):
@@ -135,6 +138,7 @@ class XtrainTrainer:
 
     def extra(self) -> dict:
         return {"cuda_graphs": bool(self.sg and self.sg.active),
+                "requested_peak_warmup": getattr(self, "warm_requested_peak", None),
                 "graphs_off_because": self.blocked,
                 "graph_nodes_per_step": (self.sg.num_nodes or None) if self.sg else None}
 
@@ -228,6 +232,7 @@ def measure(trainer, batches, steps, warmup) -> dict:
         x, y = data[it["i"] % len(data)]
         it["i"] += 1
         it["loss"] = trainer.step(x, y)
+    trainer.reset_peak()  # the warm-up's own peaks (xtrain's requested_peak_warmup)
     for _ in range(max(warmup, getattr(trainer, "warmup", 0))):
         step()
     trainer.sync()

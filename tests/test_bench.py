@@ -35,6 +35,8 @@ def test_recompute_bench_turns_recompute_on(tmp_path):
     assert set(rows) == {False, True}
     # With the blocks' checkpoints the forward keeps far fewer activations: a lower peak.
     assert rows[True]["peak_allocated"] < 0.95 * rows[False]["peak_allocated"], rows
+    # the data's own peak over the warm-up (the same steps): never above the blocks handed out
+    assert all(0 < r["requested_peak_warmup"] <= r["peak_allocated"] for r in rows.values()), rows
 
 
 def test_profile_timeline_counts_overlap_once_and_names_the_gaps():

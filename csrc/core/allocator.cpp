@@ -140,6 +140,7 @@ Block DevicePool::allocate(size_t nbytes, void* stream, RawBackend* backend, uin
   stats_.allocated_bytes += b.size;
   stats_.requested_bytes += nbytes;
   if (stats_.allocated_bytes > stats_.allocated_bytes_peak) stats_.allocated_bytes_peak = stats_.allocated_bytes;
+  if (stats_.requested_bytes > stats_.requested_bytes_peak) stats_.requested_bytes_peak = stats_.requested_bytes;
   return b;
 }
 
@@ -222,6 +223,7 @@ MemoryStats DevicePool::stats() {
 void DevicePool::reset_peak() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.allocated_bytes_peak = stats_.allocated_bytes;
+  stats_.requested_bytes_peak = stats_.requested_bytes;
   stats_.reserved_bytes_peak = stats_.reserved_bytes;
 }
 

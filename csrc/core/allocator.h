@@ -47,6 +47,7 @@ struct MemoryStats {
   int64_t allocated_bytes = 0;       // live blocks (rounded sizes)
   int64_t allocated_bytes_peak = 0;
   int64_t requested_bytes = 0;       // live blocks, sizes as asked for
+  int64_t requested_bytes_peak = 0;  // the data's own peak: allocated's less the classes' rounding
   int64_t reserved_bytes = 0;        // live + cached
   int64_t reserved_bytes_peak = 0;
   int64_t num_alloc_calls = 0;       // requests

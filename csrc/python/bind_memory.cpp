@@ -113,6 +113,7 @@ py::dict stats_dict(const MemoryStats& s) {
   d["allocated_bytes.current"] = s.allocated_bytes;
   d["allocated_bytes.peak"] = s.allocated_bytes_peak;
   d["requested_bytes.current"] = s.requested_bytes;
+  d["requested_bytes.peak"] = s.requested_bytes_peak;
   d["reserved_bytes.current"] = s.reserved_bytes;
   d["reserved_bytes.peak"] = s.reserved_bytes_peak;
   d["num_alloc_calls"] = s.num_alloc_calls;

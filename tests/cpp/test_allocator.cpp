@@ -102,6 +102,8 @@ TEST(AllocatorPolicy, ALargerCachedBlockServesAMissUpToTheSpan) {
   MemoryStats st = pool.stats();
   EXPECT_EQ(st.allocated_bytes, 2048 + 3072 + 2048);  // counted at the blocks' own sizes
   EXPECT_EQ(st.requested_bytes, 3 * 2000);
+  EXPECT_GE(st.requested_bytes_peak, st.requested_bytes);  // the data's own peak
+  EXPECT_LT(st.requested_bytes_peak, st.allocated_bytes_peak);  // without the blocks' waste
   EXPECT_EQ(st.reserved_bytes, 3072 + 5120 + 2 * 2048);
   pool.free(b);                                // back under its own class
   Block d = pool.allocate(3000, &s, &be);
