@@ -7,7 +7,10 @@
 //    threads driving different devices never wait on each other.
 //  - A request is served from the free list when a block of its class is cached, else by the
 //    smallest cached block of a larger class up to kReuseSpan times its size (a cache hit); only
-//    on a miss does the pool call the raw backend (malloc / cudaMalloc).
+//    on a miss does the pool call the raw backend (malloc / cudaMalloc). A large request (from
+//    kLargeThreshold) takes the smallest cached block at least its size and splits off the rest
+//    when that is large too; freed pieces of one backend allocation merge again (Note [Splitting
+//    large blocks]).
 //  - Freed blocks go back to the free list, never to the backend; empty_cache() releases them.
 //  - A per-device limit caps reserved bytes (live + cached). A miss that would pass the limit
 //    first releases the cache, then raises OutOfMemoryError; a backend failure does the same.
@@ -121,8 +124,24 @@ class DevicePool {
   void release_cached_locked(RawBackend* backend);
   [[noreturn]] void throw_oom_locked(size_t requested, size_t rounded, const std::string& why);
 
+  // Note [Splitting large blocks]: every piece of a large backend allocation, by address.
+  struct Piece {
+    size_t size = 0;
+    char* seg = nullptr;   // the backend allocation it is part of
+    size_t seg_size = 0;
+    bool free = false;
+    void* stream = nullptr;  // while free: the owner, the stream's shared cache or private pool `pool`
+    uint64_t pool = 0;
+  };
+  std::vector<void*>& free_list_locked(void* stream, uint64_t pool, size_t size);
+  void unlist_locked(void* ptr, void* stream, uint64_t pool, size_t size);
+  // A block freed to its owner (stream, pool: 0 for the shared cache); a piece first merges with
+  // its free neighbours of the same allocation and owner.
+  void put_free_locked(void* ptr, size_t size, void* stream, uint64_t pool);
+
   Device device_;
   std::mutex mu_;
+  std::map<char*, Piece> pieces_;
   std::map<std::pair<void*, size_t>, std::vector<void*>> free_;  // (stream, size) -> blocks
   struct PrivatePool {
     void* stream = nullptr;

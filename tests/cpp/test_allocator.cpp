@@ -123,6 +123,76 @@ TEST(AllocatorPolicy, ALargerCachedBlockServesAMissUpToTheSpan) {
   EXPECT_EQ(be.allocs.load(), be.frees.load());
 }
 
+TEST(AllocatorPolicy, LargeBlocksSplitAndTheirPiecesMergeAgain) {
+  // Note [Splitting large blocks]: a large request takes the smallest cached block of any larger
+  // size and the large rest stays free; freed neighbours of one allocation merge, and only a
+  // whole allocation goes back to the backend.
+  const size_t mib = 1 << 20;
+  CountingBackend be;
+  DevicePool pool(Device::cpu());
+  int s = 0;
+  Block big = pool.allocate(8 * mib, &s, &be);
+  pool.free(big);
+  Block a = pool.allocate(3 * mib, &s, &be);  // carved from the 8 MiB block
+  EXPECT_EQ(a.ptr, big.ptr);
+  EXPECT_EQ(a.size, 3 * mib);
+  Block b = pool.allocate(4 * mib, &s, &be);  // the 5 MiB rest, split again (1 MiB left)
+  EXPECT_EQ(b.ptr, static_cast<char*>(big.ptr) + 3 * mib);
+  EXPECT_EQ(b.size, 4 * mib);
+  Block c = pool.allocate(mib + mib / 2, &s, &be);  // nothing of 1.5 MiB cached (1 MiB is): a miss
+  EXPECT_EQ(be.allocs.load(), 2);
+  MemoryStats st = pool.stats();
+  EXPECT_EQ(st.allocated_bytes, static_cast<int64_t>(7 * mib + c.size));  // no block held above its request's class
+  pool.empty_cache(&be);                      // the 8 MiB allocation is partly in use: kept
+  EXPECT_EQ(pool.stats().reserved_bytes, static_cast<int64_t>(8 * mib + c.size));
+  pool.free(a);
+  pool.free(b);                               // a, b and the 1 MiB rest merge into the whole
+  Block whole = pool.allocate(8 * mib, &s, &be);
+  EXPECT_EQ(whole.ptr, big.ptr);
+  EXPECT_EQ(be.allocs.load(), 2);
+  Block other_stream = pool.allocate(2 * mib, nullptr, &be);  // a piece stays on its stream
+  EXPECT_NE(other_stream.ptr, big.ptr);
+  for (const Block& x : {whole, c, other_stream}) pool.free(x);
+  pool.empty_cache(&be);
+  st = pool.stats();
+  EXPECT_EQ(st.allocated_bytes, 0);
+  EXPECT_EQ(st.reserved_bytes, 0);
+  EXPECT_EQ(be.allocs.load(), be.frees.load());
+}
+
+TEST(AllocatorPrivatePool, PiecesStayWithTheirOwner) {
+  // A piece split from a pool block stays in the pool and a shared piece in the shared cache; they
+  // never merge across owners; a released pool's pieces merge with the shared cache's.
+  const size_t mib = 1 << 20;
+  CountingBackend be;
+  DevicePool pool(Device::cpu());
+  int s = 0;
+  Block shared = pool.allocate(8 * mib, &s, &be);  // live before the capture
+  pool.create_pool(9, &s);
+  Block p = pool.allocate(8 * mib, &s, &be, 9, false);
+  pool.free(p);
+  Block p1 = pool.allocate(2 * mib, &s, &be, 9, false);  // split inside the pool
+  EXPECT_EQ(p1.ptr, p.ptr);
+  Block e = pool.allocate(2 * mib, &s, &be);             // eager work never gets the pool's rest
+  EXPECT_NE(e.ptr, static_cast<char*>(p.ptr) + 2 * mib);
+  pool.free(e);
+  pool.free(shared, /*into_pool=*/9);                    // joins the pool during the capture
+  EXPECT_EQ(pool.stats().pool_bytes, static_cast<int64_t>(16 * mib));
+  Block p2 = pool.allocate(6 * mib, &s, &be, 9, false);  // the pool's 6 MiB rest: the smallest fit
+  EXPECT_EQ(p2.ptr, static_cast<char*>(p.ptr) + 2 * mib);
+  for (const Block& x : {p1, p2}) pool.free(x);
+  pool.release_pool(9);
+  EXPECT_EQ(pool.stats().pool_bytes, 0);
+  Block again = pool.allocate(8 * mib, &s, &be);         // the pool's pieces, merged, now shared
+  EXPECT_TRUE(again.ptr == p.ptr || again.ptr == shared.ptr);
+  pool.free(again);
+  pool.empty_cache(&be);
+  MemoryStats st = pool.stats();
+  EXPECT_EQ(st.allocated_bytes, 0);
+  EXPECT_EQ(st.reserved_bytes, 0);
+  EXPECT_EQ(be.allocs.load(), be.frees.load());
+}
+
 TEST(AllocatorPolicy, BlocksAreBoundToTheirStream) {
   CountingBackend be;
   DevicePool pool(Device::cpu());
