@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -190,6 +191,57 @@ TEST(AllocatorPrivatePool, PiecesStayWithTheirOwner) {
   MemoryStats st = pool.stats();
   EXPECT_EQ(st.allocated_bytes, 0);
   EXPECT_EQ(st.reserved_bytes, 0);
+  EXPECT_EQ(be.allocs.load(), be.frees.load());
+}
+
+TEST(AllocatorPolicy, SplitPiecesNeverOverlapUnderARandomSequence) {
+  // Random large and small requests on two streams and, for a while, a private pool: live blocks
+  // never overlap and keep their contents, the stats stay exact, and with everything freed (the
+  // pool released) empty_cache gives every backend allocation back.
+  CountingBackend be;
+  DevicePool pool(Device::cpu());
+  int s1 = 0, s2 = 0;
+  void* streams[2] = {&s1, &s2};
+  std::map<char*, std::pair<Block, unsigned char>> live;
+  uint64_t x = 12345;
+  const auto rnd = [&] { return x = x * 6364136223846793005ull + 1442695040888963407ull, x >> 33; };
+  pool.create_pool(5, &s1);
+  int64_t want_allocated = 0;
+  for (int i = 0; i < 3000; ++i) {
+    if (i == 2000) pool.release_pool(5);  // its pieces join the shared cache; live ones follow when freed
+    if (live.size() < 24 && (live.empty() || rnd() % 3)) {
+      const size_t mib = 1 << 20;
+      const size_t n = rnd() % 4 ? mib / 2 + rnd() % (40 * mib) : 1 + rnd() % 300000;
+      void* st = streams[rnd() % 2];
+      const uint64_t from_pool = i < 2000 && st == &s1 && rnd() % 3 == 0 ? 5 : 0;
+      Block b = pool.allocate(n, st, &be, from_pool, from_pool == 0);
+      char* at = static_cast<char*>(b.ptr);
+      auto next = live.lower_bound(at);  // no overlap with the neighbours by address
+      if (next != live.end()) ASSERT_LE(at + b.size, next->first);
+      if (next != live.begin()) ASSERT_LE(std::prev(next)->first + std::prev(next)->second.first.size, at);
+      const unsigned char stamp = static_cast<unsigned char>(1 + rnd() % 250);
+      std::memset(b.ptr, stamp, b.requested);
+      live[at] = {b, stamp};
+      want_allocated += static_cast<int64_t>(b.size);
+    } else {
+      auto it = live.begin();
+      std::advance(it, static_cast<long>(rnd() % live.size()));
+      const Block b = it->second.first;
+      const unsigned char* p = static_cast<const unsigned char*>(b.ptr);
+      for (size_t k = 0; k < b.requested; k += 4093) ASSERT_EQ(p[k], it->second.second);
+      ASSERT_EQ(p[b.requested - 1], it->second.second);
+      live.erase(it);
+      want_allocated -= static_cast<int64_t>(b.size);
+      pool.free(b);
+    }
+    ASSERT_EQ(pool.stats().allocated_bytes, want_allocated);
+  }
+  for (auto& [at, bs] : live) pool.free(bs.first);
+  pool.empty_cache(&be);
+  const MemoryStats st = pool.stats();
+  EXPECT_EQ(st.allocated_bytes, 0);
+  EXPECT_EQ(st.reserved_bytes, 0);
+  EXPECT_EQ(st.pool_bytes, 0);
   EXPECT_EQ(be.allocs.load(), be.frees.load());
 }
 
