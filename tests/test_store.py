@@ -185,7 +185,6 @@ def test_gradients_of_their_own_by_default(device):
         assert not any(lo <= q < hi for q in ptrs)  # nothing in the store's buffers
         for (name, p), q in zip(own.named_parameters(), flat.parameters()):
             np.testing.assert_array_equal(_bits(p.grad.numpy()), _bits(q.grad.numpy()), err_msg=name)
-        assert [g.data_ptr() for g in store.grad_list()] == [p.grad.data_ptr() for p in own.parameters()]
         own.layers[0].mlp.up_proj.weight.grad = None
         assert store.sync_grads() == ["layers.0.mlp.up_proj.weight"]
         # to flat: the gradients set are copied into their slots at the next sync

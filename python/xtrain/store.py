@@ -284,10 +284,6 @@ class ParamStore:
         sync_grads()): clipping and AdamW may then run over the flat buffer's regions."""
         return self._slots is not None and not self.sync_grads()
 
-    def grad_list(self) -> list:
-        """The trained parameters' gradients in layout order (those without one left out)."""
-        return [g for g in (self.leaves[i].grad for i in self._trained) if g is not None]
-
     def zero_grad(self, set_to_none: bool = True) -> None:
         """set_to_none: every .grad becomes None (flat: the next backward writes the slots; else
         the gradients' memory is freed); else the gradients are zeroed and stay .grad (a trained
