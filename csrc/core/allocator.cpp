@@ -85,7 +85,8 @@ std::string format_bytes(int64_t n) {
 // with its free neighbours of the same allocation and owner (pieces that joined a private pool
 // never merge with the shared cache's), so no two free neighbours of one owner exist. Only a
 // whole allocation, all its pieces free and merged, goes back to the backend (empty_cache, the
-// limit). Small requests keep their classes and the span. Deterministic: the choices depend only
+// limit). Small requests keep their classes and the span, and never take a large block, so a
+// long-lived small block (a step's static inputs, a scalar) cannot pin a large allocation. Deterministic: the choices depend only
 // on the sequence of requests and frees, so captured addresses stay repeatable.
 std::vector<void*>& DevicePool::free_list_locked(void* stream, uint64_t pool, size_t size) {
   if (pool != 0) return pools_.at(pool).free[size];
@@ -154,8 +155,10 @@ Block DevicePool::allocate(size_t nbytes, void* stream, RawBackend* backend, uin
   // (Note [Reusing a larger block]); any larger one for a large request, split (Note [Splitting
   // large blocks]).
   std::vector<void*>* cached = nullptr;
+  // A small request never takes a piece of a large allocation: a long-lived small block would keep
+  // the whole allocation from going back to the backend (PyTorch keeps small and large apart too).
   const bool large = size >= kLargeThreshold;
-  const size_t span = large ? kMaxRequest : size <= kMaxRequest / kReuseSpan ? size * kReuseSpan : kMaxRequest;
+  const size_t span = large ? kMaxRequest : std::min(size * kReuseSpan, kLargeThreshold - 1);
   if (priv) {
     for (auto it = priv->free.lower_bound(size); it != priv->free.end() && it->first <= span; ++it) {
       if (!it->second.empty()) {

@@ -142,15 +142,20 @@ TEST(AllocatorPolicy, LargeBlocksSplitAndTheirPiecesMergeAgain) {
   EXPECT_EQ(b.size, 4 * mib);
   Block c = pool.allocate(mib + mib / 2, &s, &be);  // nothing of 1.5 MiB cached (1 MiB is): a miss
   EXPECT_EQ(be.allocs.load(), 2);
+  Block small = pool.allocate(600 * 1024, &s, &be);  // never a piece of a large allocation
+  EXPECT_NE(small.ptr, static_cast<char*>(big.ptr) + 7 * mib);
+  EXPECT_EQ(be.allocs.load(), 3);
+  pool.free(small);
   MemoryStats st = pool.stats();
   EXPECT_EQ(st.allocated_bytes, static_cast<int64_t>(7 * mib + c.size));  // no block held above its request's class
   pool.empty_cache(&be);                      // the 8 MiB allocation is partly in use: kept
   EXPECT_EQ(pool.stats().reserved_bytes, static_cast<int64_t>(8 * mib + c.size));
+  EXPECT_EQ(be.frees.load(), 1);              // the small block went back
   pool.free(a);
   pool.free(b);                               // a, b and the 1 MiB rest merge into the whole
   Block whole = pool.allocate(8 * mib, &s, &be);
   EXPECT_EQ(whole.ptr, big.ptr);
-  EXPECT_EQ(be.allocs.load(), 2);
+  EXPECT_EQ(be.allocs.load(), 3);
   Block other_stream = pool.allocate(2 * mib, nullptr, &be);  // a piece stays on its stream
   EXPECT_NE(other_stream.ptr, big.ptr);
   for (const Block& x : {whole, c, other_stream}) pool.free(x);
