@@ -259,6 +259,11 @@ class StepGraphs:
         gen = xtrain.default_generator(device)
         rng_state = gen.get_state()  # restored when the capture fails: the step then runs eagerly
         try:
+            # The warm-up's cached activations go back to the driver, so the graph's pool takes
+            # their place instead of adding to them (a sync point, once); first, so the buffers
+            # made below get allocations of their own and no cached piece of a large one keeps it
+            # from going back (Note [Splitting large blocks], core/allocator.cpp).
+            xtrain.cuda.empty_cache(device)
             opt.use_device_hyper()
             if self.x is None:
                 self.x = xtrain.zeros(shape, dtype="int64", device=device)
@@ -270,9 +275,6 @@ class StepGraphs:
                 self.rng = xtrain.zeros((2,), dtype="int64", device=device)
             self.draws = 0
             self._draw()  # the words this step's draws add to (draws 0: the generator stays)
-            # The warm-up's cached activations go back to the driver, so the graph's pool takes
-            # their place instead of adding to them (a sync point, once).
-            xtrain.cuda.empty_cache(device)
             opt.zero_grad(set_to_none=True)   # the first backward writes the gradients (=), as eagerly
             store = getattr(model, "store", None)
             if store is not None and not self._gathers_copies():
