@@ -29,6 +29,16 @@ class CountingBackend : public RawBackend {
   std::atomic<int> allocs{0}, frees{0};
 };
 
+// With every block freed: empty_cache gives every backend allocation back and the stats are zero.
+void expect_all_returned(DevicePool& pool, CountingBackend& be) {
+  pool.empty_cache(&be);
+  const MemoryStats st = pool.stats();
+  EXPECT_EQ(st.allocated_bytes, 0);
+  EXPECT_EQ(st.reserved_bytes, 0);
+  EXPECT_EQ(st.pool_bytes, 0);
+  EXPECT_EQ(be.allocs.load(), be.frees.load());
+}
+
 }  // namespace
 
 TEST(AllocatorPolicy, RoundsSmallRequestsTo512) {
@@ -159,11 +169,7 @@ TEST(AllocatorPolicy, LargeBlocksSplitAndTheirPiecesMergeAgain) {
   Block other_stream = pool.allocate(2 * mib, nullptr, &be);  // a piece stays on its stream
   EXPECT_NE(other_stream.ptr, big.ptr);
   for (const Block& x : {whole, c, other_stream}) pool.free(x);
-  pool.empty_cache(&be);
-  st = pool.stats();
-  EXPECT_EQ(st.allocated_bytes, 0);
-  EXPECT_EQ(st.reserved_bytes, 0);
-  EXPECT_EQ(be.allocs.load(), be.frees.load());
+  expect_all_returned(pool, be);
 }
 
 TEST(AllocatorPrivatePool, PiecesStayWithTheirOwner) {
@@ -192,11 +198,7 @@ TEST(AllocatorPrivatePool, PiecesStayWithTheirOwner) {
   Block again = pool.allocate(8 * mib, &s, &be);         // the pool's pieces, merged, now shared
   EXPECT_TRUE(again.ptr == p.ptr || again.ptr == shared.ptr);
   pool.free(again);
-  pool.empty_cache(&be);
-  MemoryStats st = pool.stats();
-  EXPECT_EQ(st.allocated_bytes, 0);
-  EXPECT_EQ(st.reserved_bytes, 0);
-  EXPECT_EQ(be.allocs.load(), be.frees.load());
+  expect_all_returned(pool, be);
 }
 
 TEST(AllocatorPolicy, SplitPiecesNeverOverlapUnderARandomSequence) {
@@ -242,12 +244,7 @@ TEST(AllocatorPolicy, SplitPiecesNeverOverlapUnderARandomSequence) {
     ASSERT_EQ(pool.stats().allocated_bytes, want_allocated);
   }
   for (auto& [at, bs] : live) pool.free(bs.first);
-  pool.empty_cache(&be);
-  const MemoryStats st = pool.stats();
-  EXPECT_EQ(st.allocated_bytes, 0);
-  EXPECT_EQ(st.reserved_bytes, 0);
-  EXPECT_EQ(st.pool_bytes, 0);
-  EXPECT_EQ(be.allocs.load(), be.frees.load());
+  expect_all_returned(pool, be);
 }
 
 TEST(AllocatorPolicy, BlocksAreBoundToTheirStream) {
