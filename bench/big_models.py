@@ -322,8 +322,10 @@ def run_row(args, framework, trainer, batches, first_loss) -> dict:
     trainer.release()
     print(f"  {framework:16s} " + (row.get("error") or
                                    f"{row['ms_per_step']:.1f} ms/step, {row['tok_s']:,.0f} tok/s, peak "
-                                   f"{common.fmt_gib(row['peak_allocated'])}, loss {first_loss:.4f} -> "
-                                   f"{row['loss_last']:.4f}"), flush=True)
+                                   f"{common.fmt_gib(row['peak_allocated'])}"
+                                   + (f" (data {common.fmt_gib(row['requested_peak_warmup'])})"
+                                      if row.get("requested_peak_warmup") else "")
+                                   + f", loss {first_loss:.4f} -> {row['loss_last']:.4f}"), flush=True)
     return row
 
 
