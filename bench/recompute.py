@@ -78,6 +78,7 @@ class XtrainTrainer:
         self.oom = xtrain.OutOfMemoryError
         self.blocked = graphs.graph_blockers(device) if use_graphs else "--cuda-graphs off"
         self.sg = None  # StepGraphs of the current setting, made at the first step
+        self.warm_requested_peak = None  # reset_peak()
 
     @property
     def warmup(self) -> int:
@@ -138,7 +139,7 @@ class XtrainTrainer:
 
     def extra(self) -> dict:
         return {"cuda_graphs": bool(self.sg and self.sg.active),
-                "requested_peak_warmup": getattr(self, "warm_requested_peak", None),
+                "requested_peak_warmup": self.warm_requested_peak,
                 "graphs_off_because": self.blocked,
                 "graph_nodes_per_step": (self.sg.num_nodes or None) if self.sg else None}
 

@@ -123,6 +123,40 @@ def test_weight_gradients_are_converted_in_one_batch_unless_a_hook_reads_them(re
         np.testing.assert_array_equal(_bits(grads[False][n]), _bits(grads[True][n]), err_msg=n)
 
 
+def test_slots_sync_copies_hand_made_grads_and_reports_missing(device):
+    ws = [_leaf(np.ones((2, 3)), device), _leaf(np.ones((4,)), device)]
+    flat = xtrain.zeros((16,), device=device)
+    slots = _C.GradSlots(ws, [flat._storage_view(0, (2, 3)), flat._storage_view(8, (4,))])
+    assert slots.sync() == [0, 1]
+    ws[1].grad = xtrain.full((4,), 2.5, device=device)
+    assert slots.sync() == [0]
+    assert ws[1].grad.data_ptr() == flat._storage_view(8, (1,)).data_ptr()
+    np.testing.assert_array_equal(flat.numpy()[8:12], 2.5)
+    del slots  # the destinations go with the slots: gradients are plain tensors again
+    ws[0].grad = None
+    ops.sum(ws[0]).backward()
+    assert ws[0].grad.data_ptr() != flat.data_ptr()
+
+
+def test_slots_and_views_reject_bad_input(device):
+    w = _leaf(np.ones((2, 3)), device)
+    with pytest.raises(ValueError, match="does not match"):
+        _C.GradSlots([w], [xtrain.zeros((3, 2), device=device)])
+    with pytest.raises(ValueError, match="does not match"):
+        _C.GradSlots([w], [xtrain.zeros((2, 3), dtype="bfloat16", device=device)])
+    with pytest.raises(ValueError, match="leaf tensor that requires grad"):
+        _C.GradSlots([xtrain.zeros((2, 3), device=device)], [xtrain.zeros((2, 3), device=device)])
+    with pytest.raises(ValueError, match="1 leaves but 2 slots"):
+        _C.GradSlots([w], [xtrain.zeros((2, 3), device=device)] * 2)
+    flat = xtrain.zeros((10,), device=device)
+    with pytest.raises(ValueError, match="do not fit"):
+        flat._storage_view(8, (3,))
+    with pytest.raises(ValueError, match="do not fit"):
+        flat._storage_view(-1, (2,))
+    with pytest.raises(ValueError, match="negative"):
+        flat._storage_view(0, (-1,))
+
+
 # ---------------------------------------------------------------- the store
 
 def test_parameters_are_aligned_views_of_one_buffer(device):

@@ -64,8 +64,8 @@ std::string format_bytes(int64_t n) {
 // Pool blocks count as reserved (and in pool_bytes); empty_cache never releases them.
 //
 // Note [Reusing a larger block]
-// Small blocks are never split, so with exact classes alone a cache holds, for every class, the most
-// blocks of it ever live at once: a training step whose phases use different sizes (forward
+// Small blocks are never split, so with exact classes alone a cache holds, for every class, the
+// most blocks of it ever live at once: a training step whose phases use different sizes (forward
 // activations, a recomputed block's activations, gradients, the logits) ends up reserving far
 // more than its live peak (dim768 at batch 4 on the CPU: 5.45 GiB reserved for a 4.33 GiB peak),
 // and a graph's private pool keeps all of it. So a miss on the request's class takes the smallest
@@ -86,8 +86,9 @@ std::string format_bytes(int64_t n) {
 // never merge with the shared cache's), so no two free neighbours of one owner exist. Only a
 // whole allocation, all its pieces free and merged, goes back to the backend (empty_cache, the
 // limit). Small requests keep their classes and the span, and never take a large block, so a
-// long-lived small block (a step's static inputs, a scalar) cannot pin a large allocation. Deterministic: the choices depend only
-// on the sequence of requests and frees, so captured addresses stay repeatable.
+// long-lived small block (a step's static inputs, a scalar) cannot pin a large allocation.
+// Deterministic: the choices depend only on the sequence of requests and frees, so captured
+// addresses stay repeatable.
 std::vector<void*>& DevicePool::free_list_locked(void* stream, uint64_t pool, size_t size) {
   if (pool != 0) return pools_.at(pool).free[size];
   return free_[{stream, size}];

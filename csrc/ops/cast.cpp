@@ -116,7 +116,7 @@ class ToBackward : public Node {
     // a fresh buffer that becomes its .grad (Note [Batched gradient casts]).
     if (grads[0].device() == device_ && can_defer_grad_cast(next_edges[0])) {
       Tensor fresh = claim_fresh_grad_buffer(next_edges[0]);
-      if (fresh.defined() && fresh.dtype() == dtype_ && defer_grad_cast(next_edges[0], fresh, grads[0]))
+      if (fresh.defined() && defer_grad_cast(next_edges[0], fresh, grads[0]))
         return {fresh};
     }
     return {to_forward(grads[0], device_, dtype_)};
