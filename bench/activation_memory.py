@@ -15,8 +15,10 @@ peaks. The per-layer slope is the difference between two layer counts over the t
 block keeps (xtrain_block_table: each node's saved tensors, their dtype and bytes per token) and
 checks the table's sum against the measured slope, so the table cannot drift from the code.
 The static part is the parameter store's flats (float32 master weights, AdamW's float32 m and v,
-all of one padded layout; the bf16 compute copies of the linears' weights), checked against the
-allocator after one optimizer step at the small size. The gradients are not static: each is
+all of one padded layout; the bf16 compute copies of the linears' weights, which the lean presets
+do not keep: their store casts each block's weights as the block runs and backward casts again
+what it needs, Note [Casts saved as their source]), checked against the allocator after one
+optimizer step at the small size. The gradients are not static: each is
 allocated by the backward that makes it (Note [Gradients without a flat buffer], xtrain/store.py);
 the head weight's, the first, takes the place of the head's float32 dw accumulator, which its
 backward frees once it has rounded it to bf16, so the peak at the start of backward holds none.
@@ -148,7 +150,8 @@ def xtrain_plain_block_table(cfg) -> list[dict]:
 def store_layout(cfg) -> dict:
     """The parameter store's flat sizes for cfg without building it (xtrain.store's layout: each
     tensor at a multiple of ALIGN elements, each region padded to ALIGN * SHARD_MULTIPLE; region 0
-    the linears' weights, which get bf16 compute copies)."""
+    the linears' weights, which get bf16 compute copies unless the store casts them on use, as the
+    lean presets' does)."""
     from xtrain.store import ALIGN, SHARD_MULTIPLE
 
     up = lambda n, k: -(-n // k) * k  # noqa: E731
@@ -161,7 +164,7 @@ def store_layout(cfg) -> dict:
     params = sum(math.prod(s) for s in cfg.param_shapes().values())
     e = 2 if cfg.bf16 else 4
     parts = {"float32 master weights": 4 * numel, "AdamW m and v (float32)": 8 * numel}
-    if cfg.bf16:
+    if cfg.bf16 and not cfg.lean_activations:  # lean: ParamStore(cast_on_use=True), no flat copies
         parts["bf16 compute copies of the linears' weights"] = e * lengths[0]
     return {"params": params, "flat_numel": numel, "region0_numel": lengths[0], "parts": parts,
             "total": sum(parts.values())}
@@ -211,7 +214,8 @@ def measure_xtrain(cfg, seq: int, seed: int, device: str = "cpu") -> dict:
     targets = xtrain.tensor(rng.integers(0, cfg.vocab_size, (1, seq)), device=device)
     model(ids, targets)[1].backward()  # a warm-up step: what a backend makes once (a GEMM workspace) is made
     opt.zero_grad(set_to_none=True)
-    model.store.compute_weights()      # the bf16 copies exist before the forward
+    if not model.store.cast_on_use:
+        model.store.compute_weights()  # the bf16 copies exist before the forward
     gc.collect()
     common.xt_sync(device)  # sync point: the counts are read between steps
     start_req, start_alloc = stats()["requested_bytes.current"], stats()["allocated_bytes.current"]

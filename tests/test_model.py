@@ -255,49 +255,54 @@ def _fused_composition_loss(model, ids, targets):
     def dropout(t):
         return xtrain.ops.dropout(t, c.dropout, True, None) if c.dropout else t
 
-    with model.store.bound(model.store.compute_weights()):
+    store = model.store
+    on_use = store.cast_on_use  # lean bf16: each block's weights cast as the block runs
+    outer = store.cast_weights([n for n in store.compute_names() if not n.startswith("layers.")]) if on_use \
+        else store.compute_weights()
+    with store.bound(outer):
         ids_t = xtrain.tensor(ids, device=model.device).reshape(B * S)
         x = xtrain.ops.embedding(model.embed_tokens.weight, ids_t)
         x = dropout(x.to(c.dtype))
         delta = None
-        for block in model.layers:
-            attn, mlp = block.self_attn, block.mlp
-            w_in, w_post = block.input_layernorm.weight, block.post_attention_layernorm.weight
-            qkv_w = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
-            if c.lean_activations:
-                x, (q, k, v) = xtrain.ops.rms_norm_linear_multi(x, qkv_w, w_in, c.norm_eps, residual=delta)
-            else:
-                if delta is None:
-                    h = xtrain.ops.rms_norm(x, w_in, c.norm_eps)
+        for i, block in enumerate(model.layers):
+            with store.bound(store.cast_weights(store.compute_names(f"layers.{i}.")) if on_use else {}):
+                attn, mlp = block.self_attn, block.mlp
+                w_in, w_post = block.input_layernorm.weight, block.post_attention_layernorm.weight
+                qkv_w = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
+                if c.lean_activations:
+                    x, (q, k, v) = xtrain.ops.rms_norm_linear_multi(x, qkv_w, w_in, c.norm_eps, residual=delta)
                 else:
-                    x, h = xtrain.ops.add_rms_norm(x, delta, w_in, c.norm_eps)
-                q, k, v = xtrain.ops.linear_multi(h, qkv_w)
-            q, k, v = q.reshape(B, S, H, D), k.reshape(B, S, Hkv, D), v.reshape(B, S, Hkv, D)
-            if c.qk_norm and c.lean_activations:
-                a = xtrain.ops.qk_norm_rope_attention(q, k, v, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps,
-                                                      c.rope_theta, causal=True, scale=1.0 / math.sqrt(D))
-            elif c.lean_activations:
-                a = xtrain.ops.rope_attention(q, k, v, c.rope_theta, causal=True, scale=1.0 / math.sqrt(D))
-            else:
-                if c.qk_norm:
-                    q, k = xtrain.ops.qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps,
-                                                   c.rope_theta)
+                    if delta is None:
+                        h = xtrain.ops.rms_norm(x, w_in, c.norm_eps)
+                    else:
+                        x, h = xtrain.ops.add_rms_norm(x, delta, w_in, c.norm_eps)
+                    q, k, v = xtrain.ops.linear_multi(h, qkv_w)
+                q, k, v = q.reshape(B, S, H, D), k.reshape(B, S, Hkv, D), v.reshape(B, S, Hkv, D)
+                if c.qk_norm and c.lean_activations:
+                    a = xtrain.ops.qk_norm_rope_attention(q, k, v, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps,
+                                                          c.rope_theta, causal=True, scale=1.0 / math.sqrt(D))
+                elif c.lean_activations:
+                    a = xtrain.ops.rope_attention(q, k, v, c.rope_theta, causal=True, scale=1.0 / math.sqrt(D))
                 else:
-                    q, k = xtrain.ops.rope(q, None, c.rope_theta), xtrain.ops.rope(k, None, c.rope_theta)
-                a = xtrain.ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))
-            a = dropout(xtrain.ops.linear(a.reshape(B * S, H * D), attn.o_proj.weight))
-            if c.lean_activations:
-                x, (gate, up) = xtrain.ops.rms_norm_linear_multi(x, [mlp.gate_proj.weight, mlp.up_proj.weight],
-                                                                 w_post, c.norm_eps, residual=a)
-                delta = dropout(xtrain.ops.swiglu_linear(gate, up, mlp.down_proj.weight))
-            else:
-                x, h = xtrain.ops.add_rms_norm(x, a, w_post, c.norm_eps)
-                gate, up = xtrain.ops.linear_multi(h, [mlp.gate_proj.weight, mlp.up_proj.weight])
-                delta = dropout(xtrain.ops.linear(xtrain.ops.swiglu(gate, up), mlp.down_proj.weight))
+                    if c.qk_norm:
+                        q, k = xtrain.ops.qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, c.norm_eps,
+                                                       c.rope_theta)
+                    else:
+                        q, k = xtrain.ops.rope(q, None, c.rope_theta), xtrain.ops.rope(k, None, c.rope_theta)
+                    a = xtrain.ops.flash_attention(q, k, v, causal=True, scale=1.0 / math.sqrt(D))
+                a = dropout(xtrain.ops.linear(a.reshape(B * S, H * D), attn.o_proj.weight))
+                if c.lean_activations:
+                    x, (gate, up) = xtrain.ops.rms_norm_linear_multi(x, [mlp.gate_proj.weight, mlp.up_proj.weight],
+                                                                     w_post, c.norm_eps, residual=a)
+                    delta = dropout(xtrain.ops.swiglu_linear(gate, up, mlp.down_proj.weight))
+                else:
+                    x, h = xtrain.ops.add_rms_norm(x, a, w_post, c.norm_eps)
+                    gate, up = xtrain.ops.linear_multi(h, [mlp.gate_proj.weight, mlp.up_proj.weight])
+                    delta = dropout(xtrain.ops.linear(xtrain.ops.swiglu(gate, up), mlp.down_proj.weight))
         _, h = xtrain.ops.add_rms_norm(x, delta, model.norm.weight, c.norm_eps)
         head = model.embed_tokens.weight if c.tie_embeddings else model.lm_head.weight
         if c.tie_embeddings and c.bf16:
-            head = xtrain.ops.cast(head, "bfloat16")
+            head = xtrain.ops.cast_many([head], "bfloat16", recast_saved=on_use)[0]
         t = xtrain.tensor(targets, device=model.device).reshape(B * S)
         loss, _ = xtrain.ops.linear_cross_entropy(h, head, t, ignore_index=-100)
     return loss

@@ -382,6 +382,97 @@ def test_bf16_copies_are_made_once_per_change_of_the_weights(device):
     assert w.grad is not None and w.grad.dtype == "float32"
 
 
+# ---------------------------------------------------------------- casts saved as their source
+
+def _requested(device):
+    return xtrain.memory_stats(device)["requested_bytes.current"] if device == "cpu" else None
+
+
+@pytest.mark.parametrize("written", [False, True], ids=["as-cast", "written-in-place"])
+def test_a_cast_saved_as_its_source_frees_its_memory_and_gives_the_same_gradients(written, device):
+    """Note [Casts saved as their source]: linear keeps its bf16 weight for dx; a marked cast is
+    kept as its float32 source instead, so dropping the cast frees it, and backward casts again
+    (same bits). A cast written in place since is no longer the cast of its source: saved as
+    usual (nothing freed), with the gradients of the written values."""
+    rng = np.random.default_rng(0)
+    x_np, w_np = rng.standard_normal((16, 64)), rng.standard_normal((48, 64))
+    grads, freed = {}, {}
+    for recast in (False, True):
+        x, w = _leaf(x_np, device), _leaf(w_np, device)
+        wb = ops.cast_many([w], "bfloat16", recast_saved=recast)[0]
+        if written:
+            with xtrain.no_grad():
+                wb.fill_(0.25)
+        y = ops.linear(ops.cast(x, "bfloat16"), wb)
+        before = _requested(device)
+        del wb
+        freed[recast] = before - _requested(device) if device == "cpu" else None
+        ops.sum(ops.cast(y, "float32")).backward()
+        grads[recast] = (x.grad.numpy(), w.grad.numpy())
+    for a, b in zip(grads[False], grads[True]):
+        np.testing.assert_array_equal(a, b)
+    if device == "cpu":
+        assert freed == {False: 0, True: 0 if written else 48 * 64 * 2}
+
+
+def test_a_cast_saved_as_its_source_checks_the_source_version(device):
+    x, w = _leaf(np.ones((4, 8)), device), _leaf(np.ones((6, 8)), device)
+    y = ops.linear(ops.cast(x, "bfloat16"), ops.cast_many([w], "bfloat16", recast_saved=True)[0])
+    w.fill_(0.5)  # the float32 weight the cast would be made again from
+    with pytest.raises(RuntimeError, match="saved as its cast's source"):
+        ops.sum(ops.cast(y, "float32")).backward()
+    with pytest.raises(ValueError, match="recast_saved needs the casts made here"):
+        ops.cast_many([w], "bfloat16", cached=[ops.cast(w, "bfloat16")], recast_saved=True)
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["plain", "recompute"])
+def test_cast_on_use_is_bitwise_the_compute_copies_and_holds_none(recompute, device):
+    """A lean model's store casts on use (each block's weights as the block runs, saved as their
+    float32 sources): losses and weights bit for bit those of the flat compute copies over a few
+    AdamW steps, with and without recompute; no flat copy while training, and on the CPU the
+    step's peak is lower by the copies but for those of the head and of two blocks alive at once
+    (recompute: a segment's re-run holds its block's casts made again).
+    Generation makes the flat copies on first use and matches."""
+    import gc
+    config = TransformerConfig(**{**SMALL, "max_seq": 32}, bf16=True, lean_activations=True, recompute=recompute)
+    ids = np.random.default_rng(0).integers(0, SMALL["vocab_size"], size=(4, 33))
+    losses, weights, peaks, tokens = {}, {}, {}, {}
+    for on_use in (True, False):
+        gc.collect()
+        base = xtrain.memory_stats(device)["requested_bytes.current"] if device == "cpu" else 0
+        model = TinyTransformer(config, device=device, seed=0)
+        if not on_use:
+            model.store.use_compute_copies()
+        assert model.store.cast_on_use == on_use and (model.store.compute is None) == on_use
+        opt = AdamW(model.named_parameters(), lr=1e-2)
+        if device == "cpu":
+            xtrain.reset_peak_memory_stats("cpu")
+        out = []
+        for _ in range(3):
+            _, loss = model(ids[:, :-1], ids[:, 1:])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        assert (model.store.compute is None) == on_use
+        losses[on_use], weights[on_use] = out, model.store.params.numpy().copy()
+        if device == "cpu":
+            peaks[on_use] = xtrain.memory_stats("cpu")["requested_bytes.peak"] - base
+        tokens[on_use] = model.generate(ids[:2, :5], 4, greedy=True)
+        assert model.store.compute is not None
+        del model, opt, loss
+    assert losses[True] == losses[False]
+    np.testing.assert_array_equal(weights[True], weights[False])
+    np.testing.assert_array_equal(tokens[True], tokens[False])
+    if device == "cpu":
+        shapes = config.param_shapes()
+        store = TinyTransformer(config, seed=0).store
+        r0 = 2 * store.regions[0].length
+        alive = 2 * (int(np.prod(shapes["lm_head.weight"]))
+                     + 2 * sum(int(np.prod(shapes[n])) for n in store.compute_names("layers.0.")))
+        assert peaks[False] - peaks[True] >= r0 - alive, (peaks, r0, alive)
+
+
 def test_store_errors():
     from xtrain import nn
 
@@ -411,19 +502,22 @@ def _model_and_adamw(config, resume, shard=None):
     return model, AdamW(model.named_parameters(), lr=1e-2, weight_decay=0.1, shard=shard)
 
 
-def _train_dp(world, shard, clip, bf16=False, steps=slice(None), resume=None, save=None, born_sharded=False):
+def _train_dp(world, shard, clip, bf16=False, steps=slice(None), resume=None, save=None, born_sharded=False,
+              lean=False):
     """`world` rank threads with the stand-in collectives over _batches(world)[steps]; `resume`: a
     checkpoint to start from (loaded after DataParallelAdamW: a sharded optimizer takes its
     chunks); `save`: rank 0 writes a checkpoint there at the end (the moments gathered on rank 0
     only, whose results alone then hold them); born_sharded: AdamW(shard=(rank, world)) instead of
-    DataParallelAdamW dropping the full moments."""
-    config = TransformerConfig(**SMALL, bf16=bf16)
+    DataParallelAdamW dropping the full moments. lean: the lean blocks, whose store casts on use
+    (switched to the flat copies by the sharded step, which gathers them)."""
+    config = TransformerConfig(**SMALL, bf16=bf16, lean_activations=lean)
     batches = _batches(world)[steps]
 
     def fn(ctx):
         model, opt = _model_and_adamw(config, resume, (ctx.rank, world) if born_sharded else None)
         dp = DataParallelAdamW(opt, ctx, shard=shard)
         assert dp._cast == (shard and bf16)  # bf16 copies gathered instead of the float32 weights
+        assert model.store.cast_on_use == (lean and bf16 and not shard)
         if resume:
             resume.load_optimizer(opt)
         losses, norms = [], []
@@ -447,10 +541,10 @@ def _train_dp(world, shard, clip, bf16=False, steps=slice(None), resume=None, sa
     return _run_ranks(world, fn)
 
 
-def _train_reference(world, clip, bf16=False, steps=slice(None), resume=None):
+def _train_reference(world, clip, bf16=False, steps=slice(None), resume=None, lean=False):
     """One model; each step the ranks' gradients are computed one after another and averaged in
     numpy the way the stand-in collectives do, then the usual clip and AdamW."""
-    config = TransformerConfig(**SMALL, bf16=bf16)
+    config = TransformerConfig(**SMALL, bf16=bf16, lean_activations=lean)
     model, opt = _model_and_adamw(config, resume)
     if resume:
         resume.load_optimizer(opt)
@@ -478,12 +572,14 @@ def _train_reference(world, clip, bf16=False, steps=slice(None), resume=None):
 
 
 @pytest.mark.parametrize("shard", [True, False], ids=["sharded", "all-reduce"])
-@pytest.mark.parametrize("bf16", [False, True], ids=["float32", "bf16"])
-def test_data_parallel_adamw_matches_adamw_on_the_averaged_gradients(shard, bf16):
+@pytest.mark.parametrize("bf16,lean", [(False, False), (True, False), (True, True)],
+                         ids=["float32", "bf16", "bf16-lean"])
+def test_data_parallel_adamw_matches_adamw_on_the_averaged_gradients(shard, bf16, lean):
     """No clipping (max_norm above the norm): every element takes the same arithmetic as the
-    plain step on the averaged gradient, so parameters and moments match bit for bit."""
-    ref_losses, ref_norms, ref_params, ref_state = _train_reference(2, clip=1e6, bf16=bf16)
-    results = _train_dp(2, shard, clip=1e6, bf16=bf16)
+    plain step on the averaged gradient, so parameters and moments match bit for bit (lean: the
+    reference casts on use, the sharded ranks gather the flat copies)."""
+    ref_losses, ref_norms, ref_params, ref_state = _train_reference(2, clip=1e6, bf16=bf16, lean=lean)
+    results = _train_dp(2, shard, clip=1e6, bf16=bf16, lean=lean)
     for losses, norms, params, state, calls in results:
         np.testing.assert_array_equal(losses, ref_losses)
         np.testing.assert_allclose(norms, ref_norms, rtol=1e-5)

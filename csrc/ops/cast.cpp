@@ -9,6 +9,20 @@
 // gradient casts], tape/engine.cpp). cast_many keeps one CastBackward per output: one node with
 // many outputs would hold every weight's gradient until the last one arrived, and the
 // data-parallel gradient-ready hook needs each as soon as it is final.
+//
+// Note [Casts saved as their source]
+// A bf16 model's linears save their bf16 weight for backward (dx = dy @ w), so the casts of every
+// layer's weights live from the forward that uses them to the backward that reads them: all of
+// them at the step's peak, the start of backward (1.8 GiB at llama3.2-1b, 2.6 at qwen3-1.7b).
+// cast_many(..., recast_saved=true) marks its casts instead: a SavedTensor given such a cast's
+// output keeps the cast's source (the float32 weight, which the store holds anyway) and casts it
+// again when its node unpacks it in backward (tape/node.h). The value is the forward's bit for
+// bit (the same kernel on the same float32 values; the source's version is checked as any saved
+// tensor's), the cast's own memory is freed as soon as nothing but saved tensors refer to it, and
+// the cost is the cast again: per weight, read 4 and write 2 bytes a parameter in backward. Only
+// the cast's whole output as the cast wrote it is recast (no view of it, never written in place);
+// anything else is saved as usual. ToBackward keeps the source for this (a detached alias), so a
+// marked cast's source lives as long as its node.
 #include <limits>
 
 #include "core/error.h"
@@ -99,8 +113,10 @@ namespace {
 // Backward of cast and to: bring the gradient back to the input's device and dtype.
 class ToBackward : public Node {
  public:
-  ToBackward(Device device, DType dtype, const char* name) : device_(device), dtype_(dtype), name_(name) {}
+  ToBackward(Device device, DType dtype, const char* name, Tensor recast_source = Tensor())
+      : device_(device), dtype_(dtype), name_(name), recast_source_(std::move(recast_source)) {}
   const char* name() const override { return name_; }
+  const Tensor* recast_source() const override { return recast_source_.defined() ? &recast_source_ : nullptr; }
   std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
     if (!grads[0].defined()) return {Tensor()};
     // A parameter store's weight: the float32 gradient goes straight into its slot of the flat
@@ -126,10 +142,12 @@ class ToBackward : public Node {
   Device device_;
   DType dtype_;
   const char* name_;
+  Tensor recast_source_;  // Note [Casts saved as their source]: x's detached alias, or undefined
 };
 
-void record_cast(Tensor& out, const Tensor& x) {
-  set_history(out, make_node<ToBackward>({x}, x.device(), x.dtype(), "CastBackward"));
+void record_cast(Tensor& out, const Tensor& x, bool recast_saved = false) {
+  set_history(out, make_node<ToBackward>({x}, x.device(), x.dtype(), "CastBackward",
+                                         recast_saved ? x.detach() : Tensor()));
 }
 
 }  // namespace
@@ -146,7 +164,7 @@ Tensor cast(const Tensor& x, DType dtype) {
   return out;
 }
 
-std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype) {
+std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype, bool recast_saved) {
   for (size_t i = 0; i < xs.size(); ++i) {  // before any conversion runs
     const Tensor& x = xs[i];
     XT_CHECK(x.defined(), ValueError, "cast_many: tensors[", i, "] must be a tensor, got an undefined tensor");
@@ -156,7 +174,7 @@ std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype) {
   }
   std::vector<Tensor> out = cast_many_forward(xs, dtype);
   for (size_t i = 0; i < xs.size(); ++i)
-    if (xs[i].dtype() != dtype && needs_grad({&xs[i]})) record_cast(out[i], xs[i]);
+    if (xs[i].dtype() != dtype && needs_grad({&xs[i]})) record_cast(out[i], xs[i], recast_saved);
   return out;
 }
 

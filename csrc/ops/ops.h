@@ -102,8 +102,10 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, 
 Tensor cast(const Tensor& x, DType dtype);  // x itself when it already has dtype (like torch's .to)
 Tensor to(const Tensor& x, Device device, DType dtype);  // x itself when nothing changes
 // cast on each tensor of a list with one fused forward; each output that needs grad gets its own
-// CastBackward node, so each input's gradient is final on its own.
-std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype);
+// CastBackward node, so each input's gradient is final on its own. recast_saved: an op that saves
+// an output for backward keeps its source instead and casts it again then (Note [Casts saved as
+// their source], ops/cast.cpp): the casts' memory lives only while the forward uses them.
+std::vector<Tensor> cast_many(const std::vector<Tensor>& xs, DType dtype, bool recast_saved = false);
 // cast_many whose values are already known: out[i] has cached[i]'s values (its memory, no kernel)
 // and the history of cast(xs[i], cached[i].dtype()) (a CastBackward to xs[i]). The caller
 // guarantees cached[i] holds exactly that cast (data-parallel training gathers the bf16 copies of

@@ -121,20 +121,44 @@ void set_history(Tensor& out, const std::shared_ptr<Node>& node, uint32_t output
   out.impl()->requires_grad = true;
 }
 
-SavedTensor::SavedTensor(std::string name, const Tensor& t)
-    : name_(std::move(name)),
-      tensor_(t.defined() ? t.detach() : Tensor()),
-      version_(t.defined() ? t.version() : 0) {}
+namespace {
+
+// The source to keep instead of t (Note [Casts saved as their source]): t must be the cast's whole
+// output as the cast wrote it (its node's own output, no view of it, never written since).
+const Tensor* recast_source_of(const Tensor& t) {
+  if (!t.defined() || !t.grad_fn()) return nullptr;
+  const Tensor* src = t.grad_fn()->recast_source();
+  if (src == nullptr || t.impl()->output_nr != 0 || t.impl()->offset_bytes != 0 || t.version() != 0 ||
+      t.shape() != src->shape() || t.device() != src->device())
+    return nullptr;
+  return src;
+}
+
+}  // namespace
+
+SavedTensor::SavedTensor(std::string name, const Tensor& t) : name_(std::move(name)) {
+  if (!t.defined()) return;
+  if (const Tensor* src = recast_source_of(t)) {
+    tensor_ = *src;  // already a detached alias (ToBackward keeps it so)
+    version_ = src->version();
+    recast_ = true;
+    recast_dtype_ = t.dtype();
+    return;
+  }
+  tensor_ = t.detach();
+  version_ = t.version();
+}
 
 Tensor SavedTensor::unpack(const Node& node) const {
   if (!tensor_.defined()) return tensor_;
   const uint64_t now = tensor_.version();
   XT_CHECK(now == version_, RuntimeError,
            "one of the tensors needed for gradient computation has been modified by an in-place operation: ",
-           node.name(), "'s saved tensor '", name_, "' (", tensor_.describe(), ") is at version ", now,
-           "; expected version ", version_, " instead. Clone it before writing to it in place (fill_, zero_, "
+           node.name(), "'s saved tensor '", name_, "' (", tensor_.describe(), recast_ ? ", saved as its cast's source" : "",
+           ") is at version ", now, "; expected version ", version_,
+           " instead. Clone it before writing to it in place (fill_, zero_, "
            "copy_, an optimizer step, a collective), or write it after backward.");
-  return tensor_;
+  return recast_ ? ops::cast_forward(tensor_, recast_dtype_) : tensor_;
 }
 
 }  // namespace xt

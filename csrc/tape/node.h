@@ -42,6 +42,10 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual bool reusable() const { return false; }
   // Whether input i takes a gradient (its edge leads somewhere): backward skips the others.
   bool wants_grad(size_t i) const { return i < next_edges.size() && next_edges[i].valid(); }
+  // A cast made to be saved as its source (ops::cast_many with recast_saved): the source, which
+  // a SavedTensor of the cast's output keeps instead, casting it again on unpack (Note [Casts
+  // saved as their source], ops/cast.cpp). nullptr for every other node.
+  virtual const Tensor* recast_source() const { return nullptr; }
 
   std::vector<Edge> next_edges;
   const uint64_t seq_nr;
@@ -133,6 +137,9 @@ void set_history(Tensor& out, const std::shared_ptr<Node>& node, uint32_t output
 // cycles) and the version of its storage when it was saved (core/tensor.h). unpack() raises
 // RuntimeError, naming the node and the tensor, when the storage has been written in place since:
 // the gradient would come from values the forward never saw.
+// The output of a cast made to be saved as its source (Node::recast_source), untouched since the
+// cast, is kept as that source instead (its alias and version) and cast again by each unpack():
+// the same kernel on the same values, so the same bits (Note [Casts saved as their source]).
 class SavedTensor {
  public:
   SavedTensor() = default;
@@ -142,8 +149,10 @@ class SavedTensor {
 
  private:
   std::string name_;
-  Tensor tensor_;
+  Tensor tensor_;  // the saved tensor, or the cast's source when recast_
   uint64_t version_ = 0;
+  bool recast_ = false;
+  DType recast_dtype_ = DType::Float32;  // what unpack() casts the source to when recast_
 };
 
 // An op Node that keeps N tensors for its backward: the one place they live. unpack() checks

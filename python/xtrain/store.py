@@ -18,7 +18,11 @@ What lives on the flats, each as one buffer of the same layout:
   the gradients as a list (their kernels run over up to 256 tensors per launch).
 - `compute`: with a compute dtype (bf16 mixed precision), the compute copies of the region-0
   weights (the weights of every nn.Linear): one cast launch over the region, reused until the
-  float32 weights change (their storage version moves).
+  float32 weights change (their storage version moves). A store that casts on use (`cast_on_use`,
+  the lean 0.6B-2B presets) has none while it trains: the forward casts each layer's weights as it
+  reaches the layer (cast_weights), and what backward needs of them is cast again from the float32
+  weights (Note [Casts saved as their source], csrc/ops/cast.cpp), so no bf16 copy of the weights
+  is held at the step's peak. It is made on first use by compute_weights() (generation).
 The optimizer adds its moments in the same layout (xtrain.optim.AdamW), so with flat gradients
 clipping, AdamW, the gradient average and ZeRO-1 sharding each work on whole regions
 (xtrain.launch.distributed).
@@ -104,10 +108,12 @@ class ParamStore:
     `compute_dtype` (None: the parameters' own dtype); nn.matmul_weights is the usual choice (the
     weights of every nn.Linear). dtype: the master weights' dtype (float32 for training).
     flat_grads: keep the gradients in one flat buffer (`grads`, use_flat_grads()); by default
-    each gradient is a tensor of its own (Note [Gradients without a flat buffer])."""
+    each gradient is a tensor of its own (Note [Gradients without a flat buffer]).
+    cast_on_use: the forward casts the region-0 weights layer by layer (cast_weights) instead of
+    using the flat compute copies (compute_weights), which are then made only when asked for."""
 
     def __init__(self, module, device: str = "cpu", compute_dtype: str | None = None,
-                 dtype: str = "float32", compute=None, flat_grads: bool = False):
+                 dtype: str = "float32", compute=None, flat_grads: bool = False, cast_on_use: bool = False):
         named = []
         for mod_name, m in module.named_modules():
             for attr, p in m._parameters.items():
@@ -121,6 +127,7 @@ class ParamStore:
         self.device, self.dtype = str(device), str(dtype)
         self.compute_dtype = None if compute_dtype in (None, dtype) else str(compute_dtype)
         self._flat_grads = bool(flat_grads)
+        self._cast_on_use = bool(cast_on_use)
 
         # ---- layout: region 0, then region 1; each tensor at a multiple of ALIGN
         slots, regions, total = [], [], 0
@@ -194,14 +201,23 @@ class ParamStore:
         self._compute_views, self._compute_leaves, self._compute_names = [], [], []
         self._compute_version = None   # the params version the copies were made from
         self._partial = False          # ZeRO: only this rank's chunk of params is current
+        for i, s in enumerate(self.slots):
+            if s.region == 0:
+                self._compute_leaves.append(self.leaves[i])
+                self._compute_names.append(s.name)
+        if not self._cast_on_use:
+            self._make_compute()
+
+    def _make_compute(self) -> None:
+        """The flat compute copies of region 0 (with a compute dtype), if not made yet."""
         r0 = self.regions[0]
-        if self.compute_dtype is not None and r0.used:
-            self.compute = xtrain.zeros((r0.length,), dtype=self.compute_dtype, device=self.device)
-            for i, s in enumerate(self.slots):
-                if s.region == 0:
-                    self._compute_views.append(self.compute._storage_view(s.offset - r0.start, s.shape))
-                    self._compute_leaves.append(self.leaves[i])
-                    self._compute_names.append(s.name)
+        if self.compute is not None or self.compute_dtype is None or not r0.used:
+            return
+        self.compute = xtrain.zeros((r0.length,), dtype=self.compute_dtype, device=self.device)
+        self._compute_views = [self.compute._storage_view(self.slots[self.index[n]].offset - r0.start,
+                                                          self.slots[self.index[n]].shape)
+                               for n in self._compute_names]
+        self._compute_version = None
 
     def to(self, device: str | None = None, dtype: str | None = None) -> "ParamStore":
         """Move the flats to `device` and/or convert the master weights to `dtype`, re-pointing
@@ -309,18 +325,53 @@ class ParamStore:
 
     # ---- compute copies (bf16 mixed precision)
 
+    @property
+    def cast_on_use(self) -> bool:
+        """Whether the forward casts the region-0 weights layer by layer (cast_weights) rather
+        than using the flat compute copies (compute_weights)."""
+        return self._cast_on_use and self.compute_dtype is not None
+
+    def use_compute_copies(self) -> None:
+        """From now on the forward uses the flat compute copies (made here): the sharded
+        data-parallel step gathers them instead of casting."""
+        self._cast_on_use = False
+        self._make_compute()
+
+    def compute_names(self, prefix: str = "") -> list:
+        """The names of the region-0 weights (those used in the compute dtype) under `prefix`
+        ("layers.3." for a block's), in named_parameters() order."""
+        return [n for n in self._compute_names if n.startswith(prefix)]
+
+    def cast_weights(self, names) -> dict:
+        """name -> a new compute-dtype cast of each named region-0 weight (one cast launch), with
+        the history of a cast from its float32 leaf, made to be saved as that leaf: an op that
+        keeps one for backward keeps the float32 weight and casts it again then (Note [Casts
+        saved as their source], csrc/ops/cast.cpp), so the casts' memory is freed once the
+        forward is done with them. {} without a compute dtype."""
+        names = list(names)
+        if self.compute_dtype is None or not names:
+            return {}
+        self._check_current()
+        leaves = [self.leaves[self.index[n]] for n in names]
+        return dict(zip(names, ops.cast_many(leaves, self.compute_dtype, recast_saved=True)))
+
+    def _check_current(self) -> None:
+        if self._partial:
+            raise RuntimeError(
+                "ParamStore: the float32 weights changed while only this rank's shard of them is "
+                "current (sharded data-parallel step); call gather_state() on every rank first")
+
     def compute_weights(self) -> dict:
         """name -> the region-0 weight in the compute dtype, with the history of a cast from its
         float32 leaf (gradients come back in float32, into the leaf's slot). The copies are made
-        by one cast launch over the region when the float32 weights changed since the last one;
-        {} without a compute dtype."""
+        by one cast launch over the region when the float32 weights changed since the last one
+        (the flat buffer itself on first use when the store casts on use); {} without a compute
+        dtype."""
+        self._make_compute()
         if self.compute is None:
             return {}
         if self._compute_version != self._params_version():
-            if self._partial:
-                raise RuntimeError(
-                    "ParamStore: the float32 weights changed while only this rank's shard of them is "
-                    "current (sharded data-parallel step); call gather_state() on every rank first")
+            self._check_current()
             r0 = self.regions[0]
             with xtrain.no_grad():
                 self.compute.copy_(self.params._storage_view(r0.start, (r0.length,)))

@@ -26,9 +26,9 @@ def cast(x: xtrain._C.Tensor, dtype: typing.Any) -> xtrain._C.Tensor:
     """
     x in another dtype; the gradient comes back in x's dtype
     """
-def cast_many(tensors: collections.abc.Sequence[xtrain._C.Tensor], dtype: typing.Any, cached: collections.abc.Sequence[xtrain._C.Tensor] | None = None) -> list[xtrain._C.Tensor]:
+def cast_many(tensors: collections.abc.Sequence[xtrain._C.Tensor], dtype: typing.Any, cached: collections.abc.Sequence[xtrain._C.Tensor] | None = None, recast_saved: bool = False) -> list[xtrain._C.Tensor]:
     """
-    [cast(x, dtype) for x in tensors] in one fused kernel; each output keeps its own CastBackward. cached: the casts' values, already computed (no kernel runs; the outputs share their memory)
+    [cast(x, dtype) for x in tensors] in one fused kernel; each output keeps its own CastBackward. cached: the casts' values, already computed (no kernel runs; the outputs share their memory). recast_saved: an op that saves an output for backward keeps its source instead and casts it again then (the casts' memory lives only while the forward uses them)
     """
 def cross_entropy(logits: xtrain._C.Tensor, targets: xtrain._C.Tensor, ignore_index: typing.SupportsInt | typing.SupportsIndex = -100) -> xtrain._C.Tensor:
     """

@@ -572,7 +572,8 @@ class DataParallelAdamW:
     the Linear weights instead of their float32 values: each rank casts its updated chunk (the
     kernel the store's own cast runs, so the same bits) and the all-gather moves half the bytes;
     the store marks the copies current, and its float32 Linear weights are then current only in
-    this rank's chunk until gather_state() (the store refuses to re-cast from them meanwhile).
+    this rank's chunk until gather_state() (the store refuses to re-cast from them meanwhile). A
+    store that casts on use (the lean presets) is switched to the flat copies for this.
     Each rank keeps the AdamW moments of its chunks only (AdamW.keep_moments: 1/N of the moments'
     memory); gather_state() gathers a full copy to the host for a checkpoint, and a loaded state
     (AdamW.load_state_dict) gives each rank its chunks.
@@ -598,7 +599,9 @@ class DataParallelAdamW:
                 raise ValueError(f"DataParallelAdamW: {e}") from None
         self.grad_chunks = [store.grads._storage_view(lo, (hi - lo,)) for lo, hi in self.chunks]
         self._runs = [run for lo, hi in self.chunks for run in optimizer.runs(lo, hi)]
-        self._cast = bool(store.compute is not None and self.shard and store.regions[0].used)
+        self._cast = bool(store.compute_dtype is not None and self.shard and store.regions[0].used)
+        if self._cast:  # the ranks gather the bf16 copies the forward then uses (not cast on use)
+            store.use_compute_copies()
         if self.shard:  # ZeRO-1: this rank's moments only (already so for AdamW(..., shard=(rank, world)))
             optimizer.keep_moments(self.chunks)
 

@@ -37,7 +37,10 @@ Decisions:
   bf16. forward() asks the store for those bf16 copies (one cast launch over the flat region when
   the weights changed; each copy carries the history of a cast from its float32 leaf, so its
   gradient comes back in float32, into the store's gradient slot) and binds them into the modules
-  for the duration of the forward. Activations are bf16 from the embedding on; norm weights stay
+  for the duration of the forward. With lean_activations the store casts on use instead: each
+  block's weights are cast as the block runs (one launch) and bound for that block only, and the
+  ops that keep a weight for backward keep its float32 source and cast it again there (Note
+  [Casts saved as their source], csrc/ops/cast.cpp): no bf16 copy of the weights at the peak. Activations are bf16 from the embedding on; norm weights stay
   float32 (rms_norm takes float32 weights with bf16 x); the bf16 logits go into cross_entropy,
   which computes in float32.
 - Recompute (config.recompute, or block.recompute per block): forward() runs such a block through
@@ -493,7 +496,12 @@ class TinyTransformer(nn.Module):
         self.norm = nn.RMSNorm(config.dim, config.norm_eps)
         if not config.tie_embeddings:  # tied: the head reads embed_tokens.weight (head_weight)
             self.lm_head = nn.Linear(config.dim, config.vocab_size, generator=gen, std=INIT_STD)
-        self.store = ParamStore(self, device=device, compute_dtype=config.dtype, compute=nn.matmul_weights)
+        # lean presets cast each layer's weights on use (the block's casts are saved as their float32
+        # sources: no bf16 copy of the weights is held at the step's peak)
+        self.store = ParamStore(self, device=device, compute_dtype=config.dtype, compute=nn.matmul_weights,
+                                cast_on_use=config.lean_activations)
+        self._block_casts = [self.store.compute_names(f"layers.{i}.") for i in range(config.n_layers)]
+        self._head_casts = [n for n in self.store.compute_names() if not n.startswith("layers.")]
         self.tokenizer = None  # from_pretrained: the tokenizer that came with the weights
 
     @classmethod
@@ -518,7 +526,9 @@ class TinyTransformer(nn.Module):
         if not self.config.tie_embeddings:
             return self.lm_head.weight
         w = self.embed_tokens.weight
-        return w if self.config.dtype == "float32" else ops.cast(w, self.config.dtype)
+        if self.config.dtype == "float32":
+            return w
+        return ops.cast_many([w], self.config.dtype, recast_saved=self.store.cast_on_use)[0]
 
     def forward(self, ids, targets=None, return_logits=None):
         """ids int (B, S) -> (logits, loss).
@@ -536,16 +546,20 @@ class TinyTransformer(nn.Module):
             targets = self._as_ids(targets, "targets")
             if tuple(targets.shape) != (B, S):
                 raise ValueError(f"targets shape {tuple(targets.shape)} != ids shape {(B, S)}")
-        # bf16: the Linear weights in bf16 for this forward (one cast launch when they changed)
-        with self.store.bound(self.store.compute_weights()):
+        # bf16: the Linear weights in bf16 for this forward: one cast launch when they changed, or
+        # (cast on use) each block's as the block runs
+        store = self.store
+        on_use = store.cast_on_use
+        with store.bound(store.cast_weights(self._head_casts) if on_use else store.compute_weights()):
             x = self.embed_tokens(ids.reshape(B * S))                       # (B*S, dim) float32
             x = nn.ResidualStream(self.dropout(x.to(c.dtype)))  # each add fused into the next norm
             # attention within documents: where each token's document begins, once for every layer
             docs = ops.document_starts(ids, c.doc_sep) if c.doc_sep is not None else None
             pos = ops.document_positions(docs) if c.doc_rope else None  # RoPE restarting per document
-            for block in self.layers:
-                x = (forward_recompute(block, x, S, docs, pos) if block.recompute
-                     else block(x, S, doc_start=docs, positions=pos))
+            for i, block in enumerate(self.layers):
+                with store.bound(store.cast_weights(self._block_casts[i]) if on_use else {}):
+                    x = (forward_recompute(block, x, S, docs, pos) if block.recompute
+                         else block(x, S, doc_start=docs, positions=pos))
             x = self.norm(x)
             head = self.head_weight()                                       # (V, dim)
             if targets is None:
