@@ -726,6 +726,38 @@ def test_step_graphs_zero_raw_allocations_and_node_count():
     assert math.isfinite(sg.loss.item()) and math.isfinite(sg.norm.item())
 
 
+@needs_gpu
+@pytest.mark.parametrize("recompute", [False, True], ids=["plain", "recompute"])
+def test_lean_model_casting_on_use_replays_its_eager_steps_bitwise(recompute):
+    """A lean bf16 model's store casts on use: each block's weights are cast inside the captured
+    forward and cast again inside the captured backward (Note [Casts saved as their source]). The
+    replays give the eager steps' losses, norms and weights bit for bit, and no flat copy of the
+    weights is ever made."""
+    cfg = TransformerConfig(**SMALL, bf16=True, lean_activations=True, tie_embeddings=True, recompute=recompute)
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, SMALL["vocab_size"], (2, 16)) for _ in range(7)]
+    runs = []
+    for captured in (False, True):
+        model = TinyTransformer(cfg, device="cuda", seed=0)
+        opt = AdamW(model.named_parameters(), lr=1e-2)
+        sg = graphs.StepGraphs(model, opt, 1, 1.0, note=lambda m: None) if captured else None
+        out = []
+        for ids in batches:
+            got = sg.step(ids, ids) if sg is not None else None
+            if got is None:
+                out.append(_eager_step(model, opt, ids, ids, 1))
+                if sg is not None:
+                    sg.eager()
+            else:
+                out.append((got[0].item(), got[1].item()))
+        assert model.store.cast_on_use and model.store.compute is None
+        if captured:
+            assert sg.active and sg.replays == len(batches) - graphs.WARMUP_STEPS
+        runs.append((out, model.store.params.numpy().copy()))
+    assert runs[0][0] == runs[1][0]
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+
+
 def test_capture_holds_the_garbage_collector_off():
     """A collection inside a capture could release pinned memory or events of dead objects (an
     unsafe call on the capturing thread): xtrain.cuda.graph collects first and disables the
