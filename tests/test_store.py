@@ -423,6 +423,10 @@ def test_a_cast_saved_as_its_source_checks_the_source_version(device):
         ops.sum(ops.cast(y, "float32")).backward()
     with pytest.raises(ValueError, match="recast_saved needs the casts made here"):
         ops.cast_many([w], "bfloat16", cached=[ops.cast(w, "bfloat16")], recast_saved=True)
+    store = TinyTransformer(TransformerConfig(**SMALL, bf16=True, lean_activations=True), device=device).store
+    for bad in ("layers.0.mlp.nope.weight", "norm.weight"):  # unknown; not used in the compute dtype
+        with pytest.raises(ValueError, match="not a weight used in the compute dtype"):
+            store.cast_weights([bad])
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["plain", "recompute"])

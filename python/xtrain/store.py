@@ -349,6 +349,11 @@ class ParamStore:
         saved as their source], csrc/ops/cast.cpp), so the casts' memory is freed once the
         forward is done with them. {} without a compute dtype."""
         names = list(names)
+        unknown = [n for n in names if n not in self.index or self.slots[self.index[n]].region != 0]
+        if unknown:
+            raise ValueError(f"ParamStore.cast_weights: {unknown[0]!r} is not a weight used in the compute dtype "
+                             f"(region 0: {', '.join(self._compute_names[:4])}"
+                             f"{', ...' if len(self._compute_names) > 4 else ''})")
         if self.compute_dtype is None or not names:
             return {}
         self._check_current()
