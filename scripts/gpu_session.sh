@@ -37,6 +37,8 @@
 #             (scripts/race_corpus.py writes it)
 #   flashcheck dev/wgmma_flash.py: the wgmma attention kernels against the mma.sync ones, bit for bit
 #             and timed (needs no install; bench/results/wgmma_flash-COMMIT-DATE.json)
+#   headchunks dev/head_chunks.py ($HEADCHUNKS_ARGS): the row-chunked head's speed and peak per chunk size
+#             at llama3.2-1b's and qwen3-1.7b's heads (known issue 38)
 #   fp8conv   bench/fp8_convergence.py ($FP8CONV_ARGS; default: dim768, 2000 steps, bf16 against --fp8
 #             on the carried corpus's prepared data); carry .gpu/corpus
 # XTRAIN_COMMIT: the commit under test as a literal hash, written into every result file (the
@@ -278,6 +280,10 @@ for step in $steps; do
     flashcheck)  # dev/wgmma_flash.py (docs/attention.md, "Hopper: warpgroup products")
       run_step flashcheck 180 "$out/bench.log" env XTRAIN_COMMIT="${XTRAIN_COMMIT:-}" "$py" dev/wgmma_flash.py
       grep -E "^every output|^FAILED|^wrote" "$out/bench.log" | tail -2 | tee -a "$summary"
+      ;;
+    headchunks)  # dev/head_chunks.py (known issue 38: the head's chunk size, speed against peak)
+      run_step headchunks 180 "$out/bench.log" "$py" dev/head_chunks.py ${HEADCHUNKS_ARGS:-}
+      grep -E " chunk " "$out/bench.log" | tail -10 | tee -a "$summary"
       ;;
     fp8conv)  # bench/fp8_convergence.py on .gpu/corpus/data (docs/fp8.md)
       run_step fp8conv "${FP8CONV_TIMEOUT:-570}" "$out/bench.log" "$py" bench/fp8_convergence.py \
