@@ -154,10 +154,10 @@ Tensor SavedTensor::unpack(const Node& node) const {
   const uint64_t now = tensor_.version();
   XT_CHECK(now == version_, RuntimeError,
            "one of the tensors needed for gradient computation has been modified by an in-place operation: ",
-           node.name(), "'s saved tensor '", name_, "' (", tensor_.describe(), recast_ ? ", saved as its cast's source" : "",
-           ") is at version ", now, "; expected version ", version_,
-           " instead. Clone it before writing to it in place (fill_, zero_, "
-           "copy_, an optimizer step, a collective), or write it after backward.");
+           node.name(), "'s saved tensor '", name_, "' (", tensor_.describe(),
+           recast_ ? ", saved as its cast's source" : "", ") is at version ", now, "; expected version ", version_,
+           " instead. Clone it before writing to it in place (fill_, zero_, copy_, an optimizer step, a collective), "
+           "or write it after backward.");
   return recast_ ? ops::cast_forward(tensor_, recast_dtype_) : tensor_;
 }
 

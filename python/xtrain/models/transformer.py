@@ -40,9 +40,9 @@ Decisions:
   for the duration of the forward. With lean_activations the store casts on use instead: each
   block's weights are cast as the block runs (one launch) and bound for that block only, and the
   ops that keep a weight for backward keep its float32 source and cast it again there (Note
-  [Casts saved as their source], csrc/ops/cast.cpp): no bf16 copy of the weights at the peak. Activations are bf16 from the embedding on; norm weights stay
-  float32 (rms_norm takes float32 weights with bf16 x); the bf16 logits go into cross_entropy,
-  which computes in float32.
+  [Casts saved as their source], csrc/ops/cast.cpp): no bf16 copy of the weights at the peak.
+  Activations are bf16 from the embedding on; norm weights stay float32 (rms_norm takes float32
+  weights with bf16 x); the bf16 logits go into cross_entropy, which computes in float32.
 - Recompute (config.recompute, or block.recompute per block): forward() runs such a block through
   recompute.forward_recompute, which re-runs the attention half and the MLP up to the down
   projection in backward, bitwise the same results.
