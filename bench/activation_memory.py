@@ -178,8 +178,11 @@ def head_bytes(cfg, tokens: int) -> dict:
     e = 2 if cfg.bf16 else 4
     V, K = cfg.vocab_size, cfg.dim
     ld = -(-V // (16 // e)) * (16 // e)          # the logits' 16-byte aligned row stride
-    chunk_bytes, multiple = 2**30, 128
-    fit = max(chunk_bytes // (ld * e) // multiple * multiple, multiple)
+    chunk_bytes, rows_max, multiple = 2**30, 2048, 128
+    fit = chunk_bytes // (ld * e)
+    if tokens > fit:
+        fit = min(fit, rows_max)
+    fit = max(fit // multiple * multiple, multiple)
     chunks = -(-tokens // fit)
     kept = {"final norm's h and rstd": tokens * (K * e + 4)}
     transient = {}

@@ -23,6 +23,8 @@
 // When the logits of all N rows would take more than a chunk (Note [Row-chunked head]),
 // linear_cross_entropy runs in row chunks instead and never holds [N, V]: its forward computes
 // the gradients too, unscaled, and its backward only scales them by dloss / count.
+#include <algorithm>
+
 #include "core/cuda_api.h"
 #include "core/error.h"
 #include "ops/dispatch.h"
@@ -193,21 +195,27 @@ void copy_logits_rows(const void* buf, DType dt, int64_t rows, int64_t vocab, in
 // only, in float32, in chunk order: deterministic, equal to the unchunked head to float rounding
 // (the sum over tokens is split at chunk edges). Memory: the chunk [R, ld], the dw accumulator
 // [V, K] (float32), dx [N, K] (float32); independent of the batch but for dx.
-// R: the fewest chunks whose logits each fit kChunkBytes, their rows balanced and rounded up to a
-// multiple of kChunkRowMultiple. At vocabulary 151936 in bf16 (303,872 bytes a row) 3,456 rows
-// fit: batch 4 x 4096 runs in 5 chunks of 3,328 rows (the last 3,072), holding 1 GiB of logits
-// instead of 5 GB. Each chunk after the first re-reads and re-writes the float32 dw (2 x 622 MB at
-// K = 1024), which is what keeps R large; balancing keeps the last chunk's GEMMs as large as the
-// others. The rule depends only on (N, ld, dtype), so a given call always chunks the same way; a
-// call that fits in one chunk runs unchunked (bit for bit the single-buffer path above), as do the
-// small presets (dim768 at batch 32: 824 MB).
-constexpr int64_t kChunkBytes = int64_t{1} << 30;  // a chunk's logits (1 GiB): GEMMs of >= 3K rows
+// R: above kChunkBytes of logits, the fewest chunks of at most kChunkRowsMax rows each, their rows
+// balanced and rounded up to a multiple of kChunkRowMultiple (and each chunk's logits within
+// kChunkBytes, for the widest rows). At vocabulary 151936 or 128256 in bf16, batch 4 x 4096 runs
+// in 8 chunks of 2,048 rows, holding 0.58 / 0.49 GiB of logits. Each chunk after the first
+// re-reads and re-writes the float32 dw (2 x 1.24 GB at qwen3-1.7b's K = 2048), which is what
+// keeps R from being small: measured on the H200 (dev/head_chunks.py, the head's forward and
+// backward at 16,384 rows) 2,048-row chunks ran qwen3-1.7b's head in 49.65 ms against 50.67 in 5
+// chunks of 3,328 rows (0.36 GiB less at its peak) and llama3.2-1b's in 42.06 against 41.54 in 4
+// of 4,096 (0.49 GiB less); 1,024-row chunks cost 3-4 ms more. The rule depends only on (N, ld,
+// dtype), so a given call always chunks the same way; a call whose logits fit kChunkBytes runs
+// unchunked (bit for bit the single-buffer path above), as do the small presets (dim768 at batch
+// 32: 824 MB).
+constexpr int64_t kChunkBytes = int64_t{1} << 30;  // more logits than this (1 GiB): row chunks
+constexpr int64_t kChunkRowsMax = 2048;            // rows a chunk at most
 constexpr int64_t kChunkRowMultiple = 128;         // whole GEMM tiles in every chunk but the last
 
 int64_t head_chunk_rows(int64_t N, int64_t ld, size_t itemsize, int64_t requested) {
   if (requested > 0) return requested;
-  int64_t fit = kChunkBytes / (ld * static_cast<int64_t>(itemsize)) / kChunkRowMultiple * kChunkRowMultiple;
-  if (fit < kChunkRowMultiple) fit = kChunkRowMultiple;
+  int64_t fit = kChunkBytes / (ld * static_cast<int64_t>(itemsize));  // rows whose logits fit kChunkBytes
+  if (N > fit) fit = std::min(fit, kChunkRowsMax);                    // chunked: at most kChunkRowsMax
+  fit = std::max(fit / kChunkRowMultiple * kChunkRowMultiple, kChunkRowMultiple);
   const int64_t chunks = (N + fit - 1) / fit;  // >= 1 chunk, N >= 0
   const int64_t rows = chunks > 0 ? (N + chunks - 1) / chunks : 0;
   return (rows + kChunkRowMultiple - 1) / kChunkRowMultiple * kChunkRowMultiple;  // <= fit
