@@ -515,9 +515,10 @@ def accumulate_gradients(model, x, y, accum: int, seed=None):
     the next ones add. Each backward is seeded with 1/accum, so the gradients end holding the
     gradient of the mean loss over all the rows (every row has S targets, so the mean of the
     micro-batch means is the batch mean): one batch of accum x B rows gives the same up to float
-    rounding (the 1/accum scaling itself is exact for powers of two). Returns the mean loss, detached, on the device (no host sync). x, y may also be
-    device tensors (a CUDA graph's static inputs: the micro-batches are views), and `seed` the 1/accum
-    upstream gradient made beforehand (a capture cannot upload it)."""
+    rounding (the 1/accum scaling itself is exact for powers of two). Returns the mean loss,
+    detached, on the device (no host sync). x, y may also be device tensors (a CUDA graph's static
+    inputs: the micro-batches are views), and `seed` the 1/accum upstream gradient made beforehand
+    (a capture cannot upload it)."""
     return graphs.forward_backward(model, x, y, accum, seed)
 
 
