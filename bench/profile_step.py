@@ -87,6 +87,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     common.add_shape_args(p)
     p.add_argument("--recompute", action="store_true")
+    p.add_argument("--fp8", action="store_true", help="the blocks' linears in FP8 (docs/fp8.md; bf16 on Hopper)")
     p.add_argument("--vocab", type=int, default=common.DEFAULT_VOCAB)
     p.add_argument("--top", type=int, default=25, help="kernels to print")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
@@ -104,7 +105,7 @@ def main(argv=None):
     from xtrain.models import model_class, preset_config
     from xtrain.optim import AdamW
 
-    cfg = preset_config(args.preset, args.vocab, bf16=args.bf16, recompute=args.recompute)
+    cfg = preset_config(args.preset, args.vocab, bf16=args.bf16, recompute=args.recompute, fp8=args.fp8)
     model = model_class(cfg)(cfg, device=device, seed=args.seed)
     opt = AdamW(model.named_parameters(), lr=3e-4)
     data = [(xtrain.tensor(x, device=device), xtrain.tensor(y, device=device))
@@ -167,7 +168,8 @@ def main(argv=None):
     mode = (f"CUDA graphs ({sg.num_nodes} nodes per step, {sg.memsets_as_kernels} memsets as kernels)"
             if sg.active else f"eager ({sg.disabled})")
     head = (f"profile_step: {args.preset} batch {args.batch} x seq {args.seq}, "
-            f"{'bf16' if args.bf16 else 'fp32'}{', recompute' if args.recompute else ''}, vocab {args.vocab}, "
+            f"{'bf16' if args.bf16 else 'fp32'}{', fp8' if args.fp8 else ''}{', recompute' if args.recompute else ''}, "
+            f"vocab {cfg.vocab_size} (ids below {args.vocab}), "
             f"{device}, {mode}: wall {wall_ms:.2f} ms/step")
     head += (f", CPU kernels {kernel_ms:.2f} ms/step, outside kernels {max(0.0, wall_ms - kernel_ms):.2f} ms/step"
              if not cuda else "")
