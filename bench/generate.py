@@ -38,7 +38,9 @@ or LlamaForCausalLM without q/k norm) holding xtrain's weights, in the run's dty
              step), the prefill eager: the recipe transformers documents for fast decoding
 Each peer generates --new-tokens greedily from the same prompts (no stop token); `vs_peer` =
 cached tok/s over the fastest peer's, `peer_same_tokens` the fraction of rows whose tokens agree
-with xtrain's (1.0 in float32; bf16 can flip a near tie).
+with xtrain's (1.0 in float32; bf16 can flip a near tie). `*_weight_tb_s`: the weights every
+decode step reads (`weight_bytes_per_step`) times the steps per second, prefill included: at
+batch 1 the GPU's memory bandwidth bounds it for every generator alike.
 
 Results: bench/results/generate-PRESET-DATE.json.
 """
@@ -241,6 +243,17 @@ def main(argv=None) -> None:
     print(f"{args.preset} ({'bf16' if bf16 else 'fp32'}) on {device}: prompts of {args.prompt_len} tokens, "
           f"{args.new_tokens} new tokens per row, vocab {args.vocab}")
 
+    # What one decode step must read at least: every weight the step multiplies by (the blocks',
+    # the final norm's and the head's, whose matrix is the embedding when tied; an untied
+    # embedding only gives its B rows), in the run's dtype. At batch 1 a step reads them once
+    # whatever the generator, so bytes / step time, the weights' bandwidth, bounds any generator
+    # by the GPU's memory bandwidth (the KV cache's reads come on top).
+    shapes = config.param_shapes()
+    if not config.tie_embeddings:
+        shapes.pop("embed_tokens.weight")
+    weight_bytes = sum(int(np.prod(s)) for s in shapes.values()) * (2 if bf16 else 4)
+    print(f"weights read per decode step: {weight_bytes / 1e9:.3f} GB")
+
     rows = []
     for B in batches:
         prompts = rng.integers(0, args.vocab, size=(B, args.prompt_len), dtype=np.int64)
@@ -305,6 +318,8 @@ def main(argv=None) -> None:
             except Exception as e:  # a transformers version without the API: the other peer still runs
                 row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 print(f"batch {B}: {name} failed: {row[f'{name}_error']}", flush=True)
+        for name, tok_s in [("cached", row["cached_tok_s"]), *peer_tok_s.items()]:
+            row[f"{name}_weight_tb_s"] = weight_bytes * tok_s / B / 1e12  # steps/s x bytes a step
         if peer_tok_s:
             fastest = max(peer_tok_s, key=peer_tok_s.get)
             row.update(vs_peer=row["cached_tok_s"] / peer_tok_s[fastest], fastest_peer=fastest,
@@ -315,7 +330,9 @@ def main(argv=None) -> None:
               + (f", rerun {row['rerun_tok_s']:,.0f} tok/s, speedup {row['speedup']:.1f}x "
                  f"(first call {row['first_speedup']:.1f}x)" if "speedup" in row else "")
               + (f"; {row['fastest_peer']} {row[row['fastest_peer'] + '_tok_s']:,.0f} tok/s, xtrain "
-                 f"{row['vs_peer']:.2f}x" if "vs_peer" in row else ""), flush=True)
+                 f"{row['vs_peer']:.2f}x" if "vs_peer" in row else "")
+              + f"; weights read at {row['cached_weight_tb_s']:.2f} TB/s"
+              + "".join(f", {n} {row[n + '_weight_tb_s']:.2f}" for n in peer_tok_s), flush=True)
 
     common.print_table(rows, [("batch", "batch", "d"), ("cached_tok_s", "cached tok/s", ",.0f"),
                               ("cached_step_ms", "ms/step", ".2f"), ("first_tok_s", "first tok/s", ",.0f"), ("eager_tok_s", "eager tok/s", ",.0f"),
@@ -325,12 +342,13 @@ def main(argv=None) -> None:
                               ("first_speedup", "first speedup", ".1f"),
                               ("eager_speedup", "eager speedup", ".1f"),
                               ("same_tokens", "same tokens", ".2f"), ("cached_peak_gib", "peak GiB", ".2f"),
+                              ("cached_weight_tb_s", "weights TB/s", ".2f"),
                               ("hf_static_tok_s", "hf static tok/s", ",.0f"),
                               ("compiled_tok_s", "compiled tok/s", ",.0f"), ("vs_peer", "vs peer", ".2f"),
                               ("peer_same_tokens", "peer same", ".2f")])
     payload = {"benchmark": "generate", "env": common.env_info(device),
                "config": {**config.to_dict(), "preset": args.preset},
-               "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "results": rows,
+               "weight_bytes_per_step": weight_bytes, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "results": rows,
                "gate": "speedup >= 10 at 256 new tokens for dim768 (issue 17)",
                "peers": args.peers, "transformers": _version("transformers")}
     common.write_json(common.result_name(f"generate-{args.preset}", args.tag), payload, args.out)
