@@ -175,6 +175,32 @@ def test_memory_stats_track_allocations():
     assert s4["allocated_bytes.peak"] == s4["allocated_bytes.current"]
 
 
+def test_memory_history_and_segments_show_a_miss_beside_free_pieces():
+    xtrain.empty_cache("cpu")
+    xtrain.record_memory_history(True, "cpu")
+    try:
+        a = xtrain.empty(1024, 768)  # 3 MiB
+        b = xtrain.empty(1024, 256)  # 1 MiB
+        del a
+        c = xtrain.empty(1024, 1024)  # 4 MiB: the freed 3 MiB cannot serve it
+        events = xtrain.memory_history("cpu")
+        assert [e["requested"] for e in events] == [3 << 20, 1 << 20, 4 << 20]
+        last = events[-1]
+        assert last["pool"] == 0 and last["owner_free_bytes"] >= 3 << 20
+        assert last["owner_largest_free"] >= 3 << 20 and last["allocated_bytes"] >= 1 << 20
+        segments = xtrain.memory_segments("cpu")
+        assert sum(s["size"] for s in segments) >= 8 << 20
+        for s in segments:
+            assert sum(p["size"] for p in s["pieces"]) == s["size"]
+            assert [p["offset"] for p in s["pieces"]] == sorted(p["offset"] for p in s["pieces"])
+        assert any(p["free"] and p["size"] >= 3 << 20 for s in segments for p in s["pieces"])
+        del b, c
+    finally:
+        xtrain.record_memory_history(False, "cpu")
+    with pytest.raises(ValueError, match="unknown device"):
+        xtrain.memory_history("tpu")
+
+
 def test_memory_limit_raises_then_recovers():
     base = xtrain.memory_stats("cpu")["reserved_bytes.current"]
     xtrain.empty_cache("cpu")

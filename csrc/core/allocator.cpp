@@ -207,6 +207,17 @@ Block DevicePool::allocate(size_t nbytes, void* stream, RawBackend* backend, uin
     if (over_limit())
       throw_oom_locked(nbytes, size, may_release ? "over the memory limit"
                                                  : "over the memory limit, during a CUDA graph capture");
+    if (recording_) {
+      MemoryEvent e;
+      e.requested = static_cast<int64_t>(nbytes);
+      e.size = static_cast<int64_t>(size);
+      e.pool = pool;
+      e.allocated_bytes = stats_.allocated_bytes;
+      e.requested_bytes = stats_.requested_bytes;
+      e.reserved_bytes = stats_.reserved_bytes;
+      owner_free_locked(stream, pool, e);
+      history_.push_back(e);
+    }
     b.ptr = backend->raw_alloc(device_.index, size);
     if (!b.ptr && may_release) {  // the device itself is full: give back what we cache and try once more
       release_cached_locked(backend);
@@ -322,6 +333,47 @@ void DevicePool::reset_peak() {
   stats_.reserved_bytes_peak = stats_.reserved_bytes;
 }
 
+void DevicePool::owner_free_locked(void* stream, uint64_t pool, MemoryEvent& e) const {
+  const auto add = [&e](size_t size, size_t n) {
+    e.owner_free_bytes += static_cast<int64_t>(size * n);
+    e.owner_free_blocks += static_cast<int64_t>(n);
+    if (n) e.owner_largest_free = std::max(e.owner_largest_free, static_cast<int64_t>(size));
+  };
+  if (pool != 0) {
+    auto pit = pools_.find(pool);
+    if (pit != pools_.end())
+      for (const auto& [size, ptrs] : pit->second.free) add(size, ptrs.size());
+    return;
+  }
+  for (auto it = free_.lower_bound({stream, 0}); it != free_.end() && it->first.first == stream; ++it)
+    add(it->first.second, it->second.size());
+}
+
+void DevicePool::record_history(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  recording_ = on;
+  if (on) history_.clear();
+}
+
+std::vector<MemoryEvent> DevicePool::history() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return history_;
+}
+
+std::vector<MemorySegment> DevicePool::segments() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<MemorySegment> out;
+  for (const auto& [at, p] : pieces_) {
+    if (at == p.seg) {
+      out.emplace_back();
+      out.back().size = static_cast<int64_t>(p.seg_size);
+    }
+    out.back().pieces.push_back({static_cast<int64_t>(at - p.seg), static_cast<int64_t>(p.size), p.free,
+                                 p.free ? p.pool : 0});
+  }
+  return out;
+}
+
 void DevicePool::set_limit(int64_t limit_bytes, RawBackend* backend) {
   XT_CHECK(limit_bytes >= -1, ValueError, "memory limit must be >= 0 bytes (or None), got ", limit_bytes);
   std::lock_guard<std::mutex> lock(mu_);
@@ -395,6 +447,10 @@ void Allocator::set_limit(Device device, int64_t limit_bytes) {
   check_no_capture(device, "set_memory_limit");
   pool(device).set_limit(limit_bytes, backend(device));
 }
+
+void Allocator::record_history(Device device, bool on) { pool(device).record_history(on); }
+std::vector<MemoryEvent> Allocator::history(Device device) { return pool(device).history(); }
+std::vector<MemorySegment> Allocator::segments(Device device) { return pool(device).segments(); }
 
 uint64_t Allocator::create_pool(Device device, void* stream) {
   const uint64_t id = g_next_pool.fetch_add(1);

@@ -64,6 +64,33 @@ struct MemoryStats {
   int64_t num_pools = 0;             // private pools alive
 };
 
+// One backend allocation the pool made while recording (DevicePool::record_history): what was
+// asked for, the stats just before it, and what the owner it served (the stream's shared cache or
+// a private pool) had free then. A miss with much free memory in pieces too small for the request
+// is fragmentation (known issue 42).
+struct MemoryEvent {
+  int64_t requested = 0;         // bytes asked for
+  int64_t size = 0;              // bytes taken from the backend (the rounded size)
+  uint64_t pool = 0;             // the private pool served (0: the shared cache)
+  int64_t allocated_bytes = 0;   // stats before the allocation
+  int64_t requested_bytes = 0;
+  int64_t reserved_bytes = 0;
+  int64_t owner_free_bytes = 0;  // free blocks of the owner served, at the miss
+  int64_t owner_largest_free = 0;
+  int64_t owner_free_blocks = 0;
+};
+
+// A backend allocation of a large block (kLargeThreshold and up) and its pieces, as they are now.
+struct MemorySegment {
+  int64_t size = 0;
+  struct Piece {
+    int64_t offset = 0, size = 0;
+    bool free = false;
+    uint64_t pool = 0;  // owner while free: the private pool (0: the shared cache)
+  };
+  std::vector<Piece> pieces;
+};
+
 // A block handed out by the allocator; Storage keeps it and gives it back on free.
 struct Block {
   void* ptr = nullptr;
@@ -119,8 +146,15 @@ class DevicePool {
   MemoryStats stats();
   void reset_peak();
   void set_limit(int64_t limit_bytes, RawBackend* backend);  // -1 lifts the limit
+  // Record every backend allocation from now on (clears what was recorded), or stop.
+  void record_history(bool on);
+  std::vector<MemoryEvent> history();
+  // The large allocations (kLargeThreshold and up) and their pieces, in address order.
+  std::vector<MemorySegment> segments();
 
  private:
+  // The free bytes, the largest free block and the free block count of one owner.
+  void owner_free_locked(void* stream, uint64_t pool, MemoryEvent& e) const;
   void release_cached_locked(RawBackend* backend);
   [[noreturn]] void throw_oom_locked(size_t requested, size_t rounded, const std::string& why);
 
@@ -151,6 +185,8 @@ class DevicePool {
   std::map<uint64_t, PrivatePool> pools_;
   MemoryStats stats_;
   RawBackend* last_backend_ = nullptr;
+  bool recording_ = false;
+  std::vector<MemoryEvent> history_;
 };
 
 class Allocator {
@@ -162,6 +198,9 @@ class Allocator {
   void reset_peak(Device device);
   void empty_cache(Device device);
   void set_limit(Device device, int64_t limit_bytes);
+  void record_history(Device device, bool on);
+  std::vector<MemoryEvent> history(Device device);
+  std::vector<MemorySegment> segments(Device device);
 
   // Private pools: a new id (never reused) bound to (device, stream); release gives its free
   // blocks to the shared cache of that stream. The caller makes sure no graph using the pool

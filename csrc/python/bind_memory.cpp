@@ -138,6 +138,53 @@ void init_memory(py::module_& m) {
         py::arg("device") = py::none(), "Set the peaks to the current values");
   m.def("empty_cache", [cpu](const py::object& device) { Allocator::get().empty_cache(device_arg(device, cpu)); },
         py::arg("device") = py::none(), NoGil(), "Return cached free blocks to the system / driver");
+  m.def("record_memory_history", [cpu](bool enabled, const py::object& device) {
+          Allocator::get().record_history(device_arg(device, cpu), enabled);
+        }, py::arg("enabled") = true, py::arg("device") = py::none(),
+        "Record every allocation the caching allocator takes from the device from now on (forgetting "
+        "what it recorded before), or stop recording; memory_history() reads them");
+  m.def("memory_history", [cpu](const py::object& device) {
+          py::list out;
+          for (const MemoryEvent& e : Allocator::get().history(device_arg(device, cpu))) {
+            py::dict d;
+            d["requested"] = e.requested;
+            d["size"] = e.size;
+            d["pool"] = e.pool;
+            d["allocated_bytes"] = e.allocated_bytes;
+            d["requested_bytes"] = e.requested_bytes;
+            d["reserved_bytes"] = e.reserved_bytes;
+            d["owner_free_bytes"] = e.owner_free_bytes;
+            d["owner_largest_free"] = e.owner_largest_free;
+            d["owner_free_blocks"] = e.owner_free_blocks;
+            out.append(d);
+          }
+          return out;
+        }, py::arg("device") = py::none(),
+        "The allocations the caching allocator took from the device since record_memory_history(True), in "
+        "order: requested and size (bytes asked for and taken), pool (the CUDA graph's private pool served, 0 for "
+        "the shared cache), the allocator's allocated/requested/reserved bytes just before, and the free bytes, "
+        "largest free block and free block count of the cache or pool that could not serve the request");
+  m.def("memory_segments", [cpu](const py::object& device) {
+          py::list out;
+          for (const MemorySegment& seg : Allocator::get().segments(device_arg(device, cpu))) {
+            py::list pieces;
+            for (const MemorySegment::Piece& p : seg.pieces) {
+              py::dict d;
+              d["offset"] = p.offset;
+              d["size"] = p.size;
+              d["free"] = p.free;
+              d["pool"] = p.pool;
+              pieces.append(d);
+            }
+            py::dict d;
+            d["size"] = seg.size;
+            d["pieces"] = pieces;
+            out.append(d);
+          }
+          return out;
+        }, py::arg("device") = py::none(),
+        "The caching allocator's large allocations on a device (1 MiB and up) and the pieces each is split "
+        "into now: offset, size, free, and for a free piece the private pool that owns it (0: the shared cache)");
   m.def("get_num_threads", &kernels::cpu::num_threads,
         "Threads of the CPU backend: OpenBLAS's pool for the matrix multiplies, and as many for the CPU kernels "
         "that split rows or elements (their bits do not depend on the count)");

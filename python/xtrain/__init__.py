@@ -16,7 +16,10 @@ from ._C import (  # noqa: E402
     get_num_threads,
     is_grad_enabled,
     manual_seed,
+    memory_history,
+    memory_segments,
     memory_stats,
+    record_memory_history,
     reset_peak_memory_stats,
     set_grad_enabled,
     set_memory_limit,
@@ -56,7 +59,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Tensor", "Generator", "OutOfMemoryError", "tensor", "zeros", "ones", "full", "empty", "arange", "rand",
     "randn", "from_dlpack", "no_grad", "enable_grad", "checkpoint", "manual_seed", "default_generator",
-    "get_rng_state", "set_rng_state", "memory_stats", "reset_peak_memory_stats", "empty_cache",
+    "get_rng_state", "set_rng_state", "memory_stats", "memory_history", "memory_segments",
+    "record_memory_history", "reset_peak_memory_stats", "empty_cache",
     "set_memory_limit", "get_num_threads", "set_num_threads", "is_grad_enabled", "set_grad_enabled",
     "float32", "bfloat16", "float64", "int32", "int64", "cuda", "ops", "nn", "models", "optim",
 ]

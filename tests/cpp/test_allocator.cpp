@@ -201,6 +201,61 @@ TEST(AllocatorPrivatePool, PiecesStayWithTheirOwner) {
   expect_all_returned(pool, be);
 }
 
+TEST(AllocatorHistory, RecordsEachBackendAllocationWithItsOwnersFreeBlocks) {
+  // Recording on: each miss is one event with the stats before it and what its owner (the shared
+  // cache of the stream, or the private pool) had free; hits record nothing; off records nothing.
+  const size_t mib = 1 << 20;
+  CountingBackend be;
+  DevicePool pool(Device::cpu());
+  int s = 0;
+  Block before = pool.allocate(2 * mib, &s, &be);  // not recorded
+  pool.record_history(true);
+  Block a = pool.allocate(3 * mib, &s, &be);
+  pool.free(a);
+  Block b = pool.allocate(3 * mib, &s, &be);       // a hit
+  pool.free(before);
+  Block c = pool.allocate(8 * mib, &s, &be);       // a miss with 5 MiB free in two blocks
+  pool.create_pool(7, &s);
+  Block d = pool.allocate(4 * mib, &s, &be, 7, false);  // the pool has nothing free
+  std::vector<MemoryEvent> h = pool.history();
+  ASSERT_EQ(h.size(), 3u);
+  EXPECT_EQ(h[0].requested, static_cast<int64_t>(3 * mib));
+  EXPECT_EQ(h[0].allocated_bytes, static_cast<int64_t>(2 * mib));
+  EXPECT_EQ(h[0].owner_free_bytes, 0);
+  EXPECT_EQ(h[1].requested, static_cast<int64_t>(8 * mib));
+  EXPECT_EQ(h[1].reserved_bytes, static_cast<int64_t>(5 * mib));
+  EXPECT_EQ(h[1].owner_free_bytes, static_cast<int64_t>(2 * mib));  // `before`'s block; b holds a's
+  EXPECT_EQ(h[1].owner_largest_free, static_cast<int64_t>(2 * mib));
+  EXPECT_EQ(h[1].owner_free_blocks, 1);
+  EXPECT_EQ(h[1].pool, 0u);
+  EXPECT_EQ(h[2].pool, 7u);
+  EXPECT_EQ(h[2].owner_free_bytes, 0);
+  // Segments: every large allocation, its pieces in address order.
+  std::vector<MemorySegment> segs = pool.segments();
+  ASSERT_EQ(segs.size(), 4u);
+  int64_t total = 0, free_bytes = 0;
+  for (const MemorySegment& g : segs) {
+    total += g.size;
+    int64_t at = 0;
+    for (const MemorySegment::Piece& pc : g.pieces) {
+      EXPECT_EQ(pc.offset, at);
+      at += pc.size;
+      if (pc.free) free_bytes += pc.size;
+    }
+    EXPECT_EQ(at, g.size);
+  }
+  EXPECT_EQ(total, static_cast<int64_t>(17 * mib));
+  EXPECT_EQ(free_bytes, static_cast<int64_t>(2 * mib));
+  pool.record_history(false);
+  Block e = pool.allocate(16 * mib, &s, &be);
+  EXPECT_EQ(pool.history().size(), 3u);  // kept until recording starts again
+  pool.record_history(true);
+  EXPECT_TRUE(pool.history().empty());
+  for (const Block& x : {b, c, d, e}) pool.free(x);
+  pool.release_pool(7);
+  expect_all_returned(pool, be);
+}
+
 TEST(AllocatorPolicy, SplitPiecesNeverOverlapUnderARandomSequence) {
   // Random large and small requests on two streams and, for a while, a private pool: live blocks
   // never overlap and keep their contents, the stats stay exact, and with everything freed (the

@@ -11,7 +11,7 @@ from . import ops
 from . import optim
 from . import dist
 from . import profile
-__all__: list[str] = ['Generator', 'GradSlots', 'OutOfMemoryError', 'Tensor', 'arange', 'backward_many', 'checkpoint', 'cuda', 'default_generator', 'dist', 'empty', 'empty_cache', 'full', 'get_num_threads', 'is_grad_enabled', 'last_backward_batched_casts', 'manual_seed', 'memory_stats', 'ops', 'optim', 'profile', 'rand', 'randn', 'reset_peak_memory_stats', 'set_grad_enabled', 'set_memory_limit', 'set_num_threads']
+__all__: list[str] = ['Generator', 'GradSlots', 'OutOfMemoryError', 'Tensor', 'arange', 'backward_many', 'checkpoint', 'cuda', 'default_generator', 'dist', 'empty', 'empty_cache', 'full', 'get_num_threads', 'is_grad_enabled', 'last_backward_batched_casts', 'manual_seed', 'memory_history', 'memory_segments', 'memory_stats', 'ops', 'optim', 'profile', 'rand', 'randn', 'record_memory_history', 'reset_peak_memory_stats', 'set_grad_enabled', 'set_memory_limit', 'set_num_threads']
 class OutOfMemoryError(RuntimeError, MemoryError):
     """
     A device or a memory limit ran out of memory; the message gives the request, what is allocated and reserved, and the limit.
@@ -279,6 +279,14 @@ def manual_seed(seed: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
     Seed the default generator of every device
     """
+def memory_history(device: typing.Any = None) -> list:
+    """
+    The allocations the caching allocator took from the device since record_memory_history(True), in order: requested and size (bytes asked for and taken), pool (the CUDA graph's private pool served, 0 for the shared cache), the allocator's allocated/requested/reserved bytes just before, and the free bytes, largest free block and free block count of the cache or pool that could not serve the request
+    """
+def memory_segments(device: typing.Any = None) -> list:
+    """
+    The caching allocator's large allocations on a device (1 MiB and up) and the pieces each is split into now: offset, size, free, and for a free piece the private pool that owns it (0: the shared cache)
+    """
 def memory_stats(device: typing.Any = None) -> dict:
     """
     Caching-allocator statistics of a device (PyTorch's names where it has one)
@@ -290,6 +298,10 @@ def rand(shape: typing.Any, dtype: typing.Any = None, device: typing.Any = None,
 def randn(shape: typing.Any, dtype: typing.Any = None, device: typing.Any = None, generator: typing.Any = None, requires_grad: bool = False) -> Tensor:
     """
     Standard normal samples
+    """
+def record_memory_history(enabled: bool = True, device: typing.Any = None) -> None:
+    """
+    Record every allocation the caching allocator takes from the device from now on (forgetting what it recorded before), or stop recording; memory_history() reads them
     """
 def reset_peak_memory_stats(device: typing.Any = None) -> None:
     """
