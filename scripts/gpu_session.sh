@@ -39,6 +39,8 @@
 #             and timed (needs no install; bench/results/wgmma_flash-COMMIT-DATE.json)
 #   headchunks dev/head_chunks.py ($HEADCHUNKS_ARGS): the row-chunked head's speed and peak per chunk size
 #             at llama3.2-1b's and qwen3-1.7b's heads (known issue 38)
+#   pooltrace dev/pool_trace.py ($POOLTRACE_ARGS; default llama3.2-1b b4 s4096): every backend allocation
+#             of the eager, captured and replayed steps, and the pool's segments (known issue 42)
 #   fp8conv   bench/fp8_convergence.py ($FP8CONV_ARGS; default: dim768, 2000 steps, bf16 against --fp8
 #             on the carried corpus's prepared data); carry .gpu/corpus
 # XTRAIN_COMMIT: the commit under test as a literal hash, written into every result file (the
@@ -284,6 +286,10 @@ for step in $steps; do
     headchunks)  # dev/head_chunks.py (known issue 38: the head's chunk size, speed against peak)
       run_step headchunks 180 "$out/bench.log" "$py" dev/head_chunks.py ${HEADCHUNKS_ARGS:-}
       grep -E " chunk " "$out/bench.log" | tail -10 | tee -a "$summary"
+      ;;
+    pooltrace)  # dev/pool_trace.py ($POOLTRACE_ARGS): the captured step's backend allocations (known issue 42)
+      run_step pooltrace 240 "$out/bench.log" "$py" dev/pool_trace.py ${POOLTRACE_ARGS:---preset llama3.2-1b --batch 4 --seq 4096}
+      grep -E "^step |^segment|^free piece" "$out/bench.log" | tail -12 | tee -a "$summary"
       ;;
     fp8conv)  # bench/fp8_convergence.py on .gpu/corpus/data (docs/fp8.md)
       run_step fp8conv "${FP8CONV_TIMEOUT:-570}" "$out/bench.log" "$py" bench/fp8_convergence.py \
