@@ -256,7 +256,7 @@ for step in $steps; do
       grep -E "^measured|xtrain|liger|compile|largest" "$out/bench.log" | tail -30 | tee -a "$summary"
       ;;
     generate)
-      run_step generate 240 "$out/bench.log" "$py" bench/generate.py ${GENERATE_ARGS:-}
+      run_step generate "${GENERATE_TIMEOUT:-240}" "$out/bench.log" "$py" bench/generate.py ${GENERATE_ARGS:-}
       grep -iE "cached|re-run|speed" "$out/bench.log" | tail -12 | tee -a "$summary"
       ;;
     cli)  # xtrain train on the built-in data, graphs on and off: the median tok/s of log.jsonl
