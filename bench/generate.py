@@ -255,6 +255,17 @@ def main(argv=None) -> None:
     print(f"weights read per decode step: {weight_bytes / 1e9:.3f} GB")
 
     rows = []
+    date = common.stamp()  # one file, rewritten after each batch: a run cut short keeps its finished rows
+
+    def payload() -> dict:
+        return {"benchmark": "generate", "env": common.env_info(device),
+                "config": {**config.to_dict(), "preset": args.preset},
+                "weight_bytes_per_step": weight_bytes, "prompt_len": args.prompt_len,
+                "new_tokens": args.new_tokens, "results": rows,
+                "gate": "speedup >= 10 at 256 new tokens for dim768 (issue 17)",
+                "peers": args.peers, "transformers": _version("transformers"),
+                "complete": len(rows) == len(batches)}
+
     for B in batches:
         prompts = rng.integers(0, args.vocab, size=(B, args.prompt_len), dtype=np.int64)
         row = {"batch": B}
@@ -325,6 +336,8 @@ def main(argv=None) -> None:
             row.update(vs_peer=row["cached_tok_s"] / peer_tok_s[fastest], fastest_peer=fastest,
                        peer_same_tokens=row[f"{fastest}_same_tokens"])
         rows.append(row)
+        common.write_json(common.result_name(f"generate-{args.preset}", args.tag), payload(), args.out, date=date,
+                          quiet=len(rows) < len(batches))
         print(f"batch {B}: cached {row['cached_tok_s']:,.0f} tok/s (first call {row['first_tok_s']:,.0f}), "
               f"eager {row['eager_tok_s']:,.0f} tok/s"
               + (f", rerun {row['rerun_tok_s']:,.0f} tok/s, speedup {row['speedup']:.1f}x "
@@ -346,12 +359,7 @@ def main(argv=None) -> None:
                               ("hf_static_tok_s", "hf static tok/s", ",.0f"),
                               ("compiled_tok_s", "compiled tok/s", ",.0f"), ("vs_peer", "vs peer", ".2f"),
                               ("peer_same_tokens", "peer same", ".2f")])
-    payload = {"benchmark": "generate", "env": common.env_info(device),
-               "config": {**config.to_dict(), "preset": args.preset},
-               "weight_bytes_per_step": weight_bytes, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "results": rows,
-               "gate": "speedup >= 10 at 256 new tokens for dim768 (issue 17)",
-               "peers": args.peers, "transformers": _version("transformers")}
-    common.write_json(common.result_name(f"generate-{args.preset}", args.tag), payload, args.out)
+
 
 
 def _version(package: str) -> str | None:
