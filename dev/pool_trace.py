@@ -86,9 +86,11 @@ def main() -> None:
           f"{len(pooled)}; free pieces {len(free_pieces)}, {sum(pc['size'] for pc in free_pieces) / GIB:.2f} GiB "
           f"(pool-owned {sum(pc['size'] for pc in free_pieces if pc['pool']) / GIB:.2f} GiB)")
     sizes = Counter(round(sg["size"] / MIB) for sg in segs)
-    print("segment sizes (MiB x count): " + ", ".join(f"{k:,}x{v}" for k, v in sorted(sizes.items(), reverse=True)[:30]))
+    top = sorted(sizes.items(), reverse=True)[:30]
+    print("segment sizes (MiB x count): " + ", ".join(f"{k:,}x{v}" for k, v in top))
     frees = Counter(round(pc["size"] / MIB) for pc in free_pieces)
-    print("free piece sizes (MiB x count): " + ", ".join(f"{k:,}x{v}" for k, v in sorted(frees.items(), reverse=True)[:30]))
+    top = sorted(frees.items(), reverse=True)[:30]
+    print("free piece sizes (MiB x count): " + ", ".join(f"{k:,}x{v}" for k, v in top))
 
 
 if __name__ == "__main__":
