@@ -172,25 +172,22 @@ def store_layout(cfg) -> dict:
 
 def head_bytes(cfg, tokens: int) -> dict:
     """The head's bytes at `tokens` rows (ops.linear_cross_entropy, Note [Row-chunked head] in
-    csrc/ops/cross_entropy.cpp) and what the final norm keeps. Kept to backward: the final norm's
+    csrc/ops/cross_entropy.cpp, its chunk rows and logits stride from ops.head_layout) and what
+    the final norm keeps. Kept to backward: the final norm's
     h and rstd, and (chunked) the float32 dx and dw accumulators, or (unchunked) the logits buffer
     and the normed x. Transient in the forward: the chunk's logits and a tied head's cast weight."""
+    from xtrain._C import ops
+
     e = 2 if cfg.bf16 else 4
     V, K = cfg.vocab_size, cfg.dim
-    ld = -(-V // (16 // e)) * (16 // e)          # the logits' 16-byte aligned row stride
-    chunk_bytes, rows_max, multiple = 2**30, 2048, 128
-    fit = chunk_bytes // (ld * e)
-    if tokens > fit:
-        fit = min(fit, rows_max)
-    fit = max(fit // multiple * multiple, multiple)
-    chunks = -(-tokens // fit)
+    rows, ld = ops.head_layout(tokens, V, "bfloat16" if cfg.bf16 else "float32")  # the op's own rule
+    chunks = -(-tokens // rows) if rows < tokens else 1
     kept = {"final norm's h and rstd": tokens * (K * e + 4)}
     transient = {}
     if chunks <= 1:
         kept["logits buffer"] = tokens * ld * e
         kept["normed x"] = tokens * K * e
     else:
-        rows = -(-(-(-tokens // chunks)) // multiple) * multiple
         kept["dx accumulator (float32)"] = tokens * K * 4
         kept["dw accumulator (float32)"] = V * K * 4
         transient["a chunk's logits"] = rows * ld * e

@@ -233,3 +233,19 @@ def test_auto_rule_balances_chunks_of_at_most_a_gibibyte(device):
     # the same for the unfused pair's GEMM (measured)
     got, want = to_numpy64(auto[1]), tx.grad.numpy()
     assert np.linalg.norm(got - want) < 2e-3 * np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("rows,vocab,dtype,want", [
+    (16384, 151936, "bfloat16", (2048, 151936)),   # qwen3 at batch 4 x 4096: 8 chunks of at most 2,048 rows
+    (16384, 128256, "bfloat16", (2048, 128256)),   # llama3.2 likewise
+    (8192, 50257, "bfloat16", (8192, 50304)),      # dim768 at batch 32: 0.77 GiB of logits, unchunked
+    (300, 1 << 20, "float32", (256, 1 << 20)),     # the test above: 2 chunks of 256
+])
+def test_head_layout_is_the_ops_rule(rows, vocab, dtype, want):
+    """ops.head_layout gives the chunking linear_cross_entropy uses (bench/activation_memory.py
+    reads it rather than restating it): rows per chunk and the logits' 64-element row stride."""
+    assert ops.head_layout(rows, vocab, dtype) == want
+    with pytest.raises(ValueError, match="vocab must be > 0"):
+        ops.head_layout(rows, 0, dtype)
+    with pytest.raises(ValueError, match="rows must be >= 0"):
+        ops.head_layout(-1, vocab, dtype)

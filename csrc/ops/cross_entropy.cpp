@@ -207,11 +207,15 @@ void copy_logits_rows(const void* buf, DType dt, int64_t rows, int64_t vocab, in
 // dtype), so a given call always chunks the same way; a call whose logits fit kChunkBytes runs
 // unchunked (bit for bit the single-buffer path above), as do the small presets (dim768 at batch
 // 32: 824 MB).
+}  // namespace
+
 constexpr int64_t kChunkBytes = int64_t{1} << 30;  // more logits than this (1 GiB): row chunks
 constexpr int64_t kChunkRowsMax = 2048;            // rows a chunk at most
 constexpr int64_t kChunkRowMultiple = 128;         // whole GEMM tiles in every chunk but the last
 
 int64_t head_chunk_rows(int64_t N, int64_t ld, size_t itemsize, int64_t requested) {
+  XT_CHECK(N >= 0 && ld > 0, ValueError, "head_chunk_rows: rows must be >= 0 and the row stride > 0, got ", N,
+           " and ", ld);
   if (requested > 0) return requested;
   int64_t fit = kChunkBytes / (ld * static_cast<int64_t>(itemsize));  // rows whose logits fit kChunkBytes
   if (N > fit) fit = std::min(fit, kChunkRowsMax);                    // chunked: at most kChunkRowsMax
@@ -220,6 +224,8 @@ int64_t head_chunk_rows(int64_t N, int64_t ld, size_t itemsize, int64_t requeste
   const int64_t rows = chunks > 0 ? (N + chunks - 1) / chunks : 0;
   return (rows + kChunkRowMultiple - 1) / kChunkRowMultiple * kChunkRowMultiple;  // <= fit
 }
+
+namespace {
 
 struct ChunkedHead {
   Tensor loss, count, dx_acc, dw_acc, logits;  // dx_acc / dw_acc undefined when not wanted

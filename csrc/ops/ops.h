@@ -345,6 +345,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // (about 1 GiB of logits), and a call whose rows all fit one chunk runs unchunked.
 std::pair<Tensor, Tensor> linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targets,
                                                int64_t ignore_index, bool return_logits, int64_t chunk_rows = 0);
+// Rows per chunk of linear_cross_entropy's head for N rows whose logits rows are ld elements of
+// itemsize bytes (requested > 0: that many): N or more means one unchunked call (Note [Row-chunked
+// head], ops/cross_entropy.cpp). A function of its arguments only.
+int64_t head_chunk_rows(int64_t N, int64_t ld, size_t itemsize, int64_t requested = 0);
 // raw: (loss, lse float32 [N], count float32 [1])
 std::vector<Tensor> cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index);
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& lse, const Tensor& targets,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_positions', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_fp8', 'linear_fp8_multi', 'linear_multi', 'linear_multi_bias', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'qk_norm_rope_attention', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_multi', 'rms_norm_linear_rows', 'rope', 'rope_attention', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'swiglu_linear', 'tanh', 'to', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_positions', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'head_layout', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_fp8', 'linear_fp8_multi', 'linear_multi', 'linear_multi_bias', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'qk_norm_rope_attention', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_multi', 'rms_norm_linear_rows', 'rope', 'rope_attention', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'swiglu_linear', 'tanh', 'to', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -85,6 +85,10 @@ def gelu_mlp(x: xtrain._C.Tensor, fc_weight: xtrain._C.Tensor, fc_bias: xtrain._
 def greedy_next_(logits: xtrain._C.Tensor, state: xtrain._C.Tensor, ring: xtrain._C.Tensor, stop_token: typing.SupportsInt | typing.SupportsIndex | None = None) -> None:
     """
     Greedy decoding on the device: row b's most likely token of logits [B, V] (the first of equal maxima, NaN first) advances its state int64 [6, B] = (token, position, length, limit, done, count) when the row is not done and position + 1 < limit (done after stop_token); ring [R, B][count % R, b] gets the token taken or -1; count += 1. In place, not differentiable
+    """
+def head_layout(rows: typing.SupportsInt | typing.SupportsIndex, vocab: typing.SupportsInt | typing.SupportsIndex, dtype: typing.Any) -> tuple[int, int]:
+    """
+    How linear_cross_entropy lays out the head of `rows` rows and vocabulary `vocab` in dtype: (rows per chunk, the logits' row stride); rows per chunk >= rows means unchunked
     """
 def kv_cache_write_(cache: xtrain._C.Tensor, x: xtrain._C.Tensor, positions: xtrain._C.Tensor) -> None:
     """
