@@ -245,7 +245,8 @@ def test_head_layout_is_the_ops_rule(rows, vocab, dtype, want):
     """ops.head_layout gives the chunking linear_cross_entropy uses (bench/activation_memory.py
     reads it rather than restating it): rows per chunk and the logits' 64-element row stride."""
     assert ops.head_layout(rows, vocab, dtype) == want
-    with pytest.raises(ValueError, match="vocab must be > 0"):
-        ops.head_layout(rows, 0, dtype)
+    for vocab_bad in (0, 1 << 41):
+        with pytest.raises(ValueError, match="vocab must be in"):
+            ops.head_layout(rows, vocab_bad, dtype)
     with pytest.raises(ValueError, match="rows must be >= 0"):
         ops.head_layout(-1, vocab, dtype)

@@ -77,7 +77,7 @@ EXPLICIT_SIGNATURES = {
     "cross_entropy": "T ids scalar", "dropout": "T scalar bool", "linear_cross_entropy": "T T ids scalar bool",
     "flash_attention": "T T T bool scalar bool", "decode_attention": "T T T T scalar",
     "decode_prep_attention": "T T T T T T T Topt Topt scalar scalar scalar Tlist llama3",
-    "greedy_next_": "T T T scalar",
+    "greedy_next_": "T T T scalar", "head_layout": "dim dim dtype",
     "qk_norm_rope_attention": "T T T T T scalar scalar Topt llama3 bool scalar Topt",
     "rope_attention": "T T T scalar Topt llama3 bool scalar Topt",
 }

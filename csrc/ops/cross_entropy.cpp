@@ -214,8 +214,8 @@ constexpr int64_t kChunkRowsMax = 2048;            // rows a chunk at most
 constexpr int64_t kChunkRowMultiple = 128;         // whole GEMM tiles in every chunk but the last
 
 int64_t head_chunk_rows(int64_t N, int64_t ld, size_t itemsize, int64_t requested) {
-  XT_CHECK(N >= 0 && ld > 0, ValueError, "head_chunk_rows: rows must be >= 0 and the row stride > 0, got ", N,
-           " and ", ld);
+  XT_CHECK(N >= 0 && ld > 0 && ld <= (int64_t{1} << 40), ValueError,
+           "head_chunk_rows: rows must be >= 0 and the row stride in 1..2^40, got ", N, " and ", ld);
   if (requested > 0) return requested;
   int64_t fit = kChunkBytes / (ld * static_cast<int64_t>(itemsize));  // rows whose logits fit kChunkBytes
   if (N > fit) fit = std::min(fit, kChunkRowsMax);                    // chunked: at most kChunkRowsMax

@@ -20,7 +20,8 @@ XT_BIND_OPS(cross_entropy, m) {
         "cross_entropy(linear(x, w), targets) fused (x [N, K], w [V, K]), in row chunks of chunk_rows (0: "
         "chosen from the shapes): returns (loss, logits [N, V] copy when return_logits else None)");
   m.def("head_layout", [](int64_t rows, int64_t vocab, const py::object& dtype) {
-          XT_CHECK(vocab > 0, ValueError, "head_layout: vocab must be > 0, got ", vocab);
+          XT_CHECK(vocab > 0 && vocab <= (int64_t{1} << 40), ValueError, "head_layout: vocab must be in 1..2^40, got ",
+                   vocab);
           const int64_t ld = ops::logits_ld(vocab);
           return std::make_pair(ops::head_chunk_rows(rows, ld, dtype_size(dtype_arg(dtype, DType::Float32))), ld);
         }, py::arg("rows"), py::arg("vocab"), py::arg("dtype"),
