@@ -11,8 +11,9 @@ scenario, JSON:
 
 Every rank trains on the same batches (the average of equal gradients is that gradient), so the
 result is one device's. Prints `RESULT <json>`: the matrices this rank owns, its momentum buffer's
-elements, the allocator's live bytes that building the optimizer and DataParallelMuon left (the
-cache emptied first) and a hash of every weight after the steps."""
+elements, the elements of AdamW's part whose moments it keeps, the allocator's live bytes that
+building the optimizer and DataParallelMuon left (the cache emptied first) and a hash of every
+weight after the steps."""
 
 import hashlib
 import json
@@ -81,6 +82,8 @@ def rank_run(ctx, scenario):
         ckpt_state.save(scenario["save"], model, opt, opt.step_count)
     flat = opt.flat_momentum
     return {"owned": [opt.names[i] for i in opt.owned], "momentum_elements": 0 if flat is None else flat.numel(),
+            "adamw_elements": sum(hi - lo for lo, hi, _ in opt.adamw.moment_chunks),
+            "adamw_chunks": [[lo, hi] for lo, hi, _ in opt.adamw.moment_chunks],
             "state_bytes": state_bytes, "weights": weight_hashes(model)}
 
 

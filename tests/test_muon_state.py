@@ -127,10 +127,11 @@ def test_adamw_only_bad_arguments_are_clear_errors():
         AdamW(named, only=["nope"])
     with pytest.raises(ValueError, match="named twice"):
         AdamW(named, only=[named[0][0], named[0][0]])
-    with pytest.raises(ValueError, match="no `only`"):
-        AdamW(named, only=[named[0][0]], shard=(0, 2))
+    with pytest.raises(ValueError, match="shard must be"):
+        AdamW(named, only=[named[0][0]], shard=(2, 2))
+    assert AdamW(named, only=[named[0][0]], shard=(0, 2)).sharded  # its share of `only` (share_chunks)
     opt = AdamW(named, only=[named[0][0]])
-    with pytest.raises(ValueError, match="other chunks"):
+    with pytest.raises(ValueError, match="within the moments kept here"):
         opt.keep_moments([(0, 64)])
 
 

@@ -25,7 +25,8 @@ clipping (the LR schedules are the trainer's: xtrain.trainer.schedule).
   two moments per other element (AdamW over everything: two per element). Its state holds
   "momentum_buffer" beside AdamW's moments, "optimizer": "muon" in the hyper-parameters
   (docs/training.md, "Muon"; docs/state-format.md). Data parallel, Muon(..., shard=(rank,
-  world_size)) or keep_momentum() keeps the momentum of a rank's share of the matrices only
+  world_size)), or keep_momentum() and AdamW.keep_moments(), keeps the momentum of a rank's share
+  of the matrices and AdamW's moments of its piece of the other parameters only
   (DataParallelMuon: ZeRO-1's memory half for Muon's state).
 - clip_grad_norm_ computes the global L2 norm on the device and scales the gradients by
   min(1, max_norm / (norm + 1e-6)) there too: it returns the norm as a device Tensor and never
@@ -59,7 +60,8 @@ class AdamW:
 
         shard=(rank, world_size): allocate only the moments of that rank's chunks of the store's
         layout, for DataParallelAdamW's sharded step with those ranks (keep_moments, without
-        ever holding the full moments).
+        ever holding the full moments). With `only` (Muon's AdamW part, DataParallelMuon): that
+        rank's share of the parameters of `only` instead (share_chunks()).
 
         only: the names of the parameters this AdamW updates and keeps moments for (None: all);
         the others are someone else's (Muon's matrices) and have no moments here. With a store
@@ -106,9 +108,9 @@ class AdamW:
         if shard is not None:
             if self.store is None:
                 raise ValueError("AdamW(shard=...) needs every parameter of one ParamStore, in its order")
-            if len(self.updated) != len(self.params):
-                raise ValueError("AdamW(shard=...) keeps moments for every parameter; it takes no `only`")
-            self._shard_layout(self.store.chunks(*shard), device, sharded=True)
+            chunks = self.store.chunks(*shard) if len(self.updated) == len(self.params) else \
+                self.share_chunks(*_check_shard(shard, "AdamW"))
+            self._shard_layout(chunks, device, sharded=True)
             return
         if self.store is not None and len(self.updated) != len(self.params):
             self._shard_layout(self._cover(self.updated), device)
@@ -130,17 +132,44 @@ class AdamW:
                 any(a[1] > b[0] for a, b in zip(chunks, chunks[1:])):
             raise ValueError(f"AdamW.keep_moments: chunks {chunks} are not ordered, disjoint ranges of the "
                              f"{self.store.numel} elements")
-        if self.moment_chunks is not None:
-            if self.sharded and [(lo, hi) for lo, hi, _ in self.moment_chunks] == chunks:
+        if self.sharded:
+            if [(lo, hi) for lo, hi, _ in self.moment_chunks] == chunks:
                 return
-            raise ValueError("AdamW.keep_moments: the moments are already kept for other chunks "
-                             "(sharded, or for part of the parameters: `only`)")
-        full = (self.flat_m, self.flat_v)
+            raise ValueError("AdamW.keep_moments: the moments are already kept for other chunks (another "
+                             "rank's share, or another world size)")
+        if self.moment_chunks is not None and \
+                any(not any(a <= lo and hi <= b for a, b, _ in self.moment_chunks) for lo, hi in chunks):
+            raise ValueError("AdamW.keep_moments: with `only`, the chunks must lie within the moments kept here "
+                             "(share_chunks())")
+        old = (self.flat_m, self.flat_v, self.moment_chunks)
         self._shard_layout(chunks, self.flat_m.device, sharded=True)
         with xtrain.no_grad():
-            for flat, old in zip((self.flat_m, self.flat_v), full):
+            for flat, was in zip((self.flat_m, self.flat_v), old[:2]):
                 for lo, hi, base in self.moment_chunks:
-                    flat._storage_view(base, (hi - lo,)).copy_(old._storage_view(lo, (hi - lo,)))
+                    flat._storage_view(base, (hi - lo,)).copy_(_chunk_view(was, old[2], lo, hi))
+
+    def share_chunks(self, rank: int, world_size: int) -> list:
+        """Rank `rank`'s share of the parameters this AdamW updates, for a data-parallel step that
+        all-reduces the gradients and splits the update (DataParallelMuon): the store's ranges that
+        hold them (_cover) cut into `world_size` consecutive pieces of nearly equal elements, each
+        cut at a 64-element boundary of the layout; [(lo, hi)], possibly empty. A function of the
+        layout and `only`: every rank computes every rank's share alike."""
+        if self.store is None:
+            raise ValueError("AdamW.share_chunks needs every parameter of one ParamStore, in its order")
+        rank, world_size = _check_shard((rank, world_size), "AdamW.share_chunks")
+        cover = self._cover(self.updated)
+        total = sum(hi - lo for lo, hi in cover)
+
+        def cut(k):  # the layout offset where share k starts (k elements-shares into the cover)
+            want, seen = k * total // world_size, 0
+            for lo, hi in cover:
+                if want < seen + hi - lo:
+                    return min(lo + (want - seen) // _ALIGN * _ALIGN, hi)
+                seen += hi - lo
+            return cover[-1][1] if cover else 0
+
+        a, b = cut(rank), cut(rank + 1)
+        return [(max(lo, a), min(hi, b)) for lo, hi in cover if max(lo, a) < min(hi, b)]
 
     def _cover(self, indices) -> list:
         """[(lo, hi)]: the store's element ranges that hold the parameters `indices`, neighbours in
@@ -180,13 +209,7 @@ class AdamW:
     def _moment_view(self, flat, a: int, b: int, shape=None):
         """Elements [a, b) of the store's layout in moment buffer `flat` (full, or its chunks kept
         here), flat or as `shape`."""
-        shape = (b - a,) if shape is None else shape
-        if self.moment_chunks is None:
-            return flat._storage_view(a, shape)
-        for lo, hi, base in self.moment_chunks:
-            if lo <= a and b <= hi:
-                return flat._storage_view(base + a - lo, shape)
-        raise ValueError(f"AdamW: elements [{a}, {b}) are outside this rank's moment chunks")
+        return _chunk_view(flat, self.moment_chunks, a, b, shape)
 
     def full_moment(self, which: str):
         """A full-size device buffer of the store's layout holding this rank's chunks of the moment
@@ -277,6 +300,11 @@ class AdamW:
         if self.sharded:
             raise RuntimeError("AdamW.step: the moments are sharded over the data-parallel ranks "
                                "(keep_moments); step with DataParallelAdamW.step")
+        self._update(guard, clip_norm, max_norm, prepared)
+
+    def _update(self, guard, clip_norm, max_norm, prepared) -> None:
+        """step()'s update; sharded (Muon's AdamW part under DataParallelMuon), of this rank's share
+        only, which its caller then sends to the other ranks."""
         self.begin_step(prepared)
         clip = (clip_norm, float(max_norm)) if clip_norm is not None and max_norm else (None, 0.0)
         if self.store is not None and self.store.flat_grads_ready():
@@ -284,6 +312,8 @@ class AdamW:
                 [run for lo, hi, _ in self.moment_chunks for run in self.runs(lo, hi)]
             self._step_flat(self.store.params, self.store.grads, runs, guard, clip)
             return
+        if self.sharded:
+            raise RuntimeError("AdamW: sharded moments need the store's flat gradients (store.use_flat_grads())")
         params, m, v = self.params, self.exp_avg, self.exp_avg_sq
         idx = [i for i in self.updated if params[i].grad is not None]
         if idx:
@@ -363,9 +393,9 @@ class AdamW:
         the gathered copy."""
         if self.sharded:
             if self._gathered is None:
-                raise RuntimeError("AdamW: the moments are sharded over the data-parallel ranks; "
-                                   "DataParallelAdamW.gather_state() gathers a full copy (on every rank, or "
-                                   "on its root) before they can be read")
+                raise RuntimeError("AdamW: the moments are sharded over the data-parallel ranks; the data-parallel "
+                                   "step's gather_state() (DataParallelAdamW's, DataParallelMuon's) gathers a "
+                                   "full copy (on every rank, or on its root) before they can be read")
             hosts, where = self._gathered, self.offsets
         else:
             hosts = [np.asarray(flat.numpy(), dtype=np.float32) for flat in (self.flat_m, self.flat_v)]
@@ -412,6 +442,18 @@ class AdamW:
         self.step_count = step
         self.lr, self.betas = float(hyper["lr"]), tuple(map(float, hyper["betas"]))
         self.eps, self.weight_decay = float(hyper["eps"]), float(hyper["weight_decay"])
+
+
+def _chunk_view(flat, chunks, a: int, b: int, shape=None):
+    """Elements [a, b) of the store's layout in moment buffer `flat`, which holds the whole layout
+    (chunks None) or the chunks [(lo, hi, base)] end to end; flat or as `shape`."""
+    shape = (b - a,) if shape is None else shape
+    if chunks is None:
+        return flat._storage_view(a, shape)
+    for lo, hi, base in chunks:
+        if lo <= a and b <= hi:
+            return flat._storage_view(base + a - lo, shape)
+    raise ValueError(f"AdamW: elements [{a}, {b}) are outside this rank's moment chunks")
 
 
 def _check_shard(shard, who: str) -> tuple[int, int]:
@@ -517,9 +559,9 @@ class Muon:
     CUDA graphs: use_device_hyper() / prepare_step() write AdamW's constants and Muon's [decay,
     lr] to device memory, which the captured kernels read. Data parallel:
     xtrain.launch.distributed.DataParallelMuon: each rank keeps the momentum of its share of the
-    matrices only and steps that share (shard=, or keep_momentum); a full copy exists only when its
-    gather_state() brings one (set_gathered: host arrays, read by state_dict() and state_arrays()
-    until the next step)."""
+    matrices and AdamW's moments of its piece of the rest only, and steps those (shard=, or
+    keep_momentum and AdamW.keep_moments); a full copy exists only when its gather_state() brings
+    one (set_gathered: host arrays, read by state_dict() and state_arrays() until the next step)."""
 
     def __init__(self, params, matrices=None, lr: float = 3e-4, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.1, momentum: float = 0.95, nesterov: bool = True,
@@ -532,8 +574,9 @@ class Muon:
         adjust_lr_fn); lr and weight_decay apply to both.
 
         shard=(rank, world_size): allocate only the momentum of that rank's share of the matrices
-        (shares()), for DataParallelMuon with those ranks (keep_momentum, without ever holding
-        the whole momentum)."""
+        (shares()) and AdamW's moments of its share of the other parameters (AdamW.share_chunks),
+        for DataParallelMuon with those ranks (keep_momentum, AdamW.keep_moments, without ever
+        holding the whole state)."""
         _check_muon(momentum, nesterov, ns_coefficients, ns_steps, ns_eps, adjust_lr_fn)
         named = [(str(i), p) if isinstance(p, xtrain.Tensor) else (str(p[0]), p[1]) for i, p in enumerate(params)]
         names = [n for n, _ in named]
@@ -548,8 +591,11 @@ class Muon:
         self.matrices = matrices
         mine = set(matrices)
         self.others = [i for i in range(len(named)) if i not in mine]
+        if shard is not None:
+            rank, world = _check_shard(shard, "Muon")
         self.adamw = AdamW(named, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                           only=[names[i] for i in self.others])
+                           only=[names[i] for i in self.others],
+                           shard=shard if shard is not None and world > 1 and self.others else None)
         a = self.adamw
         # The matrices whose momentum this optimizer keeps and whose update its step runs
         # (parameter indices, in the order of `matrices`): all of them, or a data-parallel rank's
@@ -557,7 +603,6 @@ class Muon:
         self.owned, self.sharded = list(self.matrices), False
         self._gathered = None  # sharded: the full momentum (name -> host array) a gather brought, until a step
         if shard is not None:
-            rank, world = _check_shard(shard, "Muon")
             owners = self.shares(world)
             self.owned = [i for i in self.matrices if owners[i] == rank]
             self.sharded = self.owned != self.matrices
@@ -678,7 +723,7 @@ class Muon:
         """One update: AdamW over the other parameters, Muon over the matrices (asynchronous on
         the device). guard, clip_norm, max_norm, prepared: as AdamW.step's."""
         a = self.adamw
-        a.step(guard=guard, clip_norm=clip_norm, max_norm=max_norm, prepared=prepared)
+        a._update(guard, clip_norm, max_norm, prepared)  # sharded: this rank's share (DataParallelMuon)
         self._gathered = None  # a gathered copy of the momentum goes stale now
         if not prepared and self.muon_hyper_dev is not None:
             self._write_hyper()

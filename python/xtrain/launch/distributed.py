@@ -688,15 +688,20 @@ class DataParallelMuon:
     the arithmetic of one device's step (its Newton-Schulz GEMMs batched with fewer matrices of
     its shape: on the CPU the same bits, each batch entry being one BLAS call).
 
-    ZeRO-1 for Muon's state: each rank keeps the momentum buffers of its own matrices only
-    (Muon.keep_momentum: its share of the momentum memory, about 1/N; already so for
-    Muon(..., shard=(rank, world_size)), which never holds the rest); AdamW's moments of the
-    other parameters (embeddings, head, norms) are whole on every rank, as its update is.
-    gather_state() brings a full copy of the momentum to the host for a checkpoint (each rank's
-    buffer broadcast from it in turn), and a loaded state (Muon.load_state_dict) gives each rank
-    its share. The interface is DataParallelAdamW's (step, replayed, gather_state), so the
-    training loop and its CUDA graphs drive either; --no-shard-optimizer changes nothing here (the
-    gradients are always all-reduced, the momentum always sharded)."""
+    AdamW's part (embeddings, head, norms, biases) is split too: each rank updates its share of
+    those parameters' elements (AdamW.share_chunks: consecutive pieces of nearly equal size) and
+    sends it with its matrices, in the same broadcast. Per element this is one device's AdamW
+    arithmetic, so the same bits.
+
+    ZeRO-1 for the whole state: each rank keeps the momentum buffers of its own matrices
+    (Muon.keep_momentum) and AdamW's two moments of its share of the other parameters
+    (AdamW.keep_moments) only: about 1/N of each; already so for Muon(..., shard=(rank,
+    world_size)), which never holds the rest. gather_state() brings a full copy of both to the
+    host for a checkpoint (each rank's buffers broadcast from it in turn), and a loaded state
+    (Muon.load_state_dict) gives each rank its share. The interface is DataParallelAdamW's (step,
+    replayed, gather_state), so the training loop and its CUDA graphs drive either;
+    --no-shard-optimizer changes nothing here (the gradients are always all-reduced, the state
+    always sharded)."""
 
     def __init__(self, optimizer, ctx: RankContext):
         store = optimizer.store
@@ -707,10 +712,20 @@ class DataParallelMuon:
         self._cast = False  # the weights are complete on every rank after a step (graphs.StepGraphs reads it)
         owners = self.shares(optimizer, ctx.world_size)
         self._by_rank = [[i for i in optimizer.matrices if owners[i] == r] for r in range(ctx.world_size)]
+        adamw = optimizer.adamw
+        # Each rank's share of AdamW's part ([(lo, hi)] of the store's layout; one rank: none split).
+        self._adamw_by_rank = [adamw.share_chunks(r, ctx.world_size) if ctx.world_size > 1 else []
+                               for r in range(ctx.world_size)]
         try:
             optimizer.keep_momentum(self._by_rank[ctx.rank])
+            if ctx.world_size > 1 and adamw.updated:
+                adamw.keep_moments(self._adamw_by_rank[ctx.rank])
         except ValueError as e:
             raise ValueError(f"DataParallelMuon (rank {ctx.rank} of {ctx.world_size}): {e}") from None
+        weights = store.views(store.params)
+        # What each rank sends after its update: its matrices and its share of AdamW's part.
+        self._sent = [[weights[i] for i in idx] + [store.params._storage_view(lo, (hi - lo,)) for lo, hi in chunks]
+                      for idx, chunks in zip(self._by_rank, self._adamw_by_rank)]
 
     @staticmethod
     def shares(optimizer, world_size: int) -> dict:
@@ -720,9 +735,9 @@ class DataParallelMuon:
 
     def step(self, max_norm: float | None, extra=(), guard=None, prepared: bool = False,
              zero_grad: bool = True):
-        """Average the gradients, clip, update (AdamW everywhere, Muon on this rank's matrices),
-        broadcast the updated matrices, clear the gradients; arguments and result as
-        DataParallelAdamW.step's."""
+        """Average the gradients, clip, update (this rank's matrices with Muon, its share of the
+        other parameters with AdamW), broadcast each rank's updated parameters from it, clear the
+        gradients; arguments and result as DataParallelAdamW.step's."""
         opt, store, comm = self.opt, self.store, self.ctx.comm
         missing = store.sync_grads()
         if missing:
@@ -730,27 +745,29 @@ class DataParallelMuon:
                              f"{self.ctx.rank}; every rank must reduce every parameter")
         comm.all_reduce([store.grads, *_as_list(extra)], "avg")
         norm = opt.clip_and_step(max_norm, guard, prepared=prepared)
-        weights = store.views(store.params)
-        for rank, idx in enumerate(self._by_rank):  # each rank's updated matrices, from it
-            if idx:
-                comm.broadcast([weights[i] for i in idx], rank)
+        if self.ctx.world_size > 1:
+            for rank, sent in enumerate(self._sent):  # each rank's updated parameters, from it
+                if sent:
+                    comm.broadcast(sent, rank)
         if zero_grad:
             opt.zero_grad(set_to_none=True)
         return norm
 
     def replayed(self) -> None:
-        """After a replay of the captured step: the momentum changed without the host seeing it (a
-        gathered copy is stale), and the watchdog times the replay's collectives."""
+        """After a replay of the captured step: the optimizer's state changed without the host
+        seeing it (a gathered copy is stale), and the watchdog times the replay's collectives."""
         self.opt.set_gathered(None)
+        self.opt.adamw.set_gathered(None, None)
         self.ctx.comm.note_replay()
 
     def gather_state(self, root: int | None = None) -> None:
-        """Bring a full copy of the matrices' momentum to the host of rank `root` (None: of every
-        rank), where the optimizer's state_arrays() and state_dict() read it until the next step.
-        A collective: every rank calls it. The weights are always complete.
+        """Bring a full copy of the optimizer's state (the matrices' momentum, AdamW's moments of
+        the other parameters) to the host of rank `root` (None: of every rank), where the
+        optimizer's state_arrays() and state_dict() read it until the next step. A collective:
+        every rank calls it. The weights are always complete.
 
-        Sync point (the momentum comes to the host). Each rank's buffer is broadcast from it in
-        turn, into a temporary of its size on the others: a checkpoint needs one rank's share of
+        Sync point (the state comes to the host). Each rank's buffers are broadcast from it in
+        turn, into a temporary of their size on the others: a checkpoint needs one rank's share of
         memory for a moment."""
         opt, comm = self.opt, self.ctx.comm
         if self.ctx.world_size == 1:  # every buffer is here
@@ -761,16 +778,36 @@ class DataParallelMuon:
             if not idx:
                 continue
             offsets, total = opt.momentum_layout(idx)
-            buffer = opt.flat_momentum if rank == self.ctx.rank else \
-                xtrain.zeros((total,), dtype="float32", device=self.store.params.device)
-            comm.broadcast([buffer], rank)
+            host = self._from_rank(opt.flat_momentum, total, rank, here)
             if here:
-                host = np.array(buffer.numpy(), dtype=np.float32)  # a copy: the buffer lives on
                 for o, i in zip(offsets, idx):
                     p = opt.params[i]
                     full[i] = host[o:o + p.numel()].reshape(tuple(p.shape))
-            del buffer
         opt.set_gathered([(opt.names[i], full[i]) for i in opt.matrices] if here else None)
+        adamw = opt.adamw
+        if not adamw.sharded:  # no AdamW part
+            return
+        moments = [np.zeros(self.store.numel, dtype=np.float32) if here else None for _ in range(2)]
+        for rank, chunks in enumerate(self._adamw_by_rank):
+            total = sum(hi - lo for lo, hi in chunks)
+            if not total:
+                continue
+            for flat, whole in zip((adamw.flat_m, adamw.flat_v), moments):
+                host = self._from_rank(flat, total, rank, here)
+                if here:
+                    base = 0
+                    for lo, hi in chunks:  # the rank's chunks lie end to end in its buffers
+                        whole[lo:hi] = host[base:base + hi - lo]
+                        base += hi - lo
+        adamw.set_gathered(*moments)
+
+    def _from_rank(self, mine, total: int, rank: int, here: bool):
+        """Rank `rank`'s buffer of `total` float32 elements (`mine` on that rank), broadcast from
+        it to every rank; a host copy where `here`, else None."""
+        buffer = mine if rank == self.ctx.rank else \
+            xtrain.zeros((total,), dtype="float32", device=self.store.params.device)
+        self.ctx.comm.broadcast([buffer], rank)
+        return np.array(buffer.numpy(), dtype=np.float32) if here else None  # a copy: the buffer lives on
 
 
 def _as_list(tensors) -> list:

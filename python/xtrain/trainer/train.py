@@ -408,7 +408,7 @@ def make_optimizer(cfg: TrainConfig, model, lr: float, shard=None, ranks=None):
     matrices under "layers."), AdamW for the embedding, the head and the norms; one learning rate
     and weight decay for both (Muon's match_rms_adamw scaling, docs/training.md). With data
     parallelism (ranks=(rank, world_size)) Muon allocates only this rank's share of the momentum
-    (DataParallelMuon keeps no more), whatever --shard-optimizer says."""
+    and of AdamW's moments (DataParallelMuon keeps no more), whatever --shard-optimizer says."""
     betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "adamw":
         return AdamW(model.named_parameters(), lr=lr, betas=betas, weight_decay=cfg.weight_decay, shard=shard)
