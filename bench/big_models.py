@@ -28,7 +28,9 @@ enable_gqa when this torch's flash kernel takes grouped-query attention (else k 
 repeated to the query heads first; the JSON says which). Linears under torch.autocast(bfloat16)
 with float32 master weights (xtrain's policy), RMSNorm and RoPE in float32, rounded once. Reported
 per row: ms/step, tokens/s, peak allocated memory (reset after warm-up; xtrain's adds its graph
-pool, bench/recompute.py), MFU against the H200's measured 790 TFLOP/s with the model's FLOPs
+pool, bench/recompute.py; the issue's memory ratio is this one), the peak of what each allocator
+held (reserved: live and cached blocks, xtrain's graph pool; torch.cuda.max_memory_reserved),
+MFU against the H200's measured 790 TFLOP/s with the model's FLOPs
 per token (TransformerConfig.flops_per_token: grouped-query k/v counted at their width, the tied
 head once as a GEMM), the first batch's loss (every row should agree: same weights), and xtrain's
 ratios to each peer and to the fastest.
@@ -405,7 +407,9 @@ def summarize(rows, flops_tok) -> dict:
     if xt is not None:
         for r in peers:
             ratios[r["framework"]] = {"tok_s": common.ratio(xt["tok_s"], r["tok_s"]),
-                                      "peak_memory": common.ratio(xt["peak_allocated"], r["peak_allocated"])}
+                                      "peak_memory": common.ratio(xt["peak_allocated"], r["peak_allocated"]),
+                                      "reserved_memory": common.ratio(xt.get("peak_reserved"),
+                                                                      r.get("peak_reserved"))}
         compiled = [r for r in peers if r["framework"] != "torch (eager)" and r["framework"] not in FP8_PEERS]
         if compiled:
             best = max(compiled, key=lambda r: r["tok_s"])
@@ -415,7 +419,8 @@ def summarize(rows, flops_tok) -> dict:
         for r in ([xt] if xt is not None else []) + [r for r in peers if r["framework"] in FP8_PEERS]:
             ratios[f"xtrain (fp8) / {r['framework']}"] = {
                 "tok_s": common.ratio(fp8["tok_s"], r["tok_s"]),
-                "peak_memory": common.ratio(fp8["peak_allocated"], r["peak_allocated"])}
+                "peak_memory": common.ratio(fp8["peak_allocated"], r["peak_allocated"]),
+                "reserved_memory": common.ratio(fp8.get("peak_reserved"), r.get("peak_reserved"))}
     return ratios
 
 
@@ -464,12 +469,13 @@ def main(argv=None):
         common.print_table([r for r in rows if "tok_s" in r],
                            [("framework", "framework", ""), ("ms_per_step", "ms/step", ".1f"),
                             ("tok_s", "tok/s", ",.0f"), ("tflops", "TFLOP/s", ".1f"), ("mfu", "MFU", ".1%"),
-                            ("peak_gib", "peak GiB", ".2f"), ("loss_first", "loss 0", ".4f"),
+                            ("peak_gib", "peak GiB", ".2f"), ("reserved_gib", "reserved GiB", ".2f"),
+                            ("loss_first", "loss 0", ".4f"),
                             ("loss_last", "loss end", ".4f")])
         for name, r in ratios.items():
             times = lambda v: "n/a" if v is None else f"{v:.2f}x"  # noqa: E731
             print(f"{name if ' / ' in name else 'xtrain / ' + name}: tok/s {times(r['tok_s'])}, "
-                  f"peak memory {times(r['peak_memory'])}"
+                  f"peak memory {times(r['peak_memory'])}, reserved {times(r.get('reserved_memory'))}"
                   + (f" ({r['peer']})" if "peer" in r else ""))
     if "search" in args.parts:
         print(f"largest batch under {args.memory_limit}:", flush=True)

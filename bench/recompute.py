@@ -137,6 +137,10 @@ class XtrainTrainer:
         pool = self.xt.memory_stats(self.device).get("pool_bytes.current", 0) if self.sg and self.sg.active else 0
         return common.xt_peak(self.device)["allocated_peak"] + pool
 
+    def peak_reserved(self):
+        # What the allocator held: live and cached blocks and the graph's pool (all reserved).
+        return common.xt_peak(self.device)["reserved_peak"]
+
     def extra(self) -> dict:
         return {"cuda_graphs": bool(self.sg and self.sg.active),
                 "requested_peak_warmup": self.warm_requested_peak,
@@ -198,6 +202,9 @@ class TorchTrainer:
     def peak(self):
         return common.torch_peak(self.device)["allocated_peak"]
 
+    def peak_reserved(self):
+        return common.torch_peak(self.device)["reserved_peak"]
+
     def close(self):
         del self.model, self.params, self.opt
         common.free_torch(self.device)
@@ -241,8 +248,10 @@ def measure(trainer, batches, steps, warmup) -> dict:
     seconds = common.time_loop(step, trainer.sync, steps, warmup=0)
     tokens = batches[0][0].size * steps
     out = {"tok_s": tokens / seconds, "ms_per_step": 1e3 * seconds / steps,
-           "peak_allocated": trainer.peak(), "loss_last": float(it["loss"].item())}
+           "peak_allocated": trainer.peak(), "peak_reserved": trainer.peak_reserved(),
+           "loss_last": float(it["loss"].item())}
     out["peak_gib"] = common.gib(out["peak_allocated"])
+    out["reserved_gib"] = common.gib(out["peak_reserved"])
     if hasattr(trainer, "extra"):
         out.update(trainer.extra())
     return out

@@ -181,6 +181,9 @@ def test_big_models_bench_compares_the_same_model_and_searches_the_batch(tmp_pat
     # the preset's lean ops and the plain blocks: the same weights, batches and bits
     assert rows["xtrain"]["loss_last"] == rows["xtrain (plain blocks)"]["loss_last"]
     assert result["complete"]  # the one file, rewritten after each row, ends marked whole
+    # what the allocator held: at least the live peak (torch tracks no CPU memory: None there)
+    assert rows["xtrain"]["peak_reserved"] >= rows["xtrain"]["peak_allocated"] > 0
+    assert rows["torch (eager)"]["peak_reserved"] is None
     assert abs(rows["xtrain"]["loss_first"] - rows["torch (eager)"]["loss_first"]) < 2e-2
     assert result["model"]["n_kv_heads"] * 4 == result["model"]["n_heads"] and result["model"]["tie_embeddings"]
     xt = next(s for s in result["largest_batch"] if s["framework"] == "xtrain")
