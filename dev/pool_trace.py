@@ -5,6 +5,11 @@ warm-up steps, the capture, replays), with the allocator recording every backend
 
     python dev/pool_trace.py --preset llama3.2-1b --batch 4 --seq 4096     # on the GPU
     python dev/pool_trace.py --device cpu --shrink --batch 1 --seq 64      # smoke (eager only)
+    python dev/pool_trace.py --device cpu --bf16 --layers 3 --batch 1 --seq 4096   # the CPU's stand-in
+
+On the CPU (no capture) the stand-in for the capture is an eager step after the cache was emptied
+(--empty-before, default the second step), as the capture empties it: every block that step takes
+from the backend is what the capture's pool would take, with the same allocator policy.
 
 Per step: its phase (eager, capture, replay), the data's peak (requested bytes), the blocks' peak
 (allocated), the pool's bytes after it, and the backend allocations it made: how many, how many
@@ -41,13 +46,19 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=0, help="steps in all (0: the warm-up, the capture and 2 replays)")
     p.add_argument("--device", default="auto")
     p.add_argument("--shrink", action="store_true", help="2 layers, dim 128, vocabulary 1024 (a smoke test)")
+    p.add_argument("--layers", type=int, default=0, help="layers (0: the preset's)")
+    p.add_argument("--bf16", action="store_true", help="bf16 on the CPU too (always on CUDA)")
+    p.add_argument("--empty-before", type=int, default=1,
+                   help="on the CPU, empty the cache before this step (the capture's stand-in; -1: never)")
     a = p.parse_args()
 
     import xtrain
     from xtrain.models import TransformerConfig, config_for
 
     device, _ = common.resolve_device(a.device)
-    cfg = config_for(a.preset, 1, bf16=common.is_cuda(device))
+    cfg = config_for(a.preset, 1, bf16=common.is_cuda(device) or a.bf16)
+    if a.layers:
+        cfg = TransformerConfig(**{**cfg.to_dict(), "n_layers": a.layers})
     if a.shrink:
         cfg = TransformerConfig(**{**cfg.to_dict(), **dict(vocab_size=1024, dim=128, n_layers=2, n_heads=4,
                                                             n_kv_heads=1, ffn_dim=256, max_seq=max(a.seq, 64))})
@@ -57,8 +68,11 @@ def main() -> None:
     print(f"{a.preset}{' (shrunk)' if a.shrink else ''}, batch {a.batch} x seq {a.seq}, {device}: {steps} steps")
     for i in range(steps):
         was_active = bool(tr.sg and tr.sg.active)
+        if not common.is_cuda(device) and i == a.empty_before:
+            xtrain.empty_cache(device)
         xtrain.record_memory_history(True, device)
         xtrain.reset_peak_memory_stats(device)
+        s0 = xtrain.memory_stats(device)
         x, y = data[i % len(data)]
         tr.step(x, y)
         tr.sync()
@@ -72,6 +86,9 @@ def main() -> None:
               f"(pool {s['pool_bytes.current'] / GIB:.2f} GiB); backend allocations {len(events)}, "
               f"{sum(e['size'] for e in events) / GIB:.2f} GiB; with enough free bytes beside them "
               f"{len(frag)}, {sum(e['size'] for e in frag) / GIB:.2f} GiB")
+        grew = s["requested_bytes.peak"] - s0["requested_bytes.current"]
+        held = s["reserved_bytes.peak"] - s0["reserved_bytes.current"]
+        print(f"    above the step's start: data peak +{grew / GIB:.3f} GiB, reserved +{held / GIB:.3f} GiB")
         for e in sorted(frag, key=lambda e: -e["size"])[:12]:
             print(f"    {mib(e['size'])} ({'pool' if e['pool'] else 'cache'}) while {mib(e['owner_free_bytes'])} "
                   f"free in {e['owner_free_blocks']} blocks, the largest {mib(e['owner_largest_free'])}; data then "

@@ -28,6 +28,19 @@
 // backward has set the step's peak: dim768's backward peak did not move (docs/store.md). Without
 // slots the float32 buffers appear as the casts run, so the walk's end holds 6 bytes per Linear
 // weight element, what the flat buffer (4, held always) and the pending bf16 (2) hold there.
+//
+// Note [Summing gradients in place]
+// A tensor used twice (the residual stream, a tied embedding and head) gets a gradient from each
+// use; the walk sums them in the consumer's buffer slot. A new tensor for every sum would hold
+// three at once (the two addends and the sum): at llama3.2-1b's tied weight that is three float32
+// [128256, 2048] buffers at the end of backward, and the third, asked for when the freed
+// activations' blocks are all smaller, was a fresh 1 GiB allocation (known issue 42's trace). So
+// the sum goes into the slot's own memory when nothing else refers to it or to its storage (it
+// came fresh from the node that made it, which kept no reference; the test AccumulateGrad makes
+// before taking a gradient as .grad). A tensor another node also holds (an add hands one tensor to
+// both its inputs), a view, a claimed gradient slot, a seed: summed into a new tensor, as before.
+// The values are the same either way: accumulate_ and the binary Add compute a + b in the compute
+// type and round once.
 #include "tape/engine.h"
 
 #include <algorithm>
@@ -103,15 +116,19 @@ std::vector<std::shared_ptr<Node>> reachable_nodes(const std::vector<Edge>& star
   return nodes;
 }
 
-// buffer slot += g (a new tensor: never mutate a gradient another Node handed over).
+// buffer slot += g (Note [Summing gradients in place]).
 void add_into(Tensor& slot, const Tensor& g) {
   if (!slot.defined()) {
     slot = g;
-  } else {
-    XT_CHECK(slot.shape() == g.shape() && slot.dtype() == g.dtype(), RuntimeError,
-             "gradients for one tensor disagree: ", slot.describe(), " vs ", g.describe());
-    slot = ops::binary(kernels::BinaryOp::Add, slot, g);
+    return;
   }
+  XT_CHECK(slot.shape() == g.shape() && slot.dtype() == g.dtype() && slot.device() == g.device(), RuntimeError,
+           "gradients for one tensor disagree: ", slot.describe(), " vs ", g.describe());
+  const bool sole_owner = slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1;
+  if (sole_owner)
+    ops::accumulate_(slot, g);
+  else
+    slot = ops::binary(kernels::BinaryOp::Add, slot, g);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/error.h"
 #include "ops/ops.h"
 #include "tape/engine.h"
@@ -18,6 +19,7 @@ using namespace xt;
 namespace {
 
 std::vector<std::string> g_log;
+std::vector<const void*> g_made;  // the gradients ScaleNodes returned, in order
 
 // y = scale * x (elementwise), recording when its backward runs; saves x to show its release.
 class ScaleNode : public NodeWithSaved<1> {
@@ -28,7 +30,9 @@ class ScaleNode : public NodeWithSaved<1> {
     g_log.push_back(tag_);
     const auto [x] = unpack();  // read, as a backward that needs x would
     EXPECT_TRUE(x.defined());
-    return {ops::scalar_op(kernels::ScalarOp::Mul, grads[0], s_)};
+    Tensor g = ops::scalar_op(kernels::ScalarOp::Mul, grads[0], s_);
+    g_made.push_back(g.data_ptr());
+    return {g};
   }
   const char* name() const override { return "ScaleBackward"; }
   bool has_saved() const { return unpack()[0].defined(); }
@@ -164,6 +168,73 @@ TEST(Engine, LeafGradientIsReadyAsSoonAsItsLastConsumerRan) {
   Tensor e = add("e", x, w1);
   backward_seeded(e, ops::full({2}, 1.0, DType::Float32, Device::cpu()));
   EXPECT_FLOAT_EQ(w1.grad().data<float>()[0], 3.f);
+}
+
+// y = scale * x, recording the data pointer of the gradient it receives (the sum the walk made).
+class ProbeNode : public Node {
+ public:
+  explicit ProbeNode(const void** seen) : seen_(seen) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    *seen_ = grads[0].data_ptr();
+    return {grads[0]};
+  }
+  const char* name() const override { return "ProbeBackward"; }
+
+ private:
+  const void** seen_;
+};
+
+TEST(Engine, GradientsOfATensorUsedTwiceSumInPlaceWhenNothingElseHoldsThem) {
+  // Note [Summing gradients in place]: a's two gradients (3 g and 5 g, fresh from the scale
+  // nodes) sum in the memory of the first; the values are the sum's.
+  g_log.clear();
+  g_made.clear();
+  Tensor x = leaf({1, 2});
+  Tensor p = ops::scalar_op(kernels::ScalarOp::Mul, x, 1.0);
+  const void* seen = nullptr;
+  set_history(p, make_node<ProbeNode>({x}, &seen));
+  Tensor b = scale("b", p, 3.0);
+  Tensor c = scale("c", p, 5.0);
+  Tensor d = add("d", b, c);
+  backward_seeded(d, ops::full({2}, 1.0, DType::Float32, Device::cpu()));
+  ASSERT_EQ(g_made.size(), 2u);
+  EXPECT_EQ(seen, g_made[0]);  // the sum in the first gradient's memory
+  EXPECT_FLOAT_EQ(x.grad().data<float>()[0], 8.f);
+  EXPECT_FLOAT_EQ(x.grad().data<float>()[1], 8.f);
+}
+
+TEST(Engine, AGradientAnotherSlotHoldsIsNeverSummedIntoInPlace) {
+  // h = x + y hands one tensor to x and y; x's second gradient (3 g) must not be added into it,
+  // or y's gradient would change with it.
+  Tensor x = leaf({1, 1});
+  Tensor y = leaf({1, 1});
+  Tensor h = add("h", x, y);
+  Tensor k = scale("k", x, 3.0);
+  Tensor z = add("z", h, k);
+  backward_seeded(z, ops::full({2}, 0.5, DType::Float32, Device::cpu()));
+  EXPECT_FLOAT_EQ(y.grad().data<float>()[0], 0.5f);
+  EXPECT_FLOAT_EQ(x.grad().data<float>()[0], 2.f);
+  EXPECT_NE(x.grad().data_ptr(), y.grad().data_ptr());
+}
+
+TEST(Engine, TwoUsesOfALargeTensorHoldTwoGradientsNotThree) {
+  // The tied embedding's case: a leaf of 4 MiB used twice; backward's peak above its start is
+  // the two gradients, the sum taking the first's memory.
+  const int64_t n = int64_t{1} << 20;
+  Tensor x = ops::full({n}, 1.0, DType::Float32, Device::cpu());
+  x.set_requires_grad(true);
+  Tensor a = scale("a", x, 2.0);
+  Tensor b = scale("b", x, 3.0);
+  Tensor d = add("d", a, b);
+  Tensor seed = ops::full({n}, 1.0, DType::Float32, Device::cpu());
+  Allocator& al = Allocator::get();
+  const int64_t before = al.stats(Device::cpu()).requested_bytes;
+  al.reset_peak(Device::cpu());
+  backward_seeded(d, seed);
+  const int64_t grew = al.stats(Device::cpu()).requested_bytes_peak - before;
+  EXPECT_LE(grew, 2 * n * 4 + 4096);
+  EXPECT_GE(grew, 2 * n * 4);
+  EXPECT_FLOAT_EQ(x.grad().data<float>()[n - 1], 5.f);
 }
 
 TEST(SavedTensors, InPlaceWritesBumpTheStorageVersionSharedByViews) {
