@@ -209,6 +209,30 @@ def test_fused_head_equals_unfused(device, dtype, vocab_size):
             assert _rel_err(got[name], want[name]) < rtol, name
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_tied_tables_gradient_is_its_two_uses_added(device, dtype):
+    """A tied embedding's gradient: the head's, with the embedding's rows added into it in place
+    (Note [Summing gradients in place]), equals an untied copy's two gradients added: bitwise on
+    the CPU; on CUDA the same but for the sign of a zero in a row no id points at."""
+    cfg = small_config(bf16=dtype == "bfloat16", tie_embeddings=True)
+    tied = make_model(cfg, device, weights_seed=4)
+    state = {n: p.numpy().copy() for n, p in tied.named_parameters()}
+    assert "lm_head.weight" not in state
+    untied = make_model(small_config(bf16=dtype == "bfloat16", tie_embeddings=False), device)
+    untied.load_state_dict({**state, "lm_head.weight": state["embed_tokens.weight"]})
+    ids, targets = batch(cfg, seed=2)
+    for model in (tied, untied):
+        _, loss = model(ids, targets)
+        loss.backward()
+    got = np.asarray(tied.embed_tokens.weight.grad.numpy(), dtype=np.float32)
+    want = np.asarray(untied.embed_tokens.weight.grad.numpy(), dtype=np.float32) + \
+        np.asarray(untied.lm_head.weight.grad.numpy(), dtype=np.float32)
+    if device == "cpu":
+        assert bits_equal(got, want)
+    else:
+        np.testing.assert_array_equal(got, want)  # -0.0 == 0.0
+
+
 @pytest.mark.parametrize("option", [None, "gqa", "tied"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_residual_adds_equal_the_plain_blocks(device, dtype, option):

@@ -167,9 +167,10 @@ struct MuonParams {
   /* [Device-side index checks], core/cuda/cuda_check.h); the CPU's ops check ids before the call. */   \
   void embedding_forward(DType dt, const void* table, DType id_dt, const void* ids, void* out,          \
                          int64_t n_ids, int64_t vocab, int64_t dim, void* stream);                      \
-  /* dtable = scatter-add of dout rows, written with = (zeros where no id); deterministic order */     \
+  /* dtable = scatter-add of dout rows, written with = (zeros where no id); deterministic order. */  \
+  /* accumulate (float32/float64 only): dtable += each row's sum, made from zero as without it. */    \
   void embedding_backward(DType dt, DType id_dt, const void* ids, const void* dout, void* dtable,       \
-                          int64_t n_ids, int64_t vocab, int64_t dim, void* stream);                     \
+                          int64_t n_ids, int64_t vocab, int64_t dim, bool accumulate, void* stream);    \
   /* ---- rms_norm (kernels/{cpu,cuda}/rmsnorm): y = x * rstd * w, rstd = 1/sqrt(mean(x^2)+eps) (float32) */   \
   void rmsnorm_forward(DType dt, DType w_dt, const void* x, const void* w, void* y, float* rstd,        \
                        int64_t rows, int64_t dim, float eps, void* stream);                             \

@@ -10,6 +10,7 @@
 // is raised at the next sync point (item(), numpy(), synchronize()), so no host sync is added.
 #include "core/error.h"
 #include "ops/dispatch.h"
+#include "tape/engine.h"
 #include "tape/node.h"
 
 namespace xt {
@@ -57,8 +58,10 @@ Tensor embedding_forward(const Tensor& table, const Tensor& ids) {
 
 namespace {
 
-// embedding_backward writing into `dtable` when it is defined (a claimed gradient slot).
-Tensor embedding_backward_into(const Tensor& ids, const Tensor& dout, int64_t vocab, DType table_dtype, Tensor dtable) {
+// embedding_backward writing into `dtable` when it is defined (a claimed gradient slot), or with
+// accumulate adding into it (another use's gradient, take_pending_grad).
+Tensor embedding_backward_into(const Tensor& ids, const Tensor& dout, int64_t vocab, DType table_dtype, Tensor dtable,
+                               bool accumulate = false) {
   check_ids(ids, "embedding_backward");
   check_floating(dout, "embedding_backward", "dout");
   check_same_device(ids, dout, "embedding_backward", "ids", "dout");
@@ -71,9 +74,10 @@ Tensor embedding_backward_into(const Tensor& ids, const Tensor& dout, int64_t vo
   check_cpu_id_range(ids, vocab, "embedding_backward");  // as cheap as the scatter itself
   const int64_t dim = dout.shape().back();
   if (!dtable.defined()) dtable = Tensor::empty({vocab, dim}, table_dtype, dout.device());
+  if (accumulate) dtable.bump_version();
   if (dtable.numel())
     XT_KERNEL(dout.device(), embedding_backward, table_dtype, ids.dtype(), ids.data_ptr(), dout.data_ptr(),
-              dtable.data_ptr(), ids.numel(), vocab, dim, stream_for(dout.device()));
+              dtable.data_ptr(), ids.numel(), vocab, dim, accumulate, stream_for(dout.device()));
   return dtable;
 }
 
@@ -94,8 +98,15 @@ class EmbeddingBackward : public NodeWithSaved<1> {
     if (!grads[0].defined()) return {Tensor()};
     const auto [ids] = unpack();
     const Shape shape{vocab_, grads[0].dim() ? grads[0].shape().back() : 0};
+    const Device dev = grads[0].device();
+    // A tied table: the head's gradient, already held, takes the rows' sums (Note [Summing
+    // gradients in place], tape/engine.cpp); float32/float64, whose sum rounds as the walk's add.
+    if (dtype_ == DType::Float32 || dtype_ == DType::Float64) {
+      Tensor pending = take_pending_grad(next_edges[0], shape, dtype_, dev);
+      if (pending.defined()) return {embedding_backward_into(ids, grads[0], vocab_, dtype_, pending, true)};
+    }
     return {embedding_backward_into(ids, grads[0], vocab_, dtype_,
-                                    claim_grad_buffer(next_edges[0], shape, dtype_, grads[0].device()))};
+                                    claim_grad_buffer(next_edges[0], shape, dtype_, dev))};
   }
 
  private:

@@ -41,6 +41,10 @@
 // both its inputs), a view, a claimed gradient slot, a seed: summed into a new tensor, as before.
 // The values are the same either way: accumulate_ and the binary Add compute a + b in the compute
 // type and round once.
+// A backward whose gradient is a sum it builds itself can start from the slot instead of zeros
+// (take_pending_grad): the embedding's scatter-add of a tied table adds its rows into the head's
+// gradient, so the table's gradient needs no buffer of its own at all (EmbeddingBackward; its
+// kernels add each row's sum, made from zero as before, to the held value: the same a + b).
 #include "tape/engine.h"
 
 #include <algorithm>
@@ -57,6 +61,24 @@ namespace xt {
 namespace {
 
 thread_local GradReadyHook t_grad_ready_hook;
+
+// The running walk's buffered gradients (take_pending_grad), per node: its inputs' sums so far.
+using GradBuffers = std::unordered_map<Node*, std::vector<Tensor>>;
+thread_local GradBuffers* t_buffers = nullptr;
+
+// Installs a walk's buffers for its duration (a nested walk, checkpoint's, has its own).
+class BuffersScope {
+ public:
+  explicit BuffersScope(GradBuffers* buffers) : prev_(t_buffers) { t_buffers = buffers; }
+  ~BuffersScope() { t_buffers = prev_; }
+  BuffersScope(const BuffersScope&) = delete;
+  BuffersScope& operator=(const BuffersScope&) = delete;
+
+ private:
+  GradBuffers* prev_;
+};
+
+bool sole_owner(const Tensor& t) { return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1; }
 
 // The conversions one walk defers (Note [Batched gradient casts]).
 struct GradCastBatch {
@@ -124,8 +146,7 @@ void add_into(Tensor& slot, const Tensor& g) {
   }
   XT_CHECK(slot.shape() == g.shape() && slot.dtype() == g.dtype() && slot.device() == g.device(), RuntimeError,
            "gradients for one tensor disagree: ", slot.describe(), " vs ", g.describe());
-  const bool sole_owner = slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1;
-  if (sole_owner)
+  if (sole_owner(slot))
     ops::accumulate_(slot, g);
   else
     slot = ops::binary(kernels::BinaryOp::Add, slot, g);
@@ -152,8 +173,9 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& s
   }
 
   std::vector<std::shared_ptr<Node>> order = reachable_nodes(starts);
-  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  GradBuffers buffers;
   buffers.reserve(order.size());
+  BuffersScope buffers_scope(&buffers);
   for (size_t i = 0; i < starts.size(); ++i) {
     auto& buf = buffers[starts[i].fn.get()];
     buf.resize(starts[i].fn->num_outputs());
@@ -225,6 +247,18 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& s
     throw;
   }
   run_cast_batch(batch);
+}
+
+Tensor take_pending_grad(const Edge& edge, const Shape& shape, DType dtype, Device device) {
+  GradBuffers* buffers = t_buffers;
+  if (!buffers || !edge.valid()) return Tensor();
+  auto it = buffers->find(edge.fn.get());
+  if (it == buffers->end() || edge.input_nr >= it->second.size()) return Tensor();
+  Tensor& slot = it->second[edge.input_nr];
+  if (!slot.defined() || !sole_owner(slot) || slot.shape() != shape || slot.dtype() != dtype ||
+      slot.device() != device)
+    return Tensor();
+  return std::move(slot);  // the slot is undefined again: the caller's gradient takes its place
 }
 
 bool can_defer_grad_cast(const Edge& edge) {

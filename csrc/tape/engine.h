@@ -39,6 +39,12 @@ bool defer_grad_cast(const Edge& edge, const Tensor& dst, const Tensor& src);
 // Whether defer_grad_cast would take a conversion for the leaf behind `edge` now (asked before
 // allocating a buffer for it: claim_fresh_grad_buffer).
 bool can_defer_grad_cast(const Edge& edge);
+// Note [Summing gradients in place] (tape/engine.cpp). The gradient this thread's running walk
+// holds so far for the input behind `edge` (another use's), handed to a backward that adds its own
+// into it: defined when one is held, nobody else refers to it or its storage and it has this
+// shape, dtype and device. The walk forgets it, so the caller must return the sum as its gradient
+// for that input. Undefined when no walk runs or any of that does not hold.
+Tensor take_pending_grad(const Edge& edge, const Shape& shape, DType dtype, Device device);
 // Conversions the last walk on this thread batched (0 when none): a count for tests and profiles.
 int64_t last_backward_batched_casts();
 

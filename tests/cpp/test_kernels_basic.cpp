@@ -210,7 +210,8 @@ TEST(KernelsBasic, EmbeddingBackwardSumsInOrderAndRoundsOnce) {
   std::vector<bf16> dout_bf(dout.size());
   for (size_t i = 0; i < dout.size(); ++i) dout_bf[i] = float_to_bf16(dout[i]);
   std::vector<bf16> dtable(vocab * dim, float_to_bf16(7.0f));
-  cpu::embedding_backward(DType::BFloat16, DType::Int64, ids, dout_bf.data(), dtable.data(), 6, vocab, dim, nullptr);
+  cpu::embedding_backward(DType::BFloat16, DType::Int64, ids, dout_bf.data(), dtable.data(), 6, vocab, dim, false,
+                          nullptr);
   for (int v = 0; v < vocab; ++v)
     for (int j = 0; j < dim; ++j) {
       float acc = 0.0f;
@@ -229,8 +230,28 @@ TEST(KernelsBasic, EmbeddingIdsOutOfRangeReadNothing) {
   EXPECT_EQ(out, (std::vector<float>{3, 4, 0, 0, 0, 0, 0, 0}));
   const std::vector<float> dout = {1, 1, 2, 2, 3, 3, 4, 4};
   std::vector<float> dtable(vocab * dim, 9.0f);
-  cpu::embedding_backward(DType::Float32, DType::Int32, ids, dout.data(), dtable.data(), 4, vocab, dim, nullptr);
+  cpu::embedding_backward(DType::Float32, DType::Int32, ids, dout.data(), dtable.data(), 4, vocab, dim, false, nullptr);
   EXPECT_EQ(dtable, (std::vector<float>{0, 0, 1, 1, 0, 0}));
+}
+
+TEST(KernelsBasic, EmbeddingBackwardAccumulatesAsAnAddAfterwards) {
+  // accumulate: each element is held + the row's sum made from zero, the bits of writing the
+  // gradient and adding it to the held values; rows no id points at are held + 0.
+  const int64_t ids[6] = {2, 0, 2, 2, 3, 0};
+  const int vocab = 5, dim = 3;
+  const auto dout = random_vec(6 * dim, 11);
+  const auto held = random_vec(vocab * dim, 12);
+  std::vector<float> written(vocab * dim), summed = held;
+  cpu::embedding_backward(DType::Float32, DType::Int64, ids, dout.data(), written.data(), 6, vocab, dim, false,
+                          nullptr);
+  cpu::embedding_backward(DType::Float32, DType::Int64, ids, dout.data(), summed.data(), 6, vocab, dim, true,
+                          nullptr);
+  for (int k = 0; k < vocab * dim; ++k) EXPECT_EQ(summed[k], held[k] + written[k]) << k;
+  std::vector<bf16> table(vocab * dim);
+  std::vector<bf16> dout_bf(dout.size());
+  EXPECT_THROW(cpu::embedding_backward(DType::BFloat16, DType::Int64, ids, dout_bf.data(), table.data(), 6, vocab, dim,
+                                       true, nullptr),
+               ValueError);
 }
 
 TEST(KernelsBasic, AccumulateAndDropout) {

@@ -3,6 +3,7 @@
 // batched conversions into gradient slots.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -235,6 +236,34 @@ TEST(Engine, TwoUsesOfALargeTensorHoldTwoGradientsNotThree) {
   EXPECT_LE(grew, 2 * n * 4 + 4096);
   EXPECT_GE(grew, 2 * n * 4);
   EXPECT_FLOAT_EQ(x.grad().data<float>()[n - 1], 5.f);
+}
+
+TEST(Engine, ATiedTablesEmbeddingAddsItsRowsIntoTheOtherUsesGradient) {
+  // A table read by an embedding and by another op (the tied head): the other op's gradient runs
+  // first and the embedding's backward adds its rows' sums into it (take_pending_grad), so the
+  // table's gradient takes one [V, K] buffer, with the bits of the two gradients added afterwards.
+  const int64_t V = 512, K = 256;
+  Tensor table = ops::full({V, K}, 0.25, DType::Float32, Device::cpu());
+  table.set_requires_grad(true);
+  Tensor ids = ops::empty({6}, DType::Int64, Device::cpu());
+  const int64_t id_values[6] = {5, 1, 5, 300, 0, 5};
+  std::copy(id_values, id_values + 6, ids.data<int64_t>());
+  Tensor rows = ops::embedding(table, ids);  // the embedding: created first, its backward runs last
+  Tensor head = scale("head", table, 3.0);
+  Tensor seed_rows = ops::full({6, K}, 1.0, DType::Float32, Device::cpu());
+  for (int64_t i = 0; i < 6 * K; ++i) seed_rows.data<float>()[i] = 0.001f * static_cast<float>(i % 97) - 0.03f;
+  Tensor seed_head = ops::full({V, K}, 0.5, DType::Float32, Device::cpu());
+  for (int64_t i = 0; i < V * K; ++i) seed_head.data<float>()[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
+  Tensor want = ops::binary(kernels::BinaryOp::Add, ops::scalar_op(kernels::ScalarOp::Mul, seed_head, 3.0),
+                            ops::embedding_backward(ids, seed_rows, V, DType::Float32));
+  Allocator& al = Allocator::get();
+  const int64_t before = al.stats(Device::cpu()).requested_bytes;
+  al.reset_peak(Device::cpu());
+  run_backward({rows, head}, {seed_rows, seed_head});
+  const int64_t grew = al.stats(Device::cpu()).requested_bytes_peak - before;
+  EXPECT_LE(grew, V * K * 4 + 4096);  // the head's gradient, which became the table's
+  ASSERT_TRUE(table.grad().defined());
+  EXPECT_EQ(std::memcmp(table.grad().data_ptr(), want.data_ptr(), V * K * 4), 0);
 }
 
 TEST(SavedTensors, InPlaceWritesBumpTheStorageVersionSharedByViews) {

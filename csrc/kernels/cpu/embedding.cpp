@@ -2,7 +2,9 @@
 //
 // embedding_backward writes dtable with `=`: rows no id points at are zero, the others are the
 // sum of their dout rows, added in increasing position order (sequential, so deterministic).
-// bf16 tables accumulate in a float32 buffer and round once. ops::embedding raises for ids
+// bf16 tables accumulate in a float32 buffer and round once. With accumulate (float32/float64
+// tables, whose compute type is their own) each element becomes dtable + that sum: the bits of
+// adding the written gradient to dtable afterwards. ops::embedding raises for ids
 // outside [0, vocab) before calling these; one that gets here anyway reads nothing (a zero row;
 // its dout row skipped), as on CUDA.
 #include <cstring>
@@ -30,8 +32,10 @@ void embedding_forward(DType dt, const void* table, DType id_dt, const void* ids
 }
 
 void embedding_backward(DType dt, DType id_dt, const void* ids, const void* dout, void* dtable, int64_t n_ids,
-                        int64_t vocab, int64_t dim, void*) {
+                        int64_t vocab, int64_t dim, bool accumulate, void*) {
   const bool ids64 = index_is_64(id_dt, "embedding_backward");
+  XT_CHECK(!accumulate || dt == DType::Float32 || dt == DType::Float64, ValueError,
+           "embedding_backward: accumulating needs a float32 or float64 table, got ", dtype_name(dt));
   XT_DISPATCH_FLOAT(dt, "embedding_backward", T, {
     using C = compute_t<T>;
     const T* pd = static_cast<const T*>(dout);
@@ -44,7 +48,10 @@ void embedding_backward(DType dt, DType id_dt, const void* ids, const void* dout
       const T* src = pd + i * dim;
       for (int64_t j = 0; j < dim; ++j) row[j] += load(src, j);
     }
-    for (int64_t k = 0; k < vocab * dim; ++k) store(pt, k, acc[k]);
+    if (accumulate)
+      for (int64_t k = 0; k < vocab * dim; ++k) store(pt, k, load(pt, k) + acc[k]);
+    else
+      for (int64_t k = 0; k < vocab * dim; ++k) store(pt, k, acc[k]);
   });
 }
 

@@ -62,9 +62,11 @@ __global__ void sort_input_kernel(const K* ids, int64_t n, int64_t vocab, K* key
 
 // Block j handles the run of equal ids that starts at sorted position j (other blocks exit; so
 // does the run of the out-of-range key `vocab`).
+// accumulate: the row's sum is added to what dtable holds (float32/float64: a + b in their own
+// type); rows no id points at keep it.
 template <typename T, typename K>
 __global__ void segment_sum_kernel(const K* sorted_ids, const int32_t* sorted_pos, const T* dout, T* dtable,
-                                   int64_t n_ids, int64_t vocab, int64_t dim) {
+                                   int64_t n_ids, int64_t vocab, int64_t dim, bool accumulate) {
   using C = compute_t<T>;
   const int64_t j = blockIdx.x;
   const K id = sorted_ids[j];
@@ -74,7 +76,8 @@ __global__ void segment_sum_kernel(const K* sorted_ids, const int32_t* sorted_po
   for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
     C acc = 0;
     for (int64_t k = j; k < end; ++k) acc += load(dout, static_cast<int64_t>(sorted_pos[k]) * dim + c);
-    store(dtable, static_cast<int64_t>(id) * dim + c, acc);
+    const int64_t at = static_cast<int64_t>(id) * dim + c;
+    store(dtable, at, accumulate ? load(dtable, at) + acc : acc);
   }
 }
 
@@ -89,7 +92,7 @@ int bits_for(int64_t vocab) {
 // standing for every out-of-range id.
 template <typename T, typename K>
 void backward_sorted(const K* ids, const T* dout, T* dtable, int64_t n_ids, int64_t vocab, int64_t dim,
-                     const OnStream& on) {
+                     bool accumulate, const OnStream& on) {
   const int n = static_cast<int>(n_ids);
   Scratch keys_in(sizeof(K) * n, on), pos_in(sizeof(int32_t) * n, on), pos_out(sizeof(int32_t) * n, on),
       keys_out(sizeof(K) * n, on);
@@ -105,7 +108,8 @@ void backward_sorted(const K* ids, const T* dout, T* dtable, int64_t n_ids, int6
                                                 pos_in.as<int32_t>(), pos_out.as<int32_t>(), n, 0, end_bit, on.s));
   const int threads = dim >= kThreads ? kThreads : static_cast<int>(ceil_div(dim, kWarp) * kWarp);
   segment_sum_kernel<T, K><<<static_cast<unsigned>(n), threads, 0, on.s>>>(keys_out.as<K>(), pos_out.as<int32_t>(),
-                                                                          dout, dtable, n_ids, vocab, dim);
+                                                                          dout, dtable, n_ids, vocab, dim,
+                                                                          accumulate);
   XT_LAUNCH_CHECK();
 }
 
@@ -127,20 +131,22 @@ void embedding_forward(DType dt, const void* table, DType id_dt, const void* ids
 }
 
 void embedding_backward(DType dt, DType id_dt, const void* ids, const void* dout, void* dtable, int64_t n_ids,
-                        int64_t vocab, int64_t dim, void* stream) {
+                        int64_t vocab, int64_t dim, bool accumulate, void* stream) {
   const bool ids64 = index_is_64(id_dt, "embedding_backward");
+  XT_CHECK(!accumulate || dt == DType::Float32 || dt == DType::Float64, ValueError,
+           "embedding_backward: accumulating needs a float32 or float64 table, got ", dtype_name(dt));
   if (vocab == 0 || dim == 0) return;
   XT_CHECK(n_ids <= INT32_MAX, ValueError, "embedding_backward: at most 2^31-1 ids on CUDA, got ", n_ids);
   XT_CHECK(ids64 || vocab <= INT32_MAX, ValueError, "embedding_backward: a table of ", vocab,
            " rows needs int64 ids on CUDA");
   OnStream on(stream);
-  XT_CUDA_CHECK(cudaMemsetAsync(dtable, 0, static_cast<size_t>(vocab * dim) * dtype_size(dt), on.s));
+  if (!accumulate) XT_CUDA_CHECK(cudaMemsetAsync(dtable, 0, static_cast<size_t>(vocab * dim) * dtype_size(dt), on.s));
   if (n_ids == 0) return;
   XT_DISPATCH_FLOAT(dt, "embedding_backward", T, {
     const T* pd = static_cast<const T*>(dout);
     T* pt = static_cast<T*>(dtable);
-    if (ids64) backward_sorted<T>(static_cast<const uint64_t*>(ids), pd, pt, n_ids, vocab, dim, on);
-    else backward_sorted<T>(static_cast<const uint32_t*>(ids), pd, pt, n_ids, vocab, dim, on);
+    if (ids64) backward_sorted<T>(static_cast<const uint64_t*>(ids), pd, pt, n_ids, vocab, dim, accumulate, on);
+    else backward_sorted<T>(static_cast<const uint32_t*>(ids), pd, pt, n_ids, vocab, dim, accumulate, on);
   });
 }
 
