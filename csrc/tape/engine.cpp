@@ -255,9 +255,12 @@ Tensor take_pending_grad(const Edge& edge, const Shape& shape, DType dtype, Devi
   auto it = buffers->find(edge.fn.get());
   if (it == buffers->end() || edge.input_nr >= it->second.size()) return Tensor();
   Tensor& slot = it->second[edge.input_nr];
-  if (!slot.defined() || !sole_owner(slot) || slot.shape() != shape || slot.dtype() != dtype ||
-      slot.device() != device)
-    return Tensor();
+  if (!slot.defined() || slot.shape() != shape || slot.dtype() != dtype || slot.device() != device) return Tensor();
+  // Also the leaf's gradient slot that another producer claimed and wrote (data parallelism's flat
+  // buffer): it is the leaf's .grad-to-be, which the sink would add into anyway.
+  const auto* sink = edge.fn->reusable() ? static_cast<const AccumulateGrad*>(edge.fn.get()) : nullptr;
+  const bool claimed_slot = sink && sink->destination_claimed() && slot.data_ptr() == sink->destination().data_ptr();
+  if (!claimed_slot && !sole_owner(slot)) return Tensor();
   return std::move(slot);  // the slot is undefined again: the caller's gradient takes its place
 }
 

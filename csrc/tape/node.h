@@ -72,6 +72,8 @@ class AccumulateGrad : public Node {
   // ValueError unless dest matches the leaf (shape, dtype, device); an undefined dest removes it.
   void set_destination(const Tensor& dest);
   const Tensor& destination() const { return destination_; }
+  // Whether a producer of this walk claimed the destination (claim) and apply() has not run yet.
+  bool destination_claimed() const { return claimed_ && destination_.defined(); }
   // The destination for a producer about to write `shape/dtype/device` into it: defined when the
   // leaf's .grad is empty, the destination matches and nothing claimed it in this walk (then it
   // is marked claimed until apply() takes it).

@@ -266,6 +266,54 @@ TEST(Engine, ATiedTablesEmbeddingAddsItsRowsIntoTheOtherUsesGradient) {
   EXPECT_EQ(std::memcmp(table.grad().data_ptr(), want.data_ptr(), V * K * 4), 0);
 }
 
+// y = s * x whose backward writes its gradient into the leaf's claimed destination when it can
+// (as CastBackward does into a flat gradient buffer).
+class ClaimingScaleNode : public Node {
+ public:
+  explicit ClaimingScaleNode(double s) : s_(s) {}
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    Tensor g = ops::scalar_op(kernels::ScalarOp::Mul, grads[0], s_);
+    Tensor dst = claim_grad_buffer(next_edges[0], g.shape(), g.dtype(), g.device());
+    if (!dst.defined()) return {g};
+    ops::copy_(dst, g);
+    return {dst};
+  }
+  const char* name() const override { return "ClaimingScaleBackward"; }
+
+ private:
+  double s_;
+};
+
+TEST(Engine, ATiedTablesEmbeddingAddsIntoAClaimedGradientSlot) {
+  // Data parallelism's flat gradient buffer: the head's backward writes the table's slot, and the
+  // embedding adds its rows there too; the slot becomes .grad with no [V, K] buffer of the walk's.
+  const int64_t V = 512, K = 256;
+  Tensor table = ops::full({V, K}, 0.25, DType::Float32, Device::cpu());
+  table.set_requires_grad(true);
+  Tensor flat = ops::full({V * K + 64}, 0.0, DType::Float32, Device::cpu());
+  Tensor slot = flat.storage_view(64, {V, K});
+  auto sink = grad_accumulator(table);  // the store holds its sinks, and so their destinations
+  sink->set_destination(slot);
+  Tensor ids = ops::empty({4}, DType::Int64, Device::cpu());
+  const int64_t id_values[4] = {7, 7, 0, 511};
+  std::copy(id_values, id_values + 4, ids.data<int64_t>());
+  Tensor rows = ops::embedding(table, ids);
+  Tensor head = ops::scalar_op(kernels::ScalarOp::Mul, table, 2.0);
+  set_history(head, make_node<ClaimingScaleNode>({table}, 2.0));
+  Tensor seed_rows = ops::full({4, K}, 0.125, DType::Float32, Device::cpu());
+  Tensor seed_head = ops::full({V, K}, 0.5, DType::Float32, Device::cpu());
+  Tensor want = ops::binary(kernels::BinaryOp::Add, ops::scalar_op(kernels::ScalarOp::Mul, seed_head, 2.0),
+                            ops::embedding_backward(ids, seed_rows, V, DType::Float32));
+  Allocator& al = Allocator::get();
+  const int64_t before = al.stats(Device::cpu()).requested_bytes;
+  al.reset_peak(Device::cpu());
+  run_backward({rows, head}, {seed_rows, seed_head});
+  EXPECT_LE(al.stats(Device::cpu()).requested_bytes_peak - before, V * K * 4 + 4096);  // the scale's product
+  EXPECT_EQ(table.grad().data_ptr(), slot.data_ptr());
+  EXPECT_EQ(std::memcmp(slot.data_ptr(), want.data_ptr(), V * K * 4), 0);
+  sink->set_destination(Tensor());
+}
+
 TEST(SavedTensors, InPlaceWritesBumpTheStorageVersionSharedByViews) {
   Tensor x = ops::full({2, 3}, 1.0, DType::Float32, Device::cpu());
   Tensor view = x.view_as_shape({6});
