@@ -62,21 +62,24 @@ namespace {
 
 thread_local GradReadyHook t_grad_ready_hook;
 
+// Points a thread-local at one walk's state for the walk's duration (a nested walk, checkpoint's,
+// installs its own), then back at the enclosing walk's.
+template <typename T>
+class WalkScope {
+ public:
+  WalkScope(T*& current, T* mine) : current_(current), prev_(current) { current_ = mine; }
+  ~WalkScope() { current_ = prev_; }
+  WalkScope(const WalkScope&) = delete;
+  WalkScope& operator=(const WalkScope&) = delete;
+
+ private:
+  T*& current_;
+  T* prev_;
+};
+
 // The running walk's buffered gradients (take_pending_grad), per node: its inputs' sums so far.
 using GradBuffers = std::unordered_map<Node*, std::vector<Tensor>>;
 thread_local GradBuffers* t_buffers = nullptr;
-
-// Installs a walk's buffers for its duration (a nested walk, checkpoint's, has its own).
-class BuffersScope {
- public:
-  explicit BuffersScope(GradBuffers* buffers) : prev_(t_buffers) { t_buffers = buffers; }
-  ~BuffersScope() { t_buffers = prev_; }
-  BuffersScope(const BuffersScope&) = delete;
-  BuffersScope& operator=(const BuffersScope&) = delete;
-
- private:
-  GradBuffers* prev_;
-};
 
 bool sole_owner(const Tensor& t) { return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1; }
 
@@ -88,19 +91,7 @@ struct GradCastBatch {
 thread_local GradCastBatch* t_cast_batch = nullptr;  // the innermost running walk's, if it batches
 thread_local int64_t t_last_batched = 0;
 
-// Installs a walk's batch for its duration (a nested walk, checkpoint's, has its own) and runs
-// it: at the end of the walk, or before an exception leaves it.
-class CastBatchScope {
- public:
-  explicit CastBatchScope(GradCastBatch* batch) : prev_(t_cast_batch) { t_cast_batch = batch; }
-  ~CastBatchScope() { t_cast_batch = prev_; }
-  CastBatchScope(const CastBatchScope&) = delete;
-  CastBatchScope& operator=(const CastBatchScope&) = delete;
-
- private:
-  GradCastBatch* prev_;
-};
-
+// A walk's batch runs at the end of the walk, or before an exception leaves it.
 void run_cast_batch(GradCastBatch& batch) {
   if (!batch.src.empty()) ops::cast_many_into(batch.src, batch.dst);
   t_last_batched = static_cast<int64_t>(batch.src.size());
@@ -175,7 +166,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& s
   std::vector<std::shared_ptr<Node>> order = reachable_nodes(starts);
   GradBuffers buffers;
   buffers.reserve(order.size());
-  BuffersScope buffers_scope(&buffers);
+  WalkScope<GradBuffers> buffers_scope(t_buffers, &buffers);
   for (size_t i = 0; i < starts.size(); ++i) {
     auto& buf = buffers[starts[i].fn.get()];
     buf.resize(starts[i].fn->num_outputs());
@@ -196,7 +187,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& s
       if (n == 1) batch.sole_producer_sinks.insert(sink);
     for (const Edge& e : starts) batch.sole_producer_sinks.erase(e.fn.get());
   }
-  CastBatchScope scope(batching ? &batch : nullptr);
+  WalkScope<GradCastBatch> scope(t_cast_batch, batching ? &batch : nullptr);
   t_last_batched = 0;
   cpu_profile::BackwardPhase phase;  // the CPU profile files this walk's kernels under backward
 
