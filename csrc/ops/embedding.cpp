@@ -74,6 +74,9 @@ Tensor embedding_backward_into(const Tensor& ids, const Tensor& dout, int64_t vo
   check_cpu_id_range(ids, vocab, "embedding_backward");  // as cheap as the scatter itself
   const int64_t dim = dout.shape().back();
   if (!dtable.defined()) dtable = Tensor::empty({vocab, dim}, table_dtype, dout.device());
+  // Adding into a table rounded to bf16 would round twice (the sum, then the add): float32/float64.
+  XT_CHECK(!accumulate || table_dtype == DType::Float32 || table_dtype == DType::Float64, ValueError,
+           "embedding_backward: accumulating needs a float32 or float64 table, got ", dtype_name(table_dtype));
   if (accumulate) dtable.bump_version();
   if (dtable.numel())
     XT_KERNEL(dout.device(), embedding_backward, table_dtype, ids.dtype(), ids.data_ptr(), dout.data_ptr(),

@@ -34,8 +34,6 @@ void embedding_forward(DType dt, const void* table, DType id_dt, const void* ids
 void embedding_backward(DType dt, DType id_dt, const void* ids, const void* dout, void* dtable, int64_t n_ids,
                         int64_t vocab, int64_t dim, bool accumulate, void*) {
   const bool ids64 = index_is_64(id_dt, "embedding_backward");
-  XT_CHECK(!accumulate || dt == DType::Float32 || dt == DType::Float64, ValueError,
-           "embedding_backward: accumulating needs a float32 or float64 table, got ", dtype_name(dt));
   XT_DISPATCH_FLOAT(dt, "embedding_backward", T, {
     using C = compute_t<T>;
     const T* pd = static_cast<const T*>(dout);

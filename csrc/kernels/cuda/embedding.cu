@@ -133,14 +133,13 @@ void embedding_forward(DType dt, const void* table, DType id_dt, const void* ids
 void embedding_backward(DType dt, DType id_dt, const void* ids, const void* dout, void* dtable, int64_t n_ids,
                         int64_t vocab, int64_t dim, bool accumulate, void* stream) {
   const bool ids64 = index_is_64(id_dt, "embedding_backward");
-  XT_CHECK(!accumulate || dt == DType::Float32 || dt == DType::Float64, ValueError,
-           "embedding_backward: accumulating needs a float32 or float64 table, got ", dtype_name(dt));
   if (vocab == 0 || dim == 0) return;
   XT_CHECK(n_ids <= INT32_MAX, ValueError, "embedding_backward: at most 2^31-1 ids on CUDA, got ", n_ids);
   XT_CHECK(ids64 || vocab <= INT32_MAX, ValueError, "embedding_backward: a table of ", vocab,
            " rows needs int64 ids on CUDA");
   OnStream on(stream);
-  if (!accumulate) XT_CUDA_CHECK(cudaMemsetAsync(dtable, 0, static_cast<size_t>(vocab * dim) * dtype_size(dt), on.s));
+  if (!accumulate)
+    XT_CUDA_CHECK(cudaMemsetAsync(dtable, 0, static_cast<size_t>(vocab * dim) * dtype_size(dt), on.s));
   if (n_ids == 0) return;
   XT_DISPATCH_FLOAT(dt, "embedding_backward", T, {
     const T* pd = static_cast<const T*>(dout);
