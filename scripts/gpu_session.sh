@@ -28,7 +28,8 @@
 #   gpt2peers bench/gpt2_peers.py ($GPT2PEERS_ARGS): GPT-2 against llm.c (built from the carried
 #             source, plain and cuDNN) and nanoGPT under torch.compile; carry .gpu/peers/{llm.c,nanoGPT,
 #             cudnn-frontend}.tar (`git archive` of each checkout)
-#   bigmodels bench/big_models.py ($BIGMODELS_ARGS): the 0.6B-1.7B shapes against torch.compile + Liger
+#   bigmodels bench/big_models.py ($BIGMODELS_ARGS, configurations separated by ';'): the 0.6B-1.7B shapes
+#             against torch.compile + Liger
 #   cli       xtrain train on the built-in data ($CLI_ARGS), CUDA graphs on and off: median tok/s
 #   scaling   bench/scaling.py, needs 2 GPUs ($SCALING_ARGS; default: threads and processes, the
 #             `xtrain train` rows, the shard/flat/all-reduce steps, PyTorch DDP)
@@ -252,8 +253,11 @@ for step in $steps; do
     bigmodels)  # bench/big_models.py ($BIGMODELS_ARGS); liger-kernel and torchao from .whl/
       "$py" -c "import liger_kernel" 2>/dev/null || "$py" -m pip install -q --no-deps --no-build-isolation .whl/liger_kernel-*.whl >/dev/null 2>&1
       "$py" -c "import torchao" 2>/dev/null || "$py" -m pip install -q --no-deps --no-build-isolation .whl/torchao-*.whl >/dev/null 2>&1
-      run_step bigmodels "${BIGMODELS_TIMEOUT:-560}" "$out/bench.log" "$py" bench/big_models.py ${BIGMODELS_ARGS:-}
-      grep -E "^measured|xtrain|liger|compile|largest" "$out/bench.log" | tail -30 | tee -a "$summary"
+      IFS=';' read -ra configs <<<"${BIGMODELS_ARGS:- }"
+      for c in "${configs[@]}"; do
+        run_step bigmodels "${BIGMODELS_TIMEOUT:-560}" "$out/bench.log" "$py" bench/big_models.py $c
+        grep -E "^measured|xtrain|liger|compile|largest" "$out/bench.log" | tail -30 | tee -a "$summary"
+      done
       ;;
     generate)
       run_step generate "${GENERATE_TIMEOUT:-240}" "$out/bench.log" "$py" bench/generate.py ${GENERATE_ARGS:-}
