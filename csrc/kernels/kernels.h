@@ -362,15 +362,17 @@ XT_KERNEL_DECLS
 //             16-byte aligned.
 //  fp8_gemm:  C [M, N] = (decode(A) * a_meta[kFp8MetaScale]) @ (decode(B) * b_meta[kFp8MetaScale])^T,
 //             A [M, K] codes of format fa, B [N, K] of fb (both K-major), float32 accumulation,
-//             C rounded once to c_dt. fast_accum: CUDA's FP8 fast accumulation (no effect on the
-//             CPU). CUDA: not both E5M2; M, N, K multiples of 16; the metas 16-byte aligned.
+//             C rounded once to c_dt; accumulate: C = round(product + C), C read in c_dt and the
+//             sum rounded once (else C is written, never read). fast_accum: CUDA's FP8 fast
+//             accumulation (no effect on the CPU). CUDA: not both E5M2; M, N, K multiples of 16;
+//             the metas 16-byte aligned.
 #define XT_FP8_KERNEL_DECLS                                                                               \
   void fp8_amax(DType dt, const void* x, int64_t n, float* meta, void* stream);                           \
   void fp8_cast(DType dt, Fp8Format f, const void* x, int64_t rows, int64_t cols, float* meta,            \
                 uint8_t* out, uint8_t* out_t, void* stream);                                               \
   void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const uint8_t* A,            \
                 const float* a_meta, const uint8_t* B, const float* b_meta, DType c_dt, void* C,          \
-                bool fast_accum, void* stream);
+                bool accumulate, bool fast_accum, void* stream);
 
 namespace cpu {
 XT_FP8_KERNEL_DECLS

@@ -64,13 +64,16 @@ Fp8Operand quantize(const Tensor& x, int64_t rows, int64_t cols, Fp8Format f, bo
   return q;
 }
 
-// C [M, N] = A [M, K] . B [N, K]^T of two quantised operands, in dtype c_dt.
+// C [M, N] = A [M, K] . B [N, K]^T of two quantised operands, in dtype c_dt; with `into` (a
+// contiguous [M, N] tensor of c_dt) C = round(A . B^T + into), written into it and returned.
 Tensor gemm_fp8(Fp8Format fa, const Tensor& a, const Tensor& a_meta, Fp8Format fb, const Tensor& b,
-                const Tensor& b_meta, int64_t M, int64_t N, int64_t K, DType c_dt, bool fast_accum) {
+                const Tensor& b_meta, int64_t M, int64_t N, int64_t K, DType c_dt, bool fast_accum,
+                const Tensor& into = Tensor()) {
   const Device dev = a.device();
-  Tensor c = Tensor::empty({M, N}, c_dt, dev);
+  const bool accumulate = into.defined();
+  Tensor c = accumulate ? into : Tensor::empty({M, N}, c_dt, dev);
   XT_KERNEL(dev, fp8_gemm, fa, fb, M, N, K, bytes_of(a), a_meta.data<float>(), bytes_of(b), b_meta.data<float>(),
-            c_dt, c.data_ptr(), fast_accum, stream_for(dev));
+            c_dt, c.data_ptr(), accumulate, fast_accum, stream_for(dev));
   return c;
 }
 
@@ -114,8 +117,10 @@ void check_linear_fp8(const Tensor& x, const Tensor& w) {
 }
 
 // The node of linear_fp8 (one weight) and linear_fp8_multi: x's transposed codes and record once,
-// each weight's; dx is the weights' dgrad GEMMs added in their order. Saved: x's transposed codes
-// and record, then each weight's.
+// each weight's; dx is the weights' dgrad GEMMs accumulated in their order, each GEMM adding its
+// product into the dx of the ones before in its epilogue (dx = round(G_i + dx), one rounding per
+// weight, no separate add kernel and no buffer per part). Saved: x's transposed codes and record,
+// then each weight's.
 class LinearFp8Backward : public NodeWithSavedList {
  public:
   LinearFp8Backward(const Fp8Operand& xq, const std::vector<Fp8Operand>& wqs, Shape xshape, int64_t M, int64_t Mp,
@@ -134,7 +139,7 @@ class LinearFp8Backward : public NodeWithSavedList {
     const size_t n = ns_.size();
     std::vector<Tensor> out(1 + n);
     const Tensor x_t = unpack(0), x_meta = unpack(1);
-    Tensor dx;  // [Mp, K], the parts added in the weights' order
+    Tensor dx;  // [Mp, K], the parts accumulated in the weights' order
     for (size_t i = 0; i < n; ++i) {
       const Tensor& g = grads[i];
       const bool want_dx = wants_grad(0), want_dw = wants_grad(1 + i);
@@ -143,9 +148,8 @@ class LinearFp8Backward : public NodeWithSavedList {
       const Tensor dy = rows_padded(g, M_, ns_[i], Mp_);
       const Fp8Operand gq = quantize(dy, Mp_, ns_[i], Fp8Format::E5M2, want_dx, want_dw);
       if (want_dx) {
-        Tensor part = gemm_fp8(Fp8Format::E5M2, gq.codes, gq.meta, Fp8Format::E4M3, w_t, w_meta, Mp_, K_, ns_[i],
-                               g.dtype(), /*fast_accum=*/false);
-        dx = dx.defined() ? add(dx, part) : part;
+        dx = gemm_fp8(Fp8Format::E5M2, gq.codes, gq.meta, Fp8Format::E4M3, w_t, w_meta, Mp_, K_, ns_[i], g.dtype(),
+                      /*fast_accum=*/false, dx);
       }
       if (want_dw)
         out[1 + i] = gemm_fp8(Fp8Format::E5M2, gq.codes_t, gq.meta, Fp8Format::E4M3, x_t, x_meta, ns_[i], K_, Mp_,

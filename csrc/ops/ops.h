@@ -188,7 +188,7 @@ bool allow_tf32();
 Tensor linear_fp8(const Tensor& x, const Tensor& w);
 // [linear_fp8(x, w) for w in ws] with x quantised once (one amax pass, one cast, one saved copy of
 // its codes) for all of them: the outputs and the weight gradients are linear_fp8's bits; dx is
-// the weights' dgrad GEMMs added in ws' order. linear_fp8 is its one-weight case.
+// the weights' dgrad GEMMs accumulated in ws' order (dx = round(G_i + dx), in each GEMM's epilogue). linear_fp8 is its one-weight case.
 std::vector<Tensor> linear_fp8_multi(const Tensor& x, const std::vector<Tensor>& ws);
 
 // ---- embedding (ops/embedding.cpp): ids int32/int64 in [0, vocab)

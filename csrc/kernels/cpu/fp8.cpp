@@ -8,6 +8,7 @@
 //    their 2^-k (exact), then one float32 GEMM (OpenBLAS through kernels::cpu::gemm, float32
 //    accumulation), C rounded once to its dtype. The CUDA GEMM multiplies the codes and applies
 //    the two factors to the float32 accumulator: the same products, another summation order.
+//    accumulate: the GEMM's beta = 1 (C widened to float32, the product added, rounded once).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -63,7 +64,8 @@ void fp8_cast(DType dt, Fp8Format f, const void* x, int64_t rows, int64_t cols, 
 }
 
 void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* a_meta,
-              const uint8_t* B, const float* b_meta, DType c_dt, void* C, bool fast_accum, void* stream) {
+              const uint8_t* B, const float* b_meta, DType c_dt, void* C, bool accumulate, bool fast_accum,
+              void* stream) {
   (void)fast_accum;
   const auto dequantize = [](Fp8Format f, const uint8_t* codes, int64_t n, float factor) {
     std::vector<float> v(static_cast<size_t>(n));
@@ -72,8 +74,8 @@ void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const
   };
   const std::vector<float> a = dequantize(fa, A, M * K, a_meta[kFp8MetaScale]);
   const std::vector<float> b = dequantize(fb, B, N * K, b_meta[kFp8MetaScale]);
-  gemm(DType::Float32, c_dt, false, true, M, N, K, 1.0f, a.data(), b.data(), 0.0f, C, 1, M * K, N * K, M * N,
-       stream);
+  gemm(DType::Float32, c_dt, false, true, M, N, K, 1.0f, a.data(), b.data(), accumulate ? 1.0f : 0.0f, C, 1, M * K,
+       N * K, M * N, stream);
 }
 
 }  // namespace cpu

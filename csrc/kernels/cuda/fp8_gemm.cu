@@ -6,7 +6,8 @@
 // and its B our A (TRANSB = N): the "TN" layout Hopper's FP8 kernels require. The dequantisation
 // factors are cuBLASLt's A/B scale pointers (device floats: the cast kernels wrote them, no host
 // sync), applied to the float32 accumulator: D = scale_a * scale_b * (A . B), rounded once to C's
-// dtype. Powers of two (Note [FP8 scaling]), so the scaling itself is exact.
+// dtype. Powers of two (Note [FP8 scaling]), so the scaling itself is exact. With accumulate, C is
+// also cuBLASLt's C (beta = 1): D = scale_a * scale_b * (A . B) + C, rounded once.
 //
 // Accumulation: the forward GEMM runs with CUBLASLT_MATMUL_DESC_FAST_ACCUM on (TransformerEngine's
 // and torchao's forward default: the tensor cores' own accumulator, not promoted to float32 every
@@ -46,7 +47,8 @@ cudaDataType_t fp8_type(Fp8Format f) { return f == Fp8Format::E4M3 ? CUDA_R_8F_E
 }  // namespace
 
 void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const uint8_t* A, const float* a_meta,
-              const uint8_t* B, const float* b_meta, DType c_dt, void* C, bool fast_accum, void* stream) {
+              const uint8_t* B, const float* b_meta, DType c_dt, void* C, bool accumulate, bool fast_accum,
+              void* stream) {
   XT_CHECK(!(fa == Fp8Format::E5M2 && fb == Fp8Format::E5M2), ValueError,
            "fp8_gemm: cuBLASLt has no E5M2 x E5M2 GEMM");
   XT_CHECK(M > 0 && N > 0 && K > 0 && M % 16 == 0 && N % 16 == 0 && K % 16 == 0, ValueError,
@@ -83,7 +85,9 @@ void fp8_gemm(Fp8Format fa, Fp8Format fb, int64_t M, int64_t N, int64_t K, const
   XT_CHECK(choice.found, RuntimeError, "fp8_gemm: cuBLASLt has no FP8 algorithm for M=", M, " N=", N, " K=", K,
            " (", fp8_format_name(fa), " x ", fp8_format_name(fb), " -> ", dtype_name(c_dt),
            "); FP8 GEMMs need an sm_89+ GPU");
-  const float alpha = 1.0f, beta = 0.0f;
+  // accumulate: D = product + C in the float32 epilogue, rounded once, C == D in place (the same
+  // algorithm as with beta = 0: the heuristic's query does not include beta)
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   XT_CUBLAS_CHECK(cublasLtMatmul(ws.handle, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &choice.algo, ws.ptr,
                                  ws.bytes, on.s));
 }
