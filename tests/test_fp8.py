@@ -375,6 +375,100 @@ def test_linear_fp8_multi_bad_inputs(device):
         ops.linear_fp8_multi(x, [xtrain.zeros((16, 32), dtype="bfloat16", device=device)])
 
 
+# ---- mlp_fp8: the MLP's three linears and SwiGLU in one op
+
+def _mlp_inputs(rows, seed=21):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 32)).astype(np.float32)
+    wg, wu = ((0.2 * rng.standard_normal((48, 32))).astype(np.float32) for _ in range(2))
+    wd = (0.2 * rng.standard_normal((16, 48))).astype(np.float32)
+    dy = rng.standard_normal((rows, 16)).astype(np.float32)
+    return x, [wg, wu, wd], dy
+
+
+def _mlp_run(device, dtype, x, ws, dy, fused, wants=(True, True, True, True)):
+    X = xtrain.tensor(x, dtype=dtype, device=device, requires_grad=wants[0])
+    W = [xtrain.tensor(w, dtype=dtype, device=device, requires_grad=r) for w, r in zip(ws, wants[1:])]
+    if fused:
+        y = ops.mlp_fp8(X, *W)
+    else:
+        gate, up = ops.linear_fp8_multi(X, W[:2])
+        y = ops.linear_fp8(ops.swiglu(gate, up), W[2])
+    if any(wants):
+        y.backward_seeded(xtrain.tensor(dy, dtype=dtype, device=device))
+    return [values(y)] + [None if t.grad is None else values(t.grad) for t in [X] + W]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [48, 14])
+def test_mlp_fp8_is_the_composition_bitwise(device, dtype, rows):
+    """mlp_fp8 (Note [The FP8 MLP in one op]): the output and the four gradients are those of
+    linear_fp8_multi -> swiglu -> linear_fp8 bit for bit: the SwiGLU kernels' amaxes are the
+    amax passes' (a maximum is exact), so every cast and GEMM sees the same codes and scales.
+    14 rows run padded to 16 on CUDA (the padded rows' zeros change no amax)."""
+    x, ws, dy = _mlp_inputs(rows)
+    fused = _mlp_run(device, dtype, x, ws, dy, fused=True)
+    composed = _mlp_run(device, dtype, x, ws, dy, fused=False)
+    for name, a, b in zip(["y", "dx", "dw_gate", "dw_up", "dw_down"], fused, composed):
+        assert a.shape == b.shape and bits_equal(a, b), name
+    assert np.abs(fused[0]).max() > 0 and all(np.abs(g).max() > 0 for g in fused[1:])
+
+
+@pytest.mark.parametrize("wants", [(True, False, False, False), (False, True, True, True), (False, False, False, True),
+                                   (False, True, False, False), (True, False, True, False)])
+def test_mlp_fp8_gradient_subsets(device, wants):
+    """Only what asks for a gradient gets one, with the bits it has when everything does."""
+    x, ws, dy = _mlp_inputs(32, seed=22)
+    every = _mlp_run(device, "bfloat16", x, ws, dy, fused=True)
+    some = _mlp_run(device, "bfloat16", x, ws, dy, fused=True, wants=wants)
+    assert bits_equal(some[0], every[0])
+    for want, got, full in zip(wants, some[1:], every[1:]):
+        assert (got is not None) == want
+        if want:
+            assert bits_equal(got, full)
+
+
+def test_mlp_fp8_without_a_tape_is_its_forward(device):
+    x, ws, dy = _mlp_inputs(32, seed=23)
+    with xtrain.no_grad():
+        y = _mlp_run(device, "bfloat16", x, ws, dy, fused=True, wants=(False,) * 4)[0]
+    assert bits_equal(y, _mlp_run(device, "bfloat16", x, ws, dy, fused=True)[0])
+
+
+def test_mlp_fp8_keeps_what_the_composition_keeps(device):
+    if not device == "cpu":
+        pytest.skip("the CPU allocator's requested bytes are the exact measure")
+    x, ws, _ = _mlp_inputs(64, seed=24)
+    X = xtrain.tensor(x, dtype="bfloat16", device=device, requires_grad=True)
+    W = [xtrain.tensor(w, dtype="bfloat16", device=device, requires_grad=True) for w in ws]
+
+    def kept(fn):
+        before = xtrain.memory_stats(device)["requested_bytes.current"]
+        out = fn()
+        return xtrain.memory_stats(device)["requested_bytes.current"] - before - out.numel() * 2, out
+
+    fused, keep_a = kept(lambda: ops.mlp_fp8(X, *W))
+    composed, keep_b = kept(lambda: ops.linear_fp8(ops.swiglu(*ops.linear_fp8_multi(X, W[:2])), W[2]))
+    assert fused == composed, (fused, composed)
+
+
+def test_mlp_fp8_bad_inputs(device):
+    x = xtrain.zeros((16, 32), device=device)
+    wg, wd = xtrain.zeros((48, 32), device=device), xtrain.zeros((16, 48), device=device)
+    with pytest.raises(ValueError, match="same shape"):
+        ops.mlp_fp8(x, wg, xtrain.zeros((32, 32), device=device), wd)
+    with pytest.raises(ValueError, match="in_features"):
+        ops.mlp_fp8(x, xtrain.zeros((48, 16), device=device), xtrain.zeros((48, 16), device=device), wd)
+    with pytest.raises(ValueError, match="gate's 48 features"):
+        ops.mlp_fp8(x, wg, wg, xtrain.zeros((16, 32), device=device))
+    with pytest.raises(ValueError, match="w_down"):
+        ops.mlp_fp8(x, wg, wg, xtrain.zeros((48,), device=device))
+    with pytest.raises(TypeError):
+        ops.mlp_fp8(x, wg, wg, xtrain.zeros((16, 48), dtype="bfloat16", device=device))
+    with pytest.raises(TypeError):
+        ops.mlp_fp8(x, wg, wg, None)
+
+
 # ---- the model with fp8
 
 def _losses_and_grads(device, dtype, recompute=False, fp8=True):

@@ -111,10 +111,13 @@ struct MuonParams {
   /* dx = dy * op'(x) for an op with unary_has_grad_kernel(op) (kernels/common.h) */                  \
   void unary_backward(UnaryOp op, DType dt, const void* x, const void* dy, void* dx, int64_t n,         \
                       void* stream);                                                                    \
-  /* out = silu(gate) * up */                                                                           \
-  void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64_t n, void* stream);  \
+  /* out = silu(gate) * up. An amax pointer (nullable; float32, dt float32 or bf16) is raised to  */  \
+  /* max(*amax, max |output| as stored), NaN ignored: an FP8 operand's amax (fp8_amax) taken by   */   \
+  /* the kernel that writes it; the caller zeroes it first.                                      */    \
+  void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64_t n,                 \
+                      float* out_amax, void* stream);                                                   \
   void swiglu_backward(DType dt, const void* gate, const void* up, const void* dout, void* dgate,       \
-                       void* dup, int64_t n, void* stream);                                             \
+                       void* dup, int64_t n, float* dgate_amax, float* dup_amax, void* stream);         \
   /* keep with prob 1-p, scale kept by 1/(1-p); mask from philox(seed, offset + i), where base      */ \
   /* (device words [seed, offset] or nullptr) replaces seed and adds its offset: captured graphs    */ \
   void dropout(DType dt, const void* x, void* out, int64_t n, float p, uint64_t seed, uint64_t offset,  \

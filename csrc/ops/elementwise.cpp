@@ -222,7 +222,7 @@ Tensor unary_backward(kernels::UnaryOp op, const Tensor& x, const Tensor& dy) {
   return dx;
 }
 
-Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
+Tensor swiglu_forward(const Tensor& gate, const Tensor& up, float* out_amax) {
   check_floating(gate, "swiglu", "gate");
   check_floating(up, "swiglu", "up");
   check_same_device(gate, up, "swiglu", "gate", "up");
@@ -232,11 +232,12 @@ Tensor swiglu_forward(const Tensor& gate, const Tensor& up) {
   Tensor out = Tensor::empty(gate.shape(), gate.dtype(), gate.device());
   if (out.numel())
     XT_KERNEL(gate.device(), swiglu_forward, gate.dtype(), gate.data_ptr(), up.data_ptr(), out.data_ptr(),
-              out.numel(), stream_for(gate.device()));
+              out.numel(), out_amax, stream_for(gate.device()));
   return out;
 }
 
-std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout) {
+std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, float* dgate_amax,
+                                          float* dup_amax) {
   check_floating(dout, "swiglu_backward", "dout");
   check_same_device(gate, dout, "swiglu_backward", "gate", "dout");
   check_same_dtype(gate, dout, "swiglu_backward", "gate", "dout");
@@ -251,7 +252,7 @@ std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, 
   Tensor dup = both.storage_view(gate.numel(), gate.shape());
   if (dgate.numel())
     XT_KERNEL(gate.device(), swiglu_backward, gate.dtype(), gate.data_ptr(), up.data_ptr(), dout.data_ptr(),
-              dgate.data_ptr(), dup.data_ptr(), dgate.numel(), stream_for(gate.device()));
+              dgate.data_ptr(), dup.data_ptr(), dgate.numel(), dgate_amax, dup_amax, stream_for(gate.device()));
   return {dgate, dup};
 }
 

@@ -47,21 +47,33 @@ uint8_t* bytes_of(const Tensor& t) { return t.defined() ? static_cast<uint8_t*>(
 
 Tensor byte_buffer(int64_t n, Device device) { return Tensor::empty({(n + 3) / 4}, DType::Int32, device); }
 
-// x (rows x cols, contiguous) -> its FP8 codes in format f; `rowwise` / `transposed` pick the
-// copies written (at least one).
-Fp8Operand quantize(const Tensor& x, int64_t rows, int64_t cols, Fp8Format f, bool rowwise, bool transposed) {
+// x (rows x cols, contiguous) -> its FP8 codes in format f, its amax already in
+// meta[kFp8MetaAmax] (taken by the kernel that wrote x); `rowwise` / `transposed` pick the copies
+// written (at least one).
+Fp8Operand cast_operand(const Tensor& x, Tensor meta, int64_t rows, int64_t cols, Fp8Format f, bool rowwise,
+                        bool transposed) {
   Fp8Operand q;
   const Device dev = x.device();
-  void* stream = stream_for(dev);
-  q.meta = Tensor::empty({kernels::kFp8MetaFloats}, DType::Float32, dev);
-  XT_KERNEL(dev, fp8_amax, x.dtype(), x.data_ptr(), rows * cols, q.meta.data<float>(), stream);
+  q.meta = std::move(meta);
   // The cast always writes the row-major codes; a caller wanting only the transpose drops them.
   q.codes = byte_buffer(rows * cols, dev);
   if (transposed) q.codes_t = byte_buffer(rows * cols, dev);
   XT_KERNEL(dev, fp8_cast, x.dtype(), f, x.data_ptr(), rows, cols, q.meta.data<float>(), bytes_of(q.codes),
-            bytes_of(q.codes_t), stream);
+            bytes_of(q.codes_t), stream_for(dev));
   if (!rowwise) q.codes = Tensor();
   return q;
+}
+
+// A record whose amax a producing kernel raises (it starts at 0).
+Tensor zero_meta(Device dev) { return zeros({kernels::kFp8MetaFloats}, DType::Float32, dev); }
+float* amax_of(const Tensor& meta) { return meta.data<float>() + kernels::kFp8MetaAmax; }
+
+// x (rows x cols, contiguous) -> its FP8 codes: an amax pass, then the cast (cast_operand).
+Fp8Operand quantize(const Tensor& x, int64_t rows, int64_t cols, Fp8Format f, bool rowwise, bool transposed) {
+  const Device dev = x.device();
+  Tensor meta = Tensor::empty({kernels::kFp8MetaFloats}, DType::Float32, dev);
+  XT_KERNEL(dev, fp8_amax, x.dtype(), x.data_ptr(), rows * cols, meta.data<float>(), stream_for(dev));
+  return cast_operand(x, std::move(meta), rows, cols, f, rowwise, transposed);
 }
 
 // C [M, N] = A [M, K] . B [N, K]^T of two quantised operands, in dtype c_dt; with `into` (a
@@ -165,6 +177,80 @@ class LinearFp8Backward : public NodeWithSavedList {
   std::vector<int64_t> ns_;  // each weight's out_features
 };
 
+
+// Note [The FP8 MLP in one op]
+// linear_fp8_multi(x, [w_gate, w_up]) -> swiglu -> linear_fp8(h, w_down), composed, runs an amax
+// pass over h in the forward and over dgate and dup in the backward: three reads of an [M, ffn]
+// operand per layer only to find a maximum (at qwen3-1.7b, batch 4 x 4096: 192 MiB each, 28
+// layers). mlp_fp8 is that composition as one op whose swiglu kernels raise the amax of what they
+// write (swiglu_forward / swiglu_backward's amax pointers), so each cast follows its producer
+// directly. Everything else is the composition's: the same codes (a maximum is exact, so the amax
+// is the same either way), the same GEMMs on the same operands and sizes, dx accumulated over gate
+// then up; so the output and every gradient are the composition's bits (tests/test_fp8.py), and
+// selective recompute, which runs the composition (MLP.hidden, then down_proj), changes no bit.
+// Kept for backward, as the composition keeps them: x's transposed codes, the three weights'
+// transposed codes, gate and up (swiglu's backward), h's transposed codes, and their records.
+class MlpFp8Backward : public NodeWithSavedList {
+ public:
+  MlpFp8Backward(const Fp8Operand& xq, const Fp8Operand& gq, const Fp8Operand& uq, const Fp8Operand& dq,
+                 const Tensor& gate, const Tensor& up, const Fp8Operand& hq, Shape xshape, int64_t M, int64_t Mp,
+                 int64_t K, int64_t F, int64_t N)
+      : xshape_(std::move(xshape)), M_(M), Mp_(Mp), K_(K), F_(F), N_(N) {
+    save("x_fp8_t", xq.codes_t);
+    save("x_meta", xq.meta);
+    save("gate_weight_fp8_t", gq.codes_t);
+    save("gate_weight_meta", gq.meta);
+    save("up_weight_fp8_t", uq.codes_t);
+    save("up_weight_meta", uq.meta);
+    save("down_weight_fp8_t", dq.codes_t);
+    save("down_weight_meta", dq.meta);
+    save("gate", gate);
+    save("up", up);
+    save("hidden_fp8_t", hq.codes_t);
+    save("hidden_meta", hq.meta);
+  }
+  const char* name() const override { return "MlpFp8Backward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>& grads) override {
+    std::vector<Tensor> out(4);
+    const Tensor& g = grads[0];
+    const bool want_x = wants_grad(0), want_gate = wants_grad(1), want_up = wants_grad(2), want_down = wants_grad(3);
+    const bool want_dh = want_x || want_gate || want_up;
+    if (!g.defined() || !(want_dh || want_down)) return out;
+    const Device dev = g.device();
+    const DType dt = g.dtype();
+    const Tensor dy = rows_padded(g, M_, N_, Mp_);
+    const Fp8Operand dyq = quantize(dy, Mp_, N_, Fp8Format::E5M2, want_dh, want_down);
+    if (want_down)
+      out[3] = gemm_fp8(Fp8Format::E5M2, dyq.codes_t, dyq.meta, Fp8Format::E4M3, unpack(10), unpack(11), N_, F_, Mp_,
+                        dt, /*fast_accum=*/false);
+    if (!want_dh) return out;
+    const Tensor dh = gemm_fp8(Fp8Format::E5M2, dyq.codes, dyq.meta, Fp8Format::E4M3, unpack(6), unpack(7), Mp_, F_,
+                               N_, dt, /*fast_accum=*/false);
+    const Tensor gate_meta = zero_meta(dev), up_meta = zero_meta(dev);
+    const auto [dgate, dup] = swiglu_backward(unpack(8), unpack(9), dh, amax_of(gate_meta), amax_of(up_meta));
+    const Tensor x_t = unpack(0), x_meta = unpack(1);
+    Tensor dx;  // [Mp, K]: gate's dgrad, then up's added in its epilogue (linear_fp8_multi's order)
+    const auto part = [&](const Tensor& d, const Tensor& meta, bool want_w, int w_slot, Tensor& dw) {
+      if (!(want_x || want_w)) return;
+      const Fp8Operand q = cast_operand(d, meta, Mp_, F_, Fp8Format::E5M2, want_x, want_w);
+      if (want_x)
+        dx = gemm_fp8(Fp8Format::E5M2, q.codes, q.meta, Fp8Format::E4M3, unpack(w_slot), unpack(w_slot + 1), Mp_, K_,
+                      F_, dt, /*fast_accum=*/false, dx);
+      if (want_w)
+        dw = gemm_fp8(Fp8Format::E5M2, q.codes_t, q.meta, Fp8Format::E4M3, x_t, x_meta, F_, K_, Mp_, dt,
+                      /*fast_accum=*/false);
+    };
+    part(dgate, gate_meta, want_gate, 2, out[1]);
+    part(dup, up_meta, want_up, 4, out[2]);
+    if (dx.defined()) out[0] = dx.storage_view(0, xshape_);  // the first M rows, x's shape
+    return out;
+  }
+
+ private:
+  Shape xshape_;
+  int64_t M_, Mp_, K_, F_, N_;
+};
+
 }  // namespace
 
 std::vector<Tensor> linear_fp8_multi(const Tensor& x, const std::vector<Tensor>& ws) {
@@ -200,6 +286,56 @@ std::vector<Tensor> linear_fp8_multi(const Tensor& x, const std::vector<Tensor>&
 }
 
 Tensor linear_fp8(const Tensor& x, const Tensor& w) { return linear_fp8_multi(x, {w})[0]; }
+
+Tensor mlp_fp8(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down) {
+  check_linear_fp8(x, w_gate);
+  check_linear_fp8(x, w_up);
+  XT_CHECK(w_gate.shape() == w_up.shape(), ValueError, "mlp_fp8: w_gate ", w_gate.describe(), " and w_up ",
+           w_up.describe(), " must have the same shape");
+  const int64_t K = w_gate.size(1), F = w_gate.size(0), M = x.numel() / K, Mp = padded_rows(M, x.device());
+  check_defined(w_down, "w_down");
+  check_floating(w_down, "mlp_fp8", "w_down");
+  check_dim(w_down, 2, "mlp_fp8", "w_down");
+  check_same_device(x, w_down, "mlp_fp8", "x", "w_down");
+  check_same_dtype(x, w_down, "mlp_fp8", "x", "w_down");
+  XT_CHECK(w_down.size(1) == F, ValueError, "mlp_fp8: w_down ", w_down.describe(), " must take the gate's ", F,
+           " features (w_gate ", w_gate.describe(), "; weights are [out, in])");
+  const int64_t N = w_down.size(0);
+  XT_CHECK(N > 0, ValueError, "mlp_fp8: empty w_down ", w_down.describe());
+  XT_CHECK(!x.device().is_cuda() || N % 16 == 0, ValueError, "mlp_fp8 on CUDA: w_down's out_features (", N,
+           ") must be a multiple of 16 (cuBLASLt's FP8 GEMMs)");
+  const std::vector<Tensor> inputs{x, w_gate, w_up, w_down};
+  const bool record = needs_grad(inputs);
+  const bool x_grad = record && x.requires_grad(), gate_grad = record && w_gate.requires_grad(),
+             up_grad = record && w_up.requires_grad(), down_grad = record && w_down.requires_grad();
+  const bool h_grad = x_grad || gate_grad || up_grad;  // the composition's hidden requires a gradient
+  const Device dev = x.device();
+
+  Fp8Operand xq = quantize(rows_padded(x, M, K, Mp), Mp, K, Fp8Format::E4M3, true, gate_grad || up_grad);
+  Fp8Operand gq = quantize(aligned(w_gate), F, K, Fp8Format::E4M3, true, x_grad);
+  Fp8Operand uq = quantize(aligned(w_up), F, K, Fp8Format::E4M3, true, x_grad);
+  Tensor gate = gemm_fp8(Fp8Format::E4M3, xq.codes, xq.meta, Fp8Format::E4M3, gq.codes, gq.meta, Mp, F, K, x.dtype(),
+                         /*fast_accum=*/true);
+  Tensor up = gemm_fp8(Fp8Format::E4M3, xq.codes, xq.meta, Fp8Format::E4M3, uq.codes, uq.meta, Mp, F, K, x.dtype(),
+                       /*fast_accum=*/true);
+  xq.codes = gq.codes = uq.codes = Tensor();  // the forward's copies
+  const Tensor h_meta = zero_meta(dev);
+  const Tensor h = swiglu_forward(gate, up, amax_of(h_meta));  // padded rows: silu(0) * 0 = 0, no amax change
+  Fp8Operand hq = cast_operand(h, h_meta, Mp, F, Fp8Format::E4M3, true, down_grad);
+  Fp8Operand dq = quantize(aligned(w_down), N, F, Fp8Format::E4M3, true, h_grad);
+  Tensor y = gemm_fp8(Fp8Format::E4M3, hq.codes, hq.meta, Fp8Format::E4M3, dq.codes, dq.meta, Mp, N, F, x.dtype(),
+                      /*fast_accum=*/true);
+  hq.codes = dq.codes = Tensor();
+  Shape shape = x.shape();
+  shape.back() = N;
+  Tensor out = y.storage_view(0, shape);  // the first M rows
+  if (record) {
+    if (!h_grad) gate = up = Tensor();  // swiglu's backward runs only for dh's consumers
+    auto node = make_node<MlpFp8Backward>(inputs, xq, gq, uq, dq, gate, up, hq, x.shape(), M, Mp, K, F, N);
+    set_history(out, node, 0);
+  }
+  return out;
+}
 
 }  // namespace ops
 }  // namespace xt

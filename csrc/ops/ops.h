@@ -95,8 +95,11 @@ Tensor unary(kernels::UnaryOp op, const Tensor& x);
 Tensor unary_backward(kernels::UnaryOp op, const Tensor& x, const Tensor& dy);  // dy * op'(x)
 void accumulate_(Tensor& a, const Tensor& b, double alpha = 1.0);  // a += alpha*b (same shape)
 Tensor sum_to(const Tensor& g, const Shape& shape);  // undo a broadcast: sum over expanded dims
-Tensor swiglu_forward(const Tensor& gate, const Tensor& up);
-std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout);
+// The amax pointers (nullable, device floats the caller zeroed): raised to each output's max |value|,
+// the FP8 casts' amax taken by the kernel that writes the operand (mlp_fp8).
+Tensor swiglu_forward(const Tensor& gate, const Tensor& up, float* out_amax = nullptr);
+std::pair<Tensor, Tensor> swiglu_backward(const Tensor& gate, const Tensor& up, const Tensor& dout,
+                                          float* dgate_amax = nullptr, float* dup_amax = nullptr);
 
 // ---- casts and device moves (ops/cast.cpp); the gradient comes back in the input's dtype/device
 Tensor cast(const Tensor& x, DType dtype);  // x itself when it already has dtype (like torch's .to)
@@ -190,6 +193,10 @@ Tensor linear_fp8(const Tensor& x, const Tensor& w);
 // its codes) for all of them: the outputs and the weight gradients are linear_fp8's bits; dx is
 // the weights' dgrad GEMMs accumulated in ws' order (dx = round(G_i + dx), in each GEMM's epilogue). linear_fp8 is its one-weight case.
 std::vector<Tensor> linear_fp8_multi(const Tensor& x, const std::vector<Tensor>& ws);
+// linear_fp8(swiglu(*linear_fp8_multi(x, [w_gate, w_up])), w_down) as one op, bitwise: the swiglu
+// kernels take the amax of h (forward) and of dgate, dup (backward) as they write them, instead of
+// an amax pass each (Note [The FP8 MLP in one op], ops/fp8.cpp).
+Tensor mlp_fp8(const Tensor& x, const Tensor& w_gate, const Tensor& w_up, const Tensor& w_down);
 
 // ---- embedding (ops/embedding.cpp): ids int32/int64 in [0, vocab)
 Tensor embedding(const Tensor& table, const Tensor& ids);

@@ -10,6 +10,7 @@
 // (xtrain's exp_f32, the one every CPU kernel uses) with kernels/common.h's expressions around
 // it; float64 and the other ops use kernels/common.h as it is.
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "kernels/common.h"
@@ -24,6 +25,17 @@ namespace cpu {
 namespace {
 
 constexpr int64_t kElementGrain = 1 << 15;  // elements per thread at the least
+
+// *amax = max(*amax, max |p[i]|) over the n stored values (NaN ignored, as fp8_amax): the amax an
+// FP8 cast of this output needs (the swiglu kernels' optional amax pointers). A maximum, so the
+// order does not matter; a pass of its own here (the CUDA kernels fold it into the write).
+template <typename T>
+void raise_amax(const T* p, int64_t n, float* amax) {
+  if (amax == nullptr) return;
+  float m = *amax;
+  for (int64_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(static_cast<float>(load(p, i))));
+  *amax = m;
+}
 
 // Broadcast walk: the innermost dimension runs as a strided loop, the outer ones as a counter.
 template <typename T>
@@ -148,7 +160,7 @@ void unary_backward(UnaryOp op, DType dt, const void* x, const void* dy, void* d
   });
 }
 
-void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64_t n, void*) {
+void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64_t n, float* out_amax, void*) {
   XT_DISPATCH_FLOAT(dt, "swiglu_forward", T, {
     const T* pg = static_cast<const T*>(gate);
     const T* pu = static_cast<const T*>(up);
@@ -163,12 +175,13 @@ void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64
         for (int64_t i = lo; i < hi; ++i) store(po, i, swiglu_value(load(pg, i), load(pu, i)));
       }
     });
+    raise_amax(po, n, out_amax);
   });
 }
 
 // dgate = dout * up * silu'(gate), dup = dout * silu(gate); both written with `=`.
 void swiglu_backward(DType dt, const void* gate, const void* up, const void* dout, void* dgate, void* dup,
-                     int64_t n, void*) {
+                     int64_t n, float* dgate_amax, float* dup_amax, void*) {
   XT_DISPATCH_FLOAT(dt, "swiglu_backward", T, {
     using C = compute_t<T>;
     const T* pg = static_cast<const T*>(gate);
@@ -195,6 +208,8 @@ void swiglu_backward(DType dt, const void* gate, const void* up, const void* dou
         }
       }
     });
+    raise_amax(pdg, n, dgate_amax);
+    raise_amax(pdu, n, dup_amax);
   });
 }
 

@@ -69,7 +69,7 @@ void rms_norm_linear_rows(DType dt, DType w_dt, const void* x, const void* res, 
   XT_CHECK(n_w == 2 && N[0] == N[1], ValueError, "rms_norm_linear_rows: swiglu takes two weights of one shape (gate, up)");
   std::vector<unsigned char> gate_up(static_cast<size_t>(2 * M * N[0]) * elem);
   linear_rows(dt, y.data(), M, K, n_w, w, N, gate_up.data(), stream);
-  swiglu_forward(dt, gate_up.data(), gate_up.data() + static_cast<size_t>(M * N[0]) * elem, out, M * N[0], stream);
+  swiglu_forward(dt, gate_up.data(), gate_up.data() + static_cast<size_t>(M * N[0]) * elem, out, M * N[0], nullptr, stream);
 }
 
 }  // namespace cpu

@@ -14,6 +14,7 @@
 // block per chunk, so a block's elements are contiguous and pack-aligned whenever the tensor's
 // pointers are. Each element goes through cast_one, i.e. CastF, so the bits equal cast's.
 #include "kernels/cuda/common.cuh"
+#include "kernels/fp8_math.h"  // fp8_float_bits: the amax's atomicMax on a float's bits
 
 namespace xt {
 namespace kernels {
@@ -30,16 +31,54 @@ struct MapArgs {
   TO* out[NO];
 };
 
+// Where a map launch folds each output's max |value| (as stored, after rounding) into:
+// p[j] == nullptr leaves output j out. The FP8 casts' amax (kernels/cuda/fp8_cast.cuh's
+// amax_kernel) taken by the kernel that produces the operand instead of a pass of its own.
+template <int NO>
+struct OutAmax {
+  float* p[NO];
+};
+
+// The block's maxima m[j] folded into am.p[j] with one integer atomicMax on the float's bits per
+// block and output: non-negative floats order as their bits, and a maximum does not depend on the
+// order the blocks arrive in, so the result is bitwise deterministic. fmaxf ignores NaN.
+// Every thread of the (kThreads-wide) block calls it.
+template <int NO>
+__device__ __forceinline__ void fold_block_amax(float (&m)[NO], const OutAmax<NO>& am) {
+  __shared__ float warp_max[NO][kThreads / kWarp];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+#pragma unroll
+    for (int off = kWarp / 2; off > 0; off /= 2) m[j] = fmaxf(m[j], __shfl_xor_sync(0xffffffffu, m[j], off));
+    if (lane == 0) warp_max[j][warp] = m[j];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {
+      if (am.p[j] == nullptr) continue;
+      float b = warp_max[j][0];
+      for (int w = 1; w < kThreads / kWarp; ++w) b = fmaxf(b, warp_max[j][w]);
+      atomicMax(reinterpret_cast<unsigned int*>(am.p[j]), fp8_float_bits(b));
+    }
+  }
+}
+
 // out_j[i] = f(i, in_0[i], ..., in_NI-1[i])_j. Each thread moves N consecutive elements per step
 // as aligned packs; the < N leftover elements run one per thread. f sees compute-type values
 // and the element index (dropout's counter), so the result never depends on N.
-template <int N, typename TI, int NI, typename TO, int NO, typename F>
-__global__ void map_kernel(MapArgs<TI, NI, TO, NO> a, int64_t n, F f) {
+// kAmax: also each output's max |value| as stored, into am (OutAmax above); blockDim.x == kThreads.
+template <int N, bool kAmax, typename TI, int NI, typename TO, int NO, typename F>
+__global__ void map_kernel(MapArgs<TI, NI, TO, NO> a, int64_t n, F f, OutAmax<NO> am) {
   using CI = compute_t<TI>;
   using CO = compute_t<TO>;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nv = n / N;
+  float m[NO];
+#pragma unroll
+  for (int j = 0; j < NO; ++j) m[j] = 0.0f;
   for (int64_t v = tid; v < nv; v += stride) {
     const int64_t base = v * N;
     Pack<TI, N> pin[NI];
@@ -54,7 +93,10 @@ __global__ void map_kernel(MapArgs<TI, NI, TO, NO> a, int64_t n, F f) {
       for (int j = 0; j < NI; ++j) x[j] = to_compute(pin[j].v[k]);
       f(base + k, x, y);
 #pragma unroll
-      for (int j = 0; j < NO; ++j) pout[j].v[k] = from_compute<TO>(y[j]);
+      for (int j = 0; j < NO; ++j) {
+        pout[j].v[k] = from_compute<TO>(y[j]);
+        if constexpr (kAmax) m[j] = fmaxf(m[j], fabsf(static_cast<float>(to_compute(pout[j].v[k]))));
+      }
     }
 #pragma unroll
     for (int j = 0; j < NO; ++j) *reinterpret_cast<Pack<TO, N>*>(a.out[j] + base) = pout[j];
@@ -66,20 +108,31 @@ __global__ void map_kernel(MapArgs<TI, NI, TO, NO> a, int64_t n, F f) {
     for (int j = 0; j < NI; ++j) x[j] = to_compute(a.in[j][i]);
     f(i, x, y);
 #pragma unroll
-    for (int j = 0; j < NO; ++j) a.out[j][i] = from_compute<TO>(y[j]);
+    for (int j = 0; j < NO; ++j) {
+      a.out[j][i] = from_compute<TO>(y[j]);
+      if constexpr (kAmax) m[j] = fmaxf(m[j], fabsf(static_cast<float>(to_compute(a.out[j][i]))));
+    }
   }
+  if constexpr (kAmax) fold_block_amax(m, am);
 }
 
 // 16-byte packs when every pointer allows it (tensors from the allocator always do; views at
-// odd offsets fall back to one element per step).
+// odd offsets fall back to one element per step). am (optional): the outputs' amax (OutAmax).
 template <typename TI, int NI, typename TO, int NO, typename F>
-void launch_map(const OnStream& on, int64_t n, const MapArgs<TI, NI, TO, NO>& a, F f) {
+void launch_map(const OnStream& on, int64_t n, const MapArgs<TI, NI, TO, NO>& a, F f,
+                const OutAmax<NO>* am = nullptr) {
   constexpr int N = 16 / (sizeof(TI) > sizeof(TO) ? sizeof(TI) : sizeof(TO));
   bool vec = n >= N;
   for (int j = 0; j < NI; ++j) vec = vec && aligned_to(a.in[j], sizeof(Pack<TI, N>));
   for (int j = 0; j < NO; ++j) vec = vec && aligned_to(a.out[j], sizeof(Pack<TO, N>));
-  if (vec) map_kernel<N><<<grid_for(n / N), kThreads, 0, on.s>>>(a, n, f);
-  else map_kernel<1><<<grid_for(n), kThreads, 0, on.s>>>(a, n, f);
+  const unsigned grid = vec ? grid_for(n / N) : grid_for(n);
+  if (am != nullptr) {
+    if (vec) map_kernel<N, true><<<grid, kThreads, 0, on.s>>>(a, n, f, *am);
+    else map_kernel<1, true><<<grid, kThreads, 0, on.s>>>(a, n, f, *am);
+  } else {
+    if (vec) map_kernel<N, false><<<grid, kThreads, 0, on.s>>>(a, n, f, OutAmax<NO>{});
+    else map_kernel<1, false><<<grid, kThreads, 0, on.s>>>(a, n, f, OutAmax<NO>{});
+  }
   XT_LAUNCH_CHECK();
 }
 
@@ -381,25 +434,28 @@ void unary_backward(UnaryOp op, DType dt, const void* x, const void* dy, void* d
   });
 }
 
-void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64_t n, void* stream) {
+void swiglu_forward(DType dt, const void* gate, const void* up, void* out, int64_t n, float* out_amax,
+                    void* stream) {
   if (n == 0) return;
   OnStream on(stream);
+  const OutAmax<1> am{{out_amax}};
   XT_DISPATCH_FLOAT(dt, "swiglu_forward", T, {
     launch_map(on, n,
                MapArgs<T, 2, T, 1>{{static_cast<const T*>(gate), static_cast<const T*>(up)}, {static_cast<T*>(out)}},
-               SwigluF{});
+               SwigluF{}, out_amax ? &am : nullptr);
   });
 }
 
 void swiglu_backward(DType dt, const void* gate, const void* up, const void* dout, void* dgate, void* dup, int64_t n,
-                     void* stream) {
+                     float* dgate_amax, float* dup_amax, void* stream) {
   if (n == 0) return;
   OnStream on(stream);
+  const OutAmax<2> am{{dgate_amax, dup_amax}};
   XT_DISPATCH_FLOAT(dt, "swiglu_backward", T, {
     launch_map(on, n,
                MapArgs<T, 3, T, 2>{{static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dout)},
                                    {static_cast<T*>(dgate), static_cast<T*>(dup)}},
-               SwigluBackwardF{});
+               SwigluBackwardF{}, dgate_amax || dup_amax ? &am : nullptr);
   });
 }
 

@@ -1,4 +1,4 @@
-// xtrain._C.ops bindings of the fp8 family (csrc/ops/fp8.cpp): linear_fp8, linear_fp8_multi.
+// xtrain._C.ops bindings of the fp8 family (csrc/ops/fp8.cpp): linear_fp8, linear_fp8_multi, mlp_fp8.
 #include "ops/ops.h"
 #include "python/op_registry.h"
 
@@ -10,5 +10,8 @@ XT_BIND_OPS(fp8, m) {
   m.def("linear_fp8_multi", &ops::linear_fp8_multi, py::arg("x"), py::arg("weights"), NoGil(),
         "[linear_fp8(x, w) for w in weights] with x quantised once for all of them (one amax pass, one cast, "
         "one saved copy of its codes): the outputs and weight gradients are linear_fp8's bits, dx the weights' "
-        "parts added in their order");
+        "dgrad GEMMs accumulated in their order");
+  m.def("mlp_fp8", &ops::mlp_fp8, py::arg("x"), py::arg("w_gate"), py::arg("w_up"), py::arg("w_down"), NoGil(),
+        "linear_fp8(swiglu(*linear_fp8_multi(x, [w_gate, w_up])), w_down) as one op with the same bits: the "
+        "SwiGLU kernels take the amax of what they write, so h, dgate and dup need no amax pass of their own");
 }

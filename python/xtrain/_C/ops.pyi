@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections.abc
 import typing
 import xtrain._C
-__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_positions', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'head_layout', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_fp8', 'linear_fp8_multi', 'linear_multi', 'linear_multi_bias', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'qk_norm_rope_attention', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_multi', 'rms_norm_linear_rows', 'rope', 'rope_attention', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'swiglu_linear', 'tanh', 'to', 'transpose', 'view']
+__all__: list[str] = ['add', 'add_layer_norm', 'add_rms_norm', 'add_scalar', 'cast', 'cast_many', 'cross_entropy', 'decode_attention', 'decode_prep_attention', 'div', 'div_scalar', 'document_positions', 'document_starts', 'dropout', 'embedding', 'exp', 'flash_attention', 'gelu', 'gelu_mlp', 'greedy_next_', 'head_layout', 'kv_cache_write_', 'layer_norm', 'linear', 'linear_bias', 'linear_cross_entropy', 'linear_fp8', 'linear_fp8_multi', 'linear_multi', 'linear_multi_bias', 'linear_rows', 'log', 'log_softmax', 'matmul', 'mean', 'mlp_fp8', 'mul', 'mul_scalar', 'neg', 'permute', 'pow_scalar', 'qk_norm_rope', 'qk_norm_rope_attention', 'rdiv_scalar', 'reshape', 'rms_norm', 'rms_norm_linear_multi', 'rms_norm_linear_rows', 'rope', 'rope_attention', 'rsub_scalar', 'silu', 'softmax', 'sqrt', 'sub', 'sum', 'swiglu', 'swiglu_linear', 'tanh', 'to', 'transpose', 'view']
 def add(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """
     a + b (numpy broadcasting)
@@ -116,7 +116,7 @@ def linear_fp8(x: xtrain._C.Tensor, weight: xtrain._C.Tensor) -> xtrain._C.Tenso
     """
 def linear_fp8_multi(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor]) -> list[xtrain._C.Tensor]:
     """
-    [linear_fp8(x, w) for w in weights] with x quantised once for all of them (one amax pass, one cast, one saved copy of its codes): the outputs and weight gradients are linear_fp8's bits, dx the weights' parts added in their order
+    [linear_fp8(x, w) for w in weights] with x quantised once for all of them (one amax pass, one cast, one saved copy of its codes): the outputs and weight gradients are linear_fp8's bits, dx the weights' dgrad GEMMs accumulated in their order
     """
 def linear_multi(x: xtrain._C.Tensor, weights: collections.abc.Sequence[xtrain._C.Tensor]) -> list[xtrain._C.Tensor]:
     """
@@ -145,6 +145,10 @@ def matmul(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
 def mean(x: xtrain._C.Tensor, dim: typing.SupportsInt | typing.SupportsIndex | None = None, keepdim: bool = False) -> xtrain._C.Tensor:
     """
     Mean over all elements (dim=None) or the last dimension (dim=-1)
+    """
+def mlp_fp8(x: xtrain._C.Tensor, w_gate: xtrain._C.Tensor, w_up: xtrain._C.Tensor, w_down: xtrain._C.Tensor) -> xtrain._C.Tensor:
+    """
+    linear_fp8(swiglu(*linear_fp8_multi(x, [w_gate, w_up])), w_down) as one op with the same bits: the SwiGLU kernels take the amax of what they write, so h, dgate and dup need no amax pass of their own
     """
 def mul(a: xtrain._C.Tensor, b: xtrain._C.Tensor) -> xtrain._C.Tensor:
     """

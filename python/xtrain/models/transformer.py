@@ -445,9 +445,13 @@ class MLP(nn.Module):
         """x (B*S, dim), normed (or Normed) -> (B*S, dim). gate and up come from one batched GEMM
         (views of one buffer); with lean_activations down_proj(silu(gate) * up) runs as
         ops.swiglu_linear, which keeps gate and up for backward but not the (B*S, ffn) hidden (it
-        recomputes it, bitwise)."""
+        recomputes it, bitwise). In FP8 the three linears and SwiGLU are one op, ops.mlp_fp8 (bitwise
+        the composition; its SwiGLU kernels take the amaxes the casts need)."""
+        if isinstance(self.down_proj, Fp8Linear):
+            x = x.value() if isinstance(x, Normed) else x
+            return self.dropout(ops.mlp_fp8(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight))
         gate, up = project(x, [self.gate_proj, self.up_proj])  # (B*S, ffn) each
-        if not self.lean or isinstance(self.down_proj, Fp8Linear):
+        if not self.lean:
             return self.dropout(self.down_proj(ops.swiglu(gate, up)))
         return self.dropout(ops.swiglu_linear(gate, up, self.down_proj.weight))
 
