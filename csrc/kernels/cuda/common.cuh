@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -126,6 +127,20 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+constexpr int kDefaultSmem = 48 * 1024;  // dynamic shared memory a launch gets without an opt-in
+
+#ifndef XT_CUDA_EMULATION
+// Kernel's dynamic shared memory above the default 48 KB needs an opt-in, once per device: the
+// first call's bytes are the kernel's limit from then on (callers pass the most they launch with).
+template <auto Kernel>
+void allow_smem(int bytes, int device) {
+  static std::atomic<uint64_t> done{0};
+  if (bytes <= kDefaultSmem || device >= 64 || (done.load() >> device & 1)) return;
+  XT_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.fetch_or(uint64_t(1) << device);
+}
+#endif
 
 // A hint: bring the 128-byte line holding p into L2, for a later kernel's loads (no value, no
 // wait; a no-op under the host emulation).

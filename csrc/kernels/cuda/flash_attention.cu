@@ -27,8 +27,6 @@ namespace {
 using flash::Dims;
 using flash::RowDims;
 
-constexpr int kDefaultSmem = 48 * 1024;
-
 bool aligned16(std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (!aligned_to(p, 16)) return false;
@@ -58,15 +56,6 @@ bool use_wgmma(int device, int64_t D) {
   (void)D;
   return false;
 #endif
-}
-
-// Kernel's dynamic shared memory above the default 48 KB needs an opt-in, once per device.
-template <auto Kernel>
-void allow_smem(int bytes, int device) {
-  static std::atomic<uint64_t> done{0};
-  if (bytes <= kDefaultSmem || device >= 64 || (done.load() >> device & 1)) return;
-  XT_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  done.fetch_or(uint64_t(1) << device);
 }
 
 void check_sizes(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D) {

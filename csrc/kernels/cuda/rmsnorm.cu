@@ -140,15 +140,30 @@ void onepass_with_tree(const OnePassPlan& plan, W* dw, int64_t dim, const OnStre
   XT_LAUNCH_CHECK();
 }
 
-// The wide backward for bf16 rows of 256, 512 or 768 whose x, dy, dres and dx start
-// at 16-byte boundaries; false (nothing launched) otherwise.
+// The wide backward for bf16 rows of 256, 512 or 768 (Note [Wide RMSNorm backward]) or 1024 and
+// 2048 (Note [Wide RMSNorm backward, long rows]) whose x, dy, dres and dx start at 16-byte
+// boundaries; false (nothing launched) otherwise.
 template <typename W>
 bool backward_wide(const bf16_t* x, const W* w, const float* rstd, const bf16_t* dy, const bf16_t* dres, bf16_t* dx,
                    W* dw, int64_t rows, int64_t dim, const OnStream& on) {
-  const int nc = wide_chunks(dim);
-  if (nc == 0 || !aligned_to(x, 16) || !aligned_to(dy, 16) || !aligned_to(dx, 16) ||
+  const int nc = wide_chunks(dim), nc_long = wide_long_chunks(dim);
+  if ((nc == 0 && nc_long == 0) || !aligned_to(x, 16) || !aligned_to(dy, 16) || !aligned_to(dx, 16) ||
       (dres != nullptr && !aligned_to(dres, 16)))
     return false;
+  if (nc_long > 0) {
+    constexpr size_t kMaxSmem = wide_long_smem(kWideLongMaxChunks);
+    const OnePassPlan plan = onepass_plan<kWarp, float>(rows, dim, kMaxSmem);
+    const size_t smem = wide_long_smem(nc_long);
+    onepass_with_tree<float>(plan, dw, dim, on, [&](float* part) {
+      XT_INT_SWITCH(nc_long, NC, (4, 8), [&] {
+        allow_smem<rmsnorm_backward_wide_long_kernel<NC, W>>(static_cast<int>(kMaxSmem), on.device);
+        rmsnorm_backward_wide_long_kernel<NC, W><<<static_cast<unsigned>(plan.nblocks), kThreads, smem, on.s>>>(
+            x, w, rstd, dy, dres, dx, dw, part, rows, plan.rows_per_block);
+      });
+      XT_LAUNCH_CHECK();
+    });
+    return true;
+  }
   const OnePassPlan plan = onepass_plan<kWarp, float>(rows, dim);
   if (plan.smem == 0) return false;
   onepass_with_tree<float>(plan, dw, dim, on, [&](float* part) {

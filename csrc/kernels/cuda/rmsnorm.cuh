@@ -196,6 +196,112 @@ rmsnorm_backward_wide_kernel(const bf16_t* __restrict__ x, const W* __restrict__
   store_block_dw<int>(acc_s, groups, dim, gridDim.x == 1, dw, partial, blockIdx.x);
 }
 
+// Note [Wide RMSNorm backward, long rows]
+// Rows of dim = 256 * NC with NC in kWideLongChunks (1024 and 2048: Qwen3-0.6B's, Llama-3.2-1B's
+// and Qwen3-1.7B's width) do not fit the wide kernel's registers (its dw partials alone are 8 * NC
+// floats a lane), and at dim 2048 the lane-strided one-pass kernel's [groups][dim] float rows
+// (64 KB) are over the default shared memory, so those rows took the two-kernel path (dx, then a
+// column sum for dw: x and dy read three times, 2-byte accesses; 159 + 50 us per call for 16384
+// rows of 2048 on the H200, ~1.2 TB/s). This kernel keeps the wide kernel's lanes, order and plan
+// and moves what does not fit into shared memory:
+//  - a warp per row, lane L owns the 8 consecutive elements [256c + 8L, 256c + 8L + 8) of each
+//    chunk c; two passes over the row: the first adds the dot chunk by chunk (each chunk's 8 in
+//    order, then group_sum<32>: the wide kernel's dot, so the same dx bits for a given NC), the
+//    second reads the row again (from the cache: the warp's row is 8-12 KB) and writes dx;
+//  - the dw partials and w in shared memory, lane-major ([groups][c][e][lane] and [c][e][lane]),
+//    so a warp's accesses are 32 consecutive floats (with the row layout a lane's 8 floats at a
+//    stride of 8 would be an 8-way bank conflict); the block's dw row is the groups' sum in group
+//    order, as store_block_dw adds it, then onepass_plan<32>'s blocks and final tree.
+// Shared memory (groups + 1) * dim * 4 bytes: 36 KB at 1024, 72 KB at 2048 (the launcher's opt-in).
+constexpr int kWideLongMinChunks = kWideMaxChunks + 1;
+constexpr int kWideLongMaxChunks = 8;
+constexpr int wide_long_chunks(int64_t dim) {
+  return dim % kWideChunk == 0 && dim / kWideChunk >= kWideLongMinChunks && dim / kWideChunk <= kWideLongMaxChunks &&
+                 (dim / kWideChunk) % 4 == 0
+             ? static_cast<int>(dim / kWideChunk)
+             : 0;
+}
+constexpr size_t wide_long_smem(int nc) {
+  return sizeof(float) * static_cast<size_t>(kThreads / kWarp + 1) * static_cast<size_t>(nc * kWideChunk);
+}
+// Index of element e of lane L's 8 in chunk c, in the lane-major layout.
+__host__ __device__ constexpr int wide_long_index(int c, int e, int lane) { return (c * 8 + e) * kWarp + lane; }
+
+// A compiler barrier: loads after it are issued again rather than served from the registers of
+// loads before it (a no-op under the host emulation).
+__device__ __forceinline__ void reload_barrier() {
+#ifndef XT_CUDA_EMULATION
+  asm volatile("" ::: "memory");
+#endif
+}
+
+template <int NC, typename W>
+__global__ void __launch_bounds__(kThreads, kWideBlocks)
+rmsnorm_backward_wide_long_kernel(const bf16_t* __restrict__ x, const W* __restrict__ w,
+                                  const float* __restrict__ rstd, const bf16_t* __restrict__ dy,
+                                  const bf16_t* __restrict__ dres, bf16_t* __restrict__ dx, W* __restrict__ dw,
+                                  float* __restrict__ partial, int64_t rows, int64_t rows_per_block) {
+  using T = bf16_t;
+  using C = float;
+  using P = Pack<T, 8>;
+  constexpr int dim = NC * kWideChunk, groups = kThreads / kWarp;
+  C* acc_s = reinterpret_cast<C*>(dynamic_smem());  // [groups][dim], lane-major within a group's row
+  C* w_s = acc_s + groups * dim;                     // [dim], lane-major
+  const int lane = threadIdx.x % kWarp, group = threadIdx.x / kWarp;
+  for (int j = threadIdx.x; j < dim; j += kThreads)
+    w_s[wide_long_index(j / kWideChunk, j % 8, (j % kWideChunk) / 8)] = static_cast<C>(load(w, j));
+  for (int j = threadIdx.x; j < groups * dim; j += kThreads) acc_s[j] = 0;
+  __syncthreads();
+  C* my = acc_s + group * dim;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = rows < r0 + rows_per_block ? rows : r0 + rows_per_block;
+  for (int64_t r = r0 + group; r < r1; r += groups) {  // the whole warp takes row r
+    const int64_t off = r * dim + lane * 8;
+    const C inv = static_cast<C>(rstd[r]);
+    C dot = 0;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const P xp = *reinterpret_cast<const P*>(x + off + c * kWideChunk);
+      const P dp = *reinterpret_cast<const P*>(dy + off + c * kWideChunk);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        dot = fma_dev(mul_rn(to_compute(dp.v[e]), w_s[wide_long_index(c, e, lane)]),
+                      mul_rn(to_compute(xp.v[e]), inv), dot);
+    }
+    dot = group_sum<kWarp>(dot);
+    const C mean_dot = dot / static_cast<C>(dim);
+    reload_barrier();  // the second pass loads the row again (the cache has it) instead of keeping 8 * NC registers
+#pragma unroll 2
+    for (int c = 0; c < NC; ++c) {
+      const P xp = *reinterpret_cast<const P*>(x + off + c * kWideChunk);
+      const P dp = *reinterpret_cast<const P*>(dy + off + c * kWideChunk);
+      P rp;
+      if (dres != nullptr) rp = *reinterpret_cast<const P*>(dres + off + c * kWideChunk);
+      P o;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const C xhat = mul_rn(to_compute(xp.v[e]), inv);
+        const C d = to_compute(dp.v[e]);
+        C v = mul_rn(inv, fma_dev(d, w_s[wide_long_index(c, e, lane)], -mul_rn(xhat, mean_dot)));
+        if (dres != nullptr) v = to_compute(from_compute<T>(v)) + to_compute(rp.v[e]);
+        o.v[e] = from_compute<T>(v);
+        C& a = my[wide_long_index(c, e, lane)];
+        a = fma_dev(xhat, d, a);
+      }
+      *reinterpret_cast<P*>(dx + off + c * kWideChunk) = o;
+    }
+  }
+  __syncthreads();
+  // store_block_dw's sum (groups in order) over the lane-major rows
+  for (int j = threadIdx.x; j < dim; j += kThreads) {
+    const int i = wide_long_index(j / kWideChunk, j % 8, (j % kWideChunk) / 8);
+    C s = 0;
+    for (int g = 0; g < groups; ++g) s += acc_s[g * dim + i];
+    if (gridDim.x == 1) store(dw, j, static_cast<compute_t<W>>(s));
+    else partial[static_cast<int64_t>(blockIdx.x) * dim + j] = s;
+  }
+}
+
 // dw[j] = sum over the nparts partial rows in order: block = 32 columns x 32 slices (1024
 // threads); slice s adds rows s, s + 32, ... in order, then slice 0 adds the 32 slice sums in
 // order. (With 8 slices of 256-thread blocks a thread walked up to 128 partial rows one after the
@@ -562,11 +668,12 @@ struct OnePassPlan {
 constexpr int64_t kOnePassMaxBlocks = 1024;  // partial rows the final pass adds per column
 constexpr int64_t kOnePassRowsPerGroup = 2;  // rows each group walks at least (amortises the block sum)
 constexpr size_t kOnePassMaxSmem = 48 * 1024;  // no opt-in needed: dim <= 1536 (float), 768 (double)
+// max_smem: the most the caller's kernel may take (above kDefaultSmem with its opt-in).
 template <int G, typename C>
-OnePassPlan onepass_plan(int64_t rows, int64_t dim) {
+OnePassPlan onepass_plan(int64_t rows, int64_t dim, size_t max_smem = kOnePassMaxSmem) {
   OnePassPlan p;
   const size_t smem = sizeof(C) * static_cast<size_t>(kThreads / G) * static_cast<size_t>(dim);
-  if (smem > kOnePassMaxSmem) return p;
+  if (smem > max_smem) return p;
   if (rows <= 0) {  // nothing to sum (qk_norm_rope's side without a gradient): no block
     p.rows_per_block = 1;
     p.nblocks = 0;
