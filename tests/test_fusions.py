@@ -451,11 +451,12 @@ def test_few_rows_bitwise_equal_rows_of_a_large_batch(device, dtype, w_dtype, di
 # ---------------------------------------------------------------- rms_norm one-pass weight gradient
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("rows,dim", [(1, 768), (33, 768), (8192, 64), (3000, 1536), (700, 2000), (257, 7)])
+@pytest.mark.parametrize("rows,dim", [(1, 768), (33, 768), (8192, 64), (3000, 1536), (700, 2000), (257, 7),
+                                      (300, 1024), (2100, 2048)])
 def test_rms_norm_weight_grad_matches_torch_and_repeats(device, dtype, rows, dim):
     """Shapes around the one-pass plan's limits (one block, many blocks, rows that do not fill the
-    last block, the widest row it takes, a row too wide for it): dw against torch, and bitwise the
-    same in a second run."""
+    last block, the widest row it takes, a row too wide for it; bf16 1024 and 2048, the wide
+    backward's long rows): dw against torch, and bitwise the same in a second run."""
     rng = np.random.default_rng(9)
     x_np, dy_np, w_np = rng.standard_normal((rows, dim)), rng.standard_normal((rows, dim)), rng.standard_normal(dim)
     runs = []
