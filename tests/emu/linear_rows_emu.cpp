@@ -241,7 +241,8 @@ void cuda_norm_rows(const T* x, const T* res, const W* nw, T* h, int M, int64_t 
           else lr::norm_linear_row_kernel<NC, false, false, W>(x, nm, ws, o);
         });
       };
-      in_registers = vec && !rows8 && nc > 0 && nm.G == cu::kWarp && cu::aligned_to(nw, 16);
+      in_registers = vec && !rows8 && nc > 0 && nc <= rn::kWideFwdRegisterChunks && nm.G == cu::kWarp &&
+                     cu::aligned_to(nw, 16);
       if (in_registers) {
         if (nc == 1) go(std::integral_constant<int, 1>{});
         else if (nc == 2) go(std::integral_constant<int, 2>{});
@@ -395,6 +396,9 @@ int main() {
   norm_case<bf16_t, float>(1, 1024, {21, 21}, false, true, DType::BFloat16, DType::Float32, 2e-2);
   norm_case<bf16_t, float>(1, 256, {3, 1, 4, 1, 5, 9, 2, 6, 5, 3}, true, false, DType::BFloat16, DType::Float32, 2e-2);
   norm_case<bf16_t, float>(1, 768, {0}, true, false, DType::BFloat16, DType::Float32, 2e-2);
+  // 2048 (the wide order's NC = 8): the lone row takes the shared-memory path, in the same order
+  norm_case<bf16_t, float>(1, 2048, {16, 16}, true, true, DType::BFloat16, DType::Float32, 2e-2);
+  norm_case<bf16_t, bf16_t>(2, 2048, {24, 24}, false, true, DType::BFloat16, DType::BFloat16, 2e-2);
   std::printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "passed", g_failures);
   return g_failures ? 1 : 0;
 }

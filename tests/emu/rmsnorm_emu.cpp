@@ -373,7 +373,7 @@ void wide_forward_case(int64_t rows, int64_t dim) {
     for (const emu::Schedule s : kSchedules) {
       Poisoned<T> got(n, rows);
       emu::set_schedule(s);
-      XT_INT_SWITCH(nc, NC, (1, 2, 3, 4), [&] {
+      XT_INT_SWITCH(nc, NC, (1, 2, 3, 4, 8), [&] {
         const auto kernel = vec ? rn::rmsnorm_forward_wide_kernel<NC, kAdd, true, W>
                                 : rn::rmsnorm_forward_wide_kernel<NC, kAdd, false, W>;
         emu::launch(dim3(unsigned(cu::ceil_div(rows, int64_t(cu::kThreads / cu::kWarp)))), dim3(cu::kThreads), 0,
@@ -429,7 +429,7 @@ int main() {
   wide_case<float>(2100, 2048);
 
   // The wide forward: every width, rows that fill no block, one, several and a partial last one.
-  for (const int64_t dim : {256, 512, 768, 1024})
+  for (const int64_t dim : {256, 512, 768, 1024, 2048})
     for (const int64_t rows : {1, 7, 9, 300}) {
       wide_forward_case<true, float>(rows, dim);
       wide_forward_case<false, float>(rows, dim);

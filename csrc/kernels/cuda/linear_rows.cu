@@ -48,7 +48,7 @@ bool launch_norm_row_in_registers(const T* x, const rows::RowsNorm& nm, const ro
     return false;
   } else {
     const int nc = M == 1 ? rmsnorm::wide_forward_chunks<bf16_t>(K) : 0;  // K = 256 * nc
-    if (nc == 0 || nm.G != kWarp || !aligned_to(nm.w, 16)) return false;
+    if (nc == 0 || nc > rmsnorm::kWideFwdRegisterChunks || nm.G != kWarp || !aligned_to(nm.w, 16)) return false;
     const int64_t cols = kGlu ? ws.col0[1] : ws.col0[ws.n];
     const auto blocks = static_cast<unsigned>(cols > 0 ? ceil_div(cols, rows::kRowsWarps) : 1);
     XT_INT_SWITCH(nc, NC, (1, 2, 3, 4), [&] {

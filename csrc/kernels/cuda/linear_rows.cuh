@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(kRowsThreads)
 }
 
 // Note [A lone row's norm in registers]
-// At batch 1 (M = 1) of a wide bf16 row (K = 256 * NC, NC = 1..4: rmsnorm::wide_forward_chunks)
+// At batch 1 (M = 1) of a wide bf16 row (K = 256 * NC, NC = 1..4: rmsnorm::kWideFwdRegisterChunks)
 // on the 16-byte path, the chunks a lane multiplies (lane, lane + 32, ...: elements [256c + 8 lane,
 // 256c + 8 lane + 8) for c < NC) are exactly the elements the wide norm order gives that lane
 // (Note [Wide RMSNorm forward]). So norm_linear_row_kernel lets every warp normalise the row

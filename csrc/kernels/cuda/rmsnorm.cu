@@ -107,7 +107,7 @@ void forward_typed(const T* x, const T* res, const W* w, T* h, T* y, float* rstd
     } else if (const int nc = wide_forward_chunks<T>(dim); nc > 0) {  // Note [Wide RMSNorm forward]
       if constexpr (std::is_same_v<T, bf16_t>) {
         const unsigned blocks = static_cast<unsigned>(ceil_div(rows, int64_t(kThreads / kWarp)));
-        XT_INT_SWITCH(nc, NC, (1, 2, 3, 4), [&] {
+        XT_INT_SWITCH(nc, NC, (1, 2, 3, 4, 8), [&] {
           XT_BOOL_SWITCH(aligned16, kAligned, [&] {
             rmsnorm_forward_wide_kernel<NC, kAdd, kAligned, W><<<blocks, kThreads, 0, on.s>>>(x, res, w, h, y, rstd,
                                                                                               rows, eps);

@@ -335,8 +335,8 @@ rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
 
 // Note [Wide RMSNorm forward]
 // The forward's sum of squares fixes rstd's bits, so every kernel that normalises a row must add
-// the squares in one order. For bf16 rows of dim = 256 * NC (wide_forward_chunks: NC = 1..4, the
-// model widths 256 to 1024) that order is the wide kernel's: lane L of the row's warp adds its
+// the squares in one order. For bf16 rows of dim = 256 * NC (wide_forward_chunks: NC = 1..4 and
+// 8, the model widths 256 to 1024 and 2048) that order is the wide kernel's: lane L of the row's warp adds its
 // elements [256c + 8L, 256c + 8L + 8) chunk by chunk (c = 0, 1, ..., each chunk's 8 in order),
 // each as ss = fma(v, v, ss) from 0, then group_sum<32>. So a lane's elements are 16 contiguous
 // bytes per chunk, and rmsnorm_forward_wide_kernel moves x, res, h and y in 16-byte packs (a
@@ -348,15 +348,21 @@ rmsnorm_dw_tree_kernel(const C* partial, int64_t nparts, W* dw, int64_t dim) {
 // decode_prep) at head dims 256 and up; lanes_for gives every such row G = 32. Other widths and
 // types keep group_sum_sq's lane-strided order. Elementwise values (h, y = v * rstd * w) do not
 // depend on the order. tests/emu/rmsnorm_emu.cpp and linear_rows_emu.cpp compare the kernels
-// bit for bit.
+// bit for bit. NC = 8 (Llama-3.2-1B's and Qwen3-1.7B's 2048) joined later: the lane-strided
+// kernels ran add_rms_norm there at ~2.1 TB/s (120 us per call for 16384 rows, 256 MB) and
+// rms_norm at ~2.6 (52 us); the wide kernel holds the row's 8 packs of x (and res) a lane in
+// registers. The decode step's lone-row norm in registers (linear_rows.cuh) stays at NC <= 4
+// (kWideFwdRegisterChunks); wider rows take its shared-memory path, in the same order.
 constexpr int kWideFwdMaxChunks = 4;
+constexpr int kWideFwdLongChunks = 8;
 template <typename T>
 constexpr int wide_forward_chunks(int64_t dim) {
   return std::is_same_v<T, bf16_t> && dim >= kWideChunk && dim % kWideChunk == 0 &&
-                 dim / kWideChunk <= kWideFwdMaxChunks
+                 (dim / kWideChunk <= kWideFwdMaxChunks || dim / kWideChunk == kWideFwdLongChunks)
              ? static_cast<int>(dim / kWideChunk)
              : 0;
 }
+constexpr int kWideFwdRegisterChunks = 4;  // the decode step's lone row in registers (linear_rows.cuh)
 
 // Lane `lane`'s part of a wide row's sum of squares, at(j) giving element j in the compute type.
 template <typename C, typename F>
