@@ -128,6 +128,20 @@ void check_linear_fp8(const Tensor& x, const Tensor& w) {
            N, ") and in_features (", K, ") must be multiples of 16 (cuBLASLt's FP8 GEMMs), weight ", w.describe());
 }
 
+// One weight's gradients from its output's quantised gradient gq (codes for dx, transposed codes
+// for dW): dx (x's [Mp, K]) accumulated by the dgrad GEMM in its epilogue (undefined dx: written),
+// dW [N, K] by the wgrad GEMM. w_t, x_t: the forward's transposed codes, with their records.
+void linear_fp8_grads(const Fp8Operand& gq, const Tensor& w_t, const Tensor& w_meta, const Tensor& x_t,
+                      const Tensor& x_meta, int64_t Mp, int64_t N, int64_t K, DType dt, bool want_dx, bool want_dw,
+                      Tensor& dx, Tensor& dw) {
+  if (want_dx)
+    dx = gemm_fp8(Fp8Format::E5M2, gq.codes, gq.meta, Fp8Format::E4M3, w_t, w_meta, Mp, K, N, dt, /*fast_accum=*/false,
+                  dx);
+  if (want_dw)
+    dw = gemm_fp8(Fp8Format::E5M2, gq.codes_t, gq.meta, Fp8Format::E4M3, x_t, x_meta, N, K, Mp, dt,
+                  /*fast_accum=*/false);
+}
+
 // The node of linear_fp8 (one weight) and linear_fp8_multi: x's transposed codes and record once,
 // each weight's; dx is the weights' dgrad GEMMs accumulated in their order, each GEMM adding its
 // product into the dx of the ones before in its epilogue (dx = round(G_i + dx), one rounding per
@@ -159,13 +173,7 @@ class LinearFp8Backward : public NodeWithSavedList {
       const Tensor w_t = unpack(2 + 2 * i), w_meta = unpack(3 + 2 * i);
       const Tensor dy = rows_padded(g, M_, ns_[i], Mp_);
       const Fp8Operand gq = quantize(dy, Mp_, ns_[i], Fp8Format::E5M2, want_dx, want_dw);
-      if (want_dx) {
-        dx = gemm_fp8(Fp8Format::E5M2, gq.codes, gq.meta, Fp8Format::E4M3, w_t, w_meta, Mp_, K_, ns_[i], g.dtype(),
-                      /*fast_accum=*/false, dx);
-      }
-      if (want_dw)
-        out[1 + i] = gemm_fp8(Fp8Format::E5M2, gq.codes_t, gq.meta, Fp8Format::E4M3, x_t, x_meta, ns_[i], K_, Mp_,
-                              g.dtype(), /*fast_accum=*/false);
+      linear_fp8_grads(gq, w_t, w_meta, x_t, x_meta, Mp_, ns_[i], K_, g.dtype(), want_dx, want_dw, dx, out[1 + i]);
     }
     if (dx.defined()) out[0] = dx.storage_view(0, xshape_);  // the first M rows, x's shape
     return out;
@@ -220,12 +228,10 @@ class MlpFp8Backward : public NodeWithSavedList {
     const DType dt = g.dtype();
     const Tensor dy = rows_padded(g, M_, N_, Mp_);
     const Fp8Operand dyq = quantize(dy, Mp_, N_, Fp8Format::E5M2, want_dh, want_down);
-    if (want_down)
-      out[3] = gemm_fp8(Fp8Format::E5M2, dyq.codes_t, dyq.meta, Fp8Format::E4M3, unpack(10), unpack(11), N_, F_, Mp_,
-                        dt, /*fast_accum=*/false);
+    Tensor dh;  // [Mp, F]
+    linear_fp8_grads(dyq, unpack(6), unpack(7), unpack(10), unpack(11), Mp_, N_, F_, dt, want_dh, want_down, dh,
+                     out[3]);
     if (!want_dh) return out;
-    const Tensor dh = gemm_fp8(Fp8Format::E5M2, dyq.codes, dyq.meta, Fp8Format::E4M3, unpack(6), unpack(7), Mp_, F_,
-                               N_, dt, /*fast_accum=*/false);
     const Tensor gate_meta = zero_meta(dev), up_meta = zero_meta(dev);
     const auto [dgate, dup] = swiglu_backward(unpack(8), unpack(9), dh, amax_of(gate_meta), amax_of(up_meta));
     const Tensor x_t = unpack(0), x_meta = unpack(1);
@@ -233,12 +239,7 @@ class MlpFp8Backward : public NodeWithSavedList {
     const auto part = [&](const Tensor& d, const Tensor& meta, bool want_w, int w_slot, Tensor& dw) {
       if (!(want_x || want_w)) return;
       const Fp8Operand q = cast_operand(d, meta, Mp_, F_, Fp8Format::E5M2, want_x, want_w);
-      if (want_x)
-        dx = gemm_fp8(Fp8Format::E5M2, q.codes, q.meta, Fp8Format::E4M3, unpack(w_slot), unpack(w_slot + 1), Mp_, K_,
-                      F_, dt, /*fast_accum=*/false, dx);
-      if (want_w)
-        dw = gemm_fp8(Fp8Format::E5M2, q.codes_t, q.meta, Fp8Format::E4M3, x_t, x_meta, F_, K_, Mp_, dt,
-                      /*fast_accum=*/false);
+      linear_fp8_grads(q, unpack(w_slot), unpack(w_slot + 1), x_t, x_meta, Mp_, F_, K_, dt, want_x, want_w, dx, dw);
     };
     part(dgate, gate_meta, want_gate, 2, out[1]);
     part(dup, up_meta, want_up, 4, out[2]);

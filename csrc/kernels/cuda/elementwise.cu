@@ -14,7 +14,7 @@
 // block per chunk, so a block's elements are contiguous and pack-aligned whenever the tensor's
 // pointers are. Each element goes through cast_one, i.e. CastF, so the bits equal cast's.
 #include "kernels/cuda/common.cuh"
-#include "kernels/fp8_math.h"  // fp8_float_bits: the amax's atomicMax on a float's bits
+#include "kernels/cuda/fp8_cast.cuh"  // fold_block_amax: the outputs' amax, as amax_kernel folds it
 
 namespace xt {
 namespace kernels {
@@ -31,39 +31,8 @@ struct MapArgs {
   TO* out[NO];
 };
 
-// Where a map launch folds each output's max |value| (as stored, after rounding) into:
-// p[j] == nullptr leaves output j out. The FP8 casts' amax (kernels/cuda/fp8_cast.cuh's
-// amax_kernel) taken by the kernel that produces the operand instead of a pass of its own.
-template <int NO>
-struct OutAmax {
-  float* p[NO];
-};
-
-// The block's maxima m[j] folded into am.p[j] with one integer atomicMax on the float's bits per
-// block and output: non-negative floats order as their bits, and a maximum does not depend on the
-// order the blocks arrive in, so the result is bitwise deterministic. fmaxf ignores NaN.
-// Every thread of the (kThreads-wide) block calls it.
-template <int NO>
-__device__ __forceinline__ void fold_block_amax(float (&m)[NO], const OutAmax<NO>& am) {
-  __shared__ float warp_max[NO][kThreads / kWarp];
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-#pragma unroll
-  for (int j = 0; j < NO; ++j) {
-#pragma unroll
-    for (int off = kWarp / 2; off > 0; off /= 2) m[j] = fmaxf(m[j], __shfl_xor_sync(0xffffffffu, m[j], off));
-    if (lane == 0) warp_max[j][warp] = m[j];
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int j = 0; j < NO; ++j) {
-      if (am.p[j] == nullptr) continue;
-      float b = warp_max[j][0];
-      for (int w = 1; w < kThreads / kWarp; ++w) b = fmaxf(b, warp_max[j][w]);
-      atomicMax(reinterpret_cast<unsigned int*>(am.p[j]), fp8_float_bits(b));
-    }
-  }
-}
+using fp8::fold_block_amax;  // the outputs' amax (OutAmax: the FP8 casts' amax taken by the producer)
+using fp8::OutAmax;
 
 // out_j[i] = f(i, in_0[i], ..., in_NI-1[i])_j. Each thread moves N consecutive elements per step
 // as aligned packs; the < N leftover elements run one per thread. f sees compute-type values
@@ -113,7 +82,7 @@ __global__ void map_kernel(MapArgs<TI, NI, TO, NO> a, int64_t n, F f, OutAmax<NO
       if constexpr (kAmax) m[j] = fmaxf(m[j], fabsf(static_cast<float>(to_compute(a.out[j][i]))));
     }
   }
-  if constexpr (kAmax) fold_block_amax(m, am);
+  if constexpr (kAmax) fold_block_amax<kThreads>(m, am);
 }
 
 // 16-byte packs when every pointer allows it (tensors from the allocator always do; views at

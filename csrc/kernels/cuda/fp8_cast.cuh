@@ -56,6 +56,40 @@ __device__ __forceinline__ void load16(const T* p, float (&v)[kChunk]) {
   }
 }
 
+// Where a kernel folds its outputs' max |value| into: p[j] == nullptr leaves output j out.
+template <int NO>
+struct OutAmax {
+  float* p[NO];
+};
+
+// The block's maxima m[j] (each thread's) folded into am.p[j]: fmaxf across the warp and the
+// block, then one integer atomicMax per block and output on the float's bits. The maxima are
+// non-negative floats, ordered as their bits, and a maximum is exact and independent of the order
+// the blocks arrive in: bitwise deterministic, no floating-point accumulation. NaN is ignored
+// (fmaxf). Every thread of the kBlock-wide block calls it. amax_kernel's, and the producers' that
+// take their operand's amax as they write it (elementwise.cu's map kernel, for swiglu).
+template <int kBlock, int NO>
+__device__ __forceinline__ void fold_block_amax(float (&m)[NO], const OutAmax<NO>& am) {
+  __shared__ float warp_max[NO][kBlock / kWarp];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+#pragma unroll
+    for (int off = kWarp / 2; off > 0; off /= 2) m[j] = fmaxf(m[j], __shfl_xor_sync(0xffffffffu, m[j], off));
+    if (lane == 0) warp_max[j][warp] = m[j];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {
+      if (am.p[j] == nullptr) continue;
+      float b = warp_max[j][0];
+      for (int w = 1; w < kBlock / kWarp; ++w) b = fmaxf(b, warp_max[j][w]);
+      atomicMax(reinterpret_cast<unsigned int*>(am.p[j]), fp8_float_bits(b));
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict__ x, int64_t n, float* meta) {
   constexpr int64_t kPerPack = 16 / sizeof(T);
@@ -70,17 +104,8 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const T* __restrict_
     for (int j = 0; j < kPerPack; ++j) m = fmaxf(m, fabsf(load(pack.e, j)));
   }
   for (int64_t i = packs * kPerPack + tid; i < n; i += stride) m = fmaxf(m, fabsf(load(x, i)));
-#pragma unroll
-  for (int off = kWarp / 2; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  __shared__ float warp_max[kAmaxThreads / kWarp];
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  if (lane == 0) warp_max[warp] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float b = warp_max[0];
-    for (int w = 1; w < kAmaxThreads / kWarp; ++w) b = fmaxf(b, warp_max[w]);
-    atomicMax(reinterpret_cast<unsigned int*>(meta + kFp8MetaAmax), fp8_float_bits(b));
-  }
+  float mm[1] = {m};
+  fold_block_amax<kAmaxThreads>(mm, OutAmax<1>{{meta + kFp8MetaAmax}});
 }
 
 template <typename T>

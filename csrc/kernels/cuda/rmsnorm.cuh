@@ -40,14 +40,19 @@ __device__ __forceinline__ C fma_dev(C a, C b, C c) {
 // The block's dw row once its groups' rows acc [groups][dim] are complete: their sum in group
 // order, stored to dw when the plan has one block, else as the block's partial row (the one-pass
 // backwards here and qk_norm_rope's). Index: the type of the row offsets (int where dim is a
-// constant, which lets nvcc unroll the sum).
-template <typename Index, typename C, typename W>
+// constant, which lets nvcc unroll the sum). at(j): column j's offset within a group's row (the
+// long-row backward's lane-major layout; j itself by default).
+struct ColumnAt {
+  __device__ int operator()(int j) const { return j; }
+};
+template <typename Index, typename C, typename W, typename At = ColumnAt>
 __device__ __forceinline__ void store_block_dw(const C* acc, int groups, int dim, bool one_block, W* dw, C* partial,
-                                               int64_t block) {
+                                               int64_t block, At at = {}) {
   __syncthreads();
   for (int j = threadIdx.x; j < dim; j += kThreads) {
     C s = 0;
-    for (int g = 0; g < groups; ++g) s += acc[static_cast<Index>(g) * dim + j];
+    const int i = at(j);
+    for (int g = 0; g < groups; ++g) s += acc[static_cast<Index>(g) * dim + i];
     if (one_block) store(dw, j, static_cast<compute_t<W>>(s));
     else partial[block * dim + j] = s;
   }
@@ -213,13 +218,9 @@ rmsnorm_backward_wide_kernel(const bf16_t* __restrict__ x, const W* __restrict__
 //    stride of 8 would be an 8-way bank conflict); the block's dw row is the groups' sum in group
 //    order, as store_block_dw adds it, then onepass_plan<32>'s blocks and final tree.
 // Shared memory (groups + 1) * dim * 4 bytes: 36 KB at 1024, 72 KB at 2048 (the launcher's opt-in).
-constexpr int kWideLongMinChunks = kWideMaxChunks + 1;
 constexpr int kWideLongMaxChunks = 8;
 constexpr int wide_long_chunks(int64_t dim) {
-  return dim % kWideChunk == 0 && dim / kWideChunk >= kWideLongMinChunks && dim / kWideChunk <= kWideLongMaxChunks &&
-                 (dim / kWideChunk) % 4 == 0
-             ? static_cast<int>(dim / kWideChunk)
-             : 0;
+  return dim == 4 * kWideChunk || dim == 8 * kWideChunk ? static_cast<int>(dim / kWideChunk) : 0;
 }
 constexpr size_t wide_long_smem(int nc) {
   return sizeof(float) * static_cast<size_t>(kThreads / kWarp + 1) * static_cast<size_t>(nc * kWideChunk);
@@ -291,15 +292,8 @@ rmsnorm_backward_wide_long_kernel(const bf16_t* __restrict__ x, const W* __restr
       *reinterpret_cast<P*>(dx + off + c * kWideChunk) = o;
     }
   }
-  __syncthreads();
-  // store_block_dw's sum (groups in order) over the lane-major rows
-  for (int j = threadIdx.x; j < dim; j += kThreads) {
-    const int i = wide_long_index(j / kWideChunk, j % 8, (j % kWideChunk) / 8);
-    C s = 0;
-    for (int g = 0; g < groups; ++g) s += acc_s[g * dim + i];
-    if (gridDim.x == 1) store(dw, j, static_cast<compute_t<W>>(s));
-    else partial[static_cast<int64_t>(blockIdx.x) * dim + j] = s;
-  }
+  store_block_dw<int>(acc_s, groups, dim, gridDim.x == 1, dw, partial, blockIdx.x,
+                      [](int j) { return wide_long_index(j / kWideChunk, j % 8, (j % kWideChunk) / 8); });
 }
 
 // dw[j] = sum over the nparts partial rows in order: block = 32 columns x 32 slices (1024
