@@ -449,6 +449,184 @@ __global__ void __launch_bounds__(kBlockThreads)
 #endif
 }
 
+// ---- the forward with two warpgroups per block ("wgmma-pipe2")
+//
+// 128 queries per block, warpgroup w owning rows q0 + 64w .. + 63 exactly as the one-warpgroup
+// kernel's block for that tile would (its own key tiles [kv_first, n_kv_tiles), its own masks and
+// statistics), the K and V tiles of the union of both ranges loaded once for both: half the
+// shared-memory fills per query of the kernels above. The products overlap as in
+// flash_forward_pipe_kernel. A warpgroup with no rows (past S), or a step outside its own range,
+// issues nothing but takes part in the copies and barriers. Grid: (B * H, ceil(S / 128)).
+constexpr int kPairThreads = 2 * kBlockThreads;
+inline dim3 forward_pair_grid(const Dims& n) {
+  return dim3(static_cast<unsigned>(n.B * n.H), static_cast<unsigned>((n.S + 2 * kTile - 1) / (2 * kTile)));
+}
+template <int D> constexpr int fwd_pair_smem() { return 1024 + 6 * tile_bytes<D>(); }  // 2 Q, 2 K, 2 V
+
+#ifdef XT_WGP_BODY
+// wg::load_tile for `threads` threads, this one being number `tid`.
+template <int D, int kThreads>
+__device__ __forceinline__ void load_tile_by(unsigned char* sm, const bf16_t* g, int64_t ld, int row0, int S, int tid) {
+  constexpr int kChunks = D / 8;
+  static_assert(kTile * kChunks % kThreads == 0, "a tile copy splits evenly over the threads");
+#pragma unroll
+  for (int it = 0; it < kTile * kChunks / kThreads; ++it) {
+    const int c = it * kThreads + tid;
+    const int r = c / kChunks, col = c % kChunks * 8;
+    const bool valid = row0 + r < S;
+    cp_async16(sm + wg::swz(r, col), valid ? g + (row0 + r) * ld + col : g, valid);
+  }
+}
+#endif
+
+template <int D>
+__global__ void __launch_bounds__(kPairThreads, 1)
+    flash_forward_pair_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                              bf16_t* __restrict__ out, float* __restrict__ lse, Dims n) {
+#ifdef XT_WGP_BODY
+  constexpr int kTileBytes = tile_bytes<D>();
+  unsigned char* sQ = aligned_smem();   // one tile per warpgroup
+  unsigned char* sK = sQ + 2 * kTileBytes;  // 2 buffers
+  unsigned char* sV = sK + 2 * kTileBytes;
+  // the warpgroup's index through a shuffle: the compiler then knows it is the same across the
+  // warp, and the branches on it below do not serialize the wgmma instructions (ptxas C7520)
+  const int wgi = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kBlockThreads, 0);
+  const int tid = threadIdx.x % kBlockThreads;
+  const int warp = tid / kWarp, lane = tid % kWarp;
+  const int b = blockIdx.x / n.H, h = blockIdx.x % n.H;
+  const int q_block = (gridDim.y - 1 - blockIdx.y) * 2 * kTile;
+  const int q0 = q_block + wgi * kTile;  // this warpgroup's rows
+  const bool active = q0 < n.S;
+  // this warpgroup's key tiles [f, e) (query_tile's), and the block's: [f of warpgroup 0, e of the last active)
+  const auto range = [&](int r0, int& f, int& e, int& doc_last) {
+    const int kv_end = n.causal ? imin(r0 + kTile, n.S) : n.S;
+    e = (kv_end + kTile - 1) / kTile;
+    f = first_key(n.doc, b, n.S, r0) / kTile;
+    doc_last = first_key(n.doc, b, n.S, imin(r0 + kTile, n.S) - 1);
+  };
+  int f, e, doc_last;
+  range(active ? q0 : q_block, f, e, doc_last);
+  int blk_first, blk_end, unused;
+  range(q_block, blk_first, unused, unused);
+  {
+    const int last = q_block + kTile < n.S ? q_block + kTile : q_block;
+    int f1;
+    range(last, f1, blk_end, unused);
+  }
+  const int64_t ldq = static_cast<int64_t>(n.H) * D, ldkv = static_cast<int64_t>(n.Hkv) * D;
+  const int64_t qoff = head_offset(b, n.S, h, n.H, D);
+  const int64_t kvoff = head_offset(b, n.S, h / (n.H / n.Hkv), n.Hkv, D);
+  const bf16_t* kh = k + kvoff;
+  const bf16_t* vh = v + kvoff;
+  const int steps = blk_end - blk_first;
+  const auto load_k = [&](int t) {
+    if (t < steps)
+      load_tile_by<D, kPairThreads>(sK + t % 2 * kTileBytes, kh, ldkv, (blk_first + t) * kTile, n.S, threadIdx.x);
+  };
+  const auto load_v = [&](int t) {
+    if (t < steps)
+      load_tile_by<D, kPairThreads>(sV + t % 2 * kTileBytes, vh, ldkv, (blk_first + t) * kTile, n.S, threadIdx.x);
+  };
+  unsigned char* myQ = sQ + wgi * kTileBytes;
+  load_tile_by<D, kBlockThreads>(myQ, q + qoff, ldq, q0, n.S, tid);
+  load_k(0);
+  load_v(0);
+  cp_async_commit();
+  load_k(1);
+  cp_async_commit();
+  load_v(1);
+  cp_async_commit();
+  const auto mine = [&](int t) { return active && blk_first + t >= f && blk_first + t < e; };
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int row = q0 + warp * 16 + lane / 4;
+  const int col = 2 * (lane % 4);
+  const int lo[2] = {first_key(n.doc, b, n.S, row), first_key(n.doc, b, n.S, row + 8)};
+  const uint32_t q_addr = smem_addr(myQ);
+  float s[kTile / 8][4];
+  uint32_t p[kTile / 16][4];
+  float alpha[2];
+  const auto softmax_of = [&](int t) {
+    const int k0 = (blk_first + t) * kTile;
+    if (k0 + kTile > n.S || (n.causal && k0 + kTile > q0) || k0 < doc_last) {
+#pragma unroll
+      for (int nb = 0; nb < kTile / 8; ++nb)
+#pragma unroll
+        for (int e4 = 0; e4 < 4; ++e4)
+          if (!visible(row + 8 * (e4 / 2), k0 + col + 8 * nb + e4 % 2, n.S, n.causal, lo[e4 / 2])) s[nb][e4] = -INFINITY;
+    }
+    softmax_stats<kTile>(s, m, l, alpha, n.scale_log2);
+  };
+  cp_async_wait<2>();
+  fence_async_proxy();
+  __syncthreads();
+  if (mine(0)) {
+    zero(s);
+    pin(s);
+    fence();
+    issue_kk<D>(s, q_addr, smem_addr(sK));
+    commit();
+    wait<0>();
+    pin(s);
+    softmax_of(0);
+    rescale<D>(o, alpha);
+    to_a_frags<kTile>(p, s);
+  }
+  for (int t = 0; t < steps; ++t) {
+    cp_async_wait<1>();
+    fence_async_proxy();
+    __syncthreads();
+    load_k(t + 2);
+    cp_async_commit();
+    const uint32_t v_addr = smem_addr(sV + t % 2 * kTileBytes);
+    const bool now = mine(t), next = t + 1 < steps && mine(t + 1);
+    pin(o);
+    if (next) {
+      zero(s);
+      pin(s);
+      fence();
+      issue_kk<D>(s, q_addr, smem_addr(sK + (t + 1) % 2 * kTileBytes));
+      commit();
+      if (now) {
+        issue_regs<D>(o, p, v_addr);
+        commit();
+        wait<1>();
+      } else {
+        wait<0>();
+      }
+      pin(s);
+      softmax_of(t + 1);
+      wait<0>();
+      pin(o);
+      rescale<D>(o, alpha);
+      to_a_frags<kTile>(p, s);
+    } else if (now) {
+      fence();
+      issue_regs<D>(o, p, v_addr);
+      commit();
+      wait<0>();
+      pin(o);
+    }
+    __syncthreads();
+    load_v(t + 2);
+    cp_async_commit();
+  }
+  if (!active) return;
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = 1.f / l[r];
+    const int qi = row + 8 * r;
+    if (qi < n.S && lane % 4 == 0) lse[(static_cast<int64_t>(b) * n.H + h) * n.S + qi] = (m[r] + log2f(l[r])) * kLn2;
+  }
+  store_tile<D>(out + qoff, ldq, row, col, n.S, o, inv);
+#else
+  __trap();
+#endif
+}
+
 #undef XT_WGP_BODY
 
 }  // namespace wgp

@@ -1,6 +1,7 @@
 // Development harness, not part of the product: the flash attention kernels with Hopper's
 // warpgroup MMA (kernels/cuda/flash_wgmma.cuh, Note [Warpgroup products]) and their variant with
-// overlapped products (dev/flash_wgmma_pipe.cuh, "wgmma-pipe") against the mma.sync kernels of
+// overlapped products (dev/flash_wgmma_pipe.cuh, "wgmma-pipe"; the forward also with two warpgroups per
+// block, "wgmma-pipe2") against the mma.sync kernels of
 // kernels/cuda/flash_attention.cuh on the same inputs, in one binary (known issue 34): forward, dq
 // and dk/dv at D = 64 and 128, their outputs (out, lse, delta, dq, dk, dv) compared bit for bit
 // and all three forms timed. Shapes: GPT-2 d12, Llama-3.2-1B and Qwen3-1.7B attention at their
@@ -57,8 +58,9 @@ float time_ms(F&& launch) {
 }
 
 // The forms compared with mma.sync: the product's wgmma kernels and dev/flash_wgmma_pipe.cuh's.
-constexpr int kForms = 2;
-const char* const kFormName[kForms] = {"wgmma", "wgmma-pipe"};
+// The forward has a third, wgmma-pipe2 (two warpgroups per block).
+constexpr int kForms = 2, kFwdForms = 3;
+const char* const kFormName[kFwdForms] = {"wgmma", "wgmma-pipe", "wgmma-pipe2"};
 
 // Fraction of elements bitwise equal, largest |a - b| and largest |a| of two device arrays.
 template <typename T>
@@ -98,12 +100,12 @@ int run(const Shape& sh, bool timed) {
   for (auto& e : hv) e = __float2bfloat16(uni());
   const int64_t nl = static_cast<int64_t>(sh.B) * sh.H * sh.S;
   // [0]: mma.sync, [1 + f]: form f
-  bf16_t *q, *k, *v, *o[kForms + 1];
-  float* l[kForms + 1];
+  bf16_t *q, *k, *v, *o[kFwdForms + 1];
+  float* l[kFwdForms + 1];
   CK(cudaMalloc(&q, nq * 2));
   CK(cudaMalloc(&k, nkv * 2));
   CK(cudaMalloc(&v, nkv * 2));
-  for (int f = 0; f <= kForms; ++f) {
+  for (int f = 0; f <= kFwdForms; ++f) {
     CK(cudaMalloc(&o[f], nq * 2));
     CK(cudaMalloc(&l[f], nl * 4));
   }
@@ -130,18 +132,23 @@ int run(const Shape& sh, bool timed) {
   CK(cudaFuncSetAttribute(fl::flash_forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_old));
   CK(cudaFuncSetAttribute(wg::flash_forward_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_new));
   CK(cudaFuncSetAttribute(wgp::flash_forward_pipe_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_new));
+  constexpr int smem_pair = wgp::fwd_pair_smem<D>();
+  CK(cudaFuncSetAttribute(wgp::flash_forward_pair_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_pair));
   auto fwd = [&](int f) {
     if (f == 0) fl::flash_forward_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_old>>>(q, k, v, o[0], l[0], n);
     else if (f == 1)
       wg::flash_forward_wgmma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_new>>>(q, k, v, o[1], l[1], n);
-    else wgp::flash_forward_pipe_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_new>>>(q, k, v, o[2], l[2], n);
+    else if (f == 2)
+      wgp::flash_forward_pipe_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_new>>>(q, k, v, o[2], l[2], n);
+    else
+      wgp::flash_forward_pair_kernel<D><<<wgp::forward_pair_grid(n), wgp::kPairThreads, smem_pair>>>(q, k, v, o[3], l[3], n);
   };
-  for (int f = 0; f <= kForms; ++f) fwd(f);
+  for (int f = 0; f <= kFwdForms; ++f) fwd(f);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   bool ok = true;
-  std::vector<bool> fwd_ok(kForms + 1, true);
-  for (int f = 1; f <= kForms; ++f) {
+  std::vector<bool> fwd_ok(kFwdForms + 1, true);
+  for (int f = 1; f <= kFwdForms; ++f) {
     const auto od = diff(o[0], o[f], nq);
     const auto ld = diff(l[0], l[f], nl);
     // float64 reference for a few rows of (b = 0, h = 0) and the last (b, h)
@@ -182,7 +189,7 @@ int run(const Shape& sh, bool timed) {
   }
   if (timed) {
     const double flops = 4.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
-    for (int f = 0; f <= kForms; ++f) {
+    for (int f = 0; f <= kFwdForms; ++f) {
       if (!fwd_ok[f]) continue;
       const float ms = time_ms([&] { fwd(f); });
       std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s\n", sh.name, D,
@@ -276,8 +283,12 @@ int run(const Shape& sh, bool timed) {
                   (std::string(f ? kFormName[f - 1] : "mma.sync") + " dk/dv").c_str(), ms, flops / (ms * 1e-3) / 1e12);
     }
   }
+  for (int f = 0; f <= kFwdForms; ++f) {
+    cudaFree(o[f]);
+    cudaFree(l[f]);
+  }
   for (int f = 0; f <= kForms; ++f) {
-    cudaFree(o[f]); cudaFree(l[f]); cudaFree(dq[f]); cudaFree(delta[f]); cudaFree(dk[f]); cudaFree(dv[f]);
+    cudaFree(dq[f]); cudaFree(delta[f]); cudaFree(dk[f]); cudaFree(dv[f]);
   }
   cudaFree(dO); cudaFree(doc); cudaFree(q); cudaFree(k); cudaFree(v);
   return ok ? 0 : 2;
