@@ -604,15 +604,17 @@ def test_decode_graph_plumbing_with_a_stand_in(monkeypatch, capsys, name):
     assert "xtrain" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("model_kw", [{}, dict(dtype="bfloat16", tie_embeddings=True)], ids=["f32", "bf16-tied"])
 @pytest.mark.parametrize("kw", [dict(greedy=True), dict(temperature=0.9, top_k=20, seed=3)])
-def test_kept_decode_step_replays_for_the_next_call_of_its_shape(monkeypatch, kw):
+def test_kept_decode_step_replays_for_the_next_call_of_its_shape(monkeypatch, kw, model_kw):
     """generate() keeps its captured step (KeptDecode): a later call of the same shape with other
     prompts makes no new graph and replays from its first decode step, with the eager path's
     tokens and logits; new weights (load_state_dict writes the same buffers) are seen; another
     shape, release_decode, KEEP_DECODE = False and a cache over KEEP_DECODE_MAX_BYTES each make a
     new one. Run with the CPU stand-in for the graph (every replay reruns the captured step from the
-    buffers it was captured with, so a stale buffer would show)."""
-    model = _model("cpu")
+    buffers it was captured with, so a stale buffer would show). In bf16 with a tied head the
+    head's cast is the cache's buffer, re-cast at each call's prefill."""
+    model = _model("cpu", **model_kw)
     made = _made_graphs(monkeypatch)
     _stand_in_graphs(monkeypatch)
     a = [[1, 2, 3], [5, 6, 7]]
@@ -649,6 +651,42 @@ def test_kept_decode_step_replays_for_the_next_call_of_its_shape(monkeypatch, kw
     monkeypatch.setattr(gen, "KEEP_DECODE_MAX_BYTES", 64)
     check([[1, 2, 3]], n=9, new_graph=True)
     check([[1, 2, 3]], n=9, new_graph=True)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gpt2"])
+def test_a_tied_heads_cast_is_made_once_per_call(monkeypatch, arch):
+    """Note [The tied head's cast in generation]: in bf16 a tied table is cast for the head at the
+    prefill only, not at every decode step (eager and with the graph's stand-in), and the tokens
+    and logits are those of a cast per step."""
+    if arch == "gpt2":
+        from xtrain.models.gpt2 import GPT2, GPT2Config
+        model = GPT2(GPT2Config(vocab_size=97, dim=32, n_layers=2, n_heads=2, max_seq=48, bf16=True), seed=3)
+    else:
+        model = _model("cpu", dtype="bfloat16", tie_embeddings=True)
+    calls = []
+    real = type(model).head_weight
+
+    def counting(self):
+        calls.append(1)
+        return real(self)
+
+    reference = []
+    for per_step in (True, False):
+        if per_step:  # the old behaviour: a cast at every forward
+            monkeypatch.setattr(decode.KVCache, "head_weight", lambda self, m: m.head_weight())
+        monkeypatch.setattr(type(model), "head_weight", counting)
+        for graphs in (False, True):
+            if graphs:
+                _stand_in_graphs(monkeypatch)
+            calls.clear()
+            got = _generate_recording(monkeypatch, model, PROMPTS, 7, greedy=True, cuda_graphs=graphs)
+            if per_step:
+                reference.append(got)
+                assert len(calls) > 1
+            else:
+                _same_steps(reference[int(graphs)], got)
+                assert len(calls) == 1, calls
+        monkeypatch.undo()
 
 
 def test_kept_decode_step_keys(monkeypatch):

@@ -29,6 +29,18 @@ Decisions:
   the cache's earlier slots, positions and lengths, none of which the launch before it writes.
 - A captured decode step (generate's KeptDecode) reads the weight buffers at fixed addresses and
   was built under these switches: signature(model) is what it depends on besides its own buffers.
+
+Note [The tied head's cast in generation]
+A tied model's head is the float32 embedding table cast to the compute dtype (head_weight(); the
+store's flat compute copies hold the blocks' linears only). Cast per forward, a decode step cast
+the whole table twice (the head and the L2 prefetch hint before it), [V, dim] read in float32 and
+written in bf16 each time: on the H200 at qwen3-0.6b, batch 1, 0.42 of the step's ~1.8 ms
+(generate-qwen3-0.6b-20261205-130357.json), twice as much at the wider tables of llama3.2-1b and
+qwen3-1.7b. The weights do not change during a call, so the cache casts it once, at the prefill
+(eager, before any capture), into a buffer it keeps (KVCache.head_weight): the decode steps and
+their CUDA graph read that buffer, and a kept graph's next call re-casts into the same address at
+its prefill, so training between calls is seen. The values are the cast's: the same tokens and
+logits.
 """
 
 from __future__ import annotations
@@ -100,6 +112,21 @@ class KVCache:
         self.device = model.device
         self.empty = True
         self.positions = self.lengths = None
+        self._head = None  # head_weight(model, self)'s copy
+
+    def head_weight(self, model):
+        """The head's weight in the compute dtype for this cache's calls (Note [The tied head's
+        cast in generation]): a tied table's cast made at the prefill into a buffer this cache
+        keeps, else model.head_weight() itself."""
+        if model.config.dtype == "float32" or not getattr(model.config, "tie_embeddings", True):
+            return model.head_weight()
+        if self.empty or self._head is None:
+            w = model.head_weight()  # the cast of the float32 table
+            if self._head is None or self._head.shape != w.shape:
+                self._head = w
+            else:
+                self._head.copy_(w)
+        return self._head
 
     def at(self, positions: np.ndarray):
         """Set every row's write slot (and attend to the slots up to it) for the next call."""
@@ -133,7 +160,8 @@ def forward_cached(model, ids, cache: KVCache, last=None):
             for block, layer in zip(layers, cache.layers):
                 x = block(x, S, layer)
             x = ops.embedding(x, last)                                     # (B, dim)
-            return ops.linear(model.norm(x), model.head_weight())          # (B, V)
+            return ops.linear(model.norm(x), cache.head_weight(model))     # (B, V)
+        head = cache.head_weight(model)
         if B <= DECODE_GEMV_MAX_ROWS:
             # Each kernel of the layers and the head reads before its wait only weights, the
             # residual, the cache's earlier slots, positions and lengths, none of which the
@@ -146,14 +174,14 @@ def forward_cached(model, ids, cache: KVCache, last=None):
                         a = layers[i + 1].self_attn
                         after = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
                     else:
-                        after = [model.head_weight()]
+                        after = [head]
                     x, delta = block_decode_rows(block, x, delta, layer, after)
-                return norm_rows(x, delta, model.norm, [model.head_weight()])[1][0]   # (B, V)
+                return norm_rows(x, delta, model.norm, [head])[1][0]           # (B, V)
         h = layers[0].input_layernorm(x)
         next_norms = [block.input_layernorm for block in layers[1:]] + [model.norm]
         for block, layer, next_norm in zip(layers, cache.layers, next_norms):
             x, h = block_decode(block, x, h, layer, next_norm)             # h: next_norm(x)
-        return ops.linear(h, model.head_weight())                          # (B, V)
+        return ops.linear(h, head)                                         # (B, V)
 
 
 # ---- a decode step above DECODE_GEMV_MAX_ROWS rows: GEMMs

@@ -40,11 +40,12 @@ def forward_cached(model, ids, cache, last=None):
             for block, layer in zip(model.h, cache.layers):
                 x = block(x, S, layer)
             x = ops.embedding(x, last)                                    # (B, dim)
-            return ops.linear(model.ln_f(x), model.head_weight())        # (B, V)
+            return ops.linear(model.ln_f(x), cache.head_weight(model))   # (B, V)
         x = nn.ResidualStream(model.embed(ids, cache.positions))         # (B, dim)
         for block, layer in zip(model.h, cache.layers):
             x = block_decode(block, x, layer)
-        return ops.linear(model.ln_f(x), model.head_weight())            # (B, V)
+        # the tied head's cast made at the prefill (Note [The tied head's cast in generation])
+        return ops.linear(model.ln_f(x), cache.head_weight(model))       # (B, V)
 
 
 def block_decode(block, x, layer):
