@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = re.compile(r"^(\S+)\s+D=\s*(\d+)\s+(mma\.sync|wgmma|wgmma-pipe|wgmma-pipe2) (forward|dq|dk/dv)\S*(?:\s+\(\+delta\))?\s+"
+TIMING = re.compile(r"^(\S+)\s+D=\s*(\d+)\s+(mma\.sync|wgmma) (forward|dq|dk/dv)\S*(?:\s+\(\+delta\))?\s+"
                     r"([\d.]+) ms\s+([\d.]+) TFLOP/s")
 
 
@@ -60,8 +60,7 @@ def main(argv=None) -> int:
     now = dt.datetime.now(dt.timezone.utc)
     sha = commit()
     payload = {"benchmark": "wgmma_flash", "tool": "dev/wgmma_flash.cu (nvcc -O3 sm_90a): the wgmma kernels of "
-               "csrc/kernels/cuda/flash_wgmma.cuh and dev/flash_wgmma_pipe.cuh's (wgmma-pipe) against the "
-               "mma.sync kernels of flash_attention.cuh",
+               "csrc/kernels/cuda/flash_wgmma.cuh against the mma.sync kernels of flash_attention.cuh",
                "env": {"gpu": gpu, "commit": sha, "date": now.isoformat(timespec="seconds")},
                "notes": "ms: mean of 20 launches after 3 warm-up ones; TFLOP/s nominal: causal FLOPs without "
                         "documents; dq includes delta in both forms", "returncode": run.returncode, **parse(run.stdout)}
