@@ -17,22 +17,6 @@ using bf16_t = __nv_bfloat16;
 
 namespace {
 
-template <class F>
-float time_ms(F&& launch) {
-  constexpr int kReps = 20;
-  cudaEvent_t e0, e1;
-  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) return -1.f;
-  for (int w = 0; w < 3; ++w) launch();
-  cudaEventRecord(e0);
-  for (int r = 0; r < kReps; ++r) launch();
-  cudaEventRecord(e1);
-  float ms = -1.f;
-  if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) ms = -kReps;
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return ms / kReps;
-}
-
 template <int D, bool kLoads, bool kSoftmax>
 int time_form(const char* shape, const char* form, const fl::Dims& n, const bf16_t* q, const bf16_t* k,
               const bf16_t* v, bf16_t* o, float* l) {

@@ -33,23 +33,6 @@ struct Shape {
 
 float bf(bf16_t x) { return __bfloat162float(x); }
 
-// Mean milliseconds of 20 launches after 3 warm-up ones (CUDA events), negative on a CUDA error.
-template <class F>
-float time_ms(F&& launch) {
-  constexpr int kReps = 20;
-  cudaEvent_t e0, e1;
-  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) return -1.f;
-  for (int w = 0; w < 3; ++w) launch();
-  cudaEventRecord(e0);
-  for (int r = 0; r < kReps; ++r) launch();
-  cudaEventRecord(e1);
-  float ms = -1.f;
-  if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) ms = -kReps;
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return ms / kReps;
-}
-
 template <int D>
 int run(const Shape& sh, bool timed) {
   const int64_t nq = static_cast<int64_t>(sh.B) * sh.S * sh.H * D, nkv = static_cast<int64_t>(sh.B) * sh.S * sh.Hkv * D;
