@@ -12,7 +12,7 @@
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DXT_CUDA \
 //     -I csrc -I $(python3 -c "import nvidia.cu13;print(list(nvidia.cu13.__path__)[0])")/include \
 //     dev/wgmma_flash.cu -o /tmp/wgmma_flash && /tmp/wgmma_flash
-#include "kernels/cuda/flash_wgmma.cuh"
+#include "flash_tma.cuh"  // includes kernels/cuda/flash_wgmma.cuh
 #include "check.cuh"
 
 #include <cmath>
@@ -21,6 +21,7 @@
 
 namespace fl = xt::kernels::cuda::flash;
 namespace wg = xt::kernels::cuda::flash::wg;
+namespace wgt = xt::kernels::cuda::flash::wgt;
 using bf16_t = __nv_bfloat16;
 
 namespace {
@@ -34,7 +35,7 @@ struct Shape {
 float bf(bf16_t x) { return __bfloat162float(x); }
 
 template <int D>
-int run(const Shape& sh, bool timed) {
+int run(const Shape& sh, bool timed, bool tma = false) {
   const int64_t nq = static_cast<int64_t>(sh.B) * sh.S * sh.H * D, nkv = static_cast<int64_t>(sh.B) * sh.S * sh.Hkv * D;
   std::vector<bf16_t> hq(nq), hk(nkv), hv(nkv);
   uint32_t x = 2024u + sh.S;
@@ -131,13 +132,51 @@ int run(const Shape& sh, bool timed) {
   int64_t lse_same = 0;
   for (int64_t i = 0; i < nl; ++i) lse_same += la[i] == lb[i];
   const bool ok = max_ref < 2e-2 && same == nq && lse_same == nl;
-  if (timed && ok) {
+  if (timed && ok && !tma) {
     const double flops = 4.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
     for (int which = 0; which < 2; ++which) {
       const float ms = which ? time_ms(launch_new) : time_ms(launch_old);
       std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s\n", sh.name, D,
                   which ? "wgmma forward" : "mma.sync forward", ms, flops / (ms * 1e-3) / 1e12);
     }
+  }
+  // tma: the forward with TMA loads (dev/flash_tma.cuh) instead, into o2 / l2 again, against
+  // mma.sync's o1 / l1, and nothing else (main runs these last: a kernel that traps leaves the
+  // context unusable)
+  bool tma_ok = true;
+  if (tma) {
+    CUtensorMap tq, tk, tv;
+    if (!wgt::make_head_map(&tq, q, sh.B, sh.S, sh.H, D) || !wgt::make_head_map(&tk, k, sh.B, sh.S, sh.Hkv, D) ||
+        !wgt::make_head_map(&tv, v, sh.B, sh.S, sh.Hkv, D)) {
+      std::printf("%-10s D=%3d: wgmma-tma forward: no tensor map (the driver's encoder refused)\n", sh.name, D);
+      tma_ok = false;
+    } else {
+      constexpr int smem_tma = wgt::fwd_smem<D>();
+      CK(cudaFuncSetAttribute(wgt::flash_forward_tma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_tma));
+      auto launch_tma = [&] {
+        wgt::flash_forward_tma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_tma>>>(tq, tk, tv, o2, l2, n);
+      };
+      CK(cudaMemset(o2, 0, nq * 2));
+      launch_tma();
+      CK(cudaGetLastError());
+      CK(cudaDeviceSynchronize());
+      CK(cudaMemcpy(b.data(), o2, nq * 2, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(lb.data(), l2, nl * 4, cudaMemcpyDeviceToHost));
+      int64_t t_same = 0, t_lse = 0;
+      for (int64_t i = 0; i < nq; ++i) t_same += bf(a[i]) == bf(b[i]);
+      for (int64_t i = 0; i < nl; ++i) t_lse += la[i] == lb[i];
+      tma_ok = t_same == nq && t_lse == nl;
+      std::printf("%-10s D=%3d: wgmma-tma forward bitwise equal %.4f of elements, lse %.4f\n", sh.name, D,
+                  static_cast<double>(t_same) / nq, static_cast<double>(t_lse) / nl);
+      if (timed && tma_ok) {
+        const double flops = 4.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
+        const float ms = time_ms(launch_tma);
+        std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s\n", sh.name, D, "wgmma-tma forward", ms,
+                    flops / (ms * 1e-3) / 1e12);
+      }
+    }
+    cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o1); cudaFree(o2); cudaFree(l1); cudaFree(l2); cudaFree(doc);
+    return tma_ok ? 0 : 2;
   }
   // dq: dO random; out and lse from the mma.sync forward (o1, l1); each dq kernel writes its delta
   std::vector<bf16_t> hdo(nq);
@@ -256,6 +295,13 @@ int main() {
   rc |= run<64>({"llama-1b", 4, 32, 8, 4096, 0}, true);
   rc |= run<128>({"qwen3-1.7b", 4, 16, 8, 4096, 0}, true);
   rc |= run<128>({"q1.7b-doc", 4, 16, 8, 4096, 400}, true);
+  // the TMA forward (dev/flash_tma.cuh) last
+  rc |= run<64>({"check", 2, 4, 2, 200, 0}, false, true);
+  rc |= run<128>({"check-doc", 2, 4, 1, 333, 70}, false, true);
+  rc |= run<64>({"gpt2-d12", 32, 12, 12, 1024, 0}, true, true);
+  rc |= run<64>({"llama-1b", 4, 32, 8, 4096, 0}, true, true);
+  rc |= run<128>({"qwen3-1.7b", 4, 16, 8, 4096, 0}, true, true);
+  rc |= run<128>({"q1.7b-doc", 4, 16, 8, 4096, 400}, true, true);
   std::printf(rc ? "FAILED: an output differs from mma.sync's bits, or a forward is not close to float64 (see above)\n"
                  : "every output bitwise the mma.sync kernels', the forwards close to float64\n");
   return rc;
