@@ -78,8 +78,23 @@ int run(const Shape& sh, bool timed, bool tma = false) {
   auto launch_old = [&] {
     fl::flash_forward_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_old>>>(q, k, v, o1, l1, n);
   };
+  // tma: the "new" kernels are dev/flash_tma.cuh's (tiles loaded by the Tensor Memory Accelerator)
+  const char* form = tma ? "wgmma-tma" : "wgmma";
+  CUtensorMap tq{}, tk{}, tv{}, tdo{};
+  if (tma && !(wgt::make_head_map(&tq, q, sh.B, sh.S, sh.H, D) && wgt::make_head_map(&tk, k, sh.B, sh.S, sh.Hkv, D) &&
+               wgt::make_head_map(&tv, v, sh.B, sh.S, sh.Hkv, D))) {
+    std::printf("%-10s D=%3d: no tensor map (the driver's encoder refused)\n", sh.name, D);
+    return 2;
+  }
+  if (tma)
+    CK(cudaFuncSetAttribute(wgt::flash_forward_tma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            wgt::fwd_smem<D>()));
   auto launch_new = [&] {
-    wg::flash_forward_wgmma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_new>>>(q, k, v, o2, l2, n);
+    if (tma)
+      wgt::flash_forward_tma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, wgt::fwd_smem<D>()>>>(tq, tk, tv, o2,
+                                                                                                    l2, n);
+    else
+      wg::flash_forward_wgmma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_new>>>(q, k, v, o2, l2, n);
   };
   launch_old();
   launch_new();
@@ -126,57 +141,19 @@ int run(const Shape& sh, bool timed, bool tma = false) {
       }
     }
   }
-  std::printf("%-10s D=%3d: |new - old| max %.3g (bitwise equal %.4f of elements), lse max %.3g; "
+  std::printf("%-10s D=%3d: %s forward |new - old| max %.3g (bitwise equal %.4f of elements), lse max %.3g; "
               "|new - float64| max %.3g over 8 rows\n",
-              sh.name, D, max_o, static_cast<double>(same) / nq, max_l, max_ref);
+              sh.name, D, form, max_o, static_cast<double>(same) / nq, max_l, max_ref);
   int64_t lse_same = 0;
   for (int64_t i = 0; i < nl; ++i) lse_same += la[i] == lb[i];
   const bool ok = max_ref < 2e-2 && same == nq && lse_same == nl;
-  if (timed && ok && !tma) {
+  if (timed && ok) {
     const double flops = 4.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
-    for (int which = 0; which < 2; ++which) {
+    for (int which = tma ? 1 : 0; which < 2; ++which) {  // mma.sync timed once, in the first pass
       const float ms = which ? time_ms(launch_new) : time_ms(launch_old);
       std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s\n", sh.name, D,
-                  which ? "wgmma forward" : "mma.sync forward", ms, flops / (ms * 1e-3) / 1e12);
+                  which ? (std::string(form) + " forward").c_str() : "mma.sync forward", ms, flops / (ms * 1e-3) / 1e12);
     }
-  }
-  // tma: the forward with TMA loads (dev/flash_tma.cuh) instead, into o2 / l2 again, against
-  // mma.sync's o1 / l1, and nothing else (main runs these last: a kernel that traps leaves the
-  // context unusable)
-  bool tma_ok = true;
-  if (tma) {
-    CUtensorMap tq, tk, tv;
-    if (!wgt::make_head_map(&tq, q, sh.B, sh.S, sh.H, D) || !wgt::make_head_map(&tk, k, sh.B, sh.S, sh.Hkv, D) ||
-        !wgt::make_head_map(&tv, v, sh.B, sh.S, sh.Hkv, D)) {
-      std::printf("%-10s D=%3d: wgmma-tma forward: no tensor map (the driver's encoder refused)\n", sh.name, D);
-      tma_ok = false;
-    } else {
-      constexpr int smem_tma = wgt::fwd_smem<D>();
-      CK(cudaFuncSetAttribute(wgt::flash_forward_tma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_tma));
-      auto launch_tma = [&] {
-        wgt::flash_forward_tma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_tma>>>(tq, tk, tv, o2, l2, n);
-      };
-      CK(cudaMemset(o2, 0, nq * 2));
-      launch_tma();
-      CK(cudaGetLastError());
-      CK(cudaDeviceSynchronize());
-      CK(cudaMemcpy(b.data(), o2, nq * 2, cudaMemcpyDeviceToHost));
-      CK(cudaMemcpy(lb.data(), l2, nl * 4, cudaMemcpyDeviceToHost));
-      int64_t t_same = 0, t_lse = 0;
-      for (int64_t i = 0; i < nq; ++i) t_same += bf(a[i]) == bf(b[i]);
-      for (int64_t i = 0; i < nl; ++i) t_lse += la[i] == lb[i];
-      tma_ok = t_same == nq && t_lse == nl;
-      std::printf("%-10s D=%3d: wgmma-tma forward bitwise equal %.4f of elements, lse %.4f\n", sh.name, D,
-                  static_cast<double>(t_same) / nq, static_cast<double>(t_lse) / nl);
-      if (timed && tma_ok) {
-        const double flops = 4.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
-        const float ms = time_ms(launch_tma);
-        std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s\n", sh.name, D, "wgmma-tma forward", ms,
-                    flops / (ms * 1e-3) / 1e12);
-      }
-    }
-    cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o1); cudaFree(o2); cudaFree(l1); cudaFree(l2); cudaFree(doc);
-    return tma_ok ? 0 : 2;
   }
   // dq: dO random; out and lse from the mma.sync forward (o1, l1); each dq kernel writes its delta
   std::vector<bf16_t> hdo(nq);
@@ -195,9 +172,20 @@ int run(const Shape& sh, bool timed, bool tma = false) {
   auto dq_launch_old = [&] {
     fl::flash_backward_dq_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, dq_old>>>(q, k, v, o1, dO, l1, delta1, dq1, n);
   };
+  if (tma) {
+    if (!wgt::make_head_map(&tdo, dO, sh.B, sh.S, sh.H, D)) return 2;
+    CK(cudaFuncSetAttribute(wgt::flash_backward_dq_tma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            wgt::dq_smem<D>()));
+    CK(cudaFuncSetAttribute(wgt::flash_backward_dkdv_tma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            wgt::dkdv_smem<D>()));
+  }
   auto dq_launch_new = [&] {
-    wg::flash_backward_dq_wgmma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, dq_new>>>(q, k, v, o1, dO, l1,
-                                                                                            delta2, dq2, n);
+    if (tma)
+      wgt::flash_backward_dq_tma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, wgt::dq_smem<D>()>>>(
+          tq, tk, tv, tdo, o1, dO, l1, delta2, dq2, n);
+    else
+      wg::flash_backward_dq_wgmma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, dq_new>>>(q, k, v, o1, dO, l1,
+                                                                                              delta2, dq2, n);
   };
   dq_launch_old();
   dq_launch_new();
@@ -218,16 +206,17 @@ int run(const Shape& sh, bool timed, bool tma = false) {
   int64_t delta_same = 0;
   for (int64_t i = 0; i < nl; ++i) delta_same += d1[i] == d2[i];
   const bool dq_ok = max_dq <= 2e-2 * max_ref_dq && same == nq && delta_same == nl;
-  std::printf("%-10s D=%3d: dq |new - old| max %.3g of max |dq| %.3g (bitwise equal %.4f of elements); "
-              "delta bitwise equal %.4f\n", sh.name, D, max_dq, max_ref_dq, static_cast<double>(same) / nq,
+  std::printf("%-10s D=%3d: %s dq |new - old| max %.3g of max |dq| %.3g (bitwise equal %.4f of elements); "
+              "delta bitwise equal %.4f\n", sh.name, D, form, max_dq, max_ref_dq, static_cast<double>(same) / nq,
               static_cast<double>(delta_same) / nl);
   if (timed && dq_ok) {
     // dq's own work: three products per tile (S, dP, dq), 3 x 2 B H S^2 D, halved by the causal mask
     const double flops = 3.0 * 2.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
-    for (int which = 0; which < 2; ++which) {
+    for (int which = tma ? 1 : 0; which < 2; ++which) {
       const float ms = which ? time_ms(dq_launch_new) : time_ms(dq_launch_old);
       std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s (its three products)\n", sh.name, D,
-                  which ? "wgmma dq (+delta)" : "mma.sync dq (+delta)", ms, flops / (ms * 1e-3) / 1e12);
+                  which ? (std::string(form) + " dq (+delta)").c_str() : "mma.sync dq (+delta)", ms,
+                  flops / (ms * 1e-3) / 1e12);
     }
   }
   // dk, dv: the same inputs, delta as each dq kernel wrote it
@@ -245,8 +234,12 @@ int run(const Shape& sh, bool timed, bool tma = false) {
                                                                                            dk1, dv1, n);
   };
   auto kv_launch_new = [&] {
-    wg::flash_backward_dkdv_wgmma_kernel<D><<<fl::dkdv_grid(n), fl::kBlockThreads, kv_new>>>(q, k, v, dO, l1, delta2,
-                                                                                            dk2, dv2, n);
+    if (tma)
+      wgt::flash_backward_dkdv_tma_kernel<D><<<fl::dkdv_grid(n), fl::kBlockThreads, wgt::dkdv_smem<D>()>>>(
+          tq, tk, tv, tdo, l1, delta2, dk2, dv2, n);
+    else
+      wg::flash_backward_dkdv_wgmma_kernel<D><<<fl::dkdv_grid(n), fl::kBlockThreads, kv_new>>>(q, k, v, dO, l1,
+                                                                                              delta2, dk2, dv2, n);
   };
   kv_launch_old();
   kv_launch_new();
@@ -265,16 +258,16 @@ int run(const Shape& sh, bool timed, bool tma = false) {
       eq += bf(ga[i]) == bf(gb[i]);
     }
     kv_ok = kv_ok && diff <= 2e-2 * mag && eq == nkv;
-    std::printf("%-10s D=%3d: %s |new - old| max %.3g of max %.3g (bitwise equal %.4f of elements)\n", sh.name, D,
-                which ? "dv" : "dk", diff, mag, static_cast<double>(eq) / nkv);
+    std::printf("%-10s D=%3d: %s %s |new - old| max %.3g of max %.3g (bitwise equal %.4f of elements)\n", sh.name,
+                D, form, which ? "dv" : "dk", diff, mag, static_cast<double>(eq) / nkv);
   }
   if (timed && kv_ok) {
     // four products per tile (P^T, dv, dP^T, dk), 4 x 2 B H S^2 D, halved by the causal mask
     const double flops = 4.0 * 2.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
-    for (int which = 0; which < 2; ++which) {
+    for (int which = tma ? 1 : 0; which < 2; ++which) {
       const float ms = which ? time_ms(kv_launch_new) : time_ms(kv_launch_old);
       std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s (its four products)\n", sh.name, D,
-                  which ? "wgmma dk/dv" : "mma.sync dk/dv", ms, flops / (ms * 1e-3) / 1e12);
+                  which ? (std::string(form) + " dk/dv").c_str() : "mma.sync dk/dv", ms, flops / (ms * 1e-3) / 1e12);
     }
   }
   cudaFree(dk1); cudaFree(dk2); cudaFree(dv1); cudaFree(dv2);
