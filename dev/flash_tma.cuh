@@ -74,6 +74,33 @@ __device__ __forceinline__ void tma_tile(unsigned char* dst, const CUtensorMap* 
 #pragma unroll
   for (int a = 0; a < D / 64; ++a) tma_box(dst + a * wg::kAtomBytes, map, bar, a * 64, head, s0, b);
 }
+// Thread 0 initialises three single-arrival mbarriers; then the block's barrier.
+__device__ __forceinline__ void init_bars(uint64_t* a, uint64_t* b, uint64_t* c) {
+  if (threadIdx.x == 0) {
+    mbar_init(a, 1);
+    mbar_init(b, 1);
+    mbar_init(c, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+}
+// Step t of a loop over key tiles j0, j0 + 1, ... (steps of them), K and V double-buffered on
+// bars: the issuer sends tile t + 1 (into the buffers step t - 1 read, which the barrier ending
+// that step closed), then every thread waits for tile t. Returns step t's buffer.
+template <int D>
+__device__ __forceinline__ int kv_step(int t, int steps, int j0, bool issuer, unsigned char* sK, unsigned char* sV,
+                                       uint64_t (&bars)[2], const CUtensorMap* tk, const CUtensorMap* tv, int hk,
+                                       int b) {
+  constexpr int kTileBytes = tile_bytes<D>();
+  if (issuer && t + 1 < steps) {
+    const int nb = (t + 1) % 2;
+    mbar_expect(&bars[nb], 2 * kTileBytes);
+    tma_tile<D>(sK + nb * kTileBytes, tk, &bars[nb], hk, (j0 + t + 1) * kTile, b);
+    tma_tile<D>(sV + nb * kTileBytes, tv, &bars[nb], hk, (j0 + t + 1) * kTile, b);
+  }
+  mbar_wait(&bars[t % 2], static_cast<uint32_t>((t / 2) & 1));
+  return t % 2;
+}
 #define XT_WGT_BODY 1
 #endif  // sm_90a
 
@@ -93,13 +120,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const QueryTile qt = query_tile<D>(n);
   const int hk = qt.h / (n.H / n.Hkv);
   const bool issuer = threadIdx.x == 0;
-  if (issuer) {
-    mbar_init(&bar_q, 1);
-    mbar_init(&bar_kv[0], 1);
-    mbar_init(&bar_kv[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  init_bars(&bar_q, &bar_kv[0], &bar_kv[1]);
   if (issuer) {
     mbar_expect(&bar_q, kTileBytes);
     tma_tile<D>(sQ, &tq, &bar_q, qt.h, qt.q0, qt.b);
@@ -116,15 +137,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int steps = qt.n_kv_tiles - qt.kv_first;
   mbar_wait(&bar_q, 0);
   for (int t = 0; t < steps; ++t) {
-    const int j = qt.kv_first + t, buf = t % 2;
-    // buffer (t + 1) % 2 was last read in step t - 1, which the barrier ending it closed
-    if (issuer && t + 1 < steps) {
-      uint64_t* bar = &bar_kv[(t + 1) % 2];
-      mbar_expect(bar, 2 * kTileBytes);
-      tma_tile<D>(sK + (t + 1) % 2 * kTileBytes, &tk, bar, hk, (j + 1) * kTile, qt.b);
-      tma_tile<D>(sV + (t + 1) % 2 * kTileBytes, &tv, bar, hk, (j + 1) * kTile, qt.b);
-    }
-    mbar_wait(&bar_kv[buf], static_cast<uint32_t>((t / 2) & 1));
+    const int j = qt.kv_first + t;
+    const int buf = kv_step<D>(t, steps, qt.kv_first, issuer, sK, sV, bar_kv, &tk, &tv, hk, qt.b);
     const uint32_t k_addr = smem_addr(sK + buf * kTileBytes), v_addr = smem_addr(sV + buf * kTileBytes);
     const int k0 = j * kTile;
     float s[kTile / 8][4] = {};
@@ -180,13 +194,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int hk = qt.h / (n.H / n.Hkv);
   const bool issuer = threadIdx.x == 0;
   const int steps = qt.n_kv_tiles - qt.kv_first;
-  if (issuer) {
-    mbar_init(&bar_q, 1);
-    mbar_init(&bar_kv[0], 1);
-    mbar_init(&bar_kv[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  init_bars(&bar_q, &bar_kv[0], &bar_kv[1]);
   if (issuer) {
     mbar_expect(&bar_q, 2 * kTileBytes);
     tma_tile<D>(sQ, &tq, &bar_q, qt.h, qt.q0, qt.b);
@@ -225,14 +233,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const uint32_t q_addr = smem_addr(sQ), o_addr = smem_addr(sdO);
   mbar_wait(&bar_q, 0);
   for (int t = 0; t < steps; ++t) {
-    const int j = qt.kv_first + t, buf = t % 2;
-    if (issuer && t + 1 < steps) {
-      uint64_t* bar = &bar_kv[(t + 1) % 2];
-      mbar_expect(bar, 2 * kTileBytes);
-      tma_tile<D>(sK + (t + 1) % 2 * kTileBytes, &tk, bar, hk, (j + 1) * kTile, qt.b);
-      tma_tile<D>(sV + (t + 1) % 2 * kTileBytes, &tv, bar, hk, (j + 1) * kTile, qt.b);
-    }
-    mbar_wait(&bar_kv[buf], static_cast<uint32_t>((t / 2) & 1));
+    const int j = qt.kv_first + t;
+    const int buf = kv_step<D>(t, steps, qt.kv_first, issuer, sK, sV, bar_kv, &tk, &tv, hk, qt.b);
     const uint32_t k_addr = smem_addr(sK + buf * kTileBytes), v_addr = smem_addr(sV + buf * kTileBytes);
     const int k0 = j * kTile;
     float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
@@ -304,13 +306,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     load_stats<BR>(sL + buf * BR, lse + stat, q0, n.S);
     load_stats<BR>(sDl + buf * BR, delta + stat, q0, n.S);
   };
-  if (issuer) {
-    mbar_init(&bar_kv, 1);
-    mbar_init(&bar_q[0], 1);
-    mbar_init(&bar_q[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  init_bars(&bar_kv, &bar_q[0], &bar_q[1]);
   if (issuer) {
     mbar_expect(&bar_kv, 2 * kTileBytes);
     tma_tile<D>(sK, &tk, &bar_kv, hk, k0, b);
