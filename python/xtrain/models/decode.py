@@ -112,7 +112,7 @@ class KVCache:
         self.device = model.device
         self.empty = True
         self.positions = self.lengths = None
-        self._head = None  # head_weight(model, self)'s copy
+        self._head = None  # the tied head's cast that head_weight() keeps
 
     def head_weight(self, model):
         """The head's weight in the compute dtype for this cache's calls (Note [The tied head's
@@ -120,12 +120,10 @@ class KVCache:
         keeps, else model.head_weight() itself."""
         if model.config.dtype == "float32" or not getattr(model.config, "tie_embeddings", True):
             return model.head_weight()
-        if self.empty or self._head is None:
-            w = model.head_weight()  # the cast of the float32 table
-            if self._head is None or self._head.shape != w.shape:
-                self._head = w
-            else:
-                self._head.copy_(w)
+        if self._head is None:
+            self._head = model.head_weight()  # the cast of the float32 table
+        elif self.empty:
+            self._head.copy_(model.head_weight())  # a kept cache's next call: the same address
         return self._head
 
     def at(self, positions: np.ndarray):
