@@ -274,6 +274,28 @@ def test_greedy_next_picks_like_numpy_and_advances(device, dtype):
     assert state.numpy()[1].tolist() == [7, 1, 10, 6, 2] and state.numpy()[5].tolist() == [3] * B
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_next_on_long_rows_picks_the_first_maximum(device, dtype):
+    # rows long enough for the CUDA kernel's unrolled loads (8 per thread of 512) and its tail:
+    # ties and NaNs in the unrolled part, in the tail, and split between the two
+    rng = np.random.default_rng(11)
+    B, V = 6, 8 * 512 * 3 + 77
+    logits = rng.standard_normal((B, V)).astype(np.float32)
+    logits[0, [5000, 9000]] = 7.0                 # tie inside the unrolled part, same thread's share
+    logits[1, [V - 3, 100]] = 7.0                 # the tail's maximum ties an earlier one: the earlier
+    logits[2, [V - 1]] = 8.0                      # the maximum is the last element
+    logits[3, [4095, 4096 + 511]] = np.nan        # NaN beats everything: the first
+    logits[4] = -1.0                              # all equal: index 0
+    logits[5, [512 * 8 + 1, 1]] = 6.5             # the same thread, two loop trips apart
+    host = np.asarray(xtrain.tensor(logits).to(dtype).numpy(), np.float32)
+    want = np.argmax(host, axis=1)
+    assert want.tolist()[:5] == [5000, 100, V - 1, 4095, 0]
+    state = xtrain.tensor(_greedy_state(B, [0] * B, [100] * B), device=device)
+    ring = xtrain.zeros(1, B, dtype="int64", device=device)
+    ops.greedy_next_(xtrain.tensor(logits, device=device).to(dtype), state, ring)
+    assert ring.numpy()[0].tolist() == want.tolist()
+
+
 def test_greedy_next_bad_arguments(device):
     x = xtrain.zeros(2, 5, device=device)
     state = xtrain.tensor(_greedy_state(2, [0, 0], [3, 3]), device=device)

@@ -26,7 +26,21 @@ __global__ void __launch_bounds__(kGreedyThreads)
   wait_prior_grids();  // the logits are the kernel ahead's output (Note [Early launch of the decode step's kernels])
   C v = load(row, 0);
   int64_t idx = 0;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+  // kUnroll loads in flight per thread before any comparison (a lone row of 152K logits was a
+  // chain of ~300 dependent load-compare steps per thread, ~0.1 ms); greedy_beats is a total
+  // order, so the order of the comparisons does not change the pick
+  constexpr int kUnroll = 8;
+  const int64_t stride = blockDim.x;
+  int64_t i = threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < V; i += kUnroll * stride) {
+    C x[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) x[u] = load(row, i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (greedy_beats(x[u], i + u * stride, v, idx)) v = x[u], idx = i + u * stride;
+  }
+  for (; i < V; i += stride) {
     const C x = load(row, i);
     if (greedy_beats(x, i, v, idx)) v = x, idx = i;
   }
