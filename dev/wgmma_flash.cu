@@ -12,7 +12,7 @@
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DXT_CUDA \
 //     -I csrc -I $(python3 -c "import nvidia.cu13;print(list(nvidia.cu13.__path__)[0])")/include \
 //     dev/wgmma_flash.cu -o /tmp/wgmma_flash && /tmp/wgmma_flash
-#include "flash_tma.cuh"  // includes kernels/cuda/flash_wgmma.cuh
+#include "kernels/cuda/flash_wgmma.cuh"
 #include "check.cuh"
 
 #include <cmath>
@@ -21,7 +21,6 @@
 
 namespace fl = xt::kernels::cuda::flash;
 namespace wg = xt::kernels::cuda::flash::wg;
-namespace wgt = xt::kernels::cuda::flash::wgt;
 using bf16_t = __nv_bfloat16;
 
 namespace {
@@ -35,7 +34,7 @@ struct Shape {
 float bf(bf16_t x) { return __bfloat162float(x); }
 
 template <int D>
-int run(const Shape& sh, bool timed, bool tma = false) {
+int run(const Shape& sh, bool timed) {
   const int64_t nq = static_cast<int64_t>(sh.B) * sh.S * sh.H * D, nkv = static_cast<int64_t>(sh.B) * sh.S * sh.Hkv * D;
   std::vector<bf16_t> hq(nq), hk(nkv), hv(nkv);
   uint32_t x = 2024u + sh.S;
@@ -78,23 +77,17 @@ int run(const Shape& sh, bool timed, bool tma = false) {
   auto launch_old = [&] {
     fl::flash_forward_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_old>>>(q, k, v, o1, l1, n);
   };
-  // tma: the "new" kernels are dev/flash_tma.cuh's (tiles loaded by the Tensor Memory Accelerator)
-  const char* form = tma ? "wgmma-tma" : "wgmma";
+  // the wgmma kernels read q, k, v (and dO) through tensor maps (Note [Tiles by the Tensor Memory
+  // Accelerator]), made here as flash_attention.cu makes them
+  const char* form = "wgmma";
   CUtensorMap tq{}, tk{}, tv{}, tdo{};
-  if (tma && !(wgt::make_head_map(&tq, q, sh.B, sh.S, sh.H, D) && wgt::make_head_map(&tk, k, sh.B, sh.S, sh.Hkv, D) &&
-               wgt::make_head_map(&tv, v, sh.B, sh.S, sh.Hkv, D))) {
+  if (!(wg::make_head_map(&tq, q, sh.B, sh.S, sh.H, D) && wg::make_head_map(&tk, k, sh.B, sh.S, sh.Hkv, D) &&
+        wg::make_head_map(&tv, v, sh.B, sh.S, sh.Hkv, D))) {
     std::printf("%-10s D=%3d: no tensor map (the driver's encoder refused)\n", sh.name, D);
     return 2;
   }
-  if (tma)
-    CK(cudaFuncSetAttribute(wgt::flash_forward_tma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            wgt::fwd_smem<D>()));
   auto launch_new = [&] {
-    if (tma)
-      wgt::flash_forward_tma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, wgt::fwd_smem<D>()>>>(tq, tk, tv, o2,
-                                                                                                    l2, n);
-    else
-      wg::flash_forward_wgmma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_new>>>(q, k, v, o2, l2, n);
+    wg::flash_forward_wgmma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_new>>>(tq, tk, tv, o2, l2, n);
   };
   launch_old();
   launch_new();
@@ -149,7 +142,7 @@ int run(const Shape& sh, bool timed, bool tma = false) {
   const bool ok = max_ref < 2e-2 && same == nq && lse_same == nl;
   if (timed && ok) {
     const double flops = 4.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
-    for (int which = tma ? 1 : 0; which < 2; ++which) {  // mma.sync timed once, in the first pass
+    for (int which = 0; which < 2; ++which) {
       const float ms = which ? time_ms(launch_new) : time_ms(launch_old);
       std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s\n", sh.name, D,
                   which ? (std::string(form) + " forward").c_str() : "mma.sync forward", ms, flops / (ms * 1e-3) / 1e12);
@@ -172,20 +165,10 @@ int run(const Shape& sh, bool timed, bool tma = false) {
   auto dq_launch_old = [&] {
     fl::flash_backward_dq_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, dq_old>>>(q, k, v, o1, dO, l1, delta1, dq1, n);
   };
-  if (tma) {
-    if (!wgt::make_head_map(&tdo, dO, sh.B, sh.S, sh.H, D)) return 2;
-    CK(cudaFuncSetAttribute(wgt::flash_backward_dq_tma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            wgt::dq_smem<D>()));
-    CK(cudaFuncSetAttribute(wgt::flash_backward_dkdv_tma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            wgt::dkdv_smem<D>()));
-  }
+  if (!wg::make_head_map(&tdo, dO, sh.B, sh.S, sh.H, D)) return 2;
   auto dq_launch_new = [&] {
-    if (tma)
-      wgt::flash_backward_dq_tma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, wgt::dq_smem<D>()>>>(
-          tq, tk, tv, tdo, o1, dO, l1, delta2, dq2, n);
-    else
-      wg::flash_backward_dq_wgmma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, dq_new>>>(q, k, v, o1, dO, l1,
-                                                                                              delta2, dq2, n);
+    wg::flash_backward_dq_wgmma_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, dq_new>>>(tq, tk, tv, tdo, o1, dO,
+                                                                                            l1, delta2, dq2, n);
   };
   dq_launch_old();
   dq_launch_new();
@@ -212,7 +195,7 @@ int run(const Shape& sh, bool timed, bool tma = false) {
   if (timed && dq_ok) {
     // dq's own work: three products per tile (S, dP, dq), 3 x 2 B H S^2 D, halved by the causal mask
     const double flops = 3.0 * 2.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
-    for (int which = tma ? 1 : 0; which < 2; ++which) {
+    for (int which = 0; which < 2; ++which) {
       const float ms = which ? time_ms(dq_launch_new) : time_ms(dq_launch_old);
       std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s (its three products)\n", sh.name, D,
                   which ? (std::string(form) + " dq (+delta)").c_str() : "mma.sync dq (+delta)", ms,
@@ -234,12 +217,8 @@ int run(const Shape& sh, bool timed, bool tma = false) {
                                                                                            dk1, dv1, n);
   };
   auto kv_launch_new = [&] {
-    if (tma)
-      wgt::flash_backward_dkdv_tma_kernel<D><<<fl::dkdv_grid(n), fl::kBlockThreads, wgt::dkdv_smem<D>()>>>(
-          tq, tk, tv, tdo, l1, delta2, dk2, dv2, n);
-    else
-      wg::flash_backward_dkdv_wgmma_kernel<D><<<fl::dkdv_grid(n), fl::kBlockThreads, kv_new>>>(q, k, v, dO, l1,
-                                                                                              delta2, dk2, dv2, n);
+    wg::flash_backward_dkdv_wgmma_kernel<D><<<fl::dkdv_grid(n), fl::kBlockThreads, kv_new>>>(tq, tk, tv, tdo, l1,
+                                                                                            delta2, dk2, dv2, n);
   };
   kv_launch_old();
   kv_launch_new();
@@ -264,7 +243,7 @@ int run(const Shape& sh, bool timed, bool tma = false) {
   if (timed && kv_ok) {
     // four products per tile (P^T, dv, dP^T, dk), 4 x 2 B H S^2 D, halved by the causal mask
     const double flops = 4.0 * 2.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
-    for (int which = tma ? 1 : 0; which < 2; ++which) {
+    for (int which = 0; which < 2; ++which) {
       const float ms = which ? time_ms(kv_launch_new) : time_ms(kv_launch_old);
       std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s (its four products)\n", sh.name, D,
                   which ? (std::string(form) + " dk/dv").c_str() : "mma.sync dk/dv", ms, flops / (ms * 1e-3) / 1e12);
@@ -288,13 +267,6 @@ int main() {
   rc |= run<64>({"llama-1b", 4, 32, 8, 4096, 0}, true);
   rc |= run<128>({"qwen3-1.7b", 4, 16, 8, 4096, 0}, true);
   rc |= run<128>({"q1.7b-doc", 4, 16, 8, 4096, 400}, true);
-  // the TMA forward (dev/flash_tma.cuh) last
-  rc |= run<64>({"check", 2, 4, 2, 200, 0}, false, true);
-  rc |= run<128>({"check-doc", 2, 4, 1, 333, 70}, false, true);
-  rc |= run<64>({"gpt2-d12", 32, 12, 12, 1024, 0}, true, true);
-  rc |= run<64>({"llama-1b", 4, 32, 8, 4096, 0}, true, true);
-  rc |= run<128>({"qwen3-1.7b", 4, 16, 8, 4096, 0}, true, true);
-  rc |= run<128>({"q1.7b-doc", 4, 16, 8, 4096, 400}, true, true);
   std::printf(rc ? "FAILED: an output differs from mma.sync's bits, or a forward is not close to float64 (see above)\n"
                  : "every output bitwise the mma.sync kernels', the forwards close to float64\n");
   return rc;

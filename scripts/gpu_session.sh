@@ -38,8 +38,6 @@
 #             (scripts/race_corpus.py writes it)
 #   flashcheck dev/wgmma_flash.py: the wgmma attention kernels against the mma.sync ones, bit for bit
 #             and timed (needs no install; bench/results/wgmma_flash-COMMIT-DATE.json)
-#   flashablate dev/flash_ablate.cu: the wgmma flash forward timed whole and with its copies and/or
-#             its softmax taken out (what bounds it; known issue 34); bench/results/flash_ablate-COMMIT-DATE.txt
 #   headchunks dev/head_chunks.py ($HEADCHUNKS_ARGS): the row-chunked head's speed and peak per chunk size
 #             at llama3.2-1b's and qwen3-1.7b's heads (known issue 38)
 #   pooltrace dev/pool_trace.py ($POOLTRACE_ARGS; default llama3.2-1b b4 s4096): every backend allocation
@@ -288,15 +286,6 @@ for step in $steps; do
     flashcheck)  # dev/wgmma_flash.py (docs/attention.md, "Hopper: warpgroup products")
       run_step flashcheck 180 "$out/bench.log" env XTRAIN_COMMIT="${XTRAIN_COMMIT:-}" "$py" dev/wgmma_flash.py
       grep -E "^every output|^FAILED|^wrote" "$out/bench.log" | tail -2 | tee -a "$summary"
-      ;;
-    flashablate)  # dev/flash_ablate.cu (known issue 34: the wgmma forward with its copies / softmax taken out)
-      run_step flashablate 120 "$out/bench.log" bash -c 'set -o pipefail
-        inc=$("$0" -c "import nvidia.cu13; print(list(nvidia.cu13.__path__)[0])")/include
-        nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DXT_CUDA -I csrc \
-          -I "$inc" dev/flash_ablate.cu -o /tmp/flash_ablate &&
-        /tmp/flash_ablate | tee "bench/results/flash_ablate-${1:0:7}-$(date -u +%Y%m%d-%H%M%S).txt"' \
-        "$py" "${XTRAIN_COMMIT:-unknown}"
-      grep -E " ms " "$out/bench.log" | tail -12 | tee -a "$summary"
       ;;
     headchunks)  # dev/head_chunks.py (known issue 38: the head's chunk size, speed against peak)
       run_step headchunks 180 "$out/bench.log" "$py" dev/head_chunks.py ${HEADCHUNKS_ARGS:-}

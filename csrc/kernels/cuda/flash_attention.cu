@@ -10,7 +10,9 @@
 //  - Launch shapes depend only on the problem sizes (never on the GPU), so the bits do too. On a
 //    compute capability 9.0 device with sm_90a code in the library (XT_FLASH_SM90A) the
 //    tensor-core kernels at D = 64 / 128 are the wgmma forms (Note [Warpgroup products],
-//    flash_wgmma.cuh): the same blocks and sums, the same bits.
+//    flash_wgmma.cuh): the same blocks and sums, the same bits. They load their tiles through
+//    tensor maps made here per call (Note [Tiles by the Tensor Memory Accelerator]); where the
+//    driver cannot make them the mma.sync kernels run (the same bits again).
 #include <atomic>
 #include <initializer_list>
 
@@ -56,6 +58,19 @@ bool use_wgmma(int device, int64_t D) {
   (void)D;
   return false;
 #endif
+}
+
+// The tensor maps of the wgmma kernels' [B, S, heads, D] operands (flash::wg::make_head_map), all
+// or none: false when the driver refuses one (the caller then runs the mma.sync kernels).
+struct HeadMaps {
+  CUtensorMap q, k, v, dout;
+};
+template <int D>
+bool head_maps(HeadMaps& m, const void* q, const void* k, const void* v, const void* dout, int64_t B, int64_t S,
+               int64_t H, int64_t Hkv) {
+  return flash::wg::make_head_map(&m.q, q, B, S, H, D) && flash::wg::make_head_map(&m.k, k, B, S, Hkv, D) &&
+         flash::wg::make_head_map(&m.v, v, B, S, Hkv, D) &&
+         (dout == nullptr || flash::wg::make_head_map(&m.dout, dout, B, S, H, D));
 }
 
 void check_sizes(int64_t B, int64_t S, int64_t H, int64_t Hkv, int64_t D) {
@@ -116,11 +131,12 @@ void flash_attention_forward(DType dt, const void* q, const void* k, const void*
     const auto* v_ = static_cast<const bf16_t*>(v);
     XT_INT_SWITCH(D, kD, (32, 64, 128), [&] {
       if constexpr (kD >= 64) {
-        if (use_wgmma(on.device, kD)) {  // Hopper (Note [Warpgroup products], flash_wgmma.cuh)
+        HeadMaps maps;  // Hopper (Note [Warpgroup products], flash_wgmma.cuh)
+        if (use_wgmma(on.device, kD) && head_maps<kD>(maps, q, k, v, nullptr, B, S, H, Hkv)) {
           constexpr int smem = flash::wg::fwd_smem<kD>();
           allow_smem<flash::wg::flash_forward_wgmma_kernel<kD>>(smem, on.device);
           flash::wg::flash_forward_wgmma_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, smem, on.s>>>(
-              q_, k_, v_, static_cast<bf16_t*>(out), static_cast<float*>(lse), n);
+              maps.q, maps.k, maps.v, static_cast<bf16_t*>(out), static_cast<float*>(lse), n);
           XT_LAUNCH_CHECK();
           return;
         }
@@ -180,15 +196,18 @@ void flash_attention_backward(DType dt, const void* q, const void* k, const void
           auto* dv_ = static_cast<T*>(dv);
           float* delta_ = delta.as<float>();
           if constexpr (kD >= 64) {
-            if (use_wgmma(on.device, kD)) {
+            HeadMaps maps;
+            if (use_wgmma(on.device, kD) && head_maps<kD>(maps, q, k, v, dout, B, S, H, Hkv)) {
               constexpr int dq_smem = flash::wg::dq_smem<kD>(), dkdv_smem = flash::wg::dkdv_smem<kD>();
               allow_smem<flash::wg::flash_backward_dq_wgmma_kernel<kD>>(dq_smem, on.device);
               allow_smem<flash::wg::flash_backward_dkdv_wgmma_kernel<kD>>(dkdv_smem, on.device);
               flash::wg::flash_backward_dq_wgmma_kernel<kD><<<flash::forward_grid(n), flash::kBlockThreads, dq_smem,
-                                                             on.s>>>(q_, k_, v_, o_, do_, lse_, delta_, dq_, n);
+                                                             on.s>>>(maps.q, maps.k, maps.v, maps.dout, o_, do_, lse_,
+                                                                     delta_, dq_, n);
               XT_LAUNCH_CHECK();
               flash::wg::flash_backward_dkdv_wgmma_kernel<kD><<<flash::dkdv_grid(n), flash::kBlockThreads, dkdv_smem,
-                                                               on.s>>>(q_, k_, v_, do_, lse_, delta_, dk_, dv_, n);
+                                                               on.s>>>(maps.q, maps.k, maps.v, maps.dout, lse_, delta_,
+                                                                       dk_, dv_, n);
               XT_LAUNCH_CHECK();
               return;
             }

@@ -14,9 +14,9 @@
 //    one as it lies in memory, [rows, D] with the rows the reduction (MN-major, the transpose
 //    flag): O += P V, dq += dS K, dv += P^T dO, dk += dS^T Q.
 // Tiles are [64, D] in the 128-byte swizzle (a row of 64 elements in 128 bytes, its eight 16-byte
-// chunks XOR the row's index mod 8; D = 128 as two 64-column atoms), filled by cp.async in fully
-// unrolled copies and double-buffered, with a proxy fence between the copies and the MMAs that
-// read them. The descriptor fields were read off the hardware by dev/wgmma_probe.cu.
+// chunks XOR the row's index mod 8; D = 128 as two 64-column atoms), double-buffered, and loaded
+// by the Tensor Memory Accelerator (Note [Tiles by the Tensor Memory Accelerator]). The
+// descriptor fields were read off the hardware by dev/wgmma_probe.cu.
 // The bits: each output element is the same float32 sums in the same order as the mma.sync
 // kernels' (the k16 steps in ascending order; dk/dv's queries in the same ascending 16-row chunks
 // whether a step holds 32 or 64 of them), and dev/wgmma_flash.cu finds every output (out, lse,
@@ -25,10 +25,32 @@
 // its bits. Measured there (ms, mma.sync -> wgmma, Qwen3-1.7B b4 s4096 D=128 per layer): forward
 // 1.114 -> 0.812, dq 1.542 -> 1.016, dk/dv 2.215 -> 1.275 (docs/attention.md has every shape).
 // Where they run: flash_attention.cu launches them when the library holds sm_90a code
-// (XT_FLASH_SM90A: CMakeLists.txt builds this file for 90a where the arch list has 90) and the
-// device is compute capability 9.0, at D = 64 and 128 (D = 32 keeps mma.sync: a 64-column
-// swizzle atom is wider than its rows). Elsewhere the bodies compile to a trap, never launched.
+// (XT_FLASH_SM90A: CMakeLists.txt builds this file for 90a where the arch list has 90), the
+// device is compute capability 9.0 and the driver makes the tensor maps, at D = 64 and 128 (D =
+// 32 keeps mma.sync: a 64-column swizzle atom is wider than its rows). Elsewhere the bodies
+// compile to a trap, never launched.
+//
+// Note [Tiles by the Tensor Memory Accelerator]
+// One thread of the block (thread 0) issues every tile load as D / 64 bulk tensor copies of a
+// [64 rows, 64 columns] box in the 128-byte swizzle (the layout swz describes, so the products
+// read the tiles as they land); a copy completes on a shared-memory mbarrier that counts its
+// bytes, and the block waits on the barrier's phase. Rows past S arrive as zeros (the tensor
+// map's bounds), as cp.async's zero-fill gave them. The other 127 threads issue no copy
+// instructions: with cp.async every thread issued 16 copies a step at D = 128 with the swizzle's
+// address arithmetic, and the products waited for them (dev/flash_ablate.cu, H100, Qwen3-1.7B
+// b4 s4096 forward: 0.808 ms whole, 0.562 without the loop's copies,
+// flash_ablate-8870509-20261205-144951.txt). Measured in dev/wgmma_flash.cu against the cp.async
+// form (H100, per layer): forward 0.812 -> 0.675 ms, dq 1.022 -> 0.875, dk/dv 1.254 -> 1.138 at
+// Qwen3-1.7B; forward 0.853 -> 0.749, dq 1.061 -> 0.844, dk/dv 1.483 -> 1.381 at Llama-3.2-1B
+// (wgmma_flash-8870509-20261205-144943.json), every output bitwise equal. Tensor maps: q, k, v,
+// dO as 4-D [B, S, heads, D] tensors (innermost first: D, heads, S, B), box {64, 1, 64, 1}, made
+// on the host per call by make_head_map (the driver's cuTensorMapEncodeTiled through the
+// runtime's entry-point query: nothing links libcuda) and passed by value (__grid_constant__), so
+// a captured graph holds them. A stuck wait traps (a copy that never lands ends the kernel with an
+// error instead of a hang).
 #pragma once
+#include <cudaTypedefs.h>
+
 #include "kernels/cuda/flash_attention.cuh"
 
 namespace xt {
@@ -68,21 +90,6 @@ __device__ __forceinline__ unsigned char* aligned_smem() {
   return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(dynamic_smem()) + 1023) & ~uintptr_t(1023));
 }
 
-// cp.async rows [row0, row0 + 64) of one head (row r at g + r * ld, D elements) into the swizzled
-// tile at sm; rows at or past S are zero-filled. No commit here.
-template <int D>
-__device__ __forceinline__ void load_tile(unsigned char* sm, const bf16_t* g, int64_t ld, int row0, int S) {
-  constexpr int kChunks = D / 8;
-  static_assert(kTile * kChunks % kBlockThreads == 0, "a tile copy splits evenly over the block");
-#pragma unroll
-  for (int it = 0; it < kTile * kChunks / kBlockThreads; ++it) {
-    const int c = it * kBlockThreads + static_cast<int>(threadIdx.x);
-    const int r = c / kChunks, col = c % kChunks * 8;
-    const bool valid = row0 + r < S;
-    cp_async16(sm + swz(r, col), valid ? g + (row0 + r) * ld + col : g, valid);
-  }
-}
-
 #define XT_WG_ACC(a)                                                                                          \
   "+f"(a[0][0]), "+f"(a[0][1]), "+f"(a[0][2]), "+f"(a[0][3]), "+f"(a[1][0]), "+f"(a[1][1]), "+f"(a[1][2]),     \
       "+f"(a[1][3]), "+f"(a[2][0]), "+f"(a[2][1]), "+f"(a[2][2]), "+f"(a[2][3]), "+f"(a[3][0]), "+f"(a[3][1]),  \
@@ -118,7 +125,6 @@ __device__ __forceinline__ void commit_and_wait() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
-__device__ __forceinline__ void fence_async_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Keeps the compiler from moving reads or writes of an accumulator across the asynchronous MMA:
 // its registers pass through an empty asm statement ordered with the wgmma statements.
@@ -163,22 +169,76 @@ __device__ __forceinline__ void mma_regs(float (&acc)[D / 8][4], const uint32_t 
   pin(acc);
 }
 
-// begin_step with the async proxy fence: step t of a double-buffered loop of n steps issues step
-// t + 1's copies (prefetch()), waits for this thread's copies of step t, fences them into wgmma's
-// proxy, then the barrier.
-template <typename Prefetch>
-__device__ __forceinline__ void begin_async_step(int t, int n, Prefetch&& prefetch) {
-  if (t + 1 < n) {
-    prefetch();
-    cp_async_commit();
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
+// The tile loads (Note [Tiles by the Tensor Memory Accelerator]).
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// This thread's arrival, announcing `bytes` more of asynchronous writes to wait for.
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+// Waits until the barrier's phase `parity` completed; traps after ~2^20 unsuccessful tries (a
+// copy that never lands, say a wrong byte count, ends the kernel with an error instead of a hang).
+__device__ __forceinline__ bool mbar_try(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  for (int tries = 0; !mbar_try(bar, parity); ++tries)
+    if (tries > (1 << 20)) __trap();
+}
+// One [64, 64] box of a 4-D tensor map at (d0, head, s0, b) into shared memory, counted on bar.
+__device__ __forceinline__ void tma_box(unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int d0, int head,
+                                        int s0, int b) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(d0), "r"(head), "r"(s0), "r"(b)
+      : "memory");
+}
+// A [64, D] tile (rows s0 .. s0 + 63 of one head): D / 64 boxes, one per 64-column atom.
+template <int D>
+__device__ __forceinline__ void tma_tile(unsigned char* dst, const CUtensorMap* map, uint64_t* bar, int head, int s0,
+                                         int b) {
+#pragma unroll
+  for (int a = 0; a < D / 64; ++a) tma_box(dst + a * kAtomBytes, map, bar, a * 64, head, s0, b);
+}
+// Thread 0 initialises three single-arrival mbarriers; then the block's barrier.
+__device__ __forceinline__ void init_bars(uint64_t* a, uint64_t* b, uint64_t* c) {
+  if (threadIdx.x == 0) {
+    mbar_init(a, 1);
+    mbar_init(b, 1);
+    mbar_init(c, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  fence_async_proxy();
   __syncthreads();
 }
-
+// Step t of a loop over key tiles j0, j0 + 1, ... (steps of them), K and V double-buffered on
+// bars: the issuer sends tile t + 1 (into the buffers step t - 1 read, which the barrier ending
+// that step closed), then every thread waits for tile t. Returns step t's buffer.
+template <int D>
+__device__ __forceinline__ int kv_step(int t, int steps, int j0, bool issuer, unsigned char* sK, unsigned char* sV,
+                                       uint64_t (&bars)[2], const CUtensorMap* tk, const CUtensorMap* tv, int hk,
+                                       int b) {
+  constexpr int kTileBytes = tile_bytes<D>();
+  if (issuer && t + 1 < steps) {
+    const int nb = (t + 1) % 2;
+    mbar_expect(&bars[nb], 2 * kTileBytes);
+    tma_tile<D>(sK + nb * kTileBytes, tk, &bars[nb], hk, (j0 + t + 1) * kTile, b);
+    tma_tile<D>(sV + nb * kTileBytes, tv, &bars[nb], hk, (j0 + t + 1) * kTile, b);
+  }
+  mbar_wait(&bars[t % 2], static_cast<uint32_t>((t / 2) & 1));
+  return t % 2;
+}
 #define XT_WGMMA_BODY 1
 #endif  // sm_90a
 
@@ -186,21 +246,27 @@ __device__ __forceinline__ void begin_async_step(int t, int n, Prefetch&& prefet
 // from shared memory, the mask and online softmax as there, O += P V with P from registers.
 template <int D>
 __global__ void __launch_bounds__(kBlockThreads)
-    flash_forward_wgmma_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-                               bf16_t* __restrict__ out, float* __restrict__ lse, Dims n) {
+    flash_forward_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                               const __grid_constant__ CUtensorMap tv, bf16_t* __restrict__ out,
+                               float* __restrict__ lse, Dims n) {
 #ifdef XT_WGMMA_BODY
   constexpr int kTileBytes = tile_bytes<D>();
+  __shared__ __align__(8) uint64_t bar_q, bar_kv[2];
   unsigned char* sQ = aligned_smem();
   unsigned char* sK = sQ + kTileBytes;  // 2 buffers
   unsigned char* sV = sK + 2 * kTileBytes;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const QueryTile qt = query_tile<D>(n);
-  const bf16_t* kh = k + qt.kvoff;
-  const bf16_t* vh = v + qt.kvoff;
-  load_tile<D>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
-  load_tile<D>(sK, kh, qt.ldkv, qt.kv_first * kTile, n.S);
-  load_tile<D>(sV, vh, qt.ldkv, qt.kv_first * kTile, n.S);
-  cp_async_commit();
+  const int hk = qt.h / (n.H / n.Hkv);
+  const bool issuer = threadIdx.x == 0;
+  init_bars(&bar_q, &bar_kv[0], &bar_kv[1]);
+  if (issuer) {
+    mbar_expect(&bar_q, kTileBytes);
+    tma_tile<D>(sQ, &tq, &bar_q, qt.h, qt.q0, qt.b);
+    mbar_expect(&bar_kv[0], 2 * kTileBytes);
+    tma_tile<D>(sK, &tk, &bar_kv[0], hk, qt.kv_first * kTile, qt.b);
+    tma_tile<D>(sV, &tv, &bar_kv[0], hk, qt.kv_first * kTile, qt.b);
+  }
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row = qt.q0 + warp * 16 + lane / 4;
@@ -208,13 +274,11 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int lo[2] = {first_key(n.doc, qt.b, n.S, row), first_key(n.doc, qt.b, n.S, row + 8)};
   const uint32_t q_addr = smem_addr(sQ);
   const int steps = qt.n_kv_tiles - qt.kv_first;
+  mbar_wait(&bar_q, 0);
   for (int t = 0; t < steps; ++t) {
     const int j = qt.kv_first + t;
-    begin_async_step(t, steps, [&] {
-      load_tile<D>(sK + (t + 1) % 2 * kTileBytes, kh, qt.ldkv, (j + 1) * kTile, n.S);
-      load_tile<D>(sV + (t + 1) % 2 * kTileBytes, vh, qt.ldkv, (j + 1) * kTile, n.S);
-    });
-    const uint32_t k_addr = smem_addr(sK + t % 2 * kTileBytes), v_addr = smem_addr(sV + t % 2 * kTileBytes);
+    const int buf = kv_step<D>(t, steps, qt.kv_first, issuer, sK, sV, bar_kv, &tk, &tv, hk, qt.b);
+    const uint32_t k_addr = smem_addr(sK + buf * kTileBytes), v_addr = smem_addr(sV + buf * kTileBytes);
     const int k0 = j * kTile;
     float s[kTile / 8][4] = {};
     mma_kk<D>(s, q_addr, k_addr);
@@ -229,7 +293,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     uint32_t p[kTile / 16][4];
     to_a_frags<kTile>(p, s);
     mma_regs<D>(o, p, v_addr);
-    __syncthreads();  // before the next prefetch overwrites this step's buffers
+    __syncthreads();  // every warp is done with this step's buffers before they are refilled
   }
   float inv[2];
 #pragma unroll
@@ -242,22 +306,24 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
   store_tile<D>(out + qt.qoff, qt.ldq, row, col, n.S, o, inv);
 #else
-  __trap();  // launched only where the library holds sm_90a code and the device is 9.0
+  __trap();
 #endif
 }
 
-// dq for 64 queries of one (b, h) (flash_backward_dq_kernel with wgmma products): delta of its rows
-// from global memory with delta_kernel's lanes and order (Note [delta inside the dq kernel]; the
-// rows are not contiguous in the swizzled tiles), written for dk/dv, then the loop over the
-// visible key tiles: S = Q K^T, dP = dO V^T, dq += dS K.
+// dq for 64 queries of one (b, h) (flash_backward_dq_kernel with wgmma products): Q and dO loaded
+// once, K and V per step; delta of its rows from global memory with delta_kernel's lanes and order
+// (Note [delta inside the dq kernel]; the rows are not contiguous in the swizzled tiles), written
+// for dk/dv, then the loop over the visible key tiles: S = Q K^T, dP = dO V^T, dq += dS K.
 template <int D>
 __global__ void __launch_bounds__(kBlockThreads)
-    flash_backward_dq_wgmma_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
-                                   const bf16_t* __restrict__ v, const bf16_t* __restrict__ out,
-                                   const bf16_t* __restrict__ dout, const float* __restrict__ lse,
-                                   float* __restrict__ delta, bf16_t* __restrict__ dq, Dims n) {
+    flash_backward_dq_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                                   const bf16_t* __restrict__ out, const bf16_t* __restrict__ dout,
+                                   const float* __restrict__ lse, float* __restrict__ delta,
+                                   bf16_t* __restrict__ dq, Dims n) {
 #ifdef XT_WGMMA_BODY
   constexpr int kTileBytes = tile_bytes<D>();
+  __shared__ __align__(8) uint64_t bar_q, bar_kv[2];
   unsigned char* sQ = aligned_smem();
   unsigned char* sdO = sQ + kTileBytes;
   unsigned char* sK = sdO + kTileBytes;  // 2 buffers
@@ -265,13 +331,18 @@ __global__ void __launch_bounds__(kBlockThreads)
   float* sDl = reinterpret_cast<float*>(sV + 2 * kTileBytes);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const QueryTile qt = query_tile<D>(n);
-  const bf16_t* kh = k + qt.kvoff;
-  const bf16_t* vh = v + qt.kvoff;
-  load_tile<D>(sQ, q + qt.qoff, qt.ldq, qt.q0, n.S);
-  load_tile<D>(sdO, dout + qt.qoff, qt.ldq, qt.q0, n.S);
-  load_tile<D>(sK, kh, qt.ldkv, qt.kv_first * kTile, n.S);
-  load_tile<D>(sV, vh, qt.ldkv, qt.kv_first * kTile, n.S);
-  cp_async_commit();
+  const int hk = qt.h / (n.H / n.Hkv);
+  const bool issuer = threadIdx.x == 0;
+  const int steps = qt.n_kv_tiles - qt.kv_first;
+  init_bars(&bar_q, &bar_kv[0], &bar_kv[1]);
+  if (issuer) {
+    mbar_expect(&bar_q, 2 * kTileBytes);
+    tma_tile<D>(sQ, &tq, &bar_q, qt.h, qt.q0, qt.b);
+    tma_tile<D>(sdO, &tdo, &bar_q, qt.h, qt.q0, qt.b);
+    mbar_expect(&bar_kv[0], 2 * kTileBytes);
+    tma_tile<D>(sK, &tk, &bar_kv[0], hk, qt.kv_first * kTile, qt.b);
+    tma_tile<D>(sV, &tv, &bar_kv[0], hk, qt.kv_first * kTile, qt.b);
+  }
   const int64_t stat = (static_cast<int64_t>(qt.b) * n.H + qt.h) * n.S;
   {
     constexpr int G = lanes_for(D);
@@ -300,14 +371,11 @@ __global__ void __launch_bounds__(kBlockThreads)
   float acc[D / 8][4] = {};
   const int lo[2] = {first_key(n.doc, qt.b, n.S, row), first_key(n.doc, qt.b, n.S, row + 8)};
   const uint32_t q_addr = smem_addr(sQ), o_addr = smem_addr(sdO);
-  const int steps = qt.n_kv_tiles - qt.kv_first;
+  mbar_wait(&bar_q, 0);
   for (int t = 0; t < steps; ++t) {
     const int j = qt.kv_first + t;
-    begin_async_step(t, steps, [&] {
-      load_tile<D>(sK + (t + 1) % 2 * kTileBytes, kh, qt.ldkv, (j + 1) * kTile, n.S);
-      load_tile<D>(sV + (t + 1) % 2 * kTileBytes, vh, qt.ldkv, (j + 1) * kTile, n.S);
-    });
-    const uint32_t k_addr = smem_addr(sK + t % 2 * kTileBytes), v_addr = smem_addr(sV + t % 2 * kTileBytes);
+    const int buf = kv_step<D>(t, steps, qt.kv_first, issuer, sK, sV, bar_kv, &tk, &tv, hk, qt.b);
+    const uint32_t k_addr = smem_addr(sK + buf * kTileBytes), v_addr = smem_addr(sV + buf * kTileBytes);
     const int k0 = j * kTile;
     float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
     mma_kk<D>(s, q_addr, k_addr);
@@ -329,7 +397,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     uint32_t a[kTile / 16][4];
     to_a_frags<kTile>(a, s);
     mma_regs<D>(acc, a, k_addr);
-    __syncthreads();  // before the next prefetch overwrites this step's buffers
+    __syncthreads();  // every warp is done with this step's buffers before they are refilled
   }
   const float mul[2] = {n.scale, n.scale};
   store_tile<D>(dq + qt.qoff, qt.ldq, row, col, n.S, acc, mul);
@@ -339,51 +407,69 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 // dk, dv for 64 keys of one (b, kv head) (flash_backward_dkdv_kernel with wgmma products), 64
-// queries per step at every D: P^T = K Q^T, dP^T = V dO^T, dv += P^T dO, dk += dS^T Q.
+// queries per step at every D: K and V loaded once, Q and dO per step (the step's lse and delta, 64
+// floats each, by every thread's cp.async); P^T = K Q^T, dP^T = V dO^T, dv += P^T dO, dk += dS^T Q.
 template <int D>
 __global__ void __launch_bounds__(kBlockThreads)
-    flash_backward_dkdv_wgmma_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k,
-                                     const bf16_t* __restrict__ v, const bf16_t* __restrict__ dout,
+    flash_backward_dkdv_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                                     const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                                      const float* __restrict__ lse, const float* __restrict__ delta,
                                      bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, Dims n) {
 #ifdef XT_WGMMA_BODY
   constexpr int BR = kTile, kTileBytes = tile_bytes<D>();
+  __shared__ __align__(8) uint64_t bar_kv, bar_q[2];
   unsigned char* sK = aligned_smem();
   unsigned char* sV = sK + kTileBytes;
   unsigned char* sQ = sV + kTileBytes;       // 2 buffers
   unsigned char* sdO = sQ + 2 * kTileBytes;  // 2 buffers
-  float* sL = reinterpret_cast<float*>(sdO + 2 * kTileBytes);  // lse, 2 buffers of BR
-  float* sDl = sL + 2 * BR;                                     // delta, 2 buffers
+  float* sL = reinterpret_cast<float*>(sdO + 2 * kTileBytes);
+  float* sDl = sL + 2 * BR;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int b = blockIdx.x / n.Hkv, hk = blockIdx.x % n.Hkv;
   const int k0 = blockIdx.y * kTile;
   const int rep = n.H / n.Hkv;
-  const int64_t ldq = static_cast<int64_t>(n.H) * D, ldkv = static_cast<int64_t>(n.Hkv) * D;
+  const int64_t ldkv = static_cast<int64_t>(n.Hkv) * D;
   const int64_t kvoff = head_offset(b, n.S, hk, n.Hkv, D);
   const int first = n.causal ? k0 / BR : 0;
   const int q_end = doc_end(n.doc, b, n.S, imin(k0 + kTile, n.S) - 1);
   const int per_head = (q_end + BR - 1) / BR - first;
   const int n_steps = rep * per_head;
-  const auto load_step = [&](int t, int buf) {
+  const bool issuer = threadIdx.x == 0;
+  const auto load_step = [&](int t, int buf) {  // every thread: the stats; the issuer: the tiles
     const int h = hk * rep + t / per_head, q0 = (first + t % per_head) * BR;
-    const int64_t qoff = head_offset(b, n.S, h, n.H, D);
     const int64_t stat = (static_cast<int64_t>(b) * n.H + h) * n.S;
-    load_tile<D>(sQ + buf * kTileBytes, q + qoff, ldq, q0, n.S);
-    load_tile<D>(sdO + buf * kTileBytes, dout + qoff, ldq, q0, n.S);
+    if (issuer) {
+      mbar_expect(&bar_q[buf], 2 * kTileBytes);
+      tma_tile<D>(sQ + buf * kTileBytes, &tq, &bar_q[buf], h, q0, b);
+      tma_tile<D>(sdO + buf * kTileBytes, &tdo, &bar_q[buf], h, q0, b);
+    }
     load_stats<BR>(sL + buf * BR, lse + stat, q0, n.S);
     load_stats<BR>(sDl + buf * BR, delta + stat, q0, n.S);
   };
-  load_tile<D>(sK, k + kvoff, ldkv, k0, n.S);
-  load_tile<D>(sV, v + kvoff, ldkv, k0, n.S);
-  load_step(0, 0);
+  init_bars(&bar_kv, &bar_q[0], &bar_q[1]);
+  if (issuer) {
+    mbar_expect(&bar_kv, 2 * kTileBytes);
+    tma_tile<D>(sK, &tk, &bar_kv, hk, k0, b);
+    tma_tile<D>(sV, &tv, &bar_kv, hk, k0, b);
+  }
+  if (n_steps > 0) load_step(0, 0);
   cp_async_commit();
   const int key = k0 + warp * 16 + lane / 4;
   const int col = 2 * (lane % 4);
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   const uint32_t k_addr = smem_addr(sK), v_addr = smem_addr(sV);
+  mbar_wait(&bar_kv, 0);
   for (int t = 0; t < n_steps; ++t) {
-    begin_async_step(t, n_steps, [&] { load_step(t + 1, (t + 1) % 2); });
     const int buf = t % 2, q0 = (first + t % per_head) * BR;
+    if (t + 1 < n_steps) {
+      load_step(t + 1, (t + 1) % 2);  // into the buffers step t - 1 read (the barrier ending it closed)
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    mbar_wait(&bar_q[buf], static_cast<uint32_t>((t / 2) & 1));
+    __syncthreads();  // every thread's stats of step t landed
     const uint32_t q_addr = smem_addr(sQ + buf * kTileBytes), o_addr = smem_addr(sdO + buf * kTileBytes);
     const float* sLt = sL + buf * BR;
     const float* sDlt = sDl + buf * BR;
@@ -423,6 +509,37 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 #undef XT_WGMMA_BODY
+
+// The driver's cuTensorMapEncodeTiled, looked up once per process (null if unavailable). A pure
+// host function of its arguments: it touches no stream, so a graph capture may call it.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    cudaDriverEntryPointQueryResult found;
+    void* fn = nullptr;
+    const bool ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                                     &found) == cudaSuccess &&
+                    found == cudaDriverEntryPointSuccess;
+    return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn) : nullptr;
+  }();
+  return encode;
+}
+
+// The tensor map of a [B, S, heads, D] bf16 tensor for tma_tile: boxes of 64 rows x 64 columns
+// of one head in the 128-byte swizzle, rows past S read as zeros. Returns false if the driver's
+// encoder is unavailable or refuses (the caller then takes another path).
+inline bool make_head_map(CUtensorMap* map, const void* base, int64_t B, int64_t S, int64_t heads, int64_t D) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(S),
+                              static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(D * 2), static_cast<cuuint64_t>(heads * D * 2),
+                                 static_cast<cuuint64_t>(S * heads * D * 2)};  // bytes, dims 1..3
+  const cuuint32_t box[4] = {64, 1, 64, 1};
+  const cuuint32_t elem[4] = {1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 
 }  // namespace wg
 }  // namespace flash
