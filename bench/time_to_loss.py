@@ -19,7 +19,8 @@ architecture's preset: the Qwen3-style ones (tiny ... dim1024) or GPT-2's (gpt2-
 Every arm trains the same model from the same initial weights (xtrain's init for --seed, copied
 into the PyTorch model) on the same token order (the prepared --data directory's training windows
 drawn with --seed: the loader `xtrain train` itself uses), with the same LR schedule (linear
-warm-up, cosine to lr/10 at --steps), clipping at 1.0, and evaluates on the same validation batches
+warm-up, then --schedule down to --min-lr-ratio x lr at --steps: default cosine to lr/10; wsd
+holds the peak and decays linearly over the last 20%), clipping at 1.0, and evaluates on the same validation batches
 every --eval-every steps. Per arm and learning rate it records the validation curve against
 training tokens and training wall time (evaluations left out) and, per target, the first
 evaluation at or below it: its step, tokens and seconds. Arms:
@@ -47,7 +48,8 @@ segments between evaluations with a device sync at each end (the first includes 
 Results: bench/results/time_to_loss-PRESET-DATE.json, and beside it the curves as a .png (validation
 loss against training seconds and against tokens, one line per arm and LR), rewritten after every run (a call cut short
 keeps the runs it finished). --merge FILE... writes one result from several calls' files of the same
-preset, batch, seq, steps, schedule and evaluations (a sweep split over calls), summarised together.
+preset, batch, seq, steps, schedule and evaluations (a sweep split over calls), summarised together
+(files written before --schedule existed count as cosine to lr/10).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from pathlib import Path
 import numpy as np
 
 import common
+from xtrain.trainer.schedule import SCHEDULES
 
 ARMS = ("xtrain-adamw", "xtrain-muon", "xtrain-adamw-nodoc", "xtrain-muon-nodoc", "torch-adamw", "torch-muon")
 BETAS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 0.1, 1.0
@@ -81,6 +84,10 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--steps", type=int, default=1000, help="steps of every run (the schedule's length)")
     p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--schedule", default="cosine", choices=SCHEDULES,
+                   help="the LR after the warm-up, for every arm (xtrain train's --schedule)")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1,
+                   help="the schedule's final LR as a share of each run's peak LR (default 0.1)")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--eval-batches", type=int, default=10)
     p.add_argument("--targets", help="validation-loss targets, comma-separated (required unless --merge)")
@@ -113,6 +120,8 @@ def parse_args(argv=None):
     for name in ("batch", "seq", "steps", "eval_every", "eval_batches"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0 <= args.min_lr_ratio <= 1:
+        p.error(f"--min-lr-ratio must be in [0, 1], got {args.min_lr_ratio}")
     return args
 
 
@@ -133,7 +142,8 @@ def run_xtrain(args, arm: str, lr: float, data: str, device: str) -> list:
 
     with tempfile.TemporaryDirectory(prefix="ttl-") as out:
         cfg = dict(preset=args.preset, data=data, out=out, device=device, batch=args.batch, seq=args.seq,
-                   steps=args.steps, lr=lr, min_lr=lr / 10, warmup=args.warmup, schedule="cosine",
+                   steps=args.steps, lr=lr, min_lr=lr * args.min_lr_ratio, warmup=args.warmup,
+                   schedule=args.schedule,
                    eval_every=args.eval_every, eval_batches=args.eval_batches, save_every=0, save_minutes=0,
                    sample_tokens=0, progress=False, seed=args.seed, bf16=not args.fp32, grad_clip=CLIP,
                    beta1=BETAS[0], beta2=BETAS[1], weight_decay=WEIGHT_DECAY,
@@ -211,7 +221,7 @@ def run_torch(args, arm: str, lr: float, ds, weights: dict, cfg, device: str) ->
 
     import torch_model
     from xtrain.models import GPT2Config
-    from xtrain.trainer.schedule import cosine_lr
+    from xtrain.trainer.schedule import Schedule
 
     compile = None if args.compile_mode == "none" else args.compile_mode
     if isinstance(cfg, GPT2Config):
@@ -228,10 +238,11 @@ def run_torch(args, arm: str, lr: float, ds, weights: dict, cfg, device: str) ->
     sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
     as_t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
     curve, seconds = [], 0.0
+    schedule = Schedule(args.schedule, lr, lr * args.min_lr_ratio, args.warmup, args.steps)
     sync()
     t0 = time.perf_counter()
     for step in range(args.steps):
-        lr_now = cosine_lr(step, lr, lr / 10, args.warmup, args.steps)
+        lr_now = schedule(step)
         for opt in opts:
             for group in opt.param_groups:
                 group["lr"] = lr_now
@@ -288,7 +299,13 @@ def summarize(args, runs: dict) -> dict:
 
 # What the merged files must share: the runs are comparable only on the same model, data, order,
 # schedule and evaluations.
-MERGE_KEYS = ("data", "config", "batch", "seq", "steps", "warmup", "eval_every", "eval_batches", "targets")
+MERGE_KEYS = ("data", "config", "batch", "seq", "steps", "warmup", "schedule", "min_lr_ratio", "eval_every",
+              "eval_batches", "targets")
+SETTING_DEFAULTS = {"schedule": "cosine", "min_lr_ratio": 0.1}  # what files without the key ran
+
+
+def setting(result: dict, key: str):
+    return result.get(key, SETTING_DEFAULTS.get(key))
 
 
 def merge(args) -> None:
@@ -300,7 +317,7 @@ def merge(args) -> None:
     # at targets chosen after its run.
     keys = [k for k in MERGE_KEYS if k != "targets" or args.targets is None]
     for f, r in zip(args.merge[1:], files[1:]):
-        diff = [k for k in keys if r.get(k) != first.get(k)]
+        diff = [k for k in keys if setting(r, k) != setting(first, k)]
         if diff:
             raise SystemExit(f"--merge: {f} differs from {args.merge[0]} in {', '.join(diff)}")
     runs: dict = {}
@@ -317,7 +334,8 @@ def merge(args) -> None:
     lrs = sorted({float(lr) for by_lr in runs.values() for lr in by_lr})
     summary = summarize(args, {arm: {float(lr): r for lr, r in by_lr.items()} for arm, by_lr in runs.items()})
     report(summary)
-    payload = {**{k: first.get(k) for k in ("benchmark", "env", "corpus", *MERGE_KEYS)}, "targets": args.targets, "lrs": lrs,
+    payload = {**{k: setting(first, k) for k in ("benchmark", "env", "corpus", *MERGE_KEYS)}, "targets": args.targets,
+               "lrs": lrs,
                "merged_from": [Path(f).name for f in args.merge], "runs": runs, "summary": summary}
     write(common.result_name(f"time_to_loss-{first['config']['preset']}", args.tag), payload, args.out, None)
 
@@ -401,7 +419,8 @@ def main(argv=None) -> None:
     def payload() -> dict:
         return {"benchmark": "time_to_loss", "env": common.env_info(device), "data": data, "corpus": manifest,
                 "config": {**cfg.to_dict(), "preset": args.preset}, "batch": args.batch, "seq": args.seq,
-                "steps": args.steps, "warmup": args.warmup, "eval_every": args.eval_every,
+                "steps": args.steps, "warmup": args.warmup, "schedule": args.schedule,
+                "min_lr_ratio": args.min_lr_ratio, "eval_every": args.eval_every,
                 "eval_batches": args.eval_batches, "targets": args.targets, "lrs": args.lrs,
                 "runs": {arm: {str(lr): r for lr, r in by_lr.items()} for arm, by_lr in runs.items()},
                 "summary": summarize(args, runs)}

@@ -100,12 +100,15 @@ def test_fresh_compile_caches_keeps_a_carried_inductor_cache(monkeypatch, tmp_pa
 
 def test_time_to_loss_races_on_the_stream(tmp_path, monkeypatch):
     """--stream: both frameworks read the built-in stream's windows in the same order (float32
-    curves agree to rounding) and its held-out set; the result names the stream."""
+    curves agree to rounding) and its held-out set; the result names the stream. Both follow
+    --schedule (here wsd decaying to 0): their curves agree under it too."""
     monkeypatch.setenv("XTRAIN_CACHE", str(tmp_path / "cache"))
     result = _run("time_to_loss.py", tmp_path / "out", "--stream", "--preset", "tiny", "--batch", "4", "--seq", "128",
                   "--steps", "4", "--warmup", "2", "--eval-every", "2", "--eval-batches", "2", "--targets", "9,1",
-                  "--lrs", "1e-3", "--fp32", "--compile-mode", "none", "--arms", "xtrain-adamw-nodoc,torch-adamw")
+                  "--lrs", "1e-3", "--fp32", "--compile-mode", "none", "--arms", "xtrain-adamw-nodoc,torch-adamw",
+                  "--schedule", "wsd", "--min-lr-ratio", "0")
     assert result["data"].endswith("stream") and result["corpus"] is None
+    assert result["schedule"] == "wsd" and result["min_lr_ratio"] == 0
     curves = {arm: by_lr["0.001"]["curve"] for arm, by_lr in result["runs"].items()}
     assert [c["step"] for c in curves["torch-adamw"]] == [2, 4] == [c["step"] for c in curves["xtrain-adamw-nodoc"]]
     for a, b in zip(curves["xtrain-adamw-nodoc"], curves["torch-adamw"]):
@@ -144,6 +147,14 @@ def test_time_to_loss_merges_a_sweep_split_over_calls(tmp_path):
                            *map(str, [*(tmp_path / "a").glob("*.json"), *(tmp_path / "c").glob("*.json")])],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "differs" in proc.stderr + proc.stdout and not (tmp_path / "d").exists()
+    # a file written before --schedule existed reads as cosine to lr/10: it merges with one that says so
+    old = json.loads(file_a.read_text())
+    del old["schedule"], old["min_lr_ratio"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "time_to_loss-tiny-old.json").write_text(json.dumps(old))
+    mixed = _run("time_to_loss.py", tmp_path / "x", "--merge", str(tmp_path / "old" / "time_to_loss-tiny-old.json"),
+                 *map(str, (tmp_path / "b").glob("*.json")))
+    assert mixed["schedule"] == "cosine" and mixed["min_lr_ratio"] == 0.1
 
 
 def test_time_to_loss_arms_share_init_and_token_order(tmp_path):
