@@ -4,6 +4,8 @@
 // forward, dq and dk/dv at D = 64 and 128, their outputs (out, lse, delta, dq, dk, dv) compared bit
 // for bit and both timed. Shapes: GPT-2 d12, Llama-3.2-1B and Qwen3-1.7B attention at their
 // training sizes, Qwen3-1.7B with ~400-token documents, and small checks with GQA and documents.
+// The forward also in the dev variant of dev/flash_fwd_overlap.cuh ("wgmma-overlap": the two
+// products overlapped), checked against mma.sync's bits and timed beside the product's.
 // Output per shape: each kernel's ms and TFLOP/s (causal FLOPs without documents), the largest
 // difference of the outputs and the fraction bitwise equal, and a float64 host check of a few
 // forward rows. Exit status 2 if any output differs from mma.sync's bits (or a forward is not
@@ -12,7 +14,7 @@
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DXT_CUDA \
 //     -I csrc -I $(python3 -c "import nvidia.cu13;print(list(nvidia.cu13.__path__)[0])")/include \
 //     dev/wgmma_flash.cu -o /tmp/wgmma_flash && /tmp/wgmma_flash
-#include "kernels/cuda/flash_wgmma.cuh"
+#include "flash_fwd_overlap.cuh"  // includes kernels/cuda/flash_wgmma.cuh
 #include "check.cuh"
 
 #include <cmath>
@@ -21,6 +23,7 @@
 
 namespace fl = xt::kernels::cuda::flash;
 namespace wg = xt::kernels::cuda::flash::wg;
+namespace wgo = xt::kernels::cuda::flash::wgo;
 using bf16_t = __nv_bfloat16;
 
 namespace {
@@ -148,6 +151,39 @@ int run(const Shape& sh, bool timed) {
                   which ? (std::string(form) + " forward").c_str() : "mma.sync forward", ms, flops / (ms * 1e-3) / 1e12);
     }
   }
+  // the dev variant (dev/flash_fwd_overlap.cuh): its outputs against mma.sync's bits, then timed
+  bool ov_ok = true;
+  {
+    constexpr int smem_ov = wg::fwd_smem<D>();
+    CK(cudaFuncSetAttribute(wgo::flash_forward_overlap_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            smem_ov));
+    auto launch_ov = [&] {
+      wgo::flash_forward_overlap_kernel<D><<<fl::forward_grid(n), fl::kBlockThreads, smem_ov>>>(tq, tk, tv, o2, l2, n);
+    };
+    CK(cudaMemset(o2, 0, nq * 2));
+    launch_ov();
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(b.data(), o2, nq * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(lb.data(), l2, nl * 4, cudaMemcpyDeviceToHost));
+    int64_t same_ov = 0, lse_ov = 0;
+    double max_ov = 0;
+    for (int64_t i = 0; i < nq; ++i) {
+      max_ov = std::fmax(max_ov, std::fabs(bf(a[i]) - bf(b[i])));
+      same_ov += bf(a[i]) == bf(b[i]);
+    }
+    for (int64_t i = 0; i < nl; ++i) lse_ov += la[i] == lb[i];
+    ov_ok = same_ov == nq && lse_ov == nl;
+    std::printf("%-10s D=%3d: wgmma-overlap forward |new - old| max %.3g (bitwise equal %.4f of elements), lse "
+                "bitwise equal %.4f\n", sh.name, D, max_ov, static_cast<double>(same_ov) / nq,
+                static_cast<double>(lse_ov) / nl);
+    if (timed && ov_ok) {
+      const double flops = 4.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
+      const float ms = time_ms(launch_ov);
+      std::printf("%-10s D=%3d %-22s %8.3f ms  %6.1f TFLOP/s\n", sh.name, D, "wgmma-overlap forward", ms,
+                  flops / (ms * 1e-3) / 1e12);
+    }
+  }
   // dq: dO random; out and lse from the mma.sync forward (o1, l1); each dq kernel writes its delta
   std::vector<bf16_t> hdo(nq);
   for (auto& e : hdo) e = __float2bfloat16(uni());
@@ -252,7 +288,7 @@ int run(const Shape& sh, bool timed) {
   cudaFree(dk1); cudaFree(dk2); cudaFree(dv1); cudaFree(dv2);
   cudaFree(dO); cudaFree(dq1); cudaFree(dq2); cudaFree(delta1); cudaFree(delta2); cudaFree(doc);
   cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o1); cudaFree(o2); cudaFree(l1); cudaFree(l2);
-  return ok && dq_ok && kv_ok ? 0 : 2;
+  return ok && ov_ok && dq_ok && kv_ok ? 0 : 2;
 }
 
 }  // namespace

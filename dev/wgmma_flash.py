@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = re.compile(r"^(\S+)\s+D=\s*(\d+)\s+(mma\.sync|wgmma) (forward|dq|dk/dv)\S*(?:\s+\(\+delta\))?\s+"
+TIMING = re.compile(r"^(\S+)\s+D=\s*(\d+)\s+(mma\.sync|wgmma|wgmma-overlap) (forward|dq|dk/dv)\S*(?:\s+\(\+delta\))?\s+"
                     r"([\d.]+) ms\s+([\d.]+) TFLOP/s")
 
 

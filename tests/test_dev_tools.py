@@ -9,6 +9,7 @@ SAMPLE = """\
 check      D= 64: |new - old| max 0 (bitwise equal 1.0000 of elements), lse max 0; |new - float64| max 0.00252 over 8 rows
 gpt2-d12   D= 64 mma.sync forward          0.288 ms   178.8 TFLOP/s
 gpt2-d12   D= 64 wgmma forward             0.214 ms   240.8 TFLOP/s
+gpt2-d12   D= 64 wgmma-overlap forward     0.200 ms   257.7 TFLOP/s
 gpt2-d12   D= 64: dq |new - old| max 0 of max |dq| 0.652 (bitwise equal 1.0000 of elements); delta bitwise equal 1.0000
 qwen3-1.7b D=128 mma.sync dq (+delta)      1.540 ms   267.8 TFLOP/s (its three products)
 qwen3-1.7b D=128 wgmma dk/dv               1.271 ms   432.7 TFLOP/s (its four products)
@@ -27,6 +28,7 @@ def test_wgmma_flash_output_is_parsed():
     got = _module().parse(SAMPLE)
     assert [(t["shape"], t["D"], t["form"], t["kernel"], t["ms"]) for t in got["timings"]] == [
         ("gpt2-d12", 64, "mma.sync", "forward", 0.288), ("gpt2-d12", 64, "wgmma", "forward", 0.214),
+        ("gpt2-d12", 64, "wgmma-overlap", "forward", 0.200),
         ("qwen3-1.7b", 128, "mma.sync", "dq", 1.540), ("qwen3-1.7b", 128, "wgmma", "dk/dv", 1.271)]
     assert got["timings"][-1]["tflops_nominal"] == 432.7
     assert len(got["bit_checks"]) == 2 and got["verdict"].startswith("every output bitwise")
