@@ -36,6 +36,20 @@ struct Shape {
 
 float bf(bf16_t x) { return __bfloat162float(x); }
 
+// The largest |a - b| of two bf16 outputs and how many of their elements are bitwise equal.
+struct Diff {
+  double max = 0;
+  int64_t same = 0;
+};
+Diff compare(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b) {
+  Diff d;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d.max = std::fmax(d.max, std::fabs(bf(a[i]) - bf(b[i])));
+    d.same += bf(a[i]) == bf(b[i]);
+  }
+  return d;
+}
+
 template <int D>
 int run(const Shape& sh, bool timed) {
   const int64_t nq = static_cast<int64_t>(sh.B) * sh.S * sh.H * D, nkv = static_cast<int64_t>(sh.B) * sh.S * sh.Hkv * D;
@@ -102,12 +116,10 @@ int run(const Shape& sh, bool timed) {
   CK(cudaMemcpy(b.data(), o2, nq * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(la.data(), l1, nl * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(lb.data(), l2, nl * 4, cudaMemcpyDeviceToHost));
-  double max_o = 0, max_l = 0;
-  int64_t same = 0;
-  for (int64_t i = 0; i < nq; ++i) {
-    max_o = std::fmax(max_o, std::fabs(bf(a[i]) - bf(b[i])));
-    same += bf(a[i]) == bf(b[i]);
-  }
+  const Diff fwd = compare(a, b);
+  const double max_o = fwd.max;
+  int64_t same = fwd.same;
+  double max_l = 0;
   for (int64_t i = 0; i < nl; ++i) max_l = std::fmax(max_l, std::fabs(la[i] - lb[i]));
   // float64 reference for a few rows of (b = 0, h = 0) and the last (b, h)
   double max_ref = 0;
@@ -166,16 +178,12 @@ int run(const Shape& sh, bool timed) {
     CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(b.data(), o2, nq * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(lb.data(), l2, nl * 4, cudaMemcpyDeviceToHost));
-    int64_t same_ov = 0, lse_ov = 0;
-    double max_ov = 0;
-    for (int64_t i = 0; i < nq; ++i) {
-      max_ov = std::fmax(max_ov, std::fabs(bf(a[i]) - bf(b[i])));
-      same_ov += bf(a[i]) == bf(b[i]);
-    }
+    const Diff ov = compare(a, b);
+    int64_t lse_ov = 0;
     for (int64_t i = 0; i < nl; ++i) lse_ov += la[i] == lb[i];
-    ov_ok = same_ov == nq && lse_ov == nl;
+    ov_ok = ov.same == nq && lse_ov == nl;
     std::printf("%-10s D=%3d: wgmma-overlap forward |new - old| max %.3g (bitwise equal %.4f of elements), lse "
-                "bitwise equal %.4f\n", sh.name, D, max_ov, static_cast<double>(same_ov) / nq,
+                "bitwise equal %.4f\n", sh.name, D, ov.max, static_cast<double>(ov.same) / nq,
                 static_cast<double>(lse_ov) / nl);
     if (timed && ov_ok) {
       const double flops = 4.0 * sh.B * sh.H * static_cast<double>(sh.S) * sh.S * D / 2;
