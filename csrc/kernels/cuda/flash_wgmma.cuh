@@ -20,10 +20,11 @@
 // The bits: each output element is the same float32 sums in the same order as the mma.sync
 // kernels' (the k16 steps in ascending order; dk/dv's queries in the same ascending 16-row chunks
 // whether a step holds 32 or 64 of them), and dev/wgmma_flash.cu finds every output (out, lse,
-// delta, dq, dk, dv) bitwise equal to theirs on the H200 at GPT-2 d12, Llama-3.2-1B and
-// Qwen3-1.7B attention shapes, with GQA and with documents: the GPU a run uses does not change
-// its bits. Measured there (ms, mma.sync -> wgmma, Qwen3-1.7B b4 s4096 D=128 per layer): forward
-// 1.114 -> 0.812, dq 1.542 -> 1.016, dk/dv 2.215 -> 1.275 (docs/attention.md has every shape).
+// delta, dq, dk, dv) bitwise equal to theirs at GPT-2 d12, Llama-3.2-1B and Qwen3-1.7B attention
+// shapes, with GQA and with documents (the H100, bacbfbe; the H200 ran the earlier cp.async form):
+// the GPU a run uses does not change its bits. Measured there (ms, mma.sync -> wgmma, Qwen3-1.7B
+// b4 s4096 D=128 per layer): forward 1.118 -> 0.676, dq 1.532 -> 0.868, dk/dv 2.215 -> 1.139
+// (wgmma_flash-bacbfbe-20261205-150142.json; docs/attention.md has every shape).
 // Where they run: flash_attention.cu launches them when the library holds sm_90a code
 // (XT_FLASH_SM90A: CMakeLists.txt builds this file for 90a where the arch list has 90), the
 // device is compute capability 9.0 and the driver makes the tensor maps, at D = 64 and 128 (D =
@@ -35,11 +36,12 @@
 // [64 rows, 64 columns] box in the 128-byte swizzle (the layout swz describes, so the products
 // read the tiles as they land); a copy completes on a shared-memory mbarrier that counts its
 // bytes, and the block waits on the barrier's phase. Rows past S arrive as zeros (the tensor
-// map's bounds), as cp.async's zero-fill gave them. The other 127 threads issue no copy
-// instructions: with cp.async every thread issued 16 copies a step at D = 128 with the swizzle's
-// address arithmetic, and the products waited for them (dev/flash_ablate.cu, H100, Qwen3-1.7B
-// b4 s4096 forward: 0.808 ms whole, 0.562 without the loop's copies,
-// flash_ablate-8870509-20261205-144951.txt). Measured in dev/wgmma_flash.cu against the cp.async
+// map's bounds), as cp.async's zero-fill gave them. The other 127 threads issue no tile copies
+// (dk/dv's per-step lse and delta, 64 floats each, stay cp.async): with cp.async every thread
+// issued 16 copies a step at D = 128 with the swizzle's address arithmetic, and the products
+// waited for them (an ablation of that form, H100, Qwen3-1.7B b4 s4096 forward: 0.808 ms whole,
+// 0.562 without the loop's copies, flash_ablate-8870509-20261205-144951.txt; the harness left
+// dev/ with the form). Measured in dev/wgmma_flash.cu against the cp.async
 // form (H100, per layer): forward 0.812 -> 0.675 ms, dq 1.022 -> 0.875, dk/dv 1.254 -> 1.138 at
 // Qwen3-1.7B; forward 0.853 -> 0.749, dq 1.061 -> 0.844, dk/dv 1.483 -> 1.381 at Llama-3.2-1B
 // (wgmma_flash-8870509-20261205-144943.json), every output bitwise equal. Tensor maps: q, k, v,
